@@ -1,0 +1,130 @@
+"""Grading runs, per-check results, and the grade per student and lab (with an instructor override)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+from labs.models import Attempt, Check, Lab
+
+
+class RunState(models.TextChoices):
+    QUEUED = "queued", _("Queued")
+    RUNNING = "running", _("Running")
+    DONE = "done", _("Done")
+    ERROR = "error", _("Error")
+
+
+class RunTrigger(models.TextChoices):
+    STUDENT = "student", _("Student pressed Check")
+    EXPIRY = "expiry", _("Final run at expiry")
+    STOP = "stop", _("Final run at stop")
+    REGRADE = "regrade", _("Regrade")
+    STAFF = "staff", _("Run by staff")
+
+
+class GradingRun(models.Model):
+    attempt = models.ForeignKey(Attempt, verbose_name=_("attempt"), on_delete=models.CASCADE, related_name="runs")
+    state = models.CharField(_("state"), max_length=10, choices=RunState.choices, default=RunState.QUEUED)
+    trigger = models.CharField(_("trigger"), max_length=10, choices=RunTrigger.choices, default=RunTrigger.STUDENT)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, verbose_name=_("requested by"), on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="+",
+    )
+    # A regrade re-evaluates the stored outputs of this run against the current checks.
+    regrade_of = models.ForeignKey(
+        "self", verbose_name=_("regrade of"), on_delete=models.SET_NULL, null=True, blank=True, related_name="regrades"
+    )
+    created_at = models.DateTimeField(_("requested"), auto_now_add=True)
+    started_at = models.DateTimeField(_("started"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
+    score = models.DecimalField(_("score"), max_digits=8, decimal_places=2, null=True, blank=True)
+    max_score = models.DecimalField(_("max score"), max_digits=8, decimal_places=2, null=True, blank=True)
+    late_penalty_percent = models.DecimalField(
+        _("late penalty (%)"), max_digits=5, decimal_places=2, default=Decimal("0")
+    )
+    error = models.TextField(_("error"), blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = _("grading run")
+        verbose_name_plural = _("grading runs")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["attempt"],
+                condition=Q(state__in=["queued", "running"]),
+                name="grading_one_unfinished_run_per_attempt",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.attempt} run {self.pk} ({self.state})"
+
+
+class CheckResult(models.Model):
+    run = models.ForeignKey(GradingRun, verbose_name=_("run"), on_delete=models.CASCADE, related_name="results")
+    check_ref = models.ForeignKey(
+        Check, verbose_name=_("check"), on_delete=models.SET_NULL, null=True, blank=True, related_name="results"
+    )
+    check_title = models.CharField(_("check"), max_length=200)
+    order = models.PositiveIntegerField(_("order"), default=0)
+    passed = models.BooleanField(_("passed"), default=False)
+    points = models.DecimalField(_("points"), max_digits=6, decimal_places=2, default=Decimal("0"))
+    max_points = models.DecimalField(_("max points"), max_digits=6, decimal_places=2, default=Decimal("0"))
+    exit_code = models.IntegerField(_("exit code"), null=True, blank=True)
+    timed_out = models.BooleanField(_("timed out"), default=False)
+    stdout = models.TextField(_("output"), blank=True)
+    stderr = models.TextField(_("errors"), blank=True)
+    output_truncated = models.BooleanField(_("output truncated"), default=False)
+    duration_ms = models.PositiveIntegerField(_("duration (ms)"), default=0)
+    feedback = models.TextField(_("feedback"), blank=True)
+
+    class Meta:
+        ordering = ["run", "order", "id"]
+        verbose_name = _("check result")
+        verbose_name_plural = _("check results")
+
+    def __str__(self) -> str:
+        return f"{self.check_title}: {'pass' if self.passed else 'fail'}"
+
+
+class Grade(models.Model):
+    lab = models.ForeignKey(Lab, verbose_name=_("lab"), on_delete=models.CASCADE, related_name="grades")
+    student = models.ForeignKey(
+        settings.AUTH_USER_MODEL, verbose_name=_("student"), on_delete=models.CASCADE, related_name="grades"
+    )
+    source_run = models.ForeignKey(
+        GradingRun, verbose_name=_("counted run"), on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    score = models.DecimalField(_("score"), max_digits=8, decimal_places=2, null=True, blank=True)
+    max_score = models.DecimalField(_("max score"), max_digits=8, decimal_places=2, null=True, blank=True)
+    late = models.BooleanField(_("late"), default=False)
+    override_score = models.DecimalField(_("override score"), max_digits=8, decimal_places=2, null=True, blank=True)
+    override_reason = models.TextField(_("override reason"), blank=True)
+    overridden_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, verbose_name=_("overridden by"), on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="+",
+    )
+    overridden_at = models.DateTimeField(_("overridden at"), null=True, blank=True)
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+
+    class Meta:
+        ordering = ["lab", "student"]
+        verbose_name = _("grade")
+        verbose_name_plural = _("grades")
+        constraints = [models.UniqueConstraint(fields=["lab", "student"], name="grade_unique_lab_student")]
+
+    def __str__(self) -> str:
+        return f"{self.student} — {self.lab}: {self.final_score}"
+
+    @property
+    def is_overridden(self) -> bool:
+        return self.override_score is not None
+
+    @property
+    def final_score(self) -> Decimal | None:
+        return self.override_score if self.override_score is not None else self.score

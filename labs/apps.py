@@ -1,0 +1,10 @@
+"""App configuration for labs and attempts."""
+
+from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
+
+
+class LabsConfig(AppConfig):
+    name = "labs"
+    verbose_name = _("Labs")
+    default_auto_field = "django.db.models.BigAutoField"

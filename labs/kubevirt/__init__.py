@@ -1,0 +1,1 @@
+"""The portal's only door to the cluster: client configuration, pure manifest builders, streaming subresources."""

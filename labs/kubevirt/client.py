@@ -1,0 +1,135 @@
+"""Cluster client configuration, loaded once: in-cluster, then ``KUBECONFIG``, then the embedded kubesim.
+
+Everything that talks to the Kubernetes API (the ``kubernetes`` client for REST, and the WebSocket streams for
+the VMI console and portforward subresources) takes its address, credentials and TLS settings from here.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+from kubernetes import client, config
+from kubernetes.config.config_exception import ConfigException
+
+KUBEVIRT_GROUP = "kubevirt.io"
+KUBEVIRT_VERSION = "v1"
+SUBRESOURCES_PREFIX = "/apis/subresources.kubevirt.io/v1"
+
+_lock = threading.Lock()
+_configuration: client.Configuration | None = None
+_api_client: client.ApiClient | None = None
+
+
+class ClusterNotConfigured(RuntimeError):
+    """No in-cluster service account, no KUBECONFIG, and no embedded kubesim kubeconfig."""
+
+
+def _load_configuration() -> client.Configuration:
+    configuration = client.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not settings.KUBECONFIG:
+        config.load_incluster_config(client_configuration=configuration)
+        return configuration
+    candidates = [settings.KUBECONFIG] if settings.KUBECONFIG else [str(settings.EMBEDDED_KUBECONFIG)]
+    for path in candidates:
+        if path and Path(path).exists():
+            try:
+                config.load_kube_config(
+                    config_file=path, context=settings.KUBE_CONTEXT, client_configuration=configuration
+                )
+            except ConfigException as exc:
+                raise ClusterNotConfigured(f"Cannot read the kubeconfig at {path}: {exc}") from exc
+            return configuration
+    raise ClusterNotConfigured(
+        "No cluster configured: not running in a cluster, KUBECONFIG is unset, and the embedded kubesim has not "
+        f"written {settings.EMBEDDED_KUBECONFIG} (start the portal with `python manage.py run_portal`)."
+    )
+
+
+def configuration() -> client.Configuration:
+    global _configuration
+    with _lock:
+        if _configuration is None:
+            _configuration = _load_configuration()
+        return _configuration
+
+
+def api_client() -> client.ApiClient:
+    global _api_client
+    cfg = configuration()
+    with _lock:
+        if _api_client is None:
+            _api_client = client.ApiClient(configuration=cfg)
+        return _api_client
+
+
+def reset() -> None:
+    """Forget the loaded configuration (tests point the portal at a fresh kubesim; settings changed)."""
+    global _configuration, _api_client
+    with _lock:
+        _configuration = None
+        _api_client = None
+
+
+def custom_objects() -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api_client())
+
+
+def core_v1() -> client.CoreV1Api:
+    return client.CoreV1Api(api_client())
+
+
+def networking_v1() -> client.NetworkingV1Api:
+    return client.NetworkingV1Api(api_client())
+
+
+def version_api() -> client.VersionApi:
+    return client.VersionApi(api_client())
+
+
+@dataclass(frozen=True)
+class StreamTarget:
+    """Where and how to open a WebSocket to a streaming subresource, with the client's auth and TLS."""
+
+    url: str
+    headers: dict[str, str]
+    ssl: ssl.SSLContext | None
+
+
+def _ssl_context(cfg: client.Configuration) -> ssl.SSLContext | None:
+    if not cfg.host.startswith("https"):
+        return None
+    context = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else ssl.create_default_context()
+    if cfg.cert_file:
+        context.load_cert_chain(cfg.cert_file, cfg.key_file)
+    if not cfg.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def stream_target(path: str) -> StreamTarget:
+    """A WebSocket URL and headers for ``path`` (e.g. ``/apis/subresources.kubevirt.io/v1/...``)."""
+    cfg = configuration()
+    if cfg.refresh_api_key_hook is not None:  # bound service-account tokens rotate
+        cfg.refresh_api_key_hook(cfg)
+    headers: dict[str, str] = {}
+    for setting in cfg.auth_settings().values():
+        if setting.get("in") == "header" and setting.get("value"):
+            headers[setting["key"]] = setting["value"]
+    host = cfg.host.rstrip("/")
+    if host.startswith("https://"):
+        url = "wss://" + host[len("https://"):] + path
+    elif host.startswith("http://"):
+        url = "ws://" + host[len("http://"):] + path
+    else:
+        raise ClusterNotConfigured(f"Unsupported API server address {cfg.host!r}.")
+    return StreamTarget(url=url, headers=headers, ssl=_ssl_context(cfg))
+
+
+def vmi_subresource_path(*, namespace: str, name: str, subresource: str) -> str:
+    return f"{SUBRESOURCES_PREFIX}/namespaces/{namespace}/virtualmachineinstances/{name}/{subresource}"

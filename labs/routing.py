@@ -1,0 +1,3 @@
+"""WebSocket routes of the portal: attempt events and the console bridge."""
+
+websocket_urlpatterns: list = []

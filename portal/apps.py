@@ -1,0 +1,10 @@
+"""App configuration for the portal's core domain."""
+
+from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
+
+
+class PortalConfig(AppConfig):
+    name = "portal"
+    verbose_name = _("Portal")
+    default_auto_field = "django.db.models.BigAutoField"
