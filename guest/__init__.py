@@ -1,0 +1,1 @@
+"""The in-guest grading agent and the cloud-init that installs it."""

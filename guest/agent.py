@@ -1,0 +1,674 @@
+#!/usr/bin/env python3
+"""In-guest grading agent: runs the portal's check commands and returns their output over HTTP + JSON.
+
+Standard library only, one file: cloud-init copies it verbatim into the guest (`/opt/lab-agent/agent.py`) and
+kubesim starts the same file for its simulated guests.
+
+    python3 agent.py [--host 0.0.0.0] [--port 8787] [--token-file /etc/lab-agent/token] [--port-file PATH]
+                     [--home DIR] [--max-concurrent N] [--setup-marker PATH]
+
+API (every request needs `Authorization: Bearer <token>`, else 401):
+    GET  /healthz  -> {"ready": true, "version": str, "setup_finished": bool}
+    POST /v1/run   {"checks": [{"id": str, "command": str, "timeout_s": number}, ...]}
+                   -> {"results": [{"id", "exit_code", "stdout", "stderr", "duration_ms", "timed_out",
+                                    "stdout_truncated", "stderr_truncated"}, ...]}
+
+The agent never sees expectations: the portal decides pass or fail from the raw results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import contextlib
+import hmac
+import http.server
+import json
+import math
+import os
+import pathlib
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+AGENT_VERSION = "1.0.0"
+
+DEFAULT_PORT = 8787
+DEFAULT_TOKEN_FILE = "/etc/lab-agent/token"
+DEFAULT_HOME = "/home/student"
+DEFAULT_MAX_CONCURRENT = 2
+
+# Request limits. The body cap is checked against Content-Length before a byte of the body is read.
+MAX_BODY_BYTES = 256 * 1024
+MAX_CHECKS = 100
+MAX_ID_CHARS = 200
+MAX_COMMAND_CHARS = 16 * 1024
+MAX_TIMEOUT_S = 600.0
+
+# Output limits: each stream keeps at most this many bytes; the rest is read and discarded so that a chatty
+# command never blocks on a full pipe.
+OUTPUT_CAP_BYTES = 64 * 1024
+READ_CHUNK_BYTES = 64 * 1024
+
+# Between SIGTERM and SIGKILL for a check that ran out of time.
+KILL_GRACE_S = 1.0
+# How long to keep reading after the check's shell exits while background children still hold its pipes.
+DRAIN_GRACE_S = 0.25
+# Upper bound on one wait for output, so process exit and deadlines are noticed promptly.
+POLL_INTERVAL_S = 0.05
+
+RETRY_AFTER_S = 2
+# Idle and slow-client bound on a connection's socket operations (not on how long checks may run).
+SOCKET_TIMEOUT_S = 30.0
+
+
+class RequestError(Exception):
+    """A request the agent refuses; carries the HTTP status and a message for the JSON error body."""
+
+    def __init__(self, status: int, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Running checks
+
+
+class CappedOutput:
+    """Bytes of one output stream, keeping the first `cap` bytes and remembering whether more arrived."""
+
+    def __init__(self, *, cap: int) -> None:
+        self._cap = cap
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self.truncated = False
+
+    def feed(self, data: bytes) -> None:
+        room = self._cap - self._size
+        if room > 0:
+            kept = data[:room]
+            self._chunks.append(kept)
+            self._size += len(kept)
+        if len(data) > room:
+            self.truncated = True
+
+    def text(self) -> str:
+        # When the cap cut through a multi-byte character, drop the partial tail instead of showing U+FFFD.
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return decoder.decode(b"".join(self._chunks), final=not self.truncated)
+
+
+class ProcessGroups:
+    """Process groups of the checks now running, so that the agent can kill them when it is stopped."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pgids: set[int] = set()
+
+    def add(self, pgid: int) -> None:
+        with self._lock:
+            self._pgids.add(pgid)
+
+    def discard(self, pgid: int) -> None:
+        with self._lock:
+            self._pgids.discard(pgid)
+
+    def kill_all(self) -> None:
+        with self._lock:
+            pgids = list(self._pgids)
+        for pgid in pgids:
+            _signal_group(pgid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether the child exited, without reaping it: its pid (and so its process group id) stays reserved until
+    the agent has killed what is left of the group, so a recycled pid can never be signalled by mistake."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+def _open_pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def find_shell() -> str:
+    return shutil.which("bash") or "/bin/sh"
+
+
+def check_environment(*, home: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["HOME"] = home
+    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    env.setdefault("LANG", "C.UTF-8")
+    return env
+
+
+def run_check(*, check_id: str, command: str, timeout_s: float, home: str, groups: ProcessGroups) -> dict[str, Any]:
+    """Run one check in its own process group and return its result.
+
+    The whole group is killed on timeout (SIGTERM, then SIGKILL after a grace period) and whatever is left of it
+    when the shell exits, so background children of a check never outlive it or keep its pipes open.
+    """
+    started = time.monotonic()
+    stdout = CappedOutput(cap=OUTPUT_CAP_BYTES)
+    stderr = CappedOutput(cap=OUTPUT_CAP_BYTES)
+    try:
+        proc = subprocess.Popen(
+            [find_shell(), "-c", command],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=home,
+            env=check_environment(home=home),
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        return {
+            "id": check_id,
+            "exit_code": None,
+            "stdout": "",
+            "stderr": f"agent: cannot start the check: {exc}",
+            "duration_ms": int((time.monotonic() - started) * 1000),
+            "timed_out": False,
+            "stdout_truncated": False,
+            "stderr_truncated": False,
+        }
+
+    pgid = proc.pid  # start_new_session makes the child the leader of a new session and process group
+    groups.add(pgid)
+    pipes = {pipe.fileno(): (pipe, sink) for pipe, sink in ((proc.stdout, stdout), (proc.stderr, stderr)) if pipe}
+    open_fds = set(pipes)
+    selector = selectors.DefaultSelector()
+    for fd in open_fds:
+        selector.register(fd, selectors.EVENT_READ)
+    # A pidfd wakes the loop the moment the shell exits; without one (old kernels) the loop polls.
+    pidfd = _open_pidfd(proc.pid)
+    if pidfd is not None:
+        selector.register(pidfd, selectors.EVENT_READ)
+    longest_wait = 1.0 if pidfd is not None else POLL_INTERVAL_S
+
+    deadline = started + timeout_s
+    timed_out = False
+    term_sent_at: float | None = None
+    kill_sent = False
+    exited = False
+    drain_until = 0.0
+    try:
+        while True:
+            now = time.monotonic()
+            if not exited and _has_exited(proc.pid):
+                exited = True
+                drain_until = now + DRAIN_GRACE_S
+                if pidfd is not None:
+                    selector.unregister(pidfd)
+            if exited and (not open_fds or now >= drain_until):
+                break
+            if not exited and term_sent_at is None and now >= deadline:
+                timed_out = True
+                term_sent_at = now
+                _signal_group(pgid, signal.SIGTERM)
+            if term_sent_at is not None and not kill_sent and now >= term_sent_at + KILL_GRACE_S:
+                kill_sent = True
+                _signal_group(pgid, signal.SIGKILL)
+
+            if exited:
+                wait = drain_until - now
+            elif term_sent_at is None:
+                wait = deadline - now
+            elif not kill_sent:
+                wait = term_sent_at + KILL_GRACE_S - now
+            else:
+                wait = longest_wait
+            wait = min(max(wait, 0.0), longest_wait)
+            if not selector.get_map():
+                time.sleep(wait)
+                continue
+            for key, _ in selector.select(wait):
+                if key.fd not in open_fds:
+                    continue  # the pidfd: the exit is noticed at the top of the loop
+                data = os.read(key.fd, READ_CHUNK_BYTES)
+                if data:
+                    pipes[key.fd][1].feed(data)
+                else:
+                    selector.unregister(key.fd)
+                    open_fds.discard(key.fd)
+    finally:
+        # The leader is still unreaped here, so its pgid cannot have been reused.
+        _signal_group(pgid, signal.SIGKILL)
+        proc.wait()
+        groups.discard(pgid)
+        selector.close()
+        if pidfd is not None:
+            os.close(pidfd)
+        for pipe, _sink in pipes.values():
+            pipe.close()
+
+    exit_code: int | None
+    if timed_out:
+        exit_code = None
+    elif proc.returncode < 0:
+        exit_code = 128 - proc.returncode  # killed by a signal: report it the way a shell would
+    else:
+        exit_code = proc.returncode
+    return {
+        "id": check_id,
+        "exit_code": exit_code,
+        "stdout": stdout.text(),
+        "stderr": stderr.text(),
+        "duration_ms": int((time.monotonic() - started) * 1000),
+        "timed_out": timed_out,
+        "stdout_truncated": stdout.truncated,
+        "stderr_truncated": stderr.truncated,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Request validation
+
+
+def parse_run_request(body: bytes) -> list[dict[str, Any]]:
+    """Validate a /v1/run body and return its checks as {id, command, timeout_s}; unknown fields are ignored."""
+    try:
+        payload = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise RequestError(400, "request body is not valid UTF-8") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise RequestError(400, f"request body is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise RequestError(400, "request body must be a JSON object")
+    if "checks" not in payload:
+        raise RequestError(400, "missing field: checks")
+    checks = payload["checks"]
+    if not isinstance(checks, list):
+        raise RequestError(400, "checks must be a list")
+    if not checks:
+        raise RequestError(400, "checks must not be empty")
+    if len(checks) > MAX_CHECKS:
+        raise RequestError(400, f"too many checks: {len(checks)} (at most {MAX_CHECKS})")
+
+    parsed: list[dict[str, Any]] = []
+    seen_ids: set[str] = set()
+    for index, check in enumerate(checks):
+        where = f"checks[{index}]"
+        if not isinstance(check, dict):
+            raise RequestError(400, f"{where} must be an object")
+        for field in ("id", "command", "timeout_s"):
+            if field not in check:
+                raise RequestError(400, f"{where}: missing field: {field}")
+        check_id, command, timeout_s = check["id"], check["command"], check["timeout_s"]
+        if not isinstance(check_id, str) or not check_id or len(check_id) > MAX_ID_CHARS:
+            raise RequestError(400, f"{where}.id must be a non-empty string of at most {MAX_ID_CHARS} characters")
+        if check_id in seen_ids:
+            raise RequestError(400, f"{where}.id is a duplicate: {check_id!r}")
+        seen_ids.add(check_id)
+        if not isinstance(command, str) or not command.strip():
+            raise RequestError(400, f"{where}.command must be a non-empty string")
+        if len(command) > MAX_COMMAND_CHARS:
+            raise RequestError(
+                400, f"{where}.command is too long: {len(command)} characters (at most {MAX_COMMAND_CHARS})"
+            )
+        if "\x00" in command:
+            raise RequestError(400, f"{where}.command must not contain NUL characters")
+        if (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, (int, float))
+            or not math.isfinite(timeout_s)
+            or not 0 < timeout_s <= MAX_TIMEOUT_S
+        ):
+            raise RequestError(400, f"{where}.timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]")
+        parsed.append({"id": check_id, "command": command, "timeout_s": float(timeout_s)})
+    return parsed
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# HTTP
+
+
+class AgentConfig:
+    """What the request handler needs to know, fixed at start."""
+
+    def __init__(self, *, token: str, home: str | None, max_concurrent: int, setup_marker: str | None) -> None:
+        self.token = token.encode("utf-8")
+        self.configured_home = home
+        self.run_slots = threading.BoundedSemaphore(max_concurrent)
+        self.setup_marker = setup_marker
+        self.groups = ProcessGroups()
+
+    def home(self) -> str:
+        # Resolved per run when not given, so an agent started before the student's home exists still uses it.
+        if self.configured_home is not None:
+            return self.configured_home
+        return resolve_default_home()
+
+    def setup_finished(self) -> bool:
+        return self.setup_marker is None or os.path.exists(self.setup_marker)
+
+
+def resolve_default_home() -> str:
+    if os.path.isdir(DEFAULT_HOME):
+        return DEFAULT_HOME
+    home = os.environ.get("HOME")
+    if home and os.path.isdir(home):
+        return home
+    with contextlib.suppress(RuntimeError, KeyError):
+        fallback = str(pathlib.Path.home())
+        if os.path.isdir(fallback):
+            return fallback
+    return "/"
+
+
+ROUTES: dict[str, tuple[str, ...]] = {"/healthz": ("GET",), "/v1/run": ("POST",)}
+
+
+class AgentHandler(http.server.BaseHTTPRequestHandler):
+    """One HTTP/1.1 connection; requests are answered with JSON, errors included."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = f"lab-agent/{AGENT_VERSION}"
+    sys_version = ""
+    timeout = SOCKET_TIMEOUT_S
+    config: AgentConfig  # set on the subclass built by make_server
+
+    # -- dispatch ------------------------------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    def do_POST(self) -> None:
+        self._handle()
+
+    def do_PUT(self) -> None:
+        self._handle()
+
+    def do_DELETE(self) -> None:
+        self._handle()
+
+    def do_PATCH(self) -> None:
+        self._handle()
+
+    def do_HEAD(self) -> None:
+        self._handle()
+
+    def do_OPTIONS(self) -> None:
+        self._handle()
+
+    def _handle(self) -> None:
+        self._started = time.monotonic()
+        self._note = ""
+        self._body_read = False
+        try:
+            self._authenticate()
+            path = self.path.split("?", 1)[0]
+            methods = ROUTES.get(path)
+            if methods is None:
+                raise RequestError(404, f"no such endpoint: {path}")
+            if self.command not in methods:
+                raise RequestError(
+                    405, f"method {self.command} not allowed on {path}", headers={"Allow": ", ".join(methods)}
+                )
+            if path == "/healthz":
+                self._send_json(
+                    200,
+                    {"ready": True, "version": AGENT_VERSION, "setup_finished": self.config.setup_finished()},
+                )
+            else:
+                self._run_checks()
+        except RequestError as exc:
+            if self._has_body() and not self._body_read:
+                # An unread body would be taken for the next request on this connection.
+                self.close_connection = True
+            self._send_json(exc.status, {"error": exc.message}, headers=exc.headers)
+        except Exception as exc:
+            # A bug must answer 500 JSON rather than drop the connection without a word.
+            self._note = f"internal error: {type(exc).__name__}"
+            self.close_connection = True
+            self._send_json(500, {"error": f"internal agent error: {type(exc).__name__}"})
+
+    def _authenticate(self) -> None:
+        header = self.headers.get("Authorization", "")
+        scheme, _, presented = header.partition(" ")
+        # Compare even when the scheme is wrong so that timing does not reveal which part was at fault.
+        candidate = presented.strip().encode("latin-1", errors="replace")
+        matches = hmac.compare_digest(candidate, self.config.token)
+        if scheme.lower() != "bearer" or not matches:
+            raise RequestError(401, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    def _has_body(self) -> bool:
+        return "Content-Length" in self.headers or "Transfer-Encoding" in self.headers
+
+    def _read_body(self) -> bytes:
+        if "Transfer-Encoding" in self.headers:
+            self.close_connection = True
+            raise RequestError(411, "chunked bodies are not supported; send Content-Length")
+        raw_length = self.headers.get("Content-Length")
+        if raw_length is None:
+            self.close_connection = True
+            raise RequestError(411, "Content-Length is required")
+        try:
+            length = int(raw_length)
+        except ValueError:
+            length = -1
+        if length < 0:
+            self.close_connection = True
+            raise RequestError(400, "Content-Length is not a valid length")
+        if length > MAX_BODY_BYTES:
+            # Not read: the connection cannot carry another request after an unread body.
+            self.close_connection = True
+            raise RequestError(413, f"request body too large: {length} bytes (at most {MAX_BODY_BYTES})")
+        body = self.rfile.read(length)
+        self._body_read = True
+        if len(body) != length:
+            self.close_connection = True
+            raise RequestError(400, "request body shorter than Content-Length")
+        return body
+
+    def _run_checks(self) -> None:
+        checks = parse_run_request(self._read_body())
+        if not self.config.run_slots.acquire(blocking=False):
+            raise RequestError(
+                429, "too many runs in progress; retry later", headers={"Retry-After": str(RETRY_AFTER_S)}
+            )
+        try:
+            home = self.config.home()
+            results = [
+                run_check(
+                    check_id=check["id"],
+                    command=check["command"],
+                    timeout_s=check["timeout_s"],
+                    home=home,
+                    groups=self.config.groups,
+                )
+                for check in checks
+            ]
+        finally:
+            self.config.run_slots.release()
+        self._note = f"checks={len(results)} timed_out={sum(r['timed_out'] for r in results)}"
+        self._send_json(200, {"results": results})
+
+    # -- responses and logging -----------------------------------------------------------------------------------
+
+    def version_string(self) -> str:
+        return self.server_version
+
+    def _send_json(self, status: int, payload: dict[str, Any], *, headers: dict[str, str] | None = None) -> None:
+        body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        self.send_response_only(status)
+        self.send_header("Server", self.version_string())
+        self.send_header("Date", self.date_time_string())
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        self._log_request_line(status, len(body))
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Errors the base class detects itself (bad request line, oversized headers): JSON like every other."""
+        self.close_connection = True
+        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
+            # The base class assumes HTTP/0.9 (no status line, no headers) for a line it cannot parse; no
+            # client of the agent speaks 0.9, so answer in a form that every client can read.
+            self.request_version = "HTTP/1.0"
+        self._started = getattr(self, "_started", time.monotonic())
+        self._note = ""
+        if not hasattr(self, "command") or self.command is None:
+            self.command = ""
+        self._send_json(code, {"error": message or http.HTTPStatus(code).phrase})
+
+    def _log_request_line(self, status: int, size: int) -> None:
+        elapsed_ms = int((time.monotonic() - getattr(self, "_started", time.monotonic())) * 1000)
+        method = _printable(getattr(self, "command", "") or "-", limit=16)
+        path = _printable(getattr(self, "path", "") or "-", limit=200)
+        note = f" {self._note}" if getattr(self, "_note", "") else ""
+        client = self.client_address[0] if self.client_address else "-"
+        sys.stderr.write(f'{_utc_now()} {client} "{method} {path}" {status} {size}B {elapsed_ms}ms{note}\n')
+        sys.stderr.flush()
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        # Requests are logged by _log_request_line; the base class's own messages may quote raw request bytes,
+        # so they are reduced to printable text and never include headers.
+        sys.stderr.write(f"{_utc_now()} {_printable(fmt % args, limit=300)}\n")
+        sys.stderr.flush()
+
+
+def _printable(text: str, *, limit: int) -> str:
+    cleaned = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return cleaned if len(cleaned) <= limit else cleaned[: limit - 3] + "..."
+
+
+def _utc_now() -> str:
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+class AgentServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 64
+
+
+def make_server(*, host: str, port: int, config: AgentConfig) -> AgentServer:
+    handler = type("ConfiguredAgentHandler", (AgentHandler,), {"config": config})
+    server_class = AgentServer
+    if ":" in host:
+        server_class = type("AgentServer6", (AgentServer,), {"address_family": socket.AF_INET6})
+    return server_class((host, port), handler)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Start-up
+
+
+def read_token(path: str) -> str:
+    try:
+        token = pathlib.Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise SystemExit(f"lab-agent: cannot read the token file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise SystemExit(f"lab-agent: the token file {path} is not UTF-8 text") from None
+    if not token:
+        raise SystemExit(f"lab-agent: the token file {path} is empty")
+    return token
+
+
+def write_port_file(path: str, port: int) -> None:
+    """Write the bound port atomically, so a reader never sees a partial number."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp_path = tempfile.mkstemp(prefix=".port-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as handle:
+            handle.write(f"{port}\n")
+        os.replace(tmp_path, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_path)
+        raise
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Lab grading agent: runs check commands for the portal.")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port; 0 picks a free one")
+    parser.add_argument("--token-file", default=DEFAULT_TOKEN_FILE, help="file holding the bearer token")
+    parser.add_argument("--port-file", default=None, help="write the bound port here once listening")
+    parser.add_argument(
+        "--home", default=None, help=f"working directory and HOME for checks (default {DEFAULT_HOME}, else $HOME)"
+    )
+    parser.add_argument(
+        "--max-concurrent", type=int, default=DEFAULT_MAX_CONCURRENT, help="runs allowed at once; more get 429"
+    )
+    parser.add_argument(
+        "--setup-marker", default=None, help="file whose existence means guest setup finished (e.g. cloud-init's)"
+    )
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error("--port must be between 0 and 65535")
+    if args.max_concurrent < 1:
+        parser.error("--max-concurrent must be at least 1")
+    if args.home is not None and not os.path.isdir(args.home):
+        parser.error(f"--home {args.home} is not a directory")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    token = read_token(args.token_file)
+    config = AgentConfig(
+        token=token, home=args.home, max_concurrent=args.max_concurrent, setup_marker=args.setup_marker
+    )
+    try:
+        server = make_server(host=args.host, port=args.port, config=config)
+    except OSError as exc:
+        raise SystemExit(f"lab-agent: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+
+    def stop(_signum: int, _frame: Any) -> None:
+        # A requested stop is a clean exit (systemd counts a non-zero status as a failure).
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    port = server.server_address[1]
+    if args.port_file:
+        write_port_file(args.port_file, port)
+    sys.stderr.write(
+        f"{_utc_now()} lab-agent {AGENT_VERSION} listening on {args.host}:{port}, "
+        f"home {args.home or resolve_default_home()}, max concurrent runs {args.max_concurrent}\n"
+    )
+    sys.stderr.flush()
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        config.groups.kill_all()
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

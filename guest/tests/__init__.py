@@ -1,0 +1,1 @@
+"""Tests for the guest agent and its cloud-init."""
