@@ -1,0 +1,98 @@
+"""``manage.py run_portal``: serve the whole portal from one command.
+
+In the embedded default it also starts kubesim (the cluster) as a child process and runs the Celery worker and
+beat inside this process on the in-memory transport, so nothing needs installing. With ``REDIS_URL`` set the
+worker and beat are expected as separate processes (docker-compose.yml); with ``KUBECONFIG`` set, or inside a
+cluster, kubesim is not started.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+
+def start_kubesim(*, kubeconfig: Path, log_path: Path, extra_args: list[str]) -> subprocess.Popen:
+    """Start kubesim on a free loopback port; return once it has written its kubeconfig."""
+    kubeconfig.parent.mkdir(parents=True, exist_ok=True)
+    if kubeconfig.exists():
+        kubeconfig.unlink()
+    log = log_path.open("ab")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kubesim", "serve", "--host", "127.0.0.1", "--port", "0",
+         "--kubeconfig", str(kubeconfig), *extra_args],
+        stdout=subprocess.PIPE, stderr=log, cwd=settings.BASE_DIR,
+    )
+    atexit.register(stop_process, process)
+    url_line = process.stdout.readline().decode().strip() if process.stdout else ""
+    deadline = time.monotonic() + 30
+    while not kubeconfig.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise CommandError(f"kubesim did not start; see {log_path}")
+        time.sleep(0.1)
+    sys.stdout.write(f"kubesim: {url_line} (log: {log_path})\n")
+    return process
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def start_embedded_celery() -> None:
+    """Run a Celery worker and beat in threads of this process, on the in-memory transport."""
+    from celery import beat
+
+    from portal.celery import app
+
+    worker = app.WorkController(
+        pool_cls="threads", concurrency=4, loglevel="INFO", without_heartbeat=True, without_mingle=True,
+        without_gossip=True,
+    )
+    threading.Thread(target=worker.start, name="celery-worker", daemon=True).start()
+    schedule = settings.VAR_DIR / "celerybeat-schedule"
+    beat_service = beat.EmbeddedService(app, thread=True, schedule_filename=str(schedule))
+    beat_service.start()
+
+
+class Command(BaseCommand):
+    help = "Serve the portal with daphne; in the embedded default also start kubesim, a Celery worker and beat."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--host", default=os.environ.get("PORTAL_HOST", "127.0.0.1"))
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PORTAL_PORT", "8000")))
+        parser.add_argument(
+            "--kubesim-arg", action="append", default=[],
+            help="Extra argument for kubesim (repeatable), e.g. --kubesim-arg=--phase-delay=1",
+        )
+        parser.add_argument("--no-kubesim", action="store_true", help="Do not start kubesim.")
+
+    def handle(self, *args, host: str, port: int, kubesim_arg: list[str], no_kubesim: bool, **options) -> None:
+        settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
+        in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+        if not (no_kubesim or settings.KUBECONFIG or in_cluster):
+            start_kubesim(
+                kubeconfig=Path(settings.EMBEDDED_KUBECONFIG),
+                log_path=settings.VAR_DIR / "kubesim.log",
+                extra_args=kubesim_arg,
+            )
+        if settings.CELERY_EMBEDDED_WORKER:
+            start_embedded_celery()
+            self.stdout.write("celery: worker and beat running in this process (in-memory transport)")
+        self.stdout.write(self.style.SUCCESS(f"Portal: http://{host}:{port}/  (admin: http://{host}:{port}/admin/)"))
+        from daphne.cli import CommandLineInterface
+
+        CommandLineInterface().run(["--bind", host, "--port", str(port), "portal.asgi:application"])
