@@ -190,6 +190,12 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     CELERY_BROKER_URL = "memory://"
+# The cache is shared by web, worker and beat through Redis (the sync loop's heartbeat read by /readyz, probe
+# results); the embedded default runs everything in one process, so process memory is enough there.
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "portal"}}
 # True when tasks are consumed by a worker running inside the web process (the embedded default).
 CELERY_EMBEDDED_WORKER = REDIS_URL is None
 
@@ -222,6 +228,13 @@ AGENT_PORT = 8787
 
 CONSOLE_SCROLLBACK_BYTES = env_int("CONSOLE_SCROLLBACK_BYTES", 64 * 1024)
 CONSOLE_RECORDINGS_DIR = Path(env_str("CONSOLE_RECORDINGS_DIR", str(VAR_DIR / "recordings")))
+
+# Health probes and metrics (README, "Operations"). /metrics accepts `Authorization: Bearer $METRICS_TOKEN`
+# when the token is set, and a staff session always.
+METRICS_TOKEN = env_str("METRICS_TOKEN")
+HEALTH_CLUSTER_TIMEOUT_SECONDS = env_int("HEALTH_CLUSTER_TIMEOUT_SECONDS", 2)
+HEALTH_CLUSTER_CACHE_SECONDS = env_int("HEALTH_CLUSTER_CACHE_SECONDS", 5)
+HEALTH_SYNC_MAX_AGE_SECONDS = env_int("HEALTH_SYNC_MAX_AGE_SECONDS", max(60, 10 * ATTEMPT_SYNC_INTERVAL_SECONDS))
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
