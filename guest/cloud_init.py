@@ -1,0 +1,372 @@
+"""Cloud-init user data that installs the grading agent under systemd in a lab VM.
+
+`render_user_data()` returns the `#cloud-config` document stored in the attempt's Secret (KubeVirt's
+`cloudInitNoCloud.secretRef`; inline user data is capped at 2048 bytes, far too small for the agent).
+The document is emitted by hand in block style with every string JSON-quoted, which is valid YAML, so rendering
+needs only the standard library. Merging a lab's extra cloud-config needs PyYAML; without it, the module still
+imports and renders documents that have no extra config.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import math
+import posixpath
+import re
+from pathlib import Path
+from typing import Any
+
+try:
+    import yaml
+except ImportError:  # bare environments (an image build script, kubesim without extras) still render
+    yaml = None
+
+AGENT_PORT = 8787
+TOKEN_PATH = "/etc/lab-agent/token"  # noqa: S105 - a path, not a password
+AGENT_PATH = "/opt/lab-agent/agent.py"
+UNIT_NAME = "lab-agent.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
+SETUP_MARKER_PATH = "/var/lib/cloud/instance/boot-finished"
+STUDENT_USER = "student"
+STUDENT_HOME = "/home/student"
+SERIAL_GETTY_UNIT = "serial-getty@ttyS0.service"
+SERIAL_AUTOLOGIN_PATH = f"/etc/systemd/system/{SERIAL_GETTY_UNIT}.d/lab-autologin.conf"
+
+# Secrets are capped at 1 MiB by the API server; the rendered agent is about 30 KiB, so this leaves a wide margin
+# while still refusing an extra config that would bloat every attempt's Secret.
+MAX_USER_DATA_BYTES = 256 * 1024
+MAX_EXTRA_CLOUD_CONFIG_BYTES = 64 * 1024
+
+# Paths the portal's own files live in; extra cloud-config may not write there.
+PROTECTED_PATHS = (
+    "/etc/lab-agent",
+    "/opt/lab-agent",
+    UNIT_PATH,
+    f"{UNIT_PATH}.d",
+    SERIAL_AUTOLOGIN_PATH,
+)
+
+# Lists in an extra cloud-config that are appended to ours rather than replacing them.
+APPENDED_KEYS = ("write_files", "runcmd", "packages")
+
+# Other user-data formats cloud-init understands; they cannot be merged into one cloud-config.
+_OTHER_USER_DATA_HEADERS = ("#!", "#include", "#cloud-boothook", "#part-handler", "#upstart-job", "Content-Type:")
+
+_LOCAL_AGENT_PATH = Path(__file__).with_name("agent.py")
+_TOKEN_RE = re.compile(r"[\x21-\x7e]{16,512}")
+
+UNIT_TEMPLATE = """\
+[Unit]
+Description=Lab grading agent (answers the portal's checks on TCP {port})
+After=network.target
+# Never give up restarting: the portal cannot grade without the agent.
+StartLimitIntervalSec=0
+
+[Service]
+Type=simple
+ExecStart=/usr/bin/python3 {agent} --port {port} --token-file {token} --setup-marker {marker}
+Restart=always
+RestartSec=2
+Environment=PYTHONUNBUFFERED=1
+# Student workloads that exhaust memory should not take the grader down first.
+OOMScoreAdjust=-500
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+SERIAL_AUTOLOGIN_TEMPLATE = """\
+# The serial console is reached only through the portal's authenticated console bridge.
+[Service]
+ExecStart=
+ExecStart=-/sbin/agetty --autologin {user} --keep-baud 115200,57600,38400,9600 %I $TERM
+"""
+
+
+def render_user_data(
+    *,
+    token: str,
+    extra_cloud_config: str = "",
+    agent_source: str | None = None,
+    serial_autologin: bool = True,
+) -> str:
+    """Return the `#cloud-config` document for one attempt's VM.
+
+    It writes the token (0600) and the agent (0755), installs and starts `lab-agent.service`, creates the
+    `student` user (home /home/student) and, with `serial_autologin`, logs that user in on the serial console.
+    `extra_cloud_config` is a lab's cloud-config mapping: its `write_files`, `runcmd` and `packages` are appended
+    after ours, a `users` entry named `student` replaces ours, and other keys are kept. Raises ValueError for a
+    bad token, an extra config that is not a YAML mapping or that writes the agent's files, or a result too large.
+    """
+    if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
+        raise ValueError("the agent token must be 16 to 512 printable ASCII characters without spaces")
+    source = agent_source if agent_source is not None else _LOCAL_AGENT_PATH.read_text(encoding="utf-8")
+
+    config = base_cloud_config(token=token, agent_source=source, serial_autologin=serial_autologin)
+    extra = parse_extra_cloud_config(extra_cloud_config)
+    if extra:
+        config = merge_cloud_config(base=config, extra=extra)
+
+    document = "#cloud-config\n" + "\n".join(yaml_block_lines(config, indent=0)) + "\n"
+    size = len(document.encode("utf-8"))
+    if size > MAX_USER_DATA_BYTES:
+        raise ValueError(f"the cloud-init user data is too large: {size} bytes (at most {MAX_USER_DATA_BYTES})")
+    return document
+
+
+def base_cloud_config(*, token: str, agent_source: str, serial_autologin: bool) -> dict[str, Any]:
+    """The portal's part of the cloud-config, as a plain mapping."""
+    write_files: list[dict[str, Any]] = [
+        {"path": TOKEN_PATH, "owner": "root:root", "permissions": "0600", "content": token + "\n"},
+        {
+            "path": AGENT_PATH,
+            "owner": "root:root",
+            "permissions": "0755",
+            "encoding": "b64",
+            "content": base64.b64encode(agent_source.encode("utf-8")).decode("ascii"),
+        },
+        {
+            "path": UNIT_PATH,
+            "owner": "root:root",
+            "permissions": "0644",
+            "content": UNIT_TEMPLATE.format(
+                port=AGENT_PORT, agent=AGENT_PATH, token=TOKEN_PATH, marker=SETUP_MARKER_PATH
+            ),
+        },
+    ]
+    runcmd: list[Any] = [
+        "systemctl daemon-reload",
+        f"systemctl enable --now {UNIT_NAME}",
+    ]
+    if serial_autologin:
+        write_files.append(
+            {
+                "path": SERIAL_AUTOLOGIN_PATH,
+                "owner": "root:root",
+                "permissions": "0644",
+                "content": SERIAL_AUTOLOGIN_TEMPLATE.format(user=STUDENT_USER),
+            }
+        )
+        # The getty may already show a login prompt by the time cloud-init runs; restart it to log in.
+        runcmd.append(f"systemctl restart {SERIAL_GETTY_UNIT}")
+    return {
+        "users": [
+            "default",
+            {
+                "name": STUDENT_USER,
+                "gecos": "Lab student",
+                "homedir": STUDENT_HOME,
+                "shell": "/bin/bash",
+                "lock_passwd": True,
+            },
+        ],
+        "write_files": write_files,
+        "runcmd": runcmd,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Extra cloud-config from the lab
+
+
+def parse_extra_cloud_config(text: str) -> dict[str, Any]:
+    """Parse and check a lab's extra cloud-config; an empty text gives an empty mapping.
+
+    Usable on its own to validate the lab form before any attempt exists. Raises ValueError with the reason.
+    """
+    if not isinstance(text, str):
+        raise ValueError("the extra cloud-config must be text")
+    if not text.strip():
+        return {}
+    first_line = text.lstrip().split("\n", 1)[0].strip()
+    if first_line.startswith(_OTHER_USER_DATA_HEADERS):
+        kind = first_line.split()[0]
+        raise ValueError(f"the extra cloud-config must be a #cloud-config mapping; {kind!r} user data cannot be merged")
+    if len(text.encode("utf-8")) > MAX_EXTRA_CLOUD_CONFIG_BYTES:
+        raise ValueError(f"the extra cloud-config is larger than {MAX_EXTRA_CLOUD_CONFIG_BYTES} bytes")
+    if yaml is None:
+        raise ValueError("PyYAML is needed to merge an extra cloud-config and is not installed")
+    try:
+        # Anchors and aliases could expand exponentially (or loop) once the mapping is written out again.
+        if any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, Loader=yaml.SafeLoader)):
+            raise ValueError("the extra cloud-config must not use YAML aliases (*name)")
+        extra = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"the extra cloud-config is not valid YAML: {exc}") from None
+    if extra is None:
+        return {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"the extra cloud-config must be a YAML mapping, not {_yaml_type_name(extra)}")
+    for key in extra:
+        if not isinstance(key, str):
+            raise ValueError(f"the extra cloud-config has a key that is not a string: {key!r}")
+    for key in (*APPENDED_KEYS, "users"):
+        if key in extra and not isinstance(extra[key], list):
+            raise ValueError(f"{key} in the extra cloud-config must be a list, not {_yaml_type_name(extra[key])}")
+    for index, entry in enumerate(extra.get("write_files", [])):
+        _check_extra_write_file(index=index, entry=entry)
+    # Fail now, not at the first attempt, on values the emitter cannot write (binary, non-finite numbers).
+    yaml_block_lines(extra, indent=0)
+    return extra
+
+
+def _check_extra_write_file(*, index: int, entry: Any) -> None:
+    where = f"write_files[{index}] in the extra cloud-config"
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where} must be a mapping")
+    path = entry.get("path")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise ValueError(f"{where} needs an absolute path")
+    normalised = posixpath.normpath(path)
+    if normalised.startswith("//"):
+        normalised = "/" + normalised.lstrip("/")
+    for protected in PROTECTED_PATHS:
+        if normalised == protected or normalised.startswith(protected + "/"):
+            raise ValueError(f"{where} would overwrite the grading agent's file {path}")
+
+
+def merge_cloud_config(*, base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """Merge a checked extra cloud-config into ours: lists appended, our student user replaceable, rest kept."""
+    merged = dict(base)
+    for key, value in extra.items():
+        if key in APPENDED_KEYS:
+            merged[key] = [*base.get(key, []), *value]
+        elif key == "users":
+            merged[key] = _merge_users(base=base.get("users", []), extra=value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _merge_users(*, base: list[Any], extra: list[Any]) -> list[Any]:
+    def name_of(entry: Any) -> str | None:
+        if isinstance(entry, str):
+            return entry
+        name = entry.get("name") if isinstance(entry, dict) else None
+        return name if isinstance(name, str) else None
+
+    extra_by_name = {name_of(entry): entry for entry in extra}
+    # An extra entry with the same name (e.g. `student` with sudo or groups) takes our entry's place.
+    merged = [extra_by_name.pop(name_of(entry), entry) for entry in base]
+    merged.extend(entry for entry in extra if name_of(entry) in extra_by_name)
+    return merged
+
+
+def _yaml_type_name(value: Any) -> str:
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return "a string"
+    return f"a {type(value).__name__}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading a rendered document back (kubesim's simulated guests, tests)
+
+
+def written_file(user_data: str, *, path: str) -> bytes:
+    """The decoded content that the document's `write_files` puts at `path`; needs PyYAML."""
+    if yaml is None:
+        raise ValueError("PyYAML is needed to read cloud-init user data")
+    config = yaml.safe_load(user_data)
+    if not isinstance(config, dict):
+        raise ValueError("the user data is not a cloud-config mapping")
+    for entry in config.get("write_files") or []:
+        if isinstance(entry, dict) and entry.get("path") == path:
+            content = str(entry.get("content", ""))
+            encoding = entry.get("encoding", "text")
+            if encoding in ("b64", "base64"):
+                return base64.b64decode(content)
+            if encoding == "text":
+                return content.encode("utf-8")
+            raise ValueError(f"unsupported write_files encoding for {path}: {encoding}")
+    raise ValueError(f"the user data writes no file at {path}")
+
+
+def token_from_user_data(user_data: str) -> str:
+    """The agent token that a rendered document installs."""
+    return written_file(user_data, path=TOKEN_PATH).decode("utf-8").strip()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# YAML emission
+
+_PLAIN_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+# Keys that YAML 1.1 (cloud-init parses with PyYAML) would read as booleans or null if left unquoted.
+_YAML11_SPECIAL = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null"})
+# Characters that YAML does not accept literally (non-printable) or reads as line breaks inside a quoted scalar.
+_YAML_ESCAPE_RE = re.compile("[\x7f-\x84\x86-\x9f\x85\u2028\u2029\ud800-\udfff\ufffe\uffff]")
+
+
+def yaml_block_lines(value: Any, *, indent: int) -> list[str]:
+    """Block-style YAML for mappings and lists of JSON-like values; every string is double-quoted."""
+    pad = " " * indent
+    if isinstance(value, dict):
+        if not value:
+            return [pad + "{}"]
+        lines = []
+        for key, item in value.items():
+            if _is_nested(item):
+                lines.append(f"{pad}{_yaml_key(key)}:")
+                lines.extend(yaml_block_lines(item, indent=indent + 2))
+            else:
+                lines.append(f"{pad}{_yaml_key(key)}: {_yaml_scalar(item)}")
+        return lines
+    if isinstance(value, list):
+        if not value:
+            return [pad + "[]"]
+        lines = []
+        for item in value:
+            if _is_nested(item):
+                nested = yaml_block_lines(item, indent=indent + 2)
+                lines.append(f"{pad}- {nested[0].lstrip()}")
+                lines.extend(nested[1:])
+            else:
+                lines.append(f"{pad}- {_yaml_scalar(item)}")
+        return lines
+    return [pad + _yaml_scalar(value)]
+
+
+def _is_nested(value: Any) -> bool:
+    return isinstance(value, (dict, list)) and bool(value)
+
+
+def _yaml_key(key: Any) -> str:
+    if not isinstance(key, str):
+        raise ValueError(f"cloud-config keys must be strings, not {key!r}")
+    if _PLAIN_KEY_RE.fullmatch(key) and key.lower() not in _YAML11_SPECIAL:
+        return key
+    return _yaml_string(key)
+
+
+def _yaml_scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"cloud-config numbers must be finite, not {value!r}")
+        text = repr(value)
+        # YAML 1.1 reads a float only with a dot in it: 1e+20 would come back as a string.
+        if "." not in text:
+            text = text.replace("e", ".0e") if "e" in text else text + ".0"
+        return text
+    if isinstance(value, str):
+        return _yaml_string(value)
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return _yaml_string(value.isoformat())
+    if isinstance(value, dict):
+        return "{}"
+    if isinstance(value, list):
+        return "[]"
+    raise ValueError(f"cloud-config cannot hold a value of type {type(value).__name__}")
+
+
+def _yaml_string(text: str) -> str:
+    quoted = json.dumps(text, ensure_ascii=False)
+    return _YAML_ESCAPE_RE.sub(lambda match: f"\\u{ord(match.group()):04x}", quoted)

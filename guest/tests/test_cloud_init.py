@@ -1,0 +1,305 @@
+"""Tests for the cloud-init user data that installs the grading agent."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from guest import agent, cloud_init
+from guest.cloud_init import (
+    AGENT_PATH,
+    AGENT_PORT,
+    TOKEN_PATH,
+    UNIT_PATH,
+    parse_extra_cloud_config,
+    render_user_data,
+    token_from_user_data,
+    written_file,
+)
+
+TOKEN = "Zm9yLXRlc3RzLW9ubHktMTIzNDU2Nzg5MA"
+GUEST_DIR = Path(cloud_init.__file__).parent
+SCHEMA_PATH = Path(__file__).parent / "schemas" / "cloud-config-v1-22.4.2.json"
+
+
+def _load(document: str) -> dict[str, Any]:
+    config = yaml.safe_load(document)
+    assert isinstance(config, dict)
+    return config
+
+
+def _files(config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {entry["path"]: entry for entry in config["write_files"]}
+
+
+def _schema_errors(config: dict[str, Any]) -> list[str]:
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    return [f"{list(error.absolute_path)}: {error.message}" for error in validator.iter_errors(config)]
+
+
+# --- the document -----------------------------------------------------------------------------------------------
+
+
+def test_document_is_cloud_config_yaml_and_valid_for_cloud_init() -> None:
+    document = render_user_data(token=TOKEN)
+    assert document.startswith("#cloud-config\n")
+    config = _load(document)
+    assert _schema_errors(config) == []
+    assert len(document.encode()) < cloud_init.MAX_USER_DATA_BYTES
+    assert len(document.encode()) < 64 * 1024  # a Secret may hold 1 MiB; stay far below it
+
+
+def test_document_writes_the_token_readable_by_root_only() -> None:
+    config = _load(render_user_data(token=TOKEN))
+    token_file = _files(config)[TOKEN_PATH]
+    assert token_file["permissions"] == "0600"
+    assert token_file["owner"] == "root:root"
+    assert token_file["content"].strip() == TOKEN
+    assert token_from_user_data(render_user_data(token=TOKEN)) == TOKEN
+
+
+def test_document_installs_this_agent_verbatim() -> None:
+    document = render_user_data(token=TOKEN)
+    agent_file = _files(_load(document))[AGENT_PATH]
+    assert agent_file["permissions"] == "0755"
+    assert agent_file["encoding"] == "b64"
+    expected = (GUEST_DIR / "agent.py").read_bytes()
+    assert base64.b64decode(agent_file["content"]) == expected
+    assert written_file(document, path=AGENT_PATH) == expected
+
+
+def test_given_agent_source_is_installed_instead() -> None:
+    document = render_user_data(token=TOKEN, agent_source="print('another agent')\n")
+    assert written_file(document, path=AGENT_PATH) == b"print('another agent')\n"
+
+
+def test_document_runs_the_agent_under_systemd_as_root() -> None:
+    config = _load(render_user_data(token=TOKEN))
+    unit = _files(config)[UNIT_PATH]["content"]
+    assert (
+        "ExecStart=/usr/bin/python3 /opt/lab-agent/agent.py --port 8787 --token-file /etc/lab-agent/token "
+        "--setup-marker /var/lib/cloud/instance/boot-finished\n"
+    ) in unit
+    assert "Restart=always\n" in unit
+    assert "User=" not in unit  # root: checks inspect the whole system
+    assert "WantedBy=multi-user.target" in unit
+    assert config["runcmd"][:2] == ["systemctl daemon-reload", "systemctl enable --now lab-agent.service"]
+
+
+def test_document_creates_the_student_and_logs_them_in_on_the_serial_console() -> None:
+    config = _load(render_user_data(token=TOKEN))
+    student = next(user for user in config["users"] if isinstance(user, dict) and user["name"] == "student")
+    assert student["homedir"] == "/home/student"
+    assert student["shell"] == "/bin/bash"
+    assert "default" in config["users"]
+    getty = _files(config)[cloud_init.SERIAL_AUTOLOGIN_PATH]["content"]
+    assert "--autologin student" in getty
+    assert "systemctl restart serial-getty@ttyS0.service" in config["runcmd"]
+
+
+def test_serial_autologin_can_be_left_out() -> None:
+    config = _load(render_user_data(token=TOKEN, serial_autologin=False))
+    assert cloud_init.SERIAL_AUTOLOGIN_PATH not in _files(config)
+    assert not any("serial-getty" in command for command in config["runcmd"])
+
+
+def test_constants_match_the_agent_defaults() -> None:
+    assert AGENT_PORT == agent.DEFAULT_PORT == 8787
+    assert TOKEN_PATH == agent.DEFAULT_TOKEN_FILE
+    assert cloud_init.STUDENT_HOME == agent.DEFAULT_HOME
+
+
+@pytest.mark.parametrize("token", ["short", "x" * 513, "has space" * 3, "line\nbreak" * 3, "ünïcode" * 4, ""])
+def test_bad_tokens_are_refused(token: str) -> None:
+    with pytest.raises(ValueError, match="token"):
+        render_user_data(token=token)
+
+
+def test_installed_agent_answers_with_the_installed_token(tmp_path: Path) -> None:
+    """The files as cloud-init would write them make a working agent."""
+    document = render_user_data(token=TOKEN)
+    token_file = tmp_path / "token"
+    token_file.write_bytes(written_file(document, path=TOKEN_PATH))
+    agent_file = tmp_path / "agent.py"
+    agent_file.write_bytes(written_file(document, path=AGENT_PATH))
+    port_file = tmp_path / "port"
+    proc = subprocess.Popen(
+        [sys.executable, str(agent_file), "--host", "127.0.0.1", "--port", "0", "--token-file", str(token_file),
+         "--port-file", str(port_file), "--home", str(tmp_path)],
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while not port_file.exists():
+            assert proc.poll() is None, "the installed agent did not start"
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        conn = http.client.HTTPConnection("127.0.0.1", int(port_file.read_text()), timeout=10)
+        conn.request("GET", "/healthz", headers={"Authorization": f"Bearer {TOKEN}"})
+        response = conn.getresponse()
+        assert response.status == 200
+        assert json.loads(response.read())["ready"] is True
+        conn.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+# --- merging a lab's extra cloud-config -------------------------------------------------------------------------
+
+EXTRA = """\
+#cloud-config
+package_update: true
+packages:
+  - nginx
+  - [curl, "7.88*"]
+timezone: Asia/Tokyo
+write_files:
+  - path: /home/student/README.txt
+    content: |
+      こんにちは
+      Edit /etc/nginx/sites-enabled/default.
+    owner: student:student
+    defer: true
+runcmd:
+  - systemctl disable --now nginx
+users:
+  - default
+  - name: student
+    sudo: "ALL=(ALL) NOPASSWD:ALL"
+    groups: [adm]
+    shell: /bin/bash
+  - name: auditor
+    lock_passwd: true
+"""
+
+
+def test_extra_cloud_config_is_merged() -> None:
+    base = _load(render_user_data(token=TOKEN))
+    merged = _load(render_user_data(token=TOKEN, extra_cloud_config=EXTRA))
+    assert _schema_errors(merged) == []
+
+    # Lists are appended after the portal's own entries, which keep their place.
+    assert merged["write_files"][: len(base["write_files"])] == base["write_files"]
+    assert merged["write_files"][-1]["path"] == "/home/student/README.txt"
+    assert merged["write_files"][-1]["content"] == "こんにちは\nEdit /etc/nginx/sites-enabled/default.\n"
+    assert merged["write_files"][-1]["defer"] is True
+    assert merged["runcmd"] == [*base["runcmd"], "systemctl disable --now nginx"]
+    assert merged["packages"] == ["nginx", ["curl", "7.88*"]]
+    # Other keys are kept.
+    assert merged["package_update"] is True
+    assert merged["timezone"] == "Asia/Tokyo"
+    # The lab's `student` replaces the portal's; other users are added; `default` is not doubled.
+    assert [u if isinstance(u, str) else u["name"] for u in merged["users"]] == ["default", "student", "auditor"]
+    student = merged["users"][1]
+    assert student["sudo"] == "ALL=(ALL) NOPASSWD:ALL"
+    assert student["groups"] == ["adm"]
+    # The agent and its token are untouched.
+    assert token_from_user_data(render_user_data(token=TOKEN, extra_cloud_config=EXTRA)) == TOKEN
+
+
+@pytest.mark.parametrize("extra", ["", "   \n", "# nothing yet\n", "#cloud-config\n", "#cloud-config\n{}\n"])
+def test_empty_extra_cloud_config_changes_nothing(extra: str) -> None:
+    assert render_user_data(token=TOKEN, extra_cloud_config=extra) == render_user_data(token=TOKEN)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("packages: [nginx\n", "not valid YAML"),
+        ("- nginx\n- curl\n", "must be a YAML mapping, not a list"),
+        ("just words\n", "must be a YAML mapping, not a string"),
+        ("#!/bin/bash\napt-get install -y nginx\n", "'#!/bin/bash' user data cannot be merged"),
+        ("#include\nhttps://example.test/config\n", "cannot be merged"),
+        ("a: 1\n---\nb: 2\n", "not valid YAML"),
+        ("write_files: {path: /etc/motd}\n", "write_files in the extra cloud-config must be a list"),
+        ("runcmd: echo hi\n", "runcmd in the extra cloud-config must be a list"),
+        ("packages: nginx\n", "packages in the extra cloud-config must be a list"),
+        ("users: student\n", "users in the extra cloud-config must be a list"),
+        ("write_files: [/etc/motd]\n", r"write_files\[0\] in the extra cloud-config must be a mapping"),
+        ("write_files:\n  - content: hi\n", "needs an absolute path"),
+        ("write_files:\n  - path: etc/motd\n", "needs an absolute path"),
+        (f"write_files:\n  - path: {TOKEN_PATH}\n    content: stolen\n", "would overwrite the grading agent"),
+        (f"write_files:\n  - path: {AGENT_PATH}\n    content: fake\n", "would overwrite the grading agent"),
+        ("write_files:\n  - path: /opt/lab-agent/../lab-agent/./agent.py\n", "would overwrite the grading agent"),
+        ("write_files:\n  - path: //etc//lab-agent/token\n", "would overwrite the grading agent"),
+        ("write_files:\n  - path: /etc/lab-agent/other\n", "would overwrite the grading agent"),
+        (f"write_files:\n  - path: {UNIT_PATH}\n", "would overwrite the grading agent"),
+        (f"write_files:\n  - path: {UNIT_PATH}.d/override.conf\n", "would overwrite the grading agent"),
+        ("base: &b [1, 2]\nagain: *b\n", "aliases"),
+        ("1: one\n", "key that is not a string"),
+        ("blob: !!binary aGVsbG8=\n", "type bytes"),
+        ("ratio: .nan\n", "finite"),
+        ("runcmd:\n" + "  - echo padding-padding-padding-padding\n" * 2000, "larger than"),
+    ],
+)
+def test_bad_extra_cloud_config_is_refused(extra: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        render_user_data(token=TOKEN, extra_cloud_config=extra)
+    # The same check is available on its own for the lab form.
+    with pytest.raises(ValueError, match=message):
+        parse_extra_cloud_config(extra)
+
+
+def test_writing_next_to_the_agent_directories_is_allowed() -> None:
+    extra = "write_files:\n  - path: /etc/lab-agent-notes.txt\n    content: fine\n"
+    config = _load(render_user_data(token=TOKEN, extra_cloud_config=extra))
+    assert _files(config)["/etc/lab-agent-notes.txt"]["content"] == "fine"
+
+
+def test_result_too_large_for_a_secret_is_refused() -> None:
+    with pytest.raises(ValueError, match="too large"):
+        render_user_data(token=TOKEN, agent_source="#" * (cloud_init.MAX_USER_DATA_BYTES))
+
+
+# --- the YAML emitter -------------------------------------------------------------------------------------------
+
+TRICKY_STRINGS = [
+    "yes", "no", "on", "off", "null", "~", "true", "123", "0755", "1e3", "0x1F", ".inf", "2026-01-31",
+    "", " leading and trailing ", "key: value", "- dash", "# hash", "quote \" and 'single'", "back\\slash",
+    "tab\there", "multi\nline\n", "trailing newlines\n\n", "\r\n", "日本語のテキスト", "emoji 🎓",
+    "nel\x85line", "sep\u2028para\u2029", "del\x7f", "c1\x9b", "bom\ufeff", "nul\x00", "{flow}", "[flow]",
+    "&anchor", "*alias", "!tag", "%directive", "@at", "`tick", "|", ">", "?", "...", "---",
+]  # fmt: skip
+
+
+def test_emitter_round_trips_tricky_values_through_yaml() -> None:
+    value = {
+        "strings": TRICKY_STRINGS,
+        "numbers": [0, -1, 2**40, 0.5, 1e20, 1e-5, -2.5e-10],
+        "flags": [True, False, None],
+        "empty": {"list": [], "map": {}},
+        "nested": [[1, [2, [3]]], {"a": {"b": [{"c": "d"}]}}],
+        "weird keys": {"yes": 1, "on": 2, "key with space": 3, "日本": 4, "-dash": 5, "": 6, "n": 7},
+    }
+    text = "\n".join(cloud_init.yaml_block_lines(value, indent=0)) + "\n"
+    assert yaml.safe_load(text) == value
+
+
+def test_module_imports_and_renders_without_pyyaml() -> None:
+    script = (
+        "import sys; sys.modules['yaml'] = None\n"
+        "from guest.cloud_init import render_user_data\n"
+        f"doc = render_user_data(token={TOKEN!r})\n"
+        "assert doc.startswith('#cloud-config')\n"
+        "try:\n"
+        f"    render_user_data(token={TOKEN!r}, extra_cloud_config='packages: [nginx]')\n"
+        "except ValueError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, cwd=GUEST_DIR.parent
+    )
+    assert result.returncode == 0, result.stderr
+    assert "refused: PyYAML is needed" in result.stdout
