@@ -42,11 +42,17 @@ class GradingRun(models.Model):
     created_at = models.DateTimeField(_("requested"), auto_now_add=True)
     started_at = models.DateTimeField(_("started"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
+    # When the guest produced the outputs this run scores: lateness is judged on it. A regrade re-evaluates old
+    # outputs, so it carries the original run's time rather than its own.
+    measured_at = models.DateTimeField(_("work measured at"), null=True, blank=True)
     score = models.DecimalField(_("score"), max_digits=8, decimal_places=2, null=True, blank=True)
     max_score = models.DecimalField(_("max score"), max_digits=8, decimal_places=2, null=True, blank=True)
     late_penalty_percent = models.DecimalField(
         _("late penalty (%)"), max_digits=5, decimal_places=2, default=Decimal("0")
     )
+    # A stable cause (e.g. "vm_not_running", "agent_timeout") shown to people through a translated message;
+    # ``error`` keeps the technical detail for staff.
+    error_code = models.CharField(_("error code"), max_length=40, blank=True)
     error = models.TextField(_("error"), blank=True)
 
     class Meta:
@@ -63,6 +69,18 @@ class GradingRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.attempt} run {self.pk} ({self.state})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.state in (RunState.DONE, RunState.ERROR)
+
+    @property
+    def effective_score(self) -> Decimal | None:
+        """The raw score less the late penalty (``score`` holds the points earned, before any penalty)."""
+        if self.score is None:
+            return None
+        factor = (Decimal(100) - min(self.late_penalty_percent, Decimal(100))) / Decimal(100)
+        return (self.score * factor).quantize(Decimal("0.01"))
 
 
 class CheckResult(models.Model):

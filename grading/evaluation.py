@@ -1,0 +1,156 @@
+"""Pure grading rules: a check's raw result into points and feedback, lateness into a penalty, runs into a grade.
+
+Nothing here touches the database or the cluster, so every rule is tested with literal inputs.
+
+Rules, as students and staff are told them:
+
+- A check passes when it did not time out, its command could be started, its exit code equals the expected one
+  (when one is set), and its output matches the expectation (when one is set): ``contains`` is a plain substring
+  test, ``regex`` is ``re.search`` with ``MULTILINE``. A pass earns the check's points, a failure none (partial
+  credit comes from the lab's several checks, not from within one).
+- Feedback on a failure is the check's hint; a pass carries none.
+- Lateness is judged on when the guest's outputs were measured. Every started day after ``due_at`` costs
+  ``late_penalty_percent_per_day`` (partial days round up: one minute late is one day late), capped at 100%.
+- No credit after the credit window closes: ``late_cutoff_at`` when set; ``due_at`` itself when the lab has no
+  per-day penalty (the same rule ``Lab.is_open`` applies). Runs measured after it are kept, shown, and ignored by
+  the grade.
+- The grade of a student for a lab is chosen among the scored runs of all their attempts: ``best`` takes the
+  highest score after penalty (the earliest such run on a tie), ``last`` takes the most recently measured run.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any, Protocol
+
+from labs.models import GradePolicy, StdoutMatch
+
+HUNDRED = Decimal(100)
+CENT = Decimal("0.01")
+
+
+class CheckDefinition(Protocol):
+    expected_exit_code: int | None
+    stdout_match: str
+    stdout_pattern: str
+    points: Decimal
+    hint: str
+
+
+class LatePolicy(Protocol):
+    due_at: datetime | None
+    late_cutoff_at: datetime | None
+    late_penalty_percent_per_day: Decimal
+
+
+@dataclass(frozen=True)
+class CheckVerdict:
+    passed: bool
+    points: Decimal
+    max_points: Decimal
+    feedback: str
+    reason: str  # why it failed, in plain words, for logs and staff (the hint is what students see)
+
+
+def output_matches(*, match: str, pattern: str, output: str) -> bool:
+    if match == StdoutMatch.NONE:
+        return True
+    if match == StdoutMatch.CONTAINS:
+        return pattern in output
+    if match == StdoutMatch.REGEX:
+        try:
+            return re.search(pattern, output, flags=re.MULTILINE) is not None
+        except re.error:
+            # Lab.clean refuses such patterns; one saved around it fails the check rather than the whole run.
+            return False
+    return False
+
+
+def evaluate_check(*, check: CheckDefinition, result: Mapping[str, Any]) -> CheckVerdict:
+    """Score one check from the agent's raw result for it."""
+    max_points = Decimal(check.points)
+    reason = _failure_reason(check=check, result=result)
+    if reason:
+        return CheckVerdict(
+            passed=False, points=Decimal(0), max_points=max_points, feedback=check.hint or "", reason=reason
+        )
+    return CheckVerdict(passed=True, points=max_points, max_points=max_points, feedback="", reason="")
+
+
+def _failure_reason(*, check: CheckDefinition, result: Mapping[str, Any]) -> str:
+    if result.get("timed_out"):
+        return "timed out"
+    exit_code = result.get("exit_code")
+    if exit_code is None:
+        return "the command could not be run"
+    if check.expected_exit_code is not None and exit_code != check.expected_exit_code:
+        return f"exit code {exit_code}, expected {check.expected_exit_code}"
+    stdout = result.get("stdout") or ""
+    if not output_matches(match=check.stdout_match, pattern=check.stdout_pattern, output=stdout):
+        if check.stdout_match == StdoutMatch.REGEX:
+            return "output does not match the expected pattern"
+        return "output does not contain the expected text"
+    return ""
+
+
+def days_late(*, due_at: datetime | None, measured_at: datetime) -> int:
+    """Started days after the due time (0 when on time). Partial days round up."""
+    if due_at is None or measured_at <= due_at:
+        return 0
+    return math.ceil((measured_at - due_at) / timedelta(days=1))
+
+
+def credit_closes_at(lab: LatePolicy) -> datetime | None:
+    """When work stops earning credit (see the module docstring)."""
+    if lab.late_cutoff_at is not None:
+        return lab.late_cutoff_at
+    if lab.due_at is not None and not lab.late_penalty_percent_per_day:
+        return lab.due_at
+    return None
+
+
+def earns_credit(lab: LatePolicy, *, measured_at: datetime) -> bool:
+    closes = credit_closes_at(lab)
+    return closes is None or measured_at <= closes
+
+
+def late_penalty_percent(lab: LatePolicy, *, measured_at: datetime) -> Decimal:
+    """The penalty for work measured at ``measured_at``: 100 when it earns no credit at all."""
+    if not earns_credit(lab, measured_at=measured_at):
+        return HUNDRED
+    days = days_late(due_at=lab.due_at, measured_at=measured_at)
+    return min(HUNDRED, Decimal(days) * Decimal(lab.late_penalty_percent_per_day)).quantize(CENT)
+
+
+def apply_penalty(*, score: Decimal, penalty_percent: Decimal) -> Decimal:
+    factor = (HUNDRED - min(penalty_percent, HUNDRED)) / HUNDRED
+    return (score * factor).quantize(CENT)
+
+
+@dataclass(frozen=True)
+class ScoredRun:
+    """What the grade policy needs to know about a finished run."""
+
+    run_id: int
+    score: Decimal  # raw points earned
+    penalty_percent: Decimal
+    measured_at: datetime
+
+    @property
+    def effective_score(self) -> Decimal:
+        return apply_penalty(score=self.score, penalty_percent=self.penalty_percent)
+
+
+def choose_run(*, policy: str, runs: Sequence[ScoredRun]) -> ScoredRun | None:
+    """The run that counts under ``policy`` among runs that earn credit (callers filter the others out)."""
+    if not runs:
+        return None
+    if policy == GradePolicy.LAST:
+        return max(runs, key=lambda r: (r.measured_at, r.run_id))
+    # best: highest after penalty; on a tie the earliest, so a later equal run never makes a grade late.
+    return min(runs, key=lambda r: (-r.effective_score, r.measured_at, r.run_id))
