@@ -1,0 +1,315 @@
+"""Reports for course staff and students: the course gradebook, a lab's report, an attempt's detail, a student's
+own grades, and the gradebook as CSV rows. Each runs a fixed number of queries whatever the class size."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+
+from django.db.models import Count, Prefetch, Q, Sum
+from django.utils.translation import gettext as _
+
+from grading.models import CheckResult, Grade, GradingRun, RunState
+from labs.models import Attempt, Lab
+from portal.models import Course, Membership, Role, User
+from portal.selectors import courses_for_user, user_tenant_ids
+
+
+@dataclass(frozen=True)
+class GradeCell:
+    """One student's standing at one lab."""
+
+    final: Decimal | None
+    computed: Decimal | None
+    max_score: Decimal | None
+    late: bool
+    overridden: bool
+    attempts: int
+
+    @property
+    def graded(self) -> bool:
+        return self.final is not None
+
+
+EMPTY_CELL = GradeCell(final=None, computed=None, max_score=None, late=False, overridden=False, attempts=0)
+
+
+@dataclass(frozen=True)
+class GradebookRow:
+    student: User
+    cells: list[GradeCell]
+
+    @property
+    def total(self) -> Decimal:
+        return sum((c.final for c in self.cells if c.final is not None), Decimal(0))
+
+
+@dataclass(frozen=True)
+class Gradebook:
+    course: Course
+    labs: list[Lab]  # each annotated with ``max_points``
+    rows: list[GradebookRow]
+
+    @property
+    def max_total(self) -> Decimal:
+        return sum((lab.max_points or Decimal(0) for lab in self.labs), Decimal(0))
+
+
+def course_labs(*, course: Course) -> list[Lab]:
+    return list(Lab.objects.filter(course=course).annotate(max_points=Sum("checks__points")).order_by(
+        "due_at", "title", "id"
+    ))
+
+
+def course_students(*, course: Course) -> list[User]:
+    return list(
+        User.objects.filter(
+            memberships__course=course, memberships__role=Role.STUDENT, tenant_id=course.tenant_id
+        ).order_by("full_name", "username", "id")
+    )
+
+
+def _cell(grade: Grade | None, attempts: int) -> GradeCell:
+    if grade is None:
+        return GradeCell(final=None, computed=None, max_score=None, late=False, overridden=False, attempts=attempts)
+    return GradeCell(
+        final=grade.final_score, computed=grade.score, max_score=grade.max_score, late=grade.late,
+        overridden=grade.is_overridden, attempts=attempts,
+    )
+
+
+def course_gradebook(*, course: Course) -> Gradebook:
+    """Students × labs with the final grade and its flags. Four queries for any number of students or labs."""
+    labs = course_labs(course=course)
+    students = course_students(course=course)
+    student_ids = {s.pk for s in students}
+    grades = {
+        (g.lab_id, g.student_id): g
+        for g in Grade.objects.filter(lab__course=course).only(
+            "lab_id", "student_id", "score", "max_score", "late", "override_score"
+        )
+        if g.student_id in student_ids
+    }
+    attempt_counts = {
+        (row["lab_id"], row["student_id"]): row["n"]
+        for row in Attempt.objects.filter(lab__course=course).values("lab_id", "student_id").annotate(n=Count("id"))
+    }
+    rows = [
+        GradebookRow(
+            student=student,
+            cells=[
+                _cell(grades.get((lab.pk, student.pk)), attempt_counts.get((lab.pk, student.pk), 0)) for lab in labs
+            ],
+        )
+        for student in students
+    ]
+    return Gradebook(course=course, labs=labs, rows=rows)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Lab report
+
+
+@dataclass(frozen=True)
+class DistributionBucket:
+    low_percent: int
+    high_percent: int
+    count: int
+
+
+@dataclass
+class LabReport:
+    lab: Lab
+    max_points: Decimal
+    attempts: list[Attempt]  # annotated with runs_done, runs_error
+    grades: list[Grade]
+    enrolled: int
+    distribution: list[DistributionBucket] = field(default_factory=list)
+    mean_percent: float | None = None
+    median_percent: float | None = None
+
+    @property
+    def graded(self) -> int:
+        return sum(1 for g in self.grades if g.final_score is not None)
+
+
+def score_distribution(*, percents: list[float], buckets: int = 10) -> list[DistributionBucket]:
+    """Counts per 10% band; 100% falls in the top band."""
+    width = 100 // buckets
+    counts = [0] * buckets
+    for percent in percents:
+        index = min(int(max(percent, 0) // width), buckets - 1)
+        counts[index] += 1
+    return [
+        DistributionBucket(low_percent=i * width, high_percent=(i + 1) * width, count=count)
+        for i, count in enumerate(counts)
+    ]
+
+
+def lab_report(*, lab: Lab) -> LabReport:
+    max_points = lab.checks.aggregate(total=Sum("points"))["total"] or Decimal(0)
+    attempts = list(
+        Attempt.objects.filter(lab=lab)
+        .select_related("student")
+        .annotate(
+            runs_done=Count("runs", filter=Q(runs__state=RunState.DONE)),
+            runs_error=Count("runs", filter=Q(runs__state=RunState.ERROR)),
+        )
+        .order_by("student__full_name", "student__username", "number", "id")
+    )
+    enrolled_ids = set(
+        Membership.objects.filter(course_id=lab.course_id, role=Role.STUDENT).values_list("user_id", flat=True)
+    )
+    grades = [
+        g for g in Grade.objects.filter(lab=lab).select_related("student").order_by("student__full_name")
+        if g.student_id in enrolled_ids
+    ]
+    percents = [
+        float(g.final_score / max_points * 100) for g in grades if g.final_score is not None and max_points > 0
+    ]
+    return LabReport(
+        lab=lab, max_points=max_points, attempts=attempts, grades=grades, enrolled=len(enrolled_ids),
+        distribution=score_distribution(percents=percents),
+        mean_percent=round(statistics.fmean(percents), 1) if percents else None,
+        median_percent=round(statistics.median(percents), 1) if percents else None,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Attempt detail
+
+
+@dataclass(frozen=True)
+class TimelineEntry:
+    label: str
+    at: datetime
+
+
+TIMELINE_FIELDS = (
+    "requested_at", "provisioned_at", "pending_at", "scheduling_at", "scheduled_at", "vmi_running_at",
+    "agent_ready_at", "stopping_at", "ended_at",
+)
+
+
+def attempt_timeline(attempt: Attempt) -> list[TimelineEntry]:
+    """The attempt's phases with their times, in time order (labels are the fields' translated names)."""
+    entries = [
+        TimelineEntry(label=str(Attempt._meta.get_field(name).verbose_name), at=getattr(attempt, name))
+        for name in TIMELINE_FIELDS
+        if getattr(attempt, name) is not None
+    ]
+    return sorted(entries, key=lambda e: e.at)
+
+
+@dataclass
+class AttemptDetail:
+    attempt: Attempt
+    timeline: list[TimelineEntry]
+    runs: list[GradingRun]
+    grade: Grade | None
+
+
+def runs_with_results(queryset) -> list[GradingRun]:
+    return list(
+        queryset.select_related("requested_by")
+        .prefetch_related(Prefetch("results", queryset=CheckResult.objects.order_by("order", "id")))
+        .order_by("-created_at", "-id")
+    )
+
+
+def attempt_detail(*, attempt: Attempt) -> AttemptDetail:
+    return AttemptDetail(
+        attempt=attempt,
+        timeline=attempt_timeline(attempt),
+        runs=runs_with_results(GradingRun.objects.filter(attempt=attempt)),
+        grade=Grade.objects.filter(lab_id=attempt.lab_id, student_id=attempt.student_id).first(),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A student's own grades
+
+
+@dataclass(frozen=True)
+class StudentLabGrade:
+    lab: Lab  # annotated with max_points
+    grade: Grade | None
+
+
+@dataclass(frozen=True)
+class StudentCourseGrades:
+    course: Course
+    labs: list[StudentLabGrade]
+
+
+def student_grades(*, user: User) -> list[StudentCourseGrades]:
+    """The user's grades in every course they take as a student (three queries)."""
+    courses = list(courses_for_user(user=user, roles=(Role.STUDENT,)).order_by("code", "term"))
+    labs = list(
+        Lab.objects.filter(course__in=courses).annotate(max_points=Sum("checks__points")).order_by(
+            "due_at", "title", "id"
+        )
+    )
+    grades = {g.lab_id: g for g in Grade.objects.filter(student=user, lab__in=labs)}
+    by_course: dict[int, list[StudentLabGrade]] = {c.pk: [] for c in courses}
+    for lab in labs:
+        by_course[lab.course_id].append(StudentLabGrade(lab=lab, grade=grades.get(lab.pk)))
+    return [StudentCourseGrades(course=c, labs=by_course[c.pk]) for c in courses]
+
+
+@dataclass
+class StudentLabRuns:
+    lab: Lab
+    grade: Grade | None
+    runs: list[GradingRun]
+
+
+def student_lab_runs(*, user: User, lab: Lab) -> StudentLabRuns:
+    """Every run of the user's attempts at the lab, with each check's feedback."""
+    runs = runs_with_results(
+        GradingRun.objects.filter(
+            attempt__lab=lab, attempt__student=user, attempt__tenant_id__in=user_tenant_ids(user=user)
+        ).select_related("attempt")
+    )
+    return StudentLabRuns(lab=lab, grade=Grade.objects.filter(lab=lab, student=user).first(), runs=runs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CSV
+
+
+# Characters that make spreadsheet programs read a cell as a formula (OWASP "CSV injection"), with the
+# full-width forms that Japanese input methods produce.
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r", "\n", "＝", "＋", "－", "＠")
+
+
+def csv_text(value: object) -> str:
+    """A text cell that a spreadsheet shows as text, never evaluates."""
+    text = "" if value is None else str(value)
+    return "'" + text if text.startswith(FORMULA_PREFIXES) else text
+
+
+def _csv_number(value: Decimal | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def gradebook_csv_rows(*, course: Course) -> Iterator[list[str]]:
+    """The gradebook as rows: identity columns, then per lab its final score and its flags, then the total."""
+    book = course_gradebook(course=course)
+    header = [_("Username"), _("Full name"), _("Email")]
+    for lab in book.labs:
+        title = csv_text(lab.title)
+        header += [f"{title} (/{_csv_number(lab.max_points or Decimal(0))})", _("%(lab)s: flags") % {"lab": title}]
+    header.append(_("Total (/%(max)s)") % {"max": _csv_number(book.max_total)})
+    yield header
+    late, overridden = _("late"), _("override")
+    for row in book.rows:
+        cells = [csv_text(row.student.username), csv_text(row.student.full_name), csv_text(row.student.email)]
+        for cell in row.cells:
+            flags = [flag for flag, on in ((late, cell.late), (overridden, cell.overridden)) if on]
+            cells += [_csv_number(cell.final), " ".join(flags)]
+        cells.append(_csv_number(row.total))
+        yield cells

@@ -1,0 +1,40 @@
+"""Every write of grading: runs (the Check button, execution, the final run), grades, overrides and regrades.
+
+Split by subject (``runs``, ``grades``); the names below are the public contract other apps import.
+"""
+
+from grading.services.grades import (
+    LabRegradeOutcome,
+    RegradeOutcome,
+    grade_override,
+    grade_recompute,
+    grading_regrade,
+    grading_regrade_lab,
+    lab_max_points,
+    parse_override_score,
+)
+from grading.services.runs import (
+    grading_run_execute,
+    grading_run_fail,
+    grading_run_final,
+    grading_run_record,
+    grading_run_request,
+    grading_runs_fail_stale,
+)
+
+__all__ = [
+    "LabRegradeOutcome",
+    "RegradeOutcome",
+    "grade_override",
+    "grade_recompute",
+    "grading_regrade",
+    "grading_regrade_lab",
+    "grading_run_execute",
+    "grading_run_fail",
+    "grading_run_final",
+    "grading_run_record",
+    "grading_run_request",
+    "grading_runs_fail_stale",
+    "lab_max_points",
+    "parse_override_score",
+]

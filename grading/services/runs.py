@@ -1,0 +1,340 @@
+"""Grading runs: the Check button, the Celery execution, the synchronous final run, and clean-up of stuck runs.
+
+A run moves ``queued → running → done | error``. Only a run that finished ``done`` counts towards a grade: a run
+that could not reach the agent (or got an incomplete answer) ends ``error`` with a reason and no score, and the
+student can check again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from celery.exceptions import SoftTimeLimitExceeded
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from grading import agent_client
+from grading.evaluation import evaluate_check, late_penalty_percent
+from grading.models import CheckResult, GradingRun, RunState, RunTrigger
+from labs.models import Attempt, AttemptState, Check
+from portal.errors import ApplicationError, Conflict, NotFound
+from portal.models import STAFF_ROLES, User
+from portal.selectors import course_role
+from portal.services import audit_record
+
+logger = logging.getLogger(__name__)
+
+UNFINISHED_STATES = (RunState.QUEUED, RunState.RUNNING)
+# A queued run no worker picked up within this long is failed, so that it no longer blocks the attempt.
+QUEUED_STALE_SECONDS = getattr(settings, "GRADING_QUEUED_STALE_SECONDS", 300)
+# Beyond a running run's own deadline, before it is taken for a run whose worker died.
+RUNNING_STALE_SLACK_SECONDS = 60
+FINAL_RUN_POLL_SECONDS = 0.25
+
+# Stable error codes stored on failed runs (``GradingRun.error_code``); selectors translate them.
+ERROR_ATTEMPT_NOT_RUNNING = "attempt_not_running"
+ERROR_NO_CHECKS = "no_checks"
+ERROR_STALE = "interrupted"
+ERROR_REPLACED = "replaced_by_final_run"
+ERROR_INTERNAL = "internal_error"
+ERROR_TIME_LIMIT = "time_limit"
+
+
+def lab_checks(*, attempt: Attempt) -> list[Check]:
+    return list(Check.objects.filter(lab_id=attempt.lab_id).order_by("order", "id"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Check button
+
+
+@transaction.atomic
+def grading_run_request(*, actor: User, attempt: Attempt) -> GradingRun:
+    """Queue a grading run for a running attempt (the student's Check button, or staff doing the same).
+
+    Refuses with an ``ApplicationError``: not the student's own attempt nor course staff (404); attempt not
+    running (409); a run already queued or running (409); less than ``GRADING_MIN_INTERVAL_SECONDS`` since the
+    attempt's previous run (429 with ``retry_after``); a lab without checks (400). The Celery task is sent when
+    the transaction commits.
+    """
+    # Locking the attempt row serialises concurrent presses: the interval rule then holds exactly.
+    attempt = Attempt.objects.select_for_update().select_related("lab__course").get(pk=attempt.pk)
+    course = attempt.lab.course
+    is_owner = attempt.student_id == actor.pk
+    if not is_owner and course_role(user=actor, course=course) not in STAFF_ROLES:
+        raise NotFound(_("Attempt not found."))
+    if attempt.state != AttemptState.RUNNING:
+        raise Conflict(
+            _("Your lab's virtual machine is not running, so it cannot be checked."), code=ERROR_ATTEMPT_NOT_RUNNING
+        )
+    checks = lab_checks(attempt=attempt)
+    if not checks:
+        raise ApplicationError(_("This lab has no checks to run."), code=ERROR_NO_CHECKS)
+    grading_runs_fail_stale(attempt=attempt)
+    unfinished = GradingRun.objects.filter(attempt=attempt, state__in=UNFINISHED_STATES).first()
+    if unfinished is not None:
+        raise Conflict(
+            _("A check of this attempt is already in progress."), code="run_in_progress",
+            extra={"run_id": unfinished.pk},
+        )
+    previous = GradingRun.objects.filter(attempt=attempt).order_by("-created_at", "-id").first()
+    if previous is not None:
+        wait = settings.GRADING_MIN_INTERVAL_SECONDS - (timezone.now() - previous.created_at).total_seconds()
+        if wait > 0:
+            seconds = math.ceil(wait)
+            raise ApplicationError(
+                _("Please wait %(seconds)d seconds before checking again.") % {"seconds": seconds},
+                code="too_soon", status_code=429, retry_after=seconds,
+            )
+    run = _create_unfinished_run(
+        attempt=attempt, state=RunState.QUEUED, trigger=RunTrigger.STUDENT if is_owner else RunTrigger.STAFF,
+        requested_by=actor,
+    )
+    audit_record(
+        actor=actor, action="grading.run_requested", target=run, tenant=attempt.tenant, course=course,
+        data={"attempt_id": attempt.pk, "run_id": run.pk, "trigger": run.trigger},
+    )
+    enqueue_run_on_commit(run=run, checks=checks)
+    push_run_on_commit(run_id=run.pk, attempt_id=attempt.pk)
+    return run
+
+
+def _create_unfinished_run(*, attempt: Attempt, state: str, trigger: str, requested_by: User | None) -> GradingRun:
+    try:
+        with transaction.atomic():
+            return GradingRun.objects.create(
+                attempt=attempt, state=state, trigger=trigger, requested_by=requested_by,
+                started_at=timezone.now() if state == RunState.RUNNING else None,
+            )
+    except IntegrityError:
+        # grading_one_unfinished_run_per_attempt: another run slipped in (e.g. a final run without the lock).
+        raise Conflict(_("A check of this attempt is already in progress."), code="run_in_progress") from None
+
+
+def enqueue_run_on_commit(*, run: GradingRun, checks: Sequence[Check]) -> None:
+    """Send ``grading_run_execute`` after commit, with time limits that fit this lab's checks."""
+    from grading.tasks import grading_run_execute
+
+    deadline = agent_client.deadline_for_checks(checks)
+    soft_limit = max(int(deadline) + 30, settings.CELERY_TASK_SOFT_TIME_LIMIT)
+    run_id = run.pk
+    transaction.on_commit(
+        lambda: grading_run_execute.apply_async(
+            args=[run_id], soft_time_limit=soft_limit, time_limit=soft_limit + 30
+        )
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Execution (Celery)
+
+
+def grading_run_execute(*, run_id: int) -> GradingRun | None:
+    """Claim a queued run, run the lab's checks in the guest, and record the outcome.
+
+    Returns None when the run was not queued any more (another worker took it, or it was failed as stale):
+    a redelivered task message then does nothing.
+    """
+    claimed = GradingRun.objects.filter(id=run_id, state=RunState.QUEUED).update(
+        state=RunState.RUNNING, started_at=timezone.now()
+    )
+    if not claimed:
+        logger.info("grading run %s was not queued any more; nothing to do", run_id)
+        return None
+    run = GradingRun.objects.select_related("attempt__lab").get(id=run_id)
+    push_run_on_commit(run_id=run.pk, attempt_id=run.attempt_id)
+    attempt = run.attempt
+    if attempt.state != AttemptState.RUNNING:
+        return grading_run_fail(
+            run=run, error_code=ERROR_ATTEMPT_NOT_RUNNING, error=f"attempt is {attempt.state}, not running"
+        )
+    checks = lab_checks(attempt=attempt)
+    if not checks:
+        return grading_run_fail(run=run, error_code=ERROR_NO_CHECKS, error="the lab has no checks")
+    return measure_and_record(run=run, attempt=attempt, checks=checks)
+
+
+def measure_and_record(*, run: GradingRun, attempt: Attempt, checks: Sequence[Check]) -> GradingRun:
+    """Ask the agent for the checks' results and record them; agent trouble ends the run in ``error``."""
+    try:
+        results = agent_client.run_checks(attempt, checks)
+    except agent_client.AgentError as exc:
+        logger.info("grading run %s: %s: %s", run.pk, exc.code, exc.message)
+        return grading_run_fail(run=run, error_code=exc.code, error=exc.message)
+    except SoftTimeLimitExceeded:
+        return grading_run_fail(run=run, error_code=ERROR_TIME_LIMIT, error="the task's time limit was reached")
+    except Exception as exc:
+        logger.exception("grading run %s failed", run.pk)
+        grading_run_fail(run=run, error_code=ERROR_INTERNAL, error=f"{type(exc).__name__}: {exc}")
+        raise
+    return grading_run_record(run=run, checks=checks, results=results, measured_at=run.started_at or timezone.now())
+
+
+@transaction.atomic
+def grading_run_record(
+    *, run: GradingRun, checks: Sequence[Check], results: Sequence[dict[str, Any]], measured_at
+) -> GradingRun:
+    """Evaluate the agent's results, store one CheckResult per check, finish the run and recompute the grade.
+
+    A run that is no longer ``running`` (failed as stale while the agent worked) keeps its state: results that
+    arrive after the portal gave up on them are not counted.
+    """
+    from grading.services.grades import grade_recompute
+
+    run = GradingRun.objects.select_for_update().select_related("attempt__lab").get(pk=run.pk)
+    if run.state != RunState.RUNNING:
+        logger.warning("grading run %s is %s; late results discarded", run.pk, run.state)
+        return run
+    lab = run.attempt.lab
+    rows, score, max_score = [], 0, 0
+    for check, result in zip(checks, results, strict=True):
+        verdict = evaluate_check(check=check, result=result)
+        score += verdict.points
+        max_score += verdict.max_points
+        rows.append(
+            CheckResult(
+                run=run, check_ref=check, check_title=check.title, order=check.order, passed=verdict.passed,
+                points=verdict.points, max_points=verdict.max_points, exit_code=result.get("exit_code"),
+                timed_out=bool(result.get("timed_out")), stdout=result.get("stdout") or "",
+                stderr=result.get("stderr") or "",
+                output_truncated=bool(result.get("stdout_truncated") or result.get("stderr_truncated")),
+                duration_ms=max(0, int(result.get("duration_ms") or 0)), feedback=verdict.feedback,
+            )
+        )
+    CheckResult.objects.bulk_create(rows)
+    run.state = RunState.DONE
+    run.finished_at = timezone.now()
+    run.measured_at = measured_at
+    run.score = score
+    run.max_score = max_score
+    run.late_penalty_percent = late_penalty_percent(lab, measured_at=measured_at)
+    run.save(update_fields=["state", "finished_at", "measured_at", "score", "max_score", "late_penalty_percent"])
+    grade_recompute(lab=lab, student_id=run.attempt.student_id)
+    push_run_on_commit(run_id=run.pk, attempt_id=run.attempt_id)
+    return run
+
+
+@transaction.atomic
+def grading_run_fail(*, run: GradingRun, error_code: str, error: str) -> GradingRun:
+    """End an unfinished run in ``error`` (no score). A run already finished is left as it is."""
+    updated = GradingRun.objects.filter(pk=run.pk, state__in=UNFINISHED_STATES).update(
+        state=RunState.ERROR, finished_at=timezone.now(), error_code=error_code, error=error[:2000]
+    )
+    run.refresh_from_db()
+    if updated:
+        push_run_on_commit(run_id=run.pk, attempt_id=run.attempt_id)
+    return run
+
+
+def grading_runs_fail_stale(*, attempt: Attempt | None = None, now=None) -> int:
+    """Fail runs whose worker never came or died: queued too long, or running past their deadline.
+
+    Called for one attempt before a new run is queued, and for all attempts by the periodic sweep.
+    """
+    now = now or timezone.now()
+    runs = GradingRun.objects.filter(state__in=UNFINISHED_STATES).select_related("attempt")
+    if attempt is not None:
+        runs = runs.filter(attempt=attempt)
+    failed = 0
+    deadlines: dict[int, float] = {}
+    for run in runs:
+        if run.state == RunState.QUEUED:
+            stale = run.created_at < now - timedelta(seconds=QUEUED_STALE_SECONDS)
+        else:
+            lab_id = run.attempt.lab_id
+            if lab_id not in deadlines:
+                deadlines[lab_id] = agent_client.deadline_for_checks(lab_checks(attempt=run.attempt))
+            limit = deadlines[lab_id] + RUNNING_STALE_SLACK_SECONDS
+            stale = (run.started_at or run.created_at) < now - timedelta(seconds=limit)
+        if stale:
+            grading_run_fail(run=run, error_code=ERROR_STALE, error=f"the run was still {run.state} at {now:%c}")
+            failed += 1
+    return failed
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Final run at expiry or stop (called synchronously by the lifecycle)
+
+
+def grading_run_final(*, attempt: Attempt, trigger: str) -> GradingRun | None:
+    """Grade the attempt once more, synchronously, before its VM is deleted.
+
+    ``trigger`` is ``RunTrigger.EXPIRY`` or ``RunTrigger.STOP``. Returns None when there is nothing to grade (the
+    lab has no checks, or the attempt's VM never reached a ready agent). Agent trouble never raises: the run is
+    recorded in ``error`` with its reason and the grade stays what earlier runs made it. A queued run is replaced;
+    a running one is waited for up to its deadline. Call it outside a transaction: it blocks on the guest for up
+    to the sum of the checks' timeouts.
+    """
+    if trigger not in (RunTrigger.EXPIRY, RunTrigger.STOP):
+        raise ValueError(f"a final run is triggered by expiry or stop, not {trigger!r}")
+    attempt = Attempt.objects.select_related("lab").get(pk=attempt.pk)
+    checks = lab_checks(attempt=attempt)
+    if not checks or not attempt.vm_name or attempt.agent_ready_at is None:
+        return None
+    for _round in range(3):
+        _make_room_for_final_run(attempt=attempt)
+        try:
+            with transaction.atomic():
+                run = _create_unfinished_run(
+                    attempt=attempt, state=RunState.RUNNING, trigger=trigger, requested_by=None
+                )
+                push_run_on_commit(run_id=run.pk, attempt_id=attempt.pk)
+            break
+        except Conflict:
+            continue  # a Check press landed between the clean-up and the insert: clear it again
+    else:
+        logger.error("attempt %s: could not start its final grading run", attempt.pk)
+        return None
+    return measure_and_record(run=run, attempt=attempt, checks=checks)
+
+
+def _make_room_for_final_run(*, attempt: Attempt) -> None:
+    for run in GradingRun.objects.filter(attempt=attempt, state=RunState.QUEUED):
+        grading_run_fail(run=run, error_code=ERROR_REPLACED, error="replaced by the attempt's final run")
+    running = GradingRun.objects.filter(attempt=attempt, state=RunState.RUNNING).first()
+    if running is None:
+        return
+    limit = agent_client.deadline_for_checks(lab_checks(attempt=attempt))
+    started = running.started_at or running.created_at
+    wait_until = time.monotonic() + max(0.0, limit - (timezone.now() - started).total_seconds())
+    while time.monotonic() < wait_until:
+        if not GradingRun.objects.filter(pk=running.pk, state=RunState.RUNNING).exists():
+            return
+        time.sleep(FINAL_RUN_POLL_SECONDS)
+    grading_run_fail(run=running, error_code=ERROR_STALE, error="still running when the final run began")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Browser updates
+
+
+def push_run_on_commit(*, run_id: int, attempt_id: int) -> None:
+    """After commit, send ``grading.update`` with the run's payload to the attempt's channel-layer group."""
+
+    def push() -> None:
+        from grading.selectors import grading_run_payload
+
+        run = GradingRun.objects.filter(pk=run_id).prefetch_related("results").first()
+        if run is None:
+            return
+        try:
+            layer = get_channel_layer()
+            if layer is not None:
+                async_to_sync(layer.group_send)(
+                    f"attempt-{attempt_id}", {"type": "grading.update", "run": grading_run_payload(run)}
+                )
+        except Exception:
+            # The run is stored whatever happens here; the page shows it on its next load.
+            logger.warning("grading run %s: could not push the update to attempt-%s", run_id, attempt_id,
+                           exc_info=True)
+
+    transaction.on_commit(push)
