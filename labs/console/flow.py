@@ -1,0 +1,69 @@
+"""Per-viewer flow control: an output window acknowledged by the browser, and an input token bucket."""
+
+from __future__ import annotations
+
+import time
+
+
+class InputRateLimiter:
+    """A token bucket over bytes: bursts (a paste) up to ``burst``, sustained ``rate`` bytes per second."""
+
+    def __init__(self, *, rate: int, burst: int) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = float(burst)
+        self.updated = time.monotonic()
+
+    def allow(self, size: int) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
+        self.updated = now
+        if size > self.tokens:
+            return False
+        self.tokens -= size
+        return True
+
+
+class OutputWindow:
+    """Bytes sent to one browser minus the bytes it says it has drawn.
+
+    When the gap passes ``window`` the viewer is lagging: further output is skipped (counted) rather than
+    queued in this process, and once the browser has caught up it gets a fresh screen from scrollback.
+    """
+
+    def __init__(self, *, window: int) -> None:
+        self.window = window
+        self.sent = 0
+        self.acked = 0
+        self.lagging_since: float | None = None
+        self.skipped = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self.sent - self.acked
+
+    def may_send(self, size: int) -> bool:
+        if self.lagging_since is not None:
+            self.skipped += size
+            return False
+        if self.in_flight + size > self.window:
+            self.lagging_since = time.monotonic()
+            self.skipped += size
+            return False
+        return True
+
+    def record_sent(self, size: int) -> None:
+        self.sent += size
+
+    def acknowledge(self, total: int) -> bool:
+        """Record the browser's running total; True when a lagging viewer has caught up and needs a redraw."""
+        if self.acked < total <= self.sent:
+            self.acked = total
+        if self.lagging_since is not None and self.in_flight <= self.window // 4:
+            self.lagging_since = None
+            self.skipped = 0
+            return True
+        return False
+
+    def lagging_for(self) -> float:
+        return 0.0 if self.lagging_since is None else time.monotonic() - self.lagging_since

@@ -1,0 +1,183 @@
+"""The upstream side of the bridge: the VMI ``console`` subresource over WebSocket (``plain.kubevirt.io``).
+
+Binary frames carry raw serial bytes both ways (KubeVirt drops text frames). While the VMI is not running yet
+the API answers 400 (404 before it exists): retry every second like ``virtctl console``. A lost connection is
+reported and re-opened with capped backoff for as long as the attempt may still have a running VM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+import aiohttp
+
+from labs.console.limits import ConsoleLimits
+from labs.kubevirt.client import StreamTarget, stream_target, vmi_subresource_path
+
+logger = logging.getLogger(__name__)
+
+CONSOLE_SUBPROTOCOL = "plain.kubevirt.io"
+# Frames queued between the socket reader and the fan-out; beyond it the reader waits, and TCP pushes back
+# on the API server instead of this process buffering.
+READ_QUEUE_FRAMES = 64
+# Output read in one go is fanned out as one chunk up to this size: fewer, larger messages under load.
+BATCH_BYTES = 64 * 1024
+
+
+class UpstreamState(StrEnum):
+    CONNECTING = "connecting"
+    WAITING = "waiting"  # VMI not running yet (400) or not there yet (404)
+    CONNECTED = "connected"
+    LOST = "lost"  # was connected, or the API failed: reconnecting
+    FAILED = "failed"  # VMI in Failed phase (409)
+    ENDED = "ended"  # the attempt is over; no VM to talk to
+
+
+@dataclass(frozen=True)
+class ConsoleLocation:
+    """Where the attempt's VMI is, or why there is none to connect to."""
+
+    namespace: str = ""
+    name: str = ""
+    ended: bool = False
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.namespace and self.name) and not self.ended
+
+
+OutputHandler = Callable[[bytes], Awaitable[None]]
+StateHandler = Callable[[UpstreamState, str], Awaitable[None]]
+Locator = Callable[[], Awaitable[ConsoleLocation]]
+
+
+async def console_target(location: ConsoleLocation) -> StreamTarget:
+    path = vmi_subresource_path(namespace=location.namespace, name=location.name, subresource="console")
+    # Loading the configuration reads files and may refresh a token: keep it off the event loop.
+    return await asyncio.to_thread(stream_target, path)
+
+
+class ConsoleUpstream:
+    def __init__(self, *, locate: Locator, on_output: OutputHandler, on_state: StateHandler,
+                 attempt_changed: asyncio.Event, limits: ConsoleLimits) -> None:
+        self.locate = locate
+        self.on_output = on_output
+        self.on_state = on_state
+        self.attempt_changed = attempt_changed
+        self.limits = limits
+        self.state: UpstreamState | None = None
+        self.socket: aiohttp.ClientWebSocketResponse | None = None
+        self.connections = 0
+
+    async def _set_state(self, state: UpstreamState, detail: str = "") -> None:
+        if state != self.state:
+            self.state = state
+            await self.on_state(state, detail)
+
+    async def _wait_for_attempt_change(self, seconds: float) -> None:
+        self.attempt_changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.attempt_changed.wait(), seconds)
+
+    async def send(self, data: bytes) -> bool:
+        socket = self.socket
+        if socket is None or socket.closed:
+            return False
+        try:
+            await socket.send_bytes(data)
+        except (ConnectionError, aiohttp.ClientError):
+            return False
+        return True
+
+    async def run(self) -> None:
+        """Connect, pump output, reconnect; returns only when cancelled."""
+        backoff = self.limits.upstream_retry_seconds
+        timeout = aiohttp.ClientWSTimeout(ws_close=2.0)
+        async with aiohttp.ClientSession() as session:
+            while True:
+                location = await self.locate()
+                if location.ended:
+                    await self._set_state(UpstreamState.ENDED)
+                    await self._wait_for_attempt_change(seconds=30.0)
+                    continue
+                if not location.ready:
+                    await self._set_state(UpstreamState.WAITING)
+                    await self._wait_for_attempt_change(seconds=self.limits.upstream_retry_seconds * 5)
+                    continue
+                if self.state is None:
+                    await self._set_state(UpstreamState.CONNECTING)
+                try:
+                    target = await console_target(location)
+                    socket = await session.ws_connect(
+                        target.url, protocols=(CONSOLE_SUBPROTOCOL,), headers=target.headers,
+                        ssl=target.ssl if target.ssl is not None else True, timeout=timeout,
+                        max_msg_size=self.limits.upstream_max_message_bytes, autoping=True,
+                    )
+                except aiohttp.WSServerHandshakeError as exc:
+                    if exc.status in (400, 404):
+                        await self._set_state(UpstreamState.WAITING)
+                        await asyncio.sleep(self.limits.upstream_retry_seconds)
+                    elif exc.status == 409:
+                        await self._set_state(UpstreamState.FAILED)
+                        await self._wait_for_attempt_change(seconds=self.limits.upstream_max_backoff_seconds)
+                    else:
+                        await self._set_state(UpstreamState.LOST, f"HTTP {exc.status}")
+                        await asyncio.sleep(backoff)
+                        backoff = min(backoff * 2, self.limits.upstream_max_backoff_seconds)
+                    continue
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    logger.warning("Console upstream for %s/%s unreachable: %s",
+                                   location.namespace, location.name, exc)
+                    await self._set_state(UpstreamState.LOST, type(exc).__name__)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self.limits.upstream_max_backoff_seconds)
+                    continue
+                backoff = self.limits.upstream_retry_seconds
+                self.connections += 1
+                await self._pump(socket)
+                await self._set_state(UpstreamState.LOST)
+                await asyncio.sleep(0.2)  # a VMI that just stopped: let the lifecycle's update arrive first
+
+    async def _pump(self, socket: aiohttp.ClientWebSocketResponse) -> None:
+        self.socket = socket
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=READ_QUEUE_FRAMES)
+
+        async def read() -> None:
+            try:
+                async for message in socket:
+                    if message.type == aiohttp.WSMsgType.BINARY:
+                        await queue.put(message.data)
+                    elif message.type == aiohttp.WSMsgType.ERROR:
+                        break
+            except (aiohttp.ClientError, ConnectionError) as exc:
+                logger.warning("Console upstream read failed: %s", exc)
+            await queue.put(None)  # the end of the stream (not reached when cancelled: nobody waits then)
+
+        reader = asyncio.create_task(read(), name="console-upstream-read")
+        try:
+            await self._set_state(UpstreamState.CONNECTED)
+            while True:
+                first = await queue.get()
+                if first is None:
+                    return
+                chunk, ended = bytearray(first), False
+                while len(chunk) < BATCH_BYTES and not queue.empty():
+                    item = queue.get_nowait()
+                    if item is None:
+                        ended = True
+                        break
+                    chunk += item
+                await self.on_output(bytes(chunk))
+                if ended:
+                    return
+        finally:
+            self.socket = None
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            await socket.close()
