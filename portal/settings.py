@@ -223,6 +223,32 @@ ATTEMPT_START_TIMEOUT_SECONDS = env_int("ATTEMPT_START_TIMEOUT_SECONDS", 600)
 ATTEMPT_SLOW_START_NOTICE_SECONDS = env_int("ATTEMPT_SLOW_START_NOTICE_SECONDS", 90)
 ATTEMPT_EXTEND_MINUTES = env_int("ATTEMPT_EXTEND_MINUTES", 15)
 ATTEMPT_MAX_EXTENSIONS = env_int("ATTEMPT_MAX_EXTENSIONS", 2)
+# Namespaces whose attempts are all steady (running) are listed this often; one with an attempt starting or
+# stopping is listed on every sync. Keeps steady-state API cost far below one request per attempt per minute.
+ATTEMPT_RESYNC_SECONDS = env_int("ATTEMPT_RESYNC_SECONDS", 30)
+# How long a VM may stay unschedulable or unable to pull its image before the attempt fails with that reason.
+ATTEMPT_FAILURE_GRACE_SECONDS = env_int("ATTEMPT_FAILURE_GRACE_SECONDS", 30)
+# Starts in flight across the deployment before new ones are asked to retry (JupyterHub's concurrent_spawn_limit).
+ATTEMPT_CONCURRENT_START_LIMIT = env_int("ATTEMPT_CONCURRENT_START_LIMIT", 100)
+# After creating a VM the namespace is listed again at these delays, so a quick start is seen without waiting for
+# the next sync.
+ATTEMPT_FOLLOW_UP_SECONDS = (0.2, 0.6, 1.5)
+ATTEMPT_TASK_SOFT_TIME_LIMIT_SECONDS = env_int("ATTEMPT_TASK_SOFT_TIME_LIMIT_SECONDS", 60)
+KUBEVIRT_NAMESPACE = env_str("KUBEVIRT_NAMESPACE", "kubevirt")
+# The portal's own namespace when it runs in the cluster (its pods may then reach the agent port too).
+PORTAL_NAMESPACE = env_str("PORTAL_NAMESPACE")
+CELERY_BEAT_SCHEDULE = {
+    "labs-sync-attempts": {
+        "task": "labs.tasks.sync_attempts",
+        "schedule": float(ATTEMPT_SYNC_INTERVAL_SECONDS),
+        "options": {"expires": float(ATTEMPT_SYNC_INTERVAL_SECONDS)},
+    },
+    "labs-sweep-attempts": {
+        "task": "labs.tasks.sweep_attempts",
+        "schedule": float(ATTEMPT_SWEEP_INTERVAL_SECONDS),
+        "options": {"expires": float(ATTEMPT_SWEEP_INTERVAL_SECONDS)},
+    },
+}
 GRADING_MIN_INTERVAL_SECONDS = env_int("GRADING_MIN_INTERVAL_SECONDS", 10)
 AGENT_PORT = 8787
 
