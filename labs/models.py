@@ -186,6 +186,12 @@ class Attempt(models.Model):
     agent_ready_at = models.DateTimeField(_("agent ready"), null=True, blank=True)
     stopping_at = models.DateTimeField(_("stopping"), null=True, blank=True)
     ended_at = models.DateTimeField(_("ended"), null=True, blank=True)
+    # What the cluster says while the VM is not running yet (no room, image pull trouble), shown as progress.
+    status_message = models.TextField(_("cluster message"), blank=True)
+    # When the portal asked the cluster to delete the VM; the attempt ends once the VMI is gone.
+    vm_deleted_at = models.DateTimeField(_("VM deletion requested"), null=True, blank=True)
+    # Claimed before the final grading run at stop or expiry, so a redelivered task never grades twice.
+    final_grading_at = models.DateTimeField(_("final grading started"), null=True, blank=True)
     expires_at = models.DateTimeField(_("expires"), null=True, blank=True, db_index=True)
     extensions = models.PositiveIntegerField(_("extensions"), default=0)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
@@ -217,3 +223,28 @@ class Attempt(models.Model):
         if not self.expires_at:
             return None
         return max(self.expires_at - (now or timezone.now()), timedelta(0))
+
+
+class TenantNamespace(models.Model):
+    """The portal's bookkeeping for a tenant's namespace on the cluster: when it was set up (and with which
+    quota), and when the sync and the sweep last read it."""
+
+    tenant = models.OneToOneField(
+        Tenant, verbose_name=_("tenant"), on_delete=models.CASCADE, related_name="cluster_namespace"
+    )
+    namespace = models.CharField(_("namespace"), max_length=63, unique=True)
+    bootstrapped_at = models.DateTimeField(_("set up"), null=True, blank=True)
+    # A digest of the namespace objects last applied; a change in the tenant's quotas re-applies them.
+    bootstrap_digest = models.CharField(max_length=64, blank=True)
+    listed_at = models.DateTimeField(_("VMIs last listed"), null=True, blank=True)
+    swept_at = models.DateTimeField(_("last swept"), null=True, blank=True)
+    last_error = models.TextField(_("last error"), blank=True)
+    last_error_at = models.DateTimeField(_("last error at"), null=True, blank=True)
+
+    class Meta:
+        ordering = ["namespace"]
+        verbose_name = _("tenant namespace")
+        verbose_name_plural = _("tenant namespaces")
+
+    def __str__(self) -> str:
+        return self.namespace
