@@ -1,0 +1,198 @@
+"""Pure builders for the objects the portal sends to the cluster: an attempt's VirtualMachine and cloud-init Secret,
+and a tenant's Namespace, NetworkPolicies and ResourceQuota.
+
+Each function returns a plain dict and does no I/O, so tests compare them with literal expectations and validate
+them against KubeVirt's OpenAPI spec. What goes in and why (DESIGN §4):
+
+- ``runStrategy: Always`` (``running`` is deprecated, and setting both is rejected);
+- a masquerade interface on the pod network, the lab's containerDisk as root disk, and ``cloudInitNoCloud``
+  reading its user data from a per-attempt Secret (inline user data is capped at 2048 bytes; ours carries the
+  agent);
+- the size as CPU cores and guest memory, with the memory request equal to the guest memory so the virt-launcher
+  pod requests exactly what ``labs.sizes.launcher_requests`` computes for quotas;
+- ``host-passthrough`` only for labs that run VMs inside the VM;
+- the portal's labels on the VM and on ``spec.template.metadata``, so the VMI and the virt-launcher pod carry them.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+from labs.kubevirt import names
+from labs.sizes import CPU_ALLOCATION_RATIO
+
+KUBEVIRT_API_VERSION = "kubevirt.io/v1"
+# The guest's disk is thrown away with the VM, so a long shutdown protects nothing; a short one frees the
+# tenant's quota sooner.
+TERMINATION_GRACE_SECONDS = 5
+ROOT_DISK = "rootdisk"
+CLOUD_INIT_DISK = "cloudinitdisk"
+POD_NETWORK = "default"
+# KubeVirt's cloudInitNoCloud reads these keys from the Secret named by secretRef.
+USER_DATA_KEY = "userdata"
+POD_SECURITY_LEVEL = "restricted"
+
+
+def virtual_machine(
+    *,
+    name: str,
+    namespace: str,
+    labels: Mapping[str, str],
+    image: str,
+    vcpus: int,
+    memory_mib: int,
+    host_passthrough: bool,
+    cloud_init_secret: str,
+) -> dict[str, Any]:
+    """The VirtualMachine of one attempt."""
+    if vcpus < 1 or memory_mib < 1:
+        raise ValueError("A VM needs at least one vCPU and some memory.")
+    if not image.strip():
+        raise ValueError("A VM needs a containerDisk image.")
+    cpu: dict[str, Any] = {"cores": vcpus, "sockets": 1, "threads": 1}
+    if host_passthrough:
+        cpu["model"] = "host-passthrough"
+    memory = f"{memory_mib}Mi"
+    return {
+        "apiVersion": KUBEVIRT_API_VERSION,
+        "kind": "VirtualMachine",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+        "spec": {
+            "runStrategy": "Always",
+            "template": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {
+                    "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+                    "domain": {
+                        "cpu": cpu,
+                        "memory": {"guest": memory},
+                        "resources": {"requests": {"memory": memory}},
+                        "devices": {
+                            "disks": [
+                                {"name": ROOT_DISK, "disk": {"bus": "virtio"}},
+                                {"name": CLOUD_INIT_DISK, "disk": {"bus": "virtio"}},
+                            ],
+                            "interfaces": [{"name": POD_NETWORK, "masquerade": {}}],
+                            "rng": {},
+                        },
+                    },
+                    "networks": [{"name": POD_NETWORK, "pod": {}}],
+                    "volumes": [
+                        {"name": ROOT_DISK, "containerDisk": {"image": image}},
+                        {"name": CLOUD_INIT_DISK, "cloudInitNoCloud": {"secretRef": {"name": cloud_init_secret}}},
+                    ],
+                },
+            },
+        },
+    }
+
+
+def cloud_init_secret(*, name: str, namespace: str, labels: Mapping[str, str], user_data: str) -> dict[str, Any]:
+    """The Secret carrying the VM's cloud-init user data (with the agent token)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+        "type": "Opaque",
+        "data": {USER_DATA_KEY: base64.b64encode(user_data.encode("utf-8")).decode("ascii")},
+    }
+
+
+def owner_reference(vm: Mapping[str, Any]) -> dict[str, Any]:
+    """An ownerReference to a VM as the API server returned it, so deleting the VM garbage-collects the Secret."""
+    metadata = vm["metadata"]
+    return {
+        "apiVersion": KUBEVIRT_API_VERSION,
+        "kind": "VirtualMachine",
+        "name": metadata["name"],
+        "uid": metadata["uid"],
+        "blockOwnerDeletion": False,
+        "controller": False,
+    }
+
+
+def namespace(*, name: str, tenant_id: int) -> dict[str, Any]:
+    """A tenant's namespace, enforcing the restricted Pod Security level (KubeVirt's launcher pods comply)."""
+    labels = names.namespace_labels(tenant_id=tenant_id)
+    for mode in ("enforce", "audit", "warn"):
+        labels[f"pod-security.kubernetes.io/{mode}"] = POD_SECURITY_LEVEL
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+def network_policies(
+    *,
+    namespace: str,
+    tenant_id: int,
+    agent_port: int,
+    kubevirt_namespace: str,
+    portal_namespace: str | None = None,
+) -> list[dict[str, Any]]:
+    """Default-deny ingress for the namespace, and one opening: the grading agent's port, from the portal's path.
+
+    The portal reaches the agent through the VMI ``portforward`` subresource, and virt-api is what then dials the
+    VMI's address, so the allowed peer is KubeVirt's virt-api; the portal's own pods are allowed too when the
+    portal runs in the cluster. Egress stays open: lab guests install packages.
+    """
+    labels = names.namespace_labels(tenant_id=tenant_id)
+    peers: list[dict[str, Any]] = [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": kubevirt_namespace}},
+            "podSelector": {"matchLabels": {"kubevirt.io": "virt-api"}},
+        }
+    ]
+    if portal_namespace:
+        peers.append(
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": portal_namespace}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": names.MANAGED_BY}},
+            }
+        )
+    deny = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": names.DEFAULT_DENY_POLICY, "namespace": namespace, "labels": dict(labels)},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
+    }
+    agent = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": names.AGENT_POLICY, "namespace": namespace, "labels": dict(labels)},
+        "spec": {
+            "podSelector": {"matchLabels": {names.MANAGED_BY_LABEL: names.MANAGED_BY}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": agent_port}]}],
+        },
+    }
+    return [deny, agent]
+
+
+def quota_hard(*, max_vms: int, max_vcpus: int, max_memory_mib: int) -> dict[str, str]:
+    """The namespace's hard limits: the same numbers the portal admits attempts against.
+
+    CPU is what the virt-launcher pods request (vCPUs / cpuAllocationRatio), memory what they request (guest plus
+    overhead, which the tenant's memory quota already counts).
+    """
+    cpu_millicores = -(-max_vcpus * 1000 // CPU_ALLOCATION_RATIO)
+    return {
+        "requests.cpu": f"{cpu_millicores}m",
+        "requests.memory": f"{max_memory_mib}Mi",
+        "count/virtualmachines.kubevirt.io": str(max_vms),
+    }
+
+
+def resource_quota(
+    *, namespace: str, tenant_id: int, max_vms: int, max_vcpus: int, max_memory_mib: int
+) -> dict[str, Any]:
+    """The cluster's backstop for the tenant's quotas, should the portal's own accounting ever be bypassed."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {
+            "name": names.RESOURCE_QUOTA,
+            "namespace": namespace,
+            "labels": names.namespace_labels(tenant_id=tenant_id),
+        },
+        "spec": {"hard": quota_hard(max_vms=max_vms, max_vcpus=max_vcpus, max_memory_mib=max_memory_mib)},
+    }

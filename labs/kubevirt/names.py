@@ -1,0 +1,69 @@
+"""Server-generated names and labels for everything the portal creates on the cluster.
+
+Names derive from database ids only, never from user text, so they are valid DNS-1123 labels by construction and
+the same attempt always maps to the same VM (a retried or duplicated provisioning finds the VM it already made).
+Labels carry ids too: the clean-up sweep and the NetworkPolicy select on them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "lab-portal"
+TENANT_LABEL = "labs.portal/tenant"
+COURSE_LABEL = "labs.portal/course"
+LAB_LABEL = "labs.portal/lab"
+ATTEMPT_LABEL = "labs.portal/attempt"
+
+# The only selector the portal lists or deletes with: nothing without this label is ever touched.
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+
+VM_PREFIX = "attempt-"
+CLOUD_INIT_SUFFIX = "-cloudinit"
+_VM_NAME_RE = re.compile(r"^attempt-([1-9][0-9]*)$")
+
+DEFAULT_DENY_POLICY = "lab-portal-default-deny-ingress"
+AGENT_POLICY = "lab-portal-allow-agent"
+RESOURCE_QUOTA = "lab-portal-quota"
+
+
+def vm_name(attempt_id: int) -> str:
+    """The VirtualMachine (and VMI) name of an attempt: ``attempt-<id>``."""
+    if not isinstance(attempt_id, int) or isinstance(attempt_id, bool) or attempt_id <= 0:
+        raise ValueError(f"An attempt id is a positive integer, not {attempt_id!r}.")
+    return f"{VM_PREFIX}{attempt_id}"
+
+
+def cloud_init_secret_name(vm: str) -> str:
+    """The Secret holding the VM's cloud-init user data (and so the agent token)."""
+    return f"{vm}{CLOUD_INIT_SUFFIX}"
+
+
+def attempt_id_from_vm_name(name: str) -> int | None:
+    match = _VM_NAME_RE.match(name or "")
+    return int(match.group(1)) if match else None
+
+
+def attempt_labels(*, tenant_id: int, course_id: int, lab_id: int, attempt_id: int) -> dict[str, str]:
+    """Labels on the VM, its VMI template (so VMIs and virt-launcher pods carry them) and its Secret."""
+    return {
+        MANAGED_BY_LABEL: MANAGED_BY,
+        TENANT_LABEL: str(tenant_id),
+        COURSE_LABEL: str(course_id),
+        LAB_LABEL: str(lab_id),
+        ATTEMPT_LABEL: str(attempt_id),
+    }
+
+
+def namespace_labels(*, tenant_id: int) -> dict[str, str]:
+    return {MANAGED_BY_LABEL: MANAGED_BY, TENANT_LABEL: str(tenant_id)}
+
+
+def attempt_id_from_labels(labels: Mapping[str, str] | None) -> int | None:
+    """The attempt id an object of ours names, or None when the object is not ours or its label is malformed."""
+    if not labels or labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
+        return None
+    value = labels.get(ATTEMPT_LABEL, "")
+    return int(value) if value.isdigit() and not value.startswith("0") else None

@@ -1,0 +1,269 @@
+"""Calls to the cluster API that the lifecycle makes, with Kubernetes' answers turned into the portal's terms.
+
+- "Already exists" (409) on create and "not found" (404) on delete are the success they mean: every call here is
+  safe to repeat, which is what makes the Celery tasks above it idempotent.
+- Every other failure raises :class:`ClusterError`, marked ``transient`` for what is worth retrying (5xx, 429,
+  an exceeded ResourceQuota while an old VM is still going away, the connection failing or timing out).
+- Responses are read as raw JSON (``_preload_content=False``): the lifecycle works with plain dicts, and skipping
+  the client's model deserialisation keeps large lists cheap.
+- Every request has a timeout, so a stalled API server fails the task instead of hanging it.
+
+Lists always carry the portal's label selector; nothing here can touch an object without our label.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from labs.kubevirt import client, names
+
+logger = logging.getLogger(__name__)
+
+# (connect, read) seconds for ordinary requests.
+REQUEST_TIMEOUT = (5, 20)
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+VMS = "virtualmachines"
+VMIS = "virtualmachineinstances"
+
+
+class ClusterError(Exception):
+    """The cluster refused or failed a request. ``transient`` errors are retried with backoff."""
+
+    def __init__(self, message: str, *, status: int | None = None, transient: bool = False,
+                 retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.transient = transient
+        self.retry_after = retry_after
+
+
+def _status_message(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body) if exc.body else {}
+    except (TypeError, ValueError):
+        body = {}
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    return f"{exc.status} {exc.reason}".strip()
+
+
+def _retry_after(exc: ApiException) -> float | None:
+    value = (exc.headers or {}).get("Retry-After") if exc.headers else None
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def cluster_error(exc: BaseException, *, doing: str) -> ClusterError:
+    """The portal's view of a failed request: what was being done, what the cluster said, retry or not."""
+    if isinstance(exc, ClusterError):
+        return exc
+    if isinstance(exc, ApiException):
+        message = _status_message(exc)
+        status = exc.status or None
+        # A ResourceQuota refusal (403 "exceeded quota") while a stopped VM is still terminating clears by itself.
+        quota = status == 403 and "exceeded quota" in message
+        transient = status in TRANSIENT_STATUSES or status is None or quota
+        return ClusterError(f"{doing}: {message}", status=status, transient=transient, retry_after=_retry_after(exc))
+    if isinstance(exc, (urllib3.exceptions.HTTPError, OSError, TimeoutError)):
+        return ClusterError(f"{doing}: cannot reach the cluster API ({exc.__class__.__name__}: {exc})",
+                            transient=True)
+    if isinstance(exc, client.ClusterNotConfigured):
+        return ClusterError(f"{doing}: {exc}", transient=False)
+    raise exc
+
+
+def _json(response: Any) -> Any:
+    return json.loads(response.data) if response.data else {}
+
+
+def _call(doing: str, function: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return _json(function(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs))
+    except Exception as exc:
+        raise cluster_error(exc, doing=doing) from exc
+
+
+def _is(exc: BaseException, status: int) -> bool:
+    return isinstance(exc, ApiException) and exc.status == status
+
+
+def _kubevirt(function_name: str) -> Any:
+    return getattr(client.custom_objects(), function_name)
+
+
+# ---- VirtualMachines and their instances ---------------------------------------------------------------------
+
+
+def vm_create(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """Create a VM; returns (the VM, created). A VM of that name already there is returned as it is."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    try:
+        response = _kubevirt("create_namespaced_custom_object")(
+            client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION, namespace, VMS, dict(body),
+            _preload_content=False, _request_timeout=REQUEST_TIMEOUT,
+        )
+        return _json(response), True
+    except Exception as exc:
+        if not _is(exc, 409):
+            raise cluster_error(exc, doing=f"creating VM {namespace}/{name}") from exc
+    existing = vm_get(namespace=namespace, name=name)
+    if existing is None:  # deleted between our create and get: let the caller's retry create it again
+        raise ClusterError(f"VM {namespace}/{name} disappeared while being created", transient=True)
+    return existing, False
+
+
+def vm_get(*, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        response = _kubevirt("get_namespaced_custom_object")(
+            client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION, namespace, VMS, name,
+            _preload_content=False, _request_timeout=REQUEST_TIMEOUT,
+        )
+        return _json(response)
+    except Exception as exc:
+        if _is(exc, 404):
+            return None
+        raise cluster_error(exc, doing=f"reading VM {namespace}/{name}") from exc
+
+
+def vm_delete(*, namespace: str, name: str) -> bool:
+    """Delete a VM (its VMI, launcher pod and, by ownerReference, its Secret follow). False if already gone."""
+    try:
+        _kubevirt("delete_namespaced_custom_object")(
+            client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION, namespace, VMS, name,
+            body={"propagationPolicy": "Foreground"},
+            _preload_content=False, _request_timeout=REQUEST_TIMEOUT,
+        )
+        return True
+    except Exception as exc:
+        if _is(exc, 404):
+            return False
+        raise cluster_error(exc, doing=f"deleting VM {namespace}/{name}") from exc
+
+
+def _list_kubevirt(plural: str, namespace: str) -> list[dict[str, Any]]:
+    payload = _call(
+        f"listing {plural} in {namespace}", _kubevirt("list_namespaced_custom_object"),
+        client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION, namespace, plural, label_selector=names.MANAGED_SELECTOR,
+    )
+    return list(payload.get("items") or [])
+
+
+def vmis_list(*, namespace: str) -> list[dict[str, Any]]:
+    """The portal's VMIs in a namespace: one request, whatever the number of attempts."""
+    return _list_kubevirt(VMIS, namespace)
+
+
+def vms_list(*, namespace: str) -> list[dict[str, Any]]:
+    """The portal's VMs in a namespace (label-selected: never anyone else's)."""
+    return _list_kubevirt(VMS, namespace)
+
+
+# ---- Secrets ---------------------------------------------------------------------------------------------------
+
+
+def secret_create(body: Mapping[str, Any]) -> bool:
+    """Create the Secret; False when one of that name exists already (its content is the same attempt's)."""
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    try:
+        client.core_v1().create_namespaced_secret(
+            namespace, dict(body), _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+        )
+        return True
+    except Exception as exc:
+        if _is(exc, 409):
+            return False
+        raise cluster_error(exc, doing=f"creating Secret {namespace}/{name}") from exc
+
+
+def secret_set_owner(*, namespace: str, name: str, owner: Mapping[str, Any]) -> None:
+    """Make the VM own its Secret, so the Secret goes when the VM goes, whoever deletes it."""
+    patch = [{"op": "add", "path": "/metadata/ownerReferences", "value": [dict(owner)]}]
+    try:
+        client.core_v1().patch_namespaced_secret(
+            name, namespace, patch, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+        )
+    except Exception as exc:
+        if _is(exc, 404):  # the VM was deleted and took the Secret with it already
+            return
+        raise cluster_error(exc, doing=f"setting the owner of Secret {namespace}/{name}") from exc
+
+
+def secret_delete(*, namespace: str, name: str) -> bool:
+    try:
+        client.core_v1().delete_namespaced_secret(
+            name, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+        )
+        return True
+    except Exception as exc:
+        if _is(exc, 404):
+            return False
+        raise cluster_error(exc, doing=f"deleting Secret {namespace}/{name}") from exc
+
+
+def secrets_list(*, namespace: str) -> list[dict[str, Any]]:
+    payload = _call(
+        f"listing Secrets in {namespace}", client.core_v1().list_namespaced_secret, namespace,
+        label_selector=names.MANAGED_SELECTOR,
+    )
+    return list(payload.get("items") or [])
+
+
+# ---- Namespaces ------------------------------------------------------------------------------------------------
+
+
+def namespace_bootstrap(
+    *, namespace: Mapping[str, Any], policies: list[Mapping[str, Any]], quota: Mapping[str, Any]
+) -> None:
+    """Create the tenant's namespace, its NetworkPolicies and its ResourceQuota; bring the quota's limits up to
+    date when it exists. Existing objects are left as they are otherwise (an operator may have added to them)."""
+    name = namespace["metadata"]["name"]
+    core = client.core_v1()
+    try:
+        core.create_namespace(dict(namespace), _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+    except Exception as exc:
+        if not _is(exc, 409):
+            raise cluster_error(exc, doing=f"creating namespace {name}") from exc
+    networking = client.networking_v1()
+    for policy in policies:
+        try:
+            networking.create_namespaced_network_policy(
+                name, dict(policy), _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
+        except Exception as exc:
+            if not _is(exc, 409):
+                raise cluster_error(exc, doing=f"creating NetworkPolicy {name}/{policy['metadata']['name']}") from exc
+    try:
+        core.create_namespaced_resource_quota(
+            name, dict(quota), _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+        )
+    except Exception as exc:
+        if not _is(exc, 409):
+            raise cluster_error(exc, doing=f"creating ResourceQuota {name}/{quota['metadata']['name']}") from exc
+        patch = [{"op": "replace", "path": "/spec/hard", "value": dict(quota["spec"]["hard"])}]
+        try:
+            core.patch_namespaced_resource_quota(
+                quota["metadata"]["name"], name, patch, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
+        except Exception as patch_exc:
+            raise cluster_error(patch_exc, doing=f"updating ResourceQuota {name}") from patch_exc
+
+
+# ---- Events ----------------------------------------------------------------------------------------------------
+
+
+def events_for(*, namespace: str, name: str) -> list[dict[str, Any]]:
+    """Events about the objects named ``name`` in the namespace (the VM and the VMI share the attempt's name)."""
+    payload = _call(
+        f"listing events for {namespace}/{name}", client.core_v1().list_namespaced_event, namespace,
+        field_selector=f"involvedObject.name={name}",
+    )
+    return list(payload.get("items") or [])

@@ -1,0 +1,169 @@
+"""Reading the cluster's objects into what an attempt shows: VMI phase with each phase's time, node, and a
+human-readable reason when something is wrong.
+
+Pure functions over the dicts the API returns. The reasons come from where KubeVirt puts them (reference §1, §2):
+a Failed VMI's ``status.reason`` and its ``Synchronized=False`` message, the ``PodScheduled=False/Unschedulable``
+condition copied from the launcher pod, ``Synchronized=False`` with ``ErrImagePull``/``ImagePullBackOff``, the
+VM's ``printableStatus``, and Events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+from django.utils.translation import gettext as _
+
+# VMI phases the attempt records a time for, in order, with the Attempt field each one fills.
+PHASE_FIELDS = {
+    "Pending": "pending_at",
+    "Scheduling": "scheduling_at",
+    "Scheduled": "scheduled_at",
+    "Running": "vmi_running_at",
+}
+FINAL_PHASES = ("Failed", "Succeeded")
+IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+# The launcher's error when ImageVolume is on but the runtime mounts image volumes empty (reference §6).
+CONTAINER_DISK_SIGNATURE = "container-disk"
+
+
+class Problem:
+    """Stable codes for what can keep a VM from running, stored with the attempt's message."""
+
+    UNSCHEDULABLE = "unschedulable"
+    IMAGE_PULL = "image_pull"
+    VMI_FAILED = "vmi_failed"
+    IMAGE_VOLUME = "image_volume"
+
+
+@dataclass(frozen=True)
+class VmiObservation:
+    phase: str
+    phase_times: dict[str, datetime] = field(default_factory=dict)
+    node_name: str = ""
+    # A reason the VM is not (yet) running, in plain words; empty when all is well.
+    problem: str = ""
+    problem_code: str = ""
+    problem_since: datetime | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.phase == "Failed"
+
+    @property
+    def running(self) -> bool:
+        return self.phase == "Running"
+
+
+def _time(value: Any) -> datetime | None:
+    return parse_datetime(value) if isinstance(value, str) and value else None
+
+
+def _conditions(obj: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
+    status = (obj or {}).get("status") or {}
+    return {c.get("type", ""): c for c in status.get("conditions") or () if isinstance(c, Mapping)}
+
+
+def phase_times(vmi: Mapping[str, Any]) -> dict[str, datetime]:
+    """First time the VMI reached each phase, from ``status.phaseTransitionTimestamps``."""
+    times: dict[str, datetime] = {}
+    for entry in ((vmi.get("status") or {}).get("phaseTransitionTimestamps") or ()):
+        phase = entry.get("phase", "")
+        when = _time(entry.get("phaseTransitionTimestamp"))
+        if phase and when and phase not in times:
+            times[phase] = when
+    return times
+
+
+def image_volume_hint(message: str) -> str:
+    if CONTAINER_DISK_SIGNATURE in message and "no such file or directory" in message:
+        return " " + _(
+            "The cluster cannot mount the VM's disk: KubeVirt's ImageVolume feature is on but the container runtime "
+            "does not support image volumes. An operator must add ImageVolume to disabledFeatureGates in the "
+            "KubeVirt resource (run `python manage.py cluster_check`)."
+        )
+    return ""
+
+
+def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
+    """What one VMI says about its attempt."""
+    status = vmi.get("status") or {}
+    phase = status.get("phase") or ""
+    conditions = _conditions(vmi)
+    times = phase_times(vmi)
+    node = status.get("nodeName") or ""
+
+    if phase == "Failed":
+        reason = status.get("reason") or ""
+        synchronized = conditions.get("Synchronized") or {}
+        detail = synchronized.get("message") or ""
+        words = ": ".join(part for part in (reason, detail) if part) or _("no reason given")
+        code = Problem.IMAGE_VOLUME if image_volume_hint(detail) else Problem.VMI_FAILED
+        return VmiObservation(
+            phase=phase, phase_times=times, node_name=node, problem_code=code,
+            problem=_("The VM failed (%(reason)s).") % {"reason": words} + image_volume_hint(detail),
+            problem_since=times.get("Failed") or _time(synchronized.get("lastTransitionTime")),
+        )
+
+    scheduled = conditions.get("PodScheduled") or {}
+    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        return VmiObservation(
+            phase=phase, phase_times=times, node_name=node, problem_code=Problem.UNSCHEDULABLE,
+            problem=_("No node in the cluster has room for this VM right now (the scheduler says: %(why)s).")
+            % {"why": scheduled.get("message") or _("no reason given")},
+            problem_since=_time(scheduled.get("lastTransitionTime")) or times.get("Pending"),
+        )
+
+    synchronized = conditions.get("Synchronized") or {}
+    if synchronized.get("status") == "False" and synchronized.get("reason") in IMAGE_PULL_REASONS:
+        return VmiObservation(
+            phase=phase, phase_times=times, node_name=node, problem_code=Problem.IMAGE_PULL,
+            problem=_("The lab's disk image could not be downloaded (%(reason)s: %(message)s). Ask your instructor "
+                      "to check the lab's VM image.")
+            % {"reason": synchronized.get("reason"), "message": synchronized.get("message") or ""},
+            problem_since=_time(synchronized.get("lastTransitionTime")) or times.get("Pending"),
+        )
+
+    return VmiObservation(phase=phase, phase_times=times, node_name=node)
+
+
+# VM printableStatus values that name a problem, in plain words (reference §1, precedence list).
+_PRINTABLE_PROBLEMS = {
+    "ErrorUnschedulable": lambda: _("No node in the cluster has room for this VM."),
+    "ErrImagePull": lambda: _("The lab's disk image could not be downloaded."),
+    "ImagePullBackOff": lambda: _("The lab's disk image could not be downloaded."),
+    "CrashLoopBackOff": lambda: _("The VM keeps failing as it starts."),
+    "ErrorPvcNotFound": lambda: _("A disk the VM needs does not exist."),
+    "DataVolumeError": lambda: _("A disk the VM needs could not be prepared."),
+    "WaitingForVolumeBinding": lambda: _("The VM is waiting for a disk to be bound."),
+}
+
+
+def vm_problem(vm: Mapping[str, Any] | None) -> str:
+    """The VM's ``printableStatus`` as a reason, or a failure condition's message; empty when it names none."""
+    if not vm:
+        return ""
+    status = vm.get("status") or {}
+    printable = status.get("printableStatus") or ""
+    words = _PRINTABLE_PROBLEMS.get(printable)
+    if words is not None:
+        return f"{words()} ({printable})"
+    failure = _conditions(vm).get("Failure") or {}
+    if failure.get("status") == "True":
+        return failure.get("message") or failure.get("reason") or ""
+    return ""
+
+
+def events_problem(events: Iterable[Mapping[str, Any]]) -> str:
+    """The latest Warning events about an attempt's objects, newest last, as one line."""
+    warnings = [e for e in events if e.get("type") == "Warning"]
+    warnings.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    seen: list[str] = []
+    for event in warnings[-3:]:
+        text = f"{event.get('reason', '')}: {event.get('message', '')}".strip(": ")
+        if text and text not in seen:
+            seen.append(text)
+    return "; ".join(seen)
