@@ -96,6 +96,9 @@ INSTALLED_APPS = [
     "portal",
     "labs",
     "grading",
+    "api",
+    "drf_spectacular_sidecar",
+    "csp",
 ]
 
 MIDDLEWARE = [
@@ -108,6 +111,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "api.login_guard.LoginThrottleMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -263,28 +268,87 @@ HEALTH_CLUSTER_CACHE_SECONDS = env_int("HEALTH_CLUSTER_CACHE_SECONDS", 5)
 HEALTH_SYNC_MAX_AGE_SECONDS = env_int("HEALTH_SYNC_MAX_AGE_SECONDS", max(60, 10 * ATTEMPT_SYNC_INTERVAL_SECONDS))
 
 REST_FRAMEWORK = {
+    # Token first: an anonymous API request is then answered 401 with a WWW-Authenticate challenge.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.SessionAuthentication",
         "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "DEFAULT_PAGINATION_CLASS": "api.views.common.PortalPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "api.errors.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Lab portal API",
     "DESCRIPTION": "Courses, labs, attempts on KubeVirt VMs, grading runs and grades.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+    # Swagger UI from the pinned sidecar package, served by whitenoise: no CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# Rate limits (api.ratelimit): scope -> (requests, window in seconds). Refusals are 429 with Retry-After.
+RATE_LIMITS = {
+    # lab starts per user
+    "attempt_start": (env_int("RATE_LIMIT_STARTS", 10), env_int("RATE_LIMIT_STARTS_WINDOW_SECONDS", 600)),
+    # Check presses per attempt (grading also enforces GRADING_MIN_INTERVAL_SECONDS between two runs)
+    "attempt_check": (env_int("RATE_LIMIT_CHECKS", 30), env_int("RATE_LIMIT_CHECKS_WINDOW_SECONDS", 600)),
+    # failed sign-ins (HTML form and API token) per username, and per client address
+    "login_username": (env_int("RATE_LIMIT_LOGIN_FAILURES", 10), env_int("RATE_LIMIT_LOGIN_WINDOW_SECONDS", 900)),
+    "login_address": (
+        env_int("RATE_LIMIT_LOGIN_FAILURES_PER_ADDRESS", 50), env_int("RATE_LIMIT_LOGIN_WINDOW_SECONDS", 900)
+    ),
+}
+# Behind a proxy, the META key carrying the client's address (e.g. HTTP_X_REAL_IP); REMOTE_ADDR otherwise.
+RATE_LIMIT_CLIENT_ADDRESS_HEADER = env_str("RATE_LIMIT_CLIENT_ADDRESS_HEADER", "REMOTE_ADDR")
+
+
+def websocket_sources(hosts: list[str], *, secure_only: bool) -> list[str]:
+    """ws:// and wss:// sources for connect-src matching ALLOWED_HOSTS (older browsers do not count them as
+    'self'). Outside production any port is allowed, for the development server on :8000."""
+    sources: list[str] = []
+    for host in hosts:
+        if host == "*" or not host:
+            continue
+        host = f"*{host}" if host.startswith(".") else host
+        for scheme in ("wss",) if secure_only else ("ws", "wss"):
+            sources.append(f"{scheme}://{host}" if secure_only else f"{scheme}://{host}:*")
+    return sources
+
+
+# Content Security Policy (django-csp): no inline or third-party script anywhere. Styles allow 'unsafe-inline'
+# because xterm.js 6 (static/vendor/xterm) injects <style> elements for its DOM renderer and scrollbar.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'", *websocket_sources(ALLOWED_HOSTS, secure_only=PRODUCTION)],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    }
 }
 
 SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+# Absolute session lifetime (a school day plus margin); logging out ends the session on the server.
+SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 12 * 3600)
 CSRF_COOKIE_HTTPONLY = False  # the lab page's script reads it to send CSRF headers with fetch()
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 if PRODUCTION:
+    # __Host- cookies are only accepted over HTTPS, for this exact host, with Path=/ (no subdomain can set them).
+    SESSION_COOKIE_NAME = "__Host-sessionid"
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)

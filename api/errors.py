@@ -1,0 +1,105 @@
+"""The API's one error format and the single DRF exception handler that produces it.
+
+Every refusal the API makes, whether raised by a service (``portal.errors.ApplicationError``), by DRF itself
+(validation, authentication, throttling, parsing) or by Django (``Http404``), reaches the client as::
+
+    {"error": {"code": "not_found", "message": "Attempt not found.", "retry_after": 30, "fields": {...}}}
+
+``retry_after`` (seconds, also sent as the ``Retry-After`` header) appears only when waiting helps, and
+``fields`` only for input errors, mapping a field name to its messages.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from django.core.exceptions import ObjectDoesNotExist
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404
+from django.utils.translation import gettext as _
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import set_rollback
+
+from portal.errors import ApplicationError
+
+
+def error_body(*, code: str, message: str, retry_after: int | None = None,
+               fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if retry_after is not None:
+        error["retry_after"] = retry_after
+    if fields:
+        error["fields"] = fields
+    return {"error": error}
+
+
+def _plain(detail: Any) -> Any:
+    """ErrorDetail trees as plain JSON: strings, lists and dicts."""
+    if isinstance(detail, dict):
+        return {str(key): _plain(value) for key, value in detail.items()}
+    if isinstance(detail, list | tuple):
+        return [_plain(item) for item in detail]
+    return str(detail)
+
+
+def _validation_error(exc: exceptions.ValidationError) -> tuple[str, dict[str, Any] | None]:
+    detail = _plain(exc.detail)
+    if isinstance(detail, dict):
+        non_field = detail.pop("non_field_errors", None)
+        message = non_field[0] if non_field else _("Some fields are not valid.")
+        return message, (detail or None)
+    if isinstance(detail, list) and detail:
+        return str(detail[0]), None
+    return str(detail), None
+
+
+def _code_of(exc: exceptions.APIException) -> str:
+    codes = exc.get_codes()
+    return codes if isinstance(codes, str) else exc.default_code
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """Map every known refusal to the error format; anything else propagates and is a server error (500)."""
+    headers: dict[str, str] = {}
+    retry_after: int | None = None
+    fields: dict[str, Any] | None = None
+
+    if isinstance(exc, ApplicationError):
+        status_code, code, message = exc.status_code, exc.code, exc.message
+        retry_after = exc.retry_after
+        fields = exc.extra.get("fields") if exc.extra else None
+    elif isinstance(exc, Http404 | ObjectDoesNotExist | exceptions.NotFound):
+        status_code, code, message = status.HTTP_404_NOT_FOUND, "not_found", _("Not found.")
+    elif isinstance(exc, DjangoPermissionDenied):
+        status_code, code = status.HTTP_403_FORBIDDEN, "permission_denied"
+        message = _("You do not have permission to perform this action.")
+    elif isinstance(exc, exceptions.ValidationError):
+        status_code, code = status.HTTP_400_BAD_REQUEST, "invalid"
+        message, fields = _validation_error(exc)
+    elif isinstance(exc, exceptions.Throttled):
+        status_code, code = status.HTTP_429_TOO_MANY_REQUESTS, "throttled"
+        retry_after = math.ceil(exc.wait) if exc.wait is not None else None
+        message = _("Too many requests. Try again in %(seconds)s seconds.") % {"seconds": retry_after or 1}
+    elif isinstance(exc, exceptions.APIException):
+        status_code, code, message = exc.status_code, _code_of(exc), str(exc.detail)
+        auth_header = getattr(exc, "auth_header", None)
+        if auth_header:
+            headers["WWW-Authenticate"] = auth_header
+    else:
+        return None
+
+    if status_code == status.HTTP_401_UNAUTHORIZED and "WWW-Authenticate" not in headers:
+        # DRF answers 401 only when an authenticator can name a scheme; the token scheme is ours.
+        headers["WWW-Authenticate"] = 'Token realm="api"'
+    if retry_after is not None:
+        retry_after = max(1, int(retry_after))
+        headers["Retry-After"] = str(retry_after)
+    # A refused request changes nothing, even under ATOMIC_REQUESTS.
+    set_rollback()
+    return Response(
+        error_body(code=code, message=message, retry_after=retry_after, fields=fields),
+        status=status_code,
+        headers=headers,
+    )

@@ -1,0 +1,97 @@
+"""Cache-backed rate limits: lab starts per user, checks per attempt, failed logins per username and address.
+
+Limits live in ``settings.RATE_LIMITS`` as ``scope -> (limit, window_seconds)``. Counters are fixed windows in
+the shared cache (Redis in production, so every web process counts together). A refusal is an
+``ApplicationError`` with status 429 and ``retry_after`` set to the seconds left in the window, which the API's
+exception handler turns into the ``Retry-After`` header.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.core.cache import cache
+from django.utils.translation import gettext as _
+
+from portal.errors import ApplicationError
+
+
+class RateLimited(ApplicationError):
+    status_code = 429
+    code = "rate_limited"
+
+
+@dataclass(frozen=True)
+class Window:
+    limit: int
+    seconds: int
+    count: int
+    retry_after: int
+
+    @property
+    def exceeded(self) -> bool:
+        return self.count > self.limit
+
+
+def _rate(scope: str) -> tuple[int, int]:
+    try:
+        limit, seconds = settings.RATE_LIMITS[scope]
+    except KeyError:
+        raise KeyError(f"No rate limit named {scope!r} in settings.RATE_LIMITS.") from None
+    return int(limit), int(seconds)
+
+
+def _cache_key(scope: str, key: str, bucket: int) -> str:
+    # Hashed so that usernames and addresses never become cache key syntax.
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return f"ratelimit:{scope}:{digest}:{bucket}"
+
+
+def _window(scope: str, key: str, *, increment: bool) -> Window:
+    limit, seconds = _rate(scope)
+    now = time.time()
+    bucket = int(now // seconds)
+    cache_key = _cache_key(scope, key, bucket)
+    if increment:
+        cache.add(cache_key, 0, timeout=seconds + 1)
+        try:
+            count = cache.incr(cache_key)
+        except ValueError:  # expired between add and incr
+            cache.set(cache_key, 1, timeout=seconds + 1)
+            count = 1
+    else:
+        count = int(cache.get(cache_key, 0))
+    retry_after = max(1, math.ceil((bucket + 1) * seconds - now))
+    return Window(limit=limit, seconds=seconds, count=count, retry_after=retry_after)
+
+
+def rate_limit_hit(*, scope: str, key: str, message: str | None = None) -> None:
+    """Count one request of ``key`` against the ``scope`` limit; raise ``RateLimited`` once it is exceeded."""
+    window = _window(scope, key, increment=True)
+    if window.exceeded:
+        raise RateLimited(
+            message or _("Too many requests. Try again in %(seconds)s seconds.") % {"seconds": window.retry_after},
+            retry_after=window.retry_after,
+        )
+
+
+def rate_limit_count(*, scope: str, key: str) -> None:
+    """Count one event (a failed login) without refusing anything."""
+    _window(scope, key, increment=True)
+
+
+def rate_limit_exceeded(*, scope: str, key: str) -> int | None:
+    """Seconds to wait if ``key`` has used up the ``scope`` limit (counting nothing), else None."""
+    limit, _seconds = _rate(scope)
+    window = _window(scope, key, increment=False)
+    return window.retry_after if window.count >= limit else None
+
+
+def rate_limit_reset(*, scope: str, key: str) -> None:
+    """Forget the current window of ``key`` (a successful login clears that username's failures)."""
+    _limit, seconds = _rate(scope)
+    cache.delete(_cache_key(scope, key, int(time.time() // seconds)))

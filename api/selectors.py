@@ -1,0 +1,102 @@
+"""Tenant- and role-scoped querysets the API lists from, where the apps' own selectors offer no such list.
+
+Each one starts from ``portal.selectors.courses_for_user`` / ``staff_courses_for_user`` (which already keep to
+the user's tenant), so a row of another tenant can never appear. Single objects are fetched through these same
+querysets and a missing row and a forbidden one raise the same ``NotFound``.
+"""
+
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet
+from django.utils.translation import gettext as _
+
+from grading.models import Grade, GradingRun
+from labs.models import Attempt, Lab
+from portal.errors import NotFound, PermissionDenied
+from portal.models import AuditEvent, Course, Role, User
+from portal.selectors import course_get_for_user, course_role, courses_for_user, staff_courses_for_user
+
+
+def labs_for_user(*, user: User) -> QuerySet[Lab]:
+    """Labs of every course the user belongs to, in any role."""
+    return Lab.objects.filter(course__in=courses_for_user(user=user)).select_related("course")
+
+
+def lab_get_for_user(*, user: User, lab_id: int) -> Lab:
+    lab = labs_for_user(user=user).filter(id=lab_id).first()
+    if lab is None:
+        raise NotFound(_("Lab not found."))
+    return lab
+
+
+def attempts_for_user(*, user: User) -> QuerySet[Attempt]:
+    """A student's own attempts, plus every attempt in the courses where the user is staff."""
+    if not user.is_authenticated:
+        return Attempt.objects.none()
+    member = courses_for_user(user=user)
+    staff = staff_courses_for_user(user=user)
+    return (
+        Attempt.objects.filter(Q(student=user, lab__course__in=member) | Q(lab__course__in=staff))
+        .select_related("lab", "lab__course", "student")
+    )
+
+
+def grading_runs_for_user(*, user: User) -> QuerySet[GradingRun]:
+    return (
+        GradingRun.objects.filter(attempt__in=attempts_for_user(user=user).values("id"))
+        .select_related("attempt", "attempt__lab", "attempt__student")
+    )
+
+
+def grading_run_get_for_user(*, user: User, run_id: int) -> GradingRun:
+    run = grading_runs_for_user(user=user).filter(id=run_id).prefetch_related("results").first()
+    if run is None:
+        raise NotFound(_("Grading run not found."))
+    return run
+
+
+def grades_for_user(*, user: User) -> QuerySet[Grade]:
+    """A student's own grades, plus every grade in the courses where the user is staff."""
+    if not user.is_authenticated:
+        return Grade.objects.none()
+    member = courses_for_user(user=user)
+    staff = staff_courses_for_user(user=user)
+    return (
+        Grade.objects.filter(Q(student=user, lab__course__in=member) | Q(lab__course__in=staff))
+        .select_related("lab", "lab__course", "student")
+    )
+
+
+def grade_get_for_user(*, user: User, grade_id: int) -> Grade:
+    grade = grades_for_user(user=user).filter(id=grade_id).first()
+    if grade is None:
+        raise NotFound(_("Grade not found."))
+    return grade
+
+
+def staff_course_get_for_user(*, user: User, course_id: int) -> Course:
+    """A course the user may see, refused with 403 (not 404) when the user is only a student there."""
+    course = course_get_for_user(user=user, course_id=course_id)
+    if course_role(user=user, course=course) not in (Role.INSTRUCTOR, Role.TA):
+        raise PermissionDenied(_("Only the course's staff may see this."))
+    return course
+
+
+def audit_events_for_course(*, user: User, course_id: int) -> QuerySet[AuditEvent]:
+    """The course's audit log, for its instructors only (TAs and students of the course get 403)."""
+    course = course_get_for_user(user=user, course_id=course_id)
+    if course_role(user=user, course=course) != Role.INSTRUCTOR:
+        raise PermissionDenied(_("Only the course's instructors may read its audit log."))
+    return (
+        AuditEvent.objects.filter(course=course)
+        .select_related("actor")
+        .order_by("-created_at", "-id")
+    )
+
+
+
+def attempt_get_for_user(*, user: User, attempt_id: int) -> Attempt:
+    attempt = attempts_for_user(user=user).filter(id=attempt_id).first()
+    if attempt is None:
+        raise NotFound(_("Attempt not found."))
+    return attempt

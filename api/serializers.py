@@ -1,0 +1,329 @@
+"""Serializers of the API: read-only representations, and strict input serializers for the few writes.
+
+Nothing a client sends can set a server-owned field (tenant, student, state, score, VM name, namespace): output
+serializers are read-only throughout, and input serializers name the one or two fields an action takes and
+refuse any other key with 400, so a client learns that ``state`` or ``vm_name`` was not accepted instead of
+having it silently dropped. The agent token is never serialized at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils.translation import gettext as _
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from grading.models import CheckResult, Grade, GradingRun
+from grading.selectors import result_feedback, run_error_message
+from labs.models import Attempt, Check, Lab
+from labs.sizes import guest_resources
+from portal.models import AuditEvent, Course, User
+
+
+class StrictInputSerializer(serializers.Serializer):
+    """Refuses keys it does not declare (mass assignment: ``tenant``, ``student``, ``state``...)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(
+                    {name: [_("This field cannot be set.")] for name in unknown}
+                )
+        return super().to_internal_value(data)
+
+
+class PersonSerializer(serializers.Serializer):
+    id = serializers.IntegerField(read_only=True)
+    username = serializers.CharField(read_only=True)
+    full_name = serializers.CharField(read_only=True)
+
+
+class MeSerializer(serializers.ModelSerializer):
+    tenant = serializers.CharField(source="tenant.name", read_only=True, allow_null=True, default=None)
+
+    class Meta:
+        model = User
+        fields = ["id", "username", "full_name", "email", "tenant"]
+        read_only_fields = fields
+
+
+class CourseSerializer(serializers.ModelSerializer):
+    role = serializers.SerializerMethodField(help_text="Your role in the course: instructor, ta or student.")
+
+    class Meta:
+        model = Course
+        fields = ["id", "code", "title", "term", "role"]
+        read_only_fields = fields
+
+    def get_role(self, course: Course) -> str | None:
+        return self.context.get("roles", {}).get(course.id)
+
+
+class StudentCheckSerializer(serializers.ModelSerializer):
+    """What a student sees of a check: never the command or the expectation, which would give the answer."""
+
+    class Meta:
+        model = Check
+        fields = ["id", "order", "title", "points"]
+        read_only_fields = fields
+
+
+class StaffCheckSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Check
+        fields = [
+            "id", "order", "title", "points", "command", "expected_exit_code", "stdout_match", "stdout_pattern",
+            "timeout_s", "hint",
+        ]
+        read_only_fields = fields
+
+
+class LabSerializer(serializers.ModelSerializer):
+    course = serializers.IntegerField(source="course_id", read_only=True)
+    vcpus = serializers.SerializerMethodField()
+    memory_mib = serializers.SerializerMethodField()
+    is_open = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Lab
+        fields = [
+            "id", "course", "title", "instructions", "size", "vcpus", "memory_mib", "time_limit_minutes",
+            "opens_at", "due_at", "late_penalty_percent_per_day", "late_cutoff_at", "attempt_limit",
+            "grade_policy", "is_open",
+        ]
+        read_only_fields = fields
+
+    def get_vcpus(self, lab: Lab) -> int:
+        return guest_resources(lab.size).vcpus
+
+    def get_memory_mib(self, lab: Lab) -> int:
+        return guest_resources(lab.size).memory_mib
+
+    def get_is_open(self, lab: Lab) -> bool:
+        return lab.is_open()
+
+
+class StudentLabDetailSerializer(LabSerializer):
+    checks = StudentCheckSerializer(many=True, read_only=True)
+
+    class Meta(LabSerializer.Meta):
+        fields = [*LabSerializer.Meta.fields, "checks"]
+        read_only_fields = fields
+
+
+class StaffLabDetailSerializer(LabSerializer):
+    checks = StaffCheckSerializer(many=True, read_only=True)
+
+    class Meta(LabSerializer.Meta):
+        fields = [*LabSerializer.Meta.fields, "image", "nested_virtualization", "extra_cloud_init", "checks"]
+        read_only_fields = fields
+
+
+class AttemptTimestampsSerializer(serializers.Serializer):
+    requested = serializers.DateTimeField(source="requested_at", read_only=True)
+    provisioned = serializers.DateTimeField(source="provisioned_at", read_only=True, allow_null=True)
+    pending = serializers.DateTimeField(source="pending_at", read_only=True, allow_null=True)
+    scheduling = serializers.DateTimeField(source="scheduling_at", read_only=True, allow_null=True)
+    scheduled = serializers.DateTimeField(source="scheduled_at", read_only=True, allow_null=True)
+    vmi_running = serializers.DateTimeField(source="vmi_running_at", read_only=True, allow_null=True)
+    agent_ready = serializers.DateTimeField(source="agent_ready_at", read_only=True, allow_null=True)
+    stopping = serializers.DateTimeField(source="stopping_at", read_only=True, allow_null=True)
+    ended = serializers.DateTimeField(source="ended_at", read_only=True, allow_null=True)
+
+
+class StaffViewMixin:
+    """Staff-only values are filled in only for objects of a course where the reader is staff
+    (``context["staff_course_ids"]``); everyone else reads null there."""
+
+    def staff_view(self, course_id: int) -> bool:
+        return course_id in self.context.get("staff_course_ids", ())
+
+
+class AttemptSerializer(StaffViewMixin, serializers.ModelSerializer):
+    """An attempt. The VM name and namespace are shown to course staff only; the agent token to nobody."""
+
+    lab = serializers.IntegerField(source="lab_id", read_only=True)
+    course = serializers.IntegerField(source="lab.course_id", read_only=True)
+    student = PersonSerializer(read_only=True)
+    timestamps = AttemptTimestampsSerializer(source="*", read_only=True)
+    time_left_seconds = serializers.SerializerMethodField()
+    vm_name = serializers.SerializerMethodField(help_text="Staff only.")
+    namespace = serializers.SerializerMethodField(help_text="Staff only.")
+
+    class Meta:
+        model = Attempt
+        fields = [
+            "id", "lab", "course", "student", "number", "state", "phase", "node_name", "failure_reason",
+            "stop_reason", "expires_at", "time_left_seconds", "extensions", "vcpus", "memory_mib", "timestamps",
+            "vm_name", "namespace",
+        ]
+        read_only_fields = fields
+
+    def get_time_left_seconds(self, attempt: Attempt) -> int | None:
+        left = attempt.time_left() if attempt.is_active else None
+        return int(left.total_seconds()) if left is not None else None
+
+    def get_vm_name(self, attempt: Attempt) -> str | None:
+        return attempt.vm_name if self.staff_view(attempt.lab.course_id) else None
+
+    def get_namespace(self, attempt: Attempt) -> str | None:
+        return attempt.namespace if self.staff_view(attempt.lab.course_id) else None
+
+
+class AttemptStartSerializer(StrictInputSerializer):
+    lab = serializers.IntegerField(min_value=1, max_value=2**63 - 1, help_text="The lab to start an attempt of.")
+
+
+class EmptyInputSerializer(StrictInputSerializer):
+    """For actions that take no input: any key in the body is refused."""
+
+
+class CheckResultSerializer(StaffViewMixin, serializers.ModelSerializer):
+    """A check's outcome. Students read the feedback; command output and exit codes are for staff only."""
+
+    check = serializers.IntegerField(source="check_ref_id", read_only=True, allow_null=True)
+    feedback = serializers.SerializerMethodField()
+    exit_code = serializers.SerializerMethodField(help_text="Staff only.")
+    stdout = serializers.SerializerMethodField(help_text="Staff only.")
+    stderr = serializers.SerializerMethodField(help_text="Staff only.")
+
+    class Meta:
+        model = CheckResult
+        fields = [
+            "id", "check", "check_title", "order", "passed", "points", "max_points", "timed_out", "duration_ms",
+            "feedback", "exit_code", "stdout", "stderr", "output_truncated",
+        ]
+        read_only_fields = fields
+
+    def _staff(self) -> bool:
+        return self.staff_view(self.context.get("course_id"))
+
+    def get_feedback(self, result: CheckResult) -> str:
+        return result_feedback(result)
+
+    def get_exit_code(self, result: CheckResult) -> int | None:
+        return result.exit_code if self._staff() else None
+
+    def get_stdout(self, result: CheckResult) -> str | None:
+        return result.stdout if self._staff() else None
+
+    def get_stderr(self, result: CheckResult) -> str | None:
+        return result.stderr if self._staff() else None
+
+
+class GradingRunSerializer(StaffViewMixin, serializers.ModelSerializer):
+    attempt = serializers.IntegerField(source="attempt_id", read_only=True)
+    lab = serializers.IntegerField(source="attempt.lab_id", read_only=True)
+    student = PersonSerializer(source="attempt.student", read_only=True)
+    effective_score = serializers.DecimalField(max_digits=8, decimal_places=2, read_only=True, allow_null=True)
+    error = serializers.SerializerMethodField(help_text="Why the run failed, in plain words.")
+    error_detail = serializers.SerializerMethodField(help_text="Technical detail of a failure. Staff only.")
+
+    class Meta:
+        model = GradingRun
+        fields = [
+            "id", "attempt", "lab", "student", "state", "trigger", "created_at", "started_at", "finished_at",
+            "score", "max_score", "late_penalty_percent", "effective_score", "error_code", "error", "error_detail",
+        ]
+        read_only_fields = fields
+
+    def get_error(self, run: GradingRun) -> str:
+        return run_error_message(run)
+
+    def get_error_detail(self, run: GradingRun) -> str | None:
+        return run.error if self.staff_view(run.attempt.lab.course_id) else None
+
+
+class GradingRunDetailSerializer(GradingRunSerializer):
+    results = serializers.SerializerMethodField()
+
+    class Meta(GradingRunSerializer.Meta):
+        fields = [*GradingRunSerializer.Meta.fields, "results"]
+        read_only_fields = fields
+
+    @extend_schema_field(CheckResultSerializer(many=True))
+    def get_results(self, run: GradingRun) -> list[dict]:
+        context = {**self.context, "course_id": run.attempt.lab.course_id}
+        results = sorted(run.results.all(), key=lambda r: (r.order, r.pk))
+        return CheckResultSerializer(results, many=True, context=context).data
+
+
+class GradeSerializer(serializers.ModelSerializer):
+    lab = serializers.IntegerField(source="lab_id", read_only=True)
+    course = serializers.IntegerField(source="lab.course_id", read_only=True)
+    student = PersonSerializer(read_only=True)
+    final_score = serializers.DecimalField(max_digits=8, decimal_places=2, read_only=True, allow_null=True)
+    is_overridden = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = Grade
+        fields = [
+            "id", "lab", "course", "student", "score", "max_score", "late", "override_score", "override_reason",
+            "overridden_at", "final_score", "is_overridden", "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class AuditEventSerializer(serializers.ModelSerializer):
+    actor = PersonSerializer(read_only=True, allow_null=True)
+    target = serializers.CharField(source="target_repr", read_only=True)
+
+    class Meta:
+        model = AuditEvent
+        fields = ["id", "created_at", "actor", "action", "target_type", "target_id", "target", "data"]
+        read_only_fields = fields
+
+
+class TokenRequestSerializer(StrictInputSerializer):
+    username = serializers.CharField(max_length=150)
+    password = serializers.CharField(max_length=4096, style={"input_type": "password"}, trim_whitespace=False)
+
+
+class TokenSerializer(serializers.Serializer):
+    token = serializers.CharField(read_only=True)
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+    retry_after = serializers.IntegerField(required=False)
+    fields = serializers.DictField(child=serializers.ListField(child=serializers.CharField()), required=False)
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The one error format of the API."""
+
+    error = ErrorDetailSerializer()
+
+
+class ReportCellSerializer(serializers.Serializer):
+    lab = serializers.IntegerField()
+    final = serializers.DecimalField(max_digits=8, decimal_places=2, allow_null=True)
+    computed = serializers.DecimalField(max_digits=8, decimal_places=2, allow_null=True)
+    max_score = serializers.DecimalField(max_digits=8, decimal_places=2, allow_null=True)
+    late = serializers.BooleanField()
+    overridden = serializers.BooleanField()
+    attempts = serializers.IntegerField()
+
+
+class ReportRowSerializer(serializers.Serializer):
+    student = PersonSerializer()
+    cells = ReportCellSerializer(many=True)
+    total = serializers.DecimalField(max_digits=10, decimal_places=2)
+
+
+class ReportLabSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    title = serializers.CharField()
+    max_points = serializers.DecimalField(max_digits=8, decimal_places=2, allow_null=True)
+    due_at = serializers.DateTimeField(allow_null=True)
+
+
+class CourseReportSerializer(serializers.Serializer):
+    course = CourseSerializer()
+    labs = ReportLabSerializer(many=True)
+    rows = ReportRowSerializer(many=True)
+    max_total = serializers.DecimalField(max_digits=10, decimal_places=2)
+

@@ -1,0 +1,1 @@
+"""API endpoints, one class per endpoint, grouped by subject."""

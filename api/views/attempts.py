@@ -1,0 +1,147 @@
+"""Attempts: list, start, detail, and the stop, extend and check actions.
+
+Each action resolves the attempt through a tenant- and role-scoped selector first (404 for anything the user
+may not see), then hands over to the lifecycle or grading service, which decides what the user may do.
+"""
+
+from __future__ import annotations
+
+from django.utils.translation import gettext as _
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.generics import ListAPIView
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from api.ratelimit import rate_limit_hit
+from api.selectors import attempt_get_for_user, attempts_for_user, lab_get_for_user
+from api.serializers import (
+    AttemptSerializer,
+    AttemptStartSerializer,
+    EmptyInputSerializer,
+    ErrorSerializer,
+    GradingRunDetailSerializer,
+)
+from api.views.common import PortalPagination, choice_param, int_param, ordered
+from grading import services as grading_services
+from labs import services as lab_services
+from labs.models import AttemptState
+from portal.models import User
+from portal.selectors import staff_courses_for_user
+
+ATTEMPT_ORDERING = {
+    "id": "id", "requested_at": "requested_at", "state": "state", "lab": "lab_id", "expires_at": "expires_at",
+}
+REFUSALS = {400: ErrorSerializer, 403: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer,
+            429: ErrorSerializer, 503: ErrorSerializer}
+
+
+def staff_course_ids(*, user: User) -> set[int]:
+    return set(staff_courses_for_user(user=user).values_list("id", flat=True))
+
+
+def attempt_data(attempt, *, user: User) -> dict:
+    return AttemptSerializer(attempt, context={"staff_course_ids": staff_course_ids(user=user)}).data
+
+
+def refuse_body(request: Request) -> None:
+    """Actions that take no input refuse every key, so ``{"state": "running"}`` is a 400, not ignored."""
+    EmptyInputSerializer(data=request.data if isinstance(request.data, dict) else {}).is_valid(raise_exception=True)
+
+
+class AttemptListView(ListAPIView):
+    """``GET`` lists your attempts (and, for staff, those of your courses); ``POST`` starts one."""
+
+    serializer_class = AttemptSerializer
+    pagination_class = PortalPagination
+
+    def get_queryset(self):
+        attempts = attempts_for_user(user=self.request.user)
+        for name, field in (("lab", "lab_id"), ("course", "lab__course_id"), ("student", "student_id")):
+            value = int_param(self.request, name)
+            if value is not None:
+                attempts = attempts.filter(**{field: value})
+        state = choice_param(self.request, "state", AttemptState.values)
+        if state is not None:
+            attempts = attempts.filter(state=state)
+        return ordered(attempts, self.request, allowed=ATTEMPT_ORDERING, default=["-requested_at", "-id"])
+
+    def get_serializer_context(self):
+        return {**super().get_serializer_context(), "staff_course_ids": staff_course_ids(user=self.request.user)}
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("lab", int, description="Only attempts of this lab"),
+            OpenApiParameter("course", int, description="Only attempts in this course"),
+            OpenApiParameter("student", int, description="Only attempts of this student (staff)"),
+            OpenApiParameter("state", str, enum=AttemptState.values),
+            OpenApiParameter("ordering", str, description="requested_at, state, lab, expires_at or id; - reverses"),
+        ],
+        summary="Attempts you may see",
+    )
+    def get(self, request: Request, *args, **kwargs) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
+        request=AttemptStartSerializer,
+        responses={201: AttemptSerializer, **REFUSALS},
+        summary="Start an attempt of a lab",
+        description="Starts are limited per user (429 with Retry-After when exceeded).",
+    )
+    def post(self, request: Request) -> Response:
+        serializer = AttemptStartSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        lab = lab_get_for_user(user=request.user, lab_id=serializer.validated_data["lab"])
+        rate_limit_hit(
+            scope="attempt_start", key=f"user:{request.user.pk}",
+            message=_("You have started too many labs in a short time. Wait a little before starting another."),
+        )
+        attempt = lab_services.attempt_start(actor=request.user, lab=lab)
+        return Response(attempt_data(attempt, user=request.user), status=status.HTTP_201_CREATED)
+
+
+class AttemptDetailView(APIView):
+    @extend_schema(responses={200: AttemptSerializer, 404: ErrorSerializer}, summary="An attempt")
+    def get(self, request: Request, attempt_id: int) -> Response:
+        attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
+        return Response(attempt_data(attempt, user=request.user))
+
+
+class AttemptStopView(APIView):
+    @extend_schema(request=None, responses={200: AttemptSerializer, **REFUSALS}, summary="Stop an attempt")
+    def post(self, request: Request, attempt_id: int) -> Response:
+        refuse_body(request)
+        attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
+        attempt = lab_services.attempt_stop(actor=request.user, attempt=attempt)
+        return Response(attempt_data(attempt, user=request.user))
+
+
+class AttemptExtendView(APIView):
+    @extend_schema(
+        request=None, responses={200: AttemptSerializer, **REFUSALS}, summary="Extend an attempt's time limit"
+    )
+    def post(self, request: Request, attempt_id: int) -> Response:
+        refuse_body(request)
+        attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
+        attempt = lab_services.attempt_extend(actor=request.user, attempt=attempt)
+        return Response(attempt_data(attempt, user=request.user))
+
+
+class AttemptCheckView(APIView):
+    @extend_schema(
+        request=None, responses={202: GradingRunDetailSerializer, **REFUSALS},
+        summary="Run the lab's checks against the attempt's VM",
+        description="Queues a grading run; follow it at /api/v1/grading-runs/{id}/. Checks are limited per "
+                    "attempt (429 with Retry-After when exceeded).",
+    )
+    def post(self, request: Request, attempt_id: int) -> Response:
+        refuse_body(request)
+        attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
+        rate_limit_hit(
+            scope="attempt_check", key=f"attempt:{attempt.pk}",
+            message=_("This attempt has been checked too often in a short time. Wait a little and check again."),
+        )
+        run = grading_services.grading_run_request(actor=request.user, attempt=attempt)
+        context = {"staff_course_ids": staff_course_ids(user=request.user)}
+        return Response(GradingRunDetailSerializer(run, context=context).data, status=status.HTTP_202_ACCEPTED)

@@ -1,0 +1,62 @@
+"""What every API endpoint shares: pagination, query-parameter parsing and allow-listed ordering."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+from django.utils.translation import gettext as _
+from rest_framework.exceptions import ValidationError
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.request import Request
+
+
+class PortalPagination(PageNumberPagination):
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 200
+
+
+def int_param(request: Request, name: str) -> int | None:
+    """An optional positive integer query parameter; anything else is a 400 naming the parameter."""
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationError({name: [_("Give a whole number.")]}) from None
+    if value < 1 or value > 2**63 - 1:
+        raise ValidationError({name: [_("Give a whole number.")]})
+    return value
+
+
+def choice_param(request: Request, name: str, choices: list[str] | tuple[str, ...]) -> str | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return None
+    if raw not in choices:
+        raise ValidationError({name: [_("Choose one of: %(choices)s.") % {"choices": ", ".join(choices)}]})
+    return raw
+
+
+def ordered(queryset: QuerySet, request: Request, *, allowed: dict[str, str], default: list[str]) -> QuerySet:
+    """Order by ``?ordering=name,-other`` where each name is in ``allowed`` (public name -> model path).
+
+    Only allow-listed names are accepted, so ordering can never reach a field such as ``tenant`` or walk a
+    relation into another tenant's data; ``id`` always breaks ties so pages are stable.
+    """
+    raw = request.query_params.get("ordering")
+    if not raw:
+        return queryset.order_by(*default)
+    fields: list[str] = []
+    for item in raw.split(","):
+        item = item.strip()
+        descending = item.startswith("-")
+        name = item[1:] if descending else item
+        if name not in allowed:
+            raise ValidationError(
+                {"ordering": [_("Order by one of: %(choices)s.") % {"choices": ", ".join(sorted(allowed))}]}
+            )
+        fields.append(("-" if descending else "") + allowed[name])
+    if not any(field.lstrip("-") == "id" for field in fields):
+        fields.append("id")
+    return queryset.order_by(*fields)

@@ -1,0 +1,147 @@
+"""Courses the user belongs to, and the staff views of a course: the gradebook report (JSON and CSV) and the
+instructors' audit log."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.generics import ListAPIView
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from api.selectors import audit_events_for_course, staff_course_get_for_user
+from api.serializers import AuditEventSerializer, CourseReportSerializer, CourseSerializer, ErrorSerializer
+from api.views.common import PortalPagination, int_param, ordered
+from grading.selectors import Gradebook, course_gradebook, gradebook_csv_rows
+from portal.models import Membership, Role, User
+from portal.selectors import course_get_for_user, courses_for_user
+
+COURSE_ORDERING = {"id": "id", "code": "code", "title": "title", "term": "term"}
+
+
+def roles_by_course(*, user: User) -> dict[int, str]:
+    if user.is_superuser:
+        return _AllInstructor()
+    return dict(
+        Membership.objects.filter(user=user, course__tenant_id=user.tenant_id).values_list("course_id", "role")
+    )
+
+
+class _AllInstructor(dict):
+    """Superusers act as instructors in every course (as ``portal.selectors.course_role`` says)."""
+
+    def get(self, key, default=None):
+        return Role.INSTRUCTOR
+
+
+class CourseListView(ListAPIView):
+    serializer_class = CourseSerializer
+    pagination_class = PortalPagination
+
+    def get_queryset(self):
+        return ordered(
+            courses_for_user(user=self.request.user), self.request, allowed=COURSE_ORDERING,
+            default=["code", "term", "id"],
+        )
+
+    def get_serializer_context(self):
+        return {**super().get_serializer_context(), "roles": roles_by_course(user=self.request.user)}
+
+    @extend_schema(
+        parameters=[OpenApiParameter("ordering", str, description="code, title, term or id; prefix - to reverse")],
+        summary="Courses you belong to",
+    )
+    def get(self, request: Request, *args, **kwargs) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
+class CourseDetailView(APIView):
+    @extend_schema(responses={200: CourseSerializer, 404: ErrorSerializer}, summary="One of your courses")
+    def get(self, request: Request, course_id: int) -> Response:
+        course = course_get_for_user(user=request.user, course_id=course_id)
+        context = {"roles": roles_by_course(user=request.user)}
+        return Response(CourseSerializer(course, context=context).data)
+
+
+def _report_payload(book: Gradebook, *, user: User) -> dict:
+    return {
+        "course": CourseSerializer(book.course, context={"roles": roles_by_course(user=user)}).data,
+        "labs": [
+            {"id": lab.id, "title": lab.title, "due_at": lab.due_at, "max_points": lab.max_points}
+            for lab in book.labs
+        ],
+        "rows": [
+            {
+                "student": {"id": row.student.id, "username": row.student.username,
+                            "full_name": row.student.full_name},
+                "cells": [
+                    {"lab": lab.id, "final": cell.final, "computed": cell.computed, "max_score": cell.max_score,
+                     "late": cell.late, "overridden": cell.overridden, "attempts": cell.attempts}
+                    for lab, cell in zip(book.labs, row.cells, strict=True)
+                ],
+                "total": row.total,
+            }
+            for row in book.rows
+        ],
+        "max_total": book.max_total,
+    }
+
+
+class CourseReportView(APIView):
+    @extend_schema(
+        responses={200: CourseReportSerializer, 403: ErrorSerializer, 404: ErrorSerializer},
+        summary="Gradebook of a course (staff)",
+    )
+    def get(self, request: Request, course_id: int) -> Response:
+        course = staff_course_get_for_user(user=request.user, course_id=course_id)
+        return Response(_report_payload(course_gradebook(course=course), user=request.user))
+
+
+class CourseReportCsvView(APIView):
+    @extend_schema(
+        responses={
+            (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="One row per student"),
+            403: ErrorSerializer, 404: ErrorSerializer,
+        },
+        summary="Gradebook of a course as CSV (staff)",
+    )
+    def get(self, request: Request, course_id: int) -> HttpResponse:
+        course = staff_course_get_for_user(user=request.user, course_id=course_id)
+        buffer = io.StringIO()
+        csv.writer(buffer).writerows(gradebook_csv_rows(course=course))
+        response = HttpResponse(buffer.getvalue(), content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="gradebook-course-{course.id}.csv"'
+        return response
+
+
+class CourseAuditView(ListAPIView):
+    """Who started, stopped, extended, checked or overrode what in the course, newest first (instructors)."""
+
+    serializer_class = AuditEventSerializer
+    pagination_class = PortalPagination
+
+    def get_queryset(self):
+        events = audit_events_for_course(user=self.request.user, course_id=self.kwargs["course_id"])
+        action = self.request.query_params.get("action")
+        if action:
+            events = events.filter(action=action[:80])
+        actor = int_param(self.request, "actor")
+        if actor is not None:
+            events = events.filter(actor_id=actor)
+        return events
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("action", str, description="Only events with this action, e.g. attempt.started"),
+            OpenApiParameter("actor", int, description="Only events by this user id"),
+        ],
+        responses={200: AuditEventSerializer(many=True), 403: ErrorSerializer, 404: ErrorSerializer},
+        summary="Audit log of a course (instructors)",
+    )
+    def get(self, request: Request, *args, **kwargs) -> Response:
+        return super().get(request, *args, **kwargs)

@@ -1,0 +1,58 @@
+"""Labs of the user's courses. Staff also see how each check is graded; students see only titles and points."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
+from rest_framework.generics import ListAPIView
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from api.selectors import lab_get_for_user, labs_for_user
+from api.serializers import ErrorSerializer, LabSerializer, StaffLabDetailSerializer, StudentLabDetailSerializer
+from api.views.common import PortalPagination, int_param, ordered
+from portal.models import STAFF_ROLES
+from portal.selectors import course_role
+
+LAB_ORDERING = {"id": "id", "title": "title", "due_at": "due_at", "opens_at": "opens_at", "course": "course_id"}
+
+
+class LabListView(ListAPIView):
+    serializer_class = LabSerializer
+    pagination_class = PortalPagination
+
+    def get_queryset(self):
+        labs = labs_for_user(user=self.request.user)
+        course = int_param(self.request, "course")
+        if course is not None:
+            labs = labs.filter(course_id=course)
+        return ordered(labs, self.request, allowed=LAB_ORDERING, default=["course_id", "due_at", "title", "id"])
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("course", int, description="Only labs of this course"),
+            OpenApiParameter("ordering", str, description="title, due_at, opens_at, course or id; - reverses"),
+        ],
+        summary="Labs of your courses",
+    )
+    def get(self, request: Request, *args, **kwargs) -> Response:
+        return super().get(request, *args, **kwargs)
+
+
+class LabDetailView(APIView):
+    @extend_schema(
+        responses={
+            200: PolymorphicProxySerializer(
+                component_name="LabDetail",
+                serializers=[StudentLabDetailSerializer, StaffLabDetailSerializer],
+                resource_type_field_name=None,
+            ),
+            404: ErrorSerializer,
+        },
+        summary="A lab, with its checks (staff see how each check is graded)",
+    )
+    def get(self, request: Request, lab_id: int) -> Response:
+        lab = lab_get_for_user(user=request.user, lab_id=lab_id)
+        staff = course_role(user=request.user, course=lab.course) in STAFF_ROLES
+        serializer_class = StaffLabDetailSerializer if staff else StudentLabDetailSerializer
+        return Response(serializer_class(lab).data)
