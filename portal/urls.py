@@ -3,7 +3,15 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from portal.dashboard import ops_dashboard_view
+from portal.health import healthz_view, readyz_view
+from portal.metrics import metrics_view
+
 urlpatterns = [
+    path("healthz", healthz_view, name="healthz"),
+    path("readyz", readyz_view, name="readyz"),
+    path("metrics", metrics_view, name="metrics"),
+    path("admin/ops/", admin.site.admin_view(ops_dashboard_view), name="ops_dashboard"),
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("i18n/", include("django.conf.urls.i18n")),

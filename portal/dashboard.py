@@ -1,0 +1,176 @@
+"""The operations dashboard in the admin: running VMs, requested CPU and memory against quota, and start latency
+per tenant, scoped to the tenants the staff member may see (superusers: all; instructors: their own)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.contrib import admin
+from django.db.models import Count, Q, Sum
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from labs.models import ACTIVE_STATES, Attempt, AttemptState
+from labs.sizes import launcher_requests
+from portal import health
+from portal.metrics import START_PHASES
+from portal.models import Tenant, User
+from portal.selectors import user_tenant_ids
+
+LATENCY_WINDOW = timedelta(hours=1)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0–100) with linear interpolation between ranks; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass(frozen=True)
+class LatencySummary:
+    count: int
+    p50: float | None
+    p95: float | None
+
+
+@dataclass
+class TenantCapacity:
+    tenant: Tenant
+    running: int = 0
+    starting: int = 0
+    active: int = 0  # every attempt holding a VM or about to: what the concurrent-VM quota counts
+    vcpus: int = 0
+    cpu_millicores: int = 0
+    memory_mib: int = 0
+    failed_last_hour: int = 0
+    start: LatencySummary = field(default_factory=lambda: LatencySummary(0, None, None))
+
+    @property
+    def vm_percent(self) -> int | None:
+        return _percent(self.active, self.tenant.max_concurrent_vms)
+
+    @property
+    def vcpu_percent(self) -> int | None:
+        return _percent(self.vcpus, self.tenant.max_vcpus)
+
+    @property
+    def memory_percent(self) -> int | None:
+        return _percent(self.memory_mib, self.tenant.max_memory_mib)
+
+
+def _percent(used: int, limit: int) -> int | None:
+    return round(100 * used / limit) if limit else None
+
+
+@dataclass(frozen=True)
+class OpsOverview:
+    tenants: list[TenantCapacity]
+    start: LatencySummary
+    phases: dict[str, LatencySummary]
+    generated_at: datetime
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return (end - start).total_seconds()
+
+
+def ops_overview_for_user(*, user: User, now: datetime | None = None) -> OpsOverview:
+    """Capacity and start latency of the tenants ``user`` may see: one row per tenant, plus overall figures."""
+    now = now or timezone.now()
+    tenant_ids = user_tenant_ids(user=user)
+    tenants = {tenant.id: TenantCapacity(tenant=tenant) for tenant in Tenant.objects.filter(id__in=tenant_ids)}
+    attempts = Attempt.objects.filter(tenant_id__in=tenant_ids)
+
+    # Grouped by shape so that attempts whose launcher requests were not recorded (0) are still counted, with
+    # the same arithmetic the lifecycle uses (labs.sizes).
+    active_rows = (
+        attempts.filter(state__in=ACTIVE_STATES)
+        .values("tenant_id", "vcpus", "memory_mib")
+        .annotate(
+            active=Count("id"),
+            running=Count("id", filter=Q(state=AttemptState.RUNNING)),
+            starting=Count("id", filter=Q(state__in=[AttemptState.REQUESTED, AttemptState.PROVISIONING,
+                                                     AttemptState.STARTING])),
+            cpu=Sum("launcher_cpu_millicores"),
+            memory=Sum("launcher_memory_mib"),
+            unrecorded=Count("id", filter=Q(launcher_memory_mib=0)),
+        )
+        .order_by()
+    )
+    for row in active_rows:
+        capacity = tenants[row["tenant_id"]]
+        capacity.active += row["active"]
+        capacity.running += row["running"]
+        capacity.starting += row["starting"]
+        capacity.vcpus += row["vcpus"] * row["active"]
+        capacity.cpu_millicores += row["cpu"] or 0
+        capacity.memory_mib += row["memory"] or 0
+        if row["unrecorded"]:
+            computed = launcher_requests(vcpus=row["vcpus"], memory_mib=row["memory_mib"])
+            capacity.cpu_millicores += computed.cpu_millicores * row["unrecorded"]
+            capacity.memory_mib += computed.memory_mib * row["unrecorded"]
+
+    since = now - LATENCY_WINDOW
+    for row in (
+        attempts.filter(state=AttemptState.FAILED, updated_at__gte=since)
+        .values("tenant_id").annotate(n=Count("id")).order_by()
+    ):
+        tenants[row["tenant_id"]].failed_last_hour = row["n"]
+
+    # Attempts that became ready in the last hour: a few hundred rows at most, so percentiles are computed here
+    # rather than with database-specific percentile functions (SQLite has none).
+    timestamp_fields = sorted({name for pair in START_PHASES.values() for name in pair})
+    ready = list(attempts.filter(agent_ready_at__gte=since).values("tenant_id", *timestamp_fields))
+    per_tenant: dict[int, list[float]] = {}
+    per_phase: dict[str, list[float]] = {phase: [] for phase in START_PHASES}
+    for row in ready:
+        for phase, (start, end) in START_PHASES.items():
+            value = _seconds(row[start], row[end])
+            if value is not None:
+                per_phase[phase].append(value)
+        per_tenant.setdefault(row["tenant_id"], []).append(_seconds(row["requested_at"], row["agent_ready_at"]))
+    for tenant_id, values in per_tenant.items():
+        tenants[tenant_id].start = _summary(values)
+
+    return OpsOverview(
+        tenants=sorted(tenants.values(), key=lambda item: item.tenant.name),
+        start=_summary(per_phase["total"]),
+        phases={phase: _summary(values) for phase, values in per_phase.items() if phase != "total"},
+        generated_at=now,
+    )
+
+
+def _summary(values: list[float]) -> LatencySummary:
+    return LatencySummary(count=len(values), p50=percentile(values, 50), p95=percentile(values, 95))
+
+
+def ops_dashboard_view(request: HttpRequest) -> HttpResponse:
+    """The admin page (wrapped in ``admin.site.admin_view`` in the URLconf, so staff only)."""
+    overview = ops_overview_for_user(user=request.user)
+    components = health.readiness(exclude=("database",))
+    heartbeat = None
+    if request.user.is_superuser:  # the sync error text may name any tenant's namespace
+        try:
+            heartbeat = health.sync_heartbeat()
+        except Exception:  # the readiness row above already says the cache is down
+            heartbeat = None
+    context = {
+        **admin.site.each_context(request),
+        "title": _("Operations dashboard"),
+        "overview": overview,
+        "components": components,
+        "heartbeat": heartbeat,
+        "window_minutes": int(LATENCY_WINDOW.total_seconds() // 60),
+    }
+    return TemplateResponse(request, "admin/ops_dashboard.html", context)

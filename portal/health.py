@@ -1,0 +1,353 @@
+"""Liveness and readiness probes (``/healthz``, ``/readyz``), the sync loop's heartbeat, and the cluster notice
+shown to students.
+
+``/healthz`` answers as long as the process can serve a request and does no I/O. ``/readyz`` checks what a
+request needs: every configured database, Redis (when ``REDIS_URL`` is set), the cluster API (a ``GET /version``
+with a short timeout, remembered for a few seconds per process so probes do not hammer the API server), and the
+attempt sync loop's heartbeat, which the sync task writes to the shared cache. It answers 503 with a JSON body
+naming each failing component in plain words. Both are unauthenticated, so their bodies carry no host names,
+credentials or exception texts: those go to the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+
+import redis
+import urllib3
+from django.conf import settings
+from django.core.cache import cache
+from django.db import connections
+from django.http import HttpRequest, JsonResponse
+from django.utils.translation import gettext as _
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+logger = logging.getLogger(__name__)
+
+# The contract with the lifecycle's sync task (labs.tasks): after each pass it stores the time it finished
+# (epoch seconds, or an ISO 8601 string) under SYNC_LAST_SUCCESS_KEY; after a failed pass it stores
+# {"at": <epoch seconds>, "message": <text>} under SYNC_LAST_ERROR_KEY. record_sync_success() and
+# record_sync_error() write exactly that.
+SYNC_LAST_SUCCESS_KEY = "labs:sync:last_success"
+SYNC_LAST_ERROR_KEY = "labs:sync:last_error"
+# Kept well past any sensible staleness limit, so that "stale" and "never ran" stay distinguishable.
+SYNC_HEARTBEAT_TTL_SECONDS = 7 * 24 * 3600
+
+COMPONENTS = ("database", "redis", "cluster", "sync")
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    """One component's readiness, described in words an operator can act on."""
+
+    name: str
+    ok: bool
+    message: str
+    latency_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class SyncHeartbeat:
+    last_success: datetime | None
+    last_error_at: datetime | None
+    last_error_message: str
+
+
+def _as_datetime(value: object) -> datetime | None:
+    """Read a heartbeat timestamp written as epoch seconds, an ISO 8601 string, or a datetime."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(float(value), tz=UTC)
+    if isinstance(value, str):
+        try:
+            return datetime.fromtimestamp(float(value), tz=UTC)
+        except ValueError:
+            pass
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return None
+
+
+def record_sync_success(*, at: datetime | None = None) -> None:
+    """Called by the sync task after a pass that read the cluster and updated the attempts."""
+    moment = at or datetime.now(tz=UTC)
+    cache.set(SYNC_LAST_SUCCESS_KEY, moment.timestamp(), timeout=SYNC_HEARTBEAT_TTL_SECONDS)
+
+
+def record_sync_error(*, message: str, at: datetime | None = None) -> None:
+    """Called by the sync task when a pass failed; the message is for operators (dashboard, logs)."""
+    moment = at or datetime.now(tz=UTC)
+    cache.set(
+        SYNC_LAST_ERROR_KEY, {"at": moment.timestamp(), "message": message[:500]},
+        timeout=SYNC_HEARTBEAT_TTL_SECONDS,
+    )
+
+
+def sync_heartbeat() -> SyncHeartbeat:
+    """The sync loop's last success and last error, as written to the shared cache. Raises if the cache is down."""
+    values = cache.get_many([SYNC_LAST_SUCCESS_KEY, SYNC_LAST_ERROR_KEY])
+    error = values.get(SYNC_LAST_ERROR_KEY)
+    error_at: datetime | None = None
+    error_message = ""
+    if isinstance(error, dict):
+        error_at = _as_datetime(error.get("at"))
+        error_message = str(error.get("message") or "")
+    elif error is not None:
+        error_at = _as_datetime(error)
+    return SyncHeartbeat(
+        last_success=_as_datetime(values.get(SYNC_LAST_SUCCESS_KEY)),
+        last_error_at=error_at,
+        last_error_message=error_message,
+    )
+
+
+def _elapsed_ms(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 1)
+
+
+def check_databases() -> list[ComponentStatus]:
+    """A ``SELECT 1`` on every configured database connection."""
+    statuses = []
+    for alias in connections:
+        name = "database" if alias == "default" else f"database:{alias}"
+        started = time.monotonic()
+        try:
+            with connections[alias].cursor() as cursor:
+                cursor.execute("SELECT 1")
+                cursor.fetchone()
+        except Exception as exc:  # any driver error means "not usable"; the detail goes to the log only
+            logger.warning("Readiness: database %s failed: %s", alias, exc)
+            # A broken connection would otherwise be reused by the next request in this thread.
+            connections[alias].close_if_unusable_or_obsolete()
+            statuses.append(ComponentStatus(
+                name, False, f"The database is not answering ({type(exc).__name__}).", _elapsed_ms(started)
+            ))
+        else:
+            statuses.append(ComponentStatus(name, True, "The database answered.", _elapsed_ms(started)))
+    return statuses
+
+
+def check_redis() -> ComponentStatus | None:
+    """A PING to Redis (Celery broker, channel layer, shared cache); None when the portal runs without Redis."""
+    if not settings.REDIS_URL:
+        return None
+    started = time.monotonic()
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        logger.warning("Readiness: Redis failed: %s", exc)
+        return ComponentStatus(
+            "redis", False,
+            "Redis is not answering: tasks cannot be queued and live updates cannot be delivered.",
+            _elapsed_ms(started),
+        )
+    finally:
+        client.close()
+    return ComponentStatus("redis", True, "Redis answered.", _elapsed_ms(started))
+
+
+_cluster_lock = threading.Lock()
+_cluster_cached: tuple[float, str, ComponentStatus] | None = None
+
+
+def reset_cluster_probe() -> None:
+    """Forget the remembered cluster probe (tests, or after the cluster configuration changed)."""
+    global _cluster_cached
+    with _cluster_lock:
+        _cluster_cached = None
+
+
+def _probe_cluster(*, timeout: float) -> tuple[str, ComponentStatus]:
+    """GET /version on the API server with the portal's credentials, no retries, within ``timeout`` seconds."""
+    from labs.kubevirt import client as kube_client
+
+    started = time.monotonic()
+    try:
+        api = kube_client.api_client()
+    except kube_client.ClusterNotConfigured as exc:
+        logger.warning("Readiness: %s", exc)
+        return "", ComponentStatus(
+            "cluster", False, "No cluster is configured (no in-cluster account and no readable kubeconfig)."
+        )
+    cfg = api.configuration
+    if cfg.refresh_api_key_hook is not None:  # bound service-account tokens rotate
+        cfg.refresh_api_key_hook(cfg)
+    headers = {"Accept": "application/json"}
+    for auth in cfg.auth_settings().values():
+        if auth.get("in") == "header" and auth.get("value"):
+            headers[auth["key"]] = auth["value"]
+    host = cfg.host.rstrip("/")
+    try:
+        response = api.rest_client.pool_manager.request(
+            "GET", f"{host}/version", headers=headers, retries=False,
+            timeout=urllib3.Timeout(connect=timeout, read=timeout),
+        )
+    except urllib3.exceptions.NewConnectionError as exc:  # a subclass of the timeout error, but a refusal
+        _count_cluster_error(reason="connection")
+        logger.warning("Readiness: cluster /version failed: %s", exc)
+        return host, ComponentStatus(
+            "cluster", False, "The cluster API is not reachable (the connection failed).", _elapsed_ms(started)
+        )
+    except urllib3.exceptions.TimeoutError as exc:
+        _count_cluster_error(reason="timeout")
+        logger.warning("Readiness: cluster /version timed out: %s", exc)
+        return host, ComponentStatus(
+            "cluster", False, f"The cluster API did not answer within {timeout:g} seconds.", _elapsed_ms(started)
+        )
+    except urllib3.exceptions.HTTPError as exc:
+        _count_cluster_error(reason="connection")
+        logger.warning("Readiness: cluster /version failed: %s", exc)
+        return host, ComponentStatus(
+            "cluster", False, "The cluster API is not reachable (the connection failed).", _elapsed_ms(started)
+        )
+    elapsed = _elapsed_ms(started)
+    if response.status in (401, 403):
+        _count_cluster_error(reason=str(response.status))
+        return host, ComponentStatus(
+            "cluster", False,
+            f"The cluster API refused the portal's credentials (HTTP {response.status}).", elapsed,
+        )
+    if response.status != 200:
+        _count_cluster_error(reason=str(response.status))
+        return host, ComponentStatus(
+            "cluster", False, f"The cluster API answered with an error (HTTP {response.status}).", elapsed
+        )
+    return host, ComponentStatus("cluster", True, "The cluster API answered.", elapsed)
+
+
+def _count_cluster_error(*, reason: str) -> None:
+    from portal.metrics import record_cluster_api_error
+
+    record_cluster_api_error(operation="version", reason=reason)
+
+
+def check_cluster(*, max_age: float | None = None) -> ComponentStatus:
+    """The cluster probe's result, at most ``max_age`` seconds old (HEALTH_CLUSTER_CACHE_SECONDS by default).
+
+    Remembered per process and per API server address, so a probe every second from several load balancers
+    costs the API server one request every few seconds.
+    """
+    global _cluster_cached
+    max_age = settings.HEALTH_CLUSTER_CACHE_SECONDS if max_age is None else max_age
+    with _cluster_lock:
+        cached = _cluster_cached
+    if cached is not None and time.monotonic() - cached[0] < max_age:
+        from labs.kubevirt import client as kube_client
+
+        try:
+            current_host = kube_client.configuration().host.rstrip("/")
+        except kube_client.ClusterNotConfigured:
+            current_host = ""
+        if current_host == cached[1]:
+            return cached[2]
+    host, status = _probe_cluster(timeout=float(settings.HEALTH_CLUSTER_TIMEOUT_SECONDS))
+    with _cluster_lock:
+        _cluster_cached = (time.monotonic(), host, status)
+    return status
+
+
+def check_sync(*, now: datetime | None = None) -> ComponentStatus:
+    """Whether the attempt sync loop (Celery beat → sync task) finished a pass recently."""
+    now = now or datetime.now(tz=UTC)
+    max_age = settings.HEALTH_SYNC_MAX_AGE_SECONDS
+    try:
+        beat = sync_heartbeat()
+    except Exception as exc:  # the cache backend's connection errors have no common base class
+        logger.warning("Readiness: cannot read the sync heartbeat: %s", exc)
+        return ComponentStatus("sync", False, "Cannot read the sync loop's heartbeat: the cache is not answering.")
+    if beat.last_success is None:
+        if beat.last_error_at is not None:
+            return ComponentStatus(
+                "sync", False,
+                f"The attempt sync loop has never succeeded; its last pass failed {_ago(now, beat.last_error_at)}.",
+            )
+        return ComponentStatus(
+            "sync", False, "The attempt sync loop has not run yet (is the Celery worker and beat running?)."
+        )
+    age = (now - beat.last_success).total_seconds()
+    if age > max_age:
+        message = f"The attempt sync loop last succeeded {_ago(now, beat.last_success)} (limit {max_age} s)"
+        if beat.last_error_at is not None and beat.last_error_at > beat.last_success:
+            message += f"; its last pass failed {_ago(now, beat.last_error_at)}"
+        return ComponentStatus("sync", False, message + ".")
+    message = f"The attempt sync loop succeeded {_ago(now, beat.last_success)}."
+    if beat.last_error_at is not None and beat.last_error_at > beat.last_success:
+        message += f" Its last pass failed {_ago(now, beat.last_error_at)}."
+    return ComponentStatus("sync", True, message)
+
+
+def _ago(now: datetime, then: datetime) -> str:
+    seconds = max(0, int((now - then).total_seconds()))
+    return f"{seconds} s ago"
+
+
+def readiness(*, exclude: tuple[str, ...] = ()) -> list[ComponentStatus]:
+    """Every readiness component's status, skipping the names in ``exclude``."""
+    statuses: list[ComponentStatus] = []
+    if "database" not in exclude:
+        statuses.extend(check_databases())
+    if "redis" not in exclude:
+        redis_status = check_redis()
+        if redis_status is not None:
+            statuses.append(redis_status)
+    if "cluster" not in exclude:
+        statuses.append(check_cluster())
+    if "sync" not in exclude:
+        statuses.append(check_sync())
+    return statuses
+
+
+def cluster_health_summary() -> str | None:
+    """A sentence for the student's page when the cluster is in trouble, or None when all is well.
+
+    Reads only the remembered cluster probe (refreshed at most every few seconds) and the sync heartbeat, so a
+    page can call it on every render.
+    """
+    if not check_cluster().ok:
+        return _("The cluster is not answering; your lab may be slow to start.")
+    if not check_sync().ok:
+        return _("Lab status updates are delayed; what you see here may be out of date for a while.")
+    return None
+
+
+@require_GET
+@never_cache
+def healthz_view(request: HttpRequest) -> JsonResponse:
+    """Liveness: the process serves requests. No I/O, so a slow dependency never gets the process restarted."""
+    return JsonResponse({"status": "alive"})
+
+
+@require_GET
+@never_cache
+def readyz_view(request: HttpRequest) -> JsonResponse:
+    """Readiness: 200 when every component is usable, 503 naming each failing one (``?exclude=sync,cluster``)."""
+    requested = {part.strip() for part in request.GET.get("exclude", "").split(",") if part.strip()}
+    unknown = sorted(requested - set(COMPONENTS))
+    if unknown:
+        return JsonResponse(
+            {"error": f"Unknown component(s) in exclude: {', '.join(unknown)}; known: {', '.join(COMPONENTS)}."},
+            status=400,
+        )
+    statuses = readiness(exclude=tuple(requested))
+    failing = [status for status in statuses if not status.ok]
+    body = {
+        "status": "ready" if not failing else "not ready",
+        "failing": [status.name for status in failing],
+        "problems": [status.message for status in failing],
+        "components": {status.name: asdict(status) for status in statuses},
+    }
+    for status in body["components"].values():
+        del status["name"]
+    return JsonResponse(body, status=503 if failing else 200)

@@ -1,0 +1,326 @@
+"""Prometheus metrics at ``/metrics``, gathered at scrape time so that web, worker and beat are all counted.
+
+The portal runs as several processes, so per-process counters would each see only part of the work. What the
+database knows is read from it when Prometheus scrapes (a handful of aggregate queries):
+
+- ``portal_attempts{tenant,state}``: attempts by tenant namespace and state (gauge).
+- ``portal_attempt_phase_seconds{phase}``: start latency per phase, as a histogram of the attempts requested in
+  the last hour (``METRICS_WINDOW_SECONDS``). Being a window it can go down: read it with
+  ``histogram_quantile()`` directly, not through ``rate()``.
+- ``portal_grading_runs_total{outcome,trigger}``: finished grading runs (done or error);
+  ``portal_grading_runs_unfinished{state}``; ``portal_grading_run_seconds{outcome}`` and
+  ``portal_grading_queue_seconds``: durations of the runs that finished in the last hour.
+- ``portal_sync_last_success_timestamp_seconds`` / ``portal_sync_last_error_timestamp_seconds``: the sync
+  loop's heartbeat.
+
+Events that leave no row are counted in Redis (a hash per family, shared by every process; process memory in
+the embedded default, which is one process): ``portal_cluster_api_errors_total{operation,reason}`` through
+``record_cluster_api_error()``, and console sessions through ``console_session_opened()`` /
+``console_session_closed()`` (``portal_console_sessions_active`` and ``portal_console_sessions_opened_total``).
+
+Access: ``Authorization: Bearer <METRICS_TOKEN>`` when that setting is set, or a superuser's session; the
+figures span every tenant, so an instructor's session is not enough.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+from collections.abc import Iterable, Iterator
+from datetime import timedelta
+
+import redis
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, QuerySet, Sum
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from grading.models import GradingRun, RunState
+from labs.models import Attempt, AttemptState
+from portal.models import Tenant
+
+logger = logging.getLogger(__name__)
+
+METRICS_WINDOW_SECONDS = 3600
+
+# Redis hashes shared by every process. Fields of the error hash are "<operation>|<reason>".
+CLUSTER_API_ERRORS_KEY = "portal:metrics:cluster_api_errors"
+CONSOLE_SESSIONS_KEY = "portal:metrics:console_sessions"
+
+START_PHASES: dict[str, tuple[str, str]] = {
+    # phase label: (start timestamp field, end timestamp field) on Attempt
+    "provision": ("requested_at", "provisioned_at"),
+    "pending": ("provisioned_at", "pending_at"),
+    "scheduling": ("pending_at", "scheduling_at"),
+    "scheduled": ("scheduling_at", "scheduled_at"),
+    "boot": ("scheduled_at", "vmi_running_at"),
+    "agent": ("vmi_running_at", "agent_ready_at"),
+    "total": ("requested_at", "agent_ready_at"),
+}
+START_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
+GRADING_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+
+
+class _CounterStore:
+    """Integer counters in Redis hashes (shared by all processes), or in process memory without Redis."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._local: dict[str, dict[str, int]] = {}
+        self._client: redis.Redis | None = None
+        self._client_url: str | None = None
+
+    def _redis(self) -> redis.Redis | None:
+        url = settings.REDIS_URL
+        if not url:
+            return None
+        with self._lock:
+            if self._client is None or self._client_url != url:
+                self._client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+                self._client_url = url
+            return self._client
+
+    def incr(self, key: str, field: str, amount: int = 1) -> None:
+        client = self._redis()
+        if client is None:
+            with self._lock:
+                bucket = self._local.setdefault(key, {})
+                bucket[field] = bucket.get(field, 0) + amount
+            return
+        client.hincrby(key, field, amount)
+
+    def read(self, key: str) -> dict[str, int]:
+        client = self._redis()
+        if client is None:
+            with self._lock:
+                return dict(self._local.get(key, {}))
+        return {name.decode(): int(value) for name, value in client.hgetall(key).items()}
+
+    def clear(self, key: str) -> None:
+        client = self._redis()
+        if client is None:
+            with self._lock:
+                self._local.pop(key, None)
+            return
+        client.delete(key)
+
+
+counters = _CounterStore()
+
+
+def _count_safely(key: str, field: str, amount: int = 1) -> None:
+    # A metrics hiccup must never break the work being counted; it only shows up in the log.
+    try:
+        counters.incr(key, field, amount)
+    except redis.RedisError as exc:
+        logger.warning("Could not count %s %s: %s", key, field, exc)
+
+
+def record_cluster_api_error(*, operation: str, reason: str) -> None:
+    """Count one failed call to the cluster API. ``operation`` is a short fixed name ("list_vmis",
+    "create_vm"); ``reason`` the HTTP status ("503") or "timeout" / "connection". Keep both low-cardinality."""
+    _count_safely(CLUSTER_API_ERRORS_KEY, f"{operation}|{reason}")
+
+
+def console_session_opened() -> None:
+    """Count a browser console session that connected (call once per accepted WebSocket)."""
+    _count_safely(CONSOLE_SESSIONS_KEY, "opened")
+
+
+def console_session_closed() -> None:
+    """Count a browser console session that ended (call once per session that console_session_opened counted)."""
+    _count_safely(CONSOLE_SESSIONS_KEY, "closed")
+
+
+aconsole_session_opened = sync_to_async(console_session_opened, thread_sensitive=False)
+aconsole_session_closed = sync_to_async(console_session_closed, thread_sensitive=False)
+
+
+def _duration_histograms(
+    queryset: QuerySet, *, spans: dict[str, tuple[str, str]], buckets: Iterable[float]
+) -> dict[str, tuple[list[tuple[str, int]], float, int]]:
+    """Bucket counts, sum and count of ``end - start`` per span, in one aggregate query.
+
+    Returns ``{label: ([(le, cumulative count), ..., ("+Inf", count)], sum_seconds, count)}``.
+    """
+    buckets = tuple(buckets)
+    aliases = {
+        label: ExpressionWrapper(F(end) - F(start), output_field=DurationField())
+        for label, (start, end) in spans.items()
+    }
+    aggregates = {}
+    for label in spans:
+        alias = f"d_{label}"
+        aggregates[f"{label}__count"] = Count("pk", filter=Q(**{f"{alias}__isnull": False}))
+        aggregates[f"{label}__sum"] = Sum(alias)
+        for index, bound in enumerate(buckets):
+            aggregates[f"{label}__le{index}"] = Count("pk", filter=Q(**{f"{alias}__lte": timedelta(seconds=bound)}))
+    row = queryset.annotate(**{f"d_{label}": expression for label, expression in aliases.items()}).aggregate(
+        **aggregates
+    )
+    result = {}
+    for label in spans:
+        count = row[f"{label}__count"] or 0
+        total = row[f"{label}__sum"]
+        series = [(_bucket_label(bound), row[f"{label}__le{index}"] or 0) for index, bound in enumerate(buckets)]
+        series.append(("+Inf", count))
+        result[label] = (series, total.total_seconds() if total else 0.0, count)
+    return result
+
+
+def _bucket_label(bound: float) -> str:
+    return repr(float(bound))
+
+
+class PortalCollector(Collector):
+    """Reads attempts, grading runs, the sync heartbeat and the shared counters when Prometheus scrapes."""
+
+    def collect(self) -> Iterator[Metric]:
+        now = timezone.now()
+        sources = {"attempts": self._attempts, "start_phases": self._start_phases, "grading": self._grading,
+                   "sync": self._sync, "counters": self._counters}
+        up = GaugeMetricFamily("portal_metrics_source_up",
+                               "1 when the source of a metric family could be read at this scrape, else 0.",
+                               labels=["source"])
+        for name, part in sources.items():
+            try:
+                # Collected into a list first, so a source failing half-way yields none of its families.
+                families = list(part(now))
+            except Exception:  # one broken source must not hide the others
+                logger.exception("Metrics: reading %s failed", name)
+                up.add_metric([name], 0)
+            else:
+                up.add_metric([name], 1)
+                yield from families
+        yield up
+
+    def _attempts(self, now) -> Iterator[Metric]:
+        family = GaugeMetricFamily("portal_attempts", "Attempts by tenant namespace and state.",
+                                   labels=["tenant", "state"])
+        rows = list(Attempt.objects.values("tenant_id", "state").annotate(n=Count("id")).order_by())
+        namespaces = dict(Tenant.objects.filter(id__in={row["tenant_id"] for row in rows})
+                          .values_list("id", "namespace"))
+        totals = {state.value: 0 for state in AttemptState}
+        for row in rows:
+            family.add_metric([namespaces.get(row["tenant_id"], ""), row["state"]], row["n"])
+            totals[row["state"]] = totals.get(row["state"], 0) + row["n"]
+        yield family
+        overall = GaugeMetricFamily("portal_attempts_by_state", "Attempts by state, all tenants.", labels=["state"])
+        for state, value in totals.items():
+            overall.add_metric([state], value)
+        yield overall
+
+    def _start_phases(self, now) -> Iterator[Metric]:
+        window_start = now - timedelta(seconds=METRICS_WINDOW_SECONDS)
+        histograms = _duration_histograms(
+            Attempt.objects.filter(requested_at__gte=window_start), spans=START_PHASES, buckets=START_BUCKETS
+        )
+        family = HistogramMetricFamily(
+            "portal_attempt_phase_seconds",
+            "Start latency per phase of the attempts requested in the last hour (provision: request to VM "
+            "created; pending/scheduling/scheduled/boot: VMI phases; agent: VMI running to agent ready; total: "
+            "request to running).",
+            labels=["phase"],
+        )
+        for phase, (series, total, _count) in histograms.items():
+            family.add_metric([phase], buckets=series, sum_value=total)
+        yield family
+
+    def _grading(self, now) -> Iterator[Metric]:
+        finished = CounterMetricFamily("portal_grading_runs", "Finished grading runs by outcome and trigger.",
+                                       labels=["outcome", "trigger"])
+        unfinished = GaugeMetricFamily("portal_grading_runs_unfinished", "Grading runs queued or running.",
+                                       labels=["state"])
+        pending = {RunState.QUEUED.value: 0, RunState.RUNNING.value: 0}
+        for row in GradingRun.objects.values("state", "trigger").annotate(n=Count("id")).order_by():
+            if row["state"] in pending:
+                pending[row["state"]] += row["n"]
+            else:
+                finished.add_metric([row["state"], row["trigger"]], row["n"])
+        for state, value in pending.items():
+            unfinished.add_metric([state], value)
+        yield finished
+        yield unfinished
+
+        recent = GradingRun.objects.filter(finished_at__gte=now - timedelta(seconds=METRICS_WINDOW_SECONDS))
+        run_seconds = HistogramMetricFamily(
+            "portal_grading_run_seconds",
+            "Duration (started to finished) of the grading runs that finished in the last hour, by outcome.",
+            labels=["outcome"],
+        )
+        for outcome in (RunState.DONE, RunState.ERROR):
+            series, total, _count = _duration_histograms(
+                recent.filter(state=outcome), spans={"run": ("started_at", "finished_at")}, buckets=GRADING_BUCKETS
+            )["run"]
+            run_seconds.add_metric([outcome.value], buckets=series, sum_value=total)
+        yield run_seconds
+        series, total, _count = _duration_histograms(
+            recent, spans={"queue": ("created_at", "started_at")}, buckets=GRADING_BUCKETS
+        )["queue"]
+        queue_seconds = HistogramMetricFamily(
+            "portal_grading_queue_seconds",
+            "Wait from request to start of the grading runs that finished in the last hour.",
+        )
+        queue_seconds.add_metric([], buckets=series, sum_value=total)
+        yield queue_seconds
+
+    def _sync(self, now) -> Iterator[Metric]:
+        from portal.health import sync_heartbeat
+
+        beat = sync_heartbeat()
+        if beat.last_success is not None:
+            yield GaugeMetricFamily("portal_sync_last_success_timestamp_seconds",
+                                    "When the attempt sync loop last finished a pass (Unix time).",
+                                    value=beat.last_success.timestamp())
+        if beat.last_error_at is not None:
+            yield GaugeMetricFamily("portal_sync_last_error_timestamp_seconds",
+                                    "When an attempt sync pass last failed (Unix time).",
+                                    value=beat.last_error_at.timestamp())
+
+    def _counters(self, now) -> Iterator[Metric]:
+        errors = CounterMetricFamily("portal_cluster_api_errors", "Failed calls to the cluster API, all processes.",
+                                     labels=["operation", "reason"])
+        for field, value in sorted(counters.read(CLUSTER_API_ERRORS_KEY).items()):
+            operation, _sep, reason = field.partition("|")
+            errors.add_metric([operation, reason], value)
+        yield errors
+        console = counters.read(CONSOLE_SESSIONS_KEY)
+        opened, closed = console.get("opened", 0), console.get("closed", 0)
+        yield CounterMetricFamily("portal_console_sessions_opened", "Browser console sessions opened.", value=opened)
+        yield GaugeMetricFamily("portal_console_sessions_active", "Browser console sessions open now.",
+                                value=max(0, opened - closed))
+
+
+registry = CollectorRegistry(auto_describe=False)
+registry.register(PortalCollector())
+
+
+def metrics_authorized(request: HttpRequest) -> bool:
+    """A superuser's session, or the bearer token from METRICS_TOKEN (compared in constant time)."""
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated and user.is_active and user.is_superuser:
+        return True
+    token = settings.METRICS_TOKEN
+    header = request.headers.get("Authorization", "")
+    scheme, _sep, presented = header.partition(" ")
+    return bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(presented.encode(), token.encode())
+
+
+@require_GET
+@never_cache
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    if not metrics_authorized(request):
+        response = HttpResponse(
+            "Metrics need `Authorization: Bearer <METRICS_TOKEN>` or a superuser's login.\n",
+            status=401, content_type="text/plain; charset=utf-8",
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,123 @@
+"""The operations dashboard: scoped to the viewer's tenants, capacity against quota, start latency percentiles."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from conftest import PASSWORD, make_person
+from labs.models import Attempt, AttemptState
+from labs.sizes import launcher_requests
+from portal.dashboard import ops_overview_for_user, percentile
+from portal.models import Role
+
+URL = "/admin/ops/"
+
+
+def attempt(lab, *, state: str, username: str, **fields) -> Attempt:
+    student = make_person(username=username, tenant=lab.course.tenant, course=lab.course, role=Role.STUDENT)
+    return Attempt.objects.create(lab=lab, student=student, tenant=lab.course.tenant, state=state, **fields)
+
+
+@pytest.fixture
+def both_tenants_busy(lab_a, lab_b):
+    now = timezone.now()
+    # Tenant A: two running medium VMs with recorded launcher requests, one starting small VM without them.
+    for index, total in enumerate((1.0, 3.0)):
+        attempt(lab_a, state=AttemptState.RUNNING, username=f"run_a{index}", vcpus=2, memory_mib=4096,
+                launcher_cpu_millicores=200, launcher_memory_mib=4400,
+                requested_at=now - timedelta(minutes=10), agent_ready_at=now - timedelta(minutes=10, seconds=-total))
+    attempt(lab_a, state=AttemptState.STARTING, username="start_a", vcpus=1, memory_mib=2048)
+    attempt(lab_a, state=AttemptState.STOPPED, username="done_a", vcpus=2, memory_mib=4096,
+            launcher_cpu_millicores=200, launcher_memory_mib=4400)
+    # Tenant B: one running VM.
+    attempt(lab_b, state=AttemptState.RUNNING, username="run_b0", vcpus=4, memory_mib=8192,
+            launcher_cpu_millicores=400, launcher_memory_mib=8500,
+            requested_at=now - timedelta(minutes=3), agent_ready_at=now - timedelta(minutes=3, seconds=-9))
+
+
+def test_percentile_interpolates_between_ranks():
+    assert percentile([], 50) is None
+    assert percentile([5.0], 95) == 5.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
+    assert percentile(list(range(1, 101)), 95) == pytest.approx(95.05)
+
+
+@pytest.mark.django_db
+def test_capacity_counts_held_vms_and_launcher_requests_against_quota(instructor_a, both_tenants_busy):
+    overview = ops_overview_for_user(user=instructor_a)
+    (row,) = overview.tenants
+    assert row.tenant == instructor_a.tenant
+    assert (row.running, row.starting, row.active) == (2, 1, 3)
+    assert row.vcpus == 2 + 2 + 1
+    small = launcher_requests(vcpus=1, memory_mib=2048)  # not recorded on the attempt: computed the same way
+    assert row.cpu_millicores == 200 + 200 + small.cpu_millicores
+    assert row.memory_mib == 4400 + 4400 + small.memory_mib
+    assert row.vm_percent == round(100 * 3 / instructor_a.tenant.max_concurrent_vms)
+    assert row.vcpu_percent == round(100 * 5 / instructor_a.tenant.max_vcpus)
+    assert row.start.count == 2
+    assert row.start.p50 == pytest.approx(2.0)
+    assert row.start.p95 == pytest.approx(2.9)
+
+
+@pytest.mark.django_db
+def test_instructor_of_tenant_b_never_sees_tenant_a(client, instructor_b, tenant_a, both_tenants_busy):
+    client.login(username=instructor_b.username, password=PASSWORD)
+    response = client.get(URL)
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert instructor_b.tenant.name in body
+    assert tenant_a.name not in body
+    assert tenant_a.namespace not in body
+    assert [row.tenant for row in response.context["overview"].tenants] == [instructor_b.tenant]
+    assert response.context["overview"].start.count == 1
+
+
+@pytest.mark.django_db
+def test_superuser_sees_every_tenant(client, superuser, tenant_a, tenant_b, both_tenants_busy):
+    client.login(username=superuser.username, password=PASSWORD)
+    response = client.get(URL)
+    assert response.status_code == 200
+    tenants = [row.tenant for row in response.context["overview"].tenants]
+    assert set(tenants) == {tenant_a, tenant_b}
+    assert response.context["overview"].start.count == 3
+    body = response.content.decode()
+    assert tenant_a.name in body and tenant_b.name in body
+
+
+@pytest.mark.django_db
+def test_people_without_staff_access_are_sent_to_the_admin_login(client, ta_a, student_a):
+    for person in (ta_a, student_a):
+        client.login(username=person.username, password=PASSWORD)
+        response = client.get(URL)
+        assert response.status_code == 302
+        assert response["Location"].startswith(reverse("admin:login"))
+    client.logout()
+    assert client.get(URL).status_code == 302
+
+
+@pytest.mark.django_db
+def test_admin_index_links_to_the_dashboard(client, instructor_a):
+    client.login(username=instructor_a.username, password=PASSWORD)
+    response = client.get(reverse("admin:index"))
+    assert response.status_code == 200
+    assert f'href="{URL}"' in response.content.decode()
+
+
+@pytest.mark.django_db
+def test_only_superusers_see_the_sync_error_text(client, instructor_a, superuser):
+    from portal import health
+
+    health.record_sync_error(message="listing VMIs in lab-other-tenant failed")
+    try:
+        client.login(username=instructor_a.username, password=PASSWORD)
+        assert "lab-other-tenant" not in client.get(URL).content.decode()
+        client.login(username=superuser.username, password=PASSWORD)
+        assert "lab-other-tenant" in client.get(URL).content.decode()
+    finally:
+        from django.core.cache import cache
+
+        cache.delete(health.SYNC_LAST_ERROR_KEY)
