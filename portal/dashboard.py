@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db.models import Count, Q, Sum
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -18,9 +19,10 @@ from django.utils.translation import gettext as _
 from labs.models import ACTIVE_STATES, Attempt, AttemptState
 from labs.sizes import launcher_requests
 from portal import health
+from portal.errors import PermissionDenied
 from portal.metrics import START_PHASES
-from portal.models import Tenant, User
-from portal.selectors import user_tenant_ids
+from portal.models import Role, Tenant, User
+from portal.selectors import courses_for_user
 
 LATENCY_WINDOW = timedelta(hours=1)
 
@@ -85,10 +87,23 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
     return (end - start).total_seconds()
 
 
+def ops_tenant_ids_for_user(*, user: User) -> list[int]:
+    """Superusers see every tenant; an instructor sees their own tenant; nobody else sees any."""
+    if not (user.is_authenticated and user.is_active and user.is_staff):
+        return []
+    if user.is_superuser:
+        return list(Tenant.objects.values_list("id", flat=True))
+    if user.tenant_id and courses_for_user(user=user, roles=(Role.INSTRUCTOR,)).exists():
+        return [user.tenant_id]
+    return []
+
+
 def ops_overview_for_user(*, user: User, now: datetime | None = None) -> OpsOverview:
     """Capacity and start latency of the tenants ``user`` may see: one row per tenant, plus overall figures."""
     now = now or timezone.now()
-    tenant_ids = user_tenant_ids(user=user)
+    tenant_ids = ops_tenant_ids_for_user(user=user)
+    if not tenant_ids and not user.is_superuser:
+        raise PermissionDenied(_("The operations dashboard is for instructors and administrators."))
     tenants = {tenant.id: TenantCapacity(tenant=tenant) for tenant in Tenant.objects.filter(id__in=tenant_ids)}
     attempts = Attempt.objects.filter(tenant_id__in=tenant_ids)
 
@@ -157,7 +172,10 @@ def _summary(values: list[float]) -> LatencySummary:
 
 def ops_dashboard_view(request: HttpRequest) -> HttpResponse:
     """The admin page (wrapped in ``admin.site.admin_view`` in the URLconf, so staff only)."""
-    overview = ops_overview_for_user(user=request.user)
+    try:
+        overview = ops_overview_for_user(user=request.user)
+    except PermissionDenied as exc:
+        raise DjangoPermissionDenied(str(exc)) from exc
     components = health.readiness(exclude=("database",))
     heartbeat = None
     if request.user.is_superuser:  # the sync error text may name any tenant's namespace

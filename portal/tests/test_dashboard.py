@@ -100,6 +100,13 @@ def test_people_without_staff_access_are_sent_to_the_admin_login(client, ta_a, s
 
 
 @pytest.mark.django_db
+def test_staff_without_an_instructor_role_are_refused(client, tenant_a, course_a):
+    helper = make_person(username="staff_ta", tenant=tenant_a, course=course_a, role=Role.TA, is_staff=True)
+    client.login(username=helper.username, password=PASSWORD)
+    assert client.get(URL).status_code == 403
+
+
+@pytest.mark.django_db
 def test_admin_index_links_to_the_dashboard(client, instructor_a):
     client.login(username=instructor_a.username, password=PASSWORD)
     response = client.get(reverse("admin:index"))
