@@ -1,0 +1,108 @@
+"""The instructor admin for labs: labs with their checks inline, and attempts (read-only) with their VM state.
+
+Scoping by course role comes from ``portal.admin_scoping``. ``AttemptAdmin`` is read-only; stop and extend
+actions belong with the lifecycle services and can be added to it as admin actions whose
+``has_<name>_permission`` asks ``self.instructs(request, obj)``.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest
+from django.utils.text import Truncator
+from django.utils.translation import gettext_lazy as _
+
+from labs.models import Attempt, Check, Lab
+from portal.admin_scoping import AuditedAdminMixin, CourseScopedAdminMixin, CourseScopedInlineMixin
+from portal.services import audit_record
+
+
+class CheckInline(CourseScopedInlineMixin, admin.StackedInline):
+    model = Check
+    extra = 0
+    ordering = ("order", "id")
+    fields = (
+        ("order", "title", "points", "timeout_s"),
+        "command",
+        ("expected_exit_code", "stdout_match"),
+        "stdout_pattern",
+        "hint",
+    )
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        # Commands and patterns are usually one line; keep the inline compact and monospaced.
+        if db_field.name in {"command", "stdout_pattern"}:
+            kwargs["widget"] = forms.Textarea(attrs={"rows": 2, "cols": 80, "style": "font-family: monospace"})
+        elif db_field.name == "hint":
+            kwargs["widget"] = forms.Textarea(attrs={"rows": 2, "cols": 80})
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
+
+
+@admin.register(Lab)
+class LabAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
+    course_lookup = "course"
+    inlines = (CheckInline,)
+    list_display = ("title", "course", "size", "time_limit_minutes", "opens_at", "due_at", "check_count")
+    list_filter = (("course", admin.RelatedOnlyFieldListFilter), "size")
+    list_select_related = ("course",)
+    search_fields = ("title", "course__code", "course__title")
+    fieldsets = (
+        (None, {"fields": ("course", "title", "instructions")}),
+        (_("Virtual machine"), {"fields": ("image", "size", "nested_virtualization", "extra_cloud_init",
+                                            "time_limit_minutes")}),
+        (_("Dates and grading"), {"fields": ("opens_at", "due_at", "late_penalty_percent_per_day",
+                                              "late_cutoff_at", "attempt_limit", "grade_policy")}),
+    )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Lab]:
+        return super().get_queryset(request).annotate(num_checks=Count("checks"))
+
+    @admin.display(description=_("checks"), ordering="num_checks")
+    def check_count(self, lab: Lab) -> int:
+        return lab.num_checks
+
+    def audit_scope(self, obj: Lab) -> dict:
+        return {"tenant": obj.course.tenant, "course": obj.course}
+
+    def save_formset(self, request, form, formset, change):
+        super().save_formset(request, form, formset, change)
+        if formset.has_changed():
+            # Check edits change how every later run is scored: record them with the lab.
+            lab = form.instance
+            audit_record(actor=request.user, action="admin.lab.checks", target=lab, tenant=lab.course.tenant,
+                         course=lab.course, data={"checks": [str(check) for check in lab.checks.all()]})
+
+
+@admin.register(Attempt)
+class AttemptAdmin(CourseScopedAdminMixin, admin.ModelAdmin):
+    course_lookup = "lab__course"
+    read_only = True
+    list_display = ("id", "student", "lab", "course", "number", "state", "phase", "node_name", "expires_at",
+                    "short_failure_reason", "requested_at")
+    list_display_links = ("id", "student")
+    list_filter = (
+        "state", ("lab__course", admin.RelatedOnlyFieldListFilter), ("lab", admin.RelatedOnlyFieldListFilter),
+    )
+    list_select_related = ("student", "lab__course")
+    search_fields = ("student__username", "student__full_name", "vm_name")
+    ordering = ("-requested_at", "-id")
+    # Never the agent token: it is the guest's secret.
+    fieldsets = (
+        (None, {"fields": ("lab", "student", "tenant", "number", "state", "stop_reason", "failure_reason")}),
+        (_("Virtual machine"), {"fields": ("vm_name", "namespace", "phase", "node_name", "vcpus", "memory_mib",
+                                            "launcher_cpu_millicores", "launcher_memory_mib")}),
+        (_("Timeline"), {"fields": ("requested_at", "provisioned_at", "pending_at", "scheduling_at", "scheduled_at",
+                                     "vmi_running_at", "agent_ready_at", "stopping_at", "ended_at", "expires_at",
+                                     "extensions", "updated_at")}),
+    )
+    readonly_fields = tuple(field for _title, options in fieldsets for field in options["fields"])
+
+    @admin.display(description=_("course"), ordering="lab__course__code")
+    def course(self, attempt: Attempt):
+        return attempt.lab.course
+
+    @admin.display(description=_("failure reason"))
+    def short_failure_reason(self, attempt: Attempt) -> str:
+        return Truncator(attempt.failure_reason).chars(80)

@@ -1,0 +1,316 @@
+"""The instructor admin for the core domain: tenants (superusers), courses, memberships, users, the audit log.
+
+What each person sees is decided in ``portal.admin_scoping``; this module says what each page shows and routes
+every write with a business rule (creating a course, enrolling, importing a CSV) through ``portal.services``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
+from django.db.models import Count, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
+
+from portal.admin_scoping import (
+    AuditedAdminMixin,
+    CourseScopedAdminMixin,
+    SuperuserOnlyAdminMixin,
+    TenantUserAdminMixin,
+    admin_access,
+    forget_admin_access,
+)
+from portal.errors import ApplicationError
+from portal.forms import (
+    CourseAdminForm,
+    EnrollmentImportForm,
+    MembershipAdminForm,
+    TenantUserChangeForm,
+    TenantUserCreationForm,
+)
+from portal.models import AuditEvent, Course, Membership, Role, Tenant, User
+from portal.services import (
+    PasswordSetupToken,
+    course_create,
+    enrollment_import,
+    membership_create,
+    membership_set_role,
+    user_password_setup_token,
+)
+
+admin.site.site_header = _("Lab portal administration")
+admin.site.site_title = _("Lab portal")
+admin.site.index_title = _("Courses, labs and people")
+
+
+def password_setup_url(request: HttpRequest, token: PasswordSetupToken) -> str:
+    return request.build_absolute_uri(
+        reverse("password_reset_confirm", kwargs={"uidb64": token.uidb64, "token": token.token})
+    )
+
+
+def password_links_csv(rows: list[dict[str, str]]) -> str:
+    """The links as a CSV the instructor can mail-merge (opened by Excel as UTF-8 thanks to the BOM)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["username", "email", "name", "link"])
+    for row in rows:
+        writer.writerow([row["username"], row["email"], row["name"], row["link"]])
+    return "\ufeff" + buffer.getvalue()
+
+
+@admin.register(Tenant)
+class TenantAdmin(SuperuserOnlyAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
+    list_display = ("name", "namespace", "max_concurrent_vms", "max_vcpus", "max_memory_mib", "created_at")
+    search_fields = ("name", "namespace")
+    readonly_fields = ("namespace", "created_at")
+    fields = ("name", "namespace", "max_concurrent_vms", "max_vcpus", "max_memory_mib", "created_at")
+
+    def audit_scope(self, obj: Tenant) -> dict:
+        return {"tenant": obj}
+
+
+@admin.register(Course)
+class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
+    course_lookup = ""
+    form = CourseAdminForm
+    change_form_template = "admin/portal/course/change_form.html"
+    list_display = ("code", "title", "term", "tenant", "member_count", "lab_count")
+    list_display_links = ("code", "title")
+    search_fields = ("code", "title", "term")
+    ordering = ("code", "term")
+
+    def get_fields(self, request: HttpRequest, obj: Course | None = None) -> list[str]:
+        fields = ["code", "title", "term"]
+        # The tenant is chosen by superusers only; an instructor's course always lands in their own tenant.
+        return ["tenant", *fields] if admin_access(request).is_superuser else fields
+
+    def get_list_filter(self, request: HttpRequest) -> tuple:
+        return ("term", "tenant") if admin_access(request).is_superuser else ("term",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Course]:
+        return super().get_queryset(request).select_related("tenant").annotate(
+            num_members=Count("memberships", distinct=True), num_labs=Count("labs", distinct=True)
+        )
+
+    @admin.display(description=_("members"), ordering="num_members")
+    def member_count(self, course: Course) -> int:
+        return course.num_members
+
+    @admin.display(description=_("labs"), ordering="num_labs")
+    def lab_count(self, course: Course) -> int:
+        return course.num_labs
+
+    def get_form(self, request: HttpRequest, obj: Course | None = None, **kwargs):
+        form = super().get_form(request, obj, **kwargs)
+        form.tenant = request.user.tenant
+        return form
+
+    def save_model(self, request: HttpRequest, obj: Course, form, change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        tenant = obj.tenant if admin_access(request).is_superuser else request.user.tenant
+        created = course_create(actor=request.user, tenant=tenant, code=obj.code, title=obj.title, term=obj.term)
+        # The admin goes on with ``obj`` (log entry, redirect); give it the saved row's identity.
+        obj.pk, obj.tenant, obj.created_at = created.pk, created.tenant, created.created_at
+        obj._state.adding = False
+        forget_admin_access(request)
+
+    def audit_scope(self, obj: Course) -> dict:
+        return {"tenant": obj.tenant, "course": obj}
+
+    def get_urls(self):
+        return [
+            path(
+                "<path:object_id>/enrollment-import/",
+                self.admin_site.admin_view(self.enrollment_import_view),
+                name="portal_course_enrollment_import",
+            ),
+            *super().get_urls(),
+        ]
+
+    def enrollment_import_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Upload a CSV of people; show every bad line, or the result with set-password links for new accounts.
+
+        The links are shown on this response only and never stored (admin_view makes it never_cache).
+        """
+        course = self.get_object(request, unquote(object_id))
+        if course is None or not self.has_change_permission(request, course):
+            raise Http404(gettext("Course not found."))
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "original": course,
+            "course": course,
+            "title": gettext("Import enrollment into %(course)s") % {"course": course},
+            "roles": Role.choices,
+        }
+        if request.method == "POST":
+            form = EnrollmentImportForm(request.POST, request.FILES)
+            if form.is_valid():
+                try:
+                    result = enrollment_import(actor=request.user, course=course,
+                                               csv_file=form.cleaned_data["csv_file"])
+                except ApplicationError as exc:
+                    context.update(form=form, import_error=exc.message, row_errors=exc.extra.get("errors", []))
+                else:
+                    links = [
+                        {"username": person.username, "email": person.email, "name": person.full_name,
+                         "link": password_setup_url(request, person.password_setup)}
+                        for person in result.people if person.password_setup is not None
+                    ]
+                    self.message_user(request, gettext(
+                        "Imported: %(accounts)d new accounts, %(memberships)d new memberships, %(unchanged)d "
+                        "already enrolled."
+                    ) % {"accounts": result.accounts_created, "memberships": result.memberships_created,
+                         "unchanged": result.unchanged}, messages.SUCCESS)
+                    context.update(form=EnrollmentImportForm(), result=result, links=links,
+                                   links_csv=password_links_csv(links) if links else "")
+        else:
+            form = EnrollmentImportForm()
+        context.setdefault("form", form)
+        return TemplateResponse(request, "admin/portal/course/enrollment_import.html", context)
+
+
+@admin.register(Membership)
+class MembershipAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
+    course_lookup = "course"
+    form = MembershipAdminForm
+    autocomplete_fields = ("user", "course")
+    list_display = ("user", "user_username", "user_email", "course", "role", "created_at")
+    list_filter = ("role", ("course", admin.RelatedOnlyFieldListFilter))
+    list_select_related = ("user", "course")
+    search_fields = ("user__username", "user__full_name", "user__email", "course__code", "course__title")
+
+    @admin.display(description=_("username"), ordering="user__username")
+    def user_username(self, membership: Membership) -> str:
+        return membership.user.username
+
+    @admin.display(description=_("email address"), ordering="user__email")
+    def user_email(self, membership: Membership) -> str:
+        return membership.user.email
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Membership | None = None) -> tuple[str, ...]:
+        # A membership is a person in a course; to move someone, remove the membership and add another.
+        return ("user", "course") if obj is not None else ()
+
+    def save_model(self, request: HttpRequest, obj: Membership, form, change: bool) -> None:
+        if change:
+            # The form has already put the new role on ``obj``; the service compares with the stored one.
+            stored = Membership.objects.select_related("user", "course__tenant").get(pk=obj.pk)
+            membership_set_role(actor=request.user, membership=stored, role=obj.role)
+            return
+        created = membership_create(actor=request.user, course=obj.course, user=obj.user, role=obj.role)
+        obj.pk, obj.created_at = created.pk, created.created_at
+        obj._state.adding = False
+        if obj.user_id == request.user.pk:
+            forget_admin_access(request)
+
+    def audit_scope(self, obj: Membership) -> dict:
+        return {"tenant": obj.course.tenant, "course": obj.course}
+
+
+@admin.register(User)
+class UserAdmin(TenantUserAdminMixin, AuditedAdminMixin, DjangoUserAdmin):
+    form = TenantUserChangeForm
+    add_form = TenantUserCreationForm
+    list_display = ("username", "full_name", "email", "tenant", "is_active", "is_staff")
+    search_fields = ("username", "full_name", "email")
+    actions = ("issue_password_links",)
+
+    superuser_fieldsets = (
+        (None, {"fields": ("username", "password")}),
+        (_("Personal info"), {"fields": ("full_name", "email", "tenant")}),
+        (_("Permissions"), {"fields": ("is_active", "is_staff", "is_superuser", "groups", "user_permissions")}),
+        (_("Important dates"), {"fields": ("last_login", "date_joined")}),
+    )
+    # Instructors never see the fields that grant rights or move someone to another tenant.
+    instructor_fieldsets = (
+        (None, {"fields": ("username", "password")}),
+        (_("Personal info"), {"fields": ("full_name", "email", "tenant")}),
+        (_("Status"), {"fields": ("is_active",)}),
+        (_("Important dates"), {"fields": ("last_login", "date_joined")}),
+    )
+
+    def get_fieldsets(self, request: HttpRequest, obj: User | None = None):
+        superuser = admin_access(request).is_superuser
+        if obj is None:
+            fields = ["username", "email", "full_name", "usable_password", "password1", "password2"]
+            if superuser:
+                fields.insert(3, "tenant")
+            return ((None, {"classes": ("wide",), "fields": fields}),)
+        return self.superuser_fieldsets if superuser else self.instructor_fieldsets
+
+    def get_readonly_fields(self, request: HttpRequest, obj: User | None = None) -> tuple[str, ...]:
+        if admin_access(request).is_superuser:
+            return ()
+        return ("tenant", "last_login", "date_joined")
+
+    def get_list_filter(self, request: HttpRequest) -> tuple:
+        if admin_access(request).is_superuser:
+            return ("is_active", "is_staff", "is_superuser", "tenant")
+        return ("is_active",)
+
+    def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
+        if admin_access(request).is_superuser:
+            return self.list_display
+        return ("username", "full_name", "email", "is_active")
+
+    def save_model(self, request: HttpRequest, obj: User, form, change: bool) -> None:
+        if not change and not admin_access(request).is_superuser:
+            # Set here, not by a form field: an instructor's new account always joins their own tenant, with
+            # no rights beyond what memberships give.
+            obj.tenant = request.user.tenant
+            obj.is_staff = False
+            obj.is_superuser = False
+        super().save_model(request, obj, form, change)
+
+    def audit_scope(self, obj: User) -> dict:
+        return {"tenant": obj.tenant}
+
+    @admin.action(description=_("Issue set-password links"), permissions=["change"])
+    def issue_password_links(self, request: HttpRequest, queryset: QuerySet[User]) -> HttpResponse | None:
+        """Links with which the selected people choose a password (new accounts, or a forgotten password)."""
+        users = [user for user in queryset.select_related("tenant") if self.has_change_permission(request, user)]
+        skipped = queryset.count() - len(users)
+        if skipped:
+            self.message_user(request, gettext(
+                "%(count)d selected accounts were skipped: staff accounts and people in courses you do not teach "
+                "get their links from a superuser."
+            ) % {"count": skipped}, messages.WARNING)
+        if not users:
+            return None
+        links = [
+            {"username": user.username, "email": user.email, "name": user.full_name,
+             "link": password_setup_url(request, user_password_setup_token(actor=request.user, user=user))}
+            for user in users
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": gettext("Set-password links"),
+            "links": links,
+            "links_csv": password_links_csv(links),
+        }
+        # admin_view marks every admin response never_cache, so the links are not kept by any cache.
+        return TemplateResponse(request, "admin/portal/user/password_links.html", context)
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(CourseScopedAdminMixin, admin.ModelAdmin):
+    course_lookup = "course"
+    read_only = True
+    list_display = ("created_at", "actor", "action", "target_repr", "course")
+    list_filter = ("action", ("course", admin.RelatedOnlyFieldListFilter))
+    list_select_related = ("actor", "course")
+    search_fields = ("action", "target_repr", "actor__username")
+    fields = ("created_at", "actor", "action", "tenant", "course", "target_type", "target_id", "target_repr", "data")
+    readonly_fields = fields

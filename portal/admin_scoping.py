@@ -1,0 +1,285 @@
+"""Tenant scoping for the Django admin: who may see and change what is decided by course role, not model perms.
+
+A staff instructor's admin rights come from their instructor memberships: they see the courses they teach and
+the objects hanging off those courses, and nothing of another tenant, whether by changelist, change URL,
+autocomplete, foreign-key dropdown or list filter. TAs and students get nothing in the admin (TAs review grades
+in the portal's own pages). Superusers see everything. Every ModelAdmin of the portal mixes in one of the
+classes below; the querysets they return are also what foreign-key choices and autocomplete draw from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib import admin
+from django.db import models
+from django.http import HttpRequest
+
+from portal.models import Membership, Role, User
+from portal.selectors import courses_for_user
+from portal.services import audit_record
+
+_ACCESS_ATTR = "_portal_admin_access"
+
+
+@dataclass(frozen=True)
+class AdminAccess:
+    """What the person behind a request may reach in the admin, worked out once per request."""
+
+    is_superuser: bool
+    tenant_id: int | None
+    taught_course_ids: frozenset[int]
+
+    @property
+    def is_instructor(self) -> bool:
+        return self.is_superuser or bool(self.taught_course_ids)
+
+
+def admin_access(request: HttpRequest) -> AdminAccess:
+    """The request's admin access, cached on the request (the admin asks many times while rendering a page)."""
+    cached = getattr(request, _ACCESS_ATTR, None)
+    if cached is not None:
+        return cached
+    user = request.user
+    if not (user.is_authenticated and user.is_active and user.is_staff):
+        access = AdminAccess(is_superuser=False, tenant_id=None, taught_course_ids=frozenset())
+    elif user.is_superuser:
+        access = AdminAccess(is_superuser=True, tenant_id=user.tenant_id, taught_course_ids=frozenset())
+    else:
+        taught = courses_for_user(user=user, roles=(Role.INSTRUCTOR,)).values_list("id", flat=True)
+        access = AdminAccess(is_superuser=False, tenant_id=user.tenant_id, taught_course_ids=frozenset(taught))
+    setattr(request, _ACCESS_ATTR, access)
+    return access
+
+
+def forget_admin_access(request: HttpRequest) -> None:
+    """Drop the cached access after a change to the person's own memberships (e.g. they created a course)."""
+    if hasattr(request, _ACCESS_ATTR):
+        delattr(request, _ACCESS_ATTR)
+
+
+def scoped_choices(*, admin_site: admin.AdminSite, request: HttpRequest, model: type[models.Model]
+                   ) -> models.QuerySet | None:
+    """The rows of ``model`` a foreign-key or many-to-many field may offer to this person.
+
+    The choices are exactly what the related model's portal admin lets the person see, so a dropdown never
+    offers more than the changelist shows. Models without a portal admin offer nothing to non-superusers: fail
+    closed rather than list another tenant's rows. ``None`` means "leave Django's default" (superusers).
+    """
+    if admin_access(request).is_superuser:
+        return None
+    related_admin = admin_site._registry.get(model)
+    if isinstance(related_admin, (TenantScopedAdminMixin, SuperuserOnlyAdminMixin)):
+        return related_admin.get_queryset(request)
+    return model._default_manager.none()
+
+
+class ScopedFormFieldsMixin:
+    """Foreign-key and many-to-many choices drawn from the related model's scoped admin queryset."""
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        choices = scoped_choices(admin_site=self.admin_site, request=request, model=db_field.related_model)
+        if choices is not None:
+            kwargs["queryset"] = choices
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def formfield_for_manytomany(self, db_field, request, **kwargs):
+        choices = scoped_choices(admin_site=self.admin_site, request=request, model=db_field.related_model)
+        if choices is not None:
+            kwargs["queryset"] = choices
+        return super().formfield_for_manytomany(db_field, request, **kwargs)
+
+
+class TenantScopedAdminMixin(ScopedFormFieldsMixin):
+    """Marker base of every admin whose rows are filtered by the person's tenant or courses."""
+
+
+class CourseScopedAdminMixin(TenantScopedAdminMixin):
+    """Rows reached through a course; the person's role in that course decides view, add, change and delete.
+
+    ``course_lookup`` is the ORM path from the model to its Course ("" for Course itself, "course" for a lab,
+    "lab__course" for an attempt). ``instructor_may_add``/``_change``/``_delete`` say what an instructor of the
+    course may do; read-only models set ``read_only`` and nobody, superusers included, writes through the admin
+    (their state changes go through the services, which keep the cluster and the audit log in step).
+
+    Subclasses adding admin actions can ask ``self.instructs(request, obj)`` in their ``has_<name>_permission``.
+    """
+
+    course_lookup: str = "course"
+    instructor_may_add = True
+    instructor_may_change = True
+    instructor_may_delete = True
+    read_only = False
+
+    def course_id_of(self, obj: models.Model) -> int | None:
+        if not self.course_lookup:
+            return obj.pk
+        *path, last = self.course_lookup.split("__")
+        target: Any = obj
+        for part in path:
+            target = getattr(target, part, None)
+            if target is None:
+                return None
+        return getattr(target, f"{last}_id", None)
+
+    def instructs(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        """Superuser, or instructor of ``obj``'s course (of any course when ``obj`` is None)."""
+        access = admin_access(request)
+        if access.is_superuser:
+            return True
+        if obj is None:
+            return bool(access.taught_course_ids)
+        return self.course_id_of(obj) in access.taught_course_ids
+
+    def get_queryset(self, request: HttpRequest) -> models.QuerySet:
+        queryset = super().get_queryset(request)
+        access = admin_access(request)
+        if access.is_superuser:
+            return queryset
+        course_id_field = f"{self.course_lookup}_id" if self.course_lookup else "id"
+        return queryset.filter(**{f"{course_id_field}__in": access.taught_course_ids})
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.instructs(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        return self.instructs(request, obj)
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        if self.read_only:
+            return False
+        return admin_access(request).is_superuser or (self.instructor_may_add and self.instructs(request))
+
+    def has_change_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        if self.read_only:
+            return False
+        return admin_access(request).is_superuser or (self.instructor_may_change and self.instructs(request, obj))
+
+    def has_delete_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        if self.read_only:
+            return False
+        return admin_access(request).is_superuser or (self.instructor_may_delete and self.instructs(request, obj))
+
+
+class CourseScopedInlineMixin(ScopedFormFieldsMixin):
+    """An inline whose rights follow the parent object's course (the parent admin's ``course_lookup``)."""
+
+    read_only = False
+
+    def _parent_instructs(self, request: HttpRequest, obj: models.Model | None) -> bool:
+        parent_admin = self.admin_site._registry.get(self.parent_model)
+        if not isinstance(parent_admin, CourseScopedAdminMixin):
+            return admin_access(request).is_superuser
+        return parent_admin.instructs(request, obj)
+
+    def has_view_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        return self._parent_instructs(request, obj)
+
+    def has_add_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        return not self.read_only and self._parent_instructs(request, obj)
+
+    def has_change_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        return not self.read_only and self._parent_instructs(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        return not self.read_only and self._parent_instructs(request, obj)
+
+
+class SuperuserOnlyAdminMixin(ScopedFormFieldsMixin):
+    """Platform-level objects (tenants and their quotas): superusers only, invisible to everyone else."""
+
+    def get_queryset(self, request: HttpRequest) -> models.QuerySet:
+        queryset = super().get_queryset(request)
+        return queryset if admin_access(request).is_superuser else queryset.none()
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return admin_access(request).is_superuser
+
+    def has_view_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        return admin_access(request).is_superuser
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        return admin_access(request).is_superuser
+
+    def has_change_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        return admin_access(request).is_superuser
+
+    def has_delete_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        return admin_access(request).is_superuser
+
+
+class TenantUserAdminMixin(TenantScopedAdminMixin):
+    """Users: an instructor sees the people of their own tenant (to enrol them) and adds people to it.
+
+    They change only the people they manage: accounts without staff or superuser rights whose every
+    membership is in a course they teach (so one instructor cannot reset the password of a colleague or of a
+    student who is only in someone else's course). Deleting accounts is for superusers; instructors deactivate.
+    """
+
+    def get_queryset(self, request: HttpRequest) -> models.QuerySet:
+        queryset = super().get_queryset(request)
+        access = admin_access(request)
+        if access.is_superuser:
+            return queryset
+        if not access.is_instructor or access.tenant_id is None:
+            return queryset.none()
+        return queryset.filter(tenant_id=access.tenant_id)
+
+    def user_is_managed_by(self, request: HttpRequest, user: User) -> bool:
+        access = admin_access(request)
+        if access.is_superuser:
+            return True
+        if not access.is_instructor or user.tenant_id != access.tenant_id or user.is_staff or user.is_superuser:
+            return False
+        return not Membership.objects.filter(user=user).exclude(course_id__in=access.taught_course_ids).exists()
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return admin_access(request).is_instructor
+
+    def has_view_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        access = admin_access(request)
+        if obj is None or access.is_superuser:
+            return access.is_instructor
+        return access.is_instructor and obj.tenant_id is not None and obj.tenant_id == access.tenant_id
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        access = admin_access(request)
+        return access.is_superuser or (access.is_instructor and access.tenant_id is not None)
+
+    def has_change_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        if obj is None:
+            return self.has_add_permission(request)
+        return self.user_is_managed_by(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        return admin_access(request).is_superuser
+
+
+class AuditedAdminMixin:
+    """Every save and delete made through the admin is also an AuditEvent (the admin's LogEntry is not
+    tenant-scoped and is not what the portal's reports read)."""
+
+    def audit_scope(self, obj: models.Model) -> dict[str, Any]:
+        """The tenant and course an object's events belong to; admins override for their model."""
+        return {}
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        audit_record(
+            actor=request.user, action=f"admin.{obj._meta.model_name}.{'change' if change else 'add'}",
+            target=obj, data={"fields": sorted(form.changed_data)} if change else {}, **self.audit_scope(obj),
+        )
+
+    def delete_model(self, request, obj):
+        scope = self.audit_scope(obj)
+        audit_record(actor=request.user, action=f"admin.{obj._meta.model_name}.delete", target=obj, **scope)
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            audit_record(
+                actor=request.user, action=f"admin.{obj._meta.model_name}.delete", target=obj,
+                **self.audit_scope(obj),
+            )
+        super().delete_queryset(request, queryset)

@@ -1,0 +1,244 @@
+"""Reading an enrollment CSV (username, email, name, role) into validated rows, with every problem per line.
+
+This module only reads and checks the file itself; what the rows mean against the database (existing
+accounts, other tenants, current memberships) is decided by ``portal.services.enrollment_import``.
+
+Format: UTF-8 (a byte-order mark, as Excel's "CSV UTF-8" writes, is fine), comma-separated, a header row
+naming the columns ``username,email,name,role`` in any order (Japanese column names are accepted too), one
+person per row. Roles are ``instructor``, ``ta`` or ``student`` (or 教員, TA, 学生 and the like). Blank lines
+are ignored.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import unicodedata
+from dataclasses import dataclass
+from typing import IO
+
+from django.contrib.auth.validators import UnicodeUsernameValidator
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
+
+from portal.models import Role
+
+MAX_FILE_BYTES = 2 * 1024 * 1024
+MAX_ROWS = 5000
+USERNAME_MAX_LENGTH = 150
+EMAIL_MAX_LENGTH = 254
+NAME_MAX_LENGTH = 200
+
+COLUMNS = ("username", "email", "name", "role")
+COLUMN_ALIASES = {
+    "username": "username", "user": "username", "login": "username", "ユーザー名": "username",
+    "ユーザ名": "username", "ユーザーid": "username", "アカウント": "username",
+    "email": "email", "e-mail": "email", "mail": "email", "メール": "email", "メールアドレス": "email",
+    "name": "name", "full name": "name", "full_name": "name", "氏名": "name", "名前": "name",
+    "role": "role", "役割": "role", "ロール": "role",
+}
+ROLE_ALIASES = {
+    "instructor": Role.INSTRUCTOR, "teacher": Role.INSTRUCTOR, "教員": Role.INSTRUCTOR,
+    "講師": Role.INSTRUCTOR, "教師": Role.INSTRUCTOR, "担当教員": Role.INSTRUCTOR,
+    "ta": Role.TA, "teaching assistant": Role.TA, "ティーチングアシスタント": Role.TA, "ティーエー": Role.TA,
+    "student": Role.STUDENT, "学生": Role.STUDENT, "受講生": Role.STUDENT, "受講者": Role.STUDENT,
+    "生徒": Role.STUDENT,
+}
+
+
+@dataclass(frozen=True)
+class RowError:
+    """One problem with the file; ``line`` is the physical line number (1 is the header), None for the file."""
+
+    line: int | None
+    message: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {"line": self.line, "message": self.message}
+
+
+@dataclass(frozen=True)
+class EnrollmentRow:
+    line: int
+    username: str
+    email: str
+    full_name: str
+    role: str
+
+
+class EnrollmentFileInvalid(Exception):
+    """The file has problems; ``errors`` lists every one of them, in file order."""
+
+    def __init__(self, errors: list[RowError]) -> None:
+        super().__init__(f"{len(errors)} problem(s) in the enrollment file")
+        self.errors = errors
+
+
+def _fold(text: str) -> str:
+    """Header and role spellings compared without regard to width (ＴＡ), case or surrounding spaces."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+def _read_bytes(csv_file: IO[bytes] | bytes) -> bytes:
+    if isinstance(csv_file, bytes):
+        return csv_file
+    if hasattr(csv_file, "seek"):
+        csv_file.seek(0)
+    # One byte past the limit tells "too big" from "exactly at the limit" without reading a huge upload.
+    return csv_file.read(MAX_FILE_BYTES + 1)
+
+
+def _decode(data: bytes) -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise EnrollmentFileInvalid([RowError(line, _(
+            "This line is not UTF-8 text. Save the file as “CSV UTF-8” (in Excel: Save As → CSV UTF-8) and "
+            "upload it again."
+        ))]) from exc
+
+
+def _map_header(fields: list[str], *, line: int) -> dict[str, int]:
+    positions: dict[str, int] = {}
+    unknown: list[str] = []
+    for index, raw in enumerate(fields):
+        column = COLUMN_ALIASES.get(_fold(raw))
+        if column is None:
+            if raw.strip():
+                unknown.append(raw.strip())
+            continue
+        if column in positions:
+            raise EnrollmentFileInvalid([RowError(line, _("The column “%(column)s” appears twice in the header.")
+                                                  % {"column": column})])
+        positions[column] = index
+    missing = [column for column in COLUMNS if column not in positions]
+    if missing or unknown:
+        message = _("The first line must be the header username,email,name,role.")
+        if missing:
+            message += " " + _("Missing: %(columns)s.") % {"columns": ", ".join(missing)}
+        if unknown:
+            message += " " + _("Unknown: %(columns)s.") % {"columns": ", ".join(unknown)}
+        raise EnrollmentFileInvalid([RowError(line, message)])
+    return positions
+
+
+def _check_row(values: dict[str, str], *, line: int, errors: list[RowError]) -> EnrollmentRow | None:
+    problems: list[str] = []
+    # Django stores usernames NFKC-normalised (AbstractBaseUser.normalize_username); compare what will be stored.
+    username = unicodedata.normalize("NFKC", values["username"])
+    email = values["email"]
+    full_name = values["name"]
+    role_text = values["role"]
+
+    if not username:
+        problems.append(_("the username is missing"))
+    elif len(username) > USERNAME_MAX_LENGTH:
+        problems.append(_("the username is longer than %(max)d characters") % {"max": USERNAME_MAX_LENGTH})
+    else:
+        try:
+            UnicodeUsernameValidator()(username)
+        except ValidationError:
+            problems.append(_("the username “%(username)s” may contain only letters, digits and @ . + - _")
+                            % {"username": username})
+
+    if not email:
+        problems.append(_("the email address is missing"))
+    else:
+        try:
+            if len(email) > EMAIL_MAX_LENGTH:
+                raise ValidationError("too long")
+            validate_email(email)
+        except ValidationError:
+            problems.append(_("“%(email)s” is not a valid email address") % {"email": email})
+        else:
+            local, _at, domain = email.rpartition("@")
+            email = f"{local}@{domain.lower()}"
+
+    if not full_name:
+        problems.append(_("the name is missing"))
+    elif len(full_name) > NAME_MAX_LENGTH:
+        problems.append(_("the name is longer than %(max)d characters") % {"max": NAME_MAX_LENGTH})
+
+    role = ROLE_ALIASES.get(_fold(role_text)) if role_text else None
+    if not role_text:
+        problems.append(_("the role is missing"))
+    elif role is None:
+        problems.append(_("the role “%(role)s” is not one of instructor, ta, student") % {"role": role_text})
+
+    if problems:
+        errors.append(RowError(line, "; ".join(problems)))
+        return None
+    return EnrollmentRow(line=line, username=username, email=email, full_name=full_name, role=role)
+
+
+def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> list[EnrollmentRow]:
+    """Every row of the file, checked on its own and against the other rows (duplicate usernames).
+
+    Raises ``EnrollmentFileInvalid`` listing every problem (line number and message in the active language)
+    if there is any, so the caller can refuse the whole file.
+    """
+    data = _read_bytes(csv_file)
+    if len(data) > MAX_FILE_BYTES:
+        raise EnrollmentFileInvalid([RowError(None, _("The file is larger than %(size)d MB; split it.")
+                                              % {"size": MAX_FILE_BYTES // (1024 * 1024)})])
+    text = _decode(data)
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    errors: list[RowError] = []
+    rows: list[EnrollmentRow] = []
+    positions: dict[str, int] | None = None
+    header_width = 0
+    first_line_by_username: dict[str, int] = {}
+    last_line = 0
+    data_rows = 0
+    while True:
+        start_line = last_line + 1
+        try:
+            fields = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            errors.append(RowError(reader.line_num, _("This line is not valid CSV: %(error)s") % {"error": exc}))
+            break
+        last_line = reader.line_num
+        if not any(field.strip() for field in fields):
+            continue
+        if positions is None:
+            positions = _map_header(fields, line=start_line)
+            # Spreadsheets often leave empty trailing columns; only what the header names is read.
+            header_width = max(positions.values()) + 1
+            continue
+        data_rows += 1
+        if data_rows > MAX_ROWS:
+            errors.append(RowError(start_line, _("The file has more than %(max)d rows; split it.")
+                                   % {"max": MAX_ROWS}))
+            break
+        if len(fields) < header_width or any(field.strip() for field in fields[header_width:]):
+            errors.append(RowError(start_line, ngettext(
+                "expected %(expected)d value as in the header, found %(found)d",
+                "expected %(expected)d values as in the header, found %(found)d",
+                header_width,
+            ) % {"expected": header_width, "found": len(fields)}))
+            continue
+        values = {column: fields[index].strip() for column, index in positions.items()}
+        row = _check_row(values, line=start_line, errors=errors)
+        if row is None:
+            continue
+        key = row.username.casefold()
+        if key in first_line_by_username:
+            errors.append(RowError(start_line, _("the username “%(username)s” already appears on line %(line)d")
+                                   % {"username": row.username, "line": first_line_by_username[key]}))
+            continue
+        first_line_by_username[key] = start_line
+        rows.append(row)
+
+    if positions is None and not errors:
+        errors.append(RowError(None, _("The file is empty. The first line must be the header "
+                                       "username,email,name,role.")))
+    elif positions is not None and data_rows == 0 and not errors:
+        errors.append(RowError(None, _("The file has a header but no people.")))
+    if errors:
+        raise EnrollmentFileInvalid(errors)
+    return rows

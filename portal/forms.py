@@ -1,0 +1,93 @@
+"""Forms of the core domain: the admin's course, membership and user forms, and the enrollment CSV upload."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib.auth.forms import AdminUserCreationForm, SetUnusablePasswordMixin, UserChangeForm
+from django.utils.translation import gettext_lazy as _
+
+from portal.enrollment import MAX_FILE_BYTES
+from portal.models import Course, Membership, Tenant, User
+
+
+class CourseAdminForm(forms.ModelForm):
+    """A course. For instructors the tenant is not a field: the admin sets ``tenant`` (their own) on the class."""
+
+    # Set by the admin on the form class it builds per request (modelform_factory makes a new class each time).
+    tenant: Tenant | None = None
+
+    class Meta:
+        model = Course
+        fields = ("tenant", "code", "title", "term")
+
+    def clean(self):
+        cleaned = super().clean()
+        # Django skips the (tenant, code, term) constraint when tenant is not a form field, which would end in
+        # an IntegrityError; check it here with the tenant the admin supplies.
+        if "tenant" not in self.fields:
+            tenant = self.instance.tenant if self.instance.tenant_id else self.tenant
+            duplicate = Course.objects.filter(
+                tenant=tenant, code=cleaned.get("code"), term=cleaned.get("term", "")
+            ).exclude(pk=self.instance.pk)
+            if tenant is not None and duplicate.exists():
+                raise forms.ValidationError(
+                    _("Your institution already has a course with this code in this term."), code="duplicate"
+                )
+        return cleaned
+
+
+class MembershipAdminForm(forms.ModelForm):
+    class Meta:
+        model = Membership
+        fields = ("user", "course", "role")
+
+    def clean(self):
+        cleaned = super().clean()
+        user, course = cleaned.get("user"), cleaned.get("course")
+        if user is not None and course is not None and user.tenant_id != course.tenant_id:
+            raise forms.ValidationError(
+                _("%(user)s belongs to another institution than the course.") % {"user": user}, code="tenant"
+            )
+        return cleaned
+
+
+class TenantUserCreationForm(AdminUserCreationForm):
+    """A new account. Instructors do not see the tenant field: the account joins their own tenant."""
+
+    usable_password = SetUnusablePasswordMixin.create_usable_password_field(
+        help_text=_(
+            "Disabled: the person chooses their own password from a set-password link; select them in the "
+            "user list and use the action “Issue set-password links”."
+        )
+    )
+
+    class Meta(AdminUserCreationForm.Meta):
+        model = User
+        fields = ("username", "email", "full_name", "tenant")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if "email" in self.fields:
+            self.fields["email"].required = True
+
+
+class TenantUserChangeForm(UserChangeForm):
+    class Meta(UserChangeForm.Meta):
+        model = User
+        fields = "__all__"
+
+
+class EnrollmentImportForm(forms.Form):
+    csv_file = forms.FileField(
+        label=_("CSV file"),
+        help_text=_("UTF-8 (Excel: “CSV UTF-8”), first line username,email,name,role."),
+    )
+
+    def clean_csv_file(self):
+        uploaded = self.cleaned_data["csv_file"]
+        if uploaded.size > MAX_FILE_BYTES:
+            raise forms.ValidationError(
+                _("The file is larger than %(size)d MB; split it.") % {"size": MAX_FILE_BYTES // (1024 * 1024)},
+                code="too_large",
+            )
+        return uploaded
