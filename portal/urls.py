@@ -15,5 +15,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
     path("i18n/", include("django.conf.urls.i18n")),
+    path("api/", include("api.urls")),
+    path("", include("api.page_urls")),
     path("grades/", include("grading.urls")),
 ]
