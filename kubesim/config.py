@@ -1,0 +1,46 @@
+"""Settings of one kubesim server: delays, nodes, guest mode, KubeVirt version and feature gates."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SimConfig:
+    """Everything ``python -m kubesim serve`` can be told; defaults look like a small lab cluster."""
+
+    # Seconds spent in each VMI phase before the next one, each stretched by up to ``jitter`` seconds.
+    pending_delay: float = 0.3
+    scheduling_delay: float = 1.0
+    scheduled_delay: float = 1.0
+    agent_delay: float = 2.0        # Running → qemu-guest-agent connected (AgentConnected, guestOSInfo)
+    stop_delay: float = 0.5         # a deleted VMI's guest shutting down before the VMI goes
+    jitter: float = 0.0
+    restart_backoff: float = 10.0   # first start-failure backoff; doubles per consecutive failure, max 300 s
+    nodes: int = 3
+    node_cpu: str = "16"
+    node_memory: str = "64Gi"
+    node_pods: int = 110
+    node_kvm_devices: int = 1000
+    kubernetes_version: str = "v1.33.5"
+    kubevirt_version: str = "v1.9.0"
+    feature_gates: list[str] = field(default_factory=list)
+    disabled_feature_gates: list[str] = field(default_factory=list)
+    image_volume_supported: bool = True
+    bad_image_pattern: str = "missing"
+    guest: str = "shell"            # "shell": a bash on a pty plus cloud-init and the lab agent; "none"
+    guest_python: str = "python3"
+    watch_history: int = 10_000
+    bookmark_interval: float = 60.0
+    watch_timeout: float = 1800.0
+    launcher_fixed_overhead: str = "212Mi"
+    event_limit: int = 50_000
+    seed: int | None = None
+
+    def bad_image(self, image: str) -> bool:
+        return bool(self.bad_image_pattern) and re.search(self.bad_image_pattern, image) is not None
+
+    def container_runtime_version(self) -> str:
+        # k3s < 1.36.2 bundles containerd 2.2.3 (no image volumes); 2.3.2 has them.
+        return "containerd://2.3.2" if self.image_volume_supported else "containerd://2.2.3"

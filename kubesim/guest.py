@@ -1,0 +1,468 @@
+"""Guests: what runs "inside" each running VMI.
+
+With guest mode ``shell`` every running VMI gets a scratch directory that stands for the guest's root
+filesystem, cloud-init's ``write_files`` applied to it, the lab agent started the way the guest's systemd
+would start it, and a bash on a pseudo-terminal behind the serial console (started on the first console
+connection, then kept). With guest mode ``none`` the serial line is a loopback and nothing is started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import errno
+import fcntl
+import gzip
+import logging
+import os
+import pty
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import termios
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kubesim.config import SimConfig
+from kubesim.store import Store
+
+log = logging.getLogger("kubesim.guest")
+
+AGENT_GUEST_PORT = 8787
+_PAUSE_ABOVE = 256   # queued output chunks before the serial line stops reading the pty
+_RESUME_BELOW = 32
+
+
+class CloudInitError(ValueError):
+    """User data kubesim cannot apply; the guest boots without it and the reason is logged to its console log."""
+
+
+def decode_content(content: Any, encoding: str | None) -> bytes:
+    """Decode a ``write_files`` entry's content as cloud-init does (b64, gzip, gz+b64 and their aliases)."""
+    if content is None:
+        return b""
+    data = content.encode() if isinstance(content, str) else bytes(content)
+    encoding = (encoding or "text/plain").lower()
+    if encoding in ("text/plain", ""):
+        return data
+    if encoding in ("b64", "base64", "gz+b64", "gzip+b64", "gz+base64", "gzip+base64"):
+        try:
+            data = base64.b64decode(data)
+        except binascii.Error as exc:
+            raise CloudInitError(f"invalid base64 content: {exc}") from exc
+    if encoding.startswith("gz"):
+        try:
+            data = gzip.decompress(data)
+        except OSError as exc:
+            raise CloudInitError(f"invalid gzip content: {exc}") from exc
+    elif encoding not in ("b64", "base64"):
+        raise CloudInitError(f"unknown write_files encoding {encoding!r}")
+    return data
+
+
+def user_data_for(vmi: dict[str, Any], store: Store) -> str | None:
+    """The user data a guest's cloud-init would read from its NoCloud (or ConfigDrive) volume."""
+    namespace = vmi["metadata"]["namespace"]
+    for volume in (vmi.get("spec") or {}).get("volumes") or ():
+        source = volume.get("cloudInitNoCloud") or volume.get("cloudInitConfigDrive")
+        if not source:
+            continue
+        if source.get("userData"):
+            return source["userData"]
+        if source.get("userDataBase64"):
+            return base64.b64decode(source["userDataBase64"]).decode(errors="replace")
+        secret_ref = (source.get("secretRef") or {}).get("name")
+        if secret_ref:
+            secret = store.get("secrets", namespace, secret_ref)
+            if secret is None:
+                raise CloudInitError(f"secret {namespace}/{secret_ref} not found")
+            data = secret.get("data") or {}
+            for key in ("userdata", "userData"):
+                if key in data:
+                    return base64.b64decode(data[key]).decode(errors="replace")
+            raise CloudInitError(f"secret {namespace}/{secret_ref} has no userdata key")
+    return None
+
+
+def apply_write_files(root: Path, user_data: str) -> list[Path]:
+    """Apply a ``#cloud-config``'s write_files under ``root``; returns the files written."""
+    if not user_data.lstrip().startswith("#cloud-config"):
+        return []
+    try:
+        document = yaml.safe_load(user_data) or {}
+    except yaml.YAMLError as exc:
+        raise CloudInitError(f"user data is not valid YAML: {exc}") from exc
+    written = []
+    for entry in document.get("write_files") or ():
+        path = str(entry.get("path") or "")
+        if not path.startswith("/"):
+            raise CloudInitError(f"write_files path must be absolute: {path!r}")
+        target = (root / path.lstrip("/")).resolve()
+        if root.resolve() not in target.parents:
+            raise CloudInitError(f"write_files path escapes the guest: {path!r}")
+        data = decode_content(entry.get("content"), entry.get("encoding"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "ab" if entry.get("append") else "wb") as handle:
+            handle.write(data)
+        permissions = entry.get("permissions")
+        if permissions is not None:
+            os.chmod(target, int(str(permissions), 8))
+        written.append(target)
+    return written
+
+
+def _read_small(path: Path) -> str:
+    """A few bytes from a local file (the agent's port file), '' while it does not exist yet."""
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def _sessions_alive(sessions: set[int]) -> list[int]:
+    """PIDs of every process in the given sessions (a shell's background jobs have process groups of their own)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 3 and int(fields[3]) in sessions:
+            pids.append(int(entry))
+    return pids
+
+
+def kill_sessions(sessions: set[int]) -> None:
+    for pid in _sessions_alive(sessions):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+class ConsoleClient:
+    """One connected console: its output queue and a way to drop it without a close frame."""
+
+    def __init__(self, abort: Callable[[], None]) -> None:
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.abort = abort
+
+
+class SerialLine:
+    """The VMI's serial port: at most one client, input to the guest, output to that client."""
+
+    def __init__(self, guest: Guest) -> None:
+        self.guest = guest
+        self.client: ConsoleClient | None = None
+        self._paused = False
+        self._pending = bytearray()
+
+    def attach(self, client: ConsoleClient) -> ConsoleClient | None:
+        previous, self.client = self.client, client
+        self.guest.ensure_shell()
+        return previous
+
+    def detach(self, client: ConsoleClient) -> None:
+        if self.client is client:
+            self.client = None
+            self._resume()
+
+    def output(self, data: bytes) -> None:
+        client = self.client
+        if client is None:
+            return  # nobody on the line: a serial port drops what no one reads
+        client.queue.put_nowait(data)
+        if client.queue.qsize() > _PAUSE_ABOVE and not self._paused:
+            self._paused = True
+            self.guest.pause_output()
+
+    def drained(self, client: ConsoleClient) -> None:
+        if self._paused and client.queue.qsize() < _RESUME_BELOW:
+            self._resume()
+
+    def _resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            self.guest.resume_output()
+
+    def input(self, data: bytes) -> None:
+        self.guest.write_input(data)
+
+    def hang_up(self) -> None:
+        """The guest went away: the client's connection drops, as virt-handler's does."""
+        client, self.client = self.client, None
+        if client is not None:
+            client.abort()
+
+
+class Guest:
+    """One running VMI's guest."""
+
+    def __init__(self, *, manager: GuestManager, vmi: dict[str, Any], root: Path | None) -> None:
+        meta = vmi["metadata"]
+        self.manager = manager
+        self.uid = meta["uid"]
+        self.namespace = meta["namespace"]
+        self.name = meta["name"]
+        self.hostname = (vmi.get("spec") or {}).get("hostname") or self.name
+        self.root = root
+        self.home = root / "home" / "student" if root else None
+        self.ports: dict[int, int] = {}
+        self.serial = SerialLine(self)
+        self.cloud_init_error: str | None = None
+        self.shell: subprocess.Popen | None = None
+        self.agent: subprocess.Popen | None = None
+        self._master: int | None = None
+        self._agent_task: asyncio.Task | None = None
+        self._stopped = False
+
+    # ---- boot --------------------------------------------------------------------------------------------
+    def boot(self, vmi: dict[str, Any]) -> None:
+        if self.root is None:
+            return
+        for directory in ("home/student", "etc", "opt", "run", "tmp", "var/log"):
+            (self.root / directory).mkdir(parents=True, exist_ok=True)
+        try:
+            user_data = user_data_for(vmi, self.manager.store)
+            if user_data:
+                apply_write_files(self.root, user_data)
+        except (CloudInitError, OSError) as exc:
+            self.cloud_init_error = str(exc)
+            log.warning("guest %s/%s: cloud-init failed: %s", self.namespace, self.name, exc)
+            (self.root / "var/log/cloud-init.log").write_text(f"cloud-init failed: {exc}\n")
+        agent = self.root / "opt/lab-agent/agent.py"
+        token = self.root / "etc/lab-agent/token"
+        if agent.exists() and token.exists():
+            self._spawn_agent(agent, token)
+
+    def _spawn_agent(self, agent: Path, token: Path) -> None:
+        """Start the lab agent as the guest's systemd unit would; guest port 8787 maps to the port it reports."""
+        assert self.root is not None and self.home is not None
+        port_file = self.root / "run/lab-agent.port"
+        with contextlib.suppress(FileNotFoundError):
+            port_file.unlink()
+        env = {"HOME": str(self.home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+        with open(self.root / "var/log/lab-agent.log", "ab") as log_file:
+            try:
+                self.agent = subprocess.Popen(
+                    [self.manager.config.guest_python, str(agent), "--host", "127.0.0.1", "--port", "0",
+                     "--port-file", str(port_file), "--token-file", str(token), "--home", str(self.home)],
+                    cwd=str(self.home), env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                    start_new_session=True)
+            except OSError as exc:
+                log.warning("guest %s/%s: lab agent did not start: %s", self.namespace, self.name, exc)
+                return
+        self.manager.track(self.agent)
+        self._agent_task = asyncio.get_running_loop().create_task(self._await_agent_port(port_file))
+
+    async def _await_agent_port(self, port_file: Path) -> None:
+        agent = self.agent
+        assert agent is not None
+        for _ in range(600):
+            if self._stopped:
+                return
+            text = _read_small(port_file)
+            if text.isdigit():
+                self.ports[AGENT_GUEST_PORT] = int(text)
+                return
+            if agent.poll() is not None:
+                log.warning("guest %s/%s: lab agent exited with %s", self.namespace, self.name, agent.returncode)
+                return
+            await asyncio.sleep(0.05)
+
+    # ---- the shell behind the serial console -------------------------------------------------------------
+    def ensure_shell(self) -> None:
+        if self._stopped:
+            return
+        if self.shell is not None and self.shell.poll() is None:
+            return
+        self._close_master()
+        if self.root is None:
+            return  # guest mode none: the line is a loopback
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        env = {"HOME": str(self.home), "USER": "student", "LOGNAME": "student", "SHELL": "/bin/bash",
+               "TERM": "vt220", "HOSTNAME": self.hostname, "LANG": "C.UTF-8",
+               "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+               "PS1": f"student@{self.hostname}:\\w$ ", "HISTFILE": str(self.home / ".bash_history")}
+
+        def controlling_tty() -> None:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        self.shell = subprocess.Popen(
+            ["bash", "--noprofile", "--norc", "-i"], stdin=slave, stdout=slave, stderr=slave, cwd=str(self.home),
+            env=env, start_new_session=True, preexec_fn=controlling_tty, close_fds=True)
+        os.close(slave)
+        os.set_blocking(master, False)
+        self._master = master
+        self.manager.track(self.shell)
+        asyncio.get_running_loop().add_reader(master, self._read_master)
+
+    def _read_master(self) -> None:
+        if self._master is None:
+            return
+        try:
+            data = os.read(self._master, 65536)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EIO:
+                log.warning("guest %s/%s: console read failed: %s", self.namespace, self.name, exc)
+            data = b""
+        if not data:
+            # The shell exited (the student typed exit): a getty would respawn, so does kubesim.
+            self._close_master()
+            if self.serial.client is not None and not self._stopped:
+                asyncio.get_running_loop().call_later(0.1, self.ensure_shell)
+            return
+        self.serial.output(data)
+
+    def pause_output(self) -> None:
+        if self._master is not None:
+            asyncio.get_running_loop().remove_reader(self._master)
+
+    def resume_output(self) -> None:
+        if self._master is not None:
+            asyncio.get_running_loop().add_reader(self._master, self._read_master)
+
+    def write_input(self, data: bytes) -> None:
+        if self.root is None:
+            self.serial.output(data)  # loopback line
+            return
+        if self._master is None:
+            self.ensure_shell()
+        if self._master is None:
+            return
+        pending = self.serial._pending
+        pending.extend(data)
+        self._flush_input()
+
+    def _flush_input(self) -> None:
+        pending = self.serial._pending
+        loop = asyncio.get_running_loop()
+        if self._master is None:
+            pending.clear()
+            return
+        try:
+            written = os.write(self._master, pending)
+            del pending[:written]
+        except BlockingIOError:
+            pass
+        except OSError:
+            pending.clear()
+            return
+        if pending:
+            loop.remove_writer(self._master)
+            loop.add_writer(self._master, self._writable)
+        else:
+            loop.remove_writer(self._master)
+
+    def _writable(self) -> None:
+        self._flush_input()
+
+    def _close_master(self) -> None:
+        if self._master is not None:
+            loop = asyncio.get_running_loop()
+            loop.remove_reader(self._master)
+            loop.remove_writer(self._master)
+            with contextlib.suppress(OSError):
+                os.close(self._master)
+            self._master = None
+
+    # ---- shutdown ----------------------------------------------------------------------------------------
+    def sessions(self) -> set[int]:
+        return {p.pid for p in (self.shell, self.agent) if p is not None}
+
+    def stop(self) -> None:
+        self._stopped = True
+        self.serial.hang_up()
+        if self._agent_task is not None:
+            self._agent_task.cancel()
+        self._close_master()
+        for process in (self.shell, self.agent):
+            if process is not None and process.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+
+    def describe(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "name": self.name, "uid": self.uid,
+                "root": str(self.root) if self.root else None, "home": str(self.home) if self.home else None,
+                "shell_pid": self.shell.pid if self.shell and self.shell.poll() is None else None,
+                "agent_pid": self.agent.pid if self.agent and self.agent.poll() is None else None,
+                "ports": {str(k): v for k, v in self.ports.items()}, "cloud_init_error": self.cloud_init_error,
+                "console_connected": self.serial.client is not None}
+
+
+class GuestManager:
+    """Every guest of the server, their scratch directories under one base directory, and their processes."""
+
+    def __init__(self, *, config: SimConfig, store: Store) -> None:
+        self.config = config
+        self.store = store
+        self.guests: dict[str, Guest] = {}
+        self.base = Path(tempfile.mkdtemp(prefix="kubesim-guests-")) if config.guest == "shell" else None
+        self._processes: list[subprocess.Popen] = []
+        self._reaper: asyncio.TimerHandle | None = None
+
+    def start(self, vmi: dict[str, Any]) -> Guest:
+        uid = vmi["metadata"]["uid"]
+        existing = self.guests.get(uid)
+        if existing is not None:
+            return existing
+        root = None
+        if self.base is not None:
+            root = self.base / f"{vmi['metadata']['namespace']}_{vmi['metadata']['name']}_{uid[:8]}"
+            root.mkdir(parents=True, exist_ok=True)
+        guest = Guest(manager=self, vmi=vmi, root=root)
+        self.guests[uid] = guest
+        guest.boot(vmi)
+        return guest
+
+    def get(self, uid: str) -> Guest | None:
+        return self.guests.get(uid)
+
+    def stop(self, uid: str) -> None:
+        guest = self.guests.pop(uid, None)
+        if guest is None:
+            return
+        guest.stop()
+        sessions = guest.sessions()
+        if sessions:
+            kill_sessions(sessions)
+        if guest.root is not None:
+            shutil.rmtree(guest.root, ignore_errors=True)
+
+    def track(self, process: subprocess.Popen) -> None:
+        self._processes.append(process)
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().call_later(1.0, self._reap)
+
+    def _reap(self) -> None:
+        """Collect exited guest processes so no zombies pile up."""
+        self._processes = [p for p in self._processes if p.poll() is None]
+        self._reaper = asyncio.get_running_loop().call_later(1.0, self._reap) if self._processes else None
+
+    def shutdown(self) -> None:
+        """Stop every guest: processes (whole sessions) killed, directories removed."""
+        sessions: set[int] = set()
+        for guest in list(self.guests.values()):
+            guest.stop()
+            sessions |= guest.sessions()
+        self.guests.clear()
+        if sessions:
+            kill_sessions(sessions)
+        for process in self._processes:
+            with contextlib.suppress(Exception):
+                process.wait(timeout=2)
+        if self.base is not None:
+            shutil.rmtree(self.base, ignore_errors=True)

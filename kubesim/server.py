@@ -1,0 +1,553 @@
+"""The HTTP and WebSocket front of kubesim: routing, authentication, REST verbs, list/watch, discovery and
+the admin endpoints. Streaming subresources live in ``streams.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hmac
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from kubesim import __version__, openapi
+from kubesim.apiserver import ApiServer
+from kubesim.config import SimConfig
+from kubesim.controller import Cluster
+from kubesim.errors import ApiError
+from kubesim.faults import Faults, RequestCounters
+from kubesim.guest import GuestManager
+from kubesim.resources import BY_PATH, SUBRESOURCE_GROUP, ResourceType, group_document, group_list, resource_list
+from kubesim.selectors import FieldSelector, LabelSelector, SelectorError
+from kubesim.store import Store, TooOldResourceVersion, Watcher
+from kubesim.tables import to_table
+
+log = logging.getLogger("kubesim.server")
+
+_STATUS_SUCCESS_ON_DELETE = {"secrets", "configmaps", "events", "networkpolicies", "resourcequotas", "limitranges"}
+_JSON = "application/json"
+
+
+@dataclass
+class Route:
+    """What a request is about, for counting, faults and dispatch."""
+
+    kind: str                         # discovery | resource | subresource | admin | other
+    verb: str = ""
+    resource: str = ""                # "virtualmachines", "virtualmachineinstances/console", "discovery"
+    rt: ResourceType | None = None
+    namespace: str = ""
+    name: str = ""
+    subresource: str = ""
+    extra: tuple[str, ...] = ()
+    version: str = ""
+
+
+def _method_verb(method: str, *, named: bool, watch: bool) -> str:
+    if method in ("GET", "HEAD"):
+        return "watch" if watch else ("get" if named else "list")
+    return {"POST": "create", "PUT": "update", "PATCH": "patch",
+            "DELETE": "delete" if named else "deletecollection"}.get(method, method.lower())
+
+
+def classify(method: str, path: str, query: Any) -> Route:
+    parts = [p for p in path.split("/") if p]
+    watching = query.get("watch") in ("true", "1", "True")
+    if parts[:1] == ["kubesim"]:
+        return Route("admin", verb=method.lower(), resource="/".join(parts[1:2]))
+    if parts[:1] == ["api"]:
+        group, version, rest = "", parts[1] if len(parts) > 1 else "", parts[2:]
+        if len(parts) <= 2:
+            return Route("discovery", verb="get", resource="discovery")
+    elif parts[:1] == ["apis"]:
+        if len(parts) <= 3:
+            return Route("discovery", verb="get", resource="discovery")
+        group, version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return Route("other", verb="get", resource="/".join(parts[:1]) or "root")
+    if group == SUBRESOURCE_GROUP:
+        if len(rest) >= 5 and rest[0] == "namespaces":
+            resource = f"{rest[2]}/{rest[4]}"
+            return Route("subresource", verb="update" if method == "PUT" else "get", resource=resource,
+                         namespace=rest[1], name=rest[3], subresource=rest[4], extra=tuple(rest[5:]),
+                         version=version)
+        return Route("subresource", verb="get", resource="/".join(rest) or "discovery", extra=tuple(rest),
+                     version=version)
+    namespace = ""
+    if len(rest) >= 3 and rest[0] == "namespaces" and (group, version, rest[2]) in BY_PATH:
+        namespace, rest = rest[1], rest[2:]
+    if not rest or (group, version, rest[0]) not in BY_PATH:
+        return Route("resource", verb=method.lower(), resource="/".join(rest[:1]) or "unknown")
+    rt = BY_PATH[(group, version, rest[0])]
+    name = rest[1] if len(rest) > 1 else ""
+    subresource = rest[2] if len(rest) > 2 else ""
+    verb = _method_verb(method, named=bool(name), watch=watching)
+    resource = f"{rt.plural}/{subresource}" if subresource else rt.plural
+    return Route("resource", verb=verb, resource=resource, rt=rt, namespace=namespace, name=name,
+                 subresource=subresource, extra=tuple(rest[3:]))
+
+
+def json_response(body: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    data = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
+    return web.Response(body=data, status=status, content_type=_JSON, headers=headers)
+
+
+def error_response(error: ApiError) -> web.Response:
+    return json_response(error.status(), status=error.code, headers=error.headers)
+
+
+def _warning_headers(warnings: list[str]) -> dict[str, str]:
+    # aiohttp takes one value per header name; the API server sends one Warning header per warning, and a
+    # comma-separated list is equivalent (RFC 7234 §5.5).
+    if not warnings:
+        return {}
+    return {"Warning": ", ".join(f'299 - "{w}"' for w in warnings)}
+
+
+def _wants_table(request: web.Request) -> bool:
+    return "as=Table" in request.headers.get("Accept", "")
+
+
+def _bool(value: str | None) -> bool:
+    return value in ("true", "1", "True")
+
+
+class KubeSim:
+    """One simulated cluster: store, controllers, guests, faults and the aiohttp application."""
+
+    def __init__(self, *, config: SimConfig, token: str) -> None:
+        self.config = config
+        self.token = token
+        self.store = Store(history_size=config.watch_history)
+        self.api = ApiServer(self.store)
+        self.guests = GuestManager(config=config, store=self.store)
+        self.cluster = Cluster(store=self.store, api=self.api, config=config, guests=self.guests)
+        self.faults = Faults()
+        self.counters = RequestCounters()
+        self.consoles: set[Any] = set()
+        self.portforwards: set[Any] = set()
+        self.watches: set[Watcher] = set()
+        self.started = time.time()
+
+    # ---- application -------------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        from kubesim import admin, streams
+
+        app = web.Application(middlewares=[self._middleware], client_max_size=32 * 1024 * 1024)
+        app.router.add_route("GET", "/version", self.version)
+        app.router.add_route("GET", "/healthz", self.healthz)
+        app.router.add_route("GET", "/readyz", self.healthz)
+        app.router.add_route("GET", "/livez", self.healthz)
+        app.router.add_route("GET", "/openapi/v2", self.openapi_v2)
+        app.router.add_route("GET", "/openapi/v3", self.openapi_v3_root)
+        app.router.add_route("GET", "/openapi/v3/{path:.*}", self.openapi_v3_document)
+        app.router.add_route("GET", "/api", self.api_versions)
+        app.router.add_route("GET", "/apis", self.api_groups)
+        streams.register(app, self)
+        admin.register(app, self)
+        app.router.add_route("*", "/api/{path:.*}", self.dispatch)
+        app.router.add_route("*", "/apis/{path:.*}", self.dispatch)
+        app.on_startup.append(self._on_startup)
+        app.on_shutdown.append(self._on_shutdown)
+        return app
+
+    async def _on_startup(self, app: web.Application) -> None:
+        self.cluster.bootstrap()
+
+    async def _on_shutdown(self, app: web.Application) -> None:
+        for watcher in list(self.watches):
+            watcher.queue.put_nowait(None)
+        for session in list(self.consoles) + list(self.portforwards):
+            session.abort()
+        self.guests.shutdown()
+
+    def authorized(self, request: web.Request) -> bool:
+        header = request.headers.get("Authorization", "")
+        if header.startswith("Bearer ") and hmac.compare_digest(header[7:].strip(), self.token):
+            return True
+        # Browsers cannot set headers on WebSockets; kube-apiserver accepts the token as a subprotocol.
+        for protocol in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
+            protocol = protocol.strip()
+            prefix = "base64url.bearer.authorization.k8s.io."
+            if protocol.startswith(prefix):
+                encoded = protocol[len(prefix):]
+                try:
+                    decoded = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+                except (ValueError, UnicodeDecodeError):
+                    return False
+                return hmac.compare_digest(decoded, self.token)
+        return False
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if not self.authorized(request):
+            return error_response(ApiError(401, "Unauthorized"))
+        route = classify(request.method, request.path, request.query)
+        request["route"] = route
+        if route.kind != "admin":
+            self.counters.count(route.verb, route.resource)
+            delay = self.faults.latency_for(route.verb, route.resource)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            injected = self.faults.error_for(route.verb, route.resource)
+            if injected is not None:
+                return error_response(injected)
+        try:
+            return await handler(request)
+        except ApiError as error:
+            return error_response(error)
+        except web.HTTPException:
+            raise
+        except Exception as exc:  # the client gets a Status, the operator a traceback in the log
+            log.exception("%s %s failed", request.method, request.path)
+            return error_response(ApiError(500, f"Internal error occurred: {exc!r}"))
+
+    # ---- discovery ---------------------------------------------------------------------------------------
+    async def version(self, request: web.Request) -> web.Response:
+        major, minor = self.config.kubernetes_version.lstrip("v").split(".")[:2]
+        return json_response({"major": major, "minor": minor, "gitVersion": self.config.kubernetes_version,
+                              "gitCommit": "kubesim", "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
+                              "goVersion": "go1.24.6", "compiler": "gc", "platform": "linux/amd64",
+                              "emulationMajor": major, "emulationMinor": minor})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def api_versions(self, request: web.Request) -> web.Response:
+        return json_response({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
+            {"clientCIDR": "0.0.0.0/0", "serverAddress": request.host}]})
+
+    async def api_groups(self, request: web.Request) -> web.Response:
+        return json_response(group_list())
+
+    async def openapi_v2(self, request: web.Request) -> web.Response:
+        raise ApiError(404, "the server could not find the requested resource")
+
+    async def openapi_v3_root(self, request: web.Request) -> web.Response:
+        return json_response(openapi.root_document())
+
+    async def openapi_v3_document(self, request: web.Request) -> web.Response:
+        document = openapi.group_version_document(request.match_info["path"])
+        if document is None:
+            raise ApiError(404, "the server could not find the requested resource")
+        return json_response(document)
+
+    # ---- REST --------------------------------------------------------------------------------------------
+    async def dispatch(self, request: web.Request) -> web.StreamResponse:
+        route: Route = request["route"]
+        parts = [p for p in request.path.split("/") if p]
+        if route.kind == "discovery":
+            return self._discovery(parts)
+        if route.kind == "subresource":
+            from kubesim import streams
+            return await streams.dispatch(self, request, route)
+        rt = route.rt
+        if rt is None:
+            raise ApiError(404, "the server could not find the requested resource")
+        if rt.namespaced and route.name == "" and request.method not in ("GET", "DELETE") and not route.namespace:
+            raise ApiError(404, "the server could not find the requested resource")
+        if route.extra or (route.subresource and not (route.subresource == "status" and rt.status_subresource)):
+            raise ApiError(404, "the server could not find the requested resource")
+        query = request.query
+        dry_run = "All" in query.getall("dryRun", [])
+        field_validation = query.get("fieldValidation")
+        namespace = route.namespace if rt.namespaced else ""
+        if request.method in ("GET", "HEAD"):
+            if route.name:
+                return self._get(request, rt, namespace, route.name)
+            if route.verb == "watch":
+                return await self._watch(request, rt, namespace or None)
+            return self._list(request, rt, namespace or None)
+        if request.method == "POST":
+            if route.name:
+                raise ApiError(405, "the server does not allow this method on the requested resource",
+                               reason="MethodNotAllowed")
+            body = await self._body(request)
+            obj, warnings = self.api.create(rt, namespace, body, dry_run=dry_run, field_validation=field_validation)
+            return json_response(obj, status=201, headers=_warning_headers(warnings))
+        if request.method == "PUT" and route.name:
+            body = await self._body(request)
+            obj, warnings = self.api.update(rt, namespace, route.name, body, subresource=route.subresource or None,
+                                            dry_run=dry_run, field_validation=field_validation)
+            return json_response(obj, headers=_warning_headers(warnings))
+        if request.method == "PATCH" and route.name:
+            body = await self._body(request, patch=True)
+            obj, warnings = self.api.patch(rt, namespace, route.name, request.headers.get("Content-Type", ""),
+                                           body, subresource=route.subresource or None, dry_run=dry_run,
+                                           field_validation=field_validation)
+            return json_response(obj, headers=_warning_headers(warnings))
+        if request.method == "DELETE":
+            options = await self._delete_options(request)
+            if route.name:
+                return self._delete(rt, namespace, route.name, options, dry_run=dry_run)
+            return self._delete_collection(request, rt, namespace or None, options, dry_run=dry_run)
+        raise ApiError(405, "the server does not allow this method on the requested resource",
+                       reason="MethodNotAllowed")
+
+    def _discovery(self, parts: list[str]) -> web.Response:
+        if parts == ["api", "v1"]:
+            return json_response(resource_list("", "v1"))
+        if len(parts) == 2:
+            document = group_document(parts[1])
+        elif len(parts) == 3:
+            document = resource_list(parts[1], parts[2])
+        else:
+            document = None
+        if document is None:
+            raise ApiError(404, "the server could not find the requested resource")
+        return json_response(document)
+
+    @staticmethod
+    async def _body(request: web.Request, *, patch: bool = False) -> Any:
+        raw = await request.read()
+        if not raw:
+            raise ApiError(400, "the request body is empty")
+        content_type = request.headers.get("Content-Type", _JSON)
+        try:
+            if "yaml" in content_type and "apply-patch" not in content_type:
+                return yaml.safe_load(raw)
+            return json.loads(raw)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise ApiError(400, f"the body of the request could not be decoded: {exc}") from exc
+
+    @staticmethod
+    async def _delete_options(request: web.Request) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        raw = await request.read()
+        if raw:
+            try:
+                options = json.loads(raw)
+            except ValueError as exc:
+                raise ApiError(400, f"the DeleteOptions could not be decoded: {exc}") from exc
+            if not isinstance(options, dict):
+                raise ApiError(400, "DeleteOptions must be a JSON object")
+        query = request.query
+        if "gracePeriodSeconds" in query:
+            options["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
+        if "propagationPolicy" in query:
+            options["propagationPolicy"] = query["propagationPolicy"]
+        if query.get("orphanDependents") in ("true", "false"):
+            options["orphanDependents"] = query["orphanDependents"] == "true"
+        return options
+
+    def _get(self, request: web.Request, rt: ResourceType, namespace: str, name: str) -> web.Response:
+        entry = self.store.entry(rt.key, namespace, name)
+        if entry is None:
+            from kubesim.errors import not_found
+            raise not_found(rt.group_resource, name, kind_plural=rt.plural)
+        if _wants_table(request):
+            return json_response(to_table(rt.key, [entry.obj], resource_version=entry.obj["metadata"][
+                "resourceVersion"], include_object=request.query.get("includeObject", "Metadata")))
+        return json_response(entry.json())
+
+    def _selectors(self, request: web.Request, rt: ResourceType) -> tuple[LabelSelector, FieldSelector]:
+        try:
+            labels = LabelSelector.parse(request.query.get("labelSelector"))
+            fields = FieldSelector.parse(request.query.get("fieldSelector"), supported=rt.field_selectors)
+        except SelectorError as exc:
+            raise ApiError(400, str(exc)) from exc
+        return labels, fields
+
+    def _matching(self, request: web.Request, rt: ResourceType, namespace: str | None) -> list[Any]:
+        labels, fields = self._selectors(request, rt)
+        name = fields.exact_name()
+        if name is not None and namespace is not None:
+            entry = self.store.entry(rt.key, namespace, name)
+            candidates = [entry] if entry else []
+        else:
+            candidates = self.store.entries(rt.key, namespace)
+        return [e for e in candidates if labels.matches(e.obj["metadata"].get("labels")) and fields.matches(e.obj)]
+
+    def _list(self, request: web.Request, rt: ResourceType, namespace: str | None) -> web.Response:
+        rv = str(self.store.rv)
+        entries = self._matching(request, rt, namespace)
+        entries.sort(key=lambda e: (e.obj["metadata"].get("namespace", ""), e.obj["metadata"]["name"]))
+        continue_token = None
+        token = request.query.get("continue")
+        if token:
+            try:
+                state = json.loads(base64.urlsafe_b64decode(token.encode()))
+                start = tuple(state["start"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ApiError(400, "continue key is not valid") from exc
+            entries = [e for e in entries
+                       if (e.obj["metadata"].get("namespace", ""), e.obj["metadata"]["name"]) > start]
+        limit = int(request.query.get("limit") or 0)
+        if limit > 0 and len(entries) > limit:
+            entries = entries[:limit]
+            last = entries[-1].obj["metadata"]
+            continue_token = base64.urlsafe_b64encode(json.dumps(
+                {"rv": rv, "start": [last.get("namespace", ""), last["name"]]}).encode()).decode()
+        if _wants_table(request):
+            return json_response(to_table(rt.key, [e.obj for e in entries], resource_version=rv,
+                                          include_object=request.query.get("includeObject", "Metadata"),
+                                          continue_token=continue_token))
+        metadata: dict[str, Any] = {"resourceVersion": rv}
+        if continue_token:
+            metadata["continue"] = continue_token
+            metadata["remainingItemCount"] = 0
+        head = json.dumps({"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": metadata},
+                          separators=(",", ":")).encode()
+        body = head[:-1] + b',"items":[' + b",".join(e.json() for e in entries) + b"]}"
+        return json_response(body)
+
+    def _delete(self, rt: ResourceType, namespace: str, name: str, options: dict[str, Any], *,
+                dry_run: bool) -> web.Response:
+        propagation = options.get("propagationPolicy")
+        if propagation is None and options.get("orphanDependents") is not None:
+            propagation = "Orphan" if options["orphanDependents"] else "Background"
+        obj, gone = self.api.delete(rt, namespace, name, grace_period=options.get("gracePeriodSeconds"),
+                                    propagation=propagation, preconditions=options.get("preconditions"),
+                                    dry_run=dry_run)
+        if rt.key in _STATUS_SUCCESS_ON_DELETE:
+            return json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                                  "details": {"name": name, "group": rt.group, "kind": rt.plural,
+                                              "uid": obj["metadata"].get("uid")}})
+        return json_response(obj, status=200 if gone else 202)
+
+    def _delete_collection(self, request: web.Request, rt: ResourceType, namespace: str | None,
+                           options: dict[str, Any], *, dry_run: bool) -> web.Response:
+        items = []
+        for entry in self._matching(request, rt, namespace):
+            meta = entry.obj["metadata"]
+            obj, _ = self.api.delete(rt, meta.get("namespace", ""), meta["name"],
+                                     grace_period=options.get("gracePeriodSeconds"),
+                                     propagation=options.get("propagationPolicy"), dry_run=dry_run)
+            items.append(obj)
+        return json_response({"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
+                              "metadata": {"resourceVersion": str(self.store.rv)}, "items": items})
+
+    # ---- watch -------------------------------------------------------------------------------------------
+    async def _watch(self, request: web.Request, rt: ResourceType, namespace: str | None) -> web.StreamResponse:
+        labels, fields = self._selectors(request, rt)
+        query = request.query
+        rv_text = query.get("resourceVersion", "")
+        send_initial = _bool(query.get("sendInitialEvents"))
+        bookmarks = _bool(query.get("allowWatchBookmarks"))
+        table = _wants_table(request)
+        include_object = query.get("includeObject", "Metadata")
+        timeout = float(query.get("timeoutSeconds") or self.config.watch_timeout)
+        watcher = Watcher(rt.key, namespace, labels, fields)
+        initial = []
+        expired = None
+        if rv_text in ("", "0") or send_initial:
+            initial = [e for e in self.store.entries(rt.key, namespace)
+                       if watcher.wants(e.obj)]
+            self.store.watch(watcher, None)
+        else:
+            try:
+                since = int(rv_text)
+            except ValueError as exc:
+                raise ApiError(400, f"invalid resource version {rv_text!r}") from exc
+            try:
+                self.store.watch(watcher, since)
+            except TooOldResourceVersion:
+                expired = since
+        response = web.StreamResponse(status=200, headers={"Content-Type": _JSON,
+                                                           "Cache-Control": "no-cache, private"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        if expired is not None:
+            oldest = self.store.oldest_valid_rv(rt.key)
+            status = ApiError(410, f"too old resource version: {expired} ({oldest})", reason="Expired").status()
+            await response.write(json.dumps({"type": "ERROR", "object": status}).encode() + b"\n")
+            await response.write_eof()
+            return response
+        self.watches.add(watcher)
+        loop = asyncio.get_running_loop()
+        drop_at = float("inf")
+        if self.faults.watch_drop_after is not None:
+            drop_at = loop.time() + self.faults.watch_drop_after
+        deadline = min(loop.time() + timeout, drop_at)
+        next_bookmark = loop.time() + self.config.bookmark_interval
+        drop_mode = None
+        try:
+            if initial:
+                await response.write(b"".join(self._event_line(rt, "ADDED", e, table, include_object)
+                                              for e in initial))
+            if send_initial and bookmarks:
+                await response.write(self._bookmark(rt, initial_end=True))
+            while True:
+                now = loop.time()
+                if now >= deadline:
+                    if now >= drop_at:
+                        drop_mode = "reset"  # the injected fault: the connection dies mid-stream
+                    break
+                wait = deadline - now
+                if bookmarks:
+                    wait = min(wait, max(0.0, next_bookmark - now))
+                try:
+                    item = await asyncio.wait_for(watcher.queue.get(), timeout=wait)
+                except TimeoutError:
+                    if bookmarks and loop.time() >= next_bookmark and watcher.queue.empty():
+                        await response.write(self._bookmark(rt))
+                        next_bookmark = loop.time() + self.config.bookmark_interval
+                    continue
+                if item is None:
+                    drop_mode = getattr(watcher, "drop_mode", None)
+                    break
+                chunks = [item]
+                while not watcher.queue.empty():
+                    extra = watcher.queue.get_nowait()
+                    if extra is None:
+                        drop_mode = getattr(watcher, "drop_mode", None)
+                        break
+                    chunks.append(extra)
+                await response.write(b"".join(self._event_line(rt, t, e, table, include_object)
+                                              for t, e in chunks))
+                self.counters.watch_events += len(chunks)
+                if drop_mode is not None:
+                    break
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        finally:
+            self.store.unwatch(watcher)
+            self.watches.discard(watcher)
+        if drop_mode == "reset" and request.transport is not None:
+            request.transport.abort()
+            return response
+        await response.write_eof()
+        return response
+
+    def _event_line(self, rt: ResourceType, event_type: str, entry: Any, table: bool, include_object: str) -> bytes:
+        if table:
+            obj = to_table(rt.key, [entry.obj], resource_version=entry.obj["metadata"]["resourceVersion"],
+                           include_object=include_object)
+            return json.dumps({"type": event_type, "object": obj}, separators=(",", ":")).encode() + b"\n"
+        return b'{"type":"' + event_type.encode() + b'","object":' + entry.json() + b"}\n"
+
+    def _bookmark(self, rt: ResourceType, *, initial_end: bool = False) -> bytes:
+        metadata: dict[str, Any] = {"resourceVersion": str(self.store.rv)}
+        if initial_end:
+            metadata["annotations"] = {"k8s.io/initial-events-end": "true"}
+        return json.dumps({"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": rt.api_version,
+                                                          "metadata": metadata}}).encode() + b"\n"
+
+    def drop_watches(self, *, mode: str = "reset", resource: str | None = None) -> int:
+        dropped = 0
+        for watcher in list(self.watches):
+            if resource and watcher.resource != resource:
+                continue
+            watcher.drop_mode = mode  # type: ignore[attr-defined]
+            watcher.queue.put_nowait(None)
+            dropped += 1
+        return dropped
+
+    def describe(self) -> dict[str, Any]:
+        phases: dict[str, int] = {}
+        for vmi in self.store.objects("virtualmachineinstances"):
+            phase = (vmi.get("status") or {}).get("phase", "")
+            phases[phase] = phases.get(phase, 0) + 1
+        return {"version": __version__, "uptime_seconds": time.time() - self.started,
+                "resource_version": self.store.rv, "virtual_machines": self.store.count("virtualmachines"),
+                "vmi_phases": phases, "pods": self.store.count("pods"), "guests": len(self.guests.guests),
+                "reconciles": self.cluster.counters.reconciles, "controller_errors": self.cluster.counters.errors,
+                "last_controller_error": self.cluster.counters.last_error,
+                "open_watches": len(self.watches), "open_consoles": len(self.consoles),
+                "open_portforwards": len(self.portforwards)}
