@@ -1,8 +1,10 @@
 """Tenant- and role-scoped querysets the API lists from, where the apps' own selectors offer no such list.
 
-Each one starts from ``portal.selectors.courses_for_user`` / ``staff_courses_for_user`` (which already keep to
-the user's tenant), so a row of another tenant can never appear. Single objects are fetched through these same
-querysets and a missing row and a forbidden one raise the same ``NotFound``.
+Attempts come from ``labs.selectors`` and single grading runs from ``grading.selectors``; the lists of labs,
+grading runs and grades, the staff check on a course and the audit log are here. Each one starts from
+``portal.selectors.courses_for_user`` / ``staff_courses_for_user`` or ``labs.selectors.attempts_for_user``
+(which keep to the user's tenant), so a row of another tenant can never appear. Single objects are fetched
+through these same querysets, and a missing row and a forbidden one raise the same ``NotFound``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from django.db.models import Q, QuerySet
 from django.utils.translation import gettext as _
 
 from grading.models import Grade, GradingRun
-from labs.models import Attempt, Lab
+from labs.models import Lab
+from labs.selectors import attempts_for_user
 from portal.errors import NotFound, PermissionDenied
 from portal.models import AuditEvent, Course, Role, User
 from portal.selectors import course_get_for_user, course_role, courses_for_user, staff_courses_for_user
@@ -29,30 +32,11 @@ def lab_get_for_user(*, user: User, lab_id: int) -> Lab:
     return lab
 
 
-def attempts_for_user(*, user: User) -> QuerySet[Attempt]:
-    """A student's own attempts, plus every attempt in the courses where the user is staff."""
-    if not user.is_authenticated:
-        return Attempt.objects.none()
-    member = courses_for_user(user=user)
-    staff = staff_courses_for_user(user=user)
-    return (
-        Attempt.objects.filter(Q(student=user, lab__course__in=member) | Q(lab__course__in=staff))
-        .select_related("lab", "lab__course", "student")
-    )
-
-
 def grading_runs_for_user(*, user: User) -> QuerySet[GradingRun]:
     return (
         GradingRun.objects.filter(attempt__in=attempts_for_user(user=user).values("id"))
         .select_related("attempt", "attempt__lab", "attempt__student")
     )
-
-
-def grading_run_get_for_user(*, user: User, run_id: int) -> GradingRun:
-    run = grading_runs_for_user(user=user).filter(id=run_id).prefetch_related("results").first()
-    if run is None:
-        raise NotFound(_("Grading run not found."))
-    return run
 
 
 def grades_for_user(*, user: User) -> QuerySet[Grade]:
@@ -94,9 +78,3 @@ def audit_events_for_course(*, user: User, course_id: int) -> QuerySet[AuditEven
     )
 
 
-
-def attempt_get_for_user(*, user: User, attempt_id: int) -> Attempt:
-    attempt = attempts_for_user(user=user).filter(id=attempt_id).first()
-    if attempt is None:
-        raise NotFound(_("Attempt not found."))
-    return attempt

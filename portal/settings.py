@@ -289,6 +289,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "AttemptStateEnum": "labs.models.AttemptState",
+        "RunStateEnum": "grading.models.RunState",
+    },
 }
 
 # Rate limits (api.ratelimit): scope -> (requests, window in seconds). Refusals are 429 with Retry-After.

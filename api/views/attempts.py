@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.ratelimit import rate_limit_hit
-from api.selectors import attempt_get_for_user, attempts_for_user, lab_get_for_user
+from api.selectors import lab_get_for_user
 from api.serializers import (
     AttemptSerializer,
     AttemptStartSerializer,
@@ -27,6 +27,7 @@ from api.views.common import PortalPagination, choice_param, int_param, ordered
 from grading import services as grading_services
 from labs import services as lab_services
 from labs.models import AttemptState
+from labs.selectors import attempt_get_for_user, attempts_for_user
 from portal.models import User
 from portal.selectors import staff_courses_for_user
 
