@@ -1,0 +1,114 @@
+"""``python -m bench [name ...]``: run every benchmark module in ``bench/`` and print each one's JSON object.
+
+Each module runs as ``python -m bench.<name>`` in its own process (a crash or a leaked server in one cannot
+spoil the next) and prints one JSON object as the last line of its output. The whole run is held to
+``--budget`` seconds (default 600, DESIGN §9's "within 10 minutes"); a module still running when its share is
+spent is stopped and reported as such. The collected results also go to ``var/bench/results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pkgutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.common import BASE_DIR, BENCH_VAR, machine, portal_environment, stop_process
+
+NOT_BENCHMARKS = {"common", "__main__"}
+# Run order, cheapest first; modules not named here run afterwards in alphabetical order.
+PREFERRED_ORDER = ["pages", "grading_overhead", "start_overhead", "api_cost", "console_bench"]
+# Seconds each is expected to need at most; the rest of the budget is shared by modules not listed.
+EXPECTED_SECONDS = {"pages": 120, "grading_overhead": 60, "start_overhead": 150, "api_cost": 150,
+                    "console_bench": 120}
+
+
+def discover() -> list[str]:
+    names = sorted(
+        module.name for module in pkgutil.iter_modules([str(Path(__file__).parent)])
+        if module.name not in NOT_BENCHMARKS and not module.name.startswith("_")
+    )
+    return sorted(names, key=lambda name: (PREFERRED_ORDER.index(name) if name in PREFERRED_ORDER
+                                           else len(PREFERRED_ORDER), name))
+
+
+def last_json_object(text: str) -> dict | None:
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+def run_one(name: str, *, timeout: float) -> dict:
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "-m", f"bench.{name}"], cwd=BASE_DIR, env=portal_environment(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_process(process)
+        stdout, stderr = process.communicate()
+        return {"benchmark": name, "error": f"did not finish within its {timeout:.0f} s share of the budget",
+                "stderr_tail": stderr[-2000:], "seconds": round(time.monotonic() - started, 1)}
+    result = last_json_object(stdout)
+    if process.returncode != 0 or result is None:
+        return {"benchmark": name, "error": f"exited with {process.returncode} without a JSON result"
+                if result is None else f"exited with {process.returncode}",
+                "partial": result, "stderr_tail": stderr[-2000:], "seconds": round(time.monotonic() - started, 1)}
+    result.setdefault("benchmark", name)
+    result["seconds"] = round(time.monotonic() - started, 1)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="benchmarks to run (default: all of them)")
+    parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    parser.add_argument("--budget", type=float, default=600, help="seconds for the whole run (default 600)")
+    args = parser.parse_args(argv)
+    available = discover()
+    if args.list:
+        print("\n".join(available))
+        return 0
+    unknown = [name for name in args.names if name not in available]
+    if unknown:
+        parser.error(f"unknown benchmark(s): {', '.join(unknown)}; available: {', '.join(available)}")
+    names = args.names or available
+
+    deadline = time.monotonic() + args.budget
+    results = []
+    for index, name in enumerate(names):
+        remaining = deadline - time.monotonic()
+        # What the modules still to come expect to need is kept back for them.
+        reserved = sum(EXPECTED_SECONDS.get(later, 60) for later in names[index + 1:])
+        share = min(remaining, max(remaining - reserved, EXPECTED_SECONDS.get(name, 60)))
+        if share < 5:
+            result = {"benchmark": name, "error": "not run: the time budget was spent"}
+        else:
+            sys.stderr.write(f"[bench] {name} (up to {share:.0f} s)\n")
+            result = run_one(name, timeout=share)
+        results.append(result)
+        print(json.dumps(result, default=str), flush=True)
+
+    BENCH_VAR.mkdir(parents=True, exist_ok=True)
+    (BENCH_VAR / "results.json").write_text(json.dumps({"machine": machine(), "results": results}, indent=2,
+                                                       default=str))
+    failed = [result["benchmark"] for result in results if "error" in result]
+    if failed:
+        sys.stderr.write(f"[bench] failed: {', '.join(failed)}\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

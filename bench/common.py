@@ -1,0 +1,388 @@
+"""What the benchmarks share: a dedicated database and Redis, kubesim, a live portal (daphne, Celery worker and
+beat as separate processes, as in production), seeded courses, session cookies, percentiles, and the JSON line
+each benchmark prints.
+
+The benchmarks never touch the portal's own data: they use ``BENCH_DATABASE_URL`` (default: the database of
+``DATABASE_URL`` with ``_bench`` appended, else ``portal_bench`` on the local PostgreSQL) and ``BENCH_REDIS_URL``
+(default ``redis://127.0.0.1:6379/15``), and flush both before each benchmark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+BENCH_VAR = BASE_DIR / "var" / "bench"
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/portal"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
+PASSWORD = "bench-password-not-secret"
+
+
+# --- environment -------------------------------------------------------------------------------------------
+
+
+def bench_database_url() -> str:
+    explicit = os.environ.get("BENCH_DATABASE_URL")
+    if explicit:
+        return explicit
+    parsed = urllib.parse.urlsplit(os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL)
+    if not parsed.scheme.startswith("postgres"):
+        raise SystemExit("The benchmarks need PostgreSQL: set BENCH_DATABASE_URL=postgres://...")
+    name = parsed.path.lstrip("/") or "portal"
+    return urllib.parse.urlunsplit(parsed._replace(path=f"/{name}_bench"))
+
+
+def bench_redis_url() -> str:
+    return os.environ.get("BENCH_REDIS_URL") or DEFAULT_REDIS_URL
+
+
+def portal_environment(**overrides: str) -> dict[str, str]:
+    """The environment of this process and of every portal process a benchmark starts."""
+    env = {key: value for key, value in os.environ.items() if key not in ("KUBERNETES_SERVICE_HOST",)}
+    env.update({
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "PORTAL_ENV": "test",
+        "DEBUG": "false",
+        "DATABASE_URL": bench_database_url(),
+        "REDIS_URL": bench_redis_url(),
+        "PORTAL_VAR_DIR": str(BENCH_VAR / "var"),
+        "LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
+        "PYTHONUNBUFFERED": "1",
+        # One start per student per run; the per-user limit is not what is measured.
+        "RATE_LIMIT_STARTS": "1000",
+    })
+    env.update(overrides)
+    return env
+
+
+def _ensure_database(url: str) -> None:
+    import psycopg
+
+    parsed = urllib.parse.urlsplit(url)
+    name = parsed.path.lstrip("/")
+    admin_url = urllib.parse.urlunsplit(parsed._replace(path="/postgres"))
+    with psycopg.connect(admin_url, autocommit=True) as connection:
+        exists = connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        if not exists:
+            connection.execute(f'CREATE DATABASE "{name}"')  # the name comes from our own setting, not input
+
+
+def setup_django(**overrides: str) -> None:
+    """Point this process at the benchmark database and Redis, set Django up, migrate, and start empty."""
+    os.environ.update(portal_environment(**overrides))
+    BENCH_VAR.mkdir(parents=True, exist_ok=True)
+    _ensure_database(os.environ["DATABASE_URL"])
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", interactive=False, verbosity=0)
+    reset_state()
+
+
+def reset_state() -> None:
+    """Empty the benchmark database and Redis (never the portal's own: see the module docstring)."""
+    import redis
+    from django.core.management import call_command
+
+    call_command("flush", interactive=False, verbosity=0)
+    redis.Redis.from_url(bench_redis_url()).flushdb()
+
+
+# --- measuring and reporting ---------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0–100), interpolating linearly between ranks."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def summary_ms(seconds: Sequence[float]) -> dict[str, Any]:
+    """n, p50, p95, p99, max and mean of durations given in seconds, reported in milliseconds."""
+    def ms(value: float | None) -> float | None:
+        return None if value is None else round(value * 1000, 2)
+
+    return {
+        "n": len(seconds),
+        "p50_ms": ms(percentile(seconds, 50)),
+        "p95_ms": ms(percentile(seconds, 95)),
+        "p99_ms": ms(percentile(seconds, 99)),
+        "max_ms": ms(max(seconds) if seconds else None),
+        "mean_ms": ms(sum(seconds) / len(seconds) if seconds else None),
+    }
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "date": datetime.now(tz=UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Print the benchmark's one JSON object (the last line of its output)."""
+    sys.stdout.write(json.dumps(result, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def log(message: str) -> None:
+    """Progress on stderr, so stdout carries only the JSON."""
+    sys.stderr.write(f"[bench {time.strftime('%H:%M:%S')}] {message}\n")
+    sys.stderr.flush()
+
+
+# --- processes -----------------------------------------------------------------------------------------------
+
+
+def stop_process(process: subprocess.Popen, *, timeout: float = 10) -> None:
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
+
+
+@dataclass
+class Kubesim:
+    """A kubesim server started as a subprocess on a free loopback port, with its admin API at hand."""
+
+    process: subprocess.Popen
+    url: str
+    token: str
+    kubeconfig: Path
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def admin_get(self, path: str) -> Any:
+        response = requests.get(f"{self.url}/kubesim/{path}", headers=self._headers(), timeout=30)
+        response.raise_for_status()
+        return response.json()
+
+    def admin_post(self, path: str, body: dict | None = None) -> Any:
+        response = requests.post(f"{self.url}/kubesim/{path}", headers=self._headers(), json=body or {}, timeout=30)
+        response.raise_for_status()
+        return response.json()
+
+    def counters(self) -> dict[str, Any]:
+        return self.admin_get("counters")
+
+    def reset_counters(self) -> None:
+        self.admin_post("counters/reset")
+
+
+@contextlib.contextmanager
+def kubesim(*, name: str = "kubesim", nodes: int = 20, node_memory: str = "512Gi", node_cpu: str = "64",
+            guest: str = "shell", extra_args: Sequence[str] = ()) -> Iterator[Kubesim]:
+    """kubesim with zero phase delays and room for a few hundred small VMs."""
+    directory = BENCH_VAR / name
+    directory.mkdir(parents=True, exist_ok=True)
+    kubeconfig = directory / "kubeconfig"
+    kubeconfig.unlink(missing_ok=True)
+    log_file = (directory / "kubesim.log").open("ab")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kubesim", "serve", "--host", "127.0.0.1", "--port", "0", "--kubeconfig",
+         str(kubeconfig), "--zero-delays", "--nodes", str(nodes), "--node-memory", node_memory,
+         "--node-cpu", node_cpu, "--node-pods", "1000", "--guest", guest, "--log-level", "WARNING",
+         *extra_args],
+        cwd=BASE_DIR, stdout=subprocess.PIPE, stderr=log_file,
+    )
+    try:
+        url = process.stdout.readline().decode().strip() if process.stdout else ""
+        deadline = time.monotonic() + 30
+        while not kubeconfig.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"kubesim did not start; see {directory / 'kubesim.log'}")
+            time.sleep(0.05)
+        document = yaml.safe_load(kubeconfig.read_text())
+        token = document["users"][0]["user"]["token"]
+        yield Kubesim(process=process, url=url, token=token, kubeconfig=kubeconfig)
+    finally:
+        stop_process(process)
+        log_file.close()
+
+
+@dataclass
+class LivePortal:
+    """daphne, a Celery worker and Celery beat serving the benchmark database, each its own process."""
+
+    base_url: str
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def ws_url(self) -> str:
+        return "ws" + self.base_url[len("http"):]
+
+    def check_alive(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                raise RuntimeError(f"The portal's {name} exited with {process.returncode}; see {BENCH_VAR}/logs")
+
+
+@contextlib.contextmanager
+def live_portal(*, kubeconfig: Path, worker_concurrency: int = 8, beat: bool = True,
+                env: dict[str, str] | None = None) -> Iterator[LivePortal]:
+    """Start the portal as production runs it and wait until it serves ``/healthz``."""
+    port = free_port()
+    environment = portal_environment(KUBECONFIG=str(kubeconfig), **(env or {}))
+    logs = BENCH_VAR / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    schedule = BENCH_VAR / "celerybeat-schedule"
+    schedule.unlink(missing_ok=True)
+    commands = {
+        "web": [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"],
+        "worker": [sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool", "threads",
+                   "--concurrency", str(worker_concurrency), "--without-heartbeat", "--without-mingle",
+                   "--without-gossip", "--loglevel", "WARNING"],
+    }
+    if beat:
+        commands["beat"] = [sys.executable, "-m", "celery", "-A", "portal", "beat", "--schedule", str(schedule),
+                            "--loglevel", "WARNING"]
+    portal = LivePortal(base_url=f"http://127.0.0.1:{port}")
+    handles = []
+    try:
+        for name, command in commands.items():
+            handle = (logs / f"{name}.log").open("ab")
+            handles.append(handle)
+            portal.processes[name] = subprocess.Popen(
+                command, cwd=BASE_DIR, env=environment, stdout=handle, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + 60
+        while True:
+            portal.check_alive()
+            try:
+                if requests.get(f"{portal.base_url}/healthz", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"The portal did not answer /healthz within 60 s; see {logs}")
+            time.sleep(0.2)
+        yield portal
+    finally:
+        for process in portal.processes.values():
+            process.send_signal(signal.SIGTERM)
+        for process in portal.processes.values():
+            stop_process(process)
+        for handle in handles:
+            handle.close()
+
+
+# --- data ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SeededCourse:
+    tenant: Any
+    course: Any
+    labs: list[Any]
+    students: list[Any]
+    instructor: Any
+    ta: Any
+
+
+def seed_course(*, students: int, labs: int, name: str = "Bench University", checks_per_lab: int = 3,
+                image: str = "quay.io/containerdisks/fedora:41") -> SeededCourse:
+    """A tenant with generous quotas, one course, ``labs`` labs with checks, its staff and ``students``."""
+    from django.contrib.auth.hashers import make_password
+
+    from labs.models import Check, Lab
+    from portal.models import Course, Membership, Role, Tenant, User
+
+    tenant = Tenant.objects.create(name=name, max_concurrent_vms=10_000, max_vcpus=100_000,
+                                   max_memory_mib=100_000 * 1024)
+    course = Course.objects.create(tenant=tenant, code="BENCH101", title="Benchmarks", term="now")
+    password = make_password(PASSWORD)  # hashed once: 500 PBKDF2 rounds would dominate the seeding
+    prefix = tenant.namespace[-6:]
+    people = User.objects.bulk_create([
+        User(username=f"student{index:04d}-{prefix}", password=password, tenant=tenant,
+             full_name=f"Student {index:04d}", email=f"student{index:04d}@bench.test")
+        for index in range(students)
+    ])
+    instructor = User.objects.create(username=f"instructor-{prefix}", password=password, tenant=tenant,
+                                     full_name="Bench Instructor", is_staff=True)
+    ta = User.objects.create(username=f"ta-{prefix}", password=password, tenant=tenant, full_name="Bench TA")
+    Membership.objects.bulk_create(
+        [Membership(user=person, course=course, role=Role.STUDENT) for person in people]
+        + [Membership(user=instructor, course=course, role=Role.INSTRUCTOR),
+           Membership(user=ta, course=course, role=Role.TA)]
+    )
+    created_labs = [
+        Lab.objects.create(course=course, title=f"Lab {index + 1:02d}", image=image,
+                           instructions=f"# Lab {index + 1}\n\nDo the thing.")
+        for index in range(labs)
+    ]
+    Check.objects.bulk_create([
+        Check(lab=lab, order=order, title=f"Check {order}", command="true", points=1)
+        for lab in created_labs for order in range(1, checks_per_lab + 1)
+    ])
+    return SeededCourse(tenant=tenant, course=course, labs=created_labs, students=people, instructor=instructor,
+                        ta=ta)
+
+
+def session_cookie(user: Any) -> str:
+    """A logged-in session for ``user``, as the login form would create it."""
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+    from django.contrib.sessions.backends.db import SessionStore
+
+    session = SessionStore()
+    session[SESSION_KEY] = str(user.pk)
+    session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    session[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    session.create()
+    return session.session_key
+
+
+def browser_headers(*, base_url: str, session_key: str, csrf_token: str) -> dict[str, str]:
+    """Headers a logged-in page's fetch() sends: session and CSRF cookies, the CSRF header, JSON wanted."""
+    from django.conf import settings
+
+    return {
+        "Cookie": f"{settings.SESSION_COOKIE_NAME}={session_key}; {settings.CSRF_COOKIE_NAME}={csrf_token}",
+        "X-CSRFToken": csrf_token,
+        "Accept": "application/json",
+        "Origin": base_url,
+        "Referer": base_url + "/",
+    }
+
+
+def new_csrf_token() -> str:
+    from django.utils.crypto import get_random_string
+
+    return get_random_string(32)
