@@ -69,7 +69,7 @@ class EnrollmentRow:
 
 
 class EnrollmentFileInvalid(Exception):
-    """The file has problems; ``errors`` lists every one of them, in file order."""
+    """The file as a whole cannot be read; ``errors`` says where and why."""
 
     def __init__(self, errors: list[RowError]) -> None:
         super().__init__(f"{len(errors)} problem(s) in the enrollment file")
@@ -174,11 +174,11 @@ def _check_row(values: dict[str, str], *, line: int, errors: list[RowError]) -> 
     return EnrollmentRow(line=line, username=username, email=email, full_name=full_name, role=role)
 
 
-def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> list[EnrollmentRow]:
-    """Every row of the file, checked on its own and against the other rows (duplicate usernames).
+def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> tuple[list[EnrollmentRow], list[RowError]]:
+    """The good rows of the file and the problems of the others (line number and message in the active language).
 
-    Raises ``EnrollmentFileInvalid`` listing every problem (line number and message in the active language)
-    if there is any, so the caller can refuse the whole file.
+    Each row is checked on its own and against the rows above it (duplicate usernames). A problem with the
+    whole file (size, encoding, header, no rows, broken quoting) raises ``EnrollmentFileInvalid`` instead.
     """
     data = _read_bytes(csv_file)
     if len(data) > MAX_FILE_BYTES:
@@ -200,8 +200,9 @@ def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> list[EnrollmentRow]:
         except StopIteration:
             break
         except csv.Error as exc:
-            errors.append(RowError(reader.line_num, _("This line is not valid CSV: %(error)s") % {"error": exc}))
-            break
+            raise EnrollmentFileInvalid([*errors, RowError(reader.line_num, _(
+                "This line is not valid CSV: %(error)s"
+            ) % {"error": exc})]) from exc
         last_line = reader.line_num
         if not any(field.strip() for field in fields):
             continue
@@ -212,9 +213,8 @@ def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> list[EnrollmentRow]:
             continue
         data_rows += 1
         if data_rows > MAX_ROWS:
-            errors.append(RowError(start_line, _("The file has more than %(max)d rows; split it.")
-                                   % {"max": MAX_ROWS}))
-            break
+            raise EnrollmentFileInvalid([RowError(start_line, _("The file has more than %(max)d rows; split it.")
+                                                  % {"max": MAX_ROWS})])
         if len(fields) < header_width or any(field.strip() for field in fields[header_width:]):
             errors.append(RowError(start_line, ngettext(
                 "expected %(expected)d value as in the header, found %(found)d",
@@ -235,10 +235,9 @@ def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> list[EnrollmentRow]:
         rows.append(row)
 
     if positions is None and not errors:
-        errors.append(RowError(None, _("The file is empty. The first line must be the header "
-                                       "username,email,name,role.")))
-    elif positions is not None and data_rows == 0 and not errors:
-        errors.append(RowError(None, _("The file has a header but no people.")))
-    if errors:
-        raise EnrollmentFileInvalid(errors)
-    return rows
+        raise EnrollmentFileInvalid([RowError(None, _(
+            "The file is empty. The first line must be the header username,email,name,role."
+        ))])
+    if positions is not None and data_rows == 0 and not errors:
+        raise EnrollmentFileInvalid([RowError(None, _("The file has a header but no people."))])
+    return rows, errors

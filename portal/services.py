@@ -196,6 +196,19 @@ def _enrollment_errors_against_database(*, course: Course, rows: list[Enrollment
     return errors, existing, roles
 
 
+def _enrollment_rejected(errors: list[RowError]) -> ApplicationError:
+    lines = {error.line for error in errors}
+    return ApplicationError(
+        ngettext(
+            "Nothing was imported: %(count)d line of the file has a problem.",
+            "Nothing was imported: %(count)d lines of the file have problems.",
+            len(lines),
+        ) % {"count": len(lines)},
+        code="enrollment_invalid",
+        extra={"errors": [error.as_dict() for error in errors]},
+    )
+
+
 def enrollment_import(*, actor: User, course: Course, csv_file: IO[bytes] | bytes) -> ImportResult:
     """Create the accounts and memberships a CSV file lists, all of them or none.
 
@@ -207,21 +220,12 @@ def enrollment_import(*, actor: User, course: Course, csv_file: IO[bytes] | byte
     so importing the same file twice is harmless. New instructors get admin access (``is_staff``).
     """
     try:
-        rows = enrollment_rows_read(csv_file)
-        db_errors, existing, roles = _enrollment_errors_against_database(course=course, rows=rows)
-        if db_errors:
-            raise EnrollmentFileInvalid(sorted(db_errors, key=lambda error: error.line or 0))
+        rows, errors = enrollment_rows_read(csv_file)
     except EnrollmentFileInvalid as exc:
-        lines = {error.line for error in exc.errors}
-        raise ApplicationError(
-            ngettext(
-                "Nothing was imported: %(count)d line of the file has a problem.",
-                "Nothing was imported: %(count)d lines of the file have problems.",
-                len(lines),
-            ) % {"count": len(lines)},
-            code="enrollment_invalid",
-            extra={"errors": [error.as_dict() for error in exc.errors]},
-        ) from exc
+        raise _enrollment_rejected(exc.errors) from exc
+    db_errors, existing, roles = _enrollment_errors_against_database(course=course, rows=rows)
+    if errors or db_errors:
+        raise _enrollment_rejected(sorted([*errors, *db_errors], key=lambda error: error.line or 0))
 
     try:
         with transaction.atomic():
