@@ -1,0 +1,161 @@
+"""Reads of attempts, always scoped to what the person may see: their own attempts, or those of courses they
+teach. Also the attempt's status payload (the shape pushed to the browser) and a tenant's capacity in use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count, Q, QuerySet, Sum
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab
+from labs.sizes import CPU_ALLOCATION_RATIO
+from portal.errors import NotFound
+from portal.models import STAFF_ROLES, Role, Tenant, User
+from portal.selectors import courses_for_user
+
+# The attempt's timestamps in the payload, by key, with the model field each comes from.
+PAYLOAD_TIMESTAMPS = {
+    "requested": "requested_at",
+    "provisioned": "provisioned_at",
+    "pending": "pending_at",
+    "scheduling": "scheduling_at",
+    "scheduled": "scheduled_at",
+    "vmi_running": "vmi_running_at",
+    "agent_ready": "agent_ready_at",
+    "stopping": "stopping_at",
+    "ended": "ended_at",
+}
+STARTING_STATES = (AttemptState.REQUESTED, AttemptState.PROVISIONING, AttemptState.STARTING)
+
+
+def attempts_for_user(*, user: User) -> QuerySet[Attempt]:
+    """Attempts the user may see: their own, plus every attempt in courses where they are instructor or TA.
+    Always inside the user's tenant (superusers see all)."""
+    if not user.is_authenticated:
+        return Attempt.objects.none()
+    if user.is_superuser:
+        return Attempt.objects.all()
+    staff_courses = courses_for_user(user=user, roles=tuple(STAFF_ROLES))
+    return Attempt.objects.filter(tenant_id=user.tenant_id).filter(
+        Q(student=user) | Q(lab__course__in=staff_courses)
+    )
+
+
+def attempt_get_for_user(*, user: User, attempt_id: int) -> Attempt:
+    """The attempt if the user is its student or staff of its course; the same NotFound otherwise."""
+    attempt = (
+        attempts_for_user(user=user).filter(id=attempt_id).select_related("lab", "lab__course", "student", "tenant")
+        .first()
+    )
+    if attempt is None:
+        raise NotFound(_("Attempt not found."))
+    return attempt
+
+
+def attempts_for_student(*, user: User, lab: Lab | None = None) -> QuerySet[Attempt]:
+    """The student's own attempts (newest first), optionally of one lab: the student dashboard's rows."""
+    attempts = Attempt.objects.filter(student=user, tenant_id=user.tenant_id).select_related("lab", "lab__course")
+    return attempts.filter(lab=lab) if lab is not None else attempts
+
+
+def attempts_for_course_staff(*, user: User, course_id: int) -> QuerySet[Attempt]:
+    """Attempts in one course, for its instructors and TAs (empty for anyone else)."""
+    courses = courses_for_user(user=user, roles=tuple(STAFF_ROLES)).filter(id=course_id)
+    return Attempt.objects.filter(lab__course__in=courses).select_related("lab", "student")
+
+
+def active_attempt_for(*, user: User, lab: Lab) -> Attempt | None:
+    return Attempt.objects.filter(student=user, lab=lab, state__in=ACTIVE_STATES).first()
+
+
+def attempts_counted_against_limit(*, student: User, lab: Lab) -> int:
+    """Attempts that use up the lab's attempt limit: all but those that failed (a cluster failure is not the
+    student's)."""
+    return Attempt.objects.filter(student=student, lab=lab).exclude(state=AttemptState.FAILED).count()
+
+
+def attempt_can_extend(attempt: Attempt) -> bool:
+    return (
+        attempt.state == AttemptState.RUNNING
+        and attempt.expires_at is not None
+        and attempt.extensions < settings.ATTEMPT_MAX_EXTENSIONS
+    )
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def attempt_status_payload(attempt: Attempt, *, now: datetime | None = None) -> dict[str, Any]:
+    """The attempt as the browser sees it (JSON-safe): the contract of the ``attempt.update`` channel message."""
+    now = now or timezone.now()
+    slow_start = (
+        attempt.state in STARTING_STATES
+        and (now - attempt.requested_at).total_seconds() > settings.ATTEMPT_SLOW_START_NOTICE_SECONDS
+    )
+    return {
+        "id": attempt.id,
+        "state": attempt.state,
+        "phase": attempt.phase,
+        "failure_reason": attempt.failure_reason,
+        "message": attempt.status_message,
+        "node_name": attempt.node_name,
+        "expires_at": _iso(attempt.expires_at),
+        "extensions": attempt.extensions,
+        "can_extend": attempt_can_extend(attempt),
+        "timestamps": {key: _iso(getattr(attempt, field)) for key, field in PAYLOAD_TIMESTAMPS.items()},
+        "slow_start": slow_start,
+    }
+
+
+@dataclass(frozen=True)
+class TenantCapacity:
+    """What a tenant's active attempts hold against its quotas (launcher arithmetic, as the scheduler sees it)."""
+
+    tenant: Tenant
+    running_vms: int
+    active_vms: int
+    vcpus: int
+    cpu_millicores: int
+    memory_mib: int
+
+    @property
+    def max_cpu_millicores(self) -> int:
+        return -(-self.tenant.max_vcpus * 1000 // CPU_ALLOCATION_RATIO)
+
+    def percent(self, used: int, limit: int) -> int:
+        return round(100 * used / limit) if limit else 0
+
+
+def tenant_capacity(*, tenant: Tenant) -> TenantCapacity:
+    totals = Attempt.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).aggregate(
+        active=Count("id"),
+        running=Count("id", filter=Q(state=AttemptState.RUNNING)),
+        vcpus=Sum("vcpus"),
+        cpu=Sum("launcher_cpu_millicores"),
+        memory=Sum("launcher_memory_mib"),
+    )
+    return TenantCapacity(
+        tenant=tenant,
+        running_vms=totals["running"] or 0,
+        active_vms=totals["active"] or 0,
+        vcpus=totals["vcpus"] or 0,
+        cpu_millicores=totals["cpu"] or 0,
+        memory_mib=totals["memory"] or 0,
+    )
+
+
+def tenants_for_capacity_view(*, user: User) -> QuerySet[Tenant]:
+    """Tenants whose capacity the user may see: all for superusers, their own for instructors."""
+    if user.is_superuser:
+        return Tenant.objects.all()
+    if not user.is_authenticated or not user.tenant_id:
+        return Tenant.objects.none()
+    if not courses_for_user(user=user, roles=(Role.INSTRUCTOR,)).exists():
+        return Tenant.objects.none()
+    return Tenant.objects.filter(id=user.tenant_id)

@@ -1,0 +1,38 @@
+"""Every write of the labs app: what people do to attempts, and what the system does as the cluster moves.
+
+Split by subject; the names below are the contract other apps import.
+
+- ``attempts``: ``attempt_start``, ``attempt_stop``, ``attempt_extend``, ``attempt_expire`` (people, time limit)
+- ``provisioning``: VM and Secret on and off the cluster, the tenant namespace, the system's transitions
+- ``tracking``: the sync (one VMI list per namespace) mapping phases onto attempts
+- ``sweeping``: orphans both ways, vanished VMs, start timeouts, lost tasks
+- ``events``: ``attempt.update`` pushes on commit
+"""
+
+from labs.services.attempts import attempt_expire, attempt_extend, attempt_start, attempt_stop
+from labs.services.provisioning import (
+    attempt_end,
+    attempt_fail,
+    attempt_mark_running,
+    attempt_provision,
+    attempt_teardown,
+    tenant_namespace_ensure,
+)
+from labs.services.sweeping import attempts_sweep
+from labs.services.tracking import attempts_sync, namespace_sync
+
+__all__ = [
+    "attempt_end",
+    "attempt_expire",
+    "attempt_extend",
+    "attempt_fail",
+    "attempt_mark_running",
+    "attempt_provision",
+    "attempt_start",
+    "attempt_stop",
+    "attempt_teardown",
+    "attempts_sweep",
+    "attempts_sync",
+    "namespace_sync",
+    "tenant_namespace_ensure",
+]

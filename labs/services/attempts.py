@@ -1,0 +1,232 @@
+"""What people do to attempts: start, stop, extend; and the time limit ending one.
+
+Starting is race-safe on PostgreSQL: the tenant's row is locked (``select_for_update``) and the quota counted
+inside that transaction, so concurrent starts for the last slot are serialised and exactly one gets it; the
+database's one-active-attempt constraint backs the per-student rule. Cluster work happens in Celery tasks queued
+on commit. Refusals are ``ApplicationError`` subclasses with a message a student can act on, and a retry hint
+when capacity is full (as JupyterHub answers 429 with a suggested wait).
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Count, Max, Sum
+from django.utils import formats, timezone
+from django.utils.translation import gettext as _
+
+from labs.kubevirt import names
+from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab
+from labs.selectors import STARTING_STATES, attempts_counted_against_limit
+from labs.services.events import attempt_push_on_commit, on_commit_logged
+from labs.sizes import guest_resources, launcher_requests
+from portal.errors import Conflict, NotFound, PermissionDenied, Unavailable
+from portal.models import Role, Tenant, User
+from portal.selectors import course_role
+from portal.services import audit_record
+
+# Suggested wait when capacity is full, in seconds (JupyterHub's spawn_throttle_retry_range).
+RETRY_AFTER_RANGE = (30, 60)
+
+
+class StopReason:
+    STUDENT = "student"
+    STAFF = "staff"
+    EXPIRED = "expired"
+
+
+def retry_after_seconds() -> int:
+    """A wait spread over the range so refused students do not all come back in the same second."""
+    low, high = RETRY_AFTER_RANGE
+    return low + secrets.randbelow(high - low + 1)
+
+
+def _lab_closed_message(lab: Lab, now) -> str:
+    if lab.opens_at and now < lab.opens_at:
+        return _("This lab opens on %(when)s.") % {"when": formats.date_format(
+            timezone.localtime(lab.opens_at), "DATETIME_FORMAT")}
+    return _("This lab is closed.")
+
+
+def _check_extra_cloud_init(lab: Lab) -> None:
+    from guest.cloud_init import parse_extra_cloud_config
+
+    try:
+        parse_extra_cloud_config(lab.extra_cloud_init)
+    except ValueError as exc:
+        raise Conflict(
+            _("This lab's VM settings are invalid (%(error)s). Tell your instructor.") % {"error": exc},
+            code="lab_misconfigured",
+        ) from None
+
+
+def _check_start_throttle() -> None:
+    limit = settings.ATTEMPT_CONCURRENT_START_LIMIT
+    if limit and Attempt.objects.filter(state__in=STARTING_STATES).count() >= limit:
+        raise Unavailable(
+            _("Many labs are starting right now. Try again in a minute."),
+            code="too_many_starts", retry_after=retry_after_seconds(),
+        )
+
+
+def _check_quota(*, tenant: Tenant, vcpus: int, memory_mib: int) -> None:
+    """Refuse when one more VM of this shape would pass any of the tenant's limits. Call with the tenant locked."""
+    totals = Attempt.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).aggregate(
+        vms=Count("id"), vcpus=Sum("vcpus"), memory=Sum("launcher_memory_mib")
+    )
+    used_vms, used_vcpus, used_memory = totals["vms"] or 0, totals["vcpus"] or 0, totals["memory"] or 0
+    reasons = []
+    if used_vms + 1 > tenant.max_concurrent_vms:
+        reasons.append(_("all %(limit)d lab VMs are in use") % {"limit": tenant.max_concurrent_vms})
+    if used_vcpus + vcpus > tenant.max_vcpus:
+        reasons.append(_("%(used)d of %(limit)d vCPUs are in use") % {"used": used_vcpus, "limit": tenant.max_vcpus})
+    if used_memory + memory_mib > tenant.max_memory_mib:
+        reasons.append(_("%(used)d of %(limit)d MiB of memory are in use")
+                       % {"used": used_memory, "limit": tenant.max_memory_mib})
+    if reasons:
+        raise Unavailable(
+            _("Your institution's lab capacity is full (%(reasons)s). Try again in a minute or two.")
+            % {"reasons": "; ".join(reasons)},
+            code="quota_full", retry_after=retry_after_seconds(),
+        )
+
+
+def attempt_start(*, actor: User, lab: Lab) -> Attempt:
+    """Start an attempt of ``lab`` for the student ``actor``: checks, quota, the row, then provisioning on commit."""
+    course = lab.course
+    role = course_role(user=actor, course=course)
+    if role is None:
+        raise NotFound(_("Lab not found."))
+    if role != Role.STUDENT:
+        raise PermissionDenied(_("Only students of the course can start this lab."))
+    now = timezone.now()
+    if not lab.is_open(now):
+        raise Conflict(_lab_closed_message(lab, now), code="lab_closed")
+    guest = guest_resources(lab.size)
+    launcher = launcher_requests(vcpus=guest.vcpus, memory_mib=guest.memory_mib)
+    _check_extra_cloud_init(lab)
+    _check_start_throttle()
+
+    with transaction.atomic():
+        # Serialises every start in the tenant: the quota below is counted with no other start in between.
+        tenant = Tenant.objects.select_for_update().get(pk=course.tenant_id)
+        active = Attempt.objects.filter(student=actor, lab=lab, state__in=ACTIVE_STATES).first()
+        if active is not None:
+            raise Conflict(_("You already have an attempt of this lab in progress."), code="attempt_active",
+                           extra={"attempt_id": active.id})
+        if lab.attempt_limit and attempts_counted_against_limit(student=actor, lab=lab) >= lab.attempt_limit:
+            raise Conflict(_("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit},
+                           code="attempt_limit")
+        _check_quota(tenant=tenant, vcpus=guest.vcpus, memory_mib=launcher.memory_mib)
+        number = (Attempt.objects.filter(student=actor, lab=lab).aggregate(n=Max("number"))["n"] or 0) + 1
+        try:
+            with transaction.atomic():
+                attempt = Attempt.objects.create(
+                    lab=lab, student=actor, tenant=tenant, number=number, state=AttemptState.REQUESTED,
+                    namespace=tenant.namespace, agent_token=secrets.token_urlsafe(32),
+                    vcpus=guest.vcpus, memory_mib=guest.memory_mib,
+                    launcher_cpu_millicores=launcher.cpu_millicores, launcher_memory_mib=launcher.memory_mib,
+                    requested_at=now,
+                )
+        except IntegrityError:
+            raise Conflict(_("You already have an attempt of this lab in progress."), code="attempt_active") from None
+        attempt.vm_name = names.vm_name(attempt.id)
+        attempt.save(update_fields=["vm_name"])
+        audit_record(actor=actor, action="attempt.start", target=attempt, tenant=tenant, course=course,
+                     data={"lab": lab.id, "number": number, "size": lab.size})
+        attempt_push_on_commit(attempt=attempt)
+        _enqueue_provision(attempt.id)
+    return attempt
+
+
+def _enqueue_provision(attempt_id: int) -> None:
+    from labs.tasks import provision_attempt
+
+    on_commit_logged(lambda: provision_attempt.delay(attempt_id), what=f"queueing provisioning of {attempt_id}")
+
+
+def enqueue_teardown(attempt_id: int) -> None:
+    from labs.tasks import teardown_attempt
+
+    on_commit_logged(lambda: teardown_attempt.delay(attempt_id), what=f"queueing teardown of {attempt_id}")
+
+
+def _require_student_or_instructor(*, actor: User, attempt: Attempt, refusal: str) -> str:
+    """The actor's standing for changing the attempt: its student, or an instructor of its course."""
+    if attempt.student_id == actor.pk:
+        return StopReason.STUDENT
+    role = course_role(user=actor, course=attempt.lab.course)
+    if role is None:
+        raise NotFound(_("Attempt not found."))
+    if role != Role.INSTRUCTOR:
+        raise PermissionDenied(refusal)
+    return StopReason.STAFF
+
+
+def attempt_stop(*, actor: User, attempt: Attempt) -> Attempt:
+    """Stop the attempt: it becomes ``stopping`` now; a task grades it once more if it ran, then deletes the VM.
+    Stopping an attempt that is already stopping changes nothing."""
+    standing = _require_student_or_instructor(
+        actor=actor, attempt=attempt, refusal=_("Only the student or an instructor can stop this lab.")
+    )
+    with transaction.atomic():
+        locked = Attempt.objects.select_for_update().select_related("lab__course").get(pk=attempt.pk)
+        if locked.state == AttemptState.STOPPING:
+            return locked
+        if locked.state not in ACTIVE_STATES:
+            raise Conflict(_("This attempt has already ended."), code="attempt_ended")
+        previous = locked.state
+        locked.state = AttemptState.STOPPING
+        locked.stopping_at = timezone.now()
+        locked.stop_reason = standing
+        locked.save(update_fields=["state", "stopping_at", "stop_reason", "updated_at"])
+        audit_record(actor=actor, action="attempt.stop", target=locked, tenant=locked.tenant,
+                     course=locked.lab.course, data={"from": previous, "by": standing})
+        attempt_push_on_commit(attempt=locked)
+        enqueue_teardown(locked.id)
+    return locked
+
+
+def attempt_extend(*, actor: User, attempt: Attempt) -> Attempt:
+    """Add ``ATTEMPT_EXTEND_MINUTES`` to a running attempt's time limit, at most ``ATTEMPT_MAX_EXTENSIONS`` times."""
+    _require_student_or_instructor(
+        actor=actor, attempt=attempt, refusal=_("Only the student or an instructor can extend this lab.")
+    )
+    with transaction.atomic():
+        locked = Attempt.objects.select_for_update().select_related("lab__course").get(pk=attempt.pk)
+        if locked.state != AttemptState.RUNNING or locked.expires_at is None:
+            raise Conflict(_("Only a running lab can be extended."), code="not_running")
+        limit = settings.ATTEMPT_MAX_EXTENSIONS
+        if locked.extensions >= limit:
+            raise Conflict(_("This lab has already been extended %(limit)d times, the most allowed.")
+                           % {"limit": limit}, code="extension_limit")
+        previous = locked.expires_at
+        locked.expires_at = previous + timedelta(minutes=settings.ATTEMPT_EXTEND_MINUTES)
+        locked.extensions += 1
+        locked.save(update_fields=["expires_at", "extensions", "updated_at"])
+        audit_record(actor=actor, action="attempt.extend", target=locked, tenant=locked.tenant,
+                     course=locked.lab.course,
+                     data={"from": previous.isoformat(), "to": locked.expires_at.isoformat(),
+                           "extensions": locked.extensions})
+        attempt_push_on_commit(attempt=locked)
+    return locked
+
+
+def attempt_expire(*, attempt: Attempt) -> Attempt:
+    """The time limit is up: the attempt becomes ``stopping`` (reason ``expired``); a task grades it once more and
+    deletes the VM. Does nothing if the attempt is not running or was extended past now in the meantime."""
+    now = timezone.now()
+    with transaction.atomic():
+        locked = Attempt.objects.select_for_update().get(pk=attempt.pk)
+        if locked.state != AttemptState.RUNNING or locked.expires_at is None or locked.expires_at > now:
+            return locked
+        locked.state = AttemptState.STOPPING
+        locked.stopping_at = now
+        locked.stop_reason = StopReason.EXPIRED
+        locked.save(update_fields=["state", "stopping_at", "stop_reason", "updated_at"])
+        attempt_push_on_commit(attempt=locked)
+        enqueue_teardown(locked.id)
+    return locked

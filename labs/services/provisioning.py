@@ -1,0 +1,270 @@
+"""Putting an attempt's VM on the cluster and taking it off again; the system's own attempt transitions.
+
+Every function here is safe to run twice or to rerun after a crash at any line (Celery delivers at least once):
+work is claimed with conditional updates (``filter(state=...).update(...) == 1``), names are deterministic, and
+the cluster calls treat "already exists" and "not found" as done (``labs.kubevirt.operations``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from labs.kubevirt import manifests, names, operations
+from labs.kubevirt.operations import ClusterError
+from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, TenantNamespace
+from labs.services.attempts import StopReason, enqueue_teardown
+from labs.services.events import attempt_push_on_commit
+from portal.models import Tenant
+
+logger = logging.getLogger(__name__)
+
+
+# ---- the system's transitions -------------------------------------------------------------------------------
+
+
+def attempt_fail(*, attempt_id: int, reason: str, from_states: tuple[str, ...] = ACTIVE_STATES) -> bool:
+    """Mark the attempt failed with ``reason`` (plain words, shown to the student) and queue the clean-up of its
+    VM. False when the attempt had already left ``from_states``."""
+    now = timezone.now()
+    with transaction.atomic():
+        updated = Attempt.objects.filter(id=attempt_id, state__in=from_states).update(
+            state=AttemptState.FAILED, failure_reason=reason[:4000], status_message="", ended_at=now, updated_at=now
+        )
+        if not updated:
+            return False
+        attempt = Attempt.objects.get(id=attempt_id)
+        attempt_push_on_commit(attempt=attempt)
+        enqueue_teardown(attempt_id)
+    logger.info("attempt %s failed: %s", attempt_id, reason)
+    return True
+
+
+def attempt_end(*, attempt_id: int) -> bool:
+    """A stopping attempt whose VM is gone ends: ``expired`` if its time ran out, ``stopped`` otherwise."""
+    now = timezone.now()
+    with transaction.atomic():
+        attempt = Attempt.objects.filter(id=attempt_id, state=AttemptState.STOPPING).first()
+        if attempt is None:
+            return False
+        final = AttemptState.EXPIRED if attempt.stop_reason == StopReason.EXPIRED else AttemptState.STOPPED
+        updated = Attempt.objects.filter(id=attempt_id, state=AttemptState.STOPPING).update(
+            state=final, ended_at=now, status_message="", updated_at=now
+        )
+        if not updated:
+            return False
+        attempt.refresh_from_db()
+        attempt_push_on_commit(attempt=attempt)
+    return True
+
+
+def attempt_mark_running(*, attempt_id: int, now: datetime | None = None) -> bool:
+    """The guest agent answered: the attempt is ``running`` and its time limit starts now."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        attempt = Attempt.objects.select_related("lab").filter(id=attempt_id, state=AttemptState.STARTING).first()
+        if attempt is None:
+            return False
+        attempt.state = AttemptState.RUNNING
+        attempt.agent_ready_at = now
+        attempt.expires_at = now + timedelta(minutes=attempt.lab.time_limit_minutes)
+        attempt.status_message = ""
+        updated = Attempt.objects.filter(id=attempt_id, state=AttemptState.STARTING).update(
+            state=attempt.state, agent_ready_at=now, expires_at=attempt.expires_at, status_message="", updated_at=now
+        )
+        if updated:
+            attempt_push_on_commit(attempt=attempt)
+    return bool(updated)
+
+
+# ---- the tenant's namespace ---------------------------------------------------------------------------------
+
+
+def _namespace_objects(tenant: Tenant) -> tuple[dict, list[dict], dict]:
+    namespace = manifests.namespace(name=tenant.namespace, tenant_id=tenant.id)
+    policies = manifests.network_policies(
+        namespace=tenant.namespace, tenant_id=tenant.id, agent_port=settings.AGENT_PORT,
+        kubevirt_namespace=settings.KUBEVIRT_NAMESPACE, portal_namespace=settings.PORTAL_NAMESPACE,
+    )
+    quota = manifests.resource_quota(
+        namespace=tenant.namespace, tenant_id=tenant.id, max_vms=tenant.max_concurrent_vms,
+        max_vcpus=tenant.max_vcpus, max_memory_mib=tenant.max_memory_mib,
+    )
+    return namespace, policies, quota
+
+
+def _tenant_namespace_row(tenant: Tenant) -> TenantNamespace:
+    try:
+        row, _created = TenantNamespace.objects.get_or_create(tenant=tenant, defaults={"namespace": tenant.namespace})
+    except IntegrityError:  # two provisions of the same tenant's first attempts raced to create it
+        row = TenantNamespace.objects.get(tenant=tenant)
+    return row
+
+
+def tenant_namespace_ensure(*, tenant: Tenant, force: bool = False) -> bool:
+    """Create the tenant's namespace, NetworkPolicies and ResourceQuota unless the same objects were applied
+    already. Returns True when it talked to the cluster."""
+    namespace, policies, quota = _namespace_objects(tenant)
+    digest = hashlib.sha256(json.dumps([namespace, policies, quota], sort_keys=True).encode()).hexdigest()
+    row = _tenant_namespace_row(tenant)
+    if not force and row.bootstrapped_at is not None and row.bootstrap_digest == digest:
+        return False
+    operations.namespace_bootstrap(namespace=namespace, policies=policies, quota=quota)
+    TenantNamespace.objects.filter(pk=row.pk).update(bootstrapped_at=timezone.now(), bootstrap_digest=digest)
+    return True
+
+
+# ---- provisioning -------------------------------------------------------------------------------------------
+
+
+class ProvisionOutcome:
+    CREATED = "created"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+
+
+def attempt_provision(*, attempt_id: int) -> str:
+    """Create the attempt's cloud-init Secret and VM (and the namespace first if needed); the attempt becomes
+    ``starting``. Raises ``ClusterError`` for the caller to retry or give up on."""
+    now = timezone.now()
+    claimed = Attempt.objects.filter(id=attempt_id, state=AttemptState.REQUESTED).update(
+        state=AttemptState.PROVISIONING, updated_at=now
+    )
+    attempt = Attempt.objects.select_related("lab", "lab__course", "tenant").filter(id=attempt_id).first()
+    if attempt is None or attempt.state != AttemptState.PROVISIONING:
+        return ProvisionOutcome.SKIPPED  # done by an earlier delivery, or stopped before it began
+    if claimed:
+        with transaction.atomic():
+            attempt_push_on_commit(attempt=attempt)
+
+    from guest.cloud_init import render_user_data
+
+    lab = attempt.lab
+    try:
+        user_data = render_user_data(token=attempt.agent_token, extra_cloud_config=lab.extra_cloud_init)
+    except ValueError as exc:
+        attempt_fail(attempt_id=attempt_id, reason=_("The lab's cloud-init settings are invalid (%(error)s). Tell "
+                                                     "your instructor.") % {"error": exc})
+        return ProvisionOutcome.FAILED
+
+    tenant_namespace_ensure(tenant=attempt.tenant)
+    labels = names.attempt_labels(
+        tenant_id=attempt.tenant_id, course_id=lab.course_id, lab_id=lab.id, attempt_id=attempt.id
+    )
+    secret_name = names.cloud_init_secret_name(attempt.vm_name)
+    secret = manifests.cloud_init_secret(
+        name=secret_name, namespace=attempt.namespace, labels=labels, user_data=user_data
+    )
+    vm = manifests.virtual_machine(
+        name=attempt.vm_name, namespace=attempt.namespace, labels=labels, image=lab.image, vcpus=attempt.vcpus,
+        memory_mib=attempt.memory_mib, host_passthrough=lab.nested_virtualization, cloud_init_secret=secret_name,
+    )
+    try:
+        operations.secret_create(secret)
+        created_vm, _created = operations.vm_create(vm)
+    except ClusterError as error:
+        if error.status == 404:  # the namespace was deleted behind our back: set it up again, then retry
+            tenant_namespace_ensure(tenant=attempt.tenant, force=True)
+            error.transient = True
+        raise
+    vm_labels = (created_vm.get("metadata") or {}).get("labels") or {}
+    if names.attempt_id_from_labels(vm_labels) != attempt.id:
+        attempt_fail(attempt_id=attempt_id, reason=_(
+            "A VM named %(name)s that belongs to something else is in the way; an operator must remove it."
+        ) % {"name": attempt.vm_name})
+        return ProvisionOutcome.FAILED
+    operations.secret_set_owner(
+        namespace=attempt.namespace, name=secret_name, owner=manifests.owner_reference(created_vm)
+    )
+
+    with transaction.atomic():
+        updated = Attempt.objects.filter(id=attempt_id, state=AttemptState.PROVISIONING).update(
+            state=AttemptState.STARTING, provisioned_at=timezone.now(), updated_at=timezone.now()
+        )
+        if updated:
+            attempt.refresh_from_db()
+            attempt_push_on_commit(attempt=attempt)
+    if not updated:
+        return _after_lost_claim(attempt_id=attempt_id)
+    _schedule_follow_ups(attempt.namespace)
+    return ProvisionOutcome.CREATED
+
+
+def _after_lost_claim(*, attempt_id: int) -> str:
+    """The attempt left ``provisioning`` while its VM was being created (a stop, say). If its teardown already
+    ran, the VM just made would outlive it: delete it here rather than wait for the sweep."""
+    attempt = Attempt.objects.get(id=attempt_id)
+    if attempt.state in FINAL_STATES or (attempt.state == AttemptState.STOPPING and attempt.vm_deleted_at):
+        operations.vm_delete(namespace=attempt.namespace, name=attempt.vm_name)
+        operations.secret_delete(namespace=attempt.namespace, name=names.cloud_init_secret_name(attempt.vm_name))
+    return ProvisionOutcome.ABANDONED
+
+
+def _schedule_follow_ups(namespace: str) -> None:
+    """List the namespace again shortly, so a VM that starts fast is seen running without waiting for the beat."""
+    from labs.tasks import sync_namespace
+
+    for delay in settings.ATTEMPT_FOLLOW_UP_SECONDS:
+        try:
+            sync_namespace.apply_async(args=[namespace], countdown=delay, expires=delay + 30)
+        except Exception:
+            logger.warning("could not queue a follow-up sync of %s; the beat sync will see it", namespace,
+                           exc_info=True)
+            return
+
+
+# ---- teardown -----------------------------------------------------------------------------------------------
+
+
+def grade_final(*, attempt: Attempt, trigger: str) -> None:
+    """The grading app's last run before the VM goes (``grading.services.grading_run_final``). Never raises:
+    a grading failure must not keep a VM alive."""
+    if importlib.util.find_spec("grading.services") is None:
+        logger.info("attempt %s: no grading app, skipping the final run", attempt.id)
+        return
+    from grading.services import grading_run_final
+
+    try:
+        grading_run_final(attempt=attempt, trigger=trigger)
+    except Exception:
+        logger.exception("attempt %s: the final grading run failed; deleting its VM anyway", attempt.id)
+
+
+def attempt_teardown(*, attempt_id: int) -> str:
+    """For a stopping attempt: grade once more if its agent ever answered, then delete the VM and Secret. For a
+    failed one: delete what is left. Ends the attempt at once if the VM was already gone."""
+    attempt = Attempt.objects.select_related("lab").filter(id=attempt_id).first()
+    if attempt is None:
+        return "missing"
+    if attempt.state == AttemptState.STOPPING:
+        if attempt.agent_ready_at is not None and attempt.vm_deleted_at is None:
+            claimed = Attempt.objects.filter(id=attempt_id, final_grading_at__isnull=True).update(
+                final_grading_at=timezone.now()
+            )
+            if claimed:
+                trigger = "expiry" if attempt.stop_reason == StopReason.EXPIRED else "stop"
+                grade_final(attempt=attempt, trigger=trigger)
+        existed = _delete_vm_and_secret(attempt)
+        if not existed:
+            attempt_end(attempt_id=attempt_id)
+        return "deleted" if existed else "ended"
+    if attempt.state in FINAL_STATES and attempt.vm_deleted_at is None and attempt.vm_name:
+        _delete_vm_and_secret(attempt)
+        return "cleaned"
+    return "skipped"
+
+
+def _delete_vm_and_secret(attempt: Attempt) -> bool:
+    existed = operations.vm_delete(namespace=attempt.namespace, name=attempt.vm_name)
+    operations.secret_delete(namespace=attempt.namespace, name=names.cloud_init_secret_name(attempt.vm_name))
+    Attempt.objects.filter(id=attempt.id, vm_deleted_at__isnull=True).update(vm_deleted_at=timezone.now())
+    return existed

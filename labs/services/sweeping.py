@@ -1,0 +1,203 @@
+"""The sweep: the database and the cluster compared both ways, so nothing leaks and nothing stays stuck.
+
+Per tenant namespace, one list of the portal's VMs and one of its Secrets (label-selected: an object without the
+portal's ``managed-by`` label is never read, let alone deleted), then:
+
+- a VM of ours whose attempt is not active (or unknown to this database) is deleted, with its Secret;
+- an attempt starting or running whose VM has vanished fails, saying so;
+- an attempt still starting after ``ATTEMPT_START_TIMEOUT_SECONDS`` fails with what the cluster says (the VM's
+  printable status, the last problem seen, Warning events) and its VM is deleted;
+- a stopping attempt whose VM is gone ends, freeing its quota; one whose teardown seems lost is torn down again;
+- work whose task was lost (broker restarted, worker killed mid-provision) is queued again.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from labs.kubevirt import names, operations, status
+from labs.kubevirt.operations import ClusterError
+from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, TenantNamespace
+from labs.services.provisioning import attempt_end, attempt_fail
+from portal.models import Tenant
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SweepReport:
+    namespaces: int = 0
+    orphan_vms_deleted: list[str] = field(default_factory=list)
+    orphan_secrets_deleted: list[str] = field(default_factory=list)
+    vanished: list[int] = field(default_factory=list)
+    timed_out: list[int] = field(default_factory=list)
+    ended: list[int] = field(default_factory=list)
+    requeued: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def provision_redelivery_seconds() -> int:
+    """How long provisioning may look stuck before it is queued again: past the task's hard time limit."""
+    return max(60, settings.ATTEMPT_TASK_SOFT_TIME_LIMIT_SECONDS + 60)
+
+
+def teardown_redelivery_seconds() -> int:
+    """A teardown grades first (up to the checks' timeouts), so it is given the whole task time limit."""
+    return max(120, settings.CELERY_TASK_TIME_LIMIT + 60)
+
+
+def attempts_sweep(*, now: datetime | None = None) -> SweepReport:
+    now = now or timezone.now()
+    report = SweepReport()
+    for tenant in Tenant.objects.all().only("id", "namespace"):
+        try:
+            namespace_sweep(tenant=tenant, report=report, now=now)
+            report.namespaces += 1
+        except ClusterError as error:
+            report.errors.append(error.message)
+            TenantNamespace.objects.filter(namespace=tenant.namespace).update(
+                last_error=error.message[:2000], last_error_at=timezone.now()
+            )
+            logger.warning("sweep of %s failed: %s", tenant.namespace, error.message)
+    requeue_requested(report=report, now=now)
+    return report
+
+
+def requeue_requested(*, report: SweepReport, now: datetime) -> None:
+    """Attempts still ``requested`` long after they were made: their provisioning task never arrived."""
+    from labs.tasks import provision_attempt
+
+    cutoff = now - timedelta(seconds=provision_redelivery_seconds())
+    for attempt_id in Attempt.objects.filter(state=AttemptState.REQUESTED, requested_at__lt=cutoff).values_list(
+        "id", flat=True
+    ):
+        provision_attempt.delay(attempt_id)
+        report.requeued.append(attempt_id)
+
+
+def _ours(vm: dict[str, Any]) -> int | None:
+    """The attempt id of one of our VMs; None (and left alone) if its name and labels do not agree."""
+    metadata = vm.get("metadata") or {}
+    attempt_id = names.attempt_id_from_labels(metadata.get("labels"))
+    if attempt_id is None or names.attempt_id_from_vm_name(metadata.get("name", "")) != attempt_id:
+        logger.warning("VM %s/%s carries the portal's label but no matching attempt label; leaving it alone",
+                       metadata.get("namespace"), metadata.get("name"))
+        return None
+    return attempt_id
+
+
+def namespace_sweep(*, tenant: Tenant, report: SweepReport, now: datetime) -> None:
+    namespace = tenant.namespace
+    listed_at = timezone.now()
+    vms = {vm["metadata"]["name"]: vm for vm in operations.vms_list(namespace=namespace) if _ours(vm) is not None}
+    secrets = operations.secrets_list(namespace=namespace)
+    attempt_ids = {names.attempt_id_from_vm_name(name) for name in vms}
+    attempt_ids |= {names.attempt_id_from_labels((s.get("metadata") or {}).get("labels")) for s in secrets}
+    known = {
+        a.id: a for a in Attempt.objects.filter(id__in=[i for i in attempt_ids if i is not None]).only(
+            "id", "state", "namespace", "tenant_id", "vm_deleted_at", "vm_name"
+        )
+    }
+
+    for name, vm in vms.items():
+        attempt = known.get(names.attempt_id_from_vm_name(name))
+        if attempt is not None and attempt.state in ACTIVE_STATES and attempt.tenant_id == tenant.id:
+            continue
+        if (vm.get("metadata") or {}).get("deletionTimestamp"):
+            continue  # already going
+        operations.vm_delete(namespace=namespace, name=name)
+        operations.secret_delete(namespace=namespace, name=names.cloud_init_secret_name(name))
+        if attempt is not None and attempt.state in FINAL_STATES:
+            Attempt.objects.filter(id=attempt.id, vm_deleted_at__isnull=True).update(vm_deleted_at=timezone.now())
+        report.orphan_vms_deleted.append(f"{namespace}/{name}")
+        logger.info("sweep: deleted VM %s/%s, which no active attempt owns", namespace, name)
+
+    for secret in secrets:
+        metadata = secret.get("metadata") or {}
+        attempt_id = names.attempt_id_from_labels(metadata.get("labels"))
+        if attempt_id is None or names.cloud_init_secret_name(names.vm_name(attempt_id)) != metadata.get("name"):
+            continue
+        attempt = known.get(attempt_id)
+        if attempt is not None and attempt.state in ACTIVE_STATES and attempt.tenant_id == tenant.id:
+            continue
+        if names.vm_name(attempt_id) in vms:
+            continue  # deleted with its VM above
+        if operations.secret_delete(namespace=namespace, name=metadata["name"]):
+            report.orphan_secrets_deleted.append(f"{namespace}/{metadata['name']}")
+
+    for attempt in Attempt.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).select_related("lab"):
+        _sweep_attempt(attempt=attempt, vm=vms.get(attempt.vm_name), listed_at=listed_at, now=now, report=report)
+    TenantNamespace.objects.filter(namespace=namespace).update(swept_at=timezone.now())
+
+
+def _sweep_attempt(*, attempt: Attempt, vm: dict[str, Any] | None, listed_at: datetime, now: datetime,
+                   report: SweepReport) -> None:
+    from labs.tasks import provision_attempt, teardown_attempt
+
+    provision_cutoff = now - timedelta(seconds=provision_redelivery_seconds())
+    if attempt.state == AttemptState.PROVISIONING:
+        if attempt.updated_at < provision_cutoff:
+            provision_attempt.delay(attempt.id)  # a worker died mid-provision; the task picks up where it was
+            report.requeued.append(attempt.id)
+        return
+    if attempt.state in (AttemptState.STARTING, AttemptState.RUNNING):
+        made_before_list = attempt.provisioned_at is not None and attempt.provisioned_at < listed_at
+        if vm is None and made_before_list:
+            if attempt_fail(attempt_id=attempt.id, reason=_("The VM was deleted outside the portal."),
+                            from_states=(AttemptState.STARTING, AttemptState.RUNNING)):
+                report.vanished.append(attempt.id)
+            return
+        timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
+        if attempt.state == AttemptState.STARTING and attempt.requested_at < now - timedelta(seconds=timeout):
+            reason = _("The VM did not start within %(minutes)d minutes.") % {"minutes": max(1, timeout // 60)}
+            detail = start_failure_detail(attempt=attempt, vm=vm)
+            if detail:
+                reason += " " + _("The cluster says: %(detail)s") % {"detail": detail}
+            if attempt_fail(attempt_id=attempt.id, reason=reason, from_states=(AttemptState.STARTING,)):
+                report.timed_out.append(attempt.id)
+        return
+    if attempt.state == AttemptState.STOPPING:
+        if vm is None:
+            if attempt.vm_deleted_at is None:
+                # Nothing to grade or delete; let the teardown (queued or lost) finish the bookkeeping.
+                stale = now - timedelta(seconds=provision_redelivery_seconds())
+                if attempt.stopping_at and attempt.stopping_at < stale and attempt_end(attempt_id=attempt.id):
+                    report.ended.append(attempt.id)
+                return
+            if attempt_end(attempt_id=attempt.id):
+                report.ended.append(attempt.id)
+            return
+        teardown_cutoff = now - timedelta(seconds=teardown_redelivery_seconds())
+        since = attempt.vm_deleted_at or attempt.stopping_at
+        if since is not None and since < teardown_cutoff and not (vm.get("metadata") or {}).get("deletionTimestamp"):
+            teardown_attempt.delay(attempt.id)
+            report.requeued.append(attempt.id)
+
+
+def start_failure_detail(*, attempt: Attempt, vm: dict[str, Any] | None) -> str:
+    """What the cluster says about a VM that would not start: printable status, last problem, Warning events."""
+    parts = []
+    problem = status.vm_problem(vm)
+    if problem:
+        parts.append(problem)
+    if attempt.status_message and attempt.status_message not in parts:
+        parts.append(attempt.status_message)
+    try:
+        events = status.events_problem(operations.events_for(namespace=attempt.namespace, name=attempt.vm_name))
+    except ClusterError as error:
+        logger.info("attempt %s: events unavailable (%s)", attempt.id, error.message)
+        events = ""
+    if events:
+        parts.append(events)
+    if not parts and vm is not None:
+        printable = (vm.get("status") or {}).get("printableStatus")
+        if printable:
+            parts.append(_("the VM's status is %(status)s") % {"status": printable})
+    return " ".join(parts)

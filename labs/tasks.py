@@ -1,0 +1,129 @@
+"""Celery tasks of the attempt lifecycle. Thin: each calls a service and decides about retries.
+
+- ``provision_attempt(attempt_id)``: Secret and VM on the cluster (queued on commit by ``attempt_start``).
+- ``teardown_attempt(attempt_id)``: final grading, then VM and Secret deleted (queued by stop, expiry, failure).
+- ``sync_attempts()`` (beat, every ``ATTEMPT_SYNC_INTERVAL_SECONDS``): expiry, then one VMI list per due namespace.
+- ``sync_namespace(namespace)``: the same for one namespace, queued right after a VM is created.
+- ``sweep_attempts()`` (beat, every ``ATTEMPT_SWEEP_INTERVAL_SECONDS``): orphans, vanished VMs, timeouts.
+
+Tasks are idempotent (see ``labs.services.provisioning``), run with ``acks_late`` (a worker lost mid-task means a
+redelivery, which converges), and retry transient cluster errors (5xx, 429, connection trouble) with capped
+exponential backoff; a provisioning that keeps failing marks the attempt failed with the cluster's words. Called
+directly (``provision_attempt(42)``) they are plain functions, which is how the tests drive them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import secrets
+
+from celery import shared_task
+from django.conf import settings
+from django.core.cache import cache
+from django.utils.translation import gettext as _
+
+from labs.kubevirt.operations import ClusterError
+from labs.services import provisioning, sweeping, tracking
+
+logger = logging.getLogger(__name__)
+
+BACKOFF_BASE_SECONDS = 1.0
+BACKOFF_CAP_SECONDS = 60.0
+MAX_RETRIES = 8
+SOFT_LIMIT = settings.ATTEMPT_TASK_SOFT_TIME_LIMIT_SECONDS
+HARD_LIMIT = SOFT_LIMIT + 30
+SYNC_LOCK_KEY = "labs:sync:lock"
+SWEEP_LOCK_KEY = "labs:sweep:lock"
+
+
+def backoff_seconds(retries: int, retry_after: float | None = None) -> float:
+    """1, 2, 4 … seconds capped at a minute, with up to 25 % jitter; at least what the server asked for."""
+    delay = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * (2 ** retries))
+    delay += delay * secrets.randbelow(250) / 1000
+    return max(delay, retry_after or 0.0)
+
+
+def _retry_or_raise(task, error: ClusterError) -> None:
+    if error.transient and task.request.retries < task.max_retries:
+        raise task.retry(exc=error, countdown=backoff_seconds(task.request.retries, error.retry_after))
+
+
+@shared_task(bind=True, acks_late=True, max_retries=MAX_RETRIES, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
+def provision_attempt(self, attempt_id: int) -> str:
+    try:
+        return provisioning.attempt_provision(attempt_id=attempt_id)
+    except ClusterError as error:
+        _retry_or_raise(self, error)
+        logger.error("provisioning attempt %s failed for good: %s", attempt_id, error.message)
+        provisioning.attempt_fail(
+            attempt_id=attempt_id,
+            reason=_("The cluster did not accept the lab's VM (%(error)s). Try again later.")
+            % {"error": error.message},
+        )
+        return provisioning.ProvisionOutcome.FAILED
+
+
+@shared_task(bind=True, acks_late=True, max_retries=MAX_RETRIES)
+def teardown_attempt(self, attempt_id: int) -> str:
+    try:
+        return provisioning.attempt_teardown(attempt_id=attempt_id)
+    except ClusterError as error:
+        _retry_or_raise(self, error)
+        # Given up for now: the sweep sees the VM still there and tries again.
+        logger.error("tearing down attempt %s failed: %s", attempt_id, error.message)
+        return "error"
+
+
+def _record_heartbeat(errors: list[str]) -> None:
+    """Tell the readiness probe (``portal.health``) whether the sync loop can see the cluster."""
+    if importlib.util.find_spec("portal.health") is None:
+        return
+    from portal import health
+
+    if errors:
+        health.record_sync_error(message="; ".join(errors))
+    else:
+        health.record_sync_success()
+
+
+@shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
+def sync_attempts() -> dict:
+    # One sync at a time across workers: an overlapping one would only repeat the same lists.
+    if not cache.add(SYNC_LOCK_KEY, "1", timeout=HARD_LIMIT):
+        return {"skipped": True}
+    try:
+        report = tracking.attempts_sync()
+    except Exception as exc:
+        _record_heartbeat([f"{exc.__class__.__name__}: {exc}"])
+        raise
+    finally:
+        cache.delete(SYNC_LOCK_KEY)
+    _record_heartbeat(report.errors)
+    return {"namespaces": len(report.namespaces), "changed": report.changed, "running": report.running,
+            "failed": report.failed, "ended": report.ended, "expired": report.expired, "errors": report.errors}
+
+
+@shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
+def sync_namespace(namespace: str) -> dict:
+    try:
+        report = tracking.namespace_sync(namespace=namespace)
+    except ClusterError as error:
+        logger.info("follow-up sync of %s failed (%s); the beat sync will retry", namespace, error.message)
+        return {"error": error.message}
+    return {"running": report.running, "changed": report.changed, "failed": report.failed}
+
+
+@shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
+def sweep_attempts() -> dict:
+    if not cache.add(SWEEP_LOCK_KEY, "1", timeout=HARD_LIMIT):
+        return {"skipped": True}
+    try:
+        report = sweeping.attempts_sweep()
+    finally:
+        cache.delete(SWEEP_LOCK_KEY)
+    return {
+        "namespaces": report.namespaces, "orphan_vms_deleted": report.orphan_vms_deleted,
+        "orphan_secrets_deleted": report.orphan_secrets_deleted, "vanished": report.vanished,
+        "timed_out": report.timed_out, "ended": report.ended, "requeued": report.requeued, "errors": report.errors,
+    }
