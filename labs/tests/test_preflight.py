@@ -1,0 +1,87 @@
+"""Preflight: the assessment in plain words, and against kubesim clusters configured both ways."""
+
+from __future__ import annotations
+
+import pytest
+
+from labs.kubevirt import preflight
+from labs.kubevirt.preflight import ClusterFacts
+
+
+def kubevirt(version="v1.9.0", gates=(), disabled=(), phase="Deployed", emulation=False):
+    developer = {}
+    if gates:
+        developer["featureGates"] = list(gates)
+    if disabled:
+        developer["disabledFeatureGates"] = list(disabled)
+    if emulation:
+        developer["useEmulation"] = True
+    return {"spec": {"configuration": {"developerConfiguration": developer}},
+            "status": {"observedKubeVirtVersion": version, "phase": phase}}
+
+
+def node(runtime="containerd://2.3.2", kvm="1000"):
+    return {"status": {"allocatable": {"cpu": "16", "devices.kubevirt.io/kvm": kvm},
+                       "nodeInfo": {"containerRuntimeVersion": runtime}}}
+
+
+def codes(findings):
+    return {f.code: f.level for f in findings}
+
+
+def test_healthy_cluster_gives_only_the_running_note():
+    findings = preflight.assess(ClusterFacts("v1.33.5", kubevirt(), [node()]))
+    assert codes(findings) == {"running_deprecated": "info"}
+    assert not preflight.blocking(findings)
+
+
+def test_image_volume_on_with_an_old_containerd_is_blocking_and_names_the_fix():
+    findings = preflight.assess(ClusterFacts("v1.33.5", kubevirt(), [node("containerd://2.2.3")] * 2))
+    finding = next(f for f in findings if f.code == "image_volume_unsupported")
+    assert finding.level == "error"
+    assert "containerd://2.2.3" in finding.message and "no such file or directory" in finding.message
+    assert "disabledFeatureGates" in finding.fix
+    assert preflight.blocking(findings)
+
+
+def test_image_volume_disabled_explicitly_is_clean_even_with_an_old_runtime():
+    findings = preflight.assess(ClusterFacts("v1.33.5", kubevirt(disabled=["ImageVolume"]),
+                                             [node("containerd://2.2.3")]))
+    assert "image_volume_unsupported" not in codes(findings)
+
+
+def test_before_v1_9_the_beta_gate_is_off_unless_enabled():
+    old = [node("containerd://2.2.3")]
+    assert "image_volume_unsupported" not in codes(preflight.assess(ClusterFacts("v1.33.5", kubevirt("v1.8.2"), old)))
+    enabled = preflight.assess(ClusterFacts("v1.33.5", kubevirt("v1.8.2", gates=["ImageVolume"]), old))
+    assert codes(enabled)["image_volume_unsupported"] == "error"
+
+
+def test_mixed_or_unknown_runtimes_warn():
+    mixed = preflight.assess(ClusterFacts("v1.33.5", kubevirt(), [node(), node("containerd://2.2.3")]))
+    assert codes(mixed)["image_volume_unsupported"] == "warning"
+    unknown = preflight.assess(ClusterFacts("v1.33.5", kubevirt(), [node("docker://27.1.0")]))
+    assert codes(unknown)["image_volume_unverified"] == "warning"
+    assert not preflight.blocking(unknown)
+
+
+def test_no_kvm_is_blocking_unless_emulating():
+    findings = preflight.assess(ClusterFacts("v1.33.5", kubevirt(), [node(kvm="0")]))
+    assert codes(findings)["no_kvm"] == "error"
+    emulated = preflight.assess(ClusterFacts("v1.33.5", kubevirt(emulation=True), [node(kvm="0")]))
+    assert codes(emulated)["software_emulation"] == "warning"
+    assert not preflight.blocking(emulated)
+
+
+def test_missing_kubevirt_and_unfinished_deploy():
+    assert codes(preflight.assess(ClusterFacts("v1.33.5", None, [node()])))["kubevirt_missing"] == "error"
+    deploying = preflight.assess(ClusterFacts("v1.33.5", kubevirt(phase="Deploying"), [node()]))
+    assert codes(deploying)["kubevirt_not_deployed"] == "warning"
+
+
+@pytest.mark.parametrize(("runtime", "verdict"), [
+    ("containerd://2.2.3", False), ("containerd://2.3.0", True), ("containerd://1.7.27", False),
+    ("cri-o://1.30.4", False), ("cri-o://1.31.0", True), ("docker://27.1.0", None), ("", None),
+])
+def test_runtime_support_table(runtime, verdict):
+    assert preflight.runtime_mounts_image_volumes(runtime) is verdict
