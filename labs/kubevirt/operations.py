@@ -62,6 +62,14 @@ def _retry_after(exc: ApiException) -> float | None:
         return None
 
 
+def _count_error(*, doing: str, reason: str) -> None:
+    """Count the failure for /metrics (shared by every process); the operation is the first two words of
+    ``doing`` ("creating VM", "listing virtualmachineinstances"), never the object's name."""
+    from portal.metrics import record_cluster_api_error
+
+    record_cluster_api_error(operation="_".join(doing.split()[:2]).lower(), reason=reason)
+
+
 def cluster_error(exc: BaseException, *, doing: str) -> ClusterError:
     """The portal's view of a failed request: what was being done, what the cluster said, retry or not."""
     if isinstance(exc, ClusterError):
@@ -72,8 +80,10 @@ def cluster_error(exc: BaseException, *, doing: str) -> ClusterError:
         # A ResourceQuota refusal (403 "exceeded quota") while a stopped VM is still terminating clears by itself.
         quota = status == 403 and "exceeded quota" in message
         transient = status in TRANSIENT_STATUSES or status is None or quota
+        _count_error(doing=doing, reason=str(status or "unknown"))
         return ClusterError(f"{doing}: {message}", status=status, transient=transient, retry_after=_retry_after(exc))
     if isinstance(exc, (urllib3.exceptions.HTTPError, OSError, TimeoutError)):
+        _count_error(doing=doing, reason="connection")
         return ClusterError(f"{doing}: cannot reach the cluster API ({exc.__class__.__name__}: {exc})",
                             transient=True)
     if isinstance(exc, client.ClusterNotConfigured):
