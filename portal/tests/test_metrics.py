@@ -208,3 +208,20 @@ def test_a_broken_source_is_reported_and_the_rest_still_served(client, settings)
     assert samples[("portal_metrics_source_up", (("source", "sync"),))] == 0
     assert samples[("portal_metrics_source_up", (("source", "attempts"),))] == 1
     assert ("portal_attempts_by_state", (("state", "running"),)) in samples
+
+
+@pytest.mark.django_db
+def test_failed_cluster_calls_are_counted_by_operation_and_status(client, cluster):
+    from labs.kubevirt import operations
+
+    # 500, not 503: urllib3 itself retries a 503 that carries Retry-After, as kubesim's does.
+    cluster.admin.inject_fault(code=500, verbs=["list"], resources=["virtualmachineinstances"], count=1)
+    try:
+        with pytest.raises(operations.ClusterError):
+            operations.vmis_list(namespace="default")
+    finally:
+        cluster.admin.clear_faults()
+    assert operations.vmis_list(namespace="default") == []  # succeeded: not counted
+    samples = scrape(client)
+    key = ("portal_cluster_api_errors_total", (("operation", "listing_virtualmachineinstances"), ("reason", "500")))
+    assert samples[key] == 1
