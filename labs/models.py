@@ -186,6 +186,8 @@ class Attempt(models.Model):
     agent_ready_at = models.DateTimeField(_("agent ready"), null=True, blank=True)
     stopping_at = models.DateTimeField(_("stopping"), null=True, blank=True)
     ended_at = models.DateTimeField(_("ended"), null=True, blank=True)
+    # The VMI the attempt is following; a different one after Running means the VM restarted (its disk reset).
+    vmi_uid = models.CharField(_("VMI uid"), max_length=64, blank=True)
     # What the cluster says while the VM is not running yet (no room, image pull trouble), shown as progress.
     status_message = models.TextField(_("cluster message"), blank=True)
     # When the portal asked the cluster to delete the VM; the attempt ends once the VMI is gone.

@@ -42,6 +42,7 @@ class Problem:
 @dataclass(frozen=True)
 class VmiObservation:
     phase: str
+    uid: str = ""
     phase_times: dict[str, datetime] = field(default_factory=dict)
     node_name: str = ""
     # A reason the VM is not (yet) running, in plain words; empty when all is well.
@@ -95,6 +96,7 @@ def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
     conditions = _conditions(vmi)
     times = phase_times(vmi)
     node = status.get("nodeName") or ""
+    uid = (vmi.get("metadata") or {}).get("uid") or ""
 
     if phase == "Failed":
         reason = status.get("reason") or ""
@@ -103,7 +105,7 @@ def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
         words = ": ".join(part for part in (reason, detail) if part) or _("no reason given")
         code = Problem.IMAGE_VOLUME if image_volume_hint(detail) else Problem.VMI_FAILED
         return VmiObservation(
-            phase=phase, phase_times=times, node_name=node, problem_code=code,
+            phase=phase, uid=uid, phase_times=times, node_name=node, problem_code=code,
             problem=_("The VM failed (%(reason)s).") % {"reason": words} + image_volume_hint(detail),
             problem_since=times.get("Failed") or _time(synchronized.get("lastTransitionTime")),
         )
@@ -111,7 +113,7 @@ def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
     scheduled = conditions.get("PodScheduled") or {}
     if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
         return VmiObservation(
-            phase=phase, phase_times=times, node_name=node, problem_code=Problem.UNSCHEDULABLE,
+            phase=phase, uid=uid, phase_times=times, node_name=node, problem_code=Problem.UNSCHEDULABLE,
             problem=_("No node in the cluster has room for this VM right now (the scheduler says: %(why)s).")
             % {"why": scheduled.get("message") or _("no reason given")},
             problem_since=_time(scheduled.get("lastTransitionTime")) or times.get("Pending"),
@@ -120,14 +122,14 @@ def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
     synchronized = conditions.get("Synchronized") or {}
     if synchronized.get("status") == "False" and synchronized.get("reason") in IMAGE_PULL_REASONS:
         return VmiObservation(
-            phase=phase, phase_times=times, node_name=node, problem_code=Problem.IMAGE_PULL,
+            phase=phase, uid=uid, phase_times=times, node_name=node, problem_code=Problem.IMAGE_PULL,
             problem=_("The lab's disk image could not be downloaded (%(reason)s: %(message)s). Ask your instructor "
                       "to check the lab's VM image.")
             % {"reason": synchronized.get("reason"), "message": synchronized.get("message") or ""},
             problem_since=_time(synchronized.get("lastTransitionTime")) or times.get("Pending"),
         )
 
-    return VmiObservation(phase=phase, phase_times=times, node_name=node)
+    return VmiObservation(phase=phase, uid=uid, phase_times=times, node_name=node)
 
 
 # VM printableStatus values that name a problem, in plain words (reference §1, precedence list).

@@ -149,7 +149,25 @@ def _observed_changes(attempt: Attempt, observation: status.VmiObservation) -> d
         changes["phase"] = observation.phase
     if observation.node_name and observation.node_name != attempt.node_name:
         changes["node_name"] = observation.node_name
+    if observation.uid and observation.uid != attempt.vmi_uid:
+        changes["vmi_uid"] = observation.uid
     return changes
+
+
+def _fail_restarted(attempt: Attempt) -> str:
+    """The VMI the attempt followed ended after running and KubeVirt made a new one (runStrategy Always): the
+    guest crashed or was shut down, and a containerDisk starts fresh, so the student's work is gone. The old
+    VMI's reason survives only in Events, read here (a rare path, one request)."""
+    reason = _("The VM stopped unexpectedly (it crashed or was shut down from inside) and was restarted from a "
+               "fresh disk, so the work in it is lost.")
+    try:
+        detail = status.events_problem(operations.events_for(namespace=attempt.namespace, name=attempt.vm_name))
+    except ClusterError as error:
+        logger.info("attempt %s: events unavailable (%s)", attempt.id, error.message)
+        detail = ""
+    if detail:
+        reason += " " + _("The cluster says: %(detail)s") % {"detail": detail}
+    return Outcome.FAILED if attempt_fail(attempt_id=attempt.id, reason=reason) else Outcome.UNCHANGED
 
 
 def attempt_observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> str:
@@ -162,6 +180,8 @@ def attempt_observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: dateti
         return Outcome.UNCHANGED  # no VMI yet: still starting; a VM gone altogether is the sweep's to judge
 
     observation = status.observe_vmi(vmi)
+    if attempt.vmi_uid and observation.uid and observation.uid != attempt.vmi_uid and attempt.vmi_running_at:
+        return _fail_restarted(attempt)
     changes = _observed_changes(attempt, observation)
     if attempt.state == AttemptState.PROVISIONING:
         # The VM exists but its provisioning never recorded it (a worker died after creating it).

@@ -1,0 +1,51 @@
+"""``python manage.py cluster_check``: can the configured cluster run the portal's lab VMs?
+
+Reads ``/version``, the KubeVirt resource and the nodes, and prints each finding in plain words with its fix.
+Exits 1 when a problem blocks lab VMs (unreachable API, no KubeVirt, no KVM, image volumes that cannot work),
+0 otherwise. ``--json`` prints the findings as a JSON list; ``--strict`` also fails on warnings.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from labs.kubevirt import preflight
+
+
+class Command(BaseCommand):
+    help = "Check that the cluster can run the portal's lab VMs (KubeVirt, KVM nodes, feature gates)."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--json", action="store_true", help="Print the findings as JSON.")
+        parser.add_argument("--strict", action="store_true", help="Exit non-zero on warnings too.")
+
+    def handle(self, *args, **options) -> None:
+        facts = preflight.gather()
+        findings = preflight.assess(facts)
+        if options["json"]:
+            self.stdout.write(json.dumps({
+                "server_version": facts.server_version,
+                "kubevirt_version": preflight.kubevirt_version(facts.kubevirt),
+                "nodes": len(facts.nodes),
+                "findings": preflight.findings_as_json(findings),
+            }, indent=2))
+        else:
+            self.stdout.write(
+                f"Kubernetes {facts.server_version or '?'}, KubeVirt "
+                f"{preflight.kubevirt_version(facts.kubevirt) or '?'}, {len(facts.nodes)} node(s)."
+            )
+            styles = {preflight.ERROR: self.style.ERROR, preflight.WARNING: self.style.WARNING,
+                      preflight.INFO: self.style.NOTICE}
+            for finding in findings:
+                self.stdout.write(styles[finding.level](f"{finding.level.upper()}: {finding.message}"))
+                if finding.fix:
+                    self.stdout.write(f"  Fix: {finding.fix}")
+            if not any(f.level in (preflight.ERROR, preflight.WARNING) for f in findings):
+                self.stdout.write(self.style.SUCCESS("The cluster can run lab VMs."))
+        failing = preflight.blocking(findings) or (
+            options["strict"] and any(f.level == preflight.WARNING for f in findings)
+        )
+        if failing:
+            raise CommandError("The cluster cannot run lab VMs as it is; see the findings above.", returncode=1)

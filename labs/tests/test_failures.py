@@ -1,0 +1,115 @@
+"""VMs that do not come up, and the reasons students read: a VMI that fails, a VM nobody can schedule, an image
+that cannot be pulled, and KubeVirt's ImageVolume on a runtime without image volumes.
+
+Runs against its own small kubesim (one node with 4 CPUs and 4Gi), so a large lab cannot be scheduled and the
+KubeVirt configuration can be changed without touching the session's cluster.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from labs.kubevirt import client
+from labs.models import Attempt, AttemptState
+from labs.services import attempt_start
+from labs.tests.conftest import sync_until, vm_names, wait_until
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="module")
+def tight_kubesim(tmp_path_factory):
+    from kubesim.testing import KubesimServer
+
+    with KubesimServer(tmp_path_factory.mktemp("tight-kubesim"), nodes=1, node_cpu="4", node_memory="4Gi") as server:
+        yield server
+
+
+@pytest.fixture
+def tight_cluster(tight_kubesim, lifecycle, settings):
+    """The lifecycle fixture, pointed at the small cluster instead of the session's."""
+    settings.KUBECONFIG = str(tight_kubesim.kubeconfig)
+    client.reset()
+    yield tight_kubesim
+    tight_kubesim.admin.set_kubevirt(disabled_feature_gates=[], image_volume_supported=True)
+
+
+def started(student, lab, capture) -> Attempt:
+    with capture(execute=True):
+        attempt = attempt_start(actor=student, lab=lab)
+    attempt.refresh_from_db()
+    return attempt
+
+
+def test_a_running_vmi_that_fails_fails_the_attempt_with_the_cluster_reason(
+        tight_cluster, student_a, lab_a, django_capture_on_commit_callbacks):
+    attempt = started(student_a, lab_a, django_capture_on_commit_callbacks)
+    sync_until(attempt, AttemptState.RUNNING)
+    tight_cluster.admin.fail_vmi(attempt.namespace, attempt.vm_name, reason="Crashed",
+                                 message="qemu exited with signal 9")
+    with django_capture_on_commit_callbacks(execute=True):
+        sync_until(attempt, AttemptState.FAILED)
+    assert attempt.failure_reason.startswith("The VM stopped unexpectedly")
+    assert "Crashed" in attempt.failure_reason and "qemu exited with signal 9" in attempt.failure_reason
+    assert attempt.ended_at is not None
+    # The failed attempt's VM is cleaned up (runStrategy Always would otherwise restart it).
+    wait_until(lambda: vm_names(attempt.namespace) == [], what="the failed VM to be deleted")
+
+
+def test_an_unschedulable_vm_fails_with_the_schedulers_words(
+        tight_cluster, student_a, course_a, django_capture_on_commit_callbacks):
+    from conftest import make_lab
+
+    large = make_lab(course_a, title="Kubernetes the hard way", size="large")
+    attempt = started(student_a, large, django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=True):
+        sync_until(attempt, AttemptState.FAILED)
+    assert "No node in the cluster has room for this VM" in attempt.failure_reason
+    assert "Insufficient" in attempt.failure_reason
+    assert "does not count against your attempt limit" in attempt.failure_reason
+    assert attempt.pending_at is not None and attempt.vmi_running_at is None
+    wait_until(lambda: vm_names(attempt.namespace) == [], what="the unschedulable VM to be deleted")
+
+
+def test_unschedulable_within_the_grace_is_shown_as_progress_not_failure(
+        tight_cluster, settings, student_a, course_a, django_capture_on_commit_callbacks):
+    from conftest import make_lab
+
+    settings.ATTEMPT_FAILURE_GRACE_SECONDS = 300
+    large = make_lab(course_a, title="Big", size="large")
+    attempt = started(student_a, large, django_capture_on_commit_callbacks)
+
+    def waiting_with_reason() -> bool:
+        attempt.refresh_from_db()
+        return "No node in the cluster has room" in attempt.status_message
+
+    from labs.services import tracking
+
+    wait_until(waiting_with_reason, step=lambda: tracking.namespace_sync(namespace=attempt.namespace),
+               what="the unschedulable message")
+    assert attempt.state == AttemptState.STARTING and attempt.failure_reason == ""
+
+
+def test_a_bad_image_fails_with_an_image_pull_reason(
+        tight_cluster, student_a, course_a, django_capture_on_commit_callbacks):
+    from conftest import make_lab
+
+    lab = make_lab(course_a, title="Typo in the image")
+    lab.image = "quay.io/containerdisks/missing-fedora:41"
+    lab.save(update_fields=["image"])
+    attempt = started(student_a, lab, django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=True):
+        sync_until(attempt, AttemptState.FAILED)
+    assert "disk image could not be downloaded" in attempt.failure_reason
+    assert "ErrImagePull" in attempt.failure_reason
+    assert "missing-fedora" in attempt.failure_reason
+
+
+def test_image_volume_without_runtime_support_explains_the_fix(
+        tight_cluster, student_a, lab_a, django_capture_on_commit_callbacks):
+    tight_cluster.admin.set_kubevirt(image_volume_supported=False)
+    attempt = started(student_a, lab_a, django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=True):
+        sync_until(attempt, AttemptState.FAILED)
+    assert "container-disk" in attempt.failure_reason
+    assert "disabledFeatureGates" in attempt.failure_reason

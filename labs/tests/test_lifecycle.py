@@ -1,0 +1,139 @@
+"""An attempt's life against kubesim and PostgreSQL: start to running, stop, expiry, idempotent provisioning."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from labs import tasks
+from labs.kubevirt import client, names, operations
+from labs.models import Attempt, AttemptState, TenantNamespace
+from labs.services import attempt_start, attempt_stop, provisioning, tracking
+from labs.tests.conftest import sync_until, vm_names, wait_until
+from portal.models import AuditEvent
+
+pytestmark = pytest.mark.django_db
+
+
+def start(student, lab, capture) -> Attempt:
+    with capture(execute=True):
+        return attempt_start(actor=student, lab=lab)
+
+
+def test_start_reaches_running_with_every_phase_timestamp(lifecycle, student_a, lab_a,
+                                                          django_capture_on_commit_callbacks):
+    attempt = start(student_a, lab_a, django_capture_on_commit_callbacks)
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.STARTING
+    assert attempt.vm_name == f"attempt-{attempt.id}" and attempt.namespace == lab_a.course.tenant.namespace
+    assert attempt.provisioned_at is not None
+    assert AuditEvent.objects.filter(action="attempt.start", target_id=str(attempt.id), actor=student_a).exists()
+
+    sync_until(attempt, AttemptState.RUNNING)
+    assert attempt.phase == "Running"
+    assert attempt.node_name
+    stamps = [attempt.requested_at, attempt.provisioned_at, attempt.pending_at, attempt.scheduling_at,
+              attempt.scheduled_at, attempt.vmi_running_at, attempt.agent_ready_at]
+    assert all(stamps), stamps
+    assert attempt.pending_at <= attempt.scheduling_at <= attempt.scheduled_at <= attempt.vmi_running_at
+    assert attempt.vmi_running_at <= attempt.agent_ready_at
+    assert attempt.expires_at == attempt.agent_ready_at + timedelta(minutes=lab_a.time_limit_minutes)
+
+    # What reached the cluster: the VM with our labels, its Secret owned by it, the namespace's guard rails.
+    vm = operations.vm_get(namespace=attempt.namespace, name=attempt.vm_name)
+    assert vm["spec"]["runStrategy"] == "Always"
+    assert names.attempt_id_from_labels(vm["metadata"]["labels"]) == attempt.id
+    secret = client.core_v1().read_namespaced_secret(names.cloud_init_secret_name(attempt.vm_name), attempt.namespace)
+    assert [ref.name for ref in secret.metadata.owner_references] == [attempt.vm_name]
+    policies = client.networking_v1().list_namespaced_network_policy(attempt.namespace).items
+    assert {p.metadata.name for p in policies} == {names.DEFAULT_DENY_POLICY, names.AGENT_POLICY}
+    quota = client.core_v1().read_namespaced_resource_quota(names.RESOURCE_QUOTA, attempt.namespace)
+    assert quota.spec.hard["count/virtualmachines.kubevirt.io"] == str(lab_a.course.tenant.max_concurrent_vms)
+    assert TenantNamespace.objects.get(namespace=attempt.namespace).bootstrapped_at is not None
+
+
+def test_stop_deletes_the_vm_and_ends_the_attempt(lifecycle, student_a, lab_a, django_capture_on_commit_callbacks):
+    attempt = start(student_a, lab_a, django_capture_on_commit_callbacks)
+    sync_until(attempt, AttemptState.RUNNING)
+    with django_capture_on_commit_callbacks(execute=True):
+        stopped = attempt_stop(actor=student_a, attempt=attempt)
+    assert stopped.state == AttemptState.STOPPING and stopped.stop_reason == "student"
+    attempt.refresh_from_db()
+    assert attempt.vm_deleted_at is not None and attempt.final_grading_at is not None
+    assert AuditEvent.objects.filter(action="attempt.stop", target_id=str(attempt.id)).exists()
+    sync_until(attempt, AttemptState.STOPPED)
+    assert attempt.ended_at is not None
+    wait_until(lambda: vm_names(attempt.namespace) == [], what="the VM to be gone")
+    # The stop graded once more, through the agent, before the VM went.
+    assert attempt.runs.filter(trigger="stop").count() == 1
+
+
+def test_expiry_grades_once_more_then_deletes_the_vm(lifecycle, student_a, lab_a,
+                                                     django_capture_on_commit_callbacks):
+    attempt = start(student_a, lab_a, django_capture_on_commit_callbacks)
+    sync_until(attempt, AttemptState.RUNNING)
+    Attempt.objects.filter(id=attempt.id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert tracking.attempts_expire_due() == 1
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.STOPPING and attempt.stop_reason == "expired"
+    sync_until(attempt, AttemptState.EXPIRED)
+    wait_until(lambda: vm_names(attempt.namespace) == [], what="the VM to be gone")
+    run = attempt.runs.get(trigger="expiry")
+    assert run.state in ("done", "error")
+
+
+def test_the_same_provision_delivered_twice_makes_one_vm(lifecycle, student_a, lab_a, eager_tasks):
+    # No on-commit execution: provisioning is delivered by hand, twice, as a redelivering broker would.
+    attempt = attempt_start(actor=student_a, lab=lab_a)
+    assert tasks.provision_attempt(attempt.id) == "created"
+    assert tasks.provision_attempt(attempt.id) == "skipped"
+    # And a third delivery that finds the attempt still provisioning (the first one's update lost) converges.
+    Attempt.objects.filter(id=attempt.id).update(state=AttemptState.PROVISIONING, provisioned_at=None)
+    assert tasks.provision_attempt(attempt.id) == "created"
+    assert vm_names(attempt.namespace) == [attempt.vm_name]
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.STARTING
+
+
+def test_a_worker_killed_mid_provision_converges_on_rerun(lifecycle, student_a, lab_a):
+    attempt = attempt_start(actor=student_a, lab=lab_a)
+    # The first worker claimed the attempt and created the Secret, then died before the VM.
+    Attempt.objects.filter(id=attempt.id).update(state=AttemptState.PROVISIONING)
+    provisioning.tenant_namespace_ensure(tenant=lab_a.course.tenant)
+    from guest.cloud_init import render_user_data
+    from labs.kubevirt import manifests
+
+    labels = names.attempt_labels(tenant_id=attempt.tenant_id, course_id=lab_a.course_id, lab_id=lab_a.id,
+                                  attempt_id=attempt.id)
+    operations.secret_create(manifests.cloud_init_secret(
+        name=names.cloud_init_secret_name(attempt.vm_name), namespace=attempt.namespace, labels=labels,
+        user_data=render_user_data(token=attempt.agent_token)))
+    assert vm_names(attempt.namespace) == []
+
+    assert tasks.provision_attempt(attempt.id) == "created"
+    assert vm_names(attempt.namespace) == [attempt.vm_name]
+    sync_until(attempt, AttemptState.RUNNING)
+
+
+def test_a_vm_created_but_never_recorded_is_picked_up_by_the_sync(lifecycle, student_a, lab_a):
+    attempt = attempt_start(actor=student_a, lab=lab_a)
+    tasks.provision_attempt(attempt.id)
+    # As if the worker died after creating the VM and before recording it.
+    Attempt.objects.filter(id=attempt.id).update(state=AttemptState.PROVISIONING, provisioned_at=None)
+    sync_until(attempt, AttemptState.RUNNING)
+    assert attempt.provisioned_at is not None
+
+
+def test_stopping_before_provisioning_ran_ends_without_a_vm(lifecycle, student_a, lab_a,
+                                                            django_capture_on_commit_callbacks):
+    attempt = attempt_start(actor=student_a, lab=lab_a)  # provisioning never delivered (callbacks not run)
+    with django_capture_on_commit_callbacks(execute=True):
+        attempt_stop(actor=student_a, attempt=attempt)
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.STOPPED
+    # The late provisioning delivery does nothing.
+    assert tasks.provision_attempt(attempt.id) == "skipped"
+    assert vm_names(attempt.namespace) == []
