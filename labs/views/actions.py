@@ -1,0 +1,109 @@
+"""The attempt's buttons: Start, Stop, Extend and Check. POST only, CSRF-protected, one class per endpoint.
+
+The page's script posts with ``fetch`` and ``Accept: application/json`` and gets JSON (the attempt's status, or
+the queued grading run); a plain form post (no script) gets a redirect and a message. Refusals from the
+services (``ApplicationError``) come back with their status code and message either way.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.mixins import LoginRequiredMixin
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect
+from django.urls import reverse
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+from django.views import View
+
+from grading.selectors import grading_run_payload, lab_get_for_student
+from grading.services import grading_run_request
+from labs.models import Attempt
+from labs.selectors import attempt_get_for_user, attempt_status_payload
+from labs.services import attempt_extend, attempt_start, attempt_stop
+from portal.errors import ApplicationError
+
+
+def wants_json(request: HttpRequest) -> bool:
+    return "application/json" in request.headers.get("Accept", "")
+
+
+def refusal(request: HttpRequest, error: ApplicationError, *, fallback_url: str) -> HttpResponse:
+    if wants_json(request):
+        response = JsonResponse({"error": error.message, "code": error.code}, status=error.status_code)
+        if error.retry_after:
+            response["Retry-After"] = str(error.retry_after)
+        return response
+    messages.error(request, error.message)
+    return redirect(fallback_url)
+
+
+def lab_url(attempt: Attempt) -> str:
+    return reverse("labs:lab_detail", args=[attempt.lab_id])
+
+
+class AttemptStartView(LoginRequiredMixin, View):
+    def post(self, request: HttpRequest, lab_id: int) -> HttpResponse:
+        fallback = reverse("labs:lab_detail", args=[lab_id])
+        try:
+            lab = lab_get_for_student(user=request.user, lab_id=lab_id)
+            attempt = attempt_start(actor=request.user, lab=lab)
+        except ApplicationError as error:
+            return refusal(request, error, fallback_url=fallback)
+        if wants_json(request):
+            return JsonResponse({"attempt": attempt_status_payload(attempt)}, status=201)
+        return redirect(fallback)
+
+
+class _AttemptActionView(LoginRequiredMixin, View):
+    """Look the attempt up for this user (same 404 for missing and forbidden), run the service, answer."""
+
+    success_message: str = ""
+
+    def act(self, request: HttpRequest, attempt: Attempt) -> Attempt:
+        raise NotImplementedError
+
+    def post(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
+        fallback = reverse("dashboard")
+        try:
+            attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
+            fallback = lab_url(attempt)
+            attempt = self.act(request, attempt)
+        except ApplicationError as error:
+            return refusal(request, error, fallback_url=fallback)
+        if wants_json(request):
+            return JsonResponse({"attempt": attempt_status_payload(attempt)})
+        if self.success_message:
+            messages.success(request, str(self.success_message))
+        return redirect(fallback)
+
+
+class AttemptStopView(_AttemptActionView):
+    success_message = gettext_lazy("Stopping the lab.")
+
+    def act(self, request: HttpRequest, attempt: Attempt) -> Attempt:
+        return attempt_stop(actor=request.user, attempt=attempt)
+
+
+class AttemptExtendView(_AttemptActionView):
+    success_message = gettext_lazy("The time limit was extended.")
+
+    def act(self, request: HttpRequest, attempt: Attempt) -> Attempt:
+        return attempt_extend(actor=request.user, attempt=attempt)
+
+
+class AttemptCheckView(LoginRequiredMixin, View):
+    """The Check button: queue a grading run; results arrive on the attempt's events socket."""
+
+    def post(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
+        fallback = reverse("dashboard")
+        try:
+            attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
+            fallback = lab_url(attempt)
+            run = grading_run_request(actor=request.user, attempt=attempt)
+        except ApplicationError as error:
+            return refusal(request, error, fallback_url=fallback)
+        if wants_json(request):
+            return JsonResponse({"run": grading_run_payload(run)}, status=202)
+        messages.success(request, _("Checking your work; the results appear on this page."))
+        return redirect(fallback)

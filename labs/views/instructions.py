@@ -1,0 +1,33 @@
+"""Lab instructions: Markdown written by instructors, rendered to HTML and sanitised before it reaches a page."""
+
+from __future__ import annotations
+
+import markdown
+import nh3
+from django.utils.safestring import SafeString, mark_safe
+
+MARKDOWN_EXTENSIONS = ["fenced_code", "tables", "sane_lists", "def_list"]
+
+ALLOWED_TAGS = {
+    "a", "abbr", "b", "blockquote", "br", "code", "dd", "del", "details", "dl", "dt", "em", "h1", "h2", "h3", "h4",
+    "h5", "h6", "hr", "i", "img", "kbd", "li", "ol", "p", "pre", "s", "samp", "strong", "sub", "summary", "sup",
+    "table", "tbody", "td", "th", "thead", "tr", "ul",
+}
+ALLOWED_ATTRIBUTES = {
+    "a": {"href", "title"},
+    "img": {"src", "alt", "title", "width", "height"},
+    "abbr": {"title"},
+    "th": {"align"},
+    "td": {"align"},
+}
+# No ``id`` or ``name`` anywhere: instructions must not clobber the page's own elements (DOM clobbering).
+
+
+def render_instructions(text: str) -> SafeString:
+    """Markdown → HTML → only harmless tags and attributes, http(s)/mailto links that open no window handle."""
+    html = markdown.markdown(text or "", extensions=MARKDOWN_EXTENSIONS, output_format="html")
+    cleaned = nh3.clean(
+        html, tags=ALLOWED_TAGS, attributes=ALLOWED_ATTRIBUTES, url_schemes={"http", "https", "mailto"},
+        link_rel="noopener noreferrer nofollow",
+    )
+    return mark_safe(cleaned)  # noqa: S308  (sanitised by nh3 just above)

@@ -1,0 +1,117 @@
+"""The lab page (instructions, Start, the live attempt panel, history) and an attempt's own page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.mixins import LoginRequiredMixin
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.translation import gettext as _
+from django.views import View
+
+from grading.selectors import lab_get_for_staff, lab_get_for_student
+from labs.models import ACTIVE_STATES, Attempt, Lab
+from labs.selectors import (
+    attempt_get_for_user,
+    attempt_status_payload,
+    attempts_counted_against_limit,
+    attempts_for_student,
+)
+from labs.views.instructions import render_instructions
+from labs.views.strings import PROGRESS_STEPS, attempt_page_strings
+from portal.errors import NotFound
+from portal.models import STAFF_ROLES
+from portal.selectors import course_role
+
+
+def attempt_page_config(*, request: HttpRequest, attempt: Attempt, is_student: bool, is_staff: bool) -> dict[str, Any]:
+    """Everything the attempt panel's script needs, handed over as a JSON data block (no inline script)."""
+    return {
+        "attempt_id": attempt.id,
+        "initial": attempt_status_payload(attempt),
+        "urls": {
+            "events": f"/ws/attempts/{attempt.id}/events/",
+            "console": f"/ws/attempts/{attempt.id}/console/",
+            "stop": reverse("labs:attempt_stop", args=[attempt.id]),
+            "extend": reverse("labs:attempt_extend", args=[attempt.id]),
+            "check": reverse("labs:attempt_check", args=[attempt.id]),
+        },
+        "is_student": is_student,
+        "can_take_control": is_staff and not is_student,
+        "strings": attempt_page_strings(),
+    }
+
+
+def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> str:
+    """Why Start is not offered right now, in the student's words ('' when it is). The service decides for
+    real when the button is pressed; this only spares a pointless click."""
+    if any(a.state in ACTIVE_STATES for a in attempts):
+        return _("You already have an attempt in progress.")
+    if not lab.is_open():
+        return _("This lab is not open.")
+    if lab.attempt_limit and attempts_counted_against_limit(student=user, lab=lab) >= lab.attempt_limit:
+        return _("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit}
+    return ""
+
+
+class LabDetailView(LoginRequiredMixin, View):
+    """A student's lab page; course staff get the instructions and the attempts they may watch."""
+
+    def get(self, request: HttpRequest, lab_id: int) -> HttpResponse:
+        try:
+            lab = lab_get_for_student(user=request.user, lab_id=lab_id)
+        except NotFound:
+            return self._staff_page(request, lab_id)
+        attempts = list(attempts_for_student(user=request.user, lab=lab).order_by("-requested_at", "-id"))
+        current = next((a for a in attempts if a.state in ACTIVE_STATES), None)
+        context = {
+            "lab": lab,
+            "instructions": render_instructions(lab.instructions),
+            "attempts": attempts,
+            "current": current,
+            "start_refusal": lab_start_refusal(user=request.user, lab=lab, attempts=attempts),
+            "progress_steps": PROGRESS_STEPS,
+            "page_config": attempt_page_config(request=request, attempt=current, is_student=True, is_staff=False)
+            if current is not None else None,
+        }
+        return render(request, "labs/lab_detail.html", context)
+
+    def _staff_page(self, request: HttpRequest, lab_id: int) -> HttpResponse:
+        try:
+            lab = lab_get_for_staff(user=request.user, lab_id=lab_id)
+        except NotFound as exc:
+            raise Http404(exc.message) from exc
+        active = list(
+            Attempt.objects.filter(lab=lab, state__in=ACTIVE_STATES, tenant_id=lab.course.tenant_id)
+            .select_related("student").order_by("student__username")
+        )
+        context = {"lab": lab, "instructions": render_instructions(lab.instructions), "active_attempts": active}
+        return render(request, "labs/lab_staff.html", context)
+
+
+class AttemptDetailView(LoginRequiredMixin, View):
+    """One attempt: its progress and terminal while active (read-only for staff), its timeline and results."""
+
+    def get(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
+        try:
+            attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
+        except NotFound as exc:
+            raise Http404(exc.message) from exc
+        lab = attempt.lab
+        is_student = attempt.student_id == request.user.id
+        is_staff = course_role(user=request.user, course=lab.course) in STAFF_ROLES
+        if not (is_student or is_staff):
+            raise Http404
+        context = {
+            "lab": lab,
+            "attempt": attempt,
+            "is_student": is_student,
+            "is_staff": is_staff,
+            "active": attempt.state in ACTIVE_STATES,
+            "progress_steps": PROGRESS_STEPS,
+            "page_config": attempt_page_config(request=request, attempt=attempt, is_student=is_student,
+                                               is_staff=is_staff),
+        }
+        return render(request, "labs/attempt_detail.html", context)

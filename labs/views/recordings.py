@@ -1,0 +1,47 @@
+"""Console recordings for course staff: a replay page and the asciicast v2 file it plays."""
+
+from __future__ import annotations
+
+from django.contrib.auth.mixins import LoginRequiredMixin
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import reverse
+from django.views import View
+
+from grading.selectors import attempt_get_for_staff
+from labs.console.recording import ASCIICAST_CONTENT_TYPE, recording_path
+from labs.models import Attempt
+from portal.errors import NotFound
+
+
+def staff_attempt_or_404(request: HttpRequest, attempt_id: int) -> Attempt:
+    """Staff of the attempt's course only: students, other courses and other tenants all get 404."""
+    try:
+        return attempt_get_for_staff(user=request.user, attempt_id=attempt_id)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+
+
+class RecordingReplayView(LoginRequiredMixin, View):
+    def get(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
+        attempt = staff_attempt_or_404(request, attempt_id)
+        path = recording_path(attempt_id=attempt.id)
+        context = {
+            "attempt": attempt,
+            "lab": attempt.lab,
+            "has_recording": path.exists(),
+            "replay_config": {"cast_url": reverse("labs:attempt_recording_file", args=[attempt.id])},
+        }
+        return render(request, "labs/recording.html", context)
+
+
+class RecordingFileView(LoginRequiredMixin, View):
+    def get(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
+        attempt = staff_attempt_or_404(request, attempt_id)
+        path = recording_path(attempt_id=attempt.id)
+        if not path.exists():
+            raise Http404("No recording for this attempt.")
+        response = FileResponse(path.open("rb"), content_type=ASCIICAST_CONTENT_TYPE)
+        response["Content-Disposition"] = f'attachment; filename="attempt-{attempt.id}.cast"'
+        response["Cache-Control"] = "private, no-store"
+        return response

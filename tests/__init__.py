@@ -1,0 +1,1 @@
+"""Test support shared across apps (not collected: see ``testpaths``)."""
