@@ -75,6 +75,13 @@ class GradingRun(models.Model):
         return self.state in (RunState.DONE, RunState.ERROR)
 
     @property
+    def error_message(self) -> str:
+        """The failure in plain, translated words (the technical detail stays in ``error``)."""
+        from grading.selectors.runs import run_error_message
+
+        return run_error_message(self)
+
+    @property
     def effective_score(self) -> Decimal | None:
         """The raw score less the late penalty (``score`` holds the points earned, before any penalty)."""
         if self.score is None:

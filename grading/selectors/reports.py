@@ -109,6 +109,11 @@ def course_gradebook(*, course: Course) -> Gradebook:
     return Gradebook(course=course, labs=labs, rows=rows)
 
 
+def grade_of_student(*, lab: Lab, student: User) -> Grade | None:
+    """The student's grade row for the lab (callers have checked access to both)."""
+    return Grade.objects.filter(lab=lab, student=student).select_related("overridden_by").first()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Lab report
 
@@ -134,6 +139,10 @@ class LabReport:
     @property
     def graded(self) -> int:
         return sum(1 for g in self.grades if g.final_score is not None)
+
+    @property
+    def distribution_peak(self) -> int:
+        return max((b.count for b in self.distribution), default=0)
 
 
 def score_distribution(*, percents: list[float], buckets: int = 10) -> list[DistributionBucket]:

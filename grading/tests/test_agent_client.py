@@ -1,0 +1,161 @@
+"""The agent client: HTTP parsing over the byte stream, and each failure type against kubesim's portforward."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from grading import agent_client
+from grading.agent_client import HTTPResponseParser, build_request, run_deadline_s
+from grading.tests.guests import delete_vm, new_attempt_on_cluster
+
+pytestmark = pytest.mark.django_db
+
+
+class TestHTTPParsing:
+    def test_request_is_http_1_1_with_connection_close_and_length(self, settings):
+        raw = build_request(method="POST", path="/v1/run", token="tok", json_body={"checks": ["é"]})
+        head, _, body = raw.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        assert lines[0] == "POST /v1/run HTTP/1.1"
+        assert "Connection: close" in lines
+        assert "Authorization: Bearer tok" in lines
+        assert f"Content-Length: {len(body)}" in lines
+        assert body.decode("utf-8") == '{"checks": ["é"]}'
+
+    def test_response_split_across_frames(self):
+        parser = HTTPResponseParser()
+        body = '{"ready": true, "name": "日本"}'.encode()
+        wire = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() \
+            + b"\r\n\r\n" + body
+        for i in range(0, len(wire), 7):
+            assert not parser.complete
+            parser.feed(wire[i:i + 7])
+        assert parser.complete
+        response = parser.response()
+        assert response.status == 200
+        assert response.json() == {"ready": True, "name": "日本"}
+
+    def test_body_delimited_by_close(self):
+        parser = HTTPResponseParser()
+        parser.feed(b"HTTP/1.1 500 Oops\r\n\r\npartial")
+        assert not parser.complete
+        parser.feed_eof(reason="closed")
+        assert parser.response().body == b"partial"
+
+    def test_chunked_body(self):
+        parser = HTTPResponseParser()
+        parser.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n2\r\nef\r\n0\r\n\r\n")
+        assert parser.response().body == b"abcdef"
+
+    def test_nothing_before_close_means_not_answering(self):
+        parser = HTTPResponseParser()
+        parser.feed_eof(reason="closed")
+        with pytest.raises(agent_client.AgentNotAnswering):
+            parser.response()
+
+    def test_cut_off_answer(self):
+        parser = HTTPResponseParser()
+        parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort")
+        parser.feed_eof(reason="closed")
+        with pytest.raises(agent_client.AgentBadResponse, match="cut off"):
+            parser.response()
+
+    def test_not_http(self):
+        with pytest.raises(agent_client.AgentBadResponse):
+            HTTPResponseParser().feed(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+
+    def test_deadline_is_the_sum_of_timeouts_plus_grace_and_margin(self):
+        assert run_deadline_s([30, 30, 5]) == 65 + 3 * agent_client.PER_CHECK_GRACE_S + agent_client.REQUEST_MARGIN_S
+
+
+class TestAgainstKubesim:
+    def test_healthz_through_portforward(self, running_attempt):
+        health = agent_client.healthz(running_attempt)
+        assert health["ready"] is True
+        assert health["setup_finished"] is True
+
+    def test_run_checks_returns_results_in_check_order(self, running_attempt):
+        checks = list(running_attempt.lab.checks.order_by("-order"))  # any order the caller chooses
+        results = agent_client.run_checks(running_attempt, checks)
+        assert [r["id"] for r in results] == [str(c.pk) for c in checks]
+        assert all(r["exit_code"] == 1 for r in results)  # no hello.txt yet: test -f and cat both fail
+
+    def test_bad_token(self, running_attempt):
+        running_attempt.agent_token = "not-the-token-in-the-secret"
+        with pytest.raises(agent_client.AgentTokenRejected) as caught:
+            agent_client.healthz(running_attempt)
+        assert caught.value.status == 401
+
+    def test_vm_not_running(self, cluster, running_attempt):
+        running_attempt.vm_name = "attempt-999999999"
+        with pytest.raises(agent_client.VMNotRunning) as caught:
+            agent_client.healthz(running_attempt)
+        assert caught.value.status == 404
+
+    def test_vm_still_starting(self, cluster, lab_a, student_a):
+        cluster.admin.configure(pending_delay=30)
+        try:
+            attempt = new_attempt_on_cluster(lab=lab_a, student=student_a, wait=False)
+            try:
+                with pytest.raises(agent_client.VMNotRunning) as caught:
+                    agent_client.healthz(attempt)
+                assert caught.value.status == 400
+            finally:
+                delete_vm(attempt)
+        finally:
+            cluster.admin.configure(pending_delay=0)
+
+    def test_guest_without_agent_is_not_answering(self, cluster, lab_a, student_a):
+        attempt = new_attempt_on_cluster(lab=lab_a, student=student_a, user_data="#cloud-config\n{}\n", wait=False)
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    agent_client.healthz(attempt)
+                except agent_client.AgentNotAnswering as exc:
+                    assert exc.status == 500
+                    break
+                except agent_client.VMNotRunning:
+                    assert time.monotonic() < deadline, "the VMI never reached Running"
+                    time.sleep(0.1)
+        finally:
+            delete_vm(attempt)
+
+    def test_overall_deadline(self, running_attempt):
+        started = time.monotonic()
+        with pytest.raises(agent_client.AgentTimeout):
+            agent_client.agent_request(
+                running_attempt, method="POST", path="/v1/run",
+                json_body={"checks": [{"id": "slow", "command": "sleep 5", "timeout_s": 10}]}, timeout_s=1.0,
+            )
+        assert time.monotonic() - started < 3
+
+    def test_check_timeout_is_reported_by_the_agent(self, running_attempt):
+        check = running_attempt.lab.checks.first()
+        check.command = "sleep 30"
+        check.timeout_s = 1
+        results = agent_client.run_checks(running_attempt, [check])
+        assert results[0]["timed_out"] is True
+        assert results[0]["exit_code"] is None
+
+    def test_cluster_unreachable(self, settings, tmp_path, monkeypatch, lab_a, student_a):
+        from grading.tests.builders import make_attempt
+        from labs.kubevirt import client as kube_client
+
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+
+        broken = tmp_path / "kubeconfig"
+        broken.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+            "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+            "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
+        )
+        settings.KUBECONFIG = str(broken)
+        kube_client.reset()
+        try:
+            with pytest.raises(agent_client.ClusterUnavailable, match="cannot reach the cluster API"):
+                agent_client.healthz(make_attempt(lab=lab_a, student=student_a))
+        finally:
+            kube_client.reset()

@@ -1,0 +1,24 @@
+"""URLs of the grading pages, mounted under ``/grades/`` (namespace ``grading``)."""
+
+from django.urls import path
+
+from grading import views
+
+app_name = "grading"
+
+urlpatterns = [
+    path("", views.StaffIndexView.as_view(), name="index"),
+    path("mine/", views.MyGradesView.as_view(), name="my_grades"),
+    path("mine/labs/<int:lab_id>/", views.MyLabRunsView.as_view(), name="my_lab"),
+    path("courses/<int:course_id>/", views.GradebookView.as_view(), name="gradebook"),
+    path("courses/<int:course_id>/export.csv", views.GradebookExportView.as_view(), name="gradebook_export"),
+    path("labs/<int:lab_id>/", views.LabReportView.as_view(), name="lab_report"),
+    path("labs/<int:lab_id>/regrade/", views.LabRegradeView.as_view(), name="lab_regrade"),
+    path(
+        "labs/<int:lab_id>/students/<int:student_id>/override/",
+        views.GradeOverrideView.as_view(),
+        name="grade_override",
+    ),
+    path("attempts/<int:attempt_id>/", views.AttemptDetailView.as_view(), name="attempt_detail"),
+    path("attempts/<int:attempt_id>/regrade/", views.AttemptRegradeView.as_view(), name="attempt_regrade"),
+]

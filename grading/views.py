@@ -1,0 +1,172 @@
+"""Grading pages: staff reports (gradebook, lab report, attempt detail, override, regrade, CSV) and a student's
+own grades. Each view is thin: form → selector → service → render. Staff pages answer 404 to anyone who does
+not teach that course, in any tenant."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.mixins import LoginRequiredMixin
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils.http import content_disposition_header
+from django.utils.text import slugify
+from django.utils.translation import gettext as _
+from django.views import View
+
+from grading import selectors, services
+from grading.forms import GradeOverrideForm
+from portal.errors import ApplicationError, NotFound, PermissionDenied
+from portal.selectors import staff_courses_for_user
+
+
+class GradingView(LoginRequiredMixin, View):
+    """Sign-in required; ``NotFound`` from a selector or service becomes the 404 page, ``PermissionDenied`` a
+    403."""
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            return super().dispatch(request, *args, **kwargs)
+        except NotFound as exc:
+            raise Http404(exc.message) from exc
+        except PermissionDenied as exc:
+            raise DjangoPermissionDenied(exc.message) from exc
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Students
+
+
+class MyGradesView(GradingView):
+    def get(self, request: HttpRequest) -> HttpResponse:
+        courses = selectors.student_grades(user=request.user)
+        return render(request, "grading/my_grades.html", {"courses": courses})
+
+
+class MyLabRunsView(GradingView):
+    def get(self, request: HttpRequest, lab_id: int) -> HttpResponse:
+        lab = selectors.lab_get_for_student(user=request.user, lab_id=lab_id)
+        report = selectors.student_lab_runs(user=request.user, lab=lab)
+        return render(request, "grading/my_lab.html", {"report": report, "lab": lab})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Staff
+
+
+class StaffIndexView(GradingView):
+    """The courses the user teaches, each linking to its gradebook."""
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        courses = staff_courses_for_user(user=request.user).select_related("tenant").order_by("code", "term")
+        return render(request, "grading/index.html", {"courses": courses})
+
+
+class GradebookView(GradingView):
+    def get(self, request: HttpRequest, course_id: int) -> HttpResponse:
+        course = selectors.staff_course_get(user=request.user, course_id=course_id)
+        return render(request, "grading/gradebook.html", {"book": selectors.course_gradebook(course=course)})
+
+
+class _Echo:
+    """A write-only buffer handing each CSV line straight back, so rows stream without collecting."""
+
+    def write(self, value: str) -> str:
+        return value
+
+
+def csv_stream(rows: Iterable[list[str]]) -> Iterator[str]:
+    writer = csv.writer(_Echo())
+    yield "\ufeff"  # a BOM, so Excel opens UTF-8 (Japanese names included) without garbling it
+    for row in rows:
+        yield writer.writerow(row)
+
+
+class GradebookExportView(GradingView):
+    def get(self, request: HttpRequest, course_id: int) -> StreamingHttpResponse:
+        course = selectors.staff_course_get(user=request.user, course_id=course_id)
+        response = StreamingHttpResponse(
+            csv_stream(selectors.gradebook_csv_rows(course=course)), content_type="text/csv; charset=utf-8"
+        )
+        stem = "-".join(part for part in (slugify(course.code), slugify(course.term)) if part) or f"course-{course.pk}"
+        response["Content-Disposition"] = content_disposition_header(True, f"grades-{stem}.csv")
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+class LabReportView(GradingView):
+    def get(self, request: HttpRequest, lab_id: int) -> HttpResponse:
+        lab = selectors.lab_get_for_staff(user=request.user, lab_id=lab_id)
+        return render(request, "grading/lab_report.html", {"report": selectors.lab_report(lab=lab)})
+
+
+class LabRegradeView(GradingView):
+    def post(self, request: HttpRequest, lab_id: int) -> HttpResponse:
+        lab = selectors.lab_get_for_staff(user=request.user, lab_id=lab_id)
+        outcome = services.grading_regrade_lab(actor=request.user, lab=lab)
+        messages.success(
+            request,
+            _("Regraded %(runs)d runs of %(attempts)d attempts; %(queued)d running attempts are checked again.")
+            % {"runs": outcome.reevaluated, "attempts": outcome.attempts, "queued": outcome.queued},
+        )
+        return redirect("grading:lab_report", lab_id=lab.pk)
+
+
+class AttemptDetailView(GradingView):
+    def get(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
+        attempt = selectors.attempt_get_for_staff(user=request.user, attempt_id=attempt_id)
+        return render(request, "grading/attempt_detail.html", {"detail": selectors.attempt_detail(attempt=attempt)})
+
+
+class AttemptRegradeView(GradingView):
+    def post(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
+        attempt = selectors.attempt_get_for_staff(user=request.user, attempt_id=attempt_id)
+        outcome = services.grading_regrade(actor=request.user, attempt=attempt)
+        messages.success(request, _("Regraded %(runs)d runs.") % {"runs": len(outcome.reevaluated)})
+        if outcome.queued is not None:
+            messages.info(request, _("The attempt is still running: its checks run again in the virtual machine."))
+        elif outcome.guest_run_skipped:
+            messages.warning(request, _("A check is already in progress, so the checks were not run again."))
+        return redirect("grading:attempt_detail", attempt_id=attempt.pk)
+
+
+class GradeOverrideView(GradingView):
+    template_name = "grading/override.html"
+
+    def _context(self, request: HttpRequest, lab_id: int, student_id: int) -> dict[str, Any]:
+        lab = selectors.lab_get_for_staff(user=request.user, lab_id=lab_id)
+        student = selectors.course_student_get(course=lab.course, student_id=student_id)
+        grade = selectors.grade_of_student(lab=lab, student=student)
+        return {"lab": lab, "student": student, "grade": grade, "max_score": services.lab_max_points(lab=lab)}
+
+    def get(self, request: HttpRequest, lab_id: int, student_id: int) -> HttpResponse:
+        context = self._context(request, lab_id, student_id)
+        grade = context["grade"]
+        initial = {"score": grade.override_score} if grade is not None and grade.is_overridden else {}
+        context["form"] = GradeOverrideForm(initial=initial, max_score=context["max_score"])
+        return render(request, self.template_name, context)
+
+    def post(self, request: HttpRequest, lab_id: int, student_id: int) -> HttpResponse:
+        context = self._context(request, lab_id, student_id)
+        form = GradeOverrideForm(request.POST, max_score=context["max_score"])
+        context["form"] = form
+        if not form.is_valid():
+            return render(request, self.template_name, context, status=400)
+        score = None if form.cleaned_data["remove"] else form.cleaned_data["score"]
+        try:
+            services.grade_override(
+                actor=request.user, lab=context["lab"], student=context["student"], score=score,
+                reason=form.cleaned_data["reason"],
+            )
+        except ApplicationError as exc:
+            if isinstance(exc, NotFound | PermissionDenied):
+                raise
+            form.add_error(None, exc.message)
+            return render(request, self.template_name, context, status=exc.status_code)
+        messages.success(request, _("The grade of %(student)s was updated.") % {"student": context["student"]})
+        return redirect(reverse("grading:gradebook", args=[context["lab"].course_id]))
