@@ -125,6 +125,14 @@ def _map_header(fields: list[str], *, line: int) -> dict[str, int]:
     return positions
 
 
+def _is_email(text: str) -> bool:
+    try:
+        validate_email(text)
+    except ValidationError:
+        return False
+    return True
+
+
 def _check_row(values: dict[str, str], *, line: int, errors: list[RowError]) -> EnrollmentRow | None:
     problems: list[str] = []
     # Django stores usernames NFKC-normalised (AbstractBaseUser.normalize_username); compare what will be stored.
@@ -147,11 +155,7 @@ def _check_row(values: dict[str, str], *, line: int, errors: list[RowError]) -> 
     if not email:
         problems.append(_("the email address is missing"))
     else:
-        try:
-            if len(email) > EMAIL_MAX_LENGTH:
-                raise ValidationError("too long")
-            validate_email(email)
-        except ValidationError:
+        if len(email) > EMAIL_MAX_LENGTH or not _is_email(email):
             problems.append(_("“%(email)s” is not a valid email address") % {"email": email})
         else:
             local, _at, domain = email.rpartition("@")
