@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import requests
-import yaml
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 BENCH_VAR = BASE_DIR / "var" / "bench"
@@ -178,64 +177,19 @@ def stop_process(process: subprocess.Popen, *, timeout: float = 10) -> None:
         process.wait(timeout=5)
 
 
-@dataclass
-class Kubesim:
-    """A kubesim server started as a subprocess on a free loopback port, with its admin API at hand."""
-
-    process: subprocess.Popen
-    url: str
-    token: str
-    kubeconfig: Path
-
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"}
-
-    def admin_get(self, path: str) -> Any:
-        response = requests.get(f"{self.url}/kubesim/{path}", headers=self._headers(), timeout=30)
-        response.raise_for_status()
-        return response.json()
-
-    def admin_post(self, path: str, body: dict | None = None) -> Any:
-        response = requests.post(f"{self.url}/kubesim/{path}", headers=self._headers(), json=body or {}, timeout=30)
-        response.raise_for_status()
-        return response.json()
-
-    def counters(self) -> dict[str, Any]:
-        return self.admin_get("counters")
-
-    def reset_counters(self) -> None:
-        self.admin_post("counters/reset")
-
-
 @contextlib.contextmanager
 def kubesim(*, name: str = "kubesim", nodes: int = 20, node_memory: str = "512Gi", node_cpu: str = "64",
-            guest: str = "shell", extra_args: Sequence[str] = ()) -> Iterator[Kubesim]:
-    """kubesim with zero phase delays and room for a few hundred small VMs."""
+            guest: str = "shell", **options: Any) -> Iterator[Any]:
+    """kubesim (``kubesim.testing.KubesimServer``) with zero phase delays and room for a few hundred small VMs.
+
+    Its admin API is ``server.admin`` (``counters()``, ``reset_counters()``, ``inject_fault(...)``)."""
+    from kubesim.testing import KubesimServer
+
     directory = BENCH_VAR / name
     directory.mkdir(parents=True, exist_ok=True)
-    kubeconfig = directory / "kubeconfig"
-    kubeconfig.unlink(missing_ok=True)
-    log_file = (directory / "kubesim.log").open("ab")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kubesim", "serve", "--host", "127.0.0.1", "--port", "0", "--kubeconfig",
-         str(kubeconfig), "--zero-delays", "--nodes", str(nodes), "--node-memory", node_memory,
-         "--node-cpu", node_cpu, "--node-pods", "1000", "--guest", guest, "--log-level", "WARNING",
-         *extra_args],
-        cwd=BASE_DIR, stdout=subprocess.PIPE, stderr=log_file,
-    )
-    try:
-        url = process.stdout.readline().decode().strip() if process.stdout else ""
-        deadline = time.monotonic() + 30
-        while not kubeconfig.exists():
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"kubesim did not start; see {directory / 'kubesim.log'}")
-            time.sleep(0.05)
-        document = yaml.safe_load(kubeconfig.read_text())
-        token = document["users"][0]["user"]["token"]
-        yield Kubesim(process=process, url=url, token=token, kubeconfig=kubeconfig)
-    finally:
-        stop_process(process)
-        log_file.close()
+    with KubesimServer(directory, nodes=nodes, node_memory=node_memory, node_cpu=node_cpu, node_pods=1000,
+                       guest=guest, log_level="WARNING", **options) as server:
+        yield server
 
 
 @dataclass
