@@ -68,9 +68,9 @@ class CourseDetailView(APIView):
         return Response(CourseSerializer(course, context=context).data)
 
 
-def _report_payload(book: Gradebook, *, user: User) -> dict:
+def _report_payload(book: Gradebook) -> dict:
     return {
-        "course": CourseSerializer(book.course, context={"roles": roles_by_course(user=user)}).data,
+        "course": book.course,
         "labs": [
             {"id": lab.id, "title": lab.title, "due_at": lab.due_at, "max_points": lab.max_points}
             for lab in book.labs
@@ -99,7 +99,9 @@ class CourseReportView(APIView):
     )
     def get(self, request: Request, course_id: int) -> Response:
         course = staff_course_get_for_user(user=request.user, course_id=course_id)
-        return Response(_report_payload(course_gradebook(course=course), user=request.user))
+        payload = _report_payload(course_gradebook(course=course))
+        context = {"roles": roles_by_course(user=request.user)}
+        return Response(CourseReportSerializer(payload, context=context).data)
 
 
 class CourseReportCsvView(APIView):
