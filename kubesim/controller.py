@@ -195,6 +195,8 @@ class Cluster:
         elif resource == "pods":
             if event.type == "DELETED" and self.scheduler.release(meta["uid"]):
                 self._requeue_unschedulable()
+            elif event.type != "DELETED" and meta.get("deletionTimestamp"):
+                self.enqueue("pod", meta["namespace"], meta["name"])
             for ref in meta.get("ownerReferences") or ():
                 if ref.get("kind") == "VirtualMachineInstance":
                     self.enqueue("vmi", meta["namespace"], ref["name"])
@@ -249,6 +251,8 @@ class Cluster:
                 self.reconcile_namespace(name)
             elif kind == "quota":
                 self.reconcile_quotas(namespace)
+            elif kind == "pod":
+                self.reconcile_pod(namespace, name)
         except Exception as exc:  # a controller bug must not stop the other controllers; it is logged loudly
             self.counters.errors += 1
             self.counters.last_error = f"{kind} {namespace}/{name}: {exc!r}"
@@ -957,6 +961,12 @@ class Cluster:
         if runtime is not None:
             self._after_final(updated or vmi, runtime)
         return updated
+
+    def reconcile_pod(self, namespace: str, name: str) -> None:
+        """kubelet: a pod being deleted has its containers killed and goes; its VMI notices."""
+        pod = self.store.get("pods", namespace, name)
+        if pod is not None and pod["metadata"].get("deletionTimestamp"):
+            self.api.remove(POD, namespace, name)
 
     # ---- nodes -------------------------------------------------------------------------------------------
     def remove_node(self, name: str) -> bool:

@@ -240,6 +240,10 @@ class Guest:
             self.cloud_init_error = str(exc)
             log.warning("guest %s/%s: cloud-init failed: %s", self.namespace, self.name, exc)
             (self.root / "var/log/cloud-init.log").write_text(f"cloud-init failed: {exc}\n")
+        # cloud-init's last act: the marker the agent's unit waits for (--setup-marker).
+        marker = self.root / "var/lib/cloud/instance/boot-finished"
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("kubesim guest boot finished\n")
         agent = self.root / "opt/lab-agent/agent.py"
         token = self.root / "etc/lab-agent/token"
         if agent.exists() and token.exists():
@@ -256,7 +260,8 @@ class Guest:
             try:
                 self.agent = subprocess.Popen(
                     [self.manager.config.guest_python, str(agent), "--host", "127.0.0.1", "--port", "0",
-                     "--port-file", str(port_file), "--token-file", str(token), "--home", str(self.home)],
+                     "--port-file", str(port_file), "--token-file", str(token), "--home", str(self.home),
+                     "--setup-marker", str(self.root / "var/lib/cloud/instance/boot-finished")],
                     cwd=str(self.home), env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                     start_new_session=True)
             except OSError as exc:

@@ -141,6 +141,7 @@ class KubeSim:
 
         app = web.Application(middlewares=[self._middleware], client_max_size=32 * 1024 * 1024)
         app.router.add_route("GET", "/version", self.version)
+        app.router.add_route("GET", "/version/", self.version)
         app.router.add_route("GET", "/healthz", self.healthz)
         app.router.add_route("GET", "/readyz", self.healthz)
         app.router.add_route("GET", "/livez", self.healthz)
@@ -148,11 +149,14 @@ class KubeSim:
         app.router.add_route("GET", "/openapi/v3", self.openapi_v3_root)
         app.router.add_route("GET", "/openapi/v3/{path:.*}", self.openapi_v3_document)
         app.router.add_route("GET", "/api", self.api_versions)
+        app.router.add_route("GET", "/api/", self.api_versions)
         app.router.add_route("GET", "/apis", self.api_groups)
+        app.router.add_route("GET", "/apis/", self.api_groups)
         streams.register(app, self)
         admin.register(app, self)
         app.router.add_route("*", "/api/{path:.*}", self.dispatch)
         app.router.add_route("*", "/apis/{path:.*}", self.dispatch)
+        app.router.add_route("*", "/{path:.*}", self.not_found)
         app.on_startup.append(self._on_startup)
         app.on_shutdown.append(self._on_shutdown)
         return app
@@ -215,6 +219,9 @@ class KubeSim:
                               "gitCommit": "kubesim", "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
                               "goVersion": "go1.24.6", "compiler": "gc", "platform": "linux/amd64",
                               "emulationMajor": major, "emulationMinor": minor})
+
+    async def not_found(self, request: web.Request) -> web.Response:
+        raise ApiError(404, "the server could not find the requested resource")
 
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")

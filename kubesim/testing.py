@@ -159,7 +159,7 @@ class KubesimServer:
     """A kubesim subprocess on a free loopback port, with a kubeconfig in ``directory``."""
 
     def __init__(self, directory: str | Path | None = None, *, token: str | None = None, tls: bool = False,
-                 extra_args: list[str] | tuple[str, ...] = (), startup_timeout: float = 30.0,
+                 extra_args: list[str] | tuple[str, ...] = (), startup_timeout: float = 60.0,
                  python: str = sys.executable, **options: Any) -> None:
         self._tempdir = None
         if directory is None:

@@ -1,0 +1,131 @@
+"""Pure pieces of kubesim: quantities, selectors, patches, launcher arithmetic, admission, cloud-init decoding."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+from decimal import Decimal
+
+import pytest
+
+from kubesim import admission
+from kubesim.errors import ApiError
+from kubesim.featuregates import gate_enabled
+from kubesim.guest import CloudInitError, apply_write_files, decode_content
+from kubesim.launcher import launcher_requests
+from kubesim.patch import json_patch, merge_patch
+from kubesim.quantity import QuantityError, format_cpu, format_memory, parse_quantity
+from kubesim.selectors import FieldSelector, LabelSelector, SelectorError
+from kubesim.tests.support import vm_manifest
+
+
+def test_quantities_parse_and_format_like_the_api_server():
+    assert parse_quantity("200m") == Decimal("0.2")
+    assert parse_quantity("4Gi") == 4 * 2**30
+    assert parse_quantity("1.5Gi") == 1536 * 2**20
+    assert parse_quantity("1e3") == 1000
+    assert format_cpu(Decimal("0.2")) == "200m"
+    assert format_cpu(Decimal(2)) == "2"
+    assert format_memory(Decimal(4372 * 2**20)) == "4372Mi"
+    with pytest.raises(QuantityError):
+        parse_quantity("lots")
+
+
+def test_launcher_requests_match_the_measured_cluster():
+    spec = {"domain": {"cpu": {"cores": 2}, "resources": {"requests": {"memory": "4Gi"}}}}
+    cpu, memory = launcher_requests(spec, developer={}, fixed_overhead="212Mi")
+    assert format_cpu(cpu) == "200m"
+    assert format_memory(memory) == "4372Mi"
+    # An explicit CPU request wins over vCPUs / cpuAllocationRatio; the ratio comes from the KubeVirt CR.
+    explicit = {"domain": {"resources": {"requests": {"memory": "1Gi", "cpu": "1"}}}}
+    assert format_cpu(launcher_requests(explicit, developer={}, fixed_overhead="212Mi")[0]) == "1"
+    ratio = {"domain": {"cpu": {"cores": 4}, "resources": {"requests": {"memory": "1Gi"}}}}
+    assert format_cpu(launcher_requests(ratio, developer={"cpuAllocationRatio": 4}, fixed_overhead="0")[0]) == "1"
+
+
+def test_label_selectors():
+    selector = LabelSelector.parse("app=web,tier in (a, b),!legacy,env!=prod")
+    assert selector.matches({"app": "web", "tier": "a", "env": "dev"})
+    assert not selector.matches({"app": "web", "tier": "c"})
+    assert not selector.matches({"app": "web", "tier": "a", "legacy": "1"})
+    assert not selector.matches({"app": "web", "tier": "b", "env": "prod"})
+    with pytest.raises(SelectorError):
+        LabelSelector.parse("a in b c")
+
+
+def test_field_selectors_reject_unsupported_fields():
+    fields = FieldSelector.parse("metadata.name=x,status.phase!=Failed",
+                                 supported=frozenset({"metadata.name", "status.phase"}))
+    assert fields.matches({"metadata": {"name": "x"}, "status": {"phase": "Running"}})
+    assert not fields.matches({"metadata": {"name": "x"}, "status": {"phase": "Failed"}})
+    assert fields.exact_name() == "x"
+    with pytest.raises(SelectorError, match="field label not supported"):
+        FieldSelector.parse("spec.foo=1", supported=frozenset({"metadata.name"}))
+
+
+def test_merge_and_json_patch():
+    doc = {"spec": {"runStrategy": "Always", "list": [1, 2]}, "metadata": {"labels": {"a": "1"}}}
+    merged = merge_patch(doc, {"spec": {"runStrategy": "Halted", "list": [3]}, "metadata": {"labels": {"a": None}}})
+    assert merged == {"spec": {"runStrategy": "Halted", "list": [3]}, "metadata": {"labels": {}}}
+    patched = json_patch(doc, [{"op": "test", "path": "/spec/runStrategy", "value": "Always"},
+                               {"op": "replace", "path": "/spec/runStrategy", "value": "Halted"},
+                               {"op": "add", "path": "/spec/list/-", "value": 3},
+                               {"op": "remove", "path": "/metadata/labels/a"}])
+    assert patched["spec"] == {"runStrategy": "Halted", "list": [1, 2, 3]} and patched["metadata"]["labels"] == {}
+    assert doc["spec"]["runStrategy"] == "Always", "patches work on a copy"
+    with pytest.raises(ApiError) as failed:
+        json_patch(doc, [{"op": "test", "path": "/spec/runStrategy", "value": "Manual"}])
+    assert failed.value.code == 422
+
+
+def test_admission_rejects_what_kubevirt_rejects():
+    both = vm_manifest("a", run_strategy="Always", running=True)
+    with pytest.raises(ApiError) as error:
+        admission.admit_virtual_machine(both)
+    assert error.value.code == 422 and admission.MUTUALLY_EXCLUSIVE in error.value.message
+    neither = vm_manifest("a", run_strategy=None)
+    with pytest.raises(ApiError, match="RunStrategy must be specified"):
+        admission.admit_virtual_machine(neither)
+    with pytest.raises(ApiError, match=r"Invalid RunStrategy \(Sometimes\)"):
+        admission.admit_virtual_machine(vm_manifest("a", run_strategy="Sometimes"))
+    assert admission.admit_virtual_machine(vm_manifest("a", run_strategy=None, running=True)) == [
+        "spec.running is deprecated, please use spec.runStrategy instead"]
+    unknown = vm_manifest("a")
+    unknown["spec"]["template"]["spec"]["domain"]["devcies"] = {}
+    with pytest.raises(ApiError) as error:
+        admission.validate_schema(unknown, field_validation=None)
+    assert error.value.code == 422 and 'unknown field "spec.template.spec.domain.devcies"' in error.value.message
+    pruned = admission.validate_schema(unknown, field_validation="Ignore")
+    assert "devcies" not in pruned["spec"]["template"]["spec"]["domain"]
+    wrong_type = vm_manifest("a")
+    wrong_type["spec"]["template"]["spec"]["domain"]["devices"]["disks"][0]["bootOrder"] = "first"
+    with pytest.raises(ApiError, match="must be of type integer"):
+        admission.validate_schema(wrong_type, field_validation=None)
+
+
+def test_feature_gate_evaluation_order():
+    def kubevirt(version, enabled=(), disabled=()):
+        return {"spec": {"configuration": {"developerConfiguration": {
+            "featureGates": list(enabled), "disabledFeatureGates": list(disabled)}}},
+            "status": {"observedKubeVirtVersion": version}}
+    assert gate_enabled(kubevirt("v1.9.0"), "ImageVolume"), "Beta gates are on by default from v1.9"
+    assert not gate_enabled(kubevirt("v1.8.2"), "ImageVolume")
+    assert gate_enabled(kubevirt("v1.8.2", enabled=["ImageVolume"]), "ImageVolume")
+    assert not gate_enabled(kubevirt("v1.9.0", disabled=["ImageVolume"]), "ImageVolume")
+
+
+def test_write_files_encodings_permissions_and_confinement(tmp_path):
+    payload = b"#!/bin/sh\necho hi\n"
+    assert decode_content(base64.b64encode(payload).decode(), "b64") == payload
+    assert decode_content(base64.b64encode(gzip.compress(payload)).decode(), "gz+b64") == payload
+    assert decode_content(gzip.compress(payload), "gzip") == payload
+    user_data = ("#cloud-config\nwrite_files:\n"
+                 "- path: /opt/x/run.sh\n  permissions: '0750'\n  encoding: base64\n"
+                 f"  content: {base64.b64encode(payload).decode()}\n"
+                 "- path: /home/student/notes.txt\n  content: hello\n")
+    written = apply_write_files(tmp_path, user_data)
+    assert [p.relative_to(tmp_path).as_posix() for p in written] == ["opt/x/run.sh", "home/student/notes.txt"]
+    assert (tmp_path / "opt/x/run.sh").read_bytes() == payload
+    assert (tmp_path / "opt/x/run.sh").stat().st_mode & 0o777 == 0o750
+    with pytest.raises(CloudInitError, match="escapes"):
+        apply_write_files(tmp_path, "#cloud-config\nwrite_files:\n- path: /../../etc/evil\n  content: x\n")
