@@ -43,8 +43,9 @@ class AdminClient:
 
     def request(self, method: str, path: str, body: dict[str, Any] | None = None, *, timeout: float = 30) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"{self.url}{path}", data=data, method=method, headers={
-            "Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
+        request = urllib.request.Request(  # noqa: S310 - kubesim's own http:// URL
+            f"{self.url}{path}", data=data, method=method,
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - our own http URL
                 raw = response.read()
