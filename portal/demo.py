@@ -18,7 +18,7 @@ from labs.models import Check, Lab, StdoutMatch
 from labs.sizes import LabSize
 from portal.errors import ApplicationError
 from portal.models import Course, Membership, Role, Tenant, User
-from portal.services import audit_record
+from portal.services import audit_record, user_create
 
 TENANT_NAME = "Demo University"
 COURSE = {"code": "LNX101", "term": "Demo", "title": "Introduction to Linux"}
@@ -148,9 +148,9 @@ def demo_seed() -> DemoSeed:
     for username, full_name, role in PEOPLE:
         user = User.objects.filter(username=username).first()
         if user is None:
-            user = User.objects.create_user(
-                username=username, password=passwords[username], email=f"{username}@demo.example",
-                full_name=full_name, tenant=tenant, is_staff=role == Role.INSTRUCTOR,
+            user = user_create(
+                actor=None, tenant=tenant, username=username, email=f"{username}@demo.example",
+                full_name=full_name, password=passwords[username], is_staff=role == Role.INSTRUCTOR,
             )
             accounts_created += 1
         elif user.tenant_id != tenant.id:

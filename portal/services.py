@@ -87,7 +87,7 @@ def membership_set_role(*, actor: User, membership: Membership, role: str) -> Me
 
 
 @transaction.atomic
-def user_create(*, actor: User, tenant: Tenant | None, username: str, email: str, full_name: str,
+def user_create(*, actor: User | None, tenant: Tenant | None, username: str, email: str, full_name: str,
                 password: str | None, is_staff: bool = False) -> User:
     """A new account in ``tenant``; ``password`` None leaves it unusable until a set-password link is used."""
     user = User(username=User.normalize_username(username), email=User.objects.normalize_email(email),
