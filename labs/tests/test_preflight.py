@@ -85,3 +85,89 @@ def test_missing_kubevirt_and_unfinished_deploy():
 ])
 def test_runtime_support_table(runtime, verdict):
     assert preflight.runtime_mounts_image_volumes(runtime) is verdict
+
+
+# ---- against kubesim ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def kubevirt_config(cluster):
+    """Change the session kubesim's KubeVirt CR and runtime for one test, then put them back."""
+    yield cluster.admin.set_kubevirt
+    cluster.admin.set_kubevirt(version="v1.9.0", feature_gates=[], disabled_feature_gates=[],
+                               image_volume_supported=True)
+
+
+def run_cluster_check(*args):
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    out = StringIO()
+    try:
+        call_command("cluster_check", *args, stdout=out)
+    except CommandError as exc:
+        return exc.returncode, out.getvalue()
+    return 0, out.getvalue()
+
+
+def test_cluster_check_warns_about_image_volume_and_exits_non_zero(kubevirt_config):
+    kubevirt_config(image_volume_supported=False)
+    code, output = run_cluster_check()
+    assert code == 1
+    assert "ERROR: KubeVirt v1.9.0 has the ImageVolume feature gate on" in output
+    assert "containerd://2.2.3" in output
+    assert "disabledFeatureGates" in output and "Fix:" in output
+
+
+def test_cluster_check_is_clean_once_image_volume_is_disabled(kubevirt_config):
+    kubevirt_config(image_volume_supported=False, disabled_feature_gates=["ImageVolume"])
+    code, output = run_cluster_check()
+    assert code == 0, output
+    assert "ImageVolume" not in output
+    assert "Kubernetes v1.33.5, KubeVirt v1.9.0, 3 node(s)." in output
+    assert "The cluster can run lab VMs." in output
+
+
+def test_cluster_check_json(kubevirt_config):
+    import json
+
+    kubevirt_config(image_volume_supported=False)
+    code, output = run_cluster_check("--json")
+    report = json.loads(output)
+    assert code == 1
+    assert report["kubevirt_version"] == "v1.9.0"
+    assert [f["code"] for f in report["findings"]][0] == "image_volume_unsupported"
+
+
+def test_system_check_runs_only_when_deploy_checks_are_asked_for(kubevirt_config, cluster):
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    kubevirt_config(image_volume_supported=False)
+    before = cluster.admin.counters()["total"]
+    call_command("check")  # the everyday check never touches the cluster
+    assert cluster.admin.counters()["total"] == before
+    with pytest.raises(SystemCheckError, match="labs.cluster.image_volume_unsupported"):
+        call_command("check", "--deploy", "--tag", "cluster")
+    assert cluster.admin.counters()["total"] > before
+
+
+def test_an_unreachable_cluster_is_a_blocking_finding(settings, tmp_path):
+    from labs.kubevirt import client
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
+    )
+    settings.KUBECONFIG = str(kubeconfig)
+    client.reset()
+    try:
+        code, output = run_cluster_check()
+    finally:
+        client.reset()
+    assert code == 1
+    assert "Cannot talk to the cluster API" in output
