@@ -7,6 +7,7 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.utils.translation import gettext_lazy as _
 from django.views import View
 
 from api.selectors import audit_events_for_course
@@ -14,6 +15,25 @@ from portal.errors import NotFound, PermissionDenied
 from portal.selectors import course_get_for_user
 
 AUDIT_PAGE_SIZE = 50
+# How the audit log names the actions people take; an action missing here is shown by its code.
+ACTION_LABELS = {
+    "attempt.start": _("started an attempt"),
+    "attempt.stop": _("stopped an attempt"),
+    "attempt.extend": _("extended an attempt"),
+    "grading.run_requested": _("ran the checks"),
+    "grading.override_set": _("overrode a grade"),
+    "grading.override_removed": _("removed a grade override"),
+    "grading.regraded": _("regraded an attempt"),
+    "grading.lab_regraded": _("regraded a lab"),
+    "console.take_control": _("took control of a console"),
+    "console.release_control": _("released control of a console"),
+    "enrollment.import": _("imported enrolments"),
+    "membership.create": _("added a member"),
+    "membership.role": _("changed a member's role"),
+    "admin.lab.add": _("added a lab"),
+    "admin.lab.checks": _("changed a lab's checks"),
+    "course.create": _("created the course"),
+}
 
 
 class CourseAuditPage(LoginRequiredMixin, View):
@@ -32,7 +52,15 @@ class CourseAuditPage(LoginRequiredMixin, View):
         if action:
             events = events.filter(action=action)
         page = Paginator(events, AUDIT_PAGE_SIZE).get_page(request.GET.get("page"))
+        rows = [
+            {"event": event, "label": ACTION_LABELS.get(event.action, event.action),
+             "details": sorted((event.data or {}).items())}
+            for event in page.object_list
+        ]
         return render(
             request, "audit/course_audit.html",
-            {"course": course, "page": page, "events": page.object_list, "actions": actions, "action": action},
+            {
+                "course": course, "page": page, "rows": rows, "action": action,
+                "actions": [(code, ACTION_LABELS.get(code, code)) for code in actions],
+            },
         )
