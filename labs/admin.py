@@ -14,6 +14,7 @@ from django.http import HttpRequest
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
+from labs.admin_lifecycle import AttemptLifecycleAdminMixin
 from labs.models import Attempt, Check, Lab
 from portal.admin_scoping import AuditedAdminMixin, CourseScopedAdminMixin, CourseScopedInlineMixin
 from portal.services import audit_record
@@ -76,11 +77,11 @@ class LabAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Attempt)
-class AttemptAdmin(CourseScopedAdminMixin, admin.ModelAdmin):
+class AttemptAdmin(AttemptLifecycleAdminMixin, CourseScopedAdminMixin, admin.ModelAdmin):
     course_lookup = "lab__course"
     read_only = True
-    list_display = ("id", "student", "lab", "course", "number", "state", "phase", "node_name", "expires_at",
-                    "short_failure_reason", "requested_at")
+    list_display = ("id", "student", "lab", "course", "number", "state", "phase", "node_name", "age",
+                    "expires_at", "short_failure_reason", "requested_at")
     list_display_links = ("id", "student")
     list_filter = (
         "state", ("lab__course", admin.RelatedOnlyFieldListFilter), ("lab", admin.RelatedOnlyFieldListFilter),

@@ -1,0 +1,81 @@
+"""Attempt admin: stop and extend actions go through the services (audited), and the capacity page shows each
+tenant's use against its quota, to its instructors only."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from conftest import PASSWORD
+from labs.models import Attempt, AttemptState
+from labs.services import attempt_start
+from portal.models import AuditEvent
+
+pytestmark = pytest.mark.django_db
+CHANGELIST = "admin:labs_attempt_changelist"
+
+
+def running_attempt(student, lab) -> Attempt:
+    attempt = attempt_start(actor=student, lab=lab)
+    now = timezone.now()
+    Attempt.objects.filter(id=attempt.id).update(state=AttemptState.RUNNING, agent_ready_at=now,
+                                                 expires_at=now + timedelta(minutes=20))
+    attempt.refresh_from_db()
+    return attempt
+
+
+def act(client, user, action, attempt):
+    client.login(username=user.username, password=PASSWORD)
+    return client.post(reverse(CHANGELIST), {"action": action, "_selected_action": [attempt.id]}, follow=True)
+
+
+def test_instructor_stops_an_attempt_from_the_admin(client, instructor_a, student_a, lab_a):
+    attempt = running_attempt(student_a, lab_a)
+    response = act(client, instructor_a, "stop_attempts", attempt)
+    assert response.status_code == 200
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.STOPPING and attempt.stop_reason == "staff"
+    assert AuditEvent.objects.filter(action="attempt.stop", actor=instructor_a, target_id=str(attempt.id)).exists()
+    assert "Stopping 1 attempt(s)." in response.content.decode()
+
+
+def test_instructor_extends_and_sees_the_refusal_past_the_limit(client, settings, instructor_a, student_a, lab_a):
+    settings.ATTEMPT_MAX_EXTENSIONS = 1
+    attempt = running_attempt(student_a, lab_a)
+    expires = attempt.expires_at
+    act(client, instructor_a, "extend_attempts", attempt)
+    attempt.refresh_from_db()
+    assert attempt.extensions == 1
+    assert attempt.expires_at == expires + timedelta(minutes=settings.ATTEMPT_EXTEND_MINUTES)
+    response = act(client, instructor_a, "extend_attempts", attempt)
+    assert "already been extended 1 times" in response.content.decode()
+    assert AuditEvent.objects.filter(action="attempt.extend", actor=instructor_a).count() == 1
+
+
+def test_another_tenants_instructor_cannot_act_on_the_attempt(client, instructor_b, student_a, lab_a):
+    attempt = running_attempt(student_a, lab_a)
+    act(client, instructor_b, "stop_attempts", attempt)
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.RUNNING
+    assert not AuditEvent.objects.filter(action="attempt.stop").exists()
+
+
+def test_capacity_page_shows_only_the_instructors_tenant(client, instructor_a, student_a, lab_a, tenant_b):
+    running_attempt(student_a, lab_a)
+    client.login(username=instructor_a.username, password=PASSWORD)
+    response = client.get(reverse("admin:labs_attempt_capacity"))
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert lab_a.course.tenant.name in body and tenant_b.name not in body
+    assert "2340 MiB / 262144 MiB" in body  # one small VM: 2 GiB guest + 292 MiB launcher overhead
+    assert '<td class="running-vms">1</td>' in body
+    changelist = client.get(reverse(CHANGELIST)).content.decode()
+    assert reverse("admin:labs_attempt_capacity") in changelist
+
+
+def test_capacity_page_is_refused_to_non_instructors(client, instructor_b, ta_a):
+    client.login(username=ta_a.username, password=PASSWORD)
+    assert client.get(reverse("admin:labs_attempt_capacity")).status_code == 302  # not staff: to the login
