@@ -1,3 +1,10 @@
 """WebSocket routes of the portal: attempt events and the console bridge."""
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from labs.consumers import AttemptConsoleConsumer, AttemptEventsConsumer
+
+websocket_urlpatterns = [
+    path("ws/attempts/<int:attempt_id>/events/", AttemptEventsConsumer.as_asgi()),
+    path("ws/attempts/<int:attempt_id>/console/", AttemptConsoleConsumer.as_asgi()),
+]

@@ -1,0 +1,66 @@
+"""Who may use an attempt's console, and how: decided from the database before anything touches the cluster.
+
+The attempt's student types; TAs and instructors of the course watch read-only and may take over input as an
+explicit, audited action; everybody else gets the same not-found as for a missing attempt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from labs.console.upstream import ConsoleLocation
+from labs.models import AttemptState
+from labs.selectors import attempt_get_for_user
+from portal.errors import NotFound
+from portal.models import STAFF_ROLES, User
+from portal.selectors import course_role
+from portal.services import audit_record
+
+# Only these states may have a VMI whose console is worth dialling; the others are before or after the VM.
+CONSOLE_STATES = (AttemptState.STARTING, AttemptState.RUNNING)
+CONSOLE_ENDED_STATES = (AttemptState.STOPPING, AttemptState.STOPPED, AttemptState.FAILED, AttemptState.EXPIRED)
+
+
+@dataclass(frozen=True)
+class ConsoleAccess:
+    attempt_id: int
+    is_student: bool
+    is_staff: bool
+    viewer_name: str
+
+    @property
+    def can_type(self) -> bool:
+        return self.is_student
+
+
+def console_access(*, user: User, attempt_id: int) -> ConsoleAccess:
+    """Raises NotFound unless the user is the attempt's student or staff of its course."""
+    if not user.is_authenticated:
+        raise NotFound("Attempt not found.")
+    attempt = attempt_get_for_user(user=user, attempt_id=attempt_id)
+    is_student = attempt.student_id == user.id
+    is_staff = course_role(user=user, course=attempt.lab.course) in STAFF_ROLES
+    if not (is_student or is_staff):
+        raise NotFound("Attempt not found.")
+    return ConsoleAccess(attempt_id=attempt.id, is_student=is_student, is_staff=is_staff, viewer_name=str(user))
+
+
+def console_location(*, user: User, attempt_id: int) -> ConsoleLocation:
+    attempt = attempt_get_for_user(user=user, attempt_id=attempt_id)
+    if attempt.state in CONSOLE_ENDED_STATES:
+        return ConsoleLocation(ended=True)
+    if attempt.state not in CONSOLE_STATES:
+        return ConsoleLocation()
+    return ConsoleLocation(namespace=attempt.namespace, name=attempt.vm_name)
+
+
+@transaction.atomic
+def console_control_record(*, actor: User, attempt_id: int, taken: bool) -> None:
+    """Audit a staff member taking over (or handing back) the keyboard of a student's console."""
+    attempt = attempt_get_for_user(user=actor, attempt_id=attempt_id)
+    audit_record(
+        actor=actor, action="console.take_control" if taken else "console.release_control", target=attempt,
+        tenant=attempt.tenant, course=attempt.lab.course, data={"attempt": attempt.id},
+    )

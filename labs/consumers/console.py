@@ -1,0 +1,354 @@
+"""``/ws/attempts/<id>/console/``: the browser side of the console bridge.
+
+Every connected viewer (the student's tabs, staff watching) is one of these consumers. Exactly one of them per
+attempt, across all portal processes, holds the lease and with it the single upstream connection to the VMI
+console (KubeVirt allows one client per VMI; a second one would kick the first). The holder fans output out
+through the channel-layer group ``console-<id>``; input from the student's other tabs reaches it through
+``console-input-<id>``, a group only the holder joins. When the holder leaves it hands the lease back and the
+remaining viewers race for it; when the last viewer leaves the upstream closes with it.
+
+Browser protocol: binary frames are terminal bytes both ways; text frames are JSON control messages.
+From the browser: ``{"type": "ack", "bytes": N}`` (total output drawn), ``{"type": "take_control"}`` and
+``{"type": "release_control"}`` (staff). To the browser: ``hello`` (mode ``rw``/``ro``), ``status`` (upstream
+state), ``reset`` (a fresh screen follows), ``lagging``, ``notice`` (a code the page translates).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from labs.console.access import ConsoleAccess, console_access, console_control_record, console_location
+from labs.console.flow import InputRateLimiter, OutputWindow
+from labs.console.lease import console_lease
+from labs.console.limits import console_limits
+from labs.console.recording import AsciicastRecorder
+from labs.console.scrollback import console_scrollback
+from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamState
+from labs.consumers.events import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, attempt_group
+from portal.errors import ApplicationError
+
+logger = logging.getLogger(__name__)
+
+CLOSE_TOO_SLOW = 4008
+# The same notice is sent at most this often to one browser (a TA leaning on the keyboard, a runaway paste).
+NOTICE_INTERVAL_SECONDS = 1.0
+
+
+def console_group(attempt_id: int) -> str:
+    return f"console-{int(attempt_id)}"
+
+
+def console_input_group(attempt_id: int) -> str:
+    return f"console-input-{int(attempt_id)}"
+
+
+class AttemptConsoleConsumer(AsyncWebsocketConsumer):
+    access: ConsoleAccess | None = None
+
+    # -- connection ---------------------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        self.attempt_id = int(self.scope["url_route"]["kwargs"]["attempt_id"])
+        self.user = self.scope.get("user")
+        if self.user is None or not self.user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        try:
+            access = await database_sync_to_async(console_access)(user=self.user, attempt_id=self.attempt_id)
+        except ApplicationError:
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        self.access = access
+        self.can_write = access.can_type
+        self.limits = console_limits()
+        self.lease = console_lease()
+        self.scrollback = console_scrollback(limit=self.limits.scrollback_bytes)
+        self.window = OutputWindow(window=self.limits.output_window_bytes)
+        self.input_limiter = InputRateLimiter(
+            rate=self.limits.input_rate_bytes_per_second, burst=self.limits.input_burst_bytes
+        )
+        self.deliver_lock = asyncio.Lock()
+        self.owner_gone = asyncio.Event()
+        self.attempt_changed = asyncio.Event()
+        self.notices_sent: dict[str, float] = {}
+        self.upstream: ConsoleUpstream | None = None
+        self.upstream_task: asyncio.Task | None = None
+        self.recorder: AsciicastRecorder | None = None
+
+        self.output_group = console_group(self.attempt_id)
+        self.input_group = console_input_group(self.attempt_id)
+        self.events_group = attempt_group(self.attempt_id)
+        # Join the output group before taking the scrollback snapshot: output produced in between carries an
+        # offset past the snapshot's end and is delivered after it; anything older is skipped.
+        await self.channel_layer.group_add(self.output_group, self.channel_name)
+        await self.channel_layer.group_add(self.events_group, self.channel_name)
+        snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
+        await self.accept()
+        await self._send_hello()
+        if snapshot.data:
+            await self.send(bytes_data=snapshot.data)
+            self.window.record_sent(len(snapshot.data))
+        self.delivered_end = snapshot.end
+        await self.channel_layer.group_send(
+            self.output_group, {"type": "console.viewer_joined", "reply_to": self.channel_name}
+        )
+        if access.is_staff and not access.is_student:
+            await self._broadcast_notice("staff_watching", who=access.viewer_name)
+        self.ownership_task = asyncio.create_task(self._ownership_loop(), name=f"console-{self.attempt_id}-lease")
+
+    async def disconnect(self, code: int) -> None:
+        if self.access is None:
+            return  # refused before accept: nothing was set up
+        self.ownership_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.ownership_task
+        if self.upstream_task is not None:
+            await self._stop_owning(release=True)
+        await self.channel_layer.group_discard(self.output_group, self.channel_name)
+        await self.channel_layer.group_discard(self.events_group, self.channel_name)
+
+    async def dispatch(self, message: dict) -> None:
+        # The attempt group may carry message types this consumer has no use for; they must not close it.
+        handler_name = message["type"].replace(".", "_")
+        if not message["type"].startswith("websocket.") and not hasattr(self, handler_name):
+            return
+        await super().dispatch(message)
+
+    # -- browser → bridge ---------------------------------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if bytes_data is not None:
+            await self._input(bytes_data)
+            return
+        try:
+            message = json.loads(text_data or "")
+        except ValueError:
+            await self._notice("bad_message")
+            return
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "ack":
+            await self._acknowledge(message.get("bytes"))
+        elif kind == "take_control":
+            await self._set_control(taken=True)
+        elif kind == "release_control":
+            await self._set_control(taken=False)
+        elif kind == "ping":
+            await self._send_json({"type": "pong"})
+        else:
+            await self._notice("bad_message")
+
+    async def _input(self, data: bytes) -> None:
+        if not self.can_write:
+            await self._notice("read_only")
+            return
+        if len(data) > self.limits.input_frame_max_bytes:
+            await self._notice("input_too_large")
+            return
+        if not self.input_limiter.allow(len(data)):
+            await self._notice("input_rate")
+            return
+        if self.upstream is not None:
+            if not await self.upstream.send(data):
+                await self._notice("not_connected")
+        else:
+            await self.channel_layer.group_send(self.input_group, {"type": "console.input", "data": data})
+
+    async def _acknowledge(self, total: object) -> None:
+        if not isinstance(total, int) or isinstance(total, bool):
+            await self._notice("bad_message")
+            return
+        if self.window.acknowledge(total):
+            await self._redraw()
+
+    async def _set_control(self, *, taken: bool) -> None:
+        if not self.access.is_staff or self.access.is_student:
+            await self._notice("not_allowed")
+            return
+        if self.can_write == taken:
+            return
+        await database_sync_to_async(console_control_record)(actor=self.user, attempt_id=self.attempt_id, taken=taken)
+        self.can_write = taken
+        await self._send_hello()
+        await self._broadcast_notice("control_taken" if taken else "control_released", who=self.access.viewer_name)
+        if self.recorder is not None:
+            self.recorder.marker(f"{'control taken by' if taken else 'control released by'} {self.access.viewer_name}")
+
+    # -- bridge → browser ---------------------------------------------------------------------------------
+
+    async def _send_json(self, payload: dict) -> None:
+        await self.send(text_data=json.dumps(payload))
+
+    async def _send_hello(self) -> None:
+        await self._send_json({
+            "type": "hello", "attempt": self.attempt_id, "mode": "rw" if self.can_write else "ro",
+            "can_take_control": self.access.is_staff and not self.access.is_student,
+        })
+
+    async def _notice(self, code: str, **extra) -> None:
+        now = time.monotonic()
+        if now - self.notices_sent.get(code, 0.0) < NOTICE_INTERVAL_SECONDS:
+            return
+        self.notices_sent[code] = now
+        await self._send_json({"type": "notice", "code": code, **extra})
+
+    async def _broadcast_notice(self, code: str, **extra) -> None:
+        await self.channel_layer.group_send(self.output_group, {"type": "console.notice", "code": code, **extra})
+
+    async def _deliver(self, data: bytes, end: int) -> None:
+        """Send one chunk of output (ending at offset ``end``) unless already sent or the browser is behind."""
+        async with self.deliver_lock:
+            if end <= self.delivered_end:
+                return
+            start = end - len(data)
+            if start < self.delivered_end:
+                data = data[self.delivered_end - start:]
+            self.delivered_end = end
+            was_lagging = self.window.lagging_since is not None
+            if not self.window.may_send(len(data)):
+                if not was_lagging:
+                    await self._send_json({"type": "lagging"})
+                return
+            await self.send(bytes_data=data)
+            self.window.record_sent(len(data))
+
+    async def _redraw(self) -> None:
+        """A lagging browser caught up: give it a fresh screen from scrollback instead of the skipped bytes."""
+        async with self.deliver_lock:
+            snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
+            await self._send_json({"type": "reset"})
+            if snapshot.data:
+                await self.send(bytes_data=snapshot.data)
+                self.window.record_sent(len(snapshot.data))
+            self.delivered_end = snapshot.end
+
+    async def _send_status(self, state: str, detail: str = "") -> None:
+        await self._send_json({"type": "status", "state": state, "detail": detail})
+
+    # -- channel layer handlers ---------------------------------------------------------------------------
+
+    async def console_output(self, event: dict) -> None:
+        if event.get("origin") != self.channel_name:
+            await self._deliver(event["data"], event["end"])
+
+    async def console_status(self, event: dict) -> None:
+        if event.get("origin") != self.channel_name:
+            await self._send_status(event["state"], event.get("detail", ""))
+
+    async def console_input(self, event: dict) -> None:
+        if self.upstream is not None:
+            await self.upstream.send(event["data"])
+
+    async def console_owner_gone(self, event: dict) -> None:
+        self.owner_gone.set()
+
+    async def console_viewer_joined(self, event: dict) -> None:
+        if self.upstream is not None and self.upstream.state is not None and event["reply_to"] != self.channel_name:
+            await self.channel_layer.send(
+                event["reply_to"], {"type": "console.status", "state": self.upstream.state.value, "origin": "holder"}
+            )
+
+    async def console_notice(self, event: dict) -> None:
+        await self._send_json({"type": "notice", **{k: v for k, v in event.items() if k != "type"}})
+
+    async def attempt_update(self, event: dict) -> None:
+        self.attempt_changed.set()
+
+    # -- holding the upstream -----------------------------------------------------------------------------
+
+    async def _ownership_loop(self) -> None:
+        """Take the lease when it is free, keep renewing it while holding it; close a viewer stuck behind."""
+        ttl = self.limits.lease_ttl_seconds
+        while True:
+            try:
+                if self.upstream_task is None:
+                    if await self.lease.acquire(attempt_id=self.attempt_id, holder=self.channel_name, ttl=ttl):
+                        await self._start_owning()
+                        continue
+                    self.owner_gone.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.owner_gone.wait(), timeout=min(1.0, ttl / 3))
+                elif self.upstream_task.done():
+                    await self._stop_owning(release=True)
+                    await asyncio.sleep(1.0)
+                else:
+                    await asyncio.sleep(ttl / 3)
+                    if not await self.lease.renew(attempt_id=self.attempt_id, holder=self.channel_name, ttl=ttl):
+                        logger.warning("Console %s: lease lost; handing the upstream over", self.attempt_id)
+                        await self._stop_owning(release=False)
+                if self.window.lagging_for() > self.limits.lag_close_seconds:
+                    await self._send_json({"type": "notice", "code": "too_slow"})
+                    await self.close(code=CLOSE_TOO_SLOW)
+                    return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Redis briefly unreachable, say: keep trying rather than leaving the viewer without a holder.
+                logger.exception("Console %s: lease handling failed; retrying", self.attempt_id)
+                await asyncio.sleep(1.0)
+
+    async def _start_owning(self) -> None:
+        self.recorder = AsciicastRecorder(
+            attempt_id=self.attempt_id, max_bytes=self.limits.recording_max_bytes,
+            flush_seconds=self.limits.recording_flush_seconds,
+        )
+        await self.recorder.open()
+        self.upstream = ConsoleUpstream(
+            locate=self._locate, on_output=self._upstream_output, on_state=self._upstream_state,
+            attempt_changed=self.attempt_changed, limits=self.limits,
+        )
+        await self.channel_layer.group_add(self.input_group, self.channel_name)
+        self.upstream_task = asyncio.create_task(self._run_upstream(), name=f"console-{self.attempt_id}-upstream")
+
+    async def _run_upstream(self) -> None:
+        try:
+            await self.upstream.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The ownership loop sees the finished task and hands the lease over, so a holder starts afresh.
+            logger.exception("Console %s: upstream bridge failed", self.attempt_id)
+            await self._upstream_state(UpstreamState.LOST, "bridge error")
+
+    async def _stop_owning(self, *, release: bool) -> None:
+        task, self.upstream_task = self.upstream_task, None
+        self.upstream = None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.recorder is not None:
+            await self.recorder.close()
+            self.recorder = None
+        await self.channel_layer.group_discard(self.input_group, self.channel_name)
+        if release:
+            await self.lease.release(attempt_id=self.attempt_id, holder=self.channel_name)
+            await self.channel_layer.group_send(self.output_group, {"type": "console.owner_gone"})
+
+    async def _locate(self) -> ConsoleLocation:
+        return await database_sync_to_async(console_location)(user=self.user, attempt_id=self.attempt_id)
+
+    async def _upstream_output(self, data: bytes) -> None:
+        end = await self.scrollback.append(attempt_id=self.attempt_id, data=data)
+        if self.recorder is not None:
+            self.recorder.output(data)
+        # This viewer's own browser first (the common case: one tab), then everybody else.
+        await self._deliver(data, end)
+        await self.channel_layer.group_send(
+            self.output_group, {"type": "console.output", "data": data, "end": end, "origin": self.channel_name}
+        )
+
+    async def _upstream_state(self, state: UpstreamState, detail: str) -> None:
+        await self._send_status(state.value, detail)
+        if self.recorder is not None and state in (UpstreamState.CONNECTED, UpstreamState.LOST):
+            self.recorder.marker(f"console {state.value}")
+        await self.channel_layer.group_send(
+            self.output_group,
+            {"type": "console.status", "state": state.value, "detail": detail, "origin": self.channel_name},
+        )

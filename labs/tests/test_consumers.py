@@ -1,0 +1,388 @@
+"""The attempt events socket and the console bridge, driven through the real ASGI stack against kubesim.
+
+Refusals are checked against kubesim's request counters: a refused viewer must not cause a single console
+request. The bridge's sharing rules (one upstream, every tab sees the output, staff read-only) are checked with
+several WebsocketCommunicators on one attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.test import Client
+
+from conftest import make_person
+from labs.console.recording import recording_path
+from labs.models import AttemptState
+from labs.services import attempt_extend
+from portal.asgi import application
+from portal.models import AuditEvent, Role
+from tests.browser.attempts import running_attempt
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+
+ORIGIN = (b"origin", b"http://testserver")
+CONSOLE_RESOURCE = "virtualmachineinstances/console"
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hasher(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def isolated_console_state(settings, tmp_path):
+    """Fresh recordings directory, and no lease or scrollback left in Redis by an earlier run's attempt ids."""
+    settings.CONSOLE_RECORDINGS_DIR = tmp_path / "recordings"
+    if settings.REDIS_URL:
+        import redis
+
+        client = redis.Redis.from_url(settings.REDIS_URL)
+        keys = list(client.scan_iter("portal:console:*"))
+        if keys:
+            client.delete(*keys)
+        client.close()
+
+
+@pytest.fixture
+def attempt(cluster, student_a, lab_a):
+    return running_attempt(student=student_a, lab=lab_a)
+
+
+def session_cookie(user) -> bytes:
+    client = Client()
+    client.force_login(user)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
+
+
+class Viewer:
+    """One browser tab on a socket: collects terminal bytes and control messages as they arrive."""
+
+    def __init__(self, path: str, headers: list[tuple[bytes, bytes]]) -> None:
+        self.communicator = WebsocketCommunicator(application, path, headers=headers)
+        self.output = bytearray()
+        self.messages: list[dict] = []
+        self.closed_with: int | None = None
+
+    async def connect(self) -> tuple[bool, int | None]:
+        return await self.communicator.connect(timeout=10)
+
+    async def _take(self, seconds: float) -> bool:
+        # Not receive_output(): on a timeout it cancels the application, and a quiet console is no error.
+        if self.communicator.future.done() and self.communicator.output_queue.empty():
+            self.communicator.future.result()  # raises what the consumer died of
+            self.closed_with = self.closed_with or -1
+            return False
+        try:
+            frame = await asyncio.wait_for(self.communicator.output_queue.get(), seconds)
+        except TimeoutError:
+            return False
+        if frame["type"] == "websocket.close":
+            self.closed_with = frame.get("code")
+            return False
+        if frame.get("bytes") is not None:
+            self.output += frame["bytes"]
+        else:
+            self.messages.append(json.loads(frame["text"]))
+        return True
+
+    async def read_until(self, predicate, *, within: float = 15.0) -> None:
+        deadline = time.monotonic() + within
+        while not predicate(self):
+            left = deadline - time.monotonic()
+            assert left > 0, f"timed out; output={bytes(self.output[-500:])!r} messages={self.messages[-10:]}"
+            if not await self._take(min(left, 0.5)) and self.closed_with is not None:
+                raise AssertionError(f"socket closed with {self.closed_with}; messages={self.messages}")
+
+    async def drain(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await self._take(max(0.01, deadline - time.monotonic()))
+
+    def has_output(self, needle: bytes) -> bool:
+        return needle in self.output
+
+    def statuses(self) -> list[str]:
+        return [m["state"] for m in self.messages if m["type"] == "status"]
+
+    def notices(self) -> list[str]:
+        return [m["code"] for m in self.messages if m["type"] == "notice"]
+
+    async def type(self, data: bytes) -> None:
+        await self.communicator.send_to(bytes_data=data)
+
+    async def send_json(self, payload: dict) -> None:
+        await self.communicator.send_to(text_data=json.dumps(payload))
+
+    async def close(self) -> None:
+        await self.communicator.disconnect()
+
+
+async def open_console(user, attempt_id: int, *, origin: tuple[bytes, bytes] | None = ORIGIN) -> Viewer:
+    headers = [origin] if origin else []
+    if user is not None:
+        headers.append((b"cookie", await sync_to_async(session_cookie)(user)))
+    viewer = Viewer(f"/ws/attempts/{attempt_id}/console/", headers)
+    connected, code = await viewer.connect()
+    assert connected, f"refused with {code}"
+    await viewer.read_until(lambda v: any(m["type"] == "hello" for m in v.messages))
+    return viewer
+
+
+def console_requests(cluster) -> int:
+    return cluster.admin.counters()["by_resource"].get(CONSOLE_RESOURCE, 0)
+
+
+def open_consoles(cluster) -> int:
+    return cluster.admin.counters()["open_consoles"]
+
+
+async def wait_for(condition, *, within: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + within
+    while not await sync_to_async(condition)():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+async def connected_student(user, attempt_id: int) -> Viewer:
+    viewer = await open_console(user, attempt_id)
+    await viewer.read_until(lambda v: "connected" in v.statuses())
+    return viewer
+
+
+# -- refusals -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("who", ["anonymous", "classmate", "other_tenant_student", "other_tenant_instructor",
+                                 "bad_origin", "missing_origin"])
+async def test_refused_before_kubesim_sees_a_console_request(who, attempt, cluster, student_a, student_b,
+                                                             instructor_b, tenant_a, course_a):
+    classmate = await sync_to_async(make_person)(username="classmate_a", tenant=tenant_a, course=course_a,
+                                                 role=Role.STUDENT)
+    user, origin = {
+        "anonymous": (None, ORIGIN),
+        "classmate": (classmate, ORIGIN),
+        "other_tenant_student": (student_b, ORIGIN),
+        "other_tenant_instructor": (instructor_b, ORIGIN),
+        "bad_origin": (student_a, (b"origin", b"http://evil.example")),
+        "missing_origin": (student_a, None),
+    }[who]
+    before = await sync_to_async(console_requests)(cluster)
+    for path in (f"/ws/attempts/{attempt.id}/console/", f"/ws/attempts/{attempt.id}/events/"):
+        headers = [origin] if origin else []
+        if user is not None:
+            headers.append((b"cookie", await sync_to_async(session_cookie)(user)))
+        communicator = WebsocketCommunicator(application, path, headers=headers)
+        connected, _ = await communicator.connect(timeout=10)
+        assert not connected, path
+        await communicator.disconnect()
+    await asyncio.sleep(1.0)  # long enough for a wrongly started upstream to have dialled
+    assert await sync_to_async(console_requests)(cluster) == before
+
+
+async def test_refused_for_an_unknown_attempt(cluster, student_a):
+    communicator = WebsocketCommunicator(application, "/ws/attempts/999999/console/",
+                                         headers=[ORIGIN, (b"cookie", await sync_to_async(session_cookie)(student_a))])
+    connected, code = await communicator.connect(timeout=10)
+    assert not connected and code == 4404
+
+
+# -- sharing ----------------------------------------------------------------------------------------------------
+
+async def test_student_types_and_sees_the_echo_and_a_ta_watches_read_only(attempt, cluster, student_a, ta_a):
+    student = await connected_student(student_a, attempt.id)
+    assert student.messages[0] == {"type": "hello", "attempt": attempt.id, "mode": "rw", "can_take_control": False}
+    ta = await open_console(ta_a, attempt.id)
+    assert ta.messages[0]["mode"] == "ro" and ta.messages[0]["can_take_control"] is True
+
+    await student.type(b"echo from-student-$((6*7))\r")
+    await student.read_until(lambda v: v.has_output(b"from-student-42"))
+    await ta.read_until(lambda v: v.has_output(b"from-student-42"))
+
+    await ta.type(b"echo ta-was-here-$((1+1))\r")
+    await ta.read_until(lambda v: "read_only" in v.notices())
+    await student.type(b"echo after-ta-$((2+3))\r")
+    await student.read_until(lambda v: v.has_output(b"after-ta-5"))
+    await ta.read_until(lambda v: v.has_output(b"after-ta-5"))
+    assert b"ta-was-here" not in student.output and b"ta-was-here" not in ta.output
+    assert "staff_watching" in student.notices()
+    await ta.close()
+    await student.close()
+
+
+async def test_two_student_tabs_share_one_upstream_and_neither_is_dropped(attempt, cluster, student_a):
+    first = await connected_student(student_a, attempt.id)
+    second = await open_console(student_a, attempt.id)
+    await first.type(b"echo one-$((10+1))\r")
+    for tab in (first, second):
+        await tab.read_until(lambda v: v.has_output(b"one-11"))
+    await second.type(b"echo two-$((10+2))\r")
+    for tab in (first, second):
+        await tab.read_until(lambda v: v.has_output(b"two-12"))
+    assert await sync_to_async(open_consoles)(cluster) == 1
+    await first.drain(1.0)
+    await second.drain(1.0)
+    assert first.closed_with is None and second.closed_with is None
+    assert "lost" not in first.statuses() and "lost" not in second.statuses()
+    await first.close()
+    await second.close()
+
+
+async def test_holder_leaving_hands_the_upstream_to_the_other_tab(attempt, cluster, student_a):
+    holder = await connected_student(student_a, attempt.id)
+    other = await open_console(student_a, attempt.id)
+    requests_before = await sync_to_async(console_requests)(cluster)
+    await holder.close()
+    await other.read_until(lambda v: v.statuses()[-1:] == ["connected"], within=15)
+    await other.type(b"echo still-here-$((3*3))\r")
+    await other.read_until(lambda v: v.has_output(b"still-here-9"))
+    assert await sync_to_async(console_requests)(cluster) == requests_before + 1
+    assert await sync_to_async(open_consoles)(cluster) == 1
+    await other.close()
+
+
+async def test_upstream_closes_soon_after_the_last_viewer_leaves(attempt, cluster, student_a):
+    first = await connected_student(student_a, attempt.id)
+    second = await open_console(student_a, attempt.id)
+    assert await sync_to_async(open_consoles)(cluster) == 1
+    await first.close()
+    await second.close()
+    started = time.monotonic()
+    await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to close")
+    assert time.monotonic() - started < 5
+
+
+async def test_a_new_tab_gets_the_scrollback_first(attempt, cluster, student_a):
+    first = await connected_student(student_a, attempt.id)
+    await first.type(b"echo remembered-$((20+1))\r")
+    await first.read_until(lambda v: v.has_output(b"remembered-21"))
+    late = await open_console(student_a, attempt.id)
+    await late.read_until(lambda v: v.has_output(b"remembered-21"), within=3)
+    await late.type(b"echo fresh-$((20+2))\r")
+    await late.read_until(lambda v: v.has_output(b"fresh-22"))
+    # Replayed output and live output meet without a doubled chunk.
+    assert late.output.count(b"remembered-21") == first.output.count(b"remembered-21")
+    await late.close()
+    await first.close()
+
+
+async def test_taking_control_is_audited_and_lets_staff_type(attempt, cluster, student_a, instructor_a):
+    student = await connected_student(student_a, attempt.id)
+    staff = await open_console(instructor_a, attempt.id)
+    await staff.send_json({"type": "take_control"})
+    await staff.read_until(lambda v: any(m.get("mode") == "rw" for m in v.messages))
+    await student.read_until(lambda v: "control_taken" in v.notices())
+    await staff.type(b"echo staff-typed-$((4*4))\r")
+    await student.read_until(lambda v: v.has_output(b"staff-typed-16"))
+    event = await sync_to_async(AuditEvent.objects.get)(action="console.take_control")
+    assert event.actor_id == instructor_a.id and event.target_id == str(attempt.id)
+    await staff.send_json({"type": "release_control"})
+    await student.read_until(lambda v: "control_released" in v.notices())
+    assert await sync_to_async(AuditEvent.objects.filter(action="console.release_control").count)() == 1
+    await staff.close()
+    await student.close()
+
+
+async def test_students_cannot_take_control_messages(attempt, cluster, student_a):
+    student = await connected_student(student_a, attempt.id)
+    await student.send_json({"type": "take_control"})
+    await student.read_until(lambda v: "not_allowed" in v.notices())
+    await student.send_json({"type": "something-else"})
+    await student.read_until(lambda v: "bad_message" in v.notices())
+    assert not await sync_to_async(AuditEvent.objects.filter(action="console.take_control").exists)()
+    await student.close()
+
+
+# -- limits, loss and recovery, recording ---------------------------------------------------------------------
+
+async def test_oversized_input_frames_are_refused(attempt, cluster, student_a, settings):
+    student = await connected_student(student_a, attempt.id)
+    await student.type(b"echo " + b"x" * (64 * 1024) + b"\r")
+    await student.read_until(lambda v: "input_too_large" in v.notices())
+    await student.type(b"echo ok-$((5+5))\r")
+    await student.read_until(lambda v: v.has_output(b"ok-10"))
+    assert b"x" * 100 not in student.output
+    await student.close()
+
+
+async def test_a_browser_that_stops_acknowledging_gets_skipped_then_redrawn(attempt, cluster, student_a, settings):
+    settings.CONSOLE_OUTPUT_WINDOW_BYTES = 8 * 1024
+    student = await connected_student(student_a, attempt.id)
+    await student.type(b"seq 1 20000; echo done-$((9*9))\r")
+    await student.read_until(lambda v: any(m["type"] == "lagging" for m in v.messages))
+    await student.drain(2.0)
+    # Not acknowledged: what reached this viewer stays near the window, far below the ~110 KB produced.
+    assert len(student.output) < 3 * 8 * 1024
+    await student.send_json({"type": "ack", "bytes": len(student.output)})
+    await student.read_until(lambda v: any(m["type"] == "reset" for m in v.messages))
+    await student.read_until(lambda v: v.has_output(b"done-81"))
+    await student.close()
+
+
+async def test_upstream_loss_is_reported_and_recovered(attempt, cluster, student_a):
+    student = await connected_student(student_a, attempt.id)
+    await sync_to_async(cluster.admin.disconnect_consoles)(namespace=attempt.namespace, name=attempt.vm_name)
+    await student.read_until(lambda v: "lost" in v.statuses())
+    await student.read_until(lambda v: v.statuses()[-1] == "connected", within=15)
+    await student.type(b"echo recovered-$((6+6))\r")
+    await student.read_until(lambda v: v.has_output(b"recovered-12"))
+    await student.close()
+
+
+async def test_output_is_recorded_as_asciicast_v2(attempt, cluster, student_a):
+    student = await connected_student(student_a, attempt.id)
+    await student.type(b"echo recorded-$((7*7))\r")
+    await student.read_until(lambda v: v.has_output(b"recorded-49"))
+    await student.close()
+    lines = recording_path(attempt_id=attempt.id).read_text().splitlines()
+    header = json.loads(lines[0])
+    assert header["version"] == 2 and header["width"] > 0 and header["height"] > 0
+    events = [json.loads(line) for line in lines[1:]]
+    times = [event[0] for event in events]
+    assert times == sorted(times)
+    assert any(kind == "o" and "recorded-49" in text for _, kind, text in events)
+
+
+async def test_ended_attempt_reports_ended_instead_of_dialling(cluster, student_a, lab_a):
+    attempt = await sync_to_async(running_attempt)(student=student_a, lab=lab_a)
+    from labs.models import Attempt
+
+    await sync_to_async(Attempt.objects.filter(pk=attempt.pk).update)(state=AttemptState.STOPPED)
+    before = await sync_to_async(console_requests)(cluster)
+    student = await open_console(student_a, attempt.id)
+    await student.read_until(lambda v: "ended" in v.statuses())
+    assert await sync_to_async(console_requests)(cluster) == before
+    await student.close()
+
+
+# -- attempt events ---------------------------------------------------------------------------------------------
+
+async def test_events_socket_sends_the_current_status_then_pushes(attempt, cluster, student_a, ta_a):
+    headers = [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(student_a))]
+    viewer = Viewer(f"/ws/attempts/{attempt.id}/events/", headers)
+    assert (await viewer.connect())[0]
+    await viewer.read_until(lambda v: len(v.messages) >= 1)
+    first = viewer.messages[0]
+    assert first["type"] == "attempt.update" and first["attempt"]["state"] == "running"
+    assert first["attempt"]["timestamps"]["agent_ready"] is not None
+
+    await sync_to_async(attempt_extend)(actor=student_a, attempt=attempt)
+    await viewer.read_until(lambda v: any(m["type"] == "attempt.update" and m["attempt"]["extensions"] == 1
+                                          for m in v.messages))
+    await get_channel_layer().group_send(f"attempt-{attempt.id}", {"type": "grading.update", "run": {"id": 7}})
+    await viewer.read_until(lambda v: {"type": "grading.update", "run": {"id": 7}} in v.messages)
+    await viewer.close()
+
+    # A page that reconnects starts from the present state.
+    staff = Viewer(f"/ws/attempts/{attempt.id}/events/",
+                   [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(ta_a))])
+    assert (await staff.connect())[0]
+    await staff.read_until(lambda v: len(v.messages) >= 1)
+    assert staff.messages[0]["attempt"]["extensions"] == 1
+    await staff.close()
