@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -56,10 +57,11 @@ def _number(value: Decimal | None) -> float | None:
     return float(value) if value is not None else None
 
 
-def grading_run_payload(run: GradingRun) -> dict[str, Any]:
-    """A JSON-safe view of a run for the attempt's page (pushed as ``grading.update`` and served by the run
-    status URL). Carries feedback but no command output: students see outputs nowhere, staff on report pages."""
-    results = sorted(run.results.all(), key=lambda r: (r.order, r.pk))
+def grading_run_payload(run: GradingRun, *, results: Sequence[CheckResult] | None = None) -> dict[str, Any]:
+    """A JSON-safe view of a run for the attempt's page (pushed as ``grading.update``). Carries feedback but no
+    command output: students see outputs nowhere, staff on report pages. ``results`` saves a query when the
+    caller holds them."""
+    results = sorted(run.results.all() if results is None else results, key=lambda r: (r.order, r.pk or 0))
     return {
         "id": run.pk,
         "attempt_id": run.attempt_id,

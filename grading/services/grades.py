@@ -13,7 +13,8 @@ from django.utils.translation import gettext as _
 
 from grading.evaluation import ScoredRun, choose_run, earns_credit, evaluate_check, late_penalty_percent
 from grading.models import CheckResult, Grade, GradingRun, RunState, RunTrigger
-from grading.services.runs import UNFINISHED_STATES, enqueue_run_on_commit, lab_checks, push_run_on_commit
+from grading.services.push import push_run_on_commit
+from grading.services.runs import UNFINISHED_STATES, enqueue_run_on_commit, lab_checks
 from labs.models import Attempt, AttemptState, Check, Lab
 from portal.errors import ApplicationError, NotFound, PermissionDenied
 from portal.models import STAFF_ROLES, Membership, Role, User
@@ -183,7 +184,7 @@ def _reevaluate_run(*, actor: User, original: GradingRun, checks: Sequence[Check
     regrade.score = score
     regrade.max_score = max_score
     regrade.save(update_fields=["score", "max_score"])
-    push_run_on_commit(run_id=regrade.pk, attempt_id=regrade.attempt_id)
+    push_run_on_commit(run=regrade, results=rows)
     return regrade
 
 
@@ -205,7 +206,7 @@ def _regrade_attempt(*, actor: User, attempt: Attempt, checks: Sequence[Check]) 
                 attempt=attempt, state=RunState.QUEUED, trigger=RunTrigger.REGRADE, requested_by=actor
             )
             enqueue_run_on_commit(run=run, checks=checks)
-            push_run_on_commit(run_id=run.pk, attempt_id=attempt.pk)
+            push_run_on_commit(run=run, results=[])
             outcome.queued = run
     return outcome
 

@@ -14,9 +14,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from celery.exceptions import SoftTimeLimitExceeded
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -25,6 +23,7 @@ from django.utils.translation import gettext as _
 from grading import agent_client
 from grading.evaluation import evaluate_check, late_penalty_percent
 from grading.models import CheckResult, GradingRun, RunState, RunTrigger
+from grading.services.push import push_run_on_commit
 from labs.models import Attempt, AttemptState, Check
 from portal.errors import ApplicationError, Conflict, NotFound
 from portal.models import STAFF_ROLES, User
@@ -104,7 +103,7 @@ def grading_run_request(*, actor: User, attempt: Attempt) -> GradingRun:
         data={"attempt_id": attempt.pk, "run_id": run.pk, "trigger": run.trigger},
     )
     enqueue_run_on_commit(run=run, checks=checks)
-    push_run_on_commit(run_id=run.pk, attempt_id=attempt.pk)
+    push_run_on_commit(run=run, results=[])
     return run
 
 
@@ -151,7 +150,7 @@ def grading_run_execute(*, run_id: int) -> GradingRun | None:
         logger.info("grading run %s was not queued any more; nothing to do", run_id)
         return None
     run = GradingRun.objects.select_related("attempt__lab").get(id=run_id)
-    push_run_on_commit(run_id=run.pk, attempt_id=run.attempt_id)
+    push_run_on_commit(run=run, results=[])
     attempt = run.attempt
     if attempt.state != AttemptState.RUNNING:
         return grading_run_fail(
@@ -219,7 +218,7 @@ def grading_run_record(
     run.late_penalty_percent = late_penalty_percent(lab, measured_at=measured_at)
     run.save(update_fields=["state", "finished_at", "measured_at", "score", "max_score", "late_penalty_percent"])
     grade_recompute(lab=lab, student_id=run.attempt.student_id)
-    push_run_on_commit(run_id=run.pk, attempt_id=run.attempt_id)
+    push_run_on_commit(run=run, results=rows)
     return run
 
 
@@ -231,7 +230,7 @@ def grading_run_fail(*, run: GradingRun, error_code: str, error: str) -> Grading
     )
     run.refresh_from_db()
     if updated:
-        push_run_on_commit(run_id=run.pk, attempt_id=run.attempt_id)
+        push_run_on_commit(run=run, results=[])
     return run
 
 
@@ -287,7 +286,7 @@ def grading_run_final(*, attempt: Attempt, trigger: str) -> GradingRun | None:
                 run = _create_unfinished_run(
                     attempt=attempt, state=RunState.RUNNING, trigger=trigger, requested_by=None
                 )
-                push_run_on_commit(run_id=run.pk, attempt_id=attempt.pk)
+                push_run_on_commit(run=run, results=[])
             break
         except Conflict:
             continue  # a Check press landed between the clean-up and the insert: clear it again
@@ -311,30 +310,3 @@ def _make_room_for_final_run(*, attempt: Attempt) -> None:
             return
         time.sleep(FINAL_RUN_POLL_SECONDS)
     grading_run_fail(run=running, error_code=ERROR_STALE, error="still running when the final run began")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Browser updates
-
-
-def push_run_on_commit(*, run_id: int, attempt_id: int) -> None:
-    """After commit, send ``grading.update`` with the run's payload to the attempt's channel-layer group."""
-
-    def push() -> None:
-        from grading.selectors import grading_run_payload
-
-        run = GradingRun.objects.filter(pk=run_id).prefetch_related("results").first()
-        if run is None:
-            return
-        try:
-            layer = get_channel_layer()
-            if layer is not None:
-                async_to_sync(layer.group_send)(
-                    f"attempt-{attempt_id}", {"type": "grading.update", "run": grading_run_payload(run)}
-                )
-        except Exception:
-            # The run is stored whatever happens here; the page shows it on its next load.
-            logger.warning("grading run %s: could not push the update to attempt-%s", run_id, attempt_id,
-                           exc_info=True)
-
-    transaction.on_commit(push)
