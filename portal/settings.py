@@ -139,6 +139,13 @@ TEMPLATES = [
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0))}
+    # daphne runs each request and WebSocket handshake in its own thread, each with its own connection: a class
+    # pressing Start at once would open one per student and exhaust PostgreSQL's max_connections. A pool of
+    # DB_POOL_MAX_SIZE connections per process makes the excess wait instead (needs DB_CONN_MAX_AGE=0).
+    if env_int("DB_POOL_MAX_SIZE", 0) > 0 and DATABASES["default"]["ENGINE"].endswith("postgresql"):
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1, "max_size": env_int("DB_POOL_MAX_SIZE", 0), "timeout": env_int("DB_POOL_TIMEOUT", 30),
+        }
 else:
     DATABASES = {
         "default": {
@@ -253,6 +260,12 @@ CELERY_BEAT_SCHEDULE = {
     },
     "labs-sweep-attempts": {
         "task": "labs.tasks.sweep_attempts",
+        "schedule": float(ATTEMPT_SWEEP_INTERVAL_SECONDS),
+        "options": {"expires": float(ATTEMPT_SWEEP_INTERVAL_SECONDS)},
+    },
+    # Grading runs whose worker never came or died, so they stop showing as in progress.
+    "grading-sweep-runs": {
+        "task": "grading.tasks.grading_runs_sweep",
         "schedule": float(ATTEMPT_SWEEP_INTERVAL_SECONDS),
         "options": {"expires": float(ATTEMPT_SWEEP_INTERVAL_SECONDS)},
     },
