@@ -312,6 +312,7 @@ class Guest:
         self._master = master
         self.manager.track(self.shell)
         asyncio.get_running_loop().add_reader(master, self._read_master)
+        log.info("guest %s/%s: shell started (pid %s)", self.namespace, self.name, self.shell.pid)
 
     def _read_master(self) -> None:
         if self._master is None:
