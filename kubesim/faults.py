@@ -23,7 +23,7 @@ class ErrorRule:
     rate: float = 1.0
     verbs: frozenset[str] | None = None
     resources: frozenset[str] | None = None
-    retry_after: int = 1
+    retry_after: int | None = None   # seconds; 429 always carries one (1 unless set), 503 only when set
     count: int | None = None
 
     def matches(self, verb: str, resource: str) -> bool:
@@ -73,7 +73,8 @@ class Faults:
                     raise ValueError("rate must be between 0 and 1")
                 self.errors.append(ErrorRule(
                     code=code, rate=rate, verbs=_names(rule.get("verbs")),
-                    resources=_names(rule.get("resources")), retry_after=int(rule.get("retry_after", 1)),
+                    resources=_names(rule.get("resources")),
+                    retry_after=int(rule["retry_after"]) if rule.get("retry_after") is not None else None,
                     count=int(rule["count"]) if rule.get("count") is not None else None))
             except (KeyError, TypeError, ValueError) as exc:
                 raise ApiError(400, f"invalid error rule {rule!r}: {exc}") from exc
@@ -103,8 +104,9 @@ class Faults:
                 continue
             if rule.count is not None:
                 rule.count -= 1
-            headers = {"Retry-After": str(rule.retry_after)} if rule.code in (429, 503) else {}
-            details = {"retryAfterSeconds": rule.retry_after} if rule.code in (429, 503) else None
+            retry_after = rule.retry_after if rule.retry_after is not None else (1 if rule.code == 429 else None)
+            headers = {"Retry-After": str(retry_after)} if retry_after is not None and rule.code != 500 else {}
+            details = {"retryAfterSeconds": retry_after} if headers else None
             return ApiError(rule.code, _ERROR_MESSAGES[rule.code], details=details, headers=headers)
         return None
 

@@ -478,6 +478,7 @@ class KubeSim:
             if initial:
                 await response.write(b"".join(self._event_line(rt, "ADDED", e, table, include_object)
                                               for e in initial))
+                self.counters.watch_events += len(initial)
             if send_initial and bookmarks:
                 await response.write(self._bookmark(rt, initial_end=True))
             while True:

@@ -63,11 +63,14 @@ class AdminClient:
 
     # faults
     def inject_fault(self, *, latency: dict[str, float] | None = None, code: int | None = None, rate: float = 1.0,
-                     verbs: list[str] | None = None, resources: list[str] | None = None, retry_after: int = 1,
+                     verbs: list[str] | None = None, resources: list[str] | None = None,
+                     retry_after: int | None = None,
                      count: int | None = None, watch_drop_after: float | None = None,
                      console_drop_after: float | None = None) -> dict[str, Any]:
         """Add faults. ``latency`` maps ``verb``, ``verb:resource`` or ``*`` to seconds; ``code`` (500, 503 or
-        429 with Retry-After) answers ``rate`` of the matching requests, at most ``count`` times."""
+        429 with Retry-After, 1 s unless ``retry_after`` says otherwise; 503 carries Retry-After only when
+        ``retry_after`` is given) answers ``rate`` of the matching requests, at most ``count`` times.
+        Note that urllib3, under the kubernetes client, honours Retry-After on 429 and 503 by retrying."""
         spec: dict[str, Any] = {}
         if latency:
             spec["latency"] = latency
