@@ -1,0 +1,126 @@
+"""The OpenAPI schema and its docs page, and schemathesis against the schema: no request that the schema allows,
+nor any it forbids, makes the API fail with a server error or answer outside the error format."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+import schemathesis
+from django.core.signals import request_finished, request_started
+from django.core.wsgi import get_wsgi_application
+from django.db import close_old_connections
+from django.test import Client
+from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
+from rest_framework.authtoken.models import Token
+from schemathesis import GenerationMode
+
+pytestmark = pytest.mark.django_db
+
+# Bounded so the whole fuzz stays well under two minutes on a shared 2-core machine.
+EXAMPLES_PER_OPERATION = 8
+# Revoking the token would sign the fuzzer out halfway; it has its own test.
+NOT_FUZZED = {("DELETE", "/api/v1/me/token/")}
+
+
+def test_schema_is_served_and_lists_every_endpoint():
+    response = Client().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert response.status_code == 200
+    schema = response.json()
+    paths = set(schema["paths"])
+    assert {
+        "/api/v1/courses/", "/api/v1/labs/{lab_id}/", "/api/v1/attempts/", "/api/v1/attempts/{attempt_id}/stop/",
+        "/api/v1/attempts/{attempt_id}/extend/", "/api/v1/attempts/{attempt_id}/check/", "/api/v1/grading-runs/",
+        "/api/v1/grades/", "/api/v1/courses/{course_id}/report/", "/api/v1/courses/{course_id}/audit/",
+        "/api/v1/auth/token/",
+    } <= paths
+    assert set(schema["components"]["securitySchemes"]) >= {"cookieAuth", "tokenAuth"}
+    assert "Error" in schema["components"]["schemas"]
+    # Server-owned fields are never in a request body.
+    start = schema["components"]["schemas"]["AttemptStartRequest"]
+    assert set(start["properties"]) == {"lab"}
+
+
+def test_docs_page_loads_swagger_ui_from_our_own_static_files_without_inline_script():
+    response = Client().get("/api/docs/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    sources = re.findall(r'<script src="([^"]+)"', html)
+    assert sources and all(src.startswith("/") for src in sources), sources
+    assert not re.search(r"<script>\s*\S", html), "inline script would be blocked by the CSP"
+    assert "/static/drf_spectacular_sidecar/swagger-ui-dist/" in html
+    init_script = Client().get("/api/docs/?script=")
+    assert init_script.status_code == 200 and "SwaggerUIBundle" in init_script.content.decode()
+
+
+@pytest.fixture
+def wsgi_app() -> Iterator:
+    """The real WSGI application, kept from closing the test's database connection after each request (as
+    Django's own test client does), so requests see the test's rows."""
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        yield get_wsgi_application()
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
+
+
+def _error_format_ok(response) -> bool:
+    if response.status_code < 400:
+        return True
+    body = response.json()
+    return set(body) == {"error"} and {"code", "message"} <= set(body["error"])
+
+
+def fuzz(strategy, *, token: str, problems: list[str], allow_unsatisfiable: bool = False) -> None:
+    """Send the strategy's cases as the token's owner; note server errors and answers outside the format."""
+
+    @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(case=strategy)
+    def call(case) -> None:
+        response = case.call(headers={"Authorization": f"Token {token}"})
+        label = f"{case.method} {case.formatted_path} -> {response.status_code}"
+        if response.status_code >= 500:
+            problems.append(f"{label}: {response.text[:300]}")
+        elif response.headers.get("Content-Type", "").startswith("application/json") and not (
+            _error_format_ok(response)
+        ):
+            problems.append(f"{label}: not in the error format: {response.text[:300]}")
+
+    try:
+        call()
+    except Unsatisfiable:
+        # Only for the negative mode: an operation whose every input is valid (no parameters, no body) has no
+        # invalid request to make.
+        if not allow_unsatisfiable:
+            raise
+
+
+@pytest.mark.timeout(240)
+def test_fuzzed_requests_never_cause_server_errors(world, student_a, ta_a, wsgi_app):
+    schema = schemathesis.openapi.from_wsgi("/api/schema/", wsgi_app)
+    ids = {
+        "course_id": world.course_a.id, "lab_id": world.lab_a.id, "attempt_id": world.attempt_a.id,
+        "run_id": world.run_a.id, "grade_id": world.grade_a.id,
+    }
+    users = [Token.objects.create(user=student_a).key, Token.objects.create(user=ta_a).key]
+    problems: list[str] = []
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 20
+    for operation in operations:
+        if (operation.method.upper(), operation.path) in NOT_FUZZED:
+            continue
+        known = {name: value for name, value in ids.items() if "{" + name + "}" in operation.path}
+        fuzz(operation.as_strategy(GenerationMode.POSITIVE), token=users[0], problems=problems)
+        fuzz(operation.as_strategy(GenerationMode.NEGATIVE), token=users[1], problems=problems,
+             allow_unsatisfiable=True)
+        if known:
+            # Real objects of tenant A, so the handlers behind the 404s run too, as a student and as staff.
+            for token in users:
+                fuzz(operation.as_strategy(GenerationMode.POSITIVE, path_parameters=known), token=token,
+                     problems=problems)
+    assert problems == [], "\n".join(problems[:20])
