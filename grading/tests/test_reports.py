@@ -248,3 +248,11 @@ class TestGradebookQueryCount:
         with CaptureQueriesContext(connection) as csv_queries:
             b"".join(client.get(export).streaming_content)
         assert len(csv_queries.captured_queries) <= len(large.captured_queries)
+
+
+@pytest.mark.parametrize(("value", "text"), [(Decimal("3.00"), "3"), (Decimal("2.50"), "2.50"), (Decimal("0"), "0"),
+                                             (Decimal("12.34"), "12.34")])
+def test_gradebook_scores_read_like_the_other_pages(value, text):
+    from grading.views import format_score
+
+    assert format_score(value) == text
