@@ -198,7 +198,9 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1500, "expiry": 30},
+            # channels_redis waits for messages with a 5 s BZPOPMIN; redis-py 8 gives sockets a 5 s read timeout
+            # by default, which fires first and kills every consumer that has been idle for 5 s.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1500, "expiry": 30},
         }
     }
     CELERY_BROKER_URL = REDIS_URL

@@ -1,0 +1,22 @@
+"""The Redis channel layer keeps an idle consumer alive: waiting for a message longer than the client library's
+default socket timeout must not raise."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="the in-memory channel layer has no sockets")
+async def test_a_receive_with_nothing_to_read_outlasts_the_blocking_pop():
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    try:
+        # channels_redis blocks 5 s per BZPOPMIN; a read timeout at or below that raised TimeoutError here.
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(layer.receive(channel), timeout=7)
+    finally:
+        await layer.flush()
