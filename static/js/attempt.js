@@ -42,6 +42,9 @@
     const stamps = payload.timestamps || {};
     const requested = stamps.requested ? Date.parse(stamps.requested) : null;
     let currentMarked = false;
+    // Cluster timestamps have whole-second precision, so a phase may appear to precede the request by a
+    // fraction of a second: elapsed times never go below zero nor below the step before.
+    let previousElapsed = 0;
     document.querySelectorAll("#progress [data-step]").forEach((item) => {
       const value = stamps[item.dataset.step];
       const timeElement = item.querySelector(".step-time");
@@ -52,8 +55,10 @@
         item.classList.add("done");
         timeElement.dateTime = value;
         timeElement.textContent = timeFormat.format(new Date(at));
-        const seconds = requested !== null ? ((at - requested) / 1000).toFixed(1) : "0.0";
-        elapsedElement.textContent = item.dataset.step === "requested" ? "" : format(S.elapsed, { seconds });
+        const elapsed = Math.max(previousElapsed, requested !== null ? (at - requested) / 1000 : 0);
+        previousElapsed = elapsed;
+        elapsedElement.textContent =
+          item.dataset.step === "requested" ? "" : format(S.elapsed, { seconds: elapsed.toFixed(1) });
       } else {
         item.classList.remove("done");
         timeElement.textContent = "";
@@ -77,6 +82,10 @@
       stateElement.textContent = S.states[payload.state] || payload.state;
     }
     renderProgress(payload);
+    document.querySelectorAll(`[data-history-attempt="${payload.id}"] .state`).forEach((element) => {
+      element.className = "state state-" + payload.state;
+      element.textContent = S.states[payload.state] || payload.state;
+    });
     const slow = byId("slow-start");
     setText(slow, S.slow_start);
     show(slow, Boolean(payload.slow_start));

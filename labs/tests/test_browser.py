@@ -1,0 +1,150 @@
+"""The student's whole path in a real browser: Debian's chromium driven by Playwright against a live portal
+(daphne, a Celery worker with beat, kubesim, PostgreSQL and Redis). A screenshot lands in ``artifacts/``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from tests.browser.live import REPO_ROOT, LivePortal
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARTIFACTS = REPO_ROOT / "artifacts"
+
+
+def database_url() -> str:
+    """The test database, as the subprocesses must reach it (the rows these tests create are committed)."""
+    s = connection.settings_dict
+    host = s.get("HOST") or "127.0.0.1"
+    port = s.get("PORT") or 5432
+    password = f":{s['PASSWORD']}" if s.get("PASSWORD") else ""
+    return f"postgres://{s['USER']}{password}@{host}:{port}/{s['NAME']}"
+
+
+@pytest.fixture
+def live_portal(transactional_db, kubesim_server, tmp_path):
+    if not settings.REDIS_URL or connection.vendor != "postgresql":
+        pytest.fail("The browser test needs the production wiring: DATABASE_URL (PostgreSQL) and REDIS_URL.")
+    import redis
+
+    # Tasks queued by earlier runs against this Redis database must not reach this run's worker.
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.flushdb()
+    client.close()
+    portal = LivePortal(database_url=database_url(), redis_url=settings.REDIS_URL,
+                        kubeconfig=kubesim_server.kubeconfig, workdir=tmp_path / "portal")
+    with portal:
+        yield portal
+    print(portal.logs())
+
+
+@pytest.fixture
+def browser():
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium).")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        yield chromium
+        chromium.close()
+
+
+def known_unrelated_console_error(text: str) -> bool:
+    """Chromium rejecting the settings' IPv6 loopback WebSocket source in the CSP is not this page's error (the
+    rest of the policy applies)."""
+    return "Content Security Policy" in text and "invalid source" in text
+
+
+def terminal_text(page) -> str:
+    return page.locator("#terminal .xterm-rows").inner_text()
+
+
+def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, lab_a, live_portal, browser):
+    # Rows first: Playwright runs an event loop in this thread, where Django refuses synchronous queries.
+    from playwright.sync_api import expect
+
+    context = browser.new_context(base_url=live_portal.url, viewport={"width": 1400, "height": 1000})
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live_portal.url)
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    console_errors: list[str] = []
+    page.on("console", lambda message: console_errors.append(message.text) if message.type == "error" else None)
+
+    # Log in and find the lab on the dashboard.
+    page.goto("/accounts/login/")
+    page.fill("#id_username", "student_a")
+    page.fill("#id_password", "correct-horse-battery-staple")
+    page.click("#login-button")
+    expect(page.locator("h1").first).to_have_text("My labs")
+    page.click(f"tr[data-lab='{lab_a.id}'] a")
+
+    # Start, and watch the progress reach running with each step's time.
+    page.click("#start-button")
+    expect(page.locator("#attempt-state")).to_have_class(re.compile(r"\bstate-running\b"), timeout=90_000)
+    for step in ("requested", "provisioned", "scheduled", "vmi_running", "agent_ready"):
+        item = page.locator(f"#progress [data-step='{step}']")
+        expect(item).to_have_class(re.compile(r"\bdone\b"))
+        expect(item.locator(".step-time")).not_to_be_empty()
+    expect(page.locator("#progress [data-step='agent_ready'] .step-elapsed")).to_have_text(re.compile(r"\+\d+\.\d s"))
+    expect(page.locator("#progress .step-elapsed").first).to_have_text("")
+    for elapsed in page.locator("#progress .step-elapsed").all_inner_texts()[1:]:
+        assert re.fullmatch(r"\+\d+\.\d s", elapsed), elapsed  # never negative
+    expect(page.locator("#history [data-history-attempt] .state")).to_have_text("Running")
+    expect(page.locator("#countdown")).to_have_text(re.compile(r"\d+:\d\d"))
+    expect(page.locator("#live-indicator")).to_have_class(re.compile(r"\bon\b"))
+
+    # Type into xterm and see the shell's answer.
+    expect(page.locator("#console-status")).to_have_attribute("data-state", "connected", timeout=30_000)
+    page.click("#terminal")
+    page.keyboard.type("echo hello-$RANDOM")
+    page.keyboard.press("Enter")
+    # The typed line reads hello-$RANDOM; only the shell's answer has digits there.
+    expect(page.locator("#terminal .xterm-rows")).to_contain_text(re.compile(r"hello-\d+"))
+    marker = re.search(r"hello-\d+", terminal_text(page)).group(0)
+
+    # "Fit terminal" types the stty command for the student (only when clicked).
+    page.click("#fit-button")
+    expect(page.locator("#terminal .xterm-rows")).to_contain_text(re.compile(r"stty rows \d+ cols \d+"))
+
+    # A second tab shows the same screen (scrollback), and both tabs keep working.
+    second = context.new_page()
+    second.goto(f"/labs/{lab_a.id}/")
+    expect(second.locator("#console-status")).to_have_attribute("data-state", "connected")
+    expect(second.locator("#terminal .xterm-rows")).to_contain_text(marker)
+    second.click("#terminal")
+    second.keyboard.type("echo hello world > ~/hello.txt; echo second-tab-$((40+2))")
+    second.keyboard.press("Enter")
+    for tab in (page, second):
+        expect(tab.locator("#terminal .xterm-rows")).to_contain_text("second-tab-42")
+        expect(tab.locator("#console-status")).to_have_attribute("data-state", "connected")
+
+    # Paste through the clipboard button reaches the guest like typing does (bash's bracketed paste waits for
+    # Enter, as it should: a pasted newline must not run a command by surprise).
+    page.evaluate("navigator.clipboard.writeText('echo pasted-$((50+5))')")
+    page.click("#paste-button")
+    expect(page.locator("#terminal .xterm-rows")).to_contain_text("echo pasted-$((50+5))")
+    page.keyboard.press("Enter")
+    expect(page.locator("#terminal .xterm-rows")).to_contain_text("pasted-55")
+
+    # Check, and see the per-check results arrive on the page.
+    page.click("#check-button")
+    results = page.locator("#results-list li.result")
+    expect(results).to_have_count(2, timeout=60_000)
+    expect(page.locator("#results-list li.result.passed")).to_have_count(2)
+    expect(page.locator("#results-summary")).to_contain_text("3 / 3")
+    expect(second.locator("#results-list li.result.passed")).to_have_count(2)
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "browser-lab-page.png"), full_page=True)
+    second.screenshot(path=str(ARTIFACTS / "browser-second-tab.png"), full_page=True)
+    assert not [e for e in console_errors if not known_unrelated_console_error(e)], console_errors
+    context.close()
