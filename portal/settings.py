@@ -334,7 +334,8 @@ def websocket_sources(hosts: list[str], *, secure_only: bool) -> list[str]:
     'self'). Outside production any port is allowed, for the development server on :8000."""
     sources: list[str] = []
     for host in hosts:
-        if host == "*" or not host:
+        # CSP host sources cannot name IPv6 literals ([::1]); browsers reject the whole source as invalid.
+        if host == "*" or not host or host.startswith("["):
             continue
         host = f"*{host}" if host.startswith(".") else host
         for scheme in ("wss",) if secure_only else ("ws", "wss"):
