@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
@@ -55,12 +56,16 @@ def bench_redis_url() -> str:
 def portal_environment(**overrides: str) -> dict[str, str]:
     """The environment of this process and of every portal process a benchmark starts."""
     env = {key: value for key, value in os.environ.items() if key not in ("KUBERNETES_SERVICE_HOST",)}
+    database_url, redis_url = bench_database_url(), bench_redis_url()
     env.update({
         "DJANGO_SETTINGS_MODULE": "portal.settings",
         "PORTAL_ENV": "test",
         "DEBUG": "false",
-        "DATABASE_URL": bench_database_url(),
-        "REDIS_URL": bench_redis_url(),
+        # Pinned, so that a process started with this environment derives the same names again.
+        "BENCH_DATABASE_URL": database_url,
+        "BENCH_REDIS_URL": redis_url,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
         "PORTAL_VAR_DIR": str(BENCH_VAR / "var"),
         "LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
         "PYTHONUNBUFFERED": "1",
@@ -180,13 +185,13 @@ def stop_process(process: subprocess.Popen, *, timeout: float = 10) -> None:
 @contextlib.contextmanager
 def kubesim(*, name: str = "kubesim", nodes: int = 20, node_memory: str = "512Gi", node_cpu: str = "64",
             guest: str = "shell", **options: Any) -> Iterator[Any]:
-    """kubesim (``kubesim.testing.KubesimServer``) with zero phase delays and room for a few hundred small VMs.
-
-    Its admin API is ``server.admin`` (``counters()``, ``reset_counters()``, ``inject_fault(...)``)."""
+    """kubesim (``kubesim.testing.KubesimServer``) with zero phase delays and room for a few hundred small VMs,
+    its kubeconfig and log in a fresh directory under ``var/bench/``. Its admin API is ``server.admin``
+    (``counters()``, ``reset_counters()``, ``inject_fault(...)``)."""
     from kubesim.testing import KubesimServer
 
-    directory = BENCH_VAR / name
-    directory.mkdir(parents=True, exist_ok=True)
+    BENCH_VAR.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=BENCH_VAR))  # several runs may share var/bench
     with KubesimServer(directory, nodes=nodes, node_memory=node_memory, node_cpu=node_cpu, node_pods=1000,
                        guest=guest, log_level="WARNING", **options) as server:
         yield server
@@ -214,11 +219,12 @@ def live_portal(*, kubeconfig: Path, worker_concurrency: int = 8, beat: bool = T
                 env: dict[str, str] | None = None) -> Iterator[LivePortal]:
     """Start the portal as production runs it and wait until it serves ``/healthz``."""
     port = free_port()
-    environment = portal_environment(KUBECONFIG=str(kubeconfig), **(env or {}))
-    logs = BENCH_VAR / "logs"
+    # A pool per process, as production should run (portal/settings.py, DB_POOL_MAX_SIZE): without it 100
+    # simultaneous requests open 100 connections and PostgreSQL refuses the rest.
+    environment = portal_environment(KUBECONFIG=str(kubeconfig), DB_POOL_MAX_SIZE="12", **(env or {}))
+    logs = BENCH_VAR / "logs" / f"portal-{port}"
     logs.mkdir(parents=True, exist_ok=True)
-    schedule = BENCH_VAR / "celerybeat-schedule"
-    schedule.unlink(missing_ok=True)
+    schedule = logs / "celerybeat-schedule"
     commands = {
         "web": [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"],
         "worker": [sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool", "threads",
@@ -241,9 +247,9 @@ def live_portal(*, kubeconfig: Path, worker_concurrency: int = 8, beat: bool = T
         while True:
             portal.check_alive()
             try:
-                if requests.get(f"{portal.base_url}/healthz", timeout=2).status_code == 200:
+                if requests.get(f"{portal.base_url}/healthz", timeout=5).status_code == 200:
                     break
-            except requests.ConnectionError:
+            except requests.RequestException:  # not listening yet, or busy importing on a loaded machine
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"The portal did not answer /healthz within 60 s; see {logs}")
