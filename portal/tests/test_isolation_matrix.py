@@ -26,7 +26,7 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.db import transaction
 from django.test import Client
-from django.urls import URLPattern, URLResolver, get_resolver
+from django.urls import URLPattern, URLResolver, get_resolver, path
 from rest_framework.authtoken.models import Token
 
 from api.tests.world import World, build_world, fresh_cache_settings
@@ -467,3 +467,60 @@ async def test_websocket_route_answers_each_persona_as_the_matrix_says(route, wo
             if await database_sync_to_async(tenant_a_state)(world) != state_before:
                 problems.append(f"{path} as {persona}: the refusal changed tenant A's objects")
     assert problems == [], "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The checks above can fail: a leaky URLconf of deliberately broken views trips each one.
+
+
+def _leaky_list(request):
+    from django.http import HttpResponse
+
+    # Lists every course, whatever the tenant: the marker search must notice.
+    return HttpResponse(", ".join(Course.objects.values_list("code", flat=True)))
+
+
+def _forbidden_not_missing(request, attempt_id: int):
+    from django.http import HttpResponse, HttpResponseForbidden
+
+    if request.user.is_authenticated and request.user.tenant_id != Attempt.objects.get(id=attempt_id).tenant_id:
+        return HttpResponseForbidden("not yours")  # an existence oracle: 403 where 404 is due
+    return HttpResponse("ok")
+
+
+def _writes_before_refusing(request, attempt_id: int):
+    from django.http import Http404
+
+    AuditEvent.objects.create(action="test.leak")
+    raise Http404
+
+
+def _calls_cluster_before_refusing(request, attempt_id: int):
+    from django.http import Http404
+
+    from labs.kubevirt.client import core_v1
+
+    core_v1().list_namespace()
+    raise Http404
+
+
+urlpatterns = [
+    path("leaky/", _leaky_list),
+    path("oracle/<int:attempt_id>/", _forbidden_not_missing),
+    path("writes/<int:attempt_id>/", _writes_before_refusing),
+    path("calls/<int:attempt_id>/", _calls_cluster_before_refusing),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.urls(__name__)
+@pytest.mark.parametrize(("route", "expect", "problem"), [
+    ("leaky/", answers(200, 200, 200, 200, 200), "contains"),
+    ("oracle/<int:attempt_id>/", answers(200, 200, 404, 200, 404), "got 403, expected 404"),
+    ("writes/<int:attempt_id>/", answers(404, 404, 404, 404, 404), "changed the database"),
+    ("calls/<int:attempt_id>/", answers(404, 404, 404, 404, 404), "called the cluster"),
+])
+def test_the_matrix_checks_catch_broken_views(route, expect, problem, world, users, cluster):
+    patterns = dict(walk(get_resolver().url_patterns))
+    problems = run_probe(route, patterns[route], page(expect), world, users, cluster)
+    assert any(problem in line for line in problems), problems
