@@ -34,20 +34,21 @@ def _load_configuration() -> client.Configuration:
     if os.environ.get("KUBERNETES_SERVICE_HOST") and not settings.KUBECONFIG:
         config.load_incluster_config(client_configuration=configuration)
         return configuration
-    candidates = [settings.KUBECONFIG] if settings.KUBECONFIG else [str(settings.EMBEDDED_KUBECONFIG)]
-    for path in candidates:
-        if path and Path(path).exists():
-            try:
-                config.load_kube_config(
-                    config_file=path, context=settings.KUBE_CONTEXT, client_configuration=configuration
-                )
-            except ConfigException as exc:
-                raise ClusterNotConfigured(f"Cannot read the kubeconfig at {path}: {exc}") from exc
-            return configuration
-    raise ClusterNotConfigured(
-        "No cluster configured: not running in a cluster, KUBECONFIG is unset, and the embedded kubesim has not "
-        f"written {settings.EMBEDDED_KUBECONFIG} (start the portal with `python manage.py run_portal`)."
-    )
+    if settings.KUBECONFIG:
+        path, missing = settings.KUBECONFIG, f"KUBECONFIG points at {settings.KUBECONFIG}, which does not exist."
+    else:
+        path = str(settings.EMBEDDED_KUBECONFIG)
+        missing = (
+            "No cluster configured: not running in a cluster, KUBECONFIG is unset, and the embedded kubesim has not "
+            f"written {path} (start the portal with `python manage.py run_portal`)."
+        )
+    if not Path(path).exists():
+        raise ClusterNotConfigured(missing)
+    try:
+        config.load_kube_config(config_file=path, context=settings.KUBE_CONTEXT, client_configuration=configuration)
+    except ConfigException as exc:
+        raise ClusterNotConfigured(f"Cannot read the kubeconfig at {path}: {exc}") from exc
+    return configuration
 
 
 def configuration() -> client.Configuration:
