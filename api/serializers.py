@@ -17,6 +17,7 @@ from rest_framework import serializers
 from grading.models import CheckResult, Grade, GradingRun
 from grading.selectors import result_feedback, run_error_message
 from labs.models import Attempt, Check, Lab
+from labs.selectors import attempt_can_extend
 from labs.sizes import guest_resources
 from portal.models import AuditEvent, Course, User
 
@@ -149,6 +150,7 @@ class AttemptSerializer(StaffViewMixin, serializers.ModelSerializer):
     student = PersonSerializer(read_only=True)
     timestamps = AttemptTimestampsSerializer(source="*", read_only=True)
     time_left_seconds = serializers.SerializerMethodField()
+    can_extend = serializers.SerializerMethodField(help_text="Whether the time limit may be extended now.")
     vm_name = serializers.SerializerMethodField(help_text="Staff only.")
     namespace = serializers.SerializerMethodField(help_text="Staff only.")
 
@@ -156,7 +158,8 @@ class AttemptSerializer(StaffViewMixin, serializers.ModelSerializer):
         model = Attempt
         fields = [
             "id", "lab", "course", "student", "number", "state", "phase", "node_name", "failure_reason",
-            "stop_reason", "expires_at", "time_left_seconds", "extensions", "vcpus", "memory_mib", "timestamps",
+            "stop_reason", "expires_at", "time_left_seconds", "extensions", "can_extend", "vcpus", "memory_mib",
+            "timestamps",
             "vm_name", "namespace",
         ]
         read_only_fields = fields
@@ -164,6 +167,9 @@ class AttemptSerializer(StaffViewMixin, serializers.ModelSerializer):
     def get_time_left_seconds(self, attempt: Attempt) -> int | None:
         left = attempt.time_left() if attempt.is_active else None
         return int(left.total_seconds()) if left is not None else None
+
+    def get_can_extend(self, attempt: Attempt) -> bool:
+        return attempt_can_extend(attempt)
 
     def get_vm_name(self, attempt: Attempt) -> str | None:
         return attempt.vm_name if self.staff_view(attempt.lab.course_id) else None

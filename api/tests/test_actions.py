@@ -92,6 +92,7 @@ def test_stop_and_extend_by_the_student(world, client_for, student_a):
     client = client_for(student_a)
     attempt = world.attempt_a
     Attempt.objects.filter(id=attempt.id).update(expires_at=timezone.now() + timedelta(minutes=30))
+    assert client.get(f"/api/v1/attempts/{attempt.id}/").json()["can_extend"] is True
     extended = client.post(f"/api/v1/attempts/{attempt.id}/extend/", format="json")
     assert extended.status_code == 200, extended.content
     assert extended.json()["extensions"] == 1

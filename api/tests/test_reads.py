@@ -171,3 +171,10 @@ def test_pagination_shape(world, client_for, student_a):
     body = client_for(student_a).get("/api/v1/labs/", {"page_size": 1}).json()
     assert set(body) == {"count", "next", "previous", "results"} and body["count"] == 1
     assert client_for(student_a).get("/api/v1/labs/", {"page": 99}).status_code == 404
+
+
+def test_superusers_see_every_course_as_instructors(world, client_for, superuser):
+    courses = client_for(superuser).get("/api/v1/courses/").json()["results"]
+    assert {course["id"]: course["role"] for course in courses} == {
+        world.course_a.id: "instructor", world.course_b.id: "instructor",
+    }
