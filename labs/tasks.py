@@ -4,6 +4,7 @@
 - ``teardown_attempt(attempt_id)``: final grading, then VM and Secret deleted (queued by stop, expiry, failure).
 - ``sync_attempts()`` (beat, every ``ATTEMPT_SYNC_INTERVAL_SECONDS``): expiry, then one VMI list per due namespace.
 - ``sync_namespace(namespace)``: the same for one namespace, queued right after a VM is created.
+- ``await_agents(namespace)``: booting attempts' agents asked until they answer; then each attempt is running.
 - ``sweep_attempts()`` (beat, every ``ATTEMPT_SWEEP_INTERVAL_SECONDS``): orphans, vanished VMs, timeouts.
 
 Tasks are idempotent (see ``labs.services.provisioning``), run with ``acks_late`` (a worker lost mid-task means a
@@ -100,7 +101,7 @@ def sync_attempts() -> dict:
     finally:
         cache.delete(SYNC_LOCK_KEY)
     _record_heartbeat(report.errors)
-    return {"namespaces": len(report.namespaces), "changed": report.changed, "running": report.running,
+    return {"namespaces": len(report.namespaces), "changed": report.changed, "awaiting_agent": report.awaiting_agent,
             "failed": report.failed, "ended": report.ended, "expired": report.expired, "errors": report.errors}
 
 
@@ -111,7 +112,30 @@ def sync_namespace(namespace: str) -> dict:
     except ClusterError as error:
         logger.info("follow-up sync of %s failed (%s); the beat sync will retry", namespace, error.message)
         return {"error": error.message}
-    return {"running": report.running, "changed": report.changed, "failed": report.failed}
+    return {"skipped": report.skipped, "awaiting_agent": report.awaiting_agent, "changed": report.changed,
+            "failed": report.failed}
+
+
+@shared_task(bind=True, acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
+def await_agents(self, namespace: str, step: int = 0, waiting_before: int = 0) -> dict:
+    """Ask the booting agents of a namespace for ``/healthz``; while some do not answer, ask again a little later
+    (a countdown, never a sleep: no worker is held by a booting guest). More attempts waiting than last round
+    means new VMs came up: back to the quick pace. Run eagerly (no broker timer) it asks once and leaves the next
+    round to the next sync."""
+    try:
+        running, waiting = tracking.agents_check(namespace=namespace)
+    except Exception:
+        tracking.agent_wait_done(namespace=namespace)
+        raise
+    chained = not (self.request.is_eager or self.request.called_directly)
+    if waiting and chained and step < tracking.agent_wait_max_steps():
+        step = 0 if waiting > waiting_before else step + 1
+        tracking.agent_wait_refresh(namespace=namespace)
+        delay = tracking.agent_wait_delay(step)
+        self.apply_async(args=[namespace, step, waiting], countdown=delay, expires=delay + 60)
+    else:
+        tracking.agent_wait_done(namespace=namespace)
+    return {"running": running, "waiting": waiting}
 
 
 @shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)

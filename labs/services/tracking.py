@@ -3,7 +3,9 @@
 The cost is per namespace, never per attempt. A namespace with an attempt starting or stopping is listed on every
 sync; one where everything runs steadily only every ``ATTEMPT_RESYNC_SECONDS`` (in steady state nothing changes
 but failures, which that catches, and deletions, which the sweep catches). The only per-attempt requests are the
-guest agent's health checks while an attempt boots: ``running`` means the agent answered, not just the VMI.
+guest agent's health checks while an attempt boots (``running`` means the agent answered, not just the VMI): one
+chain of ``labs.tasks.await_agents`` per namespace with booting attempts, quick at first, then at the sync's pace,
+so neither the sync nor provisioning ever waits on a guest.
 
 Status derivation follows the cluster: no VMI yet means still starting; a stopping attempt ends when its VMI is
 gone; a VMI that is Failed fails the attempt with the cluster's reason; a VM that cannot be scheduled or cannot pull
@@ -13,12 +15,15 @@ its image fails the attempt once that has lasted ``ATTEMPT_FAILURE_GRACE_SECONDS
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
@@ -37,6 +42,12 @@ TRACKED_STATES = (AttemptState.PROVISIONING, AttemptState.STARTING, AttemptState
 MOVING_STATES = (AttemptState.PROVISIONING, AttemptState.STARTING, AttemptState.STOPPING)
 AGENT_CHECK_TIMEOUT_SECONDS = 3.0
 AGENT_CHECK_CONCURRENCY = 8
+# While a chain of agent checks is under way for a namespace; a chain lost with its worker is restarted by a later
+# sync once this expires (each step renews it).
+AGENT_WAIT_KEY = "labs:agent-wait:{namespace}"
+AGENT_WAIT_TTL_SECONDS = 15
+NAMESPACE_LOCK_KEY = "labs:sync:namespace:{namespace}"
+NAMESPACE_LOCK_SECONDS = 90
 
 
 def start_again_hint() -> str:
@@ -49,13 +60,14 @@ class SyncReport:
     changed: int = 0
     failed: int = 0
     ended: int = 0
-    running: int = 0
     expired: int = 0
+    awaiting_agent: int = 0
+    skipped: bool = False
     errors: list[str] = field(default_factory=list)
 
     def merge(self, other: SyncReport) -> None:
         self.namespaces += other.namespaces
-        for name in ("changed", "failed", "ended", "running", "expired"):
+        for name in ("changed", "failed", "ended", "expired", "awaiting_agent"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.errors += other.errors
 
@@ -103,9 +115,30 @@ def attempts_sync(*, now: datetime | None = None) -> SyncReport:
     return report
 
 
+@contextmanager
+def _namespace_lock(namespace: str) -> Iterator[bool]:
+    """One sync of a namespace at a time (beat and follow-ups would only repeat the same list)."""
+    key = NAMESPACE_LOCK_KEY.format(namespace=namespace)
+    held = cache.add(key, "1", timeout=NAMESPACE_LOCK_SECONDS)
+    try:
+        yield held
+    finally:
+        if held:
+            cache.delete(key)
+
+
 def namespace_sync(*, namespace: str) -> SyncReport:
-    """List the namespace's VMIs once and bring each of its tracked attempts up to date."""
+    """List the namespace's VMIs once and bring each of its tracked attempts up to date. Skipped (``skipped``
+    set) while another sync of the same namespace runs."""
     report = SyncReport(namespaces=[namespace])
+    with _namespace_lock(namespace) as held:
+        if not held:
+            report.skipped = True
+            return report
+        return _namespace_sync(namespace=namespace, report=report)
+
+
+def _namespace_sync(*, namespace: str, report: SyncReport) -> SyncReport:
     if not Attempt.objects.filter(namespace=namespace, state__in=TRACKED_STATES).exists():
         return report
     vmis = operations.vmis_list(namespace=namespace)
@@ -114,20 +147,18 @@ def namespace_sync(*, namespace: str) -> SyncReport:
     attempts = list(Attempt.objects.filter(namespace=namespace, state__in=TRACKED_STATES).select_related("lab"))
     TenantNamespace.objects.filter(namespace=namespace).update(listed_at=now, last_error="")
     by_name = {(vmi.get("metadata") or {}).get("name"): vmi for vmi in vmis}
-    awaiting_agent = []
     for attempt in attempts:
         outcome = attempt_observe(attempt=attempt, vmi=by_name.get(attempt.vm_name), now=now)
         if outcome == Outcome.AWAITING_AGENT:
-            awaiting_agent.append(attempt)
+            report.awaiting_agent += 1
         elif outcome == Outcome.FAILED:
             report.failed += 1
         elif outcome == Outcome.ENDED:
             report.ended += 1
         elif outcome == Outcome.CHANGED:
             report.changed += 1
-    for attempt_id in agents_answering(awaiting_agent):
-        if attempt_mark_running(attempt_id=attempt_id):
-            report.running += 1
+    if report.awaiting_agent:
+        agent_wait_start(namespace=namespace)
     return report
 
 
@@ -232,6 +263,49 @@ def _apply(attempt: Attempt, changes: dict[str, Any]) -> bool:
     return True
 
 
+def agent_wait_key(namespace: str) -> str:
+    return AGENT_WAIT_KEY.format(namespace=namespace)
+
+
+def agent_wait_start(*, namespace: str) -> bool:
+    """Start asking the namespace's booting agents whether they are up (``labs.tasks.await_agents``), unless that
+    is under way already: one chain per namespace, however many attempts boot in it."""
+    if not cache.add(agent_wait_key(namespace), "1", timeout=AGENT_WAIT_TTL_SECONDS):
+        return False
+    from labs.tasks import await_agents
+
+    try:
+        await_agents.delay(namespace, 0, 0)
+    except Exception:
+        cache.delete(agent_wait_key(namespace))
+        logger.warning("could not queue the agent checks of %s; the next sync retries", namespace, exc_info=True)
+        return False
+    return True
+
+
+def agent_wait_refresh(*, namespace: str) -> None:
+    cache.set(agent_wait_key(namespace), "1", timeout=AGENT_WAIT_TTL_SECONDS)
+
+
+def agent_wait_done(*, namespace: str) -> None:
+    cache.delete(agent_wait_key(namespace))
+
+
+def agent_wait_delay(step: int) -> float:
+    """Seconds before the next round of agent checks: quick while fast guests come up, then the sync's pace."""
+    if step < 15:  # about 3 s: a simulated or pre-baked guest answers within this
+        return 0.2
+    if step < 21:
+        return 0.5
+    if step < 27:
+        return 1.0
+    return float(max(1, settings.ATTEMPT_SYNC_INTERVAL_SECONDS))
+
+
+def agent_wait_max_steps() -> int:
+    return 27 + settings.ATTEMPT_START_TIMEOUT_SECONDS // max(1, settings.ATTEMPT_SYNC_INTERVAL_SECONDS)
+
+
 def _agent_answers(attempt: Attempt) -> bool:
     from grading.agent_client import AgentError, healthz
 
@@ -243,12 +317,17 @@ def _agent_answers(attempt: Attempt) -> bool:
     return True
 
 
-def agents_answering(attempts: list[Attempt]) -> list[int]:
-    """Ids of the attempts whose guest agent answers ``/healthz``, asked in parallel through portforward."""
+def agents_check(*, namespace: str) -> tuple[int, int]:
+    """Ask the agent of every starting attempt in the namespace whose VMI runs for ``/healthz`` (through
+    portforward, in parallel) and mark those that answer running. Returns (now running, still waiting)."""
+    attempts = list(Attempt.objects.filter(namespace=namespace, state=AttemptState.STARTING, phase="Running"))
     if not attempts:
-        return []
+        return 0, 0
     if len(attempts) == 1:
-        return [attempts[0].id] if _agent_answers(attempts[0]) else []
-    with ThreadPoolExecutor(max_workers=min(AGENT_CHECK_CONCURRENCY, len(attempts))) as pool:
-        answers = list(pool.map(_agent_answers, attempts))
-    return [attempt.id for attempt, ok in zip(attempts, answers, strict=True) if ok]
+        answers = [_agent_answers(attempts[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=min(AGENT_CHECK_CONCURRENCY, len(attempts))) as pool:
+            answers = list(pool.map(_agent_answers, attempts))
+    running = sum(1 for attempt, ok in zip(attempts, answers, strict=True)
+                  if ok and attempt_mark_running(attempt_id=attempt.id))
+    return running, sum(1 for ok in answers if not ok)

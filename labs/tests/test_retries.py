@@ -1,0 +1,87 @@
+"""Transient cluster errors: provisioning retries through 503s and gives up with the cluster's words; a failing
+list in one namespace does not stop the sync of the others; the agent-check pacing."""
+
+from __future__ import annotations
+
+import pytest
+
+from labs import tasks
+from labs.models import AttemptState
+from labs.services import attempt_start, tracking
+from labs.tests.conftest import vm_names
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def faults(lifecycle):
+    from portal.celery import app
+
+    # Eager retries run at once inside apply(), but only when the Retry is not propagated to the caller.
+    app.conf.task_eager_propagates = False
+    yield lifecycle.admin
+    app.conf.task_eager_propagates = True
+    lifecycle.admin.clear_faults()
+
+
+def test_provisioning_retries_through_a_503(faults, student_a, lab_a):
+    attempt = attempt_start(actor=student_a, lab=lab_a)
+    faults.inject_fault(code=503, verbs=["create"], resources=["virtualmachines"], count=2)
+    result = tasks.provision_attempt.delay(attempt.id)  # eager: retries run at once, backoff skipped
+    assert result.get() == "created"
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.STARTING
+    assert vm_names(attempt.namespace) == [attempt.vm_name]
+
+
+def test_provisioning_gives_up_with_the_clusters_words(faults, student_a, lab_a):
+    attempt = attempt_start(actor=student_a, lab=lab_a)
+    faults.inject_fault(code=500, verbs=["create"], resources=["virtualmachines"])
+    assert tasks.provision_attempt.delay(attempt.id).get() == "failed"
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.FAILED
+    assert attempt.failure_reason.startswith("The cluster did not accept the lab's VM (creating VM")
+    assert vm_names(attempt.namespace) == []
+
+
+def test_a_direct_call_raises_the_transient_error_for_the_caller(faults, student_a, lab_a):
+    from labs.kubevirt.operations import ClusterError
+
+    attempt = attempt_start(actor=student_a, lab=lab_a)
+    faults.inject_fault(code=429, verbs=["create"], resources=["secrets"], count=1, retry_after=2)
+    with pytest.raises(ClusterError) as raised:
+        tasks.provision_attempt(attempt.id)
+    assert raised.value.transient and raised.value.status == 429 and raised.value.retry_after == 2
+    assert tasks.provision_attempt(attempt.id) == "created"  # the rerun converges
+
+
+def test_a_failing_namespace_is_reported_and_the_sync_goes_on(faults, student_a, lab_a, student_b, lab_b):
+    first = attempt_start(actor=student_a, lab=lab_a)
+    second = attempt_start(actor=student_b, lab=lab_b)
+    tasks.provision_attempt(first.id)
+    tasks.provision_attempt(second.id)
+    faults.inject_fault(code=503, verbs=["list"], resources=["virtualmachineinstances"], count=1)
+    report = tracking.attempts_sync()
+    assert len(report.errors) == 1
+    assert "listing virtualmachineinstances in" in report.errors[0]
+    assert "unable to handle the request" in report.errors[0]
+    # The other namespace was listed and its attempt moved on.
+    assert len(report.namespaces) == 1
+    failed_namespace = first.namespace if first.namespace in report.errors[0] else second.namespace
+    from labs.models import TenantNamespace
+
+    assert TenantNamespace.objects.get(namespace=failed_namespace).last_error == report.errors[0]
+
+
+def test_backoff_is_capped_and_honours_retry_after():
+    assert 1.0 <= tasks.backoff_seconds(0) <= 1.25
+    assert 8.0 <= tasks.backoff_seconds(3) <= 10.0
+    assert 60.0 <= tasks.backoff_seconds(20) <= 75.0
+    assert tasks.backoff_seconds(0, retry_after=30) == 30
+
+
+def test_agent_checks_are_quick_at_first_then_at_the_sync_pace(settings):
+    settings.ATTEMPT_SYNC_INTERVAL_SECONDS = 3
+    delays = [tracking.agent_wait_delay(step) for step in range(40)]
+    assert delays[0] == 0.2 and delays[14] == 0.2 and delays[15] == 0.5 and delays[21] == 1.0
+    assert delays[-1] == 3.0 and max(delays) == 3.0
