@@ -147,6 +147,7 @@ if DATABASE_URL:
             "min_size": 1, "max_size": env_int("DB_POOL_MAX_SIZE", 0), "timeout": env_int("DB_POOL_TIMEOUT", 30),
         }
 else:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)  # a fresh clone has no var/ yet, and SQLite will not create it
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
