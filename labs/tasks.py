@@ -6,6 +6,7 @@
 - ``sync_namespace(namespace)``: the same for one namespace, queued right after a VM is created.
 - ``await_agents(namespace)``: booting attempts' agents asked until they answer; then each attempt is running.
 - ``sweep_attempts()`` (beat, every ``ATTEMPT_SWEEP_INTERVAL_SECONDS``): orphans, vanished VMs, timeouts.
+- ``sweep_namespace(namespace)``: the same for one namespace, queued by the sync when its list looks inconsistent.
 
 Tasks are idempotent (see ``labs.services.provisioning``), run with ``acks_late`` (a worker lost mid-task means a
 redelivery, which converges), and retry transient cluster errors (5xx, 429, connection trouble) with capped
@@ -138,6 +139,23 @@ def await_agents(self, namespace: str, step: int = 0, waiting_before: int = 0) -
     return {"running": running, "waiting": waiting}
 
 
+def _sweep_summary(report: sweeping.SweepReport) -> dict:
+    return {
+        "namespaces": report.namespaces, "orphan_vms_deleted": report.orphan_vms_deleted,
+        "orphan_secrets_deleted": report.orphan_secrets_deleted, "vanished": report.vanished,
+        "timed_out": report.timed_out, "ended": report.ended, "requeued": report.requeued, "errors": report.errors,
+    }
+
+
+@shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
+def sweep_namespace(namespace: str) -> dict:
+    try:
+        return _sweep_summary(sweeping.namespace_sweep_now(namespace=namespace))
+    except ClusterError as error:
+        logger.info("sweep of %s failed (%s); the periodic sweep will retry", namespace, error.message)
+        return {"error": error.message}
+
+
 @shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
 def sweep_attempts() -> dict:
     if not cache.add(SWEEP_LOCK_KEY, "1", timeout=HARD_LIMIT):
@@ -146,8 +164,4 @@ def sweep_attempts() -> dict:
         report = sweeping.attempts_sweep()
     finally:
         cache.delete(SWEEP_LOCK_KEY)
-    return {
-        "namespaces": report.namespaces, "orphan_vms_deleted": report.orphan_vms_deleted,
-        "orphan_secrets_deleted": report.orphan_secrets_deleted, "vanished": report.vanished,
-        "timed_out": report.timed_out, "ended": report.ended, "requeued": report.requeued, "errors": report.errors,
-    }
+    return _sweep_summary(report)

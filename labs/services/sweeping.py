@@ -70,6 +70,16 @@ def attempts_sweep(*, now: datetime | None = None) -> SweepReport:
     return report
 
 
+def namespace_sweep_now(*, namespace: str) -> SweepReport:
+    """Sweep one tenant's namespace (asked for by the sync when its list looked inconsistent)."""
+    report = SweepReport()
+    tenant = Tenant.objects.filter(namespace=namespace).only("id", "namespace").first()
+    if tenant is not None:
+        namespace_sweep(tenant=tenant, report=report, now=timezone.now())
+        report.namespaces = 1
+    return report
+
+
 def requeue_requested(*, report: SweepReport, now: datetime) -> None:
     """Attempts still ``requested`` long after they were made: their provisioning task never arrived."""
     from labs.tasks import provision_attempt

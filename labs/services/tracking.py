@@ -48,6 +48,10 @@ AGENT_WAIT_KEY = "labs:agent-wait:{namespace}"
 AGENT_WAIT_TTL_SECONDS = 15
 NAMESPACE_LOCK_KEY = "labs:sync:namespace:{namespace}"
 NAMESPACE_LOCK_SECONDS = 90
+SWEEP_SOON_KEY = "labs:sweep-soon:{namespace}"
+# A started attempt without a VMI for this long makes the sync ask for a sweep (a VMI being replaced after a
+# restart is missing for a moment only).
+VANISHED_AFTER_SECONDS = 10
 
 
 def start_again_hint() -> str:
@@ -63,6 +67,7 @@ class SyncReport:
     expired: int = 0
     awaiting_agent: int = 0
     skipped: bool = False
+    sweep_requested: bool = False
     errors: list[str] = field(default_factory=list)
 
     def merge(self, other: SyncReport) -> None:
@@ -159,7 +164,39 @@ def _namespace_sync(*, namespace: str, report: SyncReport) -> SyncReport:
             report.changed += 1
     if report.awaiting_agent:
         agent_wait_start(namespace=namespace)
+    if _looks_inconsistent(attempts=attempts, by_name=by_name, now=now):
+        report.sweep_requested = sweep_soon(namespace=namespace)
     return report
+
+
+def _looks_inconsistent(*, attempts: list[Attempt], by_name: dict[str, dict[str, Any]], now: datetime) -> bool:
+    """Does the list hint at what only the sweep may judge? A VMI of ours that no tracked attempt owns (an orphan),
+    or a started attempt with no VMI for a while (its VM may be gone, or merely restarting). The sweep decides
+    on the VMs themselves; this only brings it forward."""
+    owned = {attempt.vm_name for attempt in attempts}
+    for name, vmi in by_name.items():
+        if name not in owned and not (vmi.get("metadata") or {}).get("deletionTimestamp"):
+            return True
+    settle = now - timedelta(seconds=VANISHED_AFTER_SECONDS)
+    return any(
+        attempt.state in (AttemptState.STARTING, AttemptState.RUNNING) and attempt.vm_name not in by_name
+        and attempt.provisioned_at is not None and attempt.provisioned_at < settle
+        for attempt in attempts
+    )
+
+
+def sweep_soon(*, namespace: str) -> bool:
+    """Queue a sweep of this namespace now rather than at the next periodic sweep (at most one per resync)."""
+    if not cache.add(SWEEP_SOON_KEY.format(namespace=namespace), "1", timeout=settings.ATTEMPT_RESYNC_SECONDS):
+        return False
+    from labs.tasks import sweep_namespace
+
+    try:
+        sweep_namespace.delay(namespace)
+    except Exception:
+        logger.warning("could not queue a sweep of %s; the periodic sweep will do", namespace, exc_info=True)
+        return False
+    return True
 
 
 class Outcome:

@@ -129,3 +129,32 @@ def test_lost_provisioning_is_queued_again(lifecycle, student_a, lab_a, django_c
     attempt.refresh_from_db()
     assert attempt.state == AttemptState.STARTING
     assert vm_names(attempt.namespace) == [attempt.vm_name]
+
+
+def test_the_sync_brings_the_sweep_forward_for_an_orphan_and_a_vanished_vm(
+        lifecycle, student_a, lab_a, course_a, django_capture_on_commit_callbacks):
+    from conftest import make_lab
+    from labs.services import tracking
+
+    running = provisioned(student_a, lab_a)
+    sync_until(running, AttemptState.RUNNING)
+    orphan = provisioned(student_a, make_lab(course_a, title="Second lab"))
+    Attempt.objects.filter(id=orphan.id).update(state=AttemptState.STOPPED)  # its VM outlived it
+    with django_capture_on_commit_callbacks(execute=True):
+        report = tracking.namespace_sync(namespace=running.namespace)
+    assert report.sweep_requested
+    wait_until(lambda: vm_names(running.namespace) == [running.vm_name], what="the orphan to be deleted")
+
+    # Now the running attempt's VM is deleted behind the portal's back; once the VMI has been missing a while,
+    # the next list asks for a sweep, which fails the attempt (the periodic sweep is a minute away).
+    operations.vm_delete(namespace=running.namespace, name=running.vm_name)
+    wait_until(lambda: vm_names(running.namespace) == [], what="the VM to go")
+    Attempt.objects.filter(id=running.id).update(provisioned_at=timezone.now() - timedelta(minutes=1))
+    from django.core.cache import cache
+
+    cache.delete(tracking.SWEEP_SOON_KEY.format(namespace=running.namespace))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert tracking.namespace_sync(namespace=running.namespace).sweep_requested
+    running.refresh_from_db()
+    assert running.state == AttemptState.FAILED
+    assert running.failure_reason == "The VM was deleted outside the portal."
