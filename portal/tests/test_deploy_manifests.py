@@ -264,3 +264,39 @@ def test_portal_pods_run_unprivileged_with_resources(documents):
             assert container["resources"]["requests"] and container["resources"]["limits"]
         uses_cluster = pod.get("serviceAccountName") == "lab-portal"
         assert uses_cluster or pod.get("automountServiceAccountToken") is False
+
+
+@pytest.mark.django_db
+def test_tenant_manifests_command_fills_the_template_with_the_tenants_figures(tenant_a, settings):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    settings.PORTAL_NAMESPACE = "lab-portal"
+    output = StringIO()
+    call_command("tenant_manifests", tenant_a.name, stdout=output)
+    objects = [d for d in yaml.safe_load_all(output.getvalue()) if d]
+    (namespace,) = of_kind(objects, "Namespace")
+    assert namespace == manifests.namespace(name=tenant_a.namespace, tenant_id=tenant_a.pk)
+    (quota,) = of_kind(objects, "ResourceQuota")
+    assert quota == manifests.resource_quota(
+        namespace=tenant_a.namespace, tenant_id=tenant_a.pk, max_vms=tenant_a.max_concurrent_vms,
+        max_vcpus=tenant_a.max_vcpus, max_memory_mib=tenant_a.max_memory_mib,
+    )
+    policies = {p["metadata"]["name"]: p for p in of_kind(objects, "NetworkPolicy")}
+    for policy in manifests.network_policies(
+        namespace=tenant_a.namespace, tenant_id=tenant_a.pk, agent_port=settings.AGENT_PORT,
+        kubevirt_namespace=settings.KUBEVIRT_NAMESPACE, portal_namespace="lab-portal",
+    ):
+        assert policies[policy["metadata"]["name"]] == policy
+    (role,) = of_kind(objects, "Role")
+    assert role["metadata"]["namespace"] == tenant_a.namespace and grants(role) == TENANT_GRANTS
+
+
+@pytest.mark.django_db
+def test_tenant_manifests_command_refuses_an_unknown_tenant(tenant_a):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="No tenant"):
+        call_command("tenant_manifests", "No Such University")
