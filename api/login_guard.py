@@ -73,22 +73,27 @@ def throttled_message(retry_after: int) -> str:
 
 
 class LoginThrottleMiddleware:
-    """Refuses POSTs to the login page while the username or the address is over its failure limit."""
+    """Refuses POSTs to the sign-in pages (the portal's and the admin's) while the username or the address is
+    over its failure limit."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
-        self._login_path: str | None = None
+        self._login_paths: set[str] | None = None
 
-    def login_path(self) -> str | None:
-        if self._login_path is None:
-            try:
-                self._login_path = reverse(settings.LOGIN_URL)
-            except NoReverseMatch:
-                self._login_path = str(settings.LOGIN_URL)
-        return self._login_path
+    def login_paths(self) -> set[str]:
+        if self._login_paths is None:
+            paths = set()
+            for name in (settings.LOGIN_URL, "admin:login"):
+                try:
+                    paths.add(reverse(name))
+                except NoReverseMatch:
+                    if str(name).startswith("/"):
+                        paths.add(str(name))
+            self._login_paths = paths
+        return self._login_paths
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.method == "POST" and request.path == self.login_path():
+        if request.method == "POST" and request.path in self.login_paths():
             retry_after = login_retry_after(request=request, username=request.POST.get("username"))
             if retry_after is not None:
                 response = render(

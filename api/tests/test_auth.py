@@ -74,6 +74,15 @@ def test_sign_in_page_is_throttled_per_address(student_a, ta_a, settings):
     assert elsewhere.post("/accounts/login/", {"username": "ta_a", "password": PASSWORD}).status_code == 302
 
 
+def test_admin_sign_in_page_counts_and_refuses_alike(instructor_b, settings):
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "login_username": (2, 900)}
+    client = Client()
+    client.post("/admin/login/", {"username": "instructor_b", "password": "guess"})
+    client.post("/accounts/login/", {"username": "instructor_b", "password": "guess"})
+    refused = client.post("/admin/login/", {"username": "instructor_b", "password": PASSWORD})
+    assert refused.status_code == 429 and int(refused["Retry-After"]) > 0
+
+
 def test_a_successful_sign_in_clears_that_usernames_failures(student_a, settings):
     settings.RATE_LIMITS = {**settings.RATE_LIMITS, "login_username": (3, 900)}
     client = Client()
