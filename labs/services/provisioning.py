@@ -196,6 +196,9 @@ def attempt_provision(*, attempt_id: int) -> str:
     if not updated:
         return _after_lost_claim(attempt_id=attempt_id)
     _schedule_follow_ups(attempt.namespace)
+    from labs.services.tracking import agent_wait_start
+
+    agent_wait_start(namespace=attempt.namespace)
     return ProvisionOutcome.CREATED
 
 
