@@ -230,8 +230,8 @@ class Guest:
     def boot(self, vmi: dict[str, Any]) -> None:
         if self.root is None:
             return
-        for directory in ("home/student", "etc", "opt", "run", "tmp", "var/log"):
-            (self.root / directory).mkdir(parents=True, exist_ok=True)
+        # Only HOME up front: directory operations are the dominant cost of a guest on overlay filesystems.
+        self.home.mkdir(parents=True, exist_ok=True)
         try:
             user_data = user_data_for(vmi, self.manager.store)
             if user_data:
@@ -239,14 +239,17 @@ class Guest:
         except (CloudInitError, OSError) as exc:
             self.cloud_init_error = str(exc)
             log.warning("guest %s/%s: cloud-init failed: %s", self.namespace, self.name, exc)
+            (self.root / "var/log").mkdir(parents=True, exist_ok=True)
             (self.root / "var/log/cloud-init.log").write_text(f"cloud-init failed: {exc}\n")
-        # cloud-init's last act: the marker the agent's unit waits for (--setup-marker).
-        marker = self.root / "var/lib/cloud/instance/boot-finished"
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text("kubesim guest boot finished\n")
         agent = self.root / "opt/lab-agent/agent.py"
         token = self.root / "etc/lab-agent/token"
         if agent.exists() and token.exists():
+            # cloud-init's last act: the marker the agent's unit waits for (--setup-marker).
+            marker = self.root / "var/lib/cloud/instance/boot-finished"
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text("kubesim guest boot finished\n")
+            for directory in ("run", "var/log"):
+                (self.root / directory).mkdir(parents=True, exist_ok=True)
             self._spawn_agent(agent, token)
 
     def _spawn_agent(self, agent: Path, token: Path) -> None:
@@ -446,7 +449,8 @@ class GuestManager:
         if sessions:
             kill_sessions(sessions)
         if guest.root is not None:
-            shutil.rmtree(guest.root, ignore_errors=True)
+            # Off the event loop: removing a directory tree is slow on overlay filesystems.
+            asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, guest.root, True)
 
     def track(self, process: subprocess.Popen) -> None:
         self._processes.append(process)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -20,8 +21,16 @@ from kubesim.selectors import FieldSelector, LabelSelector
 Key = tuple[str, str, str]  # (resource, namespace or "", name)
 
 
+_stamp_cache: tuple[int, str] = (0, "")
+
+
 def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """The current time as metav1.Time renders it (whole seconds), formatted once per second."""
+    global _stamp_cache
+    second = int(time.time())
+    if _stamp_cache[0] != second:
+        _stamp_cache = (second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    return _stamp_cache[1]
 
 
 class Entry:
