@@ -1,7 +1,8 @@
 """The sweep: the database and the cluster compared both ways, so nothing leaks and nothing stays stuck.
 
-Per tenant namespace, one list of the portal's VMs and one of its Secrets (label-selected: an object without the
-portal's ``managed-by`` label is never read, let alone deleted), then:
+Per tenant namespace, one list of the portal's VMs and, every ten minutes, one of its Secrets (label-selected: an
+object without the portal's ``managed-by`` label is never read, let alone deleted); tenants with no attempt active
+or ended in the last hour only every ten minutes. Then:
 
 - a VM of ours whose attempt is not active (or unknown to this database) is deleted, with its Secret;
 - an attempt starting or running whose VM has vanished fails, saying so;
@@ -19,6 +20,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import cache
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -29,6 +32,14 @@ from labs.services.provisioning import attempt_end, attempt_fail
 from portal.models import Tenant
 
 logger = logging.getLogger(__name__)
+
+
+IDLE_SWEEP_KEY = "labs:sweep-idle:{namespace}"
+IDLE_SWEEP_SECONDS = 600
+CLOUD_INIT_SWEEP_KEY = "labs:sweep-secrets:{namespace}"
+CLOUD_INIT_SWEEP_SECONDS = 600
+# A tenant whose last attempt ended this recently is still swept every time.
+RECENT_ACTIVITY_SECONDS = 3600
 
 
 @dataclass
@@ -56,7 +67,16 @@ def teardown_redelivery_seconds() -> int:
 def attempts_sweep(*, now: datetime | None = None) -> SweepReport:
     now = now or timezone.now()
     report = SweepReport()
+    recent = now - timedelta(seconds=RECENT_ACTIVITY_SECONDS)
+    busy = set(
+        Attempt.objects.filter(Q(state__in=ACTIVE_STATES) | Q(ended_at__gte=recent)).values_list("tenant_id", flat=True)
+    )
     for tenant in Tenant.objects.all().only("id", "namespace"):
+        # A tenant with nothing going on is swept less often: an orphan there can only come from a lost
+        # database or a hand-made VM, and every request counts against the API budget.
+        if tenant.id not in busy and not cache.add(IDLE_SWEEP_KEY.format(namespace=tenant.namespace), "1",
+                                                   timeout=IDLE_SWEEP_SECONDS):
+            continue
         try:
             namespace_sweep(tenant=tenant, report=report, now=now)
             report.namespaces += 1
@@ -107,7 +127,11 @@ def namespace_sweep(*, tenant: Tenant, report: SweepReport, now: datetime) -> No
     namespace = tenant.namespace
     listed_at = timezone.now()
     vms = {vm["metadata"]["name"]: vm for vm in operations.vms_list(namespace=namespace) if _ours(vm) is not None}
-    secrets = operations.secrets_list(namespace=namespace)
+    # Secrets are owned by their VM (garbage-collected with it); only one made just before a crash can be left
+    # behind, so they are listed now and then rather than on every sweep.
+    secrets = []
+    if cache.add(CLOUD_INIT_SWEEP_KEY.format(namespace=namespace), "1", timeout=CLOUD_INIT_SWEEP_SECONDS):
+        secrets = operations.secrets_list(namespace=namespace)
     attempt_ids = {names.attempt_id_from_vm_name(name) for name in vms}
     attempt_ids |= {names.attempt_id_from_labels((s.get("metadata") or {}).get("labels")) for s in secrets}
     known = {

@@ -158,3 +158,21 @@ def test_the_sync_brings_the_sweep_forward_for_an_orphan_and_a_vanished_vm(
     running.refresh_from_db()
     assert running.state == AttemptState.FAILED
     assert running.failure_reason == "The VM was deleted outside the portal."
+
+
+def test_idle_tenants_and_secrets_are_swept_less_often(lifecycle, tenant_a, tenant_b, student_a, lab_a,
+                                                       django_capture_on_commit_callbacks):
+    attempt = provisioned(student_a, lab_a)  # tenant A is busy, tenant B has never had an attempt
+    counters = lifecycle.admin
+    counters.reset_counters()
+    first = sweep(django_capture_on_commit_callbacks)
+    assert first.namespaces == 2
+    first_counts = counters.counters()["by_verb_resource"]
+    assert first_counts.get("list virtualmachines") == 2 and first_counts.get("list secrets") == 2
+
+    counters.reset_counters()
+    second = sweep(django_capture_on_commit_callbacks)
+    assert second.namespaces == 1  # only the busy tenant
+    second_counts = counters.counters()["by_verb_resource"]
+    assert second_counts.get("list virtualmachines") == 1 and "list secrets" not in second_counts
+    assert vm_names(attempt.namespace) == [attempt.vm_name]  # and nothing of the busy tenant was disturbed
