@@ -208,15 +208,17 @@ async def bench_consoles(consoles: int, keystrokes: int, think: float) -> dict[s
                         await asyncio.sleep(think)
                 await ws.send_bytes(b"\x15")  # kill the typed line so the shell stays tidy
 
-            started = time.monotonic()
+            started, cpu_before = time.monotonic(), _cpu_seconds(sim.process.pid)
             await asyncio.gather(*(typist(ws) for ws in sockets))
-            elapsed = time.monotonic() - started
+            elapsed, server_cpu = time.monotonic() - started, _cpu_seconds(sim.process.pid) - cpu_before
             for ws in sockets:
                 await ws.close()
     return {"consoles": consoles, "keystrokes_each": keystrokes, "think_seconds": think,
             "echo_p50_ms": round(_percentile(latencies, 0.5) * 1000, 2),
             "echo_p99_ms": round(_percentile(latencies, 0.99) * 1000, 2),
-            "echo_max_ms": round(max(latencies) * 1000, 2), "echoes_per_second": round(len(latencies) / elapsed, 1)}
+            "echo_max_ms": round(max(latencies) * 1000, 2), "echoes_per_second": round(len(latencies) / elapsed, 1),
+            "server_cpu_us_per_echo": round(server_cpu * 1e6 / len(latencies), 1),
+            "server_cpu_share_of_one_core": round(server_cpu / elapsed, 3)}
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -224,6 +226,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     figures["start_guest_none"] = await bench_start(args.vms, "none")
     figures["start_guest_shell"] = await bench_start(args.vms, "shell")
     figures["idle_guest_memory"] = await bench_guest_memory(args.guests)
+    figures["console_single"] = await bench_consoles(1, args.keystrokes * 5, think=0.02)
     figures["consoles_typing"] = await bench_consoles(args.consoles, args.keystrokes, think=0.1)
     figures["consoles_flat_out"] = await bench_consoles(args.consoles, args.keystrokes, think=0.0)
     return figures
