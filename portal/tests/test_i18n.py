@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import gettext
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,6 +135,22 @@ def test_student_dashboard_in_japanese(client, student_a, lab_a):
         assert text in page, text
     for english in ("My labs", "No due date", "Not graded", "Running"):
         assert english not in page, english
+
+
+def test_attempt_page_and_its_script_strings_in_japanese(client, student_a, lab_a):
+    attempt = Attempt.objects.create(lab=lab_a, student=student_a, tenant=lab_a.course.tenant,
+                                     state=AttemptState.RUNNING)
+    client.force_login(student_a)
+    page = ja_get(client, reverse("labs:attempt_detail", args=[attempt.id]))
+    for text in ("延長", "チェック", "停止", "ターミナル"):
+        assert text in page, text
+    # attempt.js shows only what the server translated into the page's JSON block.
+    config = json.loads(re.search(r'<script id="attempt-config" type="application/json">(.*?)</script>',
+                                  page, re.S).group(1))
+    strings = config["strings"]
+    assert strings["time_left"] == "残り時間: %(time)s"
+    assert strings["states"]["running"] == "実行中"
+    assert strings["console"]["read_only"] == "閲覧のみ: このコンソールを見ています。"
 
 
 def test_language_cookie_and_switcher(client, student_a, lab_a):
