@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import urllib3
 from django.conf import settings
 from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
@@ -19,6 +20,15 @@ from kubernetes.config.config_exception import ConfigException
 KUBEVIRT_GROUP = "kubevirt.io"
 KUBEVIRT_VERSION = "v1"
 SUBRESOURCES_PREFIX = "/apis/subresources.kubevirt.io/v1"
+
+# urllib3's default under the kubernetes client retries three times and sleeps whatever Retry-After a 429 or 503
+# asks for, with no upper bound: one request could hold a task (and the sync's locks) for minutes. Here only a
+# connection that fails to open is retried, briefly; every other failure goes straight back to the caller, whose
+# retries back off with a cap (labs.tasks) or wait for the next sync.
+REQUEST_RETRIES = urllib3.Retry(
+    total=2, connect=2, read=0, redirect=0, status=0, other=0, backoff_factor=0.2,
+    respect_retry_after_header=False, raise_on_status=False,
+)
 
 _lock = threading.Lock()
 _configuration: client.Configuration | None = None
@@ -56,6 +66,7 @@ def configuration() -> client.Configuration:
     with _lock:
         if _configuration is None:
             _configuration = _load_configuration()
+            _configuration.retries = REQUEST_RETRIES
         return _configuration
 
 

@@ -28,6 +28,9 @@ logger = logging.getLogger(__name__)
 # (connect, read) seconds for ordinary requests.
 REQUEST_TIMEOUT = (5, 20)
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+# A Retry-After is honoured up to this many seconds: Celery redelivers a task whose countdown outlasts the broker's
+# visibility timeout, and no API server outage is worth keeping a student waiting longer between tries.
+MAX_RETRY_AFTER_SECONDS = 60.0
 VMS = "virtualmachines"
 VMIS = "virtualmachineinstances"
 
@@ -57,9 +60,10 @@ def _status_message(exc: ApiException) -> str:
 def _retry_after(exc: ApiException) -> float | None:
     value = (exc.headers or {}).get("Retry-After") if exc.headers else None
     try:
-        return float(value) if value is not None else None
+        seconds = float(value) if value is not None else None
     except ValueError:
         return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS) if seconds is not None else None
 
 
 def _count_error(*, doing: str, reason: str) -> None:
