@@ -256,6 +256,10 @@ def attempt_teardown(*, attempt_id: int) -> str:
             if claimed:
                 trigger = "expiry" if attempt.stop_reason == StopReason.EXPIRED else "stop"
                 grade_final(attempt=attempt, trigger=trigger)
+            elif _final_grading_elsewhere(attempt_id):
+                # A second delivery of this teardown while the first grades: deleting the VM now would cut that
+                # final run off. The first deletes it; if it died, the sweep queues the teardown again later.
+                return "grading_elsewhere"
         existed = _delete_vm_and_secret(attempt)
         if not existed:
             attempt_end(attempt_id=attempt_id)
@@ -264,6 +268,13 @@ def attempt_teardown(*, attempt_id: int) -> str:
         _delete_vm_and_secret(attempt)
         return "cleaned"
     return "skipped"
+
+
+def _final_grading_elsewhere(attempt_id: int) -> bool:
+    """Whether another teardown claimed the final grading recently enough to be still at it (a claim older than the
+    task time limit belongs to a worker that died)."""
+    since = timezone.now() - timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT)
+    return Attempt.objects.filter(id=attempt_id, vm_deleted_at__isnull=True, final_grading_at__gt=since).exists()
 
 
 def _delete_vm_and_secret(attempt: Attempt) -> bool:
