@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -18,6 +19,7 @@ import yaml
 from aiohttp import web
 
 from kubesim.config import SimConfig
+from kubesim.errors import ApiError
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -81,6 +83,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--launcher-fixed-overhead", default=defaults.launcher_fixed_overhead,
                        help="fixed part of the virt-launcher memory overhead")
     serve.add_argument("--seed", type=int, default=None, help="random seed (names, IPs, jitter)")
+    faults = serve.add_argument_group("faults", "injected from the start; the admin API can add and clear more")
+    faults.add_argument("--faults", default=None, help="JSON fault specification (as POST /kubesim/faults)")
+    faults.add_argument("--latency", action="append", default=[], metavar="VERB[:RESOURCE]=SECONDS",
+                        help="added latency, e.g. list=0.2 or create:virtualmachines=1 (repeatable)")
+    faults.add_argument("--error", action="append", default=[], metavar="CODE:RATE[:VERBS[:RESOURCES]]",
+                        help="answer CODE (500, 503, 429) to RATE of requests, e.g. 503:0.1:list,watch "
+                             "(repeatable)")
+    faults.add_argument("--watch-drop-after", type=float, default=None, help="cut every watch after S seconds")
+    faults.add_argument("--console-drop-after", type=float, default=None,
+                        help="cut every console session after S seconds")
     serve.add_argument("--log-level", default="INFO")
     return parser
 
@@ -104,6 +116,30 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         raise SystemExit(f'feature gate "{sorted(both)[0]}" exists on both --feature-gates and '
                          "--disabled-feature-gates")
     return config
+
+
+def fault_spec(args: argparse.Namespace) -> dict:
+    """The fault flags as one admin-API fault specification; a malformed flag stops the server with a reason."""
+    spec: dict = json.loads(args.faults) if args.faults else {}
+    if not isinstance(spec, dict):
+        raise SystemExit("--faults must be a JSON object")
+    latency = spec.setdefault("latency", {})
+    for item in args.latency:
+        key, _, seconds = item.partition("=")
+        if not key or not seconds:
+            raise SystemExit(f"--latency {item!r}: expected VERB[:RESOURCE]=SECONDS")
+        latency[key] = seconds
+    errors = spec.setdefault("errors", [])
+    for item in args.error:
+        parts = item.split(":")
+        if len(parts) < 2:
+            raise SystemExit(f"--error {item!r}: expected CODE:RATE[:VERBS[:RESOURCES]]")
+        errors.append({"code": parts[0], "rate": parts[1], "verbs": parts[2] if len(parts) > 2 else None,
+                       "resources": parts[3] if len(parts) > 3 else None})
+    for key in ("watch_drop_after", "console_drop_after"):
+        if getattr(args, key) is not None:
+            spec[key] = getattr(args, key)
+    return spec
 
 
 def write_kubeconfig(path: Path, *, url: str, token: str, context: str, namespace: str,
@@ -131,6 +167,10 @@ async def serve(args: argparse.Namespace) -> None:
     config = config_from_args(args)
     token = args.token or secrets.token_urlsafe(32)
     sim = KubeSim(config=config, token=token)
+    try:
+        sim.faults.update(fault_spec(args))
+    except (ApiError, ValueError) as exc:
+        raise SystemExit(f"kubesim: invalid fault flags: {exc}") from exc
     runner = web.AppRunner(sim.app(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port, backlog=1024, reuse_address=True)

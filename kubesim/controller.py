@@ -13,7 +13,7 @@ import random
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -136,7 +136,6 @@ class Counters:
     vmis_started: int = 0
     errors: int = 0
     last_error: str = ""
-    timings: deque = field(default_factory=lambda: deque(maxlen=1000))
 
 
 class Cluster:
@@ -150,6 +149,7 @@ class Cluster:
         self.rng = random.Random(config.seed)
         self.scheduler = Scheduler()
         self.runtimes: dict[str, VmiRuntime] = {}
+        self._runtime_uids: dict[tuple[str, str], str] = {}  # (namespace, name) → uid of the VMI known by it
         self.counters = Counters()
         self._queue: dict[tuple[str, str, str], None] = {}
         self._draining = False
@@ -205,8 +205,6 @@ class Cluster:
             self.enqueue("namespace", "", meta["name"])
         elif resource == "resourcequotas" and event.type != "DELETED":
             self.enqueue("quota", meta["namespace"], "")
-        elif resource == "kubevirts":
-            pass
 
     def enqueue(self, kind: str, namespace: str, name: str) -> None:
         self._queue[(kind, namespace, name)] = None
@@ -224,7 +222,6 @@ class Cluster:
         return self._loop
 
     def _drain(self) -> None:
-        started = time.monotonic()
         try:
             # Bounded batches keep the event loop responsive while hundreds of VMs start at once.
             for _ in range(2000):
@@ -234,7 +231,6 @@ class Cluster:
                 del self._queue[key]
                 self._reconcile(*key)
         finally:
-            self.counters.timings.append(time.monotonic() - started)
             if self._queue:
                 self.loop.call_soon(self._drain)
             else:
@@ -391,7 +387,7 @@ class Cluster:
                     self.enqueue_later(_parse_time(retry_at) - time.time() + 0.01, "vm",
                                        vm["metadata"]["namespace"], vm["metadata"]["name"])
                     return vmi
-                self._stop_vmi(vm, vmi, restarting=True)
+                self._stop_vmi(vm, vmi)
             return vmi
         if strategy == "Once":
             if vmi is None and not status.get("created") and status.get("printableStatus") not in (
@@ -450,7 +446,7 @@ class Cluster:
                     "virtualmachine-controller")
         return vmi
 
-    def _stop_vmi(self, vm: dict[str, Any], vmi: dict[str, Any], *, restarting: bool = False) -> None:
+    def _stop_vmi(self, vm: dict[str, Any], vmi: dict[str, Any]) -> None:
         self.api.delete(VMI, vmi["metadata"]["namespace"], vmi["metadata"]["name"], internal=True)
         self.record(vm, "Normal", "SuccessfulDelete",
                     f"Stopped the virtual machine by deleting the virtual machine instance "
@@ -566,6 +562,7 @@ class Cluster:
             runtime = VmiRuntime(meta["uid"], meta["namespace"], meta["name"],
                                  next_at=self.loop.time() + self._delay(self.config.pending_delay))
             self.runtimes[meta["uid"]] = runtime
+            self._runtime_uids[(meta["namespace"], meta["name"])] = meta["uid"]
         return runtime
 
     def _pod_for(self, runtime: VmiRuntime) -> dict[str, Any] | None:
@@ -582,14 +579,11 @@ class Cluster:
 
     def reconcile_vmi(self, namespace: str, name: str) -> None:
         vmi = self.store.get("virtualmachineinstances", namespace, name)
+        known = self._runtime_uids.get((namespace, name))
+        if known is not None and (vmi is None or vmi["metadata"]["uid"] != known):
+            self._forget(known)  # the VMI went, or was replaced by a new one of the same name
         if vmi is None:
-            for uid, runtime in list(self.runtimes.items()):
-                if runtime.namespace == namespace and runtime.name == name:
-                    self._forget(uid)
             return
-        for uid, runtime in list(self.runtimes.items()):
-            if runtime.namespace == namespace and runtime.name == name and uid != vmi["metadata"]["uid"]:
-                self._forget(uid)
         runtime = self._runtime(vmi)
         phase = (vmi.get("status") or {}).get("phase", "")
         if vmi["metadata"].get("deletionTimestamp"):
@@ -623,7 +617,10 @@ class Cluster:
 
     def _forget(self, uid: str) -> None:
         runtime = self.runtimes.pop(uid, None)
-        self._unschedulable.discard((runtime.namespace, runtime.name) if runtime else ("", ""))
+        if runtime is not None:
+            self._unschedulable.discard((runtime.namespace, runtime.name))
+            if self._runtime_uids.get((runtime.namespace, runtime.name)) == uid:
+                del self._runtime_uids[(runtime.namespace, runtime.name)]
         self.guests.stop(uid)
 
     def _requeue_unschedulable(self) -> None:

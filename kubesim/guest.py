@@ -165,7 +165,6 @@ class SerialLine:
         self.guest = guest
         self.client: ConsoleClient | None = None
         self._paused = False
-        self._pending = bytearray()
 
     def attach(self, client: ConsoleClient) -> ConsoleClient | None:
         previous, self.client = self.client, client
@@ -223,6 +222,7 @@ class Guest:
         self.shell: subprocess.Popen | None = None
         self.agent: subprocess.Popen | None = None
         self._master: int | None = None
+        self._pending_input = bytearray()  # keystrokes the pty could not take yet
         self._agent_task: asyncio.Task | None = None
         self._stopped = False
 
@@ -352,12 +352,11 @@ class Guest:
             self.ensure_shell()
         if self._master is None:
             return
-        pending = self.serial._pending
-        pending.extend(data)
+        self._pending_input.extend(data)
         self._flush_input()
 
     def _flush_input(self) -> None:
-        pending = self.serial._pending
+        pending = self._pending_input
         loop = asyncio.get_running_loop()
         if self._master is None:
             pending.clear()

@@ -137,7 +137,7 @@ class KubeSim:
 
     # ---- application -------------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        from kubesim import admin, streams
+        from kubesim import admin
 
         app = web.Application(middlewares=[self._middleware], client_max_size=32 * 1024 * 1024)
         app.router.add_route("GET", "/version", self.version)
@@ -152,7 +152,6 @@ class KubeSim:
         app.router.add_route("GET", "/api/", self.api_versions)
         app.router.add_route("GET", "/apis", self.api_groups)
         app.router.add_route("GET", "/apis/", self.api_groups)
-        streams.register(app, self)
         admin.register(app, self)
         app.router.add_route("*", "/api/{path:.*}", self.dispatch)
         app.router.add_route("*", "/apis/{path:.*}", self.dispatch)

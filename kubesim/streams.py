@@ -25,10 +25,6 @@ log = logging.getLogger("kubesim.streams")
 PROTOCOL = "plain.kubevirt.io"
 
 
-def register(app: web.Application, sim: KubeSim) -> None:
-    """Nothing to add: subresource paths go through the generic dispatcher (see ``dispatch``)."""
-
-
 def _vmi_not_found(name: str) -> ApiError:
     return ApiError(404, f'virtualmachineinstance.kubevirt.io "{name}" not found',
                     details={"name": name, "group": "kubevirt.io", "kind": "virtualmachineinstance"})

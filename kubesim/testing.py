@@ -153,9 +153,9 @@ def _flags(options: dict[str, Any]) -> list[str]:
         elif value is False:
             continue
         elif isinstance(value, (list, tuple)):
-            args += [flag, ",".join(str(v) for v in value)]
+            args.append(f"{flag}={','.join(str(v) for v in value)}")
         else:
-            args += [flag, str(value)]
+            args.append(f"{flag}={value}")  # one argument, even when the value starts with "-"
     return args
 
 
@@ -188,7 +188,7 @@ class KubesimServer:
     # ---- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> KubesimServer:
         command = [self.python, "-m", "kubesim", "serve", "--host", "127.0.0.1", "--port", "0",
-                   "--kubeconfig", str(self.kubeconfig), "--token", self.token, *_flags(self.options)]
+                   "--kubeconfig", str(self.kubeconfig), f"--token={self.token}", *_flags(self.options)]
         if self.tls_kubeconfig is not None:
             command += ["--tls-kubeconfig", str(self.tls_kubeconfig)]
         command += self.extra_args

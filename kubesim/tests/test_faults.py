@@ -142,3 +142,19 @@ def test_bad_fault_specifications_are_refused(sim):
     with pytest.raises(KubesimError, match="400"):
         sim.admin.inject_fault(code=500, rate=2)
     assert sim.admin.faults()["errors"] == []
+
+
+def test_fault_flags_apply_from_the_start(tmp_path):
+    from kubesim.testing import KubesimServer
+
+    with KubesimServer(tmp_path, guest="none", extra_args=["--error=500:1:list:virtualmachines",
+                                                           "--latency=get:namespaces=0.3"]) as faulty:
+        api = faulty.api_client()
+        started = time.monotonic()
+        client.CoreV1Api(api).read_namespace("default")
+        assert time.monotonic() - started >= 0.3
+        with pytest.raises(ApiException) as error:
+            client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, "default", "virtualmachines")
+        assert error.value.status == 500
+        assert faulty.admin.faults()["errors"][0]["verbs"] == ["list"]
+        api.close()
