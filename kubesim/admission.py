@@ -67,6 +67,11 @@ def _validators() -> dict[str, jsonschema.protocols.Validator]:
     return validators
 
 
+def preload() -> None:
+    """Read and compile the schemas (raises FileNotFoundError with a hint when swagger.json is missing)."""
+    _validators()
+
+
 def _field_path(path: Any) -> str:
     text = ""
     for part in path:

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from kubesim import __version__, openapi
+from kubesim import __version__, admission, openapi
 from kubesim.apiserver import ApiServer
 from kubesim.config import SimConfig
 from kubesim.controller import Cluster
@@ -161,6 +161,8 @@ class KubeSim:
         return app
 
     async def _on_startup(self, app: web.Application) -> None:
+        # Load KubeVirt's schema now: a missing swagger.json stops the server at start, not at the first VM.
+        admission.preload()
         self.cluster.bootstrap()
 
     async def _on_shutdown(self, app: web.Application) -> None:
