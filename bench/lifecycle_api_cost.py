@@ -11,7 +11,7 @@ through portforward.
 3. ``steady``: with every attempt running, kubesim's request counters are reset and read again after a window
    of beat-driven syncs and sweeps: requests per running attempt per minute (target ≤ 0.5).
 
-    python -m bench.lifecycle_api_cost        # BENCH_ATTEMPTS=50 BENCH_SINGLE=10 BENCH_STEADY_SECONDS=90
+    python -m bench.lifecycle_api_cost   # BENCH_ATTEMPTS=50 BENCH_TENANTS=1 BENCH_SINGLE=10 BENCH_STEADY_SECONDS=90
 
 Baseline, on the same kubesim: the same Secret and VM (the portal's own builders) created directly, then the
 agent's ``/healthz`` asked through portforward every 20 ms until it answers. What the portal adds to a start is the
@@ -45,6 +45,7 @@ from bench.common import (
 )
 
 ATTEMPTS = int(os.environ.get("BENCH_ATTEMPTS", "50"))
+TENANTS = int(os.environ.get("BENCH_TENANTS", "1"))
 SINGLE = int(os.environ.get("BENCH_SINGLE", "10"))
 STEADY_SECONDS = float(os.environ.get("BENCH_STEADY_SECONDS", "90"))
 RUNNING_TIMEOUT = 120.0
@@ -170,9 +171,13 @@ def main() -> None:
 
     from labs.models import Attempt, AttemptState
 
-    seeded = seed_course(students=ATTEMPTS, labs=1, name="Lifecycle Bench")
-    lab = seeded.labs[0]
+    # Students spread over BENCH_TENANTS tenants (namespaces): the steady-state cost is per namespace.
+    per_tenant = -(-ATTEMPTS // TENANTS)
+    seeded = [seed_course(students=min(per_tenant, ATTEMPTS - index * per_tenant), labs=1,
+                          name=f"Lifecycle Bench {index + 1}") for index in range(TENANTS)]
+    pairs = [(student, course.labs[0]) for course in seeded for student in course.students]
     result: dict[str, Any] = {"benchmark": "lifecycle_api_cost", "machine": machine(), "attempts": ATTEMPTS,
+                              "tenants": TENANTS,
                               "sync_interval_s": settings.ATTEMPT_SYNC_INTERVAL_SECONDS,
                               "resync_s": settings.ATTEMPT_RESYNC_SECONDS,
                               "sweep_interval_s": settings.ATTEMPT_SWEEP_INTERVAL_SECONDS}
@@ -192,25 +197,25 @@ def main() -> None:
         result["baseline_direct_start_to_agent"] = summary_ms(baseline)
 
         log(f"single starts: {SINGLE}")
-        singles = [start_and_wait(student, lab) for student in seeded.students[:SINGLE]]
+        singles = [start_and_wait(student, lab) for student, lab in pairs[:SINGLE]]
         result["single_start_to_running"] = summary_ms(singles)
         result["single_start_portal_overhead_p50_ms"] = round(
             (result["single_start_to_running"]["p50_ms"] - result["baseline_direct_start_to_agent"]["p50_ms"]), 1)
 
-        burst_students = seeded.students[SINGLE:]
+        burst_students = pairs[SINGLE:]
         log(f"burst: {len(burst_students)} simultaneous starts")
         barrier = threading.Barrier(len(burst_students))
         burst: list[float] = []
         errors: list[str] = []
 
-        def press(student: Any) -> None:
+        def press(student: Any, lab: Any) -> None:
             try:
                 barrier.wait(timeout=60)
                 burst.append(start_and_wait(student, lab))
             except Exception as exc:
                 errors.append(f"{exc.__class__.__name__}: {exc}")
 
-        threads = [threading.Thread(target=press, args=(s,)) for s in burst_students]
+        threads = [threading.Thread(target=press, args=pair) for pair in burst_students]
         for thread in threads:
             thread.start()
         for thread in threads:
