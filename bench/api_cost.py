@@ -21,9 +21,9 @@ from bench.common import emit, kubesim, live_portal, log, machine, seed_course, 
 
 TENANTS = 4
 ATTEMPTS_PER_TENANT = 50
-SETTLE_SECONDS = 10
+SETTLE_SECONDS = 6
 WINDOW_SECONDS = 60
-POLL_WINDOW_SECONDS = 15
+POLL_WINDOW_SECONDS = 9
 TARGET = 0.5
 
 

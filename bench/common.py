@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
@@ -33,6 +34,16 @@ BENCH_VAR = BASE_DIR / "var" / "bench"
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/portal"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/15"
 PASSWORD = "bench-password-not-secret"
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    # ``python -m bench`` ends an overrunning benchmark with SIGTERM: unwinding runs the ``finally`` blocks that
+    # stop its portal processes and kubesim (and kubesim its guests) instead of leaving them serving.
+    raise SystemExit(128 + signum)
+
+
+if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
 
 # --- environment -------------------------------------------------------------------------------------------
