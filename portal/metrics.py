@@ -3,7 +3,8 @@
 The portal runs as several processes, so per-process counters would each see only part of the work. What the
 database knows is read from it when Prometheus scrapes (a handful of aggregate queries):
 
-- ``portal_attempts{tenant,state}``: attempts by tenant namespace and state (gauge).
+- ``portal_attempts{tenant,state}``: attempts by tenant namespace and state (gauge), and
+  ``portal_attempts_by_state{state}`` summed over tenants (every state present, zero included).
 - ``portal_attempt_phase_seconds{phase}``: start latency per phase, as a histogram of the attempts requested in
   the last hour (``METRICS_WINDOW_SECONDS``). Being a window it can go down: read it with
   ``histogram_quantile()`` directly, not through ``rate()``.
@@ -17,6 +18,10 @@ Events that leave no row are counted in Redis (a hash per family, shared by ever
 the embedded default, which is one process): ``portal_cluster_api_errors_total{operation,reason}`` through
 ``record_cluster_api_error()``, and console sessions through ``console_session_opened()`` /
 ``console_session_closed()`` (``portal_console_sessions_active`` and ``portal_console_sessions_opened_total``).
+A process that dies with sessions open leaves them counted as active; the opened counter stays exact.
+
+``portal_metrics_source_up{source}`` is 0 for a source (attempts, start_phases, grading, sync, counters) that could
+not be read at this scrape; the others are still served.
 
 Access: ``Authorization: Bearer <METRICS_TOKEN>`` when that setting is set, or a superuser's session; the
 figures span every tenant, so an instructor's session is not enough.
