@@ -171,7 +171,9 @@ async def serve(args: argparse.Namespace) -> None:
         sim.faults.update(fault_spec(args))
     except (ApiError, ValueError) as exc:
         raise SystemExit(f"kubesim: invalid fault flags: {exc}") from exc
-    runner = web.AppRunner(sim.app(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
+    # handler_cancellation: a watch whose client went away ends at once instead of at its next event.
+    runner = web.AppRunner(sim.app(), access_log=None, handle_signals=False, shutdown_timeout=2.0,
+                           handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port, backlog=1024, reuse_address=True)
     await site.start()

@@ -390,13 +390,8 @@ class Cluster:
                 self._stop_vmi(vm, vmi)
             return vmi
         if strategy == "Once":
-            if vmi is None and not status.get("created") and status.get("printableStatus") not in (
-                    "Stopped", "Succeeded", "Failed") and not (vm["metadata"].get("annotations") or {}).get(
-                    "kubesim.io/once-started"):
-                self.api.mutate(VM, vm["metadata"]["namespace"], vm["metadata"]["name"], lambda o: o[
-                    "metadata"].setdefault("annotations", {}).__setitem__("kubesim.io/once-started", "true"))
-                return self._create_vmi(vm)
-            return vmi
+            # The finished VMI stays and blocks a second run; only a VMI that is gone is created again.
+            return self._create_vmi(vm) if vmi is None else vmi
         return vmi  # Manual: only start/stop requests act
 
     def _note_start_failure(self, vm: dict[str, Any], vmi: dict[str, Any]) -> None:
