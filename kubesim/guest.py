@@ -12,6 +12,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import ctypes
 import errno
 import fcntl
 import gzip
@@ -150,6 +151,19 @@ def kill_sessions(sessions: set[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+_PR_SET_PDEATHSIG = 1
+try:
+    _libc = ctypes.CDLL(None, use_errno=True)
+except OSError:  # not Linux: guests are still cleaned up on every orderly exit
+    _libc = None
+
+
+def _die_with_kubesim() -> None:
+    """In the child before exec: get SIGKILL if kubesim itself is killed, so no guest outlives it."""
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 class ConsoleClient:
     """One connected console: its output queue and a way to drop it without a close frame."""
 
@@ -266,7 +280,7 @@ class Guest:
                      "--port-file", str(port_file), "--token-file", str(token), "--home", str(self.home),
                      "--setup-marker", str(self.root / "var/lib/cloud/instance/boot-finished")],
                     cwd=str(self.home), env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-                    start_new_session=True)
+                    start_new_session=True, preexec_fn=_die_with_kubesim)
             except OSError as exc:
                 log.warning("guest %s/%s: lab agent did not start: %s", self.namespace, self.name, exc)
                 return
@@ -306,6 +320,7 @@ class Guest:
 
         def controlling_tty() -> None:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            _die_with_kubesim()
 
         self.shell = subprocess.Popen(
             ["bash", "--noprofile", "--norc", "-i"], stdin=slave, stdout=slave, stderr=slave, cwd=str(self.home),
