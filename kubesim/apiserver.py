@@ -171,8 +171,8 @@ class ApiServer:
 
     # ---- update and patch --------------------------------------------------------------------------------
     def update(self, rt: ResourceType, namespace: str, name: str, body: Any, *, subresource: str | None = None,
-               internal: bool = False, dry_run: bool = False,
-               field_validation: str | None = None) -> tuple[dict[str, Any], list[str]]:
+               internal: bool = False, dry_run: bool = False, field_validation: str | None = None,
+               patched: bool = False) -> tuple[dict[str, Any], list[str]]:
         if not isinstance(body, dict):
             raise ApiError(400, "the body of the request was in an unknown format")
         old = self.require(rt, namespace, name)
@@ -183,6 +183,11 @@ class ApiServer:
             raise ApiError(400, f"the name of the object ({meta['name']}) does not match the name on the URL "
                                 f"({name})")
         wanted_rv = meta.get("resourceVersion")
+        if not wanted_rv and rt.group == "kubevirt.io" and not internal and not patched:
+            # Custom resources do not allow unconditional updates (AllowUnconditionalUpdate is false for CRDs).
+            raise invalid(rt.kind, rt.group, name, [{
+                "reason": "FieldValueInvalid", "field": "metadata.resourceVersion",
+                "message": "Invalid value: 0x0: must be specified for an update"}])
         if wanted_rv and wanted_rv != old["metadata"]["resourceVersion"]:
             raise conflict(rt.group_resource, name, kind_plural=rt.plural)
         if not internal and ("update" not in rt.verbs):
@@ -255,7 +260,7 @@ class ApiServer:
         if not isinstance(new, dict):
             raise ApiError(422, "patched object is not a JSON object")
         return self.update(rt, namespace, name, new, subresource=subresource, internal=internal,
-                           dry_run=dry_run, field_validation=field_validation)
+                           dry_run=dry_run, field_validation=field_validation, patched=True)
 
     def mutate(self, rt: ResourceType, namespace: str, name: str,
                change: Callable[[dict[str, Any]], Any]) -> dict[str, Any] | None:

@@ -353,12 +353,13 @@ class Cluster:
         else:
             done = True
         if done:
-            self.api.mutate(VM, namespace, name, lambda o: o["status"].__setitem__(
-                "stateChangeRequests", o["status"]["stateChangeRequests"][1:]) if o.get("status", {}).get(
-                "stateChangeRequests") else None)
-            current = self.store.get("virtualmachines", namespace, name)
-            if current is not None and not (current.get("status") or {}).get("stateChangeRequests"):
-                self.api.mutate(VM, namespace, name, lambda o: o["status"].pop("stateChangeRequests", None))
+            def pop_request(o: dict[str, Any]) -> None:
+                remaining = (o.get("status") or {}).get("stateChangeRequests", [])[1:]
+                if remaining:
+                    o["status"]["stateChangeRequests"] = remaining
+                else:
+                    o.get("status", {}).pop("stateChangeRequests", None)
+            self.api.mutate(VM, namespace, name, pop_request)
         return vmi
 
     def _apply_run_strategy(self, vm: dict[str, Any], vmi: dict[str, Any] | None,

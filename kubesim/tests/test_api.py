@@ -203,6 +203,10 @@ def test_merge_patch_json_patch_and_status_subresource(sim, custom, namespace):
     with pytest.raises(ApiException) as conflict:
         custom.replace_namespaced_custom_object(GROUP, VERSION, namespace, VMS, "p", stale)
     assert conflict.value.status == 409
+    unconditional = dict(current, metadata={k: v for k, v in current["metadata"].items() if k != "resourceVersion"})
+    with pytest.raises(ApiException) as missing_rv:
+        custom.replace_namespaced_custom_object(GROUP, VERSION, namespace, VMS, "p", unconditional)
+    assert missing_rv.value.status == 422 and "must be specified for an update" in missing_rv.value.body
 
 
 def test_deleting_a_vm_removes_its_vmi_pod_and_guest(sim, custom, core, namespace):
