@@ -224,7 +224,9 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+# Socket timeouts: a broker that accepts connections but never answers would otherwise hang the request that
+# queues a task (a student's Start) for good. They stay above the worker's 1 s BRPOP.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "socket_timeout": 5, "socket_connect_timeout": 5}
 if not REDIS_URL:
     # The in-memory transport polls its queues; its default of 1 s would add up to a second to every start.
     CELERY_BROKER_TRANSPORT_OPTIONS["polling_interval"] = 0.05
