@@ -9,6 +9,7 @@ when capacity is full (as JupyterHub answers 429 with a suggested wait).
 
 from __future__ import annotations
 
+import logging
 import secrets
 from datetime import timedelta
 
@@ -27,6 +28,8 @@ from portal.errors import Conflict, NotFound, PermissionDenied, Unavailable
 from portal.models import Role, Tenant, User
 from portal.selectors import course_role
 from portal.services import audit_record
+
+logger = logging.getLogger(__name__)
 
 # Suggested wait when capacity is full, in seconds (JupyterHub's spawn_throttle_retry_range).
 RETRY_AFTER_RANGE = (30, 60)
@@ -139,13 +142,38 @@ def attempt_start(*, actor: User, lab: Lab) -> Attempt:
                      data={"lab": lab.id, "number": number, "size": lab.size})
         attempt_push_on_commit(attempt=attempt)
         _enqueue_provision(attempt.id)
+    if not transaction.get_connection().in_atomic_block:
+        # Committed, and the provisioning was handed to the broker (or not) on that commit.
+        attempt.refresh_from_db(fields=["state", "failure_reason", "ended_at", "updated_at"])
+        if attempt.state == AttemptState.FAILED:
+            raise Unavailable(attempt.failure_reason, code="queue_unavailable", retry_after=retry_after_seconds())
     return attempt
 
 
 def _enqueue_provision(attempt_id: int) -> None:
     from labs.tasks import provision_attempt
 
-    on_commit_logged(lambda: provision_attempt.delay(attempt_id), what=f"queueing provisioning of {attempt_id}")
+    def send() -> None:
+        try:
+            provision_attempt.delay(attempt_id)
+        except Exception:
+            logger.exception("could not queue the provisioning of attempt %s", attempt_id)
+            _fail_unqueued(attempt_id)
+
+    transaction.on_commit(send)
+
+
+def _fail_unqueued(attempt_id: int) -> None:
+    """The task queue refused the provisioning: end the attempt now, in words, rather than leave it requested with
+    nobody to serve it. It holds no VM yet, and a failed attempt does not count against the attempt limit."""
+    now = timezone.now()
+    reason = _("Your lab could not be queued for starting: the portal's task queue is not answering. Try again in a "
+               "minute; this attempt does not count against your limit.")
+    with transaction.atomic():
+        if Attempt.objects.filter(id=attempt_id, state=AttemptState.REQUESTED).update(
+            state=AttemptState.FAILED, failure_reason=reason, ended_at=now, updated_at=now
+        ):
+            attempt_push_on_commit(attempt=Attempt.objects.get(id=attempt_id))
 
 
 def enqueue_teardown(attempt_id: int) -> None:
