@@ -101,15 +101,36 @@ def namespace_sweep_now(*, namespace: str) -> SweepReport:
 
 
 def requeue_requested(*, report: SweepReport, now: datetime) -> None:
-    """Attempts still ``requested`` long after they were made: their provisioning task never arrived."""
+    """Attempts still ``requested`` long after they were made: their provisioning task never arrived. It is queued
+    again; one still unserved after the start timeout fails, so that no attempt waits in ``requested`` forever."""
     from labs.tasks import provision_attempt
 
+    timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
+    given_up = now - timedelta(seconds=timeout)
+    for attempt_id in Attempt.objects.filter(state=AttemptState.REQUESTED, requested_at__lt=given_up).values_list(
+        "id", flat=True
+    ):
+        reason = _("The lab did not start: the portal's task queue did not pick it up within %(minutes)d minutes. "
+                   "Start it again; this attempt does not count against your limit.") % {
+            "minutes": max(1, timeout // 60)}
+        if attempt_fail(attempt_id=attempt_id, reason=reason, from_states=(AttemptState.REQUESTED,)):
+            report.timed_out.append(attempt_id)
     cutoff = now - timedelta(seconds=provision_redelivery_seconds())
     for attempt_id in Attempt.objects.filter(state=AttemptState.REQUESTED, requested_at__lt=cutoff).values_list(
         "id", flat=True
     ):
-        provision_attempt.delay(attempt_id)
-        report.requeued.append(attempt_id)
+        _queue_again(provision_attempt, attempt_id, report=report)
+
+
+def _queue_again(task: Any, attempt_id: int, *, report: SweepReport) -> None:
+    """Send ``task`` for the attempt once more; a broker that refuses is reported, and the next sweep tries again."""
+    try:
+        task.delay(attempt_id)
+    except Exception as exc:
+        report.errors.append(f"could not queue {task.name} for attempt {attempt_id}: {exc}")
+        logger.warning("sweep: could not queue %s for attempt %s", task.name, attempt_id, exc_info=True)
+        return
+    report.requeued.append(attempt_id)
 
 
 def _ours(vm: dict[str, Any]) -> int | None:
@@ -177,9 +198,14 @@ def _sweep_attempt(*, attempt: Attempt, vm: dict[str, Any] | None, listed_at: da
 
     provision_cutoff = now - timedelta(seconds=provision_redelivery_seconds())
     if attempt.state == AttemptState.PROVISIONING:
-        if attempt.updated_at < provision_cutoff:
-            provision_attempt.delay(attempt.id)  # a worker died mid-provision; the task picks up where it was
-            report.requeued.append(attempt.id)
+        timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
+        if attempt.requested_at < now - timedelta(seconds=timeout):
+            # Queued again sweep after sweep and still not through: say so instead of retrying for ever.
+            reason = _("The VM did not start within %(minutes)d minutes.") % {"minutes": max(1, timeout // 60)}
+            if attempt_fail(attempt_id=attempt.id, reason=reason, from_states=(AttemptState.PROVISIONING,)):
+                report.timed_out.append(attempt.id)
+        elif attempt.updated_at < provision_cutoff:
+            _queue_again(provision_attempt, attempt.id, report=report)  # a worker died mid-provision
         return
     if attempt.state in (AttemptState.STARTING, AttemptState.RUNNING):
         made_before_list = attempt.provisioned_at is not None and attempt.provisioned_at < listed_at
@@ -211,8 +237,7 @@ def _sweep_attempt(*, attempt: Attempt, vm: dict[str, Any] | None, listed_at: da
         teardown_cutoff = now - timedelta(seconds=teardown_redelivery_seconds())
         since = attempt.vm_deleted_at or attempt.stopping_at
         if since is not None and since < teardown_cutoff and not (vm.get("metadata") or {}).get("deletionTimestamp"):
-            teardown_attempt.delay(attempt.id)
-            report.requeued.append(attempt.id)
+            _queue_again(teardown_attempt, attempt.id, report=report)
 
 
 def start_failure_detail(*, attempt: Attempt, vm: dict[str, Any] | None) -> str:
