@@ -31,6 +31,7 @@ RUN_ERROR_MESSAGES = {
     "replaced_by_final_run": gettext_lazy("Replaced by the final check when the attempt ended."),
     "time_limit": gettext_lazy("The checks did not finish in time."),
     "internal_error": gettext_lazy("The portal failed while checking. Check again, or ask your instructor."),
+    "queue_unavailable": gettext_lazy("The check could not be queued. Try again in a minute."),
 }
 DEFAULT_FAILURE_FEEDBACK = gettext_lazy("This check did not pass.")
 

@@ -25,7 +25,7 @@ from grading.evaluation import evaluate_check, late_penalty_percent
 from grading.models import CheckResult, GradingRun, RunState, RunTrigger
 from grading.services.push import push_run_on_commit
 from labs.models import Attempt, AttemptState, Check
-from portal.errors import ApplicationError, Conflict, NotFound
+from portal.errors import ApplicationError, Conflict, NotFound, Unavailable
 from portal.models import STAFF_ROLES, User
 from portal.selectors import course_role
 from portal.services import audit_record
@@ -46,6 +46,7 @@ ERROR_STALE = "interrupted"
 ERROR_REPLACED = "replaced_by_final_run"
 ERROR_INTERNAL = "internal_error"
 ERROR_TIME_LIMIT = "time_limit"
+ERROR_QUEUE_UNAVAILABLE = "queue_unavailable"
 
 
 def lab_checks(*, attempt: Attempt) -> list[Check]:
@@ -56,15 +57,28 @@ def lab_checks(*, attempt: Attempt) -> list[Check]:
 # Check button
 
 
-@transaction.atomic
 def grading_run_request(*, actor: User, attempt: Attempt) -> GradingRun:
     """Queue a grading run for a running attempt (the student's Check button, or staff doing the same).
 
     Refuses with an ``ApplicationError``: not the student's own attempt nor course staff (404); attempt not
     running (409); a run already queued or running (409); less than ``GRADING_MIN_INTERVAL_SECONDS`` since the
-    attempt's previous run (429 with ``retry_after``); a lab without checks (400). The Celery task is sent when
-    the transaction commits.
+    attempt's previous run (429 with ``retry_after``); a lab without checks (400); the task queue not answering
+    (503, the run recorded in ``error``). The Celery task is sent when the transaction commits.
     """
+    run = _grading_run_queue(actor=actor, attempt=attempt)
+    if not transaction.get_connection().in_atomic_block:
+        # Committed, and the task handed to the broker (or not) on that commit.
+        run.refresh_from_db()
+        if run.state == RunState.ERROR and run.error_code == ERROR_QUEUE_UNAVAILABLE:
+            raise Unavailable(
+                _("Your check could not be queued: the portal's task queue is not answering. Try again in a "
+                  "minute."), code=ERROR_QUEUE_UNAVAILABLE, retry_after=30,
+            )
+    return run
+
+
+@transaction.atomic
+def _grading_run_queue(*, actor: User, attempt: Attempt) -> GradingRun:
     # Locking the attempt row serialises concurrent presses: the interval rule then holds exactly.
     attempt = Attempt.objects.select_for_update().select_related("lab__course").get(pk=attempt.pk)
     course = attempt.lab.course
@@ -85,7 +99,9 @@ def grading_run_request(*, actor: User, attempt: Attempt) -> GradingRun:
             _("A check of this attempt is already in progress."), code="run_in_progress",
             extra={"run_id": unfinished.pk},
         )
-    previous = GradingRun.objects.filter(attempt=attempt).order_by("-created_at", "-id").first()
+    # A run the queue refused never reached the guest: it does not hold the next press back.
+    previous = (GradingRun.objects.filter(attempt=attempt).exclude(error_code=ERROR_QUEUE_UNAVAILABLE)
+                .order_by("-created_at", "-id").first())
     if previous is not None:
         wait = settings.GRADING_MIN_INTERVAL_SECONDS - (timezone.now() - previous.created_at).total_seconds()
         if wait > 0:
@@ -126,11 +142,17 @@ def enqueue_run_on_commit(*, run: GradingRun, checks: Sequence[Check]) -> None:
     deadline = agent_client.deadline_for_checks(checks)
     soft_limit = max(int(deadline) + 30, settings.CELERY_TASK_SOFT_TIME_LIMIT)
     run_id = run.pk
-    transaction.on_commit(
-        lambda: grading_run_execute.apply_async(
-            args=[run_id], soft_time_limit=soft_limit, time_limit=soft_limit + 30
-        )
-    )
+
+    def send() -> None:
+        try:
+            grading_run_execute.apply_async(args=[run_id], soft_time_limit=soft_limit, time_limit=soft_limit + 30)
+        except Exception as exc:
+            # Left queued, the run would block the attempt's checks until the stale-run sweep; end it now instead.
+            logger.exception("grading run %s could not be queued", run_id)
+            grading_run_fail(run=GradingRun(pk=run_id), error_code=ERROR_QUEUE_UNAVAILABLE,
+                             error=f"the task queue refused the run: {type(exc).__name__}: {exc}")
+
+    transaction.on_commit(send)
 
 
 # ---------------------------------------------------------------------------------------------------------------
