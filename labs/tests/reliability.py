@@ -51,6 +51,21 @@ def wait_until(predicate: Callable[[], Any], *, timeout: float, interval: float 
         time.sleep(interval)
 
 
+def drive_to(attempt: Attempt, wanted: str, *, timeout: float = 30.0) -> Attempt:
+    """Do in this process what the beat's sync and the agent checks do, until the attempt is ``wanted``."""
+    from labs.services import tracking
+
+    def step() -> bool:
+        tracking.namespace_sync(namespace=attempt.namespace)
+        tracking.agents_check(namespace=attempt.namespace)
+        attempt.refresh_from_db()
+        return attempt.state == wanted
+
+    wait_until(step, timeout=timeout, what=f"attempt {attempt.id} to be {wanted}",
+               describe=lambda: f"{attempt.state}: {attempt.failure_reason or attempt.status_message}")
+    return attempt
+
+
 # ---- the cluster ------------------------------------------------------------------------------------------------
 
 

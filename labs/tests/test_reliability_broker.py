@@ -20,10 +20,11 @@ from grading.models import GradingRun, RunState
 from grading.services import grading_run_request
 from labs import tasks
 from labs.models import Attempt, AttemptState
-from labs.services import attempt_start, attempt_stop, sweeping, tracking
+from labs.services import attempt_start, attempt_stop, sweeping
 from labs.tests.reliability import (
     Clock,
     delete_every_vm,
+    drive_to,
     flush_redis,
     make_course,
     make_lab,
@@ -33,7 +34,6 @@ from labs.tests.reliability import (
     queued_messages,
     start_kubesim,
     vm_names,
-    wait_until,
 )
 
 pytestmark = [pytest.mark.reliability, pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -131,17 +131,6 @@ def logged_in(user) -> Client:
     return client
 
 
-def run_to(attempt: Attempt, wanted: str) -> None:
-    def step() -> bool:
-        tracking.namespace_sync(namespace=attempt.namespace)
-        tracking.agents_check(namespace=attempt.namespace)
-        attempt.refresh_from_db()
-        return attempt.state == wanted
-
-    wait_until(step, timeout=30, what=f"attempt {attempt.id} to be {wanted}",
-               describe=lambda: f"{attempt.state}: {attempt.failure_reason or attempt.status_message}")
-
-
 def test_start_with_the_broker_refusing_is_a_clear_error_and_a_later_start_succeeds(lab):
     (student,) = make_students(lab.course, 1)
     browser = logged_in(student)
@@ -166,7 +155,7 @@ def test_start_with_the_broker_refusing_is_a_clear_error_and_a_later_start_succe
     again = Attempt.objects.get(pk=response.json()["id"])
     assert ("labs.tasks.provision_attempt", f"({again.id},)") in queued_tasks()
     assert tasks.provision_attempt(again.id) == "created"  # what the worker does with that message
-    run_to(again, AttemptState.RUNNING)
+    drive_to(again, AttemptState.RUNNING)
 
 
 def test_start_with_a_hung_broker_answers_within_seconds(lab):
@@ -184,7 +173,7 @@ def test_check_with_the_broker_down_is_a_clear_error_and_does_not_block_the_next
     (student,) = make_students(lab.course, 1)
     attempt = attempt_start(actor=student, lab=lab)
     tasks.provision_attempt(attempt.id)
-    run_to(attempt, AttemptState.RUNNING)
+    drive_to(attempt, AttemptState.RUNNING)
     browser = logged_in(student)
     check_url = f"/api/v1/attempts/{attempt.id}/check/"
 
@@ -232,7 +221,7 @@ def test_a_rolled_back_transaction_enqueues_nothing(lab):
     (student, other) = make_students(lab.course, 2)
     running = attempt_start(actor=other, lab=lab)
     tasks.provision_attempt(running.id)
-    run_to(running, AttemptState.RUNNING)
+    drive_to(running, AttemptState.RUNNING)
     flush_redis()
 
     class Abandoned(Exception):

@@ -15,9 +15,10 @@ from grading.models import CheckResult, Grade, GradingRun, RunState
 from grading.services import grading_run_request
 from labs import tasks
 from labs.models import Attempt, AttemptState
-from labs.services import attempt_start, attempt_stop, tracking
+from labs.services import attempt_start, attempt_stop
 from labs.tests.reliability import (
     delete_every_vm,
+    drive_to,
     flush_redis,
     make_course,
     make_lab,
@@ -73,19 +74,6 @@ def at_once(*calls: Callable[[], object]) -> list[object]:
     return results
 
 
-def run_to(attempt: Attempt, wanted: str) -> None:
-    """What the beat and the agent checks do, in this process, until the attempt is ``wanted``."""
-
-    def step() -> bool:
-        tracking.namespace_sync(namespace=attempt.namespace)
-        tracking.agents_check(namespace=attempt.namespace)
-        attempt.refresh_from_db()
-        return attempt.state == wanted
-
-    wait_until(step, timeout=30, interval=0.1, what=f"attempt {attempt.id} to be {wanted}",
-               describe=lambda: f"{attempt.state}: {attempt.failure_reason or attempt.status_message}")
-
-
 @pytest.fixture
 def lab():
     return make_lab(make_course(make_tenant("Duplicates University")))
@@ -105,7 +93,7 @@ def test_start_delivered_twice_at_once_and_again_later_makes_one_vm(cluster, lab
     assert sorted(map(str, outcomes)) in (["abandoned", "created"], ["created", "created"], ["created", "skipped"]), \
         outcomes
     first_uid = vms_by_name(attempt.namespace)[attempt.vm_name]["metadata"]["uid"]
-    run_to(attempt, AttemptState.RUNNING)
+    drive_to(attempt, AttemptState.RUNNING)
     # Redelivered after it succeeded (a visibility timeout passing): nothing happens.
     assert tasks.provision_attempt(attempt.id) == "skipped"
     assert vm_names(attempt.namespace) == [attempt.vm_name]
@@ -122,7 +110,7 @@ def test_stop_delivered_twice_grades_once_and_deletes_once(cluster, lab):
     (student,) = make_students(lab.course, 1)
     attempt = attempt_start(actor=student, lab=lab)
     tasks.provision_attempt(attempt.id)
-    run_to(attempt, AttemptState.RUNNING)
+    drive_to(attempt, AttemptState.RUNNING)
 
     pressed = at_once(lambda: attempt_stop(actor=student, attempt=attempt),
                       lambda: attempt_stop(actor=student, attempt=attempt))
@@ -132,7 +120,7 @@ def test_stop_delivered_twice_grades_once_and_deletes_once(cluster, lab):
     # finds the VM deleted already).
     assert sorted(map(str, outcomes)) in (["deleted", "grading_elsewhere"], ["deleted", "ended"]), outcomes
     assert tasks.teardown_attempt(attempt.id) in ("ended", "skipped")
-    run_to(attempt, AttemptState.STOPPED)
+    drive_to(attempt, AttemptState.STOPPED)
     assert GradingRun.objects.filter(attempt=attempt).count() == 1
     final = GradingRun.objects.get(attempt=attempt)
     assert final.trigger == "stop" and final.state == RunState.DONE
@@ -147,7 +135,7 @@ def test_check_delivered_twice_runs_the_checks_once(cluster, lab):
     (student,) = make_students(lab.course, 1)
     attempt = attempt_start(actor=student, lab=lab)
     tasks.provision_attempt(attempt.id)
-    run_to(attempt, AttemptState.RUNNING)
+    drive_to(attempt, AttemptState.RUNNING)
 
     run = grading_run_request(actor=student, attempt=attempt)
     outcomes = at_once(lambda: grading_tasks.grading_run_execute(run.id),
