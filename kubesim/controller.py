@@ -746,6 +746,18 @@ class Cluster:
         return [v["containerDisk"].get("image", "") for v in (vmi.get("spec") or {}).get("volumes") or ()
                 if v.get("containerDisk")]
 
+    def _missing_secrets(self, vmi: dict[str, Any]) -> list[tuple[str, str]]:
+        """(volume, secret) pairs of cloud-init volumes whose Secret does not exist (yet)."""
+        missing = []
+        for volume in (vmi.get("spec") or {}).get("volumes") or ():
+            for source_key in ("cloudInitNoCloud", "cloudInitConfigDrive"):
+                source = volume.get(source_key) or {}
+                for ref_key in ("secretRef", "networkDataSecretRef"):
+                    secret = (source.get(ref_key) or {}).get("name")
+                    if secret and self.store.get("secrets", vmi["metadata"]["namespace"], secret) is None:
+                        missing.append((volume.get("name", ""), secret))
+        return missing
+
     def _start_launcher(self, vmi: dict[str, Any], runtime: VmiRuntime) -> None:
         """kubelet: pull images and start the virt-launcher containers, or fail the way a real node fails."""
         namespace, name = runtime.namespace, runtime.name
@@ -783,6 +795,13 @@ class Cluster:
                 self.api.mutate(VMI, namespace, name, vmi_waiting)
                 self.record(vmi, "Warning", "ErrImagePull", f'Failed to pull image "{image}"',
                             "virtualmachineinstance-controller")
+            return
+        missing = self._missing_secrets(vmi)
+        if missing:
+            # kubelet cannot mount the cloud-init Secret: the pod waits (ContainerCreating) and retries.
+            self.record(pod, "Warning", "FailedMount", f'MountVolume.SetUp failed for volume "{missing[0][0]}" : '
+                                                       f'secret "{missing[0][1]}" not found', "kubelet", node)
+            self.enqueue_later(1.0, "vmi", namespace, name)
             return
         if not runtime.pulled:
             runtime.pulled = True

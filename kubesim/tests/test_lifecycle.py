@@ -123,3 +123,15 @@ def test_removing_a_node_fails_its_vmis(tmp_path):
             else:
                 assert vmi["status"]["phase"] == "Running"
         api.close()
+
+
+def test_a_missing_cloud_init_secret_holds_the_vmi_until_it_exists(custom, core, namespace):
+    from kubesim.tests.support import agent_user_data, secret_manifest
+
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", vm_manifest(
+        "early", namespace=namespace, cloud_init_secret="early-ci"))
+    wait_for(lambda: any(e.reason == "FailedMount" for e in core.list_namespaced_event(namespace).items),
+             what="FailedMount event")
+    assert _get(custom, namespace, "virtualmachineinstances", "early")["status"]["phase"] == "Scheduling"
+    core.create_namespaced_secret(namespace, secret_manifest("early-ci", agent_user_data(token="y" * 20)))
+    wait_for(lambda: _printable(custom, namespace, "early") == "Running", timeout=10, what="Running once it exists")
