@@ -128,6 +128,12 @@ def test_actions_refuse_a_body_that_tries_to_set_fields(world, client_for, stude
     assert Attempt.objects.get(id=world.attempt_a.id).state == AttemptState.RUNNING
 
 
+def test_actions_refuse_a_body_that_is_not_an_object(world, client_for, student_a):
+    response = client_for(student_a).post(f"/api/v1/attempts/{world.attempt_a.id}/stop/", [1], format="json")
+    assert response.status_code == 400
+    assert Attempt.objects.get(id=world.attempt_a.id).state == AttemptState.RUNNING
+
+
 def test_check_queues_a_run_then_refuses_with_the_reason(world, client_for, student_a, settings):
     settings.GRADING_MIN_INTERVAL_SECONDS = 0
     GradingRun.objects.filter(attempt=world.attempt_a).delete()

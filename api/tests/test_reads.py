@@ -178,3 +178,29 @@ def test_superusers_see_every_course_as_instructors(world, client_for, superuser
     assert {course["id"]: course["role"] for course in courses} == {
         world.course_a.id: "instructor", world.course_b.id: "instructor",
     }
+
+
+@pytest.mark.parametrize("url", ["/api/v1/attempts/", "/api/v1/grading-runs/", "/api/v1/grades/", "/api/v1/labs/",
+                                 "/api/v1/courses/"])
+def test_lists_cost_the_same_queries_for_one_row_or_many(world, client_for, ta_a, student_a, url):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from conftest import make_lab, make_person
+    from grading.tests.builders import ALL_PASS, make_attempt, record_run
+    from labs.models import AttemptState
+    from portal.models import Membership, Role
+
+    client = client_for(ta_a)
+    with CaptureQueriesContext(connection) as few:
+        assert client.get(url).status_code == 200
+    for number in range(4):
+        lab = make_lab(world.course_a, title=f"Extra lab {number}")
+        student = make_person(username=f"extra_{number}", tenant=world.course_a.tenant, course=world.course_a,
+                              role=Role.STUDENT)
+        record_run(attempt=make_attempt(lab=lab, student=student, state=AttemptState.RUNNING), outputs=ALL_PASS)
+    assert Membership.objects.filter(course=world.course_a).count() > 4
+    with CaptureQueriesContext(connection) as many:
+        response = client.get(url)
+    assert response.status_code == 200
+    assert len(many) == len(few), [query["sql"] for query in many]

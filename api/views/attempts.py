@@ -48,7 +48,7 @@ def attempt_data(attempt, *, user: User) -> dict:
 
 def refuse_body(request: Request) -> None:
     """Actions that take no input refuse every key, so ``{"state": "running"}`` is a 400, not ignored."""
-    EmptyInputSerializer(data=request.data if isinstance(request.data, dict) else {}).is_valid(raise_exception=True)
+    EmptyInputSerializer(data=request.data).is_valid(raise_exception=True)
 
 
 class AttemptListView(ListAPIView):
@@ -58,7 +58,7 @@ class AttemptListView(ListAPIView):
     pagination_class = PortalPagination
 
     def get_queryset(self):
-        attempts = attempts_for_user(user=self.request.user)
+        attempts = attempts_for_user(user=self.request.user).select_related("lab", "student")
         for name, field in (("lab", "lab_id"), ("course", "lab__course_id"), ("student", "student_id")):
             value = int_param(self.request, name)
             if value is not None:
