@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from kubesim.controller import KUBEVIRT, NODE
+from kubesim.controllers.objects import KUBEVIRT, NODE
 from kubesim.errors import ApiError
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from aiohttp import web
 from kubesim import __version__, admission, openapi
 from kubesim.apiserver import ApiServer
 from kubesim.config import SimConfig
-from kubesim.controller import Cluster
+from kubesim.controllers import Cluster
 from kubesim.errors import ApiError
 from kubesim.faults import Faults, RequestCounters
 from kubesim.guest import GuestManager

@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType, web
 
-from kubesim.controller import VM, VMI, _condition, _drop_condition, _get_condition, _set_condition, run_strategy
+from kubesim.controllers.objects import (
+    VM,
+    VMI,
+    drop_condition,
+    get_condition,
+    new_condition,
+    run_strategy,
+    set_condition,
+)
 from kubesim.errors import ApiError
 from kubesim.guest import ConsoleClient
 from kubesim.resources import SUBRESOURCE_VERSIONS, resource_list
@@ -177,7 +185,7 @@ def _pause(sim: KubeSim, namespace: str, name: str, *, paused: bool) -> web.Resp
         raise _vmi_not_found(name)
     if (vmi.get("status") or {}).get("phase") != "Running":
         raise ApiError(409, "VMI is not running")
-    is_paused = _get_condition(vmi, "Paused") is not None
+    is_paused = get_condition(vmi, "Paused") is not None
     if paused and is_paused:
         raise ApiError(409, "VMI is already paused")
     if not paused and not is_paused:
@@ -185,9 +193,9 @@ def _pause(sim: KubeSim, namespace: str, name: str, *, paused: bool) -> web.Resp
 
     def write(o: dict[str, Any]) -> None:
         if paused:
-            _set_condition(o, _condition("Paused", "True", "PausedByUser", "VMI was paused by user"))
+            set_condition(o, new_condition("Paused", "True", "PausedByUser", "VMI was paused by user"))
         else:
-            _drop_condition(o, "Paused")
+            drop_condition(o, "Paused")
     sim.api.mutate(VMI, namespace, name, write)
     return web.Response(status=202)
 
@@ -201,7 +209,7 @@ def _guest_agent_read(sim: KubeSim, namespace: str, name: str, what: str) -> web
     status = vmi.get("status") or {}
     if status.get("phase") != "Running":
         return web.Response(status=500, text="VMI is not running")
-    if _get_condition(vmi, "AgentConnected") is None:
+    if get_condition(vmi, "AgentConnected") is None:
         return web.Response(status=500, text="VMI does not have guest agent connected")
     hostname = status.get("guestHostname") or (vmi.get("spec") or {}).get("hostname") or name
     login = time.time() - 60
@@ -313,7 +321,7 @@ async def _portforward(sim: KubeSim, request: web.Request, namespace: str, name:
     if protocol not in ("tcp", "udp"):
         raise ApiError(400, f"unsupported protocol {protocol!r}")
     vmi = _running_vmi(sim, namespace, name)
-    if _get_condition(vmi, "Paused") is not None:
+    if get_condition(vmi, "Paused") is not None:
         raise ApiError(409, "VMI is paused")
     interfaces = (vmi.get("status") or {}).get("interfaces") or []
     if not interfaces:

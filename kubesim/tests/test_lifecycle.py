@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kubernetes.client.rest import ApiException
 
-from kubesim.controller import CONTAINER_DISK_ERROR
+from kubesim.controllers import CONTAINER_DISK_ERROR
 from kubesim.tests.support import GROUP, VERSION, condition, vm_manifest, wait_for
 
 
