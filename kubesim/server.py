@@ -114,6 +114,17 @@ def _wants_table(request: web.Request) -> bool:
     return "as=Table" in request.headers.get("Accept", "")
 
 
+def _int_param(query: Any, name: str) -> int:
+    """An integer query parameter (0 when absent); anything else is a 400, not a traceback."""
+    value = query.get(name)
+    if value in (None, ""):
+        return 0
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ApiError(400, f"invalid value for {name}: {value!r} is not an integer") from exc
+
+
 def _bool(value: str | None) -> bool:
     return value in ("true", "1", "True")
 
@@ -285,7 +296,7 @@ class KubeSim:
                                             dry_run=dry_run, field_validation=field_validation)
             return json_response(obj, headers=_warning_headers(warnings))
         if request.method == "PATCH" and route.name:
-            body = await self._body(request, patch=True)
+            body = await self._body(request)
             obj, warnings = self.api.patch(rt, namespace, route.name, request.headers.get("Content-Type", ""),
                                            body, subresource=route.subresource or None, dry_run=dry_run,
                                            field_validation=field_validation)
@@ -312,7 +323,7 @@ class KubeSim:
         return json_response(document)
 
     @staticmethod
-    async def _body(request: web.Request, *, patch: bool = False) -> Any:
+    async def _body(request: web.Request) -> Any:
         raw = await request.read()
         if not raw:
             raise ApiError(400, "the request body is empty")
@@ -337,7 +348,7 @@ class KubeSim:
                 raise ApiError(400, "DeleteOptions must be a JSON object")
         query = request.query
         if "gracePeriodSeconds" in query:
-            options["gracePeriodSeconds"] = int(query["gracePeriodSeconds"])
+            options["gracePeriodSeconds"] = _int_param(query, "gracePeriodSeconds")
         if "propagationPolicy" in query:
             options["propagationPolicy"] = query["propagationPolicy"]
         if query.get("orphanDependents") in ("true", "false"):
@@ -386,7 +397,7 @@ class KubeSim:
                 raise ApiError(400, "continue key is not valid") from exc
             entries = [e for e in entries
                        if (e.obj["metadata"].get("namespace", ""), e.obj["metadata"]["name"]) > start]
-        limit = int(request.query.get("limit") or 0)
+        limit = _int_param(request.query, "limit")
         if limit > 0 and len(entries) > limit:
             entries = entries[:limit]
             last = entries[-1].obj["metadata"]
@@ -440,7 +451,7 @@ class KubeSim:
         bookmarks = _bool(query.get("allowWatchBookmarks"))
         table = _wants_table(request)
         include_object = query.get("includeObject", "Metadata")
-        timeout = float(query.get("timeoutSeconds") or self.config.watch_timeout)
+        timeout = float(_int_param(query, "timeoutSeconds") or self.config.watch_timeout)
         watcher = Watcher(rt.key, namespace, labels, fields)
         initial = []
         expired = None

@@ -392,3 +392,15 @@ def test_many_concurrent_watchers_all_see_the_event(api, custom, namespace):
     for thread in threads:
         thread.join(timeout=5)
     assert received == ["fan"] * 8
+
+
+def test_bad_query_parameters_and_bodies_are_400(sim, namespace):
+    http = urllib3.PoolManager()
+    base = f"{sim.url}/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachines"
+    cases = ((base + "?limit=lots", "GET", None), (base + "?labelSelector=a%20in%20b%20c", "GET", None),
+             (base, "POST", b"{not json"), (base + "/x?gracePeriodSeconds=soon", "DELETE", None))
+    for url, method, body in cases:
+        response = http.request(method, url, body=body, headers={**sim.auth_header(),
+                                                                 "Content-Type": "application/json"})
+        assert response.status == 400, (url, response.data)
+        assert json.loads(response.data)["reason"] == "BadRequest"
