@@ -5,6 +5,8 @@
         cluster.admin.inject_fault(code=503, verbs=["list"], resources=["virtualmachineinstances"], count=1)
         cluster.admin.fail_vmi("default", "my-vm", reason="Crashed")
 
+``kubeconfig`` (plain HTTP) is for the Python client; ``tls_kubeconfig`` (HTTPS, self-signed CA embedded; pass
+``tls=False`` to skip it) is for kubectl, which sends bearer tokens only over TLS.
 Keyword options become ``serve`` flags (``node_memory="8Gi"`` → ``--node-memory 8Gi``; ``True`` → a bare flag;
 lists → comma-separated). Unless a delay is given, the server runs with ``--zero-delays``.
 """
@@ -162,7 +164,7 @@ def _flags(options: dict[str, Any]) -> list[str]:
 class KubesimServer:
     """A kubesim subprocess on a free loopback port, with a kubeconfig in ``directory``."""
 
-    def __init__(self, directory: str | Path | None = None, *, token: str | None = None, tls: bool = False,
+    def __init__(self, directory: str | Path | None = None, *, token: str | None = None, tls: bool = True,
                  extra_args: list[str] | tuple[str, ...] = (), startup_timeout: float = 60.0,
                  python: str = sys.executable, **options: Any) -> None:
         self._tempdir = None
