@@ -139,6 +139,16 @@ def server_side_phases(results: list[dict]) -> dict[str, Any]:
     return {name: summary_ms(values) for name, values in spans.items()}
 
 
+def server_side_running(attempt_ids: list[int]) -> dict[str, Any]:
+    """Request to ``running`` as the attempts' own rows record it, whether or not a browser saw it in time: the
+    lifecycle's part, without the events socket."""
+    from labs.models import Attempt
+
+    rows = Attempt.objects.filter(id__in=attempt_ids).values_list("state", "requested_at", "agent_ready_at")
+    durations = [(ready - requested).total_seconds() for _state, requested, ready in rows if ready]
+    return {"attempts": len(attempt_ids), "reached_running": len(durations), **summary_ms(durations)}
+
+
 def measure_portal(*, portal, lab_id: int, students: list) -> dict[str, Any]:
     keys = [session_cookie(student) for student in students]
     singles = []
@@ -157,6 +167,7 @@ def measure_portal(*, portal, lab_id: int, students: list) -> dict[str, Any]:
             "start_request": summary_ms([result["request_seconds"] for result in good]),
             "socket_reconnects": sum(result.get("socket_retries", 0) for result in results),
             "phases": server_side_phases(good),
+            "server_side": server_side_running([result["attempt_id"] for result in results if "attempt_id" in result]),
             "failed": len(errors),
             "errors": sorted(set(errors))[:5],
         }
