@@ -25,6 +25,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from labs.console.access import ConsoleAccess, console_access, console_control_record, console_location
+from labs.console.fanout import OutputFanout
 from labs.console.flow import InputRateLimiter, OutputWindow
 from labs.console.lease import console_lease
 from labs.console.limits import console_limits
@@ -81,6 +82,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
         self.upstream: ConsoleUpstream | None = None
         self.upstream_task: asyncio.Task | None = None
         self.recorder: AsciicastRecorder | None = None
+        self.fanout: OutputFanout | None = None
 
         self.output_group = console_group(self.attempt_id)
         self.input_group = console_input_group(self.attempt_id)
@@ -202,18 +204,28 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_send(self.output_group, {"type": "console.notice", "code": code, **extra})
 
     async def _deliver(self, data: bytes, end: int) -> None:
-        """Send one chunk of output (ending at offset ``end``) unless already sent or the browser is behind."""
+        """Send one chunk of output (ending at offset ``end``) unless already sent or the browser is behind.
+
+        A chunk that starts past what this browser has means output went missing on the way (a full channel
+        dropped a message, or this viewer joined while the holder did not yet know of it): the screen is then
+        redrawn from the scrollback, which always holds what has been published.
+        """
         async with self.deliver_lock:
             if end <= self.delivered_end:
                 return
             start = end - len(data)
+            if self.window.lagging_since is not None:
+                self.window.may_send(len(data))  # counts what is skipped; the catch-up redraw replaces it
+                self.delivered_end = end
+                return
+            if start > self.delivered_end:
+                await self._redraw_locked()
+                return
             if start < self.delivered_end:
                 data = data[self.delivered_end - start:]
             self.delivered_end = end
-            was_lagging = self.window.lagging_since is not None
             if not self.window.may_send(len(data)):
-                if not was_lagging:
-                    await self._send_json({"type": "lagging"})
+                await self._send_json({"type": "lagging"})
                 return
             await self.send(bytes_data=data)
             self.window.record_sent(len(data))
@@ -221,12 +233,15 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
     async def _redraw(self) -> None:
         """A lagging browser caught up: give it a fresh screen from scrollback instead of the skipped bytes."""
         async with self.deliver_lock:
-            snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
-            await self._send_json({"type": "reset"})
-            if snapshot.data:
-                await self.send(bytes_data=snapshot.data)
-                self.window.record_sent(len(snapshot.data))
-            self.delivered_end = snapshot.end
+            await self._redraw_locked()
+
+    async def _redraw_locked(self) -> None:
+        snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
+        await self._send_json({"type": "reset"})
+        if snapshot.data:
+            await self.send(bytes_data=snapshot.data)
+            self.window.record_sent(len(snapshot.data))
+        self.delivered_end = snapshot.end
 
     async def _send_status(self, state: str, detail: str = "") -> None:
         await self._send_json({"type": "status", "state": state, "detail": detail})
@@ -294,6 +309,11 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
                 await asyncio.sleep(1.0)
 
     async def _start_owning(self) -> None:
+        snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
+        self.fanout = OutputFanout(
+            attempt_id=self.attempt_id, scrollback=self.scrollback, channel_layer=self.channel_layer,
+            group=self.output_group, origin=self.channel_name, start_end=snapshot.end,
+        )
         self.recorder = AsciicastRecorder(
             attempt_id=self.attempt_id, max_bytes=self.limits.recording_max_bytes,
             flush_seconds=self.limits.recording_flush_seconds,
@@ -323,6 +343,9 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.fanout is not None:
+            await self.fanout.close()
+            self.fanout = None
         if self.recorder is not None:
             await self.recorder.close()
             self.recorder = None
@@ -335,14 +358,13 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
         return await database_sync_to_async(console_location)(user=self.user, attempt_id=self.attempt_id)
 
     async def _upstream_output(self, data: bytes) -> None:
-        end = await self.scrollback.append(attempt_id=self.attempt_id, data=data)
+        # This viewer's own browser first (the common case: one tab; an echo must not wait for Redis), then the
+        # scrollback and everybody else through the fan-out, in order.
+        end = self.fanout.claim(len(data))
+        await self._deliver(data, end)
         if self.recorder is not None:
             self.recorder.output(data)
-        # This viewer's own browser first (the common case: one tab), then everybody else.
-        await self._deliver(data, end)
-        await self.channel_layer.group_send(
-            self.output_group, {"type": "console.output", "data": data, "end": end, "origin": self.channel_name}
-        )
+        await self.fanout.put(data)
 
     async def _upstream_state(self, state: UpstreamState, detail: str) -> None:
         await self._send_status(state.value, detail)

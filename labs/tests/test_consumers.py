@@ -26,7 +26,7 @@ from portal.asgi import application
 from portal.models import AuditEvent, Role
 from tests.browser.attempts import running_attempt
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
 ORIGIN = (b"origin", b"http://testserver")
 CONSOLE_RESOURCE = "virtualmachineinstances/console"
@@ -239,7 +239,7 @@ async def test_holder_leaving_hands_the_upstream_to_the_other_tab(attempt, clust
     other = await open_console(student_a, attempt.id)
     requests_before = await sync_to_async(console_requests)(cluster)
     await holder.close()
-    await other.read_until(lambda v: v.statuses()[-1:] == ["connected"], within=15)
+    await other.read_until(lambda v: "connecting" in v.statuses() and v.statuses()[-1] == "connected", within=15)
     await other.type(b"echo still-here-$((3*3))\r")
     await other.read_until(lambda v: v.has_output(b"still-here-9"))
     assert await sync_to_async(console_requests)(cluster) == requests_before + 1
@@ -386,3 +386,27 @@ async def test_events_socket_sends_the_current_status_then_pushes(attempt, clust
     await staff.read_until(lambda v: len(v.messages) >= 1)
     assert staff.messages[0]["attempt"]["extensions"] == 1
     await staff.close()
+
+
+# -- embedded mode ----------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def embedded_mode(settings):
+    """No Redis: the in-memory channel layer and the process-local lease and scrollback."""
+    settings.REDIS_URL = None
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+async def test_embedded_mode_shares_one_upstream_and_hands_it_over(embedded_mode, attempt, cluster, student_a):
+    first = await connected_student(student_a, attempt.id)
+    second = await open_console(student_a, attempt.id)
+    await second.type(b"echo embedded-$((30+3))\r")
+    for tab in (first, second):
+        await tab.read_until(lambda v: v.has_output(b"embedded-33"))
+    assert await sync_to_async(open_consoles)(cluster) == 1
+    await first.close()
+    await second.read_until(lambda v: "connecting" in v.statuses() and v.statuses()[-1] == "connected", within=15)
+    await second.type(b"echo handed-over-$((30+4))\r")
+    await second.read_until(lambda v: v.has_output(b"handed-over-34"))
+    await second.close()
+    await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to close")

@@ -10,10 +10,11 @@ import time
 
 from labs.models import Attempt, AttemptState, Lab
 from labs.services import attempt_provision, attempt_start, namespace_sync
+from labs.services.tracking import agents_check
 from portal.models import User
 
 
-def attempt_run_to(*, attempt: Attempt, state: str = AttemptState.RUNNING, timeout: float = 60.0) -> Attempt:
+def attempt_run_to(*, attempt: Attempt, state: str = AttemptState.RUNNING, timeout: float = 120.0) -> Attempt:
     """Sync the attempt's namespace until it reaches ``state`` (or fail with what it reached instead)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -26,10 +27,13 @@ def attempt_run_to(*, attempt: Attempt, state: str = AttemptState.RUNNING, timeo
                 f"not {state}"
             )
         namespace_sync(namespace=attempt.namespace)
+        if attempt.state == AttemptState.STARTING:
+            # The agent's health check is its own task (await_agents) in production; here it is asked directly.
+            agents_check(namespace=attempt.namespace)
         time.sleep(0.1)
 
 
-def running_attempt(*, student: User, lab: Lab, timeout: float = 60.0) -> Attempt:
+def running_attempt(*, student: User, lab: Lab, timeout: float = 120.0) -> Attempt:
     """Start the lab for ``student`` and bring the attempt to running on the cluster the portal points at."""
     attempt = attempt_start(actor=student, lab=lab)
     attempt_provision(attempt_id=attempt.id)

@@ -1,0 +1,269 @@
+"""Console bridge: keystroke echo latency and bulk output throughput, through the bridge vs straight to kubesim.
+
+Two attempts run on one kubesim, each a real bash behind its VMI's serial console. Both are measured in the
+same run, interleaved:
+
+- ``direct``: a WebSocket to the VMI ``console`` subresource (``plain.kubevirt.io``), as ``virtctl console``;
+- ``bridge``: the browser's path, a WebSocket to the live portal's ``/ws/attempts/<id>/console/`` (daphne, the
+  consumer holding the lease, channels_redis, the upstream connection, scrollback and recording).
+
+Echo: one printable key at a time, timed until the shell's echo of it arrives (``--keys`` per side, alternating
+sides). Throughput: ``cat`` of an ``--megabytes`` file, timed until the marker printed after it, alternating sides
+``--rounds`` times; the bridge client acknowledges drawn output like the page does. DESIGN §9: added p50 ≤ 2 ms,
+p99 ≤ 20 ms with one session; bridge throughput ≥ 50 % of direct and ≥ 5 MB/s. ``--sessions N`` adds N idle
+bridge viewers on other attempts (each holding its own upstream) to load the same daphne.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import time
+from typing import Any
+
+import aiohttp
+
+from bench.common import emit, kubesim, live_portal, log, machine, seed_course, session_cookie, setup_django, summary_ms
+
+PROMPT = b"$ "
+ACK_EVERY_BYTES = 64 * 1024
+TARGET = {"added_p50_ms": 2.0, "added_p99_ms": 20.0, "throughput_ratio": 0.5, "bridge_mb_s": 5.0}
+
+
+class ConsoleClient:
+    """One WebSocket to a console, direct or through the bridge; collects output bytes as they arrive."""
+
+    def __init__(self, name: str, socket: aiohttp.ClientWebSocketResponse, *, acknowledges: bool) -> None:
+        self.name = name
+        self.socket = socket
+        self.acknowledges = acknowledges
+        self.buffer = bytearray()
+        self.received = 0
+        self.acked = 0
+        self.changed = asyncio.Event()
+        self.controls: list[dict] = []
+        self.reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for message in self.socket:
+            if message.type == aiohttp.WSMsgType.BINARY:
+                self.buffer += message.data
+                self.received += len(message.data)
+                if len(self.buffer) > 1 << 20:  # keep the tail only: searches look at new output
+                    del self.buffer[: len(self.buffer) - (1 << 16)]
+                if self.acknowledges and self.received - self.acked >= ACK_EVERY_BYTES:
+                    self.acked = self.received
+                    await self.socket.send_str(json.dumps({"type": "ack", "bytes": self.received}))
+                self.changed.set()
+            elif message.type == aiohttp.WSMsgType.TEXT:
+                self.controls.append(json.loads(message.data))
+                self.changed.set()
+            else:
+                break
+
+    def mark(self) -> int:
+        """A position in the output stream; ``wait_for`` looks only at what arrives after it."""
+        return self.received
+
+    async def wait_for(self, needle: bytes, *, after: int, within: float = 30.0) -> None:
+        deadline = time.monotonic() + within
+        while True:
+            fresh = self.received - after
+            window = bytes(self.buffer[-(fresh + len(needle)):]) if fresh > 0 else b""
+            if needle in window:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{self.name}: no {needle!r} within {within} s; tail {bytes(self.buffer[-200:])!r}")
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), left)
+            except TimeoutError:
+                pass
+
+    async def wait_control(self, predicate, *, within: float = 60.0) -> None:
+        deadline = time.monotonic() + within
+        while not any(predicate(c) for c in self.controls):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: control messages so far {self.controls[-5:]}")
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), 1.0)
+            except TimeoutError:
+                pass
+
+    async def send(self, data: bytes) -> None:
+        await self.socket.send_bytes(data)
+
+    async def command(self, line: str, marker: bytes, *, within: float = 60.0) -> None:
+        mark = self.mark()
+        await self.send(line.encode() + b"\r")
+        await self.wait_for(marker, after=mark, within=within)
+
+    async def close(self) -> None:
+        await self.socket.close()
+        self.reader.cancel()
+
+
+async def open_direct(session: aiohttp.ClientSession, attempt) -> ConsoleClient:
+    from labs.kubevirt.client import stream_target, vmi_subresource_path
+
+    target = stream_target(vmi_subresource_path(namespace=attempt.namespace, name=attempt.vm_name,
+                                                subresource="console"))
+    socket = await session.ws_connect(target.url, protocols=("plain.kubevirt.io",), headers=target.headers,
+                                      ssl=target.ssl if target.ssl is not None else True, max_msg_size=0)
+    return ConsoleClient("direct", socket, acknowledges=False)
+
+
+async def open_bridge(session: aiohttp.ClientSession, portal, attempt, cookie: str) -> ConsoleClient:
+    from django.conf import settings
+
+    socket = await session.ws_connect(
+        f"{portal.ws_url}/ws/attempts/{attempt.id}/console/", max_msg_size=0,
+        headers={"Cookie": f"{settings.SESSION_COOKIE_NAME}={cookie}", "Origin": portal.base_url},
+    )
+    client = ConsoleClient("bridge", socket, acknowledges=True)
+    await client.wait_control(lambda c: c.get("type") == "status" and c.get("state") == "connected")
+    return client
+
+
+async def ready(client: ConsoleClient) -> None:
+    """A fresh prompt with nothing typed on it."""
+    await client.send(b"\x15")  # Ctrl+U: clear whatever is on the line
+    await client.command("bind 'set enable-bracketed-paste off'; stty -ixon; PS1='$ '; echo READY-$((3+4))",
+                         b"READY-7\r\n" + PROMPT)
+
+
+async def echo_latency(client: ConsoleClient, index: int) -> float:
+    key = bytes([ord("a") + index % 26])
+    mark = client.mark()
+    started = time.perf_counter()
+    await client.send(key)
+    await client.wait_for(key, after=mark, within=10)
+    elapsed = time.perf_counter() - started
+    if index % 50 == 49:  # keep the line short: readline redraws long lines
+        await client.send(b"\x15")
+        await asyncio.sleep(0.02)
+    return elapsed
+
+
+async def cat_throughput(client: ConsoleClient, round_number: int) -> dict[str, float]:
+    marker = f"END-{round_number}-$((40+2))"
+    expected = f"END-{round_number}-42".encode()
+    mark = client.mark()
+    started = time.perf_counter()
+    await client.send(f"cat ~/console-bench.txt; echo {marker}\r".encode())
+    await client.wait_for(expected, after=mark, within=300)
+    elapsed = time.perf_counter() - started
+    received = client.received - mark
+    return {"bytes": received, "seconds": round(elapsed, 3), "mb_s": round(received / elapsed / 1e6, 2)}
+
+
+def running_attempts(seeded, count: int, within: float = 120.0) -> list:
+    from labs.models import Attempt, AttemptState
+    from labs.services import attempt_start
+
+    attempts = [attempt_start(actor=student, lab=seeded.labs[0]) for student in seeded.students[:count]]
+    deadline = time.monotonic() + within
+    while True:
+        states = {a.id: Attempt.objects.get(pk=a.id) for a in attempts}
+        if all(a.state == AttemptState.RUNNING for a in states.values()):
+            return list(states.values())
+        failed = [a for a in states.values() if a.state == AttemptState.FAILED]
+        if failed or time.monotonic() > deadline:
+            summary = [(a.id, a.state, a.failure_reason) for a in states.values()]
+            raise RuntimeError(f"attempts did not reach running: {summary}")
+        time.sleep(0.2)
+
+
+async def measure(args, portal, attempts, cookies) -> dict[str, Any]:
+    direct_attempt, bridge_attempt, *idle_attempts = attempts
+    async with aiohttp.ClientSession() as session:
+        direct = await open_direct(session, direct_attempt)
+        bridge = await open_bridge(session, portal, bridge_attempt, cookies[1])
+        idle = [await open_bridge(session, portal, attempt, cookie)
+                for attempt, cookie in zip(idle_attempts, cookies[2:], strict=True)]
+        for client in (direct, bridge):
+            await ready(client)
+            await client.command(
+                f"head -c {args.megabytes * 1_000_000} /dev/zero | tr '\\0' a | fold -w 99 > ~/console-bench.txt;"
+                " echo MADE-$((2+2))", b"MADE-4", within=120)
+
+        log(f"echo: {args.keys} keys per side, alternating")
+        latencies: dict[str, list[float]] = {"direct": [], "bridge": []}
+        for index in range(10):  # warm-up
+            await echo_latency(direct, index)
+            await echo_latency(bridge, index)
+        for index in range(args.keys):
+            for name, client in (("direct", direct), ("bridge", bridge)) if index % 2 else (
+                    ("bridge", bridge), ("direct", direct)):
+                latencies[name].append(await echo_latency(client, index))
+        for client in (direct, bridge):
+            await ready(client)
+
+        log(f"throughput: cat of {args.megabytes} MB, {args.rounds} rounds per side, alternating")
+        throughput: dict[str, list[dict]] = {"direct": [], "bridge": []}
+        for round_number in range(args.rounds):
+            order = (("direct", direct), ("bridge", bridge)) if round_number % 2 == 0 else (
+                ("bridge", bridge), ("direct", direct))
+            for name, client in order:
+                throughput[name].append(await cat_throughput(client, round_number))
+                await ready(client)
+        lagging = sum(1 for c in bridge.controls if c.get("type") == "lagging")
+        for client in (direct, bridge, *idle):
+            await client.close()
+
+    direct_ms, bridge_ms = summary_ms(latencies["direct"]), summary_ms(latencies["bridge"])
+    added_p50 = round(bridge_ms["p50_ms"] - direct_ms["p50_ms"], 2)
+    added_p99 = round(bridge_ms["p99_ms"] - direct_ms["p99_ms"], 2)
+    direct_rate = statistics.median(r["mb_s"] for r in throughput["direct"])
+    bridge_rate = statistics.median(r["mb_s"] for r in throughput["bridge"])
+    return {
+        "echo": {
+            "direct": direct_ms, "bridge": bridge_ms, "added_p50_ms": added_p50, "added_p99_ms": added_p99,
+            "meets_target": added_p50 <= TARGET["added_p50_ms"] and added_p99 <= TARGET["added_p99_ms"],
+        },
+        "throughput": {
+            "file_mb": args.megabytes, "direct": throughput["direct"], "bridge": throughput["bridge"],
+            "direct_median_mb_s": direct_rate, "bridge_median_mb_s": bridge_rate,
+            "ratio": round(bridge_rate / direct_rate, 3) if direct_rate else None,
+            "bridge_lagging_notices": lagging,
+            "meets_target": bridge_rate >= TARGET["bridge_mb_s"]
+            and bridge_rate >= TARGET["throughput_ratio"] * direct_rate,
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--keys", type=int, default=int(os.environ.get("CONSOLE_BENCH_KEYS", 300)))
+    parser.add_argument("--megabytes", type=int, default=int(os.environ.get("CONSOLE_BENCH_MB", 8)))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sessions", type=int, default=0, help="extra idle bridge viewers on their own attempts")
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    with kubesim(name="kubesim-console", nodes=2) as server:
+        setup_django(KUBECONFIG=str(server.kubeconfig))
+        seeded = seed_course(students=2 + args.sessions, labs=1, checks_per_lab=1)
+        log("starting the live portal")
+        with live_portal(kubeconfig=server.kubeconfig, worker_concurrency=4) as portal:
+            log("starting attempts")
+            attempts = running_attempts(seeded, 2 + args.sessions)
+            cookies = [session_cookie(student) for student in seeded.students[: 2 + args.sessions]]
+            result = asyncio.run(measure(args, portal, attempts, cookies))
+    emit({
+        "benchmark": "console_bench",
+        "machine": machine(),
+        "load_average_before": round(load_before, 2),
+        "sessions": 1 + args.sessions,
+        "keys_per_side": args.keys,
+        **result,
+        "target": TARGET,
+    })
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The holder's output pipeline behind its own browser: scrollback first, then every other viewer.
+
+The holder sends each chunk to its own browser at once (keystroke echo must not wait for Redis), then queues it
+here. One task appends the queued output to the scrollback and publishes it to the attempt's console group, in
+order, merging whatever queued up meanwhile into one message: under a flood of output the Redis round trips
+are paid per batch, not per frame. The queue is bounded; a full queue makes the upstream reader wait, so TCP
+pushes back on the cluster instead of this process buffering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+
+from labs.console.scrollback import Scrollback
+
+logger = logging.getLogger(__name__)
+
+BATCH_BYTES = 256 * 1024
+MAX_PENDING_BYTES = 2 * 1024 * 1024
+
+
+class OutputFanout:
+    def __init__(self, *, attempt_id: int, scrollback: Scrollback, channel_layer, group: str, origin: str,
+                 start_end: int) -> None:
+        self.attempt_id = attempt_id
+        self.scrollback = scrollback
+        self.channel_layer = channel_layer
+        self.group = group
+        self.origin = origin
+        # Offsets this holder hands out for its own browser; the scrollback's (authoritative) ones are published.
+        self.end = start_end
+        self.published_end = start_end
+        self.pending: deque[bytes] = deque()
+        self.pending_bytes = 0
+        self.wakeup = asyncio.Event()
+        self.room = asyncio.Event()
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.task = asyncio.create_task(self._run(), name=f"console-{attempt_id}-fanout")
+
+    def claim(self, size: int) -> int:
+        """The offset just past the next ``size`` bytes of output."""
+        self.end += size
+        return self.end
+
+    async def put(self, data: bytes) -> None:
+        while self.pending_bytes > MAX_PENDING_BYTES:
+            self.room.clear()
+            await self.room.wait()
+        self.pending.append(data)
+        self.pending_bytes += len(data)
+        self.idle.clear()
+        self.wakeup.set()
+
+    def _take_batch(self) -> bytes:
+        parts, size = [], 0
+        while self.pending and (not parts or size + len(self.pending[0]) <= BATCH_BYTES):
+            part = self.pending.popleft()
+            parts.append(part)
+            size += len(part)
+        self.pending_bytes -= size
+        self.room.set()
+        return b"".join(parts)
+
+    async def _publish(self, data: bytes) -> None:
+        end = await self.scrollback.append(attempt_id=self.attempt_id, data=data)
+        if end != self.published_end + len(data):
+            # Someone else appended too (a holder that lost its lease without noticing): viewers resynchronise
+            # from the scrollback when they see the gap.
+            logger.warning("Console %s: scrollback offset %s, expected %s", self.attempt_id, end,
+                           self.published_end + len(data))
+        self.published_end = end
+        await self.channel_layer.group_send(
+            self.group, {"type": "console.output", "data": data, "end": end, "origin": self.origin}
+        )
+
+    async def _run(self) -> None:
+        while True:
+            if not self.pending:
+                self.idle.set()
+                self.wakeup.clear()
+                await self.wakeup.wait()
+                continue
+            data = self._take_batch()
+            try:
+                await self._publish(data)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("Console %s: output could not be shared with other viewers", self.attempt_id)
+
+    async def close(self, *, within: float = 2.0) -> None:
+        """Publish what is queued (briefly), then stop."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.idle.wait(), within)
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task

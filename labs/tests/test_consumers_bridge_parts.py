@@ -1,0 +1,160 @@
+"""The console bridge's parts on their own: lease, scrollback offsets, flow control, recording, fan-out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from channels.layers import InMemoryChannelLayer
+
+from labs.console.fanout import OutputFanout
+from labs.console.flow import InputRateLimiter, OutputWindow
+from labs.console.lease import LocalConsoleLease, RedisConsoleLease
+from labs.console.recording import AsciicastRecorder, recording_path
+from labs.console.redis_client import shared_redis
+from labs.console.scrollback import LocalScrollback, RedisScrollback, tail_for_replay
+
+
+async def clear_console_keys(client) -> None:
+    keys = [key async for key in client.scan_iter("portal:console:*")]
+    if keys:
+        await client.delete(*keys)
+
+
+# -- lease ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["local", "redis"])
+async def test_lease_has_one_holder_until_released_or_expired(backend, settings):
+    if backend == "redis":
+        client = shared_redis()
+        await clear_console_keys(client)
+        lease = RedisConsoleLease(client)
+    else:
+        lease = LocalConsoleLease()
+    attempt_id = 424242
+    assert await lease.acquire(attempt_id=attempt_id, holder="tab-1", ttl=0.5)
+    assert not await lease.acquire(attempt_id=attempt_id, holder="tab-2", ttl=0.5)
+    assert await lease.holder(attempt_id=attempt_id) == "tab-1"
+    assert not await lease.renew(attempt_id=attempt_id, holder="tab-2", ttl=0.5)
+    await lease.release(attempt_id=attempt_id, holder="tab-2")  # not the holder: nothing happens
+    assert await lease.holder(attempt_id=attempt_id) == "tab-1"
+    assert await lease.renew(attempt_id=attempt_id, holder="tab-1", ttl=0.5)
+    await lease.release(attempt_id=attempt_id, holder="tab-1")
+    assert await lease.acquire(attempt_id=attempt_id, holder="tab-2", ttl=0.3)
+    await asyncio.sleep(0.5)  # tab-2's process died: it stops renewing and the lease runs out
+    assert await lease.holder(attempt_id=attempt_id) is None
+    assert await lease.acquire(attempt_id=attempt_id, holder="tab-3", ttl=0.5)
+    await lease.release(attempt_id=attempt_id, holder="tab-3")
+
+
+# -- scrollback -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["local", "redis"])
+async def test_scrollback_keeps_the_tail_and_a_running_offset(backend, settings):
+    if backend == "redis":
+        client = shared_redis()
+        await clear_console_keys(client)
+        scrollback = RedisScrollback(client, limit=100)
+    else:
+        LocalScrollback._buffers.pop(777, None)
+        scrollback = LocalScrollback(limit=100)
+    assert (await scrollback.snapshot(attempt_id=777)).end == 0
+    ends = [await scrollback.append(attempt_id=777, data=f"line {i:03d}\n".encode()) for i in range(50)]
+    assert ends == [9 * (i + 1) for i in range(50)]
+    snapshot = await scrollback.snapshot(attempt_id=777)
+    assert snapshot.end == 450
+    assert len(snapshot.data) <= 100 and snapshot.data.endswith(b"line 049\n")
+    assert snapshot.data.startswith(b"line ")  # cut at a line boundary
+
+
+def test_tail_for_replay_starts_on_a_line_when_it_can():
+    assert tail_for_replay(b"abc", 10) == b"abc"
+    assert tail_for_replay(b"0123456789\nabcdef", 10) == b"abcdef"
+    assert tail_for_replay(b"x" * 50, 10) == b"x" * 10
+
+
+# -- flow control ---------------------------------------------------------------------------------------------
+
+def test_input_rate_limiter_allows_a_burst_then_the_rate():
+    limiter = InputRateLimiter(rate=1000, burst=4000)
+    assert limiter.allow(4000)
+    assert not limiter.allow(500)
+    limiter.updated -= 1.0  # a second later
+    assert limiter.allow(900)
+    assert not limiter.allow(900)
+
+
+def test_output_window_lags_then_asks_for_a_redraw_once_caught_up():
+    window = OutputWindow(window=1000)
+    assert window.may_send(600)
+    window.record_sent(600)
+    assert not window.may_send(600)  # would pass the window: skipped, viewer now lagging
+    assert window.lagging_since is not None and window.skipped == 600
+    assert not window.may_send(10)
+    assert window.acknowledge(300) is False  # 300 in flight: more than a quarter of the window
+    assert window.acknowledge(600) is True  # caught up: redraw from scrollback
+    assert window.lagging_since is None and window.skipped == 0
+    assert window.acknowledge(10_000) is False and window.acked == 600  # cannot acknowledge unsent bytes
+
+
+# -- recording ------------------------------------------------------------------------------------------------
+
+async def test_recorder_writes_asciicast_v2_and_continues_the_same_file(settings, tmp_path):
+    settings.CONSOLE_RECORDINGS_DIR = tmp_path
+    first = AsciicastRecorder(attempt_id=5, max_bytes=10_000, flush_seconds=0.05)
+    await first.open()
+    first.output("héllo ".encode()[:2])  # a UTF-8 sequence split across frames
+    first.output("héllo ".encode()[2:])
+    first.marker("console connected")
+    await first.close()
+    second = AsciicastRecorder(attempt_id=5, max_bytes=10_000, flush_seconds=0.05)
+    await second.open()
+    second.output(b"again\r\n")
+    await second.close()
+    lines = recording_path(attempt_id=5).read_text(encoding="utf-8").splitlines()
+    header = json.loads(lines[0])
+    assert header["version"] == 2 and (header["width"], header["height"]) == (80, 24)
+    events = [json.loads(line) for line in lines[1:]]
+    assert "".join(text for _, kind, text in events if kind == "o") == "héllo again\r\n"
+    assert [kind for _, kind, _ in events].count("m") == 1
+    assert sum(1 for line in lines if line.startswith("{")) == 1  # one header: the second session appended
+
+
+async def test_recorder_stops_at_its_size_cap_with_a_marker(settings, tmp_path):
+    settings.CONSOLE_RECORDINGS_DIR = tmp_path
+    recorder = AsciicastRecorder(attempt_id=6, max_bytes=600, flush_seconds=10)
+    await recorder.open()
+    for _ in range(50):
+        recorder.output(b"0123456789" * 3)
+    await recorder.close()
+    text = recording_path(attempt_id=6).read_text()
+    assert len(text.encode()) < 800
+    assert "recording truncated" in text.splitlines()[-1]
+
+
+# -- fan-out --------------------------------------------------------------------------------------------------
+
+async def test_fanout_publishes_in_order_with_scrollback_offsets_and_batches_a_backlog():
+    layer = InMemoryChannelLayer()
+    viewer = await layer.new_channel()
+    await layer.group_add("console-900", viewer)
+    LocalScrollback._buffers.pop(900, None)
+    scrollback = LocalScrollback(limit=1 << 20)
+    fanout = OutputFanout(attempt_id=900, scrollback=scrollback, channel_layer=layer, group="console-900",
+                          origin="holder", start_end=0)
+    chunks = [f"{i:04d}".encode() for i in range(40)]
+    for chunk in chunks:
+        assert fanout.claim(len(chunk)) == fanout.end
+        await fanout.put(chunk)
+    await fanout.close()
+    received, last_end = b"", 0
+    while True:
+        try:
+            message = await asyncio.wait_for(layer.receive(viewer), 0.2)
+        except TimeoutError:
+            break
+        assert message["end"] == last_end + len(message["data"]) and message["origin"] == "holder"
+        received, last_end = received + message["data"], message["end"]
+    assert received == b"".join(chunks) and last_end == 160
+    assert (await scrollback.snapshot(attempt_id=900)).end == 160
