@@ -54,6 +54,18 @@ def wait_for(predicate: Callable[[], Any], *, timeout: float = 10.0, interval: f
         time.sleep(interval)
 
 
+def get_or_none(custom: Any, namespace: str, plural: str, name: str) -> dict[str, Any] | None:
+    """A kubevirt.io object, or None when the API answers 404."""
+    from kubernetes.client.rest import ApiException
+
+    try:
+        return custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
 def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
     for item in ((obj or {}).get("status") or {}).get("conditions") or ():
         if item.get("type") == type_:

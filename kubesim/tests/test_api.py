@@ -11,18 +11,13 @@ import urllib3
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from kubesim.tests.support import GROUP, VERSION, condition, vm_manifest, wait_for
+from kubesim.tests.support import GROUP, VERSION, condition, get_or_none, vm_manifest, wait_for
 
 VMS, VMIS = "virtualmachines", "virtualmachineinstances"
 
 
 def _vmi(custom, namespace, name):
-    try:
-        return custom.get_namespaced_custom_object(GROUP, VERSION, namespace, VMIS, name)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    return get_or_none(custom, namespace, "virtualmachineinstances", name)
 
 
 def test_create_vm_then_list_and_watch_vmis_to_running(sim, custom, namespace):

@@ -28,8 +28,7 @@ spec:
       volumes: [{name: containerdisk, containerDisk: {image: quay.io/containerdisks/fedora:latest}}]
 """
 
-KUBECTL = shutil.which("kubectl")
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed on this machine")
+KUBECTL = shutil.which("kubectl") or "kubectl"  # CI installs it; without it these tests fail, visibly
 
 
 @pytest.fixture

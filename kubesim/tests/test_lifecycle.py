@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from kubernetes.client.rest import ApiException
 
 from kubesim.controllers import CONTAINER_DISK_ERROR
-from kubesim.tests.support import GROUP, VERSION, condition, vm_manifest, wait_for
+from kubesim.tests.support import GROUP, VERSION, condition, get_or_none, vm_manifest, wait_for
 
-
-def _get(custom, namespace, plural, name):
-    try:
-        return custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+_get = get_or_none
 
 
 def _printable(custom, namespace, name):

@@ -11,21 +11,24 @@ import aiohttp
 import pytest
 import urllib3
 import websocket
-from kubernetes.client.rest import ApiException
 
-from kubesim.tests.support import GROUP, VERSION, agent_user_data, condition, secret_manifest, vm_manifest, wait_for
+from kubesim.tests.support import (
+    GROUP,
+    VERSION,
+    agent_user_data,
+    condition,
+    get_or_none,
+    secret_manifest,
+    vm_manifest,
+    wait_for,
+)
 
 SUB = "/apis/subresources.kubevirt.io/v1/namespaces"
 REAL_AGENT = Path(__file__).resolve().parents[2] / "guest" / "agent.py"
 
 
 def _vmi(custom, namespace, name):
-    try:
-        return custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachineinstances", name)
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    return get_or_none(custom, namespace, "virtualmachineinstances", name)
 
 
 def _running(custom, namespace, name, *, agent: bool = False):
@@ -182,7 +185,6 @@ async def test_portforward_reaches_the_agent_installed_by_cloud_init(sim, custom
         assert refused.value.status == 500, "nothing listens on port 22 in the guest"
 
 
-@pytest.mark.skipif(not REAL_AGENT.exists(), reason="guest/agent.py is not in this checkout")
 async def test_portforward_runs_a_check_through_the_real_guest_agent(sim, custom, core, namespace):
     _cloud_init_vm(custom, core, namespace, "real", token="real-agent-token-123456",
                    agent_source=REAL_AGENT.read_text())
