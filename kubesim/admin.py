@@ -5,11 +5,11 @@ Every endpoint needs the same bearer token as the API. Documented in README.md (
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from kubesim.bodies import json_response, optional_json_object
 from kubesim.controllers.objects import KUBEVIRT, NODE
 from kubesim.errors import ApiError
 
@@ -20,52 +20,35 @@ _DELAYS = ("pending_delay", "scheduling_delay", "scheduled_delay", "agent_delay"
            "restart_backoff", "bookmark_interval")
 
 
-def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(body).encode(), status=status, content_type="application/json")
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
-    if not raw:
-        return {}
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise ApiError(400, f"request body is not JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object")
-    return body
-
-
 def register(app: web.Application, sim: KubeSim) -> None:
     async def counters(request: web.Request) -> web.Response:
-        return _json(sim.counters.snapshot(open_watches=len(sim.watches), open_consoles=len(sim.consoles),
+        return json_response(sim.counters.snapshot(open_watches=len(sim.watches), open_consoles=len(sim.consoles),
                                            open_portforwards=len(sim.portforwards)))
 
     async def reset_counters(request: web.Request) -> web.Response:
         sim.counters.reset()
-        return _json({"reset": True})
+        return json_response({"reset": True})
 
     async def get_faults(request: web.Request) -> web.Response:
-        return _json(sim.faults.describe())
+        return json_response(sim.faults.describe())
 
     async def add_faults(request: web.Request) -> web.Response:
-        sim.faults.update(await _body(request))
-        return _json(sim.faults.describe())
+        sim.faults.update(await optional_json_object(request))
+        return json_response(sim.faults.describe())
 
     async def clear_faults(request: web.Request) -> web.Response:
         sim.faults.clear()
-        return _json(sim.faults.describe())
+        return json_response(sim.faults.describe())
 
     async def drop_watches(request: web.Request) -> web.Response:
-        body = await _body(request)
+        body = await optional_json_object(request)
         mode = body.get("mode", "reset")
         if mode not in ("reset", "close"):
             raise ApiError(400, "mode must be 'reset' or 'close'")
-        return _json({"dropped": sim.drop_watches(mode=mode, resource=body.get("resource"))})
+        return json_response({"dropped": sim.drop_watches(mode=mode, resource=body.get("resource"))})
 
     async def disconnect_consoles(request: web.Request) -> web.Response:
-        body = await _body(request)
+        body = await optional_json_object(request)
         dropped = 0
         for session in list(sim.consoles) + (list(sim.portforwards) if body.get("portforwards") else []):
             if body.get("namespace") and session.namespace != body["namespace"]:
@@ -74,32 +57,32 @@ def register(app: web.Application, sim: KubeSim) -> None:
                 continue
             session.abort()
             dropped += 1
-        return _json({"disconnected": dropped})
+        return json_response({"disconnected": dropped})
 
     async def fail_vmi(request: web.Request) -> web.Response:
-        body = await _body(request)
+        body = await optional_json_object(request)
         namespace, name = request.match_info["namespace"], request.match_info["name"]
         vmi = sim.cluster.fail_vmi(namespace, name, reason=str(body.get("reason") or "Crashed"),
                                    message=str(body.get("message") or ""))
         if vmi is None:
             raise ApiError(404, f'virtualmachineinstances.kubevirt.io "{name}" not found')
-        return _json(vmi)
+        return json_response(vmi)
 
     async def remove_node(request: web.Request) -> web.Response:
         name = request.match_info["name"]
         if not sim.cluster.remove_node(name):
             raise ApiError(404, f'nodes "{name}" not found')
-        return _json({"removed": name})
+        return json_response({"removed": name})
 
     async def add_node(request: web.Request) -> web.Response:
-        body = await _body(request)
+        body = await optional_json_object(request)
         name = body.get("name")
         if name is not None and sim.store.get("nodes", "", name) is not None:
             raise ApiError(409, f'nodes "{name}" already exists', reason="AlreadyExists")
-        return _json(sim.cluster.add_node(name), status=201)
+        return json_response(sim.cluster.add_node(name), status=201)
 
     async def set_kubevirt(request: web.Request) -> web.Response:
-        body = await _body(request)
+        body = await optional_json_object(request)
         if "image_volume_supported" in body:
             sim.config.image_volume_supported = bool(body["image_volume_supported"])
             for node in list(sim.store.objects("nodes")):
@@ -122,16 +105,16 @@ def register(app: web.Application, sim: KubeSim) -> None:
         if both:
             raise ApiError(422, f'feature gate "{sorted(both)[0]}" exists on both "FeatureGates" and '
                                 '"DisabledFeatureGates"', reason="Invalid")
-        return _json(sim.api.mutate(KUBEVIRT, "kubevirt", "kubevirt", change))
+        return json_response(sim.api.mutate(KUBEVIRT, "kubevirt", "kubevirt", change))
 
     async def guests(request: web.Request) -> web.Response:
-        return _json({"guests": [guest.describe() for guest in sim.guests.guests.values()]})
+        return json_response({"guests": [guest.describe() for guest in sim.guests.guests.values()]})
 
     async def state(request: web.Request) -> web.Response:
-        return _json(sim.describe())
+        return json_response(sim.describe())
 
     async def set_config(request: web.Request) -> web.Response:
-        body = await _body(request)
+        body = await optional_json_object(request)
         for key, value in body.items():
             if key == "bad_image_pattern":
                 sim.config.bad_image_pattern = str(value)
@@ -142,7 +125,7 @@ def register(app: web.Application, sim: KubeSim) -> None:
                     raise ApiError(400, f"{key} must be a number") from exc
             else:
                 raise ApiError(400, f"unknown setting {key!r}")
-        return _json({key: getattr(sim.config, key) for key in _DELAYS + ("bad_image_pattern",)})
+        return json_response({key: getattr(sim.config, key) for key in _DELAYS + ("bad_image_pattern",)})
 
     router = app.router
     router.add_get("/kubesim/counters", counters)

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from kubesim import __version__, admission, openapi
 from kubesim.apiserver import ApiServer
+from kubesim.bodies import json_response, optional_json_object
 from kubesim.config import SimConfig
 from kubesim.controllers import Cluster
 from kubesim.errors import ApiError
@@ -91,11 +92,6 @@ def classify(method: str, path: str, query: Any) -> Route:
     resource = f"{rt.plural}/{subresource}" if subresource else rt.plural
     return Route("resource", verb=verb, resource=resource, rt=rt, namespace=namespace, name=name,
                  subresource=subresource, extra=tuple(rest[3:]))
-
-
-def json_response(body: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    data = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
-    return web.Response(body=data, status=status, content_type=_JSON, headers=headers)
 
 
 def error_response(error: ApiError) -> web.Response:
@@ -337,15 +333,7 @@ class KubeSim:
 
     @staticmethod
     async def _delete_options(request: web.Request) -> dict[str, Any]:
-        options: dict[str, Any] = {}
-        raw = await request.read()
-        if raw:
-            try:
-                options = json.loads(raw)
-            except ValueError as exc:
-                raise ApiError(400, f"the DeleteOptions could not be decoded: {exc}") from exc
-            if not isinstance(options, dict):
-                raise ApiError(400, "DeleteOptions must be a JSON object")
+        options = await optional_json_object(request, what="DeleteOptions")
         query = request.query
         if "gracePeriodSeconds" in query:
             options["gracePeriodSeconds"] = _int_param(query, "gracePeriodSeconds")

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType, web
 
+from kubesim.bodies import json_response, optional_json_object
 from kubesim.controllers.objects import (
     VM,
     VMI,
@@ -54,15 +54,15 @@ async def dispatch(sim: KubeSim, request: web.Request, route: Route) -> web.Stre
     if not route.name:
         extra = route.extra
         if not extra:
-            return _json(resource_list("subresources.kubevirt.io", route.version))
+            return json_response(resource_list("subresources.kubevirt.io", route.version))
         if extra == ("version",):
             version = (((sim.cluster.kubevirt() or {}).get("status") or {}).get("observedKubeVirtVersion")
                        or sim.config.kubevirt_version)
-            return _json({"gitVersion": version, "gitCommit": "kubesim", "gitTreeState": "clean",
+            return json_response({"gitVersion": version, "gitCommit": "kubesim", "gitTreeState": "clean",
                           "buildDate": "2026-07-27T00:00:00Z", "goVersion": "go1.24.6", "compiler": "gc",
                           "platform": "linux/amd64"})
         if extra in (("healthz",), ("guestfs",)):
-            return _json({"apiserver": "ok", "restclient": "ok"})
+            return json_response({"apiserver": "ok", "restclient": "ok"})
         raise ApiError(404, "the server could not find the requested resource")
     kind = route.resource.split("/")[0]
     sub = route.subresource
@@ -90,28 +90,11 @@ async def dispatch(sim: KubeSim, request: web.Request, route: Route) -> web.Stre
     raise ApiError(404, "the server could not find the requested resource")
 
 
-def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(body).encode(), status=status, content_type="application/json")
-
-
 # ---- start / stop / restart ----------------------------------------------------------------------------------
-async def _options(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
-    if not raw:
-        return {}
-    try:
-        options = json.loads(raw)
-    except ValueError as exc:
-        raise ApiError(400, f"Can not unmarshal Request body to struct, error: {exc}") from exc
-    if not isinstance(options, dict):
-        raise ApiError(400, "Can not unmarshal Request body to struct")
-    return options
-
-
 async def _vm_state_change(sim: KubeSim, request: web.Request, namespace: str, name: str,
                            action: str) -> web.Response:
     """lifecycle.go's Start/Stop/RestartVMRequestHandler: patch the run strategy or queue a state change."""
-    options = await _options(request)
+    options = await optional_json_object(request, what="request body (start/stop/restart options)")
     vm = sim.store.get("virtualmachines", namespace, name)
     if vm is None:
         raise _vm_not_found(name)
@@ -217,12 +200,12 @@ def _guest_agent_read(sim: KubeSim, namespace: str, name: str, what: str) -> web
     disks = [{"diskName": "vda1", "mountPoint": "/", "fileSystemType": "ext4", "usedBytes": 1_932_735_283,
               "totalBytes": 5_253_677_056, "disk": [{"busType": "virtio", "serial": "", "bus": 0}]}]
     if what == "userlist":
-        return _json({"items": users})
+        return json_response({"items": users})
     if what == "filesystemlist":
-        return _json({"items": disks})
+        return json_response({"items": disks})
     commands = ["guest-exec", "guest-info", "guest-ping", "guest-get-osinfo", "guest-get-users",
                 "guest-get-fsinfo", "guest-network-get-interfaces", "guest-shutdown"]
-    return _json({"guestAgentVersion": "9.2.0", "supportedCommands": [{"name": c, "enabled": True}
+    return json_response({"guestAgentVersion": "9.2.0", "supportedCommands": [{"name": c, "enabled": True}
                                                                       for c in commands],
                   "hostname": hostname, "os": status.get("guestOSInfo") or {}, "timezone": "UTC, 0",
                   "userList": users, "fsInfo": {"disks": disks}, "fsFreezeStatus": "thawed"})
