@@ -20,6 +20,12 @@ from django.conf import settings
 logger = logging.getLogger(__name__)
 
 ASCIICAST_CONTENT_TYPE = "application/x-asciicast"
+# Output waiting for the periodic flush is written at once past this size: a serial console can produce tens of
+# megabytes a second, which must not pile up in memory between two flushes.
+FLUSH_AT_BYTES = 256 * 1024
+# Should the disk fall behind even so, output past this backlog is left out of the recording (with a marker)
+# rather than held in memory.
+MAX_PENDING_BYTES = 4 * 1024 * 1024
 DEFAULT_WIDTH = 80
 DEFAULT_HEIGHT = 24
 
@@ -72,7 +78,10 @@ class AsciicastRecorder:
         self.pending_bytes = 0
         self.truncated = False
         self.failed = False
+        self.skipped_bytes = 0
         self._flusher: asyncio.Task | None = None
+        self._early_flush: asyncio.Task | None = None
+        self._write_lock = asyncio.Lock()  # flushes append in order
 
     async def open(self) -> None:
         try:
@@ -87,6 +96,9 @@ class AsciicastRecorder:
     def _event(self, kind: str, text: str) -> None:
         if self.failed or self.truncated or self.start is None or not text:
             return
+        if self.pending_bytes >= MAX_PENDING_BYTES:
+            self.skipped_bytes += len(text)
+            return
         line = json.dumps([round(time.time() - self.start, 6), kind, text], ensure_ascii=False) + "\n"
         encoded = len(line.encode())
         if self.size + self.pending_bytes + encoded > self.max_bytes:
@@ -94,6 +106,8 @@ class AsciicastRecorder:
             line = json.dumps([round(time.time() - self.start, 6), "m", "recording truncated: size limit"]) + "\n"
         self.pending.append(line)
         self.pending_bytes += len(line.encode())
+        if self.pending_bytes >= FLUSH_AT_BYTES and (self._early_flush is None or self._early_flush.done()):
+            self._early_flush = asyncio.get_running_loop().create_task(self.flush())
 
     def output(self, data: bytes) -> None:
         self._event("o", self.decoder.decode(data))
@@ -102,16 +116,21 @@ class AsciicastRecorder:
         self._event("m", label)
 
     async def flush(self) -> None:
-        if not self.pending or self.failed:
-            return
-        text, self.pending, written = "".join(self.pending), [], self.pending_bytes
-        self.pending_bytes = 0
-        try:
-            await asyncio.to_thread(_append, self.path, text)
-            self.size += written
-        except OSError:
-            logger.exception("Cannot write the console recording %s; recording stops", self.path)
-            self.failed = True
+        async with self._write_lock:
+            if not self.pending or self.failed:
+                return
+            text, self.pending, written = "".join(self.pending), [], self.pending_bytes
+            self.pending_bytes = 0
+            try:
+                await asyncio.to_thread(_append, self.path, text)
+                self.size += written
+            except OSError:
+                logger.exception("Cannot write the console recording %s; recording stops", self.path)
+                self.failed = True
+                return
+        if self.skipped_bytes:
+            skipped, self.skipped_bytes = self.skipped_bytes, 0
+            self._event("m", f"recording skipped {skipped} characters of output (the disk fell behind)")
 
     async def _flush_periodically(self) -> None:
         while True:
@@ -122,6 +141,9 @@ class AsciicastRecorder:
         if self._flusher is not None:
             self._flusher.cancel()
             self._flusher = None
+        if self._early_flush is not None:
+            await self._early_flush
+            self._early_flush = None
         tail = self.decoder.decode(b"", final=True)
         if tail:
             self._event("o", tail)
