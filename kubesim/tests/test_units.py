@@ -9,9 +9,9 @@ from decimal import Decimal
 import pytest
 
 from kubesim import admission
+from kubesim.cloudinit import CloudInitError, apply_write_files, decode_content
 from kubesim.errors import ApiError
 from kubesim.featuregates import gate_enabled
-from kubesim.guest import CloudInitError, apply_write_files, decode_content
 from kubesim.launcher import launcher_requests
 from kubesim.patch import json_patch, merge_patch
 from kubesim.quantity import QuantityError, format_cpu, format_memory, parse_quantity
