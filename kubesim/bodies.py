@@ -27,3 +27,23 @@ async def optional_json_object(request: web.Request, *, what: str = "request bod
     if not isinstance(body, dict):
         raise ApiError(400, f"the {what} must be a JSON object")
     return body
+
+
+def wants_table(request: web.Request) -> bool:
+    """kubectl asks for ``meta.k8s.io/v1`` Table output in its Accept header."""
+    return "as=Table" in request.headers.get("Accept", "")
+
+
+def int_param(query: Any, name: str) -> int:
+    """An integer query parameter (0 when absent); anything else is a 400, not a traceback."""
+    value = query.get(name)
+    if value in (None, ""):
+        return 0
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ApiError(400, f"invalid value for {name}: {value!r} is not an integer") from exc
+
+
+def bool_param(value: str | None) -> bool:
+    return value in ("true", "1", "True")

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from kubesim import __version__, admission, openapi
 from kubesim.apiserver import ApiServer
-from kubesim.bodies import json_response, optional_json_object
+from kubesim.bodies import int_param, json_response, optional_json_object, wants_table
 from kubesim.config import SimConfig
 from kubesim.controllers import Cluster
 from kubesim.errors import ApiError
@@ -26,8 +26,9 @@ from kubesim.faults import Faults, RequestCounters
 from kubesim.guest import GuestManager
 from kubesim.resources import BY_PATH, SUBRESOURCE_GROUP, ResourceType, group_document, group_list, resource_list
 from kubesim.selectors import FieldSelector, LabelSelector, SelectorError
-from kubesim.store import Store, TooOldResourceVersion, Watcher
+from kubesim.store import Store, Watcher
 from kubesim.tables import to_table
+from kubesim.watch import serve_watch
 
 log = logging.getLogger("kubesim.server")
 
@@ -106,23 +107,10 @@ def _warning_headers(warnings: list[str]) -> dict[str, str]:
     return {"Warning": ", ".join(f'299 - "{w}"' for w in warnings)}
 
 
-def _wants_table(request: web.Request) -> bool:
-    return "as=Table" in request.headers.get("Accept", "")
 
 
-def _int_param(query: Any, name: str) -> int:
-    """An integer query parameter (0 when absent); anything else is a 400, not a traceback."""
-    value = query.get(name)
-    if value in (None, ""):
-        return 0
-    try:
-        return int(value)
-    except ValueError as exc:
-        raise ApiError(400, f"invalid value for {name}: {value!r} is not an integer") from exc
 
 
-def _bool(value: str | None) -> bool:
-    return value in ("true", "1", "True")
 
 
 class KubeSim:
@@ -277,7 +265,8 @@ class KubeSim:
             if route.name:
                 return self._get(request, rt, namespace, route.name)
             if route.verb == "watch":
-                return await self._watch(request, rt, namespace or None)
+                labels, fields = self._selectors(request, rt)
+                return await serve_watch(self, request, rt, namespace or None, labels, fields)
             return self._list(request, rt, namespace or None)
         if request.method == "POST":
             if route.name:
@@ -336,7 +325,7 @@ class KubeSim:
         options = await optional_json_object(request, what="DeleteOptions")
         query = request.query
         if "gracePeriodSeconds" in query:
-            options["gracePeriodSeconds"] = _int_param(query, "gracePeriodSeconds")
+            options["gracePeriodSeconds"] = int_param(query, "gracePeriodSeconds")
         if "propagationPolicy" in query:
             options["propagationPolicy"] = query["propagationPolicy"]
         if query.get("orphanDependents") in ("true", "false"):
@@ -348,7 +337,7 @@ class KubeSim:
         if entry is None:
             from kubesim.errors import not_found
             raise not_found(rt.group_resource, name, kind_plural=rt.plural)
-        if _wants_table(request):
+        if wants_table(request):
             return json_response(to_table(rt.key, [entry.obj], resource_version=entry.obj["metadata"][
                 "resourceVersion"], include_object=request.query.get("includeObject", "Metadata")))
         return json_response(entry.json())
@@ -385,13 +374,13 @@ class KubeSim:
                 raise ApiError(400, "continue key is not valid") from exc
             entries = [e for e in entries
                        if (e.obj["metadata"].get("namespace", ""), e.obj["metadata"]["name"]) > start]
-        limit = _int_param(request.query, "limit")
+        limit = int_param(request.query, "limit")
         if limit > 0 and len(entries) > limit:
             entries = entries[:limit]
             last = entries[-1].obj["metadata"]
             continue_token = base64.urlsafe_b64encode(json.dumps(
                 {"rv": rv, "start": [last.get("namespace", ""), last["name"]]}).encode()).decode()
-        if _wants_table(request):
+        if wants_table(request):
             return json_response(to_table(rt.key, [e.obj for e in entries], resource_version=rv,
                                           include_object=request.query.get("includeObject", "Metadata"),
                                           continue_token=continue_token))
@@ -430,119 +419,12 @@ class KubeSim:
         return json_response({"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
                               "metadata": {"resourceVersion": str(self.store.rv)}, "items": items})
 
-    # ---- watch -------------------------------------------------------------------------------------------
-    async def _watch(self, request: web.Request, rt: ResourceType, namespace: str | None) -> web.StreamResponse:
-        labels, fields = self._selectors(request, rt)
-        query = request.query
-        rv_text = query.get("resourceVersion", "")
-        send_initial = _bool(query.get("sendInitialEvents"))
-        bookmarks = _bool(query.get("allowWatchBookmarks"))
-        table = _wants_table(request)
-        include_object = query.get("includeObject", "Metadata")
-        timeout = float(_int_param(query, "timeoutSeconds") or self.config.watch_timeout)
-        watcher = Watcher(rt.key, namespace, labels, fields)
-        initial = []
-        expired = None
-        if rv_text in ("", "0") or send_initial:
-            initial = [e for e in self.store.entries(rt.key, namespace)
-                       if watcher.wants(e.obj)]
-            self.store.watch(watcher, None)
-        else:
-            try:
-                since = int(rv_text)
-            except ValueError as exc:
-                raise ApiError(400, f"invalid resource version {rv_text!r}") from exc
-            try:
-                self.store.watch(watcher, since)
-            except TooOldResourceVersion:
-                expired = since
-        response = web.StreamResponse(status=200, headers={"Content-Type": _JSON,
-                                                           "Cache-Control": "no-cache, private"})
-        response.enable_chunked_encoding()
-        await response.prepare(request)
-        if expired is not None:
-            oldest = self.store.oldest_valid_rv(rt.key)
-            status = ApiError(410, f"too old resource version: {expired} ({oldest})", reason="Expired").status()
-            await response.write(json.dumps({"type": "ERROR", "object": status}).encode() + b"\n")
-            await response.write_eof()
-            return response
-        self.watches.add(watcher)
-        loop = asyncio.get_running_loop()
-        drop_at = float("inf")
-        if self.faults.watch_drop_after is not None:
-            drop_at = loop.time() + self.faults.watch_drop_after
-        deadline = min(loop.time() + timeout, drop_at)
-        next_bookmark = loop.time() + self.config.bookmark_interval
-        drop_mode = None
-        try:
-            if initial:
-                await response.write(b"".join(self._event_line(rt, "ADDED", e, table, include_object)
-                                              for e in initial))
-                self.counters.watch_events += len(initial)
-            if send_initial and bookmarks:
-                await response.write(self._bookmark(rt, initial_end=True))
-            while True:
-                now = loop.time()
-                if now >= deadline:
-                    if now >= drop_at:
-                        drop_mode = "reset"  # the injected fault: the connection dies mid-stream
-                    break
-                wait = deadline - now
-                if bookmarks:
-                    wait = min(wait, max(0.0, next_bookmark - now))
-                try:
-                    item = await asyncio.wait_for(watcher.queue.get(), timeout=wait)
-                except TimeoutError:
-                    if bookmarks and loop.time() >= next_bookmark and watcher.queue.empty():
-                        await response.write(self._bookmark(rt))
-                        next_bookmark = loop.time() + self.config.bookmark_interval
-                    continue
-                if item is None:
-                    drop_mode = getattr(watcher, "drop_mode", None)
-                    break
-                chunks = [item]
-                while not watcher.queue.empty():
-                    extra = watcher.queue.get_nowait()
-                    if extra is None:
-                        drop_mode = getattr(watcher, "drop_mode", None)
-                        break
-                    chunks.append(extra)
-                await response.write(b"".join(self._event_line(rt, t, e, table, include_object)
-                                              for t, e in chunks))
-                self.counters.watch_events += len(chunks)
-                if drop_mode is not None:
-                    break
-        except (ConnectionResetError, asyncio.CancelledError):
-            raise
-        finally:
-            self.store.unwatch(watcher)
-            self.watches.discard(watcher)
-        if drop_mode == "reset" and request.transport is not None:
-            request.transport.abort()
-            return response
-        await response.write_eof()
-        return response
-
-    def _event_line(self, rt: ResourceType, event_type: str, entry: Any, table: bool, include_object: str) -> bytes:
-        if table:
-            obj = to_table(rt.key, [entry.obj], resource_version=entry.obj["metadata"]["resourceVersion"],
-                           include_object=include_object)
-            return json.dumps({"type": event_type, "object": obj}, separators=(",", ":")).encode() + b"\n"
-        return b'{"type":"' + event_type.encode() + b'","object":' + entry.json() + b"}\n"
-
-    def _bookmark(self, rt: ResourceType, *, initial_end: bool = False) -> bytes:
-        metadata: dict[str, Any] = {"resourceVersion": str(self.store.rv)}
-        if initial_end:
-            metadata["annotations"] = {"k8s.io/initial-events-end": "true"}
-        return json.dumps({"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": rt.api_version,
-                                                          "metadata": metadata}}).encode() + b"\n"
-
     def drop_watches(self, *, mode: str = "reset", resource: str | None = None) -> int:
         dropped = 0
         for watcher in list(self.watches):
             if resource and watcher.resource != resource:
                 continue
-            watcher.drop_mode = mode  # type: ignore[attr-defined]
+            watcher.drop_mode = mode
             watcher.queue.put_nowait(None)
             dropped += 1
         return dropped

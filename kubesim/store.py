@@ -67,6 +67,7 @@ class Watcher:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     limit: int = 100_000
     overflowed: bool = False
+    drop_mode: str | None = None  # set when kubesim ends the watch: "reset" cuts the connection, "close" ends it
 
     def wants(self, obj: dict[str, Any]) -> bool:
         if self.namespace and obj["metadata"].get("namespace") != self.namespace:
