@@ -398,7 +398,10 @@ class KubeSim:
         propagation = options.get("propagationPolicy")
         if propagation is None and options.get("orphanDependents") is not None:
             propagation = "Orphan" if options["orphanDependents"] else "Background"
-        obj, gone = self.api.delete(rt, namespace, name, grace_period=options.get("gracePeriodSeconds"),
+        grace = options.get("gracePeriodSeconds")
+        if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int) or grace < 0):
+            raise ApiError(400, f"gracePeriodSeconds must be a non-negative integer, not {grace!r}")
+        obj, gone = self.api.delete(rt, namespace, name, grace_period=grace,
                                     propagation=propagation, preconditions=options.get("preconditions"),
                                     dry_run=dry_run)
         if rt.key in _STATUS_SUCCESS_ON_DELETE:

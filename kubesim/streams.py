@@ -140,7 +140,7 @@ async def _vm_state_change(sim: KubeSim, request: web.Request, namespace: str, n
             raise ApiError(400, "For force restart, only gracePeriod=0 is supported for now")
         if strategy == "Halted":
             raise _vm_conflict(name, "RunStategy Halted does not support manual restart requests")
-        if vmi is None or final and strategy != "Manual":
+        if vmi is None or (final and strategy != "Manual"):
             raise _vm_conflict(name, "VM is not running")
         requests = [{"action": "Stop", "uid": vmi["metadata"]["uid"]}, {"action": "Start"}]
     if dry_run:
