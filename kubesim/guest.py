@@ -344,6 +344,20 @@ class Guest:
                 "console_connected": self.serial.client is not None}
 
 
+def _sweep_orphaned_bases() -> None:
+    """Remove guest directories left by a kubesim that was killed outright (its pid is in the name)."""
+    for base in Path(tempfile.gettempdir()).glob("kubesim-guests-*-*"):
+        pid_text = base.name.split("-")[2]
+        if not pid_text.isdigit():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            shutil.rmtree(base, ignore_errors=True)
+        except PermissionError:
+            continue  # alive, someone else's
+
+
 class GuestManager:
     """Every guest of the server, their scratch directories under one base directory, and their processes."""
 
@@ -351,7 +365,11 @@ class GuestManager:
         self.config = config
         self.store = store
         self.guests: dict[str, Guest] = {}
-        self.base = Path(tempfile.mkdtemp(prefix="kubesim-guests-")) if config.guest == "shell" else None
+        if config.guest == "shell":
+            _sweep_orphaned_bases()
+            self.base: Path | None = Path(tempfile.mkdtemp(prefix=f"kubesim-guests-{os.getpid()}-"))
+        else:
+            self.base = None
         self._processes: list[subprocess.Popen] = []
         self._reaper: asyncio.TimerHandle | None = None
 

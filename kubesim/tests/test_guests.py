@@ -73,3 +73,21 @@ def test_stopping_kubesim_cleans_up_every_guest(tmp_path):
     assert not any(_alive(pid) for pid in pids)
     assert not Path(guest["root"]).parent.exists(), "the guests' base directory is removed"
     assert os.path.exists(sim.kubeconfig)
+
+
+def test_a_killed_kubesims_guest_directories_are_swept_by_the_next_one(tmp_path):
+    import tempfile
+
+    dead = _pid_of_an_exited_process()
+    orphan = Path(tempfile.gettempdir()) / f"kubesim-guests-{dead}-leftover"
+    (orphan / "default_vm_1234/home/student").mkdir(parents=True)
+    with KubesimServer(tmp_path):
+        assert not orphan.exists()
+
+
+def _pid_of_an_exited_process() -> int:
+    import subprocess
+
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
