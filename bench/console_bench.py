@@ -45,6 +45,7 @@ class ConsoleClient:
         self.acked = 0
         self.changed = asyncio.Event()
         self.controls: list[dict] = []
+        self.ack_timer: asyncio.TimerHandle | None = None
         self.reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:
@@ -54,15 +55,27 @@ class ConsoleClient:
                 self.received += len(message.data)
                 if len(self.buffer) > 1 << 20:  # keep the tail only: searches look at new output
                     del self.buffer[: len(self.buffer) - (1 << 16)]
-                if self.acknowledges and self.received - self.acked >= ACK_EVERY_BYTES:
-                    self.acked = self.received
-                    await self.socket.send_str(json.dumps({"type": "ack", "bytes": self.received}))
+                if self.acknowledges:
+                    if self.received - self.acked >= ACK_EVERY_BYTES:
+                        await self._acknowledge()
+                    elif self.ack_timer is None:
+                        # As the page does: what is drawn gets acknowledged soon even when output pauses.
+                        self.ack_timer = asyncio.get_running_loop().call_later(
+                            0.1, lambda: asyncio.ensure_future(self._acknowledge()))
                 self.changed.set()
             elif message.type == aiohttp.WSMsgType.TEXT:
                 self.controls.append(json.loads(message.data))
                 self.changed.set()
             else:
                 break
+
+    async def _acknowledge(self) -> None:
+        if self.ack_timer is not None:
+            self.ack_timer.cancel()
+            self.ack_timer = None
+        if self.received > self.acked and not self.socket.closed:
+            self.acked = self.received
+            await self.socket.send_str(json.dumps({"type": "ack", "bytes": self.received}))
 
     def mark(self) -> int:
         """A position in the output stream; ``wait_for`` looks only at what arrives after it."""

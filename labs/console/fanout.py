@@ -92,6 +92,10 @@ class OutputFanout:
             except Exception:
                 logger.exception("Console %s: output could not be shared with other viewers", self.attempt_id)
 
+    async def flush(self) -> None:
+        """Return once everything put so far is in the scrollback (and published)."""
+        await self.idle.wait()
+
     async def close(self, *, within: float = 2.0) -> None:
         """Publish what is queued (briefly), then stop."""
         with contextlib.suppress(TimeoutError):

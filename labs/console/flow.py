@@ -57,8 +57,8 @@ class OutputWindow:
 
     def acknowledge(self, total: int) -> bool:
         """Record the browser's running total; True when a lagging viewer has caught up and needs a redraw."""
-        if self.acked < total <= self.sent:
-            self.acked = total
+        # Never beyond what was sent: a browser cannot have drawn bytes it was not given.
+        self.acked = max(self.acked, min(total, self.sent))
         if self.lagging_since is not None and self.in_flight <= self.window // 4:
             self.lagging_since = None
             self.skipped = 0

@@ -95,8 +95,8 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
         await self.accept()
         await self._send_hello()
         if snapshot.data:
-            await self.send(bytes_data=snapshot.data)
             self.window.record_sent(len(snapshot.data))
+            await self.send(bytes_data=snapshot.data)
         self.delivered_end = snapshot.end
         await self.channel_layer.group_send(
             self.output_group, {"type": "console.viewer_joined", "reply_to": self.channel_name}
@@ -227,8 +227,9 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
             if not self.window.may_send(len(data)):
                 await self._send_json({"type": "lagging"})
                 return
-            await self.send(bytes_data=data)
+            # Counted before sending: the browser's acknowledgement may be handled before send() returns.
             self.window.record_sent(len(data))
+            await self.send(bytes_data=data)
 
     async def _redraw(self) -> None:
         """A lagging browser caught up: give it a fresh screen from scrollback instead of the skipped bytes."""
@@ -236,11 +237,15 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
             await self._redraw_locked()
 
     async def _redraw_locked(self) -> None:
+        if self.fanout is not None:
+            # The holder's own tab runs ahead of the scrollback: let the fan-out catch up, so the snapshot ends
+            # exactly where this tab's next chunk starts.
+            await self.fanout.flush()
         snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
         await self._send_json({"type": "reset"})
         if snapshot.data:
-            await self.send(bytes_data=snapshot.data)
             self.window.record_sent(len(snapshot.data))
+            await self.send(bytes_data=snapshot.data)
         self.delivered_end = snapshot.end
 
     async def _send_status(self, state: str, detail: str = "") -> None:

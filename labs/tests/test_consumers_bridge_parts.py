@@ -96,6 +96,7 @@ def test_output_window_lags_then_asks_for_a_redraw_once_caught_up():
     assert window.acknowledge(600) is True  # caught up: redraw from scrollback
     assert window.lagging_since is None and window.skipped == 0
     assert window.acknowledge(10_000) is False and window.acked == 600  # cannot acknowledge unsent bytes
+    assert window.acknowledge(100) is False and window.acked == 600  # nor go back
 
 
 # -- recording ------------------------------------------------------------------------------------------------
