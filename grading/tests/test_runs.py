@@ -115,7 +115,7 @@ class TestExecution:
         finished = grading_run_execute(run_id=run.pk)
         assert finished.state == RunState.ERROR
         assert finished.error_code == "cluster_unavailable"
-        assert "No cluster configured" in finished.error
+        assert "missing-kubeconfig, which does not exist" in finished.error
         assert finished.score is None
         assert finished.results.count() == 0
         assert Grade.objects.get(lab=lab_a, student=student_a).score == 3
