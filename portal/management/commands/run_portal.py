@@ -29,7 +29,8 @@ def start_kubesim(*, kubeconfig: Path, log_path: Path, extra_args: list[str]) ->
     log = log_path.open("ab")
     process = subprocess.Popen(
         [sys.executable, "-m", "kubesim", "serve", "--host", "127.0.0.1", "--port", "0",
-         "--kubeconfig", str(kubeconfig), *extra_args],
+         "--kubeconfig", str(kubeconfig), "--tls-kubeconfig", str(kubeconfig.with_name("kubeconfig-kubectl")),
+         *extra_args],
         stdout=subprocess.PIPE, stderr=log, cwd=settings.BASE_DIR,
     )
     atexit.register(stop_process, process)
@@ -39,7 +40,9 @@ def start_kubesim(*, kubeconfig: Path, log_path: Path, extra_args: list[str]) ->
         if process.poll() is not None or time.monotonic() > deadline:
             raise CommandError(f"kubesim did not start; see {log_path}")
         time.sleep(0.1)
-    sys.stdout.write(f"kubesim: {url_line} (log: {log_path})\n")
+    sys.stdout.write(
+        f"kubesim: {url_line} (log: {log_path}; for kubectl: KUBECONFIG={kubeconfig.with_name('kubeconfig-kubectl')})\n"
+    )
     return process
 
 
