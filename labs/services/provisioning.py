@@ -14,6 +14,7 @@ import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -26,6 +27,10 @@ from labs.services.events import attempt_push_on_commit
 from portal.models import Tenant
 
 logger = logging.getLogger(__name__)
+
+# Set once a teardown's final grading has returned, so that its own retry (after a failed delete) is not taken for
+# a second delivery still grading.
+FINAL_GRADING_DONE_KEY = "labs:final-grading-done:{attempt_id}"
 
 
 # ---- the system's transitions -------------------------------------------------------------------------------
@@ -256,6 +261,8 @@ def attempt_teardown(*, attempt_id: int) -> str:
             if claimed:
                 trigger = "expiry" if attempt.stop_reason == StopReason.EXPIRED else "stop"
                 grade_final(attempt=attempt, trigger=trigger)
+                cache.set(FINAL_GRADING_DONE_KEY.format(attempt_id=attempt_id), "1",
+                          timeout=settings.CELERY_TASK_TIME_LIMIT + 60)
             elif _final_grading_elsewhere(attempt_id):
                 # A second delivery of this teardown while the first grades: deleting the VM now would cut that
                 # final run off. The first deletes it; if it died, the sweep queues the teardown again later.
@@ -271,10 +278,13 @@ def attempt_teardown(*, attempt_id: int) -> str:
 
 
 def _final_grading_elsewhere(attempt_id: int) -> bool:
-    """Whether another teardown claimed the final grading recently enough to be still at it (a claim older than the
-    task time limit belongs to a worker that died)."""
+    """Whether another teardown is running the final grading right now: it claimed it recently (a claim older than
+    the task time limit belongs to a worker that died) and has not said it finished. A retry of the teardown that
+    did the grading (its delete failed) finds it finished and goes on to delete the VM."""
     since = timezone.now() - timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT)
-    return Attempt.objects.filter(id=attempt_id, vm_deleted_at__isnull=True, final_grading_at__gt=since).exists()
+    if not Attempt.objects.filter(id=attempt_id, vm_deleted_at__isnull=True, final_grading_at__gt=since).exists():
+        return False
+    return cache.get(FINAL_GRADING_DONE_KEY.format(attempt_id=attempt_id)) is None
 
 
 def _delete_vm_and_secret(attempt: Attempt) -> bool:
