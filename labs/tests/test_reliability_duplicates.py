@@ -14,8 +14,9 @@ from grading import tasks as grading_tasks
 from grading.models import CheckResult, Grade, GradingRun, RunState
 from grading.services import grading_run_request
 from labs import tasks
+from labs.kubevirt import operations
 from labs.models import Attempt, AttemptState
-from labs.services import attempt_start, attempt_stop
+from labs.services import attempt_start, attempt_stop, provisioning
 from labs.tests.reliability import (
     delete_every_vm,
     drive_to,
@@ -153,3 +154,21 @@ def test_check_delivered_twice_runs_the_checks_once(cluster, lab):
     with pytest.raises(Conflict):
         grading_run_request(actor=student, attempt=attempt)
     assert GradingRun.objects.filter(attempt=attempt, state=RunState.QUEUED).get() == again
+
+
+def test_a_teardown_retried_after_its_grading_deletes_the_vm(cluster, lab):
+    # The first delivery graded, then the API server failed the delete: Celery retries the same task, which must
+    # not mistake its own finished grading for another delivery still at work.
+    (student,) = make_students(lab.course, 1)
+    attempt = attempt_start(actor=student, lab=lab)
+    tasks.provision_attempt(attempt.id)
+    drive_to(attempt, AttemptState.RUNNING)
+    attempt_stop(actor=student, attempt=attempt)
+    cluster.admin.inject_fault(code=500, verbs=["delete"], resources=["virtualmachines"], count=1)
+    with pytest.raises(operations.ClusterError):
+        provisioning.attempt_teardown(attempt_id=attempt.id)
+    assert GradingRun.objects.get(attempt=attempt).state == RunState.DONE
+    assert vm_names(attempt.namespace) == [attempt.vm_name]
+    assert tasks.teardown_attempt(attempt.id) == "deleted"  # the retry
+    drive_to(attempt, AttemptState.STOPPED)
+    assert GradingRun.objects.filter(attempt=attempt).count() == 1
