@@ -4,7 +4,9 @@ The holder sends each chunk to its own browser at once (keystroke echo must not 
 here. One task appends the queued output to the scrollback and publishes it to the attempt's console group, in
 order, merging whatever queued up meanwhile into one message: under a flood of output the Redis round trips
 are paid per batch, not per frame. The queue is bounded; a full queue makes the upstream reader wait, so TCP
-pushes back on the cluster instead of this process buffering.
+pushes back on the cluster instead of this process buffering. When nobody else watches (the usual single tab)
+nothing is published at all: the scrollback is still kept, and a viewer who arrives is brought up to date with
+a ``console.sync`` (see the consumer).
 """
 
 from __future__ import annotations
@@ -12,21 +14,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 
 from labs.console.scrollback import Scrollback
+from labs.console.viewers import VIEWER_TTL_SECONDS, ConsoleViewers
 
 logger = logging.getLogger(__name__)
 
 BATCH_BYTES = 256 * 1024
 MAX_PENDING_BYTES = 2 * 1024 * 1024
+# How long the holder trusts its last look at the viewer list before asking again.
+OTHERS_RECHECK_SECONDS = 1.0
 
 
 class OutputFanout:
-    def __init__(self, *, attempt_id: int, scrollback: Scrollback, channel_layer, group: str, origin: str,
-                 start_end: int) -> None:
+    def __init__(self, *, attempt_id: int, scrollback: Scrollback, viewers: ConsoleViewers, channel_layer,
+                 group: str, origin: str, start_end: int) -> None:
         self.attempt_id = attempt_id
         self.scrollback = scrollback
+        self.viewers = viewers
+        self.others = True
+        self.others_checked_until = 0.0
         self.channel_layer = channel_layer
         self.group = group
         self.origin = origin
@@ -39,6 +48,10 @@ class OutputFanout:
         self.room = asyncio.Event()
         self.idle = asyncio.Event()
         self.idle.set()
+        # Chunks put, and chunks published (or given up on): flush() waits for the second to reach the first.
+        self.put_count = 0
+        self.done_count = 0
+        self.progress = asyncio.Event()
         self.task = asyncio.create_task(self._run(), name=f"console-{attempt_id}-fanout")
 
     def claim(self, size: int) -> int:
@@ -52,10 +65,11 @@ class OutputFanout:
             await self.room.wait()
         self.pending.append(data)
         self.pending_bytes += len(data)
+        self.put_count += 1
         self.idle.clear()
         self.wakeup.set()
 
-    def _take_batch(self) -> bytes:
+    def _take_batch(self) -> tuple[bytes, int]:
         parts, size = [], 0
         while self.pending and (not parts or size + len(self.pending[0]) <= BATCH_BYTES):
             part = self.pending.popleft()
@@ -63,7 +77,19 @@ class OutputFanout:
             size += len(part)
         self.pending_bytes -= size
         self.room.set()
-        return b"".join(parts)
+        return b"".join(parts), len(parts)
+
+    def viewer_joined(self) -> None:
+        """Another viewer announced itself: publish from now on, without waiting for the next look."""
+        self.others = True
+        self.others_checked_until = time.monotonic() + VIEWER_TTL_SECONDS
+
+    async def _anyone_else(self) -> bool:
+        now = time.monotonic()
+        if now >= self.others_checked_until:
+            self.others = await self.viewers.others(attempt_id=self.attempt_id, viewer=self.origin)
+            self.others_checked_until = now + OTHERS_RECHECK_SECONDS
+        return self.others
 
     async def _publish(self, data: bytes) -> None:
         end = await self.scrollback.append(attempt_id=self.attempt_id, data=data)
@@ -73,6 +99,8 @@ class OutputFanout:
             logger.warning("Console %s: scrollback offset %s, expected %s", self.attempt_id, end,
                            self.published_end + len(data))
         self.published_end = end
+        if not await self._anyone_else():
+            return
         await self.channel_layer.group_send(
             self.group, {"type": "console.output", "data": data, "end": end, "origin": self.origin}
         )
@@ -84,17 +112,23 @@ class OutputFanout:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
-            data = self._take_batch()
+            data, chunks = self._take_batch()
             try:
                 await self._publish(data)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 logger.exception("Console %s: output could not be shared with other viewers", self.attempt_id)
+            self.done_count += chunks
+            self.progress.set()
 
     async def flush(self) -> None:
-        """Return once everything put so far is in the scrollback (and published)."""
-        await self.idle.wait()
+        """Return once everything put so far is in the scrollback (and published); output put meanwhile is
+        not waited for, so this ends even while a program floods the console."""
+        target = self.put_count
+        while self.done_count < target:
+            self.progress.clear()
+            await self.progress.wait()
 
     async def close(self, *, within: float = 2.0) -> None:
         """Publish what is queued (briefly), then stop."""

@@ -32,6 +32,7 @@ from labs.console.limits import console_limits
 from labs.console.recording import AsciicastRecorder
 from labs.console.scrollback import console_scrollback
 from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamState
+from labs.console.viewers import console_viewers
 from labs.consumers.events import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, attempt_group
 from portal.errors import ApplicationError
 
@@ -40,6 +41,14 @@ logger = logging.getLogger(__name__)
 CLOSE_TOO_SLOW = 4008
 # The same notice is sent at most this often to one browser (a TA leaning on the keyboard, a runaway paste).
 NOTICE_INTERVAL_SECONDS = 1.0
+
+
+def console_handshake(*, user, attempt_id: int) -> ConsoleAccess | None:
+    """The viewer's access, or None without a logged-in session. ``user`` may be the lazy ``scope["user"]``
+    (portal.websocket_auth): it is resolved here, in sync code."""
+    if user is None or not user.is_authenticated:
+        return None
+    return console_access(user=user, attempt_id=attempt_id)
 
 
 def console_group(attempt_id: int) -> str:
@@ -58,19 +67,23 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
         self.attempt_id = int(self.scope["url_route"]["kwargs"]["attempt_id"])
         self.user = self.scope.get("user")
-        if self.user is None or not self.user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
-            return
         try:
-            access = await database_sync_to_async(console_access)(user=self.user, attempt_id=self.attempt_id)
+            # One thread-pool call resolves the session's user and decides access; not thread-sensitive, so
+            # handshakes do not queue one after another on the process's single thread for such code.
+            access = await database_sync_to_async(console_handshake, thread_sensitive=False)(
+                user=self.user, attempt_id=self.attempt_id)
         except ApplicationError:
             await self.close(code=CLOSE_NOT_FOUND)
+            return
+        if access is None:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         self.access = access
         self.can_write = access.can_type
         self.limits = console_limits()
         self.lease = console_lease()
         self.scrollback = console_scrollback(limit=self.limits.scrollback_bytes)
+        self.viewers = console_viewers()
         self.window = OutputWindow(window=self.limits.output_window_bytes)
         self.input_limiter = InputRateLimiter(
             rate=self.limits.input_rate_bytes_per_second, burst=self.limits.input_burst_bytes
@@ -91,6 +104,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
         # offset past the snapshot's end and is delivered after it; anything older is skipped.
         await self.channel_layer.group_add(self.output_group, self.channel_name)
         await self.channel_layer.group_add(self.events_group, self.channel_name)
+        await self.viewers.add(attempt_id=self.attempt_id, viewer=self.channel_name)
         snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
         await self.accept()
         await self._send_hello()
@@ -113,6 +127,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
             await self.ownership_task
         if self.upstream_task is not None:
             await self._stop_owning(release=True)
+        await self.viewers.remove(attempt_id=self.attempt_id, viewer=self.channel_name)
         await self.channel_layer.group_discard(self.output_group, self.channel_name)
         await self.channel_layer.group_discard(self.events_group, self.channel_name)
 
@@ -204,32 +219,36 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_send(self.output_group, {"type": "console.notice", "code": code, **extra})
 
     async def _deliver(self, data: bytes, end: int) -> None:
+        async with self.deliver_lock:
+            await self._deliver_locked(data, end)
+
+    async def _deliver_locked(self, data: bytes, end: int) -> None:
         """Send one chunk of output (ending at offset ``end``) unless already sent or the browser is behind.
 
         A chunk that starts past what this browser has means output went missing on the way (a full channel
         dropped a message, or this viewer joined while the holder did not yet know of it): the screen is then
         redrawn from the scrollback, which always holds what has been published.
         """
-        async with self.deliver_lock:
+        if end <= self.delivered_end:
+            return
+        if self.window.lagging_since is not None:
+            self.window.may_send(len(data))  # counts what is skipped; the catch-up redraw replaces it
+            self.delivered_end = end
+            return
+        start = end - len(data)
+        if start > self.delivered_end:
+            await self._redraw_locked()
             if end <= self.delivered_end:
                 return
-            start = end - len(data)
-            if self.window.lagging_since is not None:
-                self.window.may_send(len(data))  # counts what is skipped; the catch-up redraw replaces it
-                self.delivered_end = end
-                return
-            if start > self.delivered_end:
-                await self._redraw_locked()
-                return
-            if start < self.delivered_end:
-                data = data[self.delivered_end - start:]
-            self.delivered_end = end
-            if not self.window.may_send(len(data)):
-                await self._send_json({"type": "lagging"})
-                return
-            # Counted before sending: the browser's acknowledgement may be handled before send() returns.
-            self.window.record_sent(len(data))
-            await self.send(bytes_data=data)
+        if start < self.delivered_end:
+            data = data[self.delivered_end - start:]
+        self.delivered_end = end
+        if not self.window.may_send(len(data)):
+            await self._send_json({"type": "lagging"})
+            return
+        # Counted before sending: the browser's acknowledgement may be handled before send() returns.
+        self.window.record_sent(len(data))
+        await self.send(bytes_data=data)
 
     async def _redraw(self) -> None:
         """A lagging browser caught up: give it a fresh screen from scrollback instead of the skipped bytes."""
@@ -269,10 +288,21 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
         self.owner_gone.set()
 
     async def console_viewer_joined(self, event: dict) -> None:
-        if self.upstream is not None and self.upstream.state is not None and event["reply_to"] != self.channel_name:
+        if event["reply_to"] == self.channel_name or self.fanout is None:
+            return
+        # Publish from now on, then tell the newcomer where the output stands: whatever it missed between its
+        # snapshot and now (published to nobody while this holder was alone) it redraws from the scrollback.
+        self.fanout.viewer_joined()
+        await self.fanout.flush()
+        await self.channel_layer.send(event["reply_to"], {"type": "console.sync", "end": self.fanout.published_end})
+        if self.upstream is not None and self.upstream.state is not None:
             await self.channel_layer.send(
                 event["reply_to"], {"type": "console.status", "state": self.upstream.state.value, "origin": "holder"}
             )
+
+    async def console_sync(self, event: dict) -> None:
+        if event["end"] > self.delivered_end:
+            await self._redraw()
 
     async def console_notice(self, event: dict) -> None:
         await self._send_json({"type": "notice", **{k: v for k, v in event.items() if k != "type"}})
@@ -294,11 +324,13 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
                     self.owner_gone.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.owner_gone.wait(), timeout=min(1.0, ttl / 3))
+                    await self.viewers.add(attempt_id=self.attempt_id, viewer=self.channel_name)
                 elif self.upstream_task.done():
                     await self._stop_owning(release=True)
                     await asyncio.sleep(1.0)
                 else:
                     await asyncio.sleep(ttl / 3)
+                    await self.viewers.add(attempt_id=self.attempt_id, viewer=self.channel_name)
                     if not await self.lease.renew(attempt_id=self.attempt_id, holder=self.channel_name, ttl=ttl):
                         logger.warning("Console %s: lease lost; handing the upstream over", self.attempt_id)
                         await self._stop_owning(release=False)
@@ -316,7 +348,8 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
     async def _start_owning(self) -> None:
         snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
         self.fanout = OutputFanout(
-            attempt_id=self.attempt_id, scrollback=self.scrollback, channel_layer=self.channel_layer,
+            attempt_id=self.attempt_id, scrollback=self.scrollback, viewers=self.viewers,
+            channel_layer=self.channel_layer,
             group=self.output_group, origin=self.channel_name, start_end=snapshot.end,
         )
         self.recorder = AsciicastRecorder(
@@ -365,11 +398,13 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
     async def _upstream_output(self, data: bytes) -> None:
         # This viewer's own browser first (the common case: one tab; an echo must not wait for Redis), then the
         # scrollback and everybody else through the fan-out, in order.
-        end = self.fanout.claim(len(data))
-        await self._deliver(data, end)
-        if self.recorder is not None:
-            self.recorder.output(data)
-        await self.fanout.put(data)
+        # Under the delivery lock, so that a redraw never finds a chunk shown here but not yet queued.
+        async with self.deliver_lock:
+            end = self.fanout.claim(len(data))
+            await self._deliver_locked(data, end)
+            if self.recorder is not None:
+                self.recorder.output(data)
+            await self.fanout.put(data)
 
     async def _upstream_state(self, state: UpstreamState, detail: str) -> None:
         await self._send_status(state.value, detail)

@@ -14,6 +14,7 @@ from labs.console.lease import LocalConsoleLease, RedisConsoleLease
 from labs.console.recording import AsciicastRecorder, recording_path
 from labs.console.redis_client import shared_redis
 from labs.console.scrollback import LocalScrollback, RedisScrollback, tail_for_replay
+from labs.console.viewers import LocalConsoleViewers, RedisConsoleViewers
 
 
 async def clear_console_keys(client) -> None:
@@ -142,8 +143,11 @@ async def test_fanout_publishes_in_order_with_scrollback_offsets_and_batches_a_b
     await layer.group_add("console-900", viewer)
     LocalScrollback._buffers.pop(900, None)
     scrollback = LocalScrollback(limit=1 << 20)
-    fanout = OutputFanout(attempt_id=900, scrollback=scrollback, channel_layer=layer, group="console-900",
-                          origin="holder", start_end=0)
+    viewers = LocalConsoleViewers()
+    await viewers.add(attempt_id=900, viewer="holder")
+    await viewers.add(attempt_id=900, viewer=viewer)
+    fanout = OutputFanout(attempt_id=900, scrollback=scrollback, viewers=viewers, channel_layer=layer,
+                          group="console-900", origin="holder", start_end=0)
     chunks = [f"{i:04d}".encode() for i in range(40)]
     for chunk in chunks:
         assert fanout.claim(len(chunk)) == fanout.end
@@ -159,3 +163,47 @@ async def test_fanout_publishes_in_order_with_scrollback_offsets_and_batches_a_b
         received, last_end = received + message["data"], message["end"]
     assert received == b"".join(chunks) and last_end == 160
     assert (await scrollback.snapshot(attempt_id=900)).end == 160
+
+
+async def test_a_holder_alone_keeps_the_scrollback_but_publishes_nothing_until_a_viewer_joins():
+    layer = InMemoryChannelLayer()
+    listener = await layer.new_channel()
+    await layer.group_add("console-901", listener)  # in the group, but not registered as watching
+    LocalScrollback._buffers.pop(901, None)
+    scrollback = LocalScrollback(limit=1 << 20)
+    viewers = LocalConsoleViewers()
+    await viewers.add(attempt_id=901, viewer="holder")
+    fanout = OutputFanout(attempt_id=901, scrollback=scrollback, viewers=viewers, channel_layer=layer,
+                          group="console-901", origin="holder", start_end=0)
+    await fanout.put(b"alone")
+    await fanout.flush()
+    assert (await scrollback.snapshot(attempt_id=901)).end == 5
+    assert fanout.published_end == 5
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(layer.receive(listener), 0.2)
+    fanout.viewer_joined()
+    await fanout.put(b"shared")
+    await fanout.flush()
+    message = await asyncio.wait_for(layer.receive(listener), 1)
+    assert message["data"] == b"shared" and message["end"] == 11
+    await fanout.close()
+
+
+@pytest.mark.parametrize("backend", ["local", "redis"])
+async def test_viewer_registry_sees_others_until_they_leave_or_expire(backend, monkeypatch):
+    if backend == "redis":
+        client = shared_redis()
+        await clear_console_keys(client)
+        viewers = RedisConsoleViewers(client)
+    else:
+        LocalConsoleViewers._table.pop(902, None)
+        viewers = LocalConsoleViewers()
+    await viewers.add(attempt_id=902, viewer="a")
+    assert not await viewers.others(attempt_id=902, viewer="a")
+    await viewers.add(attempt_id=902, viewer="b")
+    assert await viewers.others(attempt_id=902, viewer="a")
+    await viewers.remove(attempt_id=902, viewer="b")
+    assert not await viewers.others(attempt_id=902, viewer="a")
+    monkeypatch.setattr("labs.console.viewers.VIEWER_TTL_SECONDS", -1.0)  # "c" registers already expired
+    await viewers.add(attempt_id=902, viewer="c")
+    assert not await viewers.others(attempt_id=902, viewer="a")

@@ -1,0 +1,63 @@
+"""Who is watching an attempt's console right now, so the holder can skip publishing when it is alone.
+
+Each viewer registers its channel name with an expiry and refreshes it while connected; one that vanishes
+without a word (a process killed) simply expires. With Redis it is a sorted set scored by expiry time;
+without Redis a process-local table.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from labs.console.redis_client import shared_redis
+
+VIEWER_TTL_SECONDS = 10.0
+
+
+def viewers_key(attempt_id: int) -> str:
+    return f"portal:console:viewers:{attempt_id}"
+
+
+class ConsoleViewers(Protocol):
+    async def add(self, *, attempt_id: int, viewer: str) -> None: ...
+    async def remove(self, *, attempt_id: int, viewer: str) -> None: ...
+    async def others(self, *, attempt_id: int, viewer: str) -> bool: ...
+
+
+class RedisConsoleViewers:
+    def __init__(self, client) -> None:
+        self.client = client
+
+    async def add(self, *, attempt_id: int, viewer: str) -> None:
+        key = viewers_key(attempt_id)
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.zadd(key, {viewer: time.time() + VIEWER_TTL_SECONDS})
+            pipe.expire(key, int(VIEWER_TTL_SECONDS * 6))
+            await pipe.execute()
+
+    async def remove(self, *, attempt_id: int, viewer: str) -> None:
+        await self.client.zrem(viewers_key(attempt_id), viewer)
+
+    async def others(self, *, attempt_id: int, viewer: str) -> bool:
+        live = await self.client.zrangebyscore(viewers_key(attempt_id), time.time(), "+inf", start=0, num=2)
+        return any(member.decode() != viewer for member in live)
+
+
+class LocalConsoleViewers:
+    _table: dict[int, dict[str, float]] = {}
+
+    async def add(self, *, attempt_id: int, viewer: str) -> None:
+        self._table.setdefault(attempt_id, {})[viewer] = time.monotonic() + VIEWER_TTL_SECONDS
+
+    async def remove(self, *, attempt_id: int, viewer: str) -> None:
+        self._table.get(attempt_id, {}).pop(viewer, None)
+
+    async def others(self, *, attempt_id: int, viewer: str) -> bool:
+        now = time.monotonic()
+        return any(name != viewer and expiry > now for name, expiry in self._table.get(attempt_id, {}).items())
+
+
+def console_viewers() -> ConsoleViewers:
+    client = shared_redis()
+    return RedisConsoleViewers(client) if client is not None else LocalConsoleViewers()
