@@ -33,7 +33,8 @@ def attempt_access_check(*, user, attempt_id: int) -> None:
 
 
 def attempt_initial_messages(*, user, attempt_id: int) -> list[dict]:
-    """The messages a (re)connecting page needs: the attempt's status and its latest grading run, if any."""
+    """The messages a (re)connecting page needs: the attempt's status and its latest grading run, if any.
+    Raises NotFound unless the user may see the attempt (the access check and the snapshot are one lookup)."""
     attempt = attempt_get_for_user(user=user, attempt_id=attempt_id)
     messages = [{"type": "attempt.update", "attempt": attempt_status_payload(attempt)}]
     # Reached through the attempt just checked above, so scoped like it.
@@ -43,27 +44,42 @@ def attempt_initial_messages(*, user, attempt_id: int) -> list[dict]:
     return messages
 
 
+class NotAuthenticated(Exception):
+    """The handshake carries no logged-in session."""
+
+
+def attempt_events_handshake(*, user, attempt_id: int) -> list[dict]:
+    """Everything a handshake needs from the database, in one call: the session's user (``user`` may be the lazy
+    ``scope["user"]``, resolved here), the access decision and the snapshot. Raises ``NotAuthenticated`` or
+    ``NotFound``."""
+    if user is None or not user.is_authenticated:
+        raise NotAuthenticated
+    return attempt_initial_messages(user=user, attempt_id=attempt_id)
+
+
+# One thread-pool call per handshake. Not thread-sensitive: channels' default would run every handshake of the
+# process on one shared thread, one after another, and a class opening its pages together would wait past
+# daphne's connect timeout. database_sync_to_async closes stale connections around the call in its thread.
+_handshake = database_sync_to_async(attempt_events_handshake, thread_sensitive=False)
+
+
 class AttemptEventsConsumer(AsyncJsonWebsocketConsumer):
+    group: str | None = None
+
     async def connect(self) -> None:
-        self.group = None
-        user = self.scope.get("user")
         attempt_id = int(self.scope["url_route"]["kwargs"]["attempt_id"])
-        if user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
-            return
-        try:
-            await database_sync_to_async(attempt_access_check)(user=user, attempt_id=attempt_id)
-        except ApplicationError:
-            await self.close(code=CLOSE_NOT_FOUND)
-            return
-        self.group = attempt_group(attempt_id)
+        group = attempt_group(attempt_id)
         # Join before reading the snapshot: an update committed in between is delivered after it, never lost.
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        # Nothing reaches the socket before access is decided: group messages wait until connect() returns,
+        # and a refused handshake leaves the group again before that.
+        await self.channel_layer.group_add(group, self.channel_name)
         try:
-            initial = await database_sync_to_async(attempt_initial_messages)(user=user, attempt_id=attempt_id)
-        except ApplicationError:
-            await self.close(code=CLOSE_NOT_FOUND)
+            initial = await _handshake(user=self.scope.get("user"), attempt_id=attempt_id)
+        except (NotAuthenticated, ApplicationError) as exc:
+            await self.channel_layer.group_discard(group, self.channel_name)
+            await self.close(code=CLOSE_UNAUTHENTICATED if isinstance(exc, NotAuthenticated) else CLOSE_NOT_FOUND)
             return
+        self.group = group
         await self.accept()
         for message in initial:
             await self.send_json(message)
@@ -78,7 +94,11 @@ class AttemptEventsConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "pong"})
 
     async def attempt_update(self, event: dict) -> None:
+        if self.group is None:
+            return  # refused: a message that reached the channel before it left the group is not for this socket
         await self.send_json({"type": "attempt.update", "attempt": event["attempt"]})
 
     async def grading_update(self, event: dict) -> None:
+        if self.group is None:
+            return
         await self.send_json({"type": "grading.update", "run": event["run"]})
