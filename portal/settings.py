@@ -13,6 +13,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.translation import gettext_lazy as _
+from kombu import Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -260,22 +261,33 @@ ATTEMPT_TASK_SOFT_TIME_LIMIT_SECONDS = env_int("ATTEMPT_TASK_SOFT_TIME_LIMIT_SEC
 KUBEVIRT_NAMESPACE = env_str("KUBEVIRT_NAMESPACE", "kubevirt")
 # The portal's own namespace when it runs in the cluster (its pods may then reach the agent port too).
 PORTAL_NAMESPACE = env_str("PORTAL_NAMESPACE")
+# The beat's passes (expiry, crashes, vanished VMs, orphans, stuck runs) have a queue of their own, which every
+# worker consumes by default alongside the main one (alternately): behind a backlog of starts or teardowns in the
+# main queue one runs as soon as a worker process is free, instead of after the backlog. A pass waiting for a free
+# process stays valid for a few periods (an expiry of one period discarded every pass that had to wait).
+CELERY_TASK_QUEUES = [Queue("celery"), Queue("periodic")]
+
+
+def periodic_options(interval: float) -> dict:
+    return {"queue": "periodic", "expires": max(10.0, 3.0 * interval)}
+
+
 CELERY_BEAT_SCHEDULE = {
     "labs-sync-attempts": {
         "task": "labs.tasks.sync_attempts",
         "schedule": float(ATTEMPT_SYNC_INTERVAL_SECONDS),
-        "options": {"expires": float(ATTEMPT_SYNC_INTERVAL_SECONDS)},
+        "options": periodic_options(float(ATTEMPT_SYNC_INTERVAL_SECONDS)),
     },
     "labs-sweep-attempts": {
         "task": "labs.tasks.sweep_attempts",
         "schedule": float(ATTEMPT_SWEEP_INTERVAL_SECONDS),
-        "options": {"expires": float(ATTEMPT_SWEEP_INTERVAL_SECONDS)},
+        "options": periodic_options(float(ATTEMPT_SWEEP_INTERVAL_SECONDS)),
     },
     # Grading runs whose worker never came or died, so they stop showing as in progress.
     "grading-sweep-runs": {
         "task": "grading.tasks.grading_runs_sweep",
         "schedule": float(ATTEMPT_SWEEP_INTERVAL_SECONDS),
-        "options": {"expires": float(ATTEMPT_SWEEP_INTERVAL_SECONDS)},
+        "options": periodic_options(float(ATTEMPT_SWEEP_INTERVAL_SECONDS)),
     },
 }
 GRADING_MIN_INTERVAL_SECONDS = env_int("GRADING_MIN_INTERVAL_SECONDS", 10)
