@@ -13,7 +13,7 @@ from django.utils import timezone
 from labs.kubevirt import client as kube_client
 from labs.kubevirt import manifests, names, operations
 from labs.models import Attempt, AttemptState
-from labs.services import attempt_start
+from labs.services import attempt_start, attempt_stop
 from labs.tests.reliability import (
     PortalProcesses,
     agreement,
@@ -122,3 +122,42 @@ def test_orphans_both_ways_are_swept_within_two_sweep_periods(portal):
     # Nothing stayed behind the sweep's back for longer than it should: the record says when it last ran.
     swept_at = tenant.cluster_namespace.swept_at
     assert swept_at is not None and timezone.now() - swept_at < timedelta(seconds=2 * SWEEP_SECONDS + 2)
+
+
+def test_the_sync_and_the_sweep_keep_their_pace_behind_a_backlog_of_work(portal, kubesim):
+    # A class stops at once while the API server is slow: every worker process is busy with teardowns for a
+    # while. The beat's periodic passes (expiry, crashes, vanished VMs) must still run as soon as a process is
+    # free, not after the whole backlog (nor expire in the queue unrun, pass after pass).
+    tenant = make_tenant("Backlog University", vms=16)
+    lab = make_lab(make_course(tenant))
+    attempts = [attempt_start(actor=s, lab=lab) for s in make_students(lab.course, 14)]
+    wait_until(lambda: all(Attempt.objects.get(pk=a.pk).state == AttemptState.RUNNING for a in attempts),
+               timeout=60, what="attempts to run", describe=portal.log_tail)
+    leaving, (expiring, vanished) = attempts[:12], attempts[12:]
+    teardown_seconds = 2 * 2.0  # the VM and its Secret, each delete slowed by two seconds
+    kubesim.admin.inject_fault(latency={"delete": 2.0})
+    for attempt in leaving:
+        attempt_stop(actor=attempt.student, attempt=attempt)
+    time.sleep(1.0)  # the teardowns now occupy every worker process, with more queued behind them
+    Attempt.objects.filter(pk=expiring.pk).update(expires_at=timezone.now())
+    marked = time.monotonic()
+    operations.vm_delete(namespace=tenant.namespace, name=vanished.vm_name)  # slow too, but done
+
+    # Each waits for a free worker process: at most one teardown's time, then its own period.
+    seen_expired = seconds_until(lambda: Attempt.objects.get(pk=expiring.pk).state != AttemptState.RUNNING,
+                                 limit=teardown_seconds + 2 * SYNC_SECONDS + SLACK_SECONDS,
+                                 what="the expiry to be seen", portal=portal)
+    wait_until(lambda: Attempt.objects.get(pk=vanished.pk).state == AttemptState.FAILED,
+               timeout=teardown_seconds + 2 * SWEEP_SECONDS + 20, interval=0.05, what="the vanished VM to be seen",
+               describe=portal.log_tail)
+    seen_vanished = time.monotonic() - marked
+    backlog_left = Attempt.objects.filter(pk__in=[a.pk for a in leaving], state=AttemptState.STOPPING).count()
+    print(f"behind a backlog of {len(leaving)} teardowns of about {teardown_seconds:.0f} s on "
+          f"{portal.concurrency} processes: expiry seen after {seen_expired:.1f} s, vanished VM after "
+          f"{seen_vanished:.1f} s, {backlog_left} teardowns still queued or running then")
+    assert backlog_left > 0, "the backlog was gone before the periodic passes were measured"
+    assert seen_expired <= teardown_seconds + 2 * SYNC_SECONDS + SLACK_SECONDS
+    assert seen_vanished <= teardown_seconds + 2 * SWEEP_SECONDS + SLACK_SECONDS
+    kubesim.admin.clear_faults()
+    wait_until(lambda: not Attempt.objects.filter(tenant=tenant, state=AttemptState.STOPPING).exists(), timeout=60,
+               what="the backlog to drain", describe=portal.log_tail)
