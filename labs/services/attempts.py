@@ -15,7 +15,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Max, Sum
+from django.db.models import Count, Max, Q, Sum
 from django.utils import formats, timezone
 from django.utils.translation import gettext as _
 
@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 # Suggested wait when capacity is full, in seconds (JupyterHub's spawn_throttle_retry_range).
 RETRY_AFTER_RANGE = (30, 60)
+# labs.models.Attempt's constraint: one active attempt per student and lab.
+ONE_ACTIVE_CONSTRAINT = "attempt_one_active_per_student_lab"
 
 
 class StopReason:
@@ -75,12 +77,9 @@ def _check_start_throttle() -> None:
         )
 
 
-def _check_quota(*, tenant: Tenant, vcpus: int, memory_mib: int) -> None:
-    """Refuse when one more VM of this shape would pass any of the tenant's limits. Call with the tenant locked."""
-    totals = Attempt.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).aggregate(
-        vms=Count("id"), vcpus=Sum("vcpus"), memory=Sum("launcher_memory_mib")
-    )
-    used_vms, used_vcpus, used_memory = totals["vms"] or 0, totals["vcpus"] or 0, totals["memory"] or 0
+def _quota_refusal(*, tenant: Tenant, used_vms: int, used_vcpus: int, used_memory: int, vcpus: int,
+                   memory_mib: int) -> Unavailable | None:
+    """The refusal when one more VM of this shape would pass any of the tenant's limits, else None."""
     reasons = []
     if used_vms + 1 > tenant.max_concurrent_vms:
         reasons.append(_("all %(limit)d lab VMs are in use") % {"limit": tenant.max_concurrent_vms})
@@ -89,16 +88,35 @@ def _check_quota(*, tenant: Tenant, vcpus: int, memory_mib: int) -> None:
     if used_memory + memory_mib > tenant.max_memory_mib:
         reasons.append(_("%(used)d of %(limit)d MiB of memory are in use")
                        % {"used": used_memory, "limit": tenant.max_memory_mib})
-    if reasons:
-        raise Unavailable(
-            _("Your institution's lab capacity is full (%(reasons)s). Try again in a minute or two.")
-            % {"reasons": "; ".join(reasons)},
-            code="quota_full", retry_after=retry_after_seconds(),
-        )
+    if not reasons:
+        return None
+    return Unavailable(
+        _("Your institution's lab capacity is full (%(reasons)s). Try again in a minute or two.")
+        % {"reasons": "; ".join(reasons)},
+        code="quota_full", retry_after=retry_after_seconds(),
+    )
+
+
+def _already_active() -> Conflict:
+    return Conflict(_("You already have an attempt of this lab in progress."), code="attempt_active")
+
+
+def _is_one_active_violation(error: IntegrityError) -> bool:
+    diag = getattr(error.__cause__, "diag", None)
+    constraint = getattr(diag, "constraint_name", None)
+    # Without the driver's diagnostics (not PostgreSQL), the attempt insert is the one statement that can clash.
+    return constraint is None or constraint == ONE_ACTIVE_CONSTRAINT
 
 
 def attempt_start(*, actor: User, lab: Lab) -> Attempt:
-    """Start an attempt of ``lab`` for the student ``actor``: checks, quota, the row, then provisioning on commit."""
+    """Start an attempt of ``lab`` for the student ``actor``: checks, quota, the row, then provisioning on commit.
+
+    Every start in a tenant waits for the tenant's row lock, so the locked part is kept to what the quota needs:
+    the lock, one aggregate (the tenant's active totals, and this student's active attempt and last number of
+    the lab), the insert, its VM name and the audit row. Everything that does not depend on other starts (the
+    student's standing, the lab's window and settings, the size arithmetic, the attempt limit, the global start
+    throttle) is decided before it, and the push and the queueing run after the commit.
+    """
     course = lab.course
     role = course_role(user=actor, course=course)
     if role is None:
@@ -111,56 +129,80 @@ def attempt_start(*, actor: User, lab: Lab) -> Attempt:
     guest = guest_resources(lab.size)
     launcher = launcher_requests(vcpus=guest.vcpus, memory_mib=guest.memory_mib)
     _check_extra_cloud_init(lab)
+    # Per student: two starts of the same student cannot both get past the one-active rule below, so counting
+    # outside the lock lets nobody past the limit.
+    if lab.attempt_limit and attempts_counted_against_limit(student=actor, lab=lab) >= lab.attempt_limit:
+        raise Conflict(_("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit},
+                       code="attempt_limit")
     _check_start_throttle()
+    audit_data = {"lab": lab.id, "size": lab.size}
+    mine = Q(student=actor, lab=lab)
+    active = Q(state__in=ACTIVE_STATES)
 
-    with transaction.atomic():
-        # Serialises every start in the tenant: the quota below is counted with no other start in between.
-        tenant = Tenant.objects.select_for_update().get(pk=course.tenant_id)
-        active = Attempt.objects.filter(student=actor, lab=lab, state__in=ACTIVE_STATES).first()
-        if active is not None:
-            raise Conflict(_("You already have an attempt of this lab in progress."), code="attempt_active",
-                           extra={"attempt_id": active.id})
-        if lab.attempt_limit and attempts_counted_against_limit(student=actor, lab=lab) >= lab.attempt_limit:
-            raise Conflict(_("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit},
-                           code="attempt_limit")
-        _check_quota(tenant=tenant, vcpus=guest.vcpus, memory_mib=launcher.memory_mib)
-        number = (Attempt.objects.filter(student=actor, lab=lab).aggregate(n=Max("number"))["n"] or 0) + 1
-        try:
-            with transaction.atomic():
-                attempt = Attempt.objects.create(
-                    lab=lab, student=actor, tenant=tenant, number=number, state=AttemptState.REQUESTED,
-                    namespace=tenant.namespace, agent_token=secrets.token_urlsafe(32),
-                    vcpus=guest.vcpus, memory_mib=guest.memory_mib,
-                    launcher_cpu_millicores=launcher.cpu_millicores, launcher_memory_mib=launcher.memory_mib,
-                    requested_at=now,
-                )
-        except IntegrityError:
-            raise Conflict(_("You already have an attempt of this lab in progress."), code="attempt_active") from None
-        attempt.vm_name = names.vm_name(attempt.id)
-        attempt.save(update_fields=["vm_name"])
-        audit_record(actor=actor, action="attempt.start", target=attempt, tenant=tenant, course=course,
-                     data={"lab": lab.id, "number": number, "size": lab.size})
-        attempt_push_on_commit(attempt=attempt)
-        _enqueue_provision(attempt.id)
-    if not transaction.get_connection().in_atomic_block:
-        # Committed, and the provisioning was handed to the broker (or not) on that commit.
+    try:
+        with transaction.atomic():
+            # Serialises every start in the tenant: the quota below is counted with no other start in between.
+            tenant = Tenant.objects.select_for_update().get(pk=course.tenant_id)
+            in_tenant = Q(tenant_id=tenant.pk) & active
+            totals = Attempt.objects.filter(in_tenant | mine).aggregate(
+                vms=Count("id", filter=in_tenant), vcpus=Sum("vcpus", filter=in_tenant),
+                memory=Sum("launcher_memory_mib", filter=in_tenant),
+                mine_active=Max("id", filter=mine & active), number=Max("number", filter=mine),
+            )
+            if totals["mine_active"] is not None:
+                raise Conflict(_("You already have an attempt of this lab in progress."), code="attempt_active",
+                               extra={"attempt_id": totals["mine_active"]})
+            refusal = _quota_refusal(
+                tenant=tenant, used_vms=totals["vms"] or 0, used_vcpus=totals["vcpus"] or 0,
+                used_memory=totals["memory"] or 0, vcpus=guest.vcpus, memory_mib=launcher.memory_mib,
+            )
+            if refusal is not None:
+                raise refusal
+            number = (totals["number"] or 0) + 1
+            attempt = Attempt.objects.create(
+                lab=lab, student=actor, tenant=tenant, number=number, state=AttemptState.REQUESTED,
+                namespace=tenant.namespace, agent_token=secrets.token_urlsafe(32),
+                vcpus=guest.vcpus, memory_mib=guest.memory_mib,
+                launcher_cpu_millicores=launcher.cpu_millicores, launcher_memory_mib=launcher.memory_mib,
+                requested_at=now,
+            )
+            attempt.vm_name = names.vm_name(attempt.id)
+            attempt.save(update_fields=["vm_name"])
+            audit_record(actor=actor, action="attempt.start", target=attempt, tenant=tenant, course=course,
+                         data={**audit_data, "number": number})
+    except IntegrityError as error:
+        if not _is_one_active_violation(error):
+            raise
+        raise _already_active() from None
+    # After the commit (or, inside a caller's transaction, on its commit): the page's update, then the task.
+    attempt_push_on_commit(attempt=attempt)
+    queued = _enqueue_provision(attempt.id)
+    if not transaction.get_connection().in_atomic_block and not queued.get("sent", True):
+        # The provisioning could not be handed to the broker: the attempt was failed in words.
         attempt.refresh_from_db(fields=["state", "failure_reason", "ended_at", "updated_at"])
         if attempt.state == AttemptState.FAILED:
             raise Unavailable(attempt.failure_reason, code="queue_unavailable", retry_after=retry_after_seconds())
     return attempt
 
 
-def _enqueue_provision(attempt_id: int) -> None:
+def _enqueue_provision(attempt_id: int) -> dict[str, bool]:
+    """Queue the provisioning on commit. The returned dict gets ``sent`` once that was tried (False: refused)."""
     from labs.tasks import provision_attempt
+
+    outcome: dict[str, bool] = {}
 
     def send() -> None:
         try:
             provision_attempt.delay(attempt_id)
         except Exception:
+            outcome["sent"] = False
             logger.exception("could not queue the provisioning of attempt %s", attempt_id)
             _fail_unqueued(attempt_id)
+        else:
+            outcome["sent"] = True
 
     transaction.on_commit(send)
+    return outcome
 
 
 def _fail_unqueued(attempt_id: int) -> None:
