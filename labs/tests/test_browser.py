@@ -10,7 +10,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from tests.browser.live import REPO_ROOT, LivePortal
+from tests.browser.live import REPO_ROOT, LivePortal, subprocess_database_url
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -18,15 +18,6 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = REPO_ROOT / "artifacts"
-
-
-def database_url() -> str:
-    """The test database, as the subprocesses must reach it (the rows these tests create are committed)."""
-    s = connection.settings_dict
-    host = s.get("HOST") or "127.0.0.1"
-    port = s.get("PORT") or 5432
-    password = f":{s['PASSWORD']}" if s.get("PASSWORD") else ""
-    return f"postgres://{s['USER']}{password}@{host}:{port}/{s['NAME']}"
 
 
 @pytest.fixture
@@ -39,7 +30,7 @@ def live_portal(transactional_db, kubesim_server, tmp_path):
     client = redis.Redis.from_url(settings.REDIS_URL)
     client.flushdb()
     client.close()
-    portal = LivePortal(database_url=database_url(), redis_url=settings.REDIS_URL,
+    portal = LivePortal(database_url=subprocess_database_url(), redis_url=settings.REDIS_URL,
                         kubeconfig=kubesim_server.kubeconfig, workdir=tmp_path / "portal")
     with portal:
         yield portal

@@ -29,6 +29,15 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def subprocess_database_url() -> str:
+    """The database Django uses now (the test database in tests), as a URL other processes can open."""
+    from django.db import connection
+
+    s = connection.settings_dict
+    password = f":{s['PASSWORD']}" if s.get("PASSWORD") else ""
+    return f"postgres://{s['USER']}{password}@{s.get('HOST') or '127.0.0.1'}:{s.get('PORT') or 5432}/{s['NAME']}"
+
+
 def log_tail(path: Path, lines: int = 40) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
