@@ -202,7 +202,11 @@ if REDIS_URL:
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             # channels_redis waits for messages with a 5 s BZPOPMIN; redis-py 8 gives sockets a 5 s read timeout
             # by default, which fires first and kills every consumer that has been idle for 5 s.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1500, "expiry": 30},
+            # redis-py 8 also caps a pool at 100 connections and fails the 101st at once (MaxConnectionsError)
+            # rather than waiting: a class opening its events sockets together runs 100+ group_add calls at once.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30,
+                                  "max_connections": env_int("CHANNEL_LAYER_MAX_CONNECTIONS", 1000)}],
+                       "capacity": 1500, "expiry": 30},
         }
     }
     CELERY_BROKER_URL = REDIS_URL
