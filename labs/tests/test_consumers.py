@@ -367,6 +367,34 @@ async def test_output_is_recorded_as_asciicast_v2(attempt, cluster, student_a):
     assert any(kind == "o" and "recorded-49" in text for _, kind, text in events)
 
 
+async def test_console_waits_like_virtctl_while_the_vmi_is_not_running(cluster, student_a, lab_a):
+    from labs.services import attempt_provision, attempt_start
+    from tests.browser.attempts import attempt_run_to
+
+    delays = await sync_to_async(cluster.admin.configure)()
+    await sync_to_async(cluster.admin.configure)(scheduled_delay=8.0)
+    try:
+        attempt = await sync_to_async(attempt_start)(actor=student_a, lab=lab_a)
+        await sync_to_async(attempt_provision)(attempt_id=attempt.id)
+        before = await sync_to_async(console_requests)(cluster)
+        student = await open_console(student_a, attempt.id)
+        # Its own thread: the consumer's database calls must not queue behind this loop.
+        syncing = asyncio.ensure_future(
+            sync_to_async(attempt_run_to, thread_sensitive=False)(attempt=attempt, timeout=60))
+        await student.read_until(lambda v: "waiting" in v.statuses())
+        await asyncio.sleep(2.0)
+        refused = await sync_to_async(console_requests)(cluster) - before
+        # About one try a second while the VMI is Scheduling/Scheduled (400), not a busy loop.
+        assert 1 <= refused <= 4, refused
+        await student.read_until(lambda v: v.statuses()[-1] == "connected", within=30)
+        await syncing
+        await student.type(b"echo up-$((2*21))\r")
+        await student.read_until(lambda v: v.has_output(b"up-42"))
+        await student.close()
+    finally:
+        await sync_to_async(cluster.admin.configure)(**{k: v for k, v in delays.items() if k.endswith("delay")})
+
+
 async def test_ended_attempt_reports_ended_instead_of_dialling(cluster, student_a, lab_a):
     attempt = await sync_to_async(running_attempt)(student=student_a, lab=lab_a)
     from labs.models import Attempt
