@@ -59,7 +59,7 @@ def terminal_text(page) -> str:
     return page.locator("#terminal .xterm-rows").inner_text()
 
 
-def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, lab_a, live_portal, browser):
+def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_a, live_portal, browser):
     # Rows first: Playwright runs an event loop in this thread, where Django refuses synchronous queries.
     from playwright.sync_api import expect
 
@@ -138,4 +138,33 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, lab_a, liv
     page.screenshot(path=str(ARTIFACTS / "browser-lab-page.png"), full_page=True)
     second.screenshot(path=str(ARTIFACTS / "browser-second-tab.png"), full_page=True)
     assert not [e for e in console_errors if not known_unrelated_console_error(e)], console_errors
+
+    # The course's TA watches the same screen read-only, and replays the recording.
+    attempt_path = page.locator("#history [data-history-attempt] a").first.get_attribute("href")
+    staff = browser.new_context(base_url=live_portal.url, viewport={"width": 1400, "height": 1000})
+    staff.set_default_timeout(30_000)
+    ta = staff.new_page()
+    ta.goto("/accounts/login/")
+    ta.fill("#id_username", "ta_a")
+    ta.fill("#id_password", "correct-horse-battery-staple")
+    ta.click("#login-button")
+    ta.goto(attempt_path)
+    expect(ta.locator("#console-mode")).to_have_attribute("data-mode", "ro")
+    expect(ta.locator("#terminal .xterm-rows")).to_contain_text("pasted-55")
+    expect(ta.locator("#take-control-button")).to_be_visible()
+    expect(page.locator("#console-notice")).to_contain_text("watching this console")
+    ta.click("#terminal")
+    ta.keyboard.type("echo from-ta")
+    expect(ta.locator("#console-notice")).to_contain_text("read-only")
+    page.click("#terminal")
+    page.keyboard.type("echo last-$((60+6))")
+    page.keyboard.press("Enter")
+    expect(ta.locator("#terminal .xterm-rows")).to_contain_text("last-66")
+    assert "from-ta" not in terminal_text(page)
+
+    ta.click("#recording-link")
+    ta.click("#play-button")
+    expect(ta.locator("#player .xterm-rows")).to_contain_text(marker, timeout=60_000)
+    ta.screenshot(path=str(ARTIFACTS / "browser-recording-replay.png"), full_page=True)
+    staff.close()
     context.close()
