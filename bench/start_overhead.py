@@ -1,19 +1,29 @@
-"""Start overhead: Start pressed → ``running`` seen by the browser's WebSocket, against the same VMs made directly.
+"""Start overhead: Start pressed → the VMI Running, and → ``running``, seen by the browser's WebSocket, against
+the same VMs made directly with the ``kubernetes`` client.
 
 kubesim runs with zero phase delays, so what is left is the portal's own work: the start request, the Celery
 provisioning task (Secret and VM), the sync that sees the VMI Running, the agent health check through
 portforward, and the push over the channel layer to the page's ``/ws/attempts/<id>/events/`` socket. The portal
 runs as in production: daphne, a Celery worker and Celery beat, each its own process, on PostgreSQL and Redis.
 
-Each student's browser is played by an aiohttp client with a logged-in session: it posts to
-``/labs/<id>/start/`` (as the lab page's fetch() does), opens the events socket for the attempt it got back,
-and stops the clock at the first ``attempt.update`` whose state is ``running``. This is done for one start at a
-time (several in a row) and for 100 students pressing Start at the same moment.
+Two figures, each for one start at a time (several in a row) and for 100 students pressing Start together:
 
-Baseline, side by side on the same kubesim: the same Secret and VirtualMachine (the portal's own manifest
-builders) created directly with the ``kubernetes`` client and watched until the VMI is Running; and, since the
-portal's ``running`` also means the guest agent answered, the same plus the agent's ``/healthz`` through
-portforward.
+- ``to_vmi_running``, DESIGN §9's figure as worded (request → VM created → Running seen in the browser): until
+  the first ``attempt.update`` whose ``timestamps.vmi_running`` is set or whose phase is Running (or whose state
+  is ``running``: the agent answered, which proves the VMI runs). Baseline: the same Secret and VM created with
+  the ``kubernetes`` client and watched until the VMI is Running.
+- ``to_agent_ready``: until the attempt's state is ``running``, which also waits for the guest agent to answer.
+  Baseline: the same direct VMs, their agent's ``/healthz`` polled through portforward until it answers.
+
+kubesim's real guests (bash and a Python agent per VMI) take it about 19 s to boot 100 at once on 2 cores,
+baseline included, and a VMI reports Running only once its guest process is up: the 100-start VMI-Running figure
+and its baseline are therefore measured on a second kubesim with ``--guest none`` (VMIs run at once, no agent),
+which measures the portal rather than guest boots. The single starts and the agent-ready figures use real guests.
+
+Each student's browser is an aiohttp client with a logged-in session: it posts to ``/labs/<id>/start/`` (as the
+lab page's fetch() does) and opens the events socket for the attempt the answer names. That socket is per
+attempt, so no page can open it before Start is answered; what happened before it opened arrives in the
+snapshot the portal sends on connect, so nothing is missed, but the handshake is part of the time measured.
 """
 
 from __future__ import annotations
@@ -54,8 +64,16 @@ RETRY_MAX_SECONDS = 30.0  # the lab page's RETRY_MAX_MS
 # --- the portal, as the browser sees it ----------------------------------------------------------------------
 
 
-async def browser_start(*, http, base_url: str, ws_url: str, lab_id: int, session_key: str) -> dict[str, Any]:
-    """One student pressing Start and watching the events socket until the attempt is running."""
+def vmi_running_in(attempt: dict[str, Any]) -> bool:
+    """Does this ``attempt.update`` payload show the VMI Running (or the agent answering, which implies it)?"""
+    return bool((attempt.get("timestamps") or {}).get("vmi_running") or attempt.get("phase") == "Running"
+                or attempt.get("state") == "running")
+
+
+async def browser_start(*, http, base_url: str, ws_url: str, lab_id: int, session_key: str,
+                        until: str) -> dict[str, Any]:
+    """One student pressing Start and watching the events socket until ``until`` (``vmi_running`` or
+    ``running``) is seen."""
     import aiohttp
 
     csrf = new_csrf_token()
@@ -69,10 +87,11 @@ async def browser_start(*, http, base_url: str, ws_url: str, lab_id: int, sessio
         attempt_id = json.loads(body)["attempt"]["id"]
     socket_headers = {"Cookie": headers["Cookie"], "Origin": base_url}
     url = f"{ws_url}/ws/attempts/{attempt_id}/events/"
+    seen: dict[str, float] = {}
     retries = 0
     while True:  # the lab page reconnects when its socket is refused or dropped; so does this client
         try:
-            outcome = await watch_until_running(http=http, url=url, headers=socket_headers)
+            outcome = await watch_until(http=http, url=url, headers=socket_headers, until=until, seen=seen)
         except aiohttp.ClientError as exc:
             outcome = {"retry": f"{type(exc).__name__}: {exc}"}
         if "retry" not in outcome or time.perf_counter() - started > START_TIMEOUT_SECONDS:
@@ -80,29 +99,44 @@ async def browser_start(*, http, base_url: str, ws_url: str, lab_id: int, sessio
         retries += 1
         # static/js/attempt.js's backoff: 500 ms doubling per failure, capped, with jitter.
         await asyncio.sleep(min(RETRY_MAX_SECONDS, 0.5 * 2 ** min(retries, 6)) * (0.5 + random.random() / 2))
-    outcome.update(attempt_id=attempt_id, socket_retries=retries)
-    if "seen_at" in outcome:
-        outcome.update(seconds=outcome["seen_at_perf"] - started, request_seconds=answered - started)
-    elif "error" not in outcome:
-        outcome["error"] = f"gave up reconnecting: {outcome.pop('retry')}"
+    outcome.update(attempt_id=attempt_id, socket_retries=retries, request_seconds=answered - started)
+    for name, (perf, _wall) in list(seen.items()):
+        outcome[f"{name}_seconds"] = perf - started
+    outcome["seen_wall"] = {name: wall for name, (_perf, wall) in seen.items()}
+    if "socket_open" in seen:
+        outcome["socket_open_seconds"] = seen["socket_open"][0] - answered
+    if f"{until}_seconds" not in outcome and "error" not in outcome:
+        outcome["error"] = f"gave up reconnecting: {outcome.pop('retry', 'no reason')}"
     return outcome
 
 
-async def watch_until_running(*, http, url: str, headers: dict[str, str]) -> dict[str, Any]:
+async def watch_until(*, http, url: str, headers: dict[str, str], until: str,
+                      seen: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    def note(name: str) -> None:
+        seen.setdefault(name, (time.perf_counter(), time.time()))
+
     async with http.ws_connect(url, headers=headers) as socket:
+        note("socket_open")
         async for message in socket:
             if message.type.name != "TEXT":
                 break
             payload = json.loads(message.data)
             attempt = payload.get("attempt") if payload.get("type") == "attempt.update" else None
-            if attempt and attempt["state"] == "running":
-                return {"seen_at": time.time(), "seen_at_perf": time.perf_counter()}
-            if attempt and attempt["state"] in ("failed", "stopped", "expired"):
+            if not attempt:
+                continue
+            if vmi_running_in(attempt):
+                note("vmi_running")
+            if attempt["state"] == "running":
+                note("running")
+            if until in seen:
+                return {}
+            if attempt["state"] in ("failed", "stopped", "expired"):
                 return {"error": f"attempt ended {attempt['state']}: {attempt.get('failure_reason', '')}"}
-    return {"retry": "the events socket closed before the attempt was running"}
+    return {"retry": "the events socket closed before the attempt got there"}
 
 
-async def browser_starts(*, base_url: str, ws_url: str, lab_id: int, session_keys: list[str]) -> list[dict]:
+async def browser_starts(*, base_url: str, ws_url: str, lab_id: int, session_keys: list[str],
+                         until: str) -> list[dict]:
     import aiohttp
 
     connector = aiohttp.TCPConnector(limit=0)
@@ -111,7 +145,8 @@ async def browser_starts(*, base_url: str, ws_url: str, lab_id: int, session_key
         async def one(key: str) -> dict:
             try:
                 return await asyncio.wait_for(
-                    browser_start(http=http, base_url=base_url, ws_url=ws_url, lab_id=lab_id, session_key=key),
+                    browser_start(http=http, base_url=base_url, ws_url=ws_url, lab_id=lab_id, session_key=key,
+                                  until=until),
                     timeout=START_TIMEOUT_SECONDS + 10)
             except (TimeoutError, aiohttp.ClientError) as exc:
                 return {"error": f"{type(exc).__name__}: {exc}"}
@@ -120,59 +155,74 @@ async def browser_starts(*, base_url: str, ws_url: str, lab_id: int, session_key
 
 
 def server_side_phases(results: list[dict]) -> dict[str, Any]:
-    """Where the time went, from the attempts' own timestamps (and the moment the browser saw ``running``)."""
+    """Where the time went, from the attempts' own timestamps (the portal's clock) and the moments the browser saw
+    them. The VMI's own phase times (``vmi_running_at``) come from the cluster at whole-second precision, as
+    Kubernetes writes them, so no span here is measured from them."""
     from labs.models import Attempt
 
-    seen = {result["attempt_id"]: result["seen_at"] for result in results if "seconds" in result}
-    spans: dict[str, list[float]] = {"provision": [], "vm_to_vmi_running": [], "vmi_running_to_agent_ready": [],
-                                     "agent_ready_to_browser": []}
+    seen = {result["attempt_id"]: result.get("seen_wall", {}) for result in results if "attempt_id" in result}
+    spans: dict[str, list[float]] = {"provision": [], "provisioned_to_browser_vmi_running": [],
+                                     "provisioned_to_agent_ready": [], "agent_ready_to_browser": []}
     for attempt in Attempt.objects.filter(id__in=seen):
+        wall = seen[attempt.id]
         if attempt.provisioned_at:
             spans["provision"].append((attempt.provisioned_at - attempt.requested_at).total_seconds())
-        if attempt.provisioned_at and attempt.vmi_running_at:
-            spans["vm_to_vmi_running"].append((attempt.vmi_running_at - attempt.provisioned_at).total_seconds())
-        if attempt.vmi_running_at and attempt.agent_ready_at:
-            spans["vmi_running_to_agent_ready"].append(
-                (attempt.agent_ready_at - attempt.vmi_running_at).total_seconds())
-        if attempt.agent_ready_at:
-            spans["agent_ready_to_browser"].append(seen[attempt.id] - attempt.agent_ready_at.timestamp())
-    return {name: summary_ms(values) for name, values in spans.items()}
+            if "vmi_running" in wall:
+                spans["provisioned_to_browser_vmi_running"].append(
+                    wall["vmi_running"] - attempt.provisioned_at.timestamp())
+            if attempt.agent_ready_at:
+                spans["provisioned_to_agent_ready"].append(
+                    (attempt.agent_ready_at - attempt.provisioned_at).total_seconds())
+        if attempt.agent_ready_at and "running" in wall:
+            spans["agent_ready_to_browser"].append(wall["running"] - attempt.agent_ready_at.timestamp())
+    return {name: summary_ms(values) for name, values in spans.items() if values}
 
 
-def server_side_running(attempt_ids: list[int]) -> dict[str, Any]:
+def server_side(attempt_ids: list[int]) -> dict[str, Any]:
     """Request to ``running`` as the attempts' own rows record it, whether or not a browser saw it in time: the
     lifecycle's part, without the events socket."""
     from labs.models import Attempt
 
-    rows = Attempt.objects.filter(id__in=attempt_ids).values_list("state", "requested_at", "agent_ready_at")
-    durations = [(ready - requested).total_seconds() for _state, requested, ready in rows if ready]
-    return {"attempts": len(attempt_ids), "reached_running": len(durations), **summary_ms(durations)}
+    rows = list(Attempt.objects.filter(id__in=attempt_ids).values_list("requested_at", "provisioned_at",
+                                                                        "agent_ready_at"))
+    provisioned = [(done - requested).total_seconds() for requested, done, _ready in rows if done]
+    ready = [(ready - requested).total_seconds() for requested, _done, ready in rows if ready]
+    return {"attempts": len(attempt_ids), "to_vm_created": summary_ms(provisioned),
+            "to_agent_ready": summary_ms(ready)}
 
 
-def measure_portal(*, portal, lab_id: int, students: list) -> dict[str, Any]:
+def portal_figures(results: list[dict]) -> dict[str, Any]:
+    errors = [result["error"] for result in results if "error" in result]
+    return {
+        "to_vmi_running": summary_ms([r["vmi_running_seconds"] for r in results if "vmi_running_seconds" in r]),
+        "to_agent_ready": summary_ms([r["running_seconds"] for r in results if "running_seconds" in r]),
+        "start_request": summary_ms([r["request_seconds"] for r in results if "request_seconds" in r]),
+        "socket_open_after_answer": summary_ms([r["socket_open_seconds"] for r in results
+                                                if "socket_open_seconds" in r]),
+        "socket_reconnects": sum(result.get("socket_retries", 0) for result in results),
+        "phases": server_side_phases(results),
+        "server_side": server_side([result["attempt_id"] for result in results if "attempt_id" in result]),
+        "failed": len(errors),
+        "errors": sorted(set(errors))[:5],
+    }
+
+
+def measure_portal(*, portal, lab_id: int, students: list, single: bool, until: str) -> dict[str, Any]:
+    """One start at a time for ``SINGLE_STARTS`` students (when ``single``), then ``CONCURRENT_STARTS`` together."""
     keys = [session_cookie(student) for student in students]
-    singles = []
-    for key in keys[:SINGLE_STARTS]:
-        singles += asyncio.run(browser_starts(base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id,
-                                              session_keys=[key]))
-    log(f"portal: {CONCURRENT_STARTS} simultaneous starts")
+    measured: dict[str, Any] = {}
+    if single:
+        singles = []
+        for key in keys[:SINGLE_STARTS]:
+            singles += asyncio.run(browser_starts(base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id,
+                                                  session_keys=[key], until=until))
+        measured["single"] = portal_figures(singles)
+        keys = keys[SINGLE_STARTS:]
+    log(f"portal: {CONCURRENT_STARTS} simultaneous starts, until {until}")
     together = asyncio.run(browser_starts(base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id,
-                                          session_keys=keys[SINGLE_STARTS:SINGLE_STARTS + CONCURRENT_STARTS]))
-
-    def figures(results: list[dict]) -> dict[str, Any]:
-        good = [result for result in results if "seconds" in result]
-        errors = [result["error"] for result in results if "error" in result]
-        return {
-            **summary_ms([result["seconds"] for result in good]),
-            "start_request": summary_ms([result["request_seconds"] for result in good]),
-            "socket_reconnects": sum(result.get("socket_retries", 0) for result in results),
-            "phases": server_side_phases(good),
-            "server_side": server_side_running([result["attempt_id"] for result in results if "attempt_id" in result]),
-            "failed": len(errors),
-            "errors": sorted(set(errors))[:5],
-        }
-
-    return {"single": figures(singles), "concurrent_100": figures(together)}
+                                          session_keys=keys[:CONCURRENT_STARTS], until=until))
+    measured["concurrent_100"] = portal_figures(together)
+    return measured
 
 
 # --- the baseline: the kubernetes client directly ------------------------------------------------------------
@@ -219,8 +269,8 @@ class VmiRunningWatch:
         self._watch.stop()
 
 
-def direct_start(*, api_client, running: VmiRunningWatch, index: int, tag: str) -> dict[str, float]:
-    """Create the same Secret and VM the portal would, wait for Running, then for the agent to answer."""
+def direct_start(*, api_client, running: VmiRunningWatch, index: int, tag: str, agent: bool) -> dict[str, float]:
+    """Create the same Secret and VM the portal would, wait for Running, then (``agent``) for the agent to answer."""
     from kubernetes import client
 
     from grading.agent_client import AgentError, healthz
@@ -243,6 +293,8 @@ def direct_start(*, api_client, running: VmiRunningWatch, index: int, tag: str) 
     if not event.wait(START_TIMEOUT_SECONDS):
         return {"error": 1.0}
     running_seconds = running.running_at[name] - started
+    if not agent:
+        return {"running": running_seconds}
     target = SimpleNamespace(namespace=BASELINE_NAMESPACE, vm_name=name, agent_token=token)
     deadline = time.perf_counter() + START_TIMEOUT_SECONDS
     while True:
@@ -256,7 +308,7 @@ def direct_start(*, api_client, running: VmiRunningWatch, index: int, tag: str) 
     return {"running": running_seconds, "agent_ready": time.perf_counter() - started}
 
 
-def measure_direct(*, server) -> dict[str, Any]:
+def measure_direct(*, server, single: bool, agent: bool) -> dict[str, Any]:
     from kubernetes import client, config
 
     configuration = client.Configuration()
@@ -265,66 +317,119 @@ def measure_direct(*, server) -> dict[str, Any]:
                                                client_configuration=configuration)
     client.CoreV1Api(api_client).create_namespace({"metadata": {"name": BASELINE_NAMESPACE}})
     running = VmiRunningWatch(api_client, BASELINE_NAMESPACE)
+    results: dict[str, list[dict]] = {}
     try:
-        singles = [direct_start(api_client=api_client, running=running, index=index, tag="one")
-                   for index in range(SINGLE_STARTS)]
+        if single:
+            results["single"] = [direct_start(api_client=api_client, running=running, index=index, tag="one",
+                                              agent=agent) for index in range(SINGLE_STARTS)]
         log(f"direct: {CONCURRENT_STARTS} simultaneous creates")
         with ThreadPoolExecutor(max_workers=CONCURRENT_STARTS) as pool:
-            together = list(pool.map(
-                lambda index: direct_start(api_client=api_client, running=running, index=index, tag="many"),
+            results["concurrent_100"] = list(pool.map(
+                lambda index: direct_start(api_client=api_client, running=running, index=index, tag="many",
+                                           agent=agent),
                 range(CONCURRENT_STARTS)))
     finally:
         running.stop()
     # The baseline's VMs make room for the portal's: deleted before the portal is measured.
     client.CoreV1Api(api_client).delete_namespace(BASELINE_NAMESPACE)
 
-    def figures(results: list[dict]) -> dict[str, Any]:
-        return {
-            "to_vmi_running": summary_ms([r["running"] for r in results if "running" in r]),
-            "to_agent_ready": summary_ms([r["agent_ready"] for r in results if "agent_ready" in r]),
-            "failed": sum(1 for r in results if "error" in r),
-        }
+    def figures(rows: list[dict]) -> dict[str, Any]:
+        measured = {"to_vmi_running": summary_ms([r["running"] for r in rows if "running" in r]),
+                    "failed": sum(1 for r in rows if "error" in r)}
+        if agent:
+            measured["to_agent_ready"] = summary_ms([r["agent_ready"] for r in rows if "agent_ready" in r])
+        return measured
 
-    return {"single": figures(singles), "concurrent_100": figures(together)}
+    return {key: figures(rows) for key, rows in results.items()}
+
+
+def end_attempts(attempt_ids: list[int]) -> None:
+    """Attempts left starting on a kubesim that is gone: out of the way of the next phase (the global start
+    throttle counts starting attempts)."""
+    from django.utils import timezone
+
+    from labs.models import Attempt, AttemptState
+
+    Attempt.objects.filter(id__in=attempt_ids).update(state=AttemptState.FAILED, ended_at=timezone.now(),
+                                                      failure_reason="benchmark phase over")
+
+
+def verdict(value: float | None, target: float) -> bool:
+    return value is not None and value <= target
 
 
 def main() -> None:
     setup_django()
-    seeded = seed_course(students=SINGLE_STARTS + CONCURRENT_STARTS, labs=1, name="Bench Start University")
-    lab = seeded.labs[0]
+    from django.conf import settings
+
+    from labs.kubevirt import client as kube_client
+    from labs.models import Attempt
+
+    # Separate tenants (so separate namespaces) for the two kubesims.
+    fast = seed_course(students=CONCURRENT_STARTS, labs=1, name="Bench Start No-Guest University")
+    real = seed_course(students=SINGLE_STARTS + CONCURRENT_STARTS, labs=1, name="Bench Start University")
+
+    log("kubesim --guest none: direct baseline to VMI Running")
+    with kubesim(name="kubesim-start-noguest", guest="none") as server:
+        settings.KUBECONFIG = str(server.kubeconfig)
+        kube_client.reset()
+        direct_fast = measure_direct(server=server, single=False, agent=False)
+        with live_portal(kubeconfig=server.kubeconfig, worker_concurrency=8) as portal:
+            portal_fast = measure_portal(portal=portal, lab_id=fast.labs[0].id, students=fast.students,
+                                         single=False, until="vmi_running")
+            portal.check_alive()
+    end_attempts(list(Attempt.objects.filter(tenant=fast.tenant).values_list("id", flat=True)))
+
+    log("kubesim with real guests: direct baseline to VMI Running and the agent answering")
     with kubesim(name="kubesim-start", guest="shell") as server:
-        from django.conf import settings
-
-        from labs.kubevirt import client as kube_client
-
         settings.KUBECONFIG = str(server.kubeconfig)  # the baseline's agent checks use the same cluster
         kube_client.reset()
-        log("direct baseline")
-        direct = measure_direct(server=server)
+        direct = measure_direct(server=server, single=True, agent=True)
         with live_portal(kubeconfig=server.kubeconfig, worker_concurrency=8) as portal:
             log("portal: single starts")
-            measured = measure_portal(portal=portal, lab_id=lab.id, students=seeded.students)
+            measured = measure_portal(portal=portal, lab_id=real.labs[0].id, students=real.students, single=True,
+                                      until="running")
             portal.check_alive()
 
-    single_p95 = measured["single"]["p95_ms"]
-    many_p95 = measured["concurrent_100"]["p95_ms"]
+    design = {  # DESIGN §9 as worded: Start → VM created → Running seen in the browser
+        "single": {"portal": measured["single"]["to_vmi_running"], "direct": direct["single"]["to_vmi_running"],
+                   "kubesim_guests": "shell"},
+        "concurrent_100": {"portal": portal_fast["concurrent_100"]["to_vmi_running"],
+                           "direct": direct_fast["concurrent_100"]["to_vmi_running"],
+                           "kubesim_guests": "none: real guests make kubesim the bottleneck (about 19 s to boot 100 "
+                                             "on 2 cores, the direct baseline included)"},
+    }
+    agent_ready = {
+        key: {"portal": measured[key]["to_agent_ready"], "direct": direct[key]["to_agent_ready"],
+              "kubesim_guests": "shell"}
+        for key in ("single", "concurrent_100")
+    }
+    for figures in (*design.values(), *agent_ready.values()):
+        portal_p95, direct_p95 = figures["portal"]["p95_ms"], figures["direct"]["p95_ms"]
+        figures["added_p95_ms"] = (None if portal_p95 is None or direct_p95 is None
+                                   else round(portal_p95 - direct_p95, 2))
     emit({
         "benchmark": "start_overhead",
-        "description": "Start request -> 'running' seen on the attempt's events WebSocket, kubesim with zero "
-                       "delays, portal as daphne + Celery worker + beat on PostgreSQL and Redis; baseline: the "
-                       "same Secret and VM created with the kubernetes client and watched to VMI Running (and "
-                       "to the agent answering /healthz through portforward)",
+        "description": "Start request -> VMI Running (DESIGN 9 as worded) and -> 'running' (agent answering), each "
+                       "as seen on the attempt's events WebSocket, kubesim with zero delays, portal as daphne + "
+                       "Celery worker + beat on PostgreSQL and Redis; baselines: the same Secret and VM created "
+                       "with the kubernetes client and watched to VMI Running, and polled until the agent answers "
+                       "/healthz through portforward. The 100-start VMI-Running figure and its baseline run on a "
+                       "kubesim with --guest none (real guests make kubesim the bottleneck); the rest on real "
+                       "guests. The events socket is per attempt, so it opens once Start has answered.",
         "target": {"single_p95_ms": TARGET_P95_SINGLE_MS, "concurrent_100_p95_ms": TARGET_P95_CONCURRENT_MS},
-        "figures": measured,
-        "baseline": direct,
-        "overhead_vs_direct_agent_ready_p95_ms": {
-            key: (None if measured[key]["p95_ms"] is None or direct[key]["to_agent_ready"]["p95_ms"] is None
-                  else round(measured[key]["p95_ms"] - direct[key]["to_agent_ready"]["p95_ms"], 2))
-            for key in ("single", "concurrent_100")
-        },
+        "start_to_vmi_running_in_browser": design,
+        "start_to_agent_ready_in_browser": agent_ready,
+        "figures": {"real_guests": measured, "no_guests": portal_fast},
+        "baseline": {"real_guests": direct, "no_guests": direct_fast},
         "verdict": {
-            "single_meets_target": single_p95 is not None and single_p95 <= TARGET_P95_SINGLE_MS,
-            "concurrent_100_meets_target": many_p95 is not None and many_p95 <= TARGET_P95_CONCURRENT_MS,
+            "single_meets_target": verdict(design["single"]["portal"]["p95_ms"], TARGET_P95_SINGLE_MS),
+            "concurrent_100_meets_target": verdict(design["concurrent_100"]["portal"]["p95_ms"],
+                                                   TARGET_P95_CONCURRENT_MS),
+            "single_agent_ready_within_target": verdict(agent_ready["single"]["portal"]["p95_ms"],
+                                                        TARGET_P95_SINGLE_MS),
+            "concurrent_100_agent_ready_within_target": verdict(agent_ready["concurrent_100"]["portal"]["p95_ms"],
+                                                                TARGET_P95_CONCURRENT_MS),
         },
         "machine": machine(),
     })
