@@ -333,3 +333,26 @@ class CourseReportSerializer(serializers.Serializer):
     rows = ReportRowSerializer(many=True)
     max_total = serializers.DecimalField(max_digits=10, decimal_places=2)
 
+
+
+class DistributionBucketSerializer(serializers.Serializer):
+    low_percent = serializers.IntegerField()
+    high_percent = serializers.IntegerField()
+    count = serializers.IntegerField()
+
+
+class LabReportSerializer(serializers.Serializer):
+    """A lab at a glance for its staff: who is enrolled, how many are graded, and how the scores spread."""
+
+    lab = serializers.IntegerField(source="lab.id")
+    title = serializers.CharField(source="lab.title")
+    max_points = serializers.DecimalField(max_digits=8, decimal_places=2)
+    enrolled = serializers.IntegerField()
+    graded = serializers.IntegerField()
+    attempts = serializers.SerializerMethodField()
+    mean_percent = serializers.FloatField(allow_null=True)
+    median_percent = serializers.FloatField(allow_null=True)
+    distribution = DistributionBucketSerializer(many=True)
+
+    def get_attempts(self, report) -> int:
+        return len(report.attempts)

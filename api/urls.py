@@ -18,6 +18,7 @@ v1 = [
     path("courses/<int:course_id>/audit/", courses.CourseAuditView.as_view(), name="course-audit"),
     path("labs/", labs.LabListView.as_view(), name="lab-list"),
     path("labs/<int:lab_id>/", labs.LabDetailView.as_view(), name="lab-detail"),
+    path("labs/<int:lab_id>/report/", labs.LabReportView.as_view(), name="lab-report"),
     path("attempts/", attempts.AttemptListView.as_view(), name="attempt-list"),
     path("attempts/<int:attempt_id>/", attempts.AttemptDetailView.as_view(), name="attempt-detail"),
     path("attempts/<int:attempt_id>/stop/", attempts.AttemptStopView.as_view(), name="attempt-stop"),

@@ -141,6 +141,14 @@ def test_gradebook_report_for_staff(world, client_for, ta_a, student_a, instruct
     assert client_for(instructor_b).get(f"/api/v1/courses/{world.course_a.id}/report/").status_code == 404
 
 
+def test_lab_report_for_staff(world, client_for, ta_a, student_a, instructor_b):
+    report = client_for(ta_a).get(f"/api/v1/labs/{world.lab_a.id}/report/").json()
+    assert report["enrolled"] == 1 and report["graded"] == 1 and report["max_points"] == "3.00"
+    assert sum(bucket["count"] for bucket in report["distribution"]) == 1
+    assert client_for(student_a).get(f"/api/v1/labs/{world.lab_a.id}/report/").status_code == 403
+    assert client_for(instructor_b).get(f"/api/v1/labs/{world.lab_a.id}/report/").status_code == 404
+
+
 def test_gradebook_csv_is_staff_only_tenant_bound_and_spreadsheet_safe(world, client_for, ta_a, student_a,
                                                                        instructor_b, student_b):
     student_a.full_name = "=HYPERLINK(\"http://evil.example\")"

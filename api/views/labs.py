@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.utils.translation import gettext as _
 from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
 from rest_framework.generics import ListAPIView
 from rest_framework.request import Request
@@ -9,8 +10,16 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.selectors import lab_get_for_user, labs_for_user
-from api.serializers import ErrorSerializer, LabSerializer, StaffLabDetailSerializer, StudentLabDetailSerializer
+from api.serializers import (
+    ErrorSerializer,
+    LabReportSerializer,
+    LabSerializer,
+    StaffLabDetailSerializer,
+    StudentLabDetailSerializer,
+)
 from api.views.common import PortalPagination, int_param, ordered
+from grading.selectors import lab_report
+from portal.errors import PermissionDenied
 from portal.models import STAFF_ROLES
 from portal.selectors import course_role
 
@@ -56,3 +65,15 @@ class LabDetailView(APIView):
         staff = course_role(user=request.user, course=lab.course) in STAFF_ROLES
         serializer_class = StaffLabDetailSerializer if staff else StudentLabDetailSerializer
         return Response(serializer_class(lab).data)
+
+
+class LabReportView(APIView):
+    @extend_schema(
+        responses={200: LabReportSerializer, 403: ErrorSerializer, 404: ErrorSerializer},
+        summary="Score summary of a lab (course staff)",
+    )
+    def get(self, request: Request, lab_id: int) -> Response:
+        lab = lab_get_for_user(user=request.user, lab_id=lab_id)
+        if course_role(user=request.user, course=lab.course) not in STAFF_ROLES:
+            raise PermissionDenied(_("Only the course's staff may see this."))
+        return Response(LabReportSerializer(lab_report(lab=lab)).data)

@@ -172,6 +172,7 @@ MATRIX: dict[str, list[Probe]] = {
     "api/v1/labs/": [api_get(API_LIST, tenant_a_object=False),
                      api_get(API_LIST, query="?course={course_b}", tenant_a_object=False)],
     "api/v1/labs/<int:lab_id>/": [api_get(API_OWN)],
+    "api/v1/labs/<int:lab_id>/report/": [api_get(API_STAFF)],
     "api/v1/attempts/": [
         api_get(API_LIST, tenant_a_object=False),
         api_get(API_LIST, query="?course={course_a}&ordering=-requested_at", tenant_a_object=False),
