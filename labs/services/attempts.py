@@ -142,7 +142,9 @@ def attempt_start(*, actor: User, lab: Lab) -> Attempt:
     try:
         with transaction.atomic():
             # Serialises every start in the tenant: the quota below is counted with no other start in between.
-            tenant = Tenant.objects.select_for_update().get(pk=course.tenant_id)
+            # FOR NO KEY UPDATE: rows that only reference the tenant (a classmate's stop writing its audit
+            # record) need not wait for it.
+            tenant = Tenant.objects.select_for_update(no_key=True).get(pk=course.tenant_id)
             in_tenant = Q(tenant_id=tenant.pk) & active
             totals = Attempt.objects.filter(in_tenant | mine).aggregate(
                 vms=Count("id", filter=in_tenant), vcpus=Sum("vcpus", filter=in_tenant),
@@ -243,7 +245,7 @@ def attempt_stop(*, actor: User, attempt: Attempt) -> Attempt:
         actor=actor, attempt=attempt, refusal=_("Only the student or an instructor can stop this lab.")
     )
     with transaction.atomic():
-        locked = Attempt.objects.select_for_update().select_related("lab__course").get(pk=attempt.pk)
+        locked = Attempt.objects.select_for_update(of=("self",)).select_related("lab__course").get(pk=attempt.pk)
         if locked.state == AttemptState.STOPPING:
             return locked
         if locked.state not in ACTIVE_STATES:
@@ -266,7 +268,7 @@ def attempt_extend(*, actor: User, attempt: Attempt) -> Attempt:
         actor=actor, attempt=attempt, refusal=_("Only the student or an instructor can extend this lab.")
     )
     with transaction.atomic():
-        locked = Attempt.objects.select_for_update().select_related("lab__course").get(pk=attempt.pk)
+        locked = Attempt.objects.select_for_update(of=("self",)).select_related("lab__course").get(pk=attempt.pk)
         if locked.state != AttemptState.RUNNING or locked.expires_at is None:
             raise Conflict(_("Only a running lab can be extended."), code="not_running")
         limit = settings.ATTEMPT_MAX_EXTENSIONS
