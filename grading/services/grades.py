@@ -215,7 +215,7 @@ def _regrade_attempt(*, actor: User, attempt: Attempt, checks: Sequence[Check]) 
 def grading_regrade(*, actor: User, attempt: Attempt) -> RegradeOutcome:
     """Re-evaluate the attempt's stored outputs against the lab's current checks (one new ``regrade`` run per
     counted run), and, while the attempt is still running, queue a fresh run in the guest. Staff only; audited."""
-    attempt = Attempt.objects.select_for_update().select_related("lab__course__tenant").get(pk=attempt.pk)
+    attempt = Attempt.objects.select_for_update(of=("self",)).select_related("lab__course__tenant").get(pk=attempt.pk)
     lab = attempt.lab
     if course_role(user=actor, course=lab.course) not in STAFF_ROLES:
         if attempt.student_id == actor.pk:
@@ -250,7 +250,7 @@ def grading_regrade_lab(*, actor: User, lab: Lab) -> LabRegradeOutcome:
     checks = list(Check.objects.filter(lab=lab).order_by("order", "id"))
     outcome = LabRegradeOutcome()
     attempts = (
-        Attempt.objects.select_for_update().filter(lab=lab).select_related("lab").order_by("id")
+        Attempt.objects.select_for_update(of=("self",)).filter(lab=lab).select_related("lab").order_by("id")
     )
     for attempt in attempts:
         result = _regrade_attempt(actor=actor, attempt=attempt, checks=checks)

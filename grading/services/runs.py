@@ -80,7 +80,9 @@ def grading_run_request(*, actor: User, attempt: Attempt) -> GradingRun:
 @transaction.atomic
 def _grading_run_queue(*, actor: User, attempt: Attempt) -> GradingRun:
     # Locking the attempt row serialises concurrent presses: the interval rule then holds exactly.
-    attempt = Attempt.objects.select_for_update().select_related("lab__course").get(pk=attempt.pk)
+    # Only the attempt's row (``of``): locking the joined lab and course rows too would make every classmate's
+    # start wait, and deadlock with one holding its tenant's row.
+    attempt = Attempt.objects.select_for_update(of=("self",)).select_related("lab__course").get(pk=attempt.pk)
     course = attempt.lab.course
     is_owner = attempt.student_id == actor.pk
     if not is_owner and course_role(user=actor, course=course) not in STAFF_ROLES:
@@ -211,7 +213,7 @@ def grading_run_record(
     """
     from grading.services.grades import grade_recompute
 
-    run = GradingRun.objects.select_for_update().select_related("attempt__lab").get(pk=run.pk)
+    run = GradingRun.objects.select_for_update(of=("self",)).select_related("attempt__lab").get(pk=run.pk)
     if run.state != RunState.RUNNING:
         logger.warning("grading run %s is %s; late results discarded", run.pk, run.state)
         return run
