@@ -61,6 +61,7 @@ def console_input_group(attempt_id: int) -> str:
 
 class AttemptConsoleConsumer(AsyncWebsocketConsumer):
     access: ConsoleAccess | None = None
+    ownership_task: asyncio.Task | None = None
 
     # -- connection ---------------------------------------------------------------------------------------
 
@@ -122,9 +123,10 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.access is None:
             return  # refused before accept: nothing was set up
-        self.ownership_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.ownership_task
+        if self.ownership_task is not None:
+            self.ownership_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.ownership_task
         if self.upstream_task is not None:
             await self._stop_owning(release=True)
         await self.viewers.remove(attempt_id=self.attempt_id, viewer=self.channel_name)

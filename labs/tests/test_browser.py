@@ -20,8 +20,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 ARTIFACTS = REPO_ROOT / "artifacts"
 
 
-@pytest.fixture
-def live_portal(transactional_db, kubesim_server, tmp_path):
+def start_live_portal(kubesim_server, workdir, extra_env: dict[str, str] | None = None) -> LivePortal:
     if not settings.REDIS_URL or connection.vendor != "postgresql":
         pytest.fail("The browser test needs the production wiring: DATABASE_URL (PostgreSQL) and REDIS_URL.")
     import redis
@@ -30,10 +29,26 @@ def live_portal(transactional_db, kubesim_server, tmp_path):
     client = redis.Redis.from_url(settings.REDIS_URL)
     client.flushdb()
     client.close()
-    portal = LivePortal(database_url=subprocess_database_url(), redis_url=settings.REDIS_URL,
-                        kubeconfig=kubesim_server.kubeconfig, workdir=tmp_path / "portal")
-    with portal:
-        yield portal
+    return LivePortal(database_url=subprocess_database_url(), redis_url=settings.REDIS_URL,
+                      kubeconfig=kubesim_server.kubeconfig, workdir=workdir, extra_env=extra_env).start()
+
+
+@pytest.fixture
+def live_portal(transactional_db, kubesim_server, tmp_path):
+    portal = start_live_portal(kubesim_server, tmp_path / "portal")
+    yield portal
+    portal.stop()
+    print(portal.logs())
+
+
+@pytest.fixture
+def impatient_portal(transactional_db, kubesim_server, tmp_path):
+    """A portal that calls a start slow after 2 s and gives up on an unpullable image after 4 s."""
+    portal = start_live_portal(kubesim_server, tmp_path / "portal", extra_env={
+        "ATTEMPT_SLOW_START_NOTICE_SECONDS": "2", "ATTEMPT_FAILURE_GRACE_SECONDS": "4",
+    })
+    yield portal
+    portal.stop()
     print(portal.logs())
 
 
@@ -167,4 +182,40 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_
     expect(ta.locator("#player .xterm-rows")).to_contain_text(marker, timeout=60_000)
     ta.screenshot(path=str(ARTIFACTS / "browser-recording-replay.png"), full_page=True)
     staff.close()
+    context.close()
+
+
+@pytest.fixture
+def unpullable_lab(lab_a):
+    lab_a.image = "quay.io/containerdisks/missing-image:1"  # kubesim cannot pull images matching "missing"
+    lab_a.save(update_fields=["image"])
+    return lab_a
+
+
+def test_a_start_that_cannot_pull_its_image_says_it_is_slow_then_why_it_failed(student_a, unpullable_lab,
+                                                                               impatient_portal, browser):
+    from playwright.sync_api import expect
+
+    lab_a = unpullable_lab
+    context = browser.new_context(base_url=impatient_portal.url)
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    page.goto("/accounts/login/")
+    page.fill("#id_username", "student_a")
+    page.fill("#id_password", "correct-horse-battery-staple")
+    page.click("#login-button")
+    page.goto(f"/labs/{lab_a.id}/")
+    page.click("#start-button")
+    expect(page.locator("#progress [data-step='provisioned']")).to_have_class(re.compile(r"\bdone\b"))
+    expect(page.locator("#slow-start")).to_be_visible()
+    expect(page.locator("#slow-start")).to_contain_text("longer than usual")
+    expect(page.locator("#attempt-state")).to_have_class(re.compile(r"\bstate-failed\b"), timeout=60_000)
+    expect(page.locator("#failure")).to_be_visible()
+    expect(page.locator("#failure")).to_contain_text(re.compile(r"could not start: .*\S"))
+    expect(page.locator("#slow-start")).to_be_hidden()
+    expect(page.locator("#check-button")).to_be_hidden()
+    expect(page.locator("#console-status")).to_have_attribute("data-state", "ended")
+    expect(page.locator("#fit-button")).to_be_hidden()
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "browser-failed-start.png"), full_page=True)
     context.close()

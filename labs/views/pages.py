@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -38,6 +39,7 @@ def attempt_page_config(*, request: HttpRequest, attempt: Attempt, is_student: b
             "extend": reverse("labs:attempt_extend", args=[attempt.id]),
             "check": reverse("labs:attempt_check", args=[attempt.id]),
         },
+        "slow_start_seconds": settings.ATTEMPT_SLOW_START_NOTICE_SECONDS,
         "is_student": is_student,
         "can_take_control": is_staff and not is_student,
         "strings": attempt_page_strings(),
@@ -107,7 +109,8 @@ class AttemptDetailView(LoginRequiredMixin, View):
         context = {
             "lab": lab,
             "attempt": attempt,
-            "is_student": is_student,
+            "slow_start_seconds": settings.ATTEMPT_SLOW_START_NOTICE_SECONDS,
+        "is_student": is_student,
             "is_staff": is_staff,
             "active": attempt.state in ACTIVE_STATES,
             "progress_steps": PROGRESS_STEPS,

@@ -86,9 +86,7 @@
       element.className = "state state-" + payload.state;
       element.textContent = S.states[payload.state] || payload.state;
     });
-    const slow = byId("slow-start");
-    setText(slow, S.slow_start);
-    show(slow, Boolean(payload.slow_start));
+    renderSlowStart();
     const failure = byId("failure");
     setText(failure, format(S.failed, { reason: payload.failure_reason || payload.message || "" }));
     show(failure, payload.state === "failed");
@@ -175,6 +173,21 @@
     if (checkButton) {
       checkButton.disabled = attempt.state !== "running" || runInProgress();
     }
+  }
+
+  function renderSlowStart() {
+    // The server says so when it pushes an update; a start stuck without updates is judged here too.
+    const starting = ["requested", "provisioning", "starting"].includes(attempt.state);
+    const requested = attempt.timestamps && attempt.timestamps.requested;
+    const late = starting && requested && (Date.now() - Date.parse(requested)) / 1000 > config.slow_start_seconds;
+    const slow = byId("slow-start");
+    setText(slow, S.slow_start);
+    show(slow, starting && Boolean(attempt.slow_start || late));
+  }
+
+  function tick() {
+    renderCountdown();
+    renderSlowStart();
   }
 
   function renderCountdown() {
@@ -291,6 +304,6 @@
   });
 
   renderAttempt(attempt);
-  window.setInterval(renderCountdown, 1000);
+  window.setInterval(tick, 1000);
   connectEvents();
 })();

@@ -263,6 +263,13 @@
     if (FINAL_STATES.includes(state)) {
       attemptOver = true;
       setStatus(S.console.ended, "ended");
+      // The last screen stays readable (and copyable); nothing can be typed any more.
+      mode = "ro";
+      canTakeControl = false;
+      renderMode();
+      modeElement.textContent = "";
+      byId("fit-button").hidden = true;
+      byId("paste-button").hidden = true;
       if (socket) {
         socket.close(1000);
       }
