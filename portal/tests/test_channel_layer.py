@@ -6,17 +6,19 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from channels.layers import get_channel_layer
+from channels_redis.core import RedisChannelLayer
 from django.conf import settings
 
 
 @pytest.mark.skipif(not settings.REDIS_URL, reason="the in-memory channel layer has no sockets")
 async def test_a_receive_with_nothing_to_read_outlasts_the_blocking_pop():
-    layer = get_channel_layer()
+    # A layer of its own, configured exactly as the portal's: the process-wide one keeps connections bound to the
+    # event loops of earlier tests.
+    layer = RedisChannelLayer(**settings.CHANNEL_LAYERS["default"]["CONFIG"])
     channel = await layer.new_channel()
     try:
         # channels_redis blocks 5 s per BZPOPMIN; a read timeout at or below that raised TimeoutError here.
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(layer.receive(channel), timeout=7)
     finally:
-        await layer.flush()
+        await layer.close_pools()
