@@ -300,3 +300,104 @@ def test_tenant_manifests_command_refuses_an_unknown_tenant(tenant_a):
 
     with pytest.raises(CommandError, match="No tenant"):
         call_command("tenant_manifests", "No Such University")
+
+
+# Every call the portal's code makes to the Kubernetes API must be granted above, so a new call in the lifecycle
+# cannot reach production without its RBAC line (and a review of why it is needed).
+SOURCE_DIRS = ("labs", "grading", "portal")
+CORE_RESOURCES = {
+    "namespace": ("", "namespaces"), "node": ("", "nodes"), "secret": ("", "secrets"), "event": ("", "events"),
+    "resource_quota": ("", "resourcequotas"), "limit_range": ("", "limitranges"), "pod": ("", "pods"),
+    "service_account": ("", "serviceaccounts"), "config_map": ("", "configmaps"),
+    "network_policy": ("networking.k8s.io", "networkpolicies"),
+}
+CLIENT_VERBS = {"create": "create", "delete": "delete", "patch": "patch", "replace": "update", "read": "get",
+                "list": "list"}
+# ``.create_namespaced_secret(`` or a method named in a string, as in ``_kubevirt("create_namespaced_...")``.
+CLIENT_CALL = re.compile(
+    r"[.\"](create|delete|patch|replace|read|list)_(namespaced_|cluster_)?([a-z_]+?)(_for_all_namespaces)?[(\"]"
+)
+# The custom objects the portal reads and writes, by the client's generic method (plural passed as argument).
+CUSTOM_OBJECT_CALLS = {
+    ("namespaced", "create"): [("kubevirt.io", "virtualmachines")],
+    ("namespaced", "get"): [("kubevirt.io", "virtualmachines")],
+    ("namespaced", "delete"): [("kubevirt.io", "virtualmachines")],
+    ("namespaced", "list"): [("kubevirt.io", "virtualmachines"), ("kubevirt.io", "virtualmachineinstances")],
+    ("cluster", "list"): [("kubevirt.io", "kubevirts")],
+}
+
+
+def portal_sources() -> list[Path]:
+    root = DEPLOY.parent
+    return [
+        path for directory in SOURCE_DIRS for path in (root / directory).rglob("*.py")
+        if "tests" not in path.parts and "migrations" not in path.parts
+    ]
+
+
+def kubernetes_client_methods() -> set[str]:
+    from kubernetes import client
+
+    apis = (client.CoreV1Api, client.NetworkingV1Api, client.CustomObjectsApi, client.RbacAuthorizationV1Api,
+            client.AppsV1Api, client.BatchV1Api)
+    return {name for api in apis for name in dir(api) if not name.startswith("_")}
+
+
+def ungranted_calls(text: str, *, where: str, namespaced: dict, cluster_wide: dict,
+                    seen_custom: set | None = None) -> list[str]:
+    """The Kubernetes API calls in ``text`` that the Role (namespaced) or ClusterRole does not grant."""
+    methods = kubernetes_client_methods()
+    missing = []
+    for verb, scope, kind, all_namespaces in CLIENT_CALL.findall(text):
+        method = f"{verb}_{scope}{kind}{all_namespaces}"
+        if method not in methods:
+            continue  # not a Kubernetes API call (asyncio's create_task, the admin's delete_model...)
+        rbac_verb = CLIENT_VERBS[verb]
+        if kind == "custom_object":
+            if seen_custom is not None:
+                seen_custom.add((scope.rstrip("_"), rbac_verb))
+            targets = CUSTOM_OBJECT_CALLS.get((scope.rstrip("_"), rbac_verb))
+            if targets is None:
+                missing.append(f"{where}: {method}: a custom-object call this test does not know; map and grant it")
+                continue
+            table = namespaced if scope == "namespaced_" else cluster_wide
+            missing += [f"{where}: {method}: {t} {rbac_verb}" for t in targets if rbac_verb not in table.get(t, ())]
+            continue
+        if kind not in CORE_RESOURCES:
+            missing.append(f"{where}: {method}: unknown resource {kind!r}; add it here and grant it in deploy/")
+            continue
+        target = CORE_RESOURCES[kind]
+        table = namespaced if scope == "namespaced_" and not all_namespaces else cluster_wide
+        if rbac_verb not in table.get(target, ()):
+            missing.append(f"{where}: {method}: {target} {rbac_verb} is not granted")
+    return missing
+
+
+def rbac_tables(documents) -> tuple[dict, dict]:
+    (role,) = [r for r in of_kind(documents, "Role") if r["metadata"]["name"] == "lab-portal"]
+    (cluster_role,) = of_kind(documents, "ClusterRole")
+    return grants(role), grants(cluster_role)
+
+
+def test_every_cluster_call_in_the_code_is_granted(documents):
+    namespaced, cluster_wide = rbac_tables(documents)
+    missing: list[str] = []
+    seen_custom: set = set()
+    for path in portal_sources():
+        missing += ungranted_calls(path.read_text(), where=str(path.relative_to(DEPLOY.parent)),
+                                   namespaced=namespaced, cluster_wide=cluster_wide, seen_custom=seen_custom)
+    assert missing == [], "\n".join(missing)
+    # The scan itself found the calls this test is about.
+    assert {("namespaced", "create"), ("namespaced", "list"), ("cluster", "list")} <= seen_custom
+
+
+@pytest.mark.parametrize("snippet", [
+    "core.create_namespaced_pod(namespace, body)",
+    "core.list_secret_for_all_namespaces()",
+    'api("patch_namespaced_custom_object")(group, version, ns, "virtualmachines", name, patch)',
+    "core.delete_namespace(name)",
+    "core.create_namespaced_config_map(namespace, body)",
+])
+def test_the_call_scan_catches_an_ungranted_call(documents, snippet):
+    namespaced, cluster_wide = rbac_tables(documents)
+    assert ungranted_calls(snippet, where="snippet", namespaced=namespaced, cluster_wide=cluster_wide)
