@@ -16,6 +16,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views import View
 
+from api.ratelimit import rate_limit_hit
 from grading.selectors import grading_run_payload, lab_get_for_student
 from grading.services import grading_run_request
 from labs.models import Attempt
@@ -47,6 +48,11 @@ class AttemptStartView(LoginRequiredMixin, View):
         fallback = reverse("labs:lab_detail", args=[lab_id])
         try:
             lab = lab_get_for_student(user=request.user, lab_id=lab_id)
+            # The same per-user limit as the API's start, so neither door gets around it.
+            rate_limit_hit(
+                scope="attempt_start", key=f"user:{request.user.pk}",
+                message=_("You have started too many labs in a short time. Wait a little before starting another."),
+            )
             attempt = attempt_start(actor=request.user, lab=lab)
         except ApplicationError as error:
             return refusal(request, error, fallback_url=fallback)
