@@ -26,6 +26,10 @@ BATCH_BYTES = 256 * 1024
 MAX_PENDING_BYTES = 2 * 1024 * 1024
 # How long the holder trusts its last look at the viewer list before asking again.
 OTHERS_RECHECK_SECONDS = 1.0
+# Alone, the holder lets small output (keystroke echoes) gather this long before appending it to the
+# scrollback: one Redis round trip per second of typing instead of one per key. Anyone who needs the scrollback
+# current (a newcomer's sync, a redraw) flushes first, which ends the wait.
+ALONE_LINGER_SECONDS = 1.0
 
 
 class OutputFanout:
@@ -52,6 +56,7 @@ class OutputFanout:
         self.put_count = 0
         self.done_count = 0
         self.progress = asyncio.Event()
+        self.urgent = asyncio.Event()
         self.task = asyncio.create_task(self._run(), name=f"console-{attempt_id}-fanout")
 
     def claim(self, size: int) -> int:
@@ -83,6 +88,7 @@ class OutputFanout:
         """Another viewer announced itself: publish from now on, without waiting for the next look."""
         self.others = True
         self.others_checked_until = time.monotonic() + VIEWER_TTL_SECONDS
+        self.urgent.set()
 
     async def _anyone_else(self) -> bool:
         now = time.monotonic()
@@ -112,7 +118,12 @@ class OutputFanout:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
+            if not self.others and self.pending_bytes < BATCH_BYTES and not self.urgent.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.urgent.wait(), ALONE_LINGER_SECONDS)
             data, chunks = self._take_batch()
+            if not self.pending:
+                self.urgent.clear()
             try:
                 await self._publish(data)
             except asyncio.CancelledError:
@@ -126,12 +137,15 @@ class OutputFanout:
         """Return once everything put so far is in the scrollback (and published); output put meanwhile is
         not waited for, so this ends even while a program floods the console."""
         target = self.put_count
+        if self.done_count < target:
+            self.urgent.set()
         while self.done_count < target:
             self.progress.clear()
             await self.progress.wait()
 
     async def close(self, *, within: float = 2.0) -> None:
         """Publish what is queued (briefly), then stop."""
+        self.urgent.set()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.idle.wait(), within)
         self.task.cancel()

@@ -334,8 +334,13 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
                     await asyncio.sleep(ttl / 3)
                     await self.viewers.add(attempt_id=self.attempt_id, viewer=self.channel_name)
                     if not await self.lease.renew(attempt_id=self.attempt_id, holder=self.channel_name, ttl=ttl):
-                        logger.warning("Console %s: lease lost; handing the upstream over", self.attempt_id)
-                        await self._stop_owning(release=False)
+                        # Expired while this process was too busy to renew it: keep the upstream if nobody took
+                        # the lease meanwhile, hand it over if somebody did.
+                        if await self.lease.acquire(attempt_id=self.attempt_id, holder=self.channel_name, ttl=ttl):
+                            logger.warning("Console %s: lease had expired; taken again", self.attempt_id)
+                        else:
+                            logger.warning("Console %s: lease lost; handing the upstream over", self.attempt_id)
+                            await self._stop_owning(release=False)
                 if self.window.lagging_for() > self.limits.lag_close_seconds:
                     await self._send_json({"type": "notice", "code": "too_slow"})
                     await self.close(code=CLOSE_TOO_SLOW)
