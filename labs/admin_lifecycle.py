@@ -38,7 +38,8 @@ class AttemptLifecycleAdminMixin:
         done, refusals = 0, []
         for attempt in queryset.select_related("lab__course", "student"):
             if not self.instructs(request, attempt):
-                refusals.append(f"{attempt}: {_('you do not teach this course')}")
+                refusal = _("you do not teach this course")
+                refusals.append(f"{attempt}: {refusal}")
                 continue
             try:
                 service(actor=request.user, attempt=attempt)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.db import transaction
+from django.utils.translation import gettext as _
 
 from labs.console.upstream import ConsoleLocation
 from labs.models import AttemptState
@@ -38,12 +39,12 @@ class ConsoleAccess:
 def console_access(*, user: User, attempt_id: int) -> ConsoleAccess:
     """Raises NotFound unless the user is the attempt's student or staff of its course."""
     if not user.is_authenticated:
-        raise NotFound("Attempt not found.")
+        raise NotFound(_("Attempt not found."))
     attempt = attempt_get_for_user(user=user, attempt_id=attempt_id)
     is_student = attempt.student_id == user.id
     is_staff = course_role(user=user, course=attempt.lab.course) in STAFF_ROLES
     if not (is_student or is_staff):
-        raise NotFound("Attempt not found.")
+        raise NotFound(_("Attempt not found."))
     return ConsoleAccess(attempt_id=attempt.id, is_student=is_student, is_staff=is_staff, viewer_name=str(user))
 
 
