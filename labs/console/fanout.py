@@ -72,6 +72,8 @@ class OutputFanout:
         self.pending_bytes += len(data)
         self.put_count += 1
         self.idle.clear()
+        if self.pending_bytes >= BATCH_BYTES:
+            self.urgent.set()  # a flood, not typing: no reason to wait for more
         self.wakeup.set()
 
     def _take_batch(self) -> tuple[bytes, int]:
