@@ -24,8 +24,9 @@ logger = logging.getLogger(__name__)
 
 BATCH_BYTES = 256 * 1024
 MAX_PENDING_BYTES = 2 * 1024 * 1024
-# How long the holder trusts its last look at the viewer list before asking again.
-OTHERS_RECHECK_SECONDS = 1.0
+# How long the holder trusts its last look at the viewer list before asking again. Newcomers announce
+# themselves at once (viewer_joined); the look only notices that the others have gone.
+OTHERS_RECHECK_SECONDS = 5.0
 # Alone, the holder lets small output (keystroke echoes) gather this long before appending it to the
 # scrollback: one Redis round trip per second of typing instead of one per key. Anyone who needs the scrollback
 # current (a newcomer's sync, a redraw) flushes first, which ends the wait.

@@ -32,7 +32,7 @@ from labs.console.limits import console_limits
 from labs.console.recording import AsciicastRecorder
 from labs.console.scrollback import console_scrollback
 from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamState
-from labs.console.viewers import console_viewers
+from labs.console.viewers import VIEWER_TTL_SECONDS, console_viewers
 from labs.consumers.events import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, attempt_group
 from portal.errors import ApplicationError
 
@@ -106,6 +106,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_add(self.output_group, self.channel_name)
         await self.channel_layer.group_add(self.events_group, self.channel_name)
         await self.viewers.add(attempt_id=self.attempt_id, viewer=self.channel_name)
+        self.registered_at = time.monotonic()
         snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
         await self.accept()
         await self._send_hello()
@@ -323,16 +324,18 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
                     if await self.lease.acquire(attempt_id=self.attempt_id, holder=self.channel_name, ttl=ttl):
                         await self._start_owning()
                         continue
+                    # A holder leaving says so (owner_gone); the timeout only covers one that died silently,
+                    # whose lease then runs out.
                     self.owner_gone.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.owner_gone.wait(), timeout=min(1.0, ttl / 3))
-                    await self.viewers.add(attempt_id=self.attempt_id, viewer=self.channel_name)
+                        await asyncio.wait_for(self.owner_gone.wait(), timeout=ttl / 3)
+                    await self._refresh_registration()
                 elif self.upstream_task.done():
                     await self._stop_owning(release=True)
                     await asyncio.sleep(1.0)
                 else:
                     await asyncio.sleep(ttl / 3)
-                    await self.viewers.add(attempt_id=self.attempt_id, viewer=self.channel_name)
+                    await self._refresh_registration()
                     if not await self.lease.renew(attempt_id=self.attempt_id, holder=self.channel_name, ttl=ttl):
                         # Expired while this process was too busy to renew it: keep the upstream if nobody took
                         # the lease meanwhile, hand it over if somebody did.
@@ -351,6 +354,13 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
                 # Redis briefly unreachable, say: keep trying rather than leaving the viewer without a holder.
                 logger.exception("Console %s: lease handling failed; retrying", self.attempt_id)
                 await asyncio.sleep(1.0)
+
+    async def _refresh_registration(self) -> None:
+        """Stay on the viewer list, a few times per expiry period."""
+        now = time.monotonic()
+        if now - self.registered_at >= VIEWER_TTL_SECONDS / 3:
+            self.registered_at = now
+            await self.viewers.add(attempt_id=self.attempt_id, viewer=self.channel_name)
 
     async def _start_owning(self) -> None:
         snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
