@@ -175,7 +175,10 @@ async def ping_latency(client: ConsoleClient) -> float:
     return time.perf_counter() - started
 
 
-async def cat_throughput(client: ConsoleClient, round_number: int) -> dict[str, float]:
+async def cat_throughput(client: ConsoleClient, round_number: int, output_bytes: int) -> dict[str, float]:
+    """Time from Enter until the end of the output is on the client. The rate counts the output the command
+    produced (``output_bytes``), whether or not all of it was drawn: a bridge viewer that falls a window behind
+    is sent a redraw instead of the skipped part, which is what the student sees."""
     marker = f"END-{round_number}-$((40+2))"
     expected = f"END-{round_number}-42".encode()
     mark = client.mark()
@@ -184,7 +187,8 @@ async def cat_throughput(client: ConsoleClient, round_number: int) -> dict[str, 
     await client.wait_for(expected, after=mark, within=300)
     elapsed = time.perf_counter() - started
     received = client.received - mark
-    return {"bytes": received, "seconds": round(elapsed, 3), "mb_s": round(received / elapsed / 1e6, 2)}
+    return {"received_bytes": received, "seconds": round(elapsed, 3),
+            "mb_s": round(output_bytes / elapsed / 1e6, 2)}
 
 
 async def typing_load(args, clients: list[ConsoleClient]) -> list[float]:
@@ -268,13 +272,17 @@ async def measure(args, portal, attempts, cookies) -> dict[str, Any]:
         for client in (direct, bridge):
             await ready(client)
 
+        # What cat writes to the terminal: the file (fold puts a newline between 99-byte lines), each newline
+        # turned into CRLF by the tty.
+        size = args.megabytes * 1_000_000
+        output_bytes = size + 2 * (-(-size // 99) - 1)
         log(f"throughput: cat of {args.megabytes} MB, {args.rounds} rounds per side, alternating")
         throughput: dict[str, list[dict]] = {"direct": [], "bridge": []}
         for round_number in range(args.rounds):
             order = (("direct", direct), ("bridge", bridge)) if round_number % 2 == 0 else (
                 ("bridge", bridge), ("direct", direct))
             for name, client in order:
-                throughput[name].append(await cat_throughput(client, round_number))
+                throughput[name].append(await cat_throughput(client, round_number, output_bytes))
                 await ready(client)
         lagging = sum(1 for c in bridge.controls if c.get("type") == "lagging")
         for client in (direct, bridge):
