@@ -21,6 +21,7 @@ import logging
 import secrets
 
 from celery import shared_task
+from celery.signals import worker_ready
 from django.conf import settings
 from django.core.cache import cache
 from django.utils.translation import gettext as _
@@ -37,6 +38,27 @@ SOFT_LIMIT = settings.ATTEMPT_TASK_SOFT_TIME_LIMIT_SECONDS
 HARD_LIMIT = SOFT_LIMIT + 30
 SYNC_LOCK_KEY = "labs:sync:lock"
 SWEEP_LOCK_KEY = "labs:sweep:lock"
+
+
+@worker_ready.connect
+def forget_pass_locks(**_kwargs) -> None:
+    """A worker killed in the middle of a sync or a sweep (SIGKILL, out of memory, its node lost) leaves that pass's
+    locks behind until they expire, up to the task time limit: the restarted worker would skip every sync and sweep
+    meanwhile, just when the cluster most needs looking at. A worker that starts drops them; at worst a pass still
+    running on another worker overlaps once with a new one, which the services tolerate (they are idempotent)."""
+    from django.db import connection
+
+    from labs.models import TenantNamespace
+
+    try:
+        keys = [SYNC_LOCK_KEY, SWEEP_LOCK_KEY]
+        keys += [tracking.NAMESPACE_LOCK_KEY.format(namespace=namespace)
+                 for namespace in TenantNamespace.objects.values_list("namespace", flat=True)]
+        cache.delete_many(keys)
+    except Exception:
+        logger.warning("could not clear the sync and sweep locks; they expire by themselves", exc_info=True)
+    finally:
+        connection.close()  # this is the worker's parent process: no connection is kept for its future children
 
 
 def backoff_seconds(retries: int, retry_after: float | None = None) -> float:
