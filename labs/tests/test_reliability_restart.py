@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.core.cache import cache
 
+from labs import tasks
 from labs.kubevirt import operations
 from labs.models import ACTIVE_STATES, Attempt, AttemptState
-from labs.services import attempt_start
+from labs.services import attempt_start, tracking
 from labs.tests.reliability import (
     PortalProcesses,
     agreement,
@@ -82,6 +84,12 @@ def test_restart_with_labs_running_keeps_live_ones_and_frees_the_dead_one(portal
                describe=lambda: portal.http_get("/readyz")[1].decode())
 
     portal.kill()  # worker (and its pool), beat and daphne: SIGKILL, no shutdown of any kind
+    # Killed in the middle of a sync and a sweep (a second earlier or later, and it would have been): their locks
+    # stay behind until they expire, as they would after any such kill.
+    namespace = tenant.namespace
+    cache.set(tasks.SYNC_LOCK_KEY, "1", timeout=tasks.HARD_LIMIT)
+    cache.set(tasks.SWEEP_LOCK_KEY, "1", timeout=tasks.HARD_LIMIT)
+    cache.set(tracking.NAMESPACE_LOCK_KEY.format(namespace=namespace), "1", timeout=tracking.NAMESPACE_LOCK_SECONDS)
     survivor_a, survivor_b, dead = attempts
     assert operations.vm_delete(namespace=namespace, name=dead.vm_name)
     wait_until(lambda: dead.vm_name not in vm_names(namespace), timeout=20, what="the VM to be deleted")
