@@ -23,6 +23,7 @@ from labs.selectors import (
 from labs.views.instructions import render_instructions
 from labs.views.strings import PROGRESS_STEPS, attempt_page_strings
 from portal.errors import NotFound
+from portal.health import cluster_health_summary
 from portal.models import STAFF_ROLES
 from portal.selectors import course_role
 
@@ -77,6 +78,8 @@ class LabDetailView(LoginRequiredMixin, View):
             "progress_steps": PROGRESS_STEPS,
             "page_config": attempt_page_config(request=request, attempt=current, is_student=True, is_staff=False)
             if current is not None else None,
+            # A degraded cluster is said in plain words, never left to look like a stuck progress bar.
+            "cluster_notice": cluster_health_summary(),
         }
         return render(request, "labs/lab_detail.html", context)
 
