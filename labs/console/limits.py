@@ -39,6 +39,7 @@ def console_limits() -> ConsoleLimits:
         upstream_max_backoff_seconds=getattr(settings, "CONSOLE_UPSTREAM_MAX_BACKOFF_SECONDS", 5.0),
         upstream_max_message_bytes=getattr(settings, "CONSOLE_UPSTREAM_MAX_MESSAGE_BYTES", 1024 * 1024),
         recording_max_bytes=getattr(settings, "CONSOLE_RECORDING_MAX_BYTES", 32 * 1024 * 1024),
-        # Each flush is a hop to a worker thread; large output is written sooner (recording.FLUSH_AT_BYTES).
-        recording_flush_seconds=getattr(settings, "CONSOLE_RECORDING_FLUSH_SECONDS", 2.0),
+        # Each flush is a hop to a worker thread; large output is written sooner (recording.FLUSH_AT_BYTES). Half a
+        # second keeps a TA's replay, opened while the student types, close to what the student sees.
+        recording_flush_seconds=getattr(settings, "CONSOLE_RECORDING_FLUSH_SECONDS", 0.5),
     )
