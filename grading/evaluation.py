@@ -6,9 +6,10 @@ Rules, as students and staff are told them:
 
 - A check passes when it did not time out, its command could be started, its exit code equals the expected one
   (when one is set), and its output matches the expectation (when one is set): ``contains`` is a plain substring
-  test, ``regex`` is ``re.search`` with ``MULTILINE``. A pass earns the check's points, a failure none (partial
-  credit comes from the lab's several checks, not from within one).
-- Feedback on a failure is the check's hint; a pass carries none.
+  test, ``regex`` is ``re.search`` with ``MULTILINE`` (run by ``labs.patterns`` under a time limit). A pass earns
+  the check's points, a failure none (partial credit comes from the lab's several checks, not from within one).
+- Feedback on a failure is the check's hint; a pass carries none. A pattern that runs out of time fails the check
+  with feedback saying so instead of the hint (the student's work was not judged; the instructor should fix it).
 - Lateness is judged on when the guest's outputs were measured. Every started day after ``due_at`` costs
   ``late_penalty_percent_per_day`` (partial days round up: one minute late is one day late), capped at 100%.
 - No credit after the credit window closes: ``late_cutoff_at`` when set; ``due_at`` itself when the lab has no
@@ -20,15 +21,21 @@ Rules, as students and staff are told them:
 
 from __future__ import annotations
 
+import logging
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, Protocol
 
+import regex
+from django.utils.translation import gettext as _
+
 from labs.models import GradePolicy, StdoutMatch
+from labs.patterns import PatternTimeout, pattern_timeout_seconds, search
+
+logger = logging.getLogger(__name__)
 
 HUNDRED = Decimal(100)
 CENT = Decimal("0.01")
@@ -58,15 +65,16 @@ class CheckVerdict:
 
 
 def output_matches(*, match: str, pattern: str, output: str) -> bool:
+    """Whether ``output`` meets the expectation. Raises ``PatternTimeout`` when a regex runs out of time."""
     if match == StdoutMatch.NONE:
         return True
     if match == StdoutMatch.CONTAINS:
         return pattern in output
     if match == StdoutMatch.REGEX:
         try:
-            return re.search(pattern, output, flags=re.MULTILINE) is not None
-        except re.error:
-            # Lab.clean refuses such patterns; one saved around it fails the check rather than the whole run.
+            return search(pattern, output)
+        except regex.error:
+            # Check.clean refuses such patterns; one saved around it fails the check rather than the whole run.
             return False
     return False
 
@@ -74,7 +82,19 @@ def output_matches(*, match: str, pattern: str, output: str) -> bool:
 def evaluate_check(*, check: CheckDefinition, result: Mapping[str, Any]) -> CheckVerdict:
     """Score one check from the agent's raw result for it."""
     max_points = Decimal(check.points)
-    reason = _failure_reason(check=check, result=result)
+    try:
+        reason = _failure_reason(check=check, result=result)
+    except PatternTimeout:
+        seconds = pattern_timeout_seconds()
+        logger.warning("check %r: its output pattern took longer than %s s to match", check, seconds)
+        feedback = _(
+            "This check could not be judged: its expected-output pattern took longer than %(seconds)s s to match "
+            "the output. Tell your instructor, who needs to simplify the pattern; it counts as not passed until then."
+        ) % {"seconds": f"{seconds:g}"}
+        return CheckVerdict(
+            passed=False, points=Decimal(0), max_points=max_points, feedback=feedback,
+            reason=f"the output pattern took longer than {seconds:g} s to match",
+        )
     if reason:
         return CheckVerdict(
             passed=False, points=Decimal(0), max_points=max_points, feedback=check.hint or "", reason=reason

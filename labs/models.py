@@ -12,6 +12,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from labs.patterns import pattern_problem
 from labs.sizes import LabSize
 from portal.models import Course, Tenant
 
@@ -116,15 +117,12 @@ class Check(models.Model):
         return self.title
 
     def clean(self) -> None:
-        import re
-
         if self.stdout_match != StdoutMatch.NONE and not self.stdout_pattern:
             raise ValidationError({"stdout_pattern": _("Give the pattern the output is compared with.")})
         if self.stdout_match == StdoutMatch.REGEX:
-            try:
-                re.compile(self.stdout_pattern)
-            except re.error as exc:
-                raise ValidationError({"stdout_pattern": _("Not a valid regular expression: %s") % exc}) from exc
+            problem = pattern_problem(self.stdout_pattern)
+            if problem:
+                raise ValidationError({"stdout_pattern": problem})
         if self.stdout_match == StdoutMatch.NONE and self.expected_exit_code is None:
             raise ValidationError(_("A check needs an expected exit code, an output expectation, or both."))
 

@@ -295,6 +295,8 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 GRADING_MIN_INTERVAL_SECONDS = env_int("GRADING_MIN_INTERVAL_SECONDS", 10)
+# How long one check's output pattern may take to match (labs.patterns); past it the check fails, saying why.
+GRADING_PATTERN_TIMEOUT_MS = env_int("GRADING_PATTERN_TIMEOUT_MS", 1000)
 AGENT_PORT = 8787
 
 CONSOLE_SCROLLBACK_BYTES = env_int("CONSOLE_SCROLLBACK_BYTES", 64 * 1024)

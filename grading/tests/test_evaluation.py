@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -94,6 +95,17 @@ class TestCheckVerdicts:
         check = CheckSpec(stdout_match=StdoutMatch.REGEX, stdout_pattern="(unclosed")
         verdict = evaluate_check(check=check, result=result(stdout="(unclosed"))
         assert not verdict.passed
+
+    def test_regex_that_runs_out_of_time_fails_with_feedback_saying_so(self, settings):
+        settings.GRADING_PATTERN_TIMEOUT_MS = 100
+        check = CheckSpec(stdout_match=StdoutMatch.REGEX, stdout_pattern=r"^(a|a)*$")
+        started = time.monotonic()
+        verdict = evaluate_check(check=check, result=result(stdout="a" * 40 + "!"))
+        assert time.monotonic() - started < 2
+        assert (verdict.passed, verdict.points, verdict.max_points) == (False, Decimal(0), Decimal("2"))
+        assert verdict.reason == "the output pattern took longer than 0.1 s to match"
+        assert "could not be judged" in verdict.feedback and "0.1 s" in verdict.feedback
+        assert "Look again at step 3." not in verdict.feedback  # the hint would blame the student's work
 
     def test_timeout_fails_even_with_matching_output(self):
         check = CheckSpec(stdout_match=StdoutMatch.CONTAINS, stdout_pattern="done")

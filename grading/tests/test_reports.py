@@ -10,11 +10,11 @@ import pytest
 from django.urls import reverse
 
 from conftest import make_lab, make_person
-from grading.models import Grade, GradingRun, RunTrigger
+from grading.models import Grade, GradingRun, RunState, RunTrigger
 from grading.selectors import csv_text
 from grading.services import grade_override
-from grading.tests.builders import ALL_PASS, FIRST_ONLY, NONE_PASS, make_attempt, record_run
-from labs.models import AttemptState
+from grading.tests.builders import ALL_PASS, FIRST_ONLY, NONE_PASS, agent_result, make_attempt, record_run
+from labs.models import AttemptState, StdoutMatch
 from portal.models import AuditEvent, Course, Role
 
 pytestmark = pytest.mark.django_db
@@ -164,6 +164,22 @@ class TestPages:
         text = page.content.decode()
         assert "The file must contain the words hello world." in text
         assert "goodbye" not in text
+
+    def test_a_pattern_that_runs_out_of_time_is_explained_to_student_and_ta(self, client, settings, student_a,
+                                                                            ta_a, lab_a):
+        """A pattern saved before patterns were vetted: the run still finishes, the check fails, both read why."""
+        settings.GRADING_PATTERN_TIMEOUT_MS = 100
+        lab_a.checks.filter(order=2).update(stdout_match=StdoutMatch.REGEX, stdout_pattern=r"^(a|a)*$")
+        attempt = make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED)
+        outputs = {1: agent_result(), 2: agent_result(stdout="a" * 40 + "!")}
+        run = record_run(attempt=attempt, outputs=outputs)
+        assert run.state == RunState.DONE
+        assert run.score == Decimal("1.00")
+        expected = "This check could not be judged: its expected-output pattern took longer than 0.1 s"
+        client.force_login(student_a)
+        assert expected in client.get(reverse("grading:my_lab", args=[lab_a.pk])).content.decode()
+        client.force_login(ta_a)
+        assert expected in client.get(reverse("grading:attempt_detail", args=[attempt.pk])).content.decode()
 
 
 class TestCsvExport:

@@ -1,0 +1,82 @@
+"""Checks' output patterns: compiled and matched by the ``regex`` engine under a time limit, and vetted on save.
+
+Instructors write the patterns and students' guests write the output, so a pattern with catastrophic
+backtracking (``^(a|a)*$``) could otherwise hold a worker or a web process for hours. Every match here is given
+``GRADING_PATTERN_TIMEOUT_MS`` and an input of at most ``MATCH_INPUT_MAX_CHARS``; running out of time raises
+``PatternTimeout``, which grading turns into a failed check with a plain message. ``pattern_problem`` is what
+saving a check asks: a syntax error, or a pattern that is already too slow on short, repetitive probe inputs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import regex
+from django.conf import settings
+from django.utils.translation import gettext as _
+
+FLAGS = regex.MULTILINE | regex.VERSION0  # VERSION0: the syntax and meaning of Python's ``re``
+# The guest agent caps each output stream at 64 KiB; an output past that did not come from an honest agent.
+MATCH_INPUT_MAX_CHARS = 64 * 1024
+# Vetting on save: probe inputs of this length, each given this long. Exponential backtracking shows well
+# before 64 characters, while a sound pattern answers in microseconds.
+PROBE_LENGTH = 64
+PROBE_TIMEOUT_SECONDS = 0.1
+PROBE_FILLERS = "a1 \tx.-_/:=\n"
+PROBE_ENDINGS = ("", "!", "\x00", "\n!")
+PROBE_MAX_PATTERN_CHARACTERS = 24
+
+
+class PatternTimeout(Exception):
+    """A match ran out of time; the pattern backtracks too much on this output."""
+
+
+@functools.lru_cache(maxsize=256)
+def compile_pattern(pattern: str) -> regex.Pattern:
+    return regex.compile(pattern, FLAGS)
+
+
+def pattern_timeout_seconds() -> float:
+    return settings.GRADING_PATTERN_TIMEOUT_MS / 1000
+
+
+def search(pattern: str, text: str, *, timeout: float | None = None) -> bool:
+    """Whether ``pattern`` is found in ``text`` (``re.search`` with ``MULTILINE``). Raises ``regex.error`` for
+    an invalid pattern and ``PatternTimeout`` when the match takes longer than ``timeout`` seconds (default
+    ``GRADING_PATTERN_TIMEOUT_MS``)."""
+    compiled = compile_pattern(pattern)
+    try:
+        return compiled.search(
+            text[:MATCH_INPUT_MAX_CHARS], timeout=pattern_timeout_seconds() if timeout is None else timeout
+        ) is not None
+    except TimeoutError as exc:
+        raise PatternTimeout(pattern) from exc
+
+
+def _probe_inputs(pattern: str) -> list[str]:
+    """Short repetitive texts, built from the pattern's own characters and a few common ones, followed by a
+    character that makes a match fail at the very end: the shape of input that sets off backtracking."""
+    own = dict.fromkeys(ch for ch in pattern if ch.isprintable() and ch not in "()[]{}|*+?^$\\")
+    characters = dict.fromkeys(list(own)[:PROBE_MAX_PATTERN_CHARACTERS])
+    characters.update(dict.fromkeys(PROBE_FILLERS))
+    probes = [ch * PROBE_LENGTH + ending for ch in characters for ending in PROBE_ENDINGS]
+    probes.append(("ab" * PROBE_LENGTH) + "!")
+    return probes
+
+
+def pattern_problem(pattern: str) -> str | None:
+    """Why ``pattern`` cannot be a check's output pattern, in words for the instructor; ``None`` when it can."""
+    try:
+        compile_pattern(pattern)
+    except regex.error as exc:
+        return _("Not a valid regular expression: %s") % exc
+    for probe in _probe_inputs(pattern):
+        try:
+            search(pattern, probe, timeout=PROBE_TIMEOUT_SECONDS)
+        except PatternTimeout:
+            return _(
+                "This regular expression backtracks too much: matching it against %(length)d repeated characters "
+                "took longer than %(seconds)s s, so grading would give up on it. Avoid nested or overlapping "
+                "repeats such as (a+)+ or (a|a)*."
+            ) % {"length": PROBE_LENGTH, "seconds": PROBE_TIMEOUT_SECONDS}
+    return None
