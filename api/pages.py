@@ -24,6 +24,7 @@ ACTION_LABELS = {
     "grading.override_set": _("overrode a grade"),
     "grading.override_removed": _("removed a grade override"),
     "grading.regraded": _("regraded an attempt"),
+    "grading.lab_regrade_queued": _("queued a regrade of a lab"),
     "grading.lab_regraded": _("regraded a lab"),
     "console.take_control": _("took control of a console"),
     "console.release_control": _("released control of a console"),

@@ -153,3 +153,32 @@ class Grade(models.Model):
     @property
     def final_score(self) -> Decimal | None:
         return self.override_score if self.override_score is not None else self.score
+
+
+class LabRegrade(models.Model):
+    """A lab-wide regrade that staff asked for: queued by the request, carried out by a Celery task, its outcome
+    kept for the lab report (one run's stored outputs re-evaluated per counted run, running attempts checked
+    again in their guest)."""
+
+    lab = models.ForeignKey(Lab, verbose_name=_("lab"), on_delete=models.CASCADE, related_name="lab_regrades")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, verbose_name=_("requested by"), on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="+",
+    )
+    # queued until the task has done the whole regrade (in one transaction), then done or error; never running.
+    state = models.CharField(_("state"), max_length=10, choices=RunState.choices, default=RunState.QUEUED)
+    attempts_requested = models.PositiveIntegerField(_("attempts to regrade"), default=0)
+    attempts_regraded = models.PositiveIntegerField(_("attempts regraded"), default=0)
+    runs_reevaluated = models.PositiveIntegerField(_("runs re-evaluated"), default=0)
+    runs_queued = models.PositiveIntegerField(_("runs in the guest"), default=0)
+    error = models.TextField(_("error"), blank=True)
+    created_at = models.DateTimeField(_("requested"), auto_now_add=True)
+    finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = _("lab regrade")
+        verbose_name_plural = _("lab regrades")
+
+    def __str__(self) -> str:
+        return f"{self.lab} regrade {self.pk} ({self.state})"

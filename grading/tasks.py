@@ -1,10 +1,12 @@
-"""Celery tasks of grading: execute a queued run, and fail runs whose worker never came or died."""
+"""Celery tasks of grading: execute a queued run, carry out a lab-wide regrade, and fail runs (and regrades)
+whose worker never came or died."""
 
 from __future__ import annotations
 
 from celery import shared_task
 
 from grading import services
+from grading.services import regrades
 
 
 @shared_task(name="grading.tasks.grading_run_execute", acks_late=True)
@@ -15,7 +17,16 @@ def grading_run_execute(run_id: int) -> str:
     return "skipped" if run is None else run.state
 
 
+@shared_task(name="grading.tasks.lab_regrade_execute", acks_late=True)
+def lab_regrade_execute(regrade_id: int) -> str:
+    """Regrade every attempt at a lab, as queued by ``lab_regrade_request``. Idempotent: the regrade is done in
+    one transaction on its locked row, so a redelivered message for a regrade already done does nothing."""
+    regrade = regrades.lab_regrade_execute(regrade_id=regrade_id)
+    return "skipped" if regrade is None else regrade.state
+
+
 @shared_task(name="grading.tasks.grading_runs_sweep", acks_late=True)
 def grading_runs_sweep() -> int:
-    """Periodic (beat): fail runs queued too long or running past their deadline, so attempts are not blocked."""
-    return services.grading_runs_fail_stale()
+    """Periodic (beat): fail runs queued too long or running past their deadline, so attempts are not blocked,
+    and lab regrades whose task message was lost, so a new one can be asked for."""
+    return services.grading_runs_fail_stale() + regrades.lab_regrades_fail_stale()

@@ -20,6 +20,7 @@ from django.utils.http import content_disposition_header
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import slugify
 from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 from django.views import View
 
 from grading import selectors, services
@@ -140,12 +141,18 @@ class LabReportView(GradingView):
 class LabRegradeView(GradingView):
     def post(self, request: HttpRequest, lab_id: int) -> HttpResponse:
         lab = selectors.lab_get_for_staff(user=request.user, lab_id=lab_id)
-        outcome = services.grading_regrade_lab(actor=request.user, lab=lab)
-        messages.success(
-            request,
-            _("Regraded %(runs)d runs of %(attempts)d attempts; %(queued)d running attempts are checked again.")
-            % {"runs": outcome.reevaluated, "attempts": outcome.attempts, "queued": outcome.queued},
-        )
+        regrade, created = services.lab_regrade_request(actor=request.user, lab=lab)
+        if created:
+            messages.success(
+                request,
+                ngettext(
+                    "Regrade queued for %(count)d attempt. Its outcome appears under Regrades when it is done.",
+                    "Regrade queued for %(count)d attempts. Its outcome appears under Regrades when it is done.",
+                    regrade.attempts_requested,
+                ) % {"count": regrade.attempts_requested},
+            )
+        else:
+            messages.info(request, _("A regrade of this lab is already queued; it will use the current checks."))
         return redirect("grading:lab_report", lab_id=lab.pk)
 
 

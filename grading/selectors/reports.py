@@ -12,7 +12,7 @@ from decimal import Decimal
 from django.db.models import Count, Prefetch, Q, Sum
 from django.utils.translation import gettext as _
 
-from grading.models import CheckResult, Grade, GradingRun, RunState
+from grading.models import CheckResult, Grade, GradingRun, LabRegrade, RunState
 from labs.models import Attempt, Lab
 from portal.models import Course, Membership, Role, User
 from portal.selectors import courses_for_user, user_tenant_ids
@@ -34,6 +34,7 @@ class GradeCell:
         return self.final is not None
 
 
+LAB_REPORT_REGRADES = 5
 EMPTY_CELL = GradeCell(final=None, computed=None, max_score=None, late=False, overridden=False, attempts=0)
 
 
@@ -135,6 +136,7 @@ class LabReport:
     distribution: list[DistributionBucket] = field(default_factory=list)
     mean_percent: float | None = None
     median_percent: float | None = None
+    regrades: list[LabRegrade] = field(default_factory=list)  # the latest lab-wide regrades, newest first
 
     @property
     def graded(self) -> int:
@@ -184,6 +186,9 @@ def lab_report(*, lab: Lab) -> LabReport:
         distribution=score_distribution(percents=percents),
         mean_percent=round(statistics.fmean(percents), 1) if percents else None,
         median_percent=round(statistics.median(percents), 1) if percents else None,
+        regrades=list(
+            LabRegrade.objects.filter(lab=lab).select_related("requested_by")[:LAB_REPORT_REGRADES]
+        ),
     )
 
 

@@ -1,6 +1,7 @@
 """Every write of grading: runs (the Check button, execution, the final run), grades, overrides and regrades.
 
-Split by subject (``runs``, ``grades``); the names below are the public contract other apps import.
+Split by subject (``runs``, ``grades``, ``regrades`` for the lab-wide regrade carried out by a task); the names
+below are the public contract other apps import.
 """
 
 from grading.services.grades import (
@@ -13,6 +14,7 @@ from grading.services.grades import (
     lab_max_points,
     parse_override_score,
 )
+from grading.services.regrades import lab_regrade_execute, lab_regrade_request, lab_regrades_fail_stale
 from grading.services.runs import (
     grading_run_execute,
     grading_run_fail,
@@ -36,5 +38,8 @@ __all__ = [
     "grading_run_request",
     "grading_runs_fail_stale",
     "lab_max_points",
+    "lab_regrade_execute",
+    "lab_regrade_request",
+    "lab_regrades_fail_stale",
     "parse_override_score",
 ]
