@@ -18,7 +18,7 @@ from django.shortcuts import render
 from django.urls import NoReverseMatch, reverse
 from django.utils.translation import gettext as _
 
-from api.ratelimit import rate_limit_count, rate_limit_exceeded, rate_limit_reset
+from portal.ratelimit import rate_limit_count, rate_limit_exceeded, rate_limit_reset
 
 USERNAME_SCOPE = "login_username"
 ADDRESS_SCOPE = "login_address"

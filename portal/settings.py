@@ -337,7 +337,7 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
-# Rate limits (api.ratelimit): scope -> (requests, window in seconds). Refusals are 429 with Retry-After.
+# Rate limits (portal.ratelimit): scope -> (requests, window in seconds). Refusals are 429 with Retry-After.
 RATE_LIMITS = {
     # lab starts per user
     "attempt_start": (env_int("RATE_LIMIT_STARTS", 10), env_int("RATE_LIMIT_STARTS_WINDOW_SECONDS", 600)),

@@ -13,9 +13,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.login_guard import USERNAME_SCOPE, login_retry_after, throttled_message
-from api.ratelimit import RateLimited, rate_limit_reset
 from api.serializers import ErrorSerializer, MeSerializer, TokenRequestSerializer, TokenSerializer
 from portal.errors import ApplicationError
+from portal.ratelimit import RateLimited, rate_limit_reset
 
 
 class MeView(APIView):

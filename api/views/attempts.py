@@ -14,7 +14,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.ratelimit import rate_limit_hit
 from api.selectors import lab_get_for_user
 from api.serializers import (
     AttemptSerializer,
@@ -29,6 +28,7 @@ from labs import services as lab_services
 from labs.models import AttemptState
 from labs.selectors import attempt_get_for_user, attempts_for_user
 from portal.models import User
+from portal.ratelimit import rate_limit_hit
 from portal.selectors import staff_courses_for_user
 
 ATTEMPT_ORDERING = {

@@ -16,13 +16,13 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views import View
 
-from api.ratelimit import rate_limit_hit
 from grading.selectors import grading_run_payload, lab_get_for_student
 from grading.services import grading_run_request
 from labs.models import Attempt
 from labs.selectors import attempt_get_for_user, attempt_status_payload
 from labs.services import attempt_extend, attempt_start, attempt_stop
 from portal.errors import ApplicationError
+from portal.ratelimit import rate_limit_hit
 
 
 def wants_json(request: HttpRequest) -> bool:
