@@ -7,6 +7,10 @@ with a short timeout, remembered for a few seconds per process so probes do not 
 attempt sync loop's heartbeat, which the sync task writes to the shared cache. It answers 503 with a JSON body
 naming each failing component in plain words. Both are unauthenticated, so their bodies carry no host names,
 credentials or exception texts: those go to the log.
+
+Component messages are translated when they are read, not when they are made (``_say``): the cluster probe's
+result is remembered across requests, and the operations dashboard shows it in each reader's language, while a
+probe without ``Accept-Language`` gets English.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import connections
 from django.http import HttpRequest, JsonResponse
+from django.utils.functional import Promise, lazy
+from django.utils.translation import gettext, gettext_noop
 from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
@@ -47,8 +53,20 @@ class ComponentStatus:
 
     name: str
     ok: bool
-    message: str
+    message: str | Promise
     latency_ms: float | None = None
+
+
+def _translated(message: str, params: dict[str, object]) -> str:
+    return gettext(message) % params if params else gettext(message)
+
+
+_lazy_translated = lazy(_translated, str)
+
+
+def _say(message: str, **params: object) -> Promise:
+    """``message`` (marked with ``gettext_noop``) with ``params``, translated whenever it is turned into text."""
+    return _lazy_translated(message, params)
 
 
 @dataclass(frozen=True)
@@ -131,10 +149,14 @@ def check_databases() -> list[ComponentStatus]:
             # A broken connection would otherwise be reused by the next request in this thread.
             connections[alias].close_if_unusable_or_obsolete()
             statuses.append(ComponentStatus(
-                name, False, f"The database is not answering ({type(exc).__name__}).", _elapsed_ms(started)
+                name, False,
+                _say(gettext_noop("The database is not answering (%(error)s)."), error=type(exc).__name__),
+                _elapsed_ms(started),
             ))
         else:
-            statuses.append(ComponentStatus(name, True, "The database answered.", _elapsed_ms(started)))
+            statuses.append(ComponentStatus(
+                name, True, _say(gettext_noop("The database answered.")), _elapsed_ms(started)
+            ))
     return statuses
 
 
@@ -150,12 +172,14 @@ def check_redis() -> ComponentStatus | None:
         logger.warning("Readiness: Redis failed: %s", exc)
         return ComponentStatus(
             "redis", False,
-            "Redis is not answering: tasks cannot be queued and live updates cannot be delivered.",
+            _say(gettext_noop(
+                "Redis is not answering: tasks cannot be queued and live updates cannot be delivered."
+            )),
             _elapsed_ms(started),
         )
     finally:
         client.close()
-    return ComponentStatus("redis", True, "Redis answered.", _elapsed_ms(started))
+    return ComponentStatus("redis", True, _say(gettext_noop("Redis answered.")), _elapsed_ms(started))
 
 
 _cluster_lock = threading.Lock()
@@ -179,7 +203,8 @@ def _probe_cluster(*, timeout: float) -> tuple[str, ComponentStatus]:
     except kube_client.ClusterNotConfigured as exc:
         logger.warning("Readiness: %s", exc)
         return "", ComponentStatus(
-            "cluster", False, "No cluster is configured (no in-cluster account and no readable kubeconfig)."
+            "cluster", False,
+            _say(gettext_noop("No cluster is configured (no in-cluster account and no readable kubeconfig).")),
         )
     cfg = api.configuration
     if cfg.refresh_api_key_hook is not None:  # bound service-account tokens rotate
@@ -198,33 +223,41 @@ def _probe_cluster(*, timeout: float) -> tuple[str, ComponentStatus]:
         _count_cluster_error(reason="connection")
         logger.warning("Readiness: cluster /version failed: %s", exc)
         return host, ComponentStatus(
-            "cluster", False, "The cluster API is not reachable (the connection failed).", _elapsed_ms(started)
+            "cluster", False, _say(gettext_noop("The cluster API is not reachable (the connection failed).")),
+            _elapsed_ms(started),
         )
     except urllib3.exceptions.TimeoutError as exc:
         _count_cluster_error(reason="timeout")
         logger.warning("Readiness: cluster /version timed out: %s", exc)
         return host, ComponentStatus(
-            "cluster", False, f"The cluster API did not answer within {timeout:g} seconds.", _elapsed_ms(started)
+            "cluster", False,
+            _say(gettext_noop("The cluster API did not answer within %(seconds)s seconds."), seconds=f"{timeout:g}"),
+            _elapsed_ms(started),
         )
     except urllib3.exceptions.HTTPError as exc:
         _count_cluster_error(reason="connection")
         logger.warning("Readiness: cluster /version failed: %s", exc)
         return host, ComponentStatus(
-            "cluster", False, "The cluster API is not reachable (the connection failed).", _elapsed_ms(started)
+            "cluster", False, _say(gettext_noop("The cluster API is not reachable (the connection failed).")),
+            _elapsed_ms(started),
         )
     elapsed = _elapsed_ms(started)
     if response.status in (401, 403):
         _count_cluster_error(reason=str(response.status))
         return host, ComponentStatus(
             "cluster", False,
-            f"The cluster API refused the portal's credentials (HTTP {response.status}).", elapsed,
+            _say(gettext_noop("The cluster API refused the portal's credentials (HTTP %(status)s)."),
+                 status=response.status),
+            elapsed,
         )
     if response.status != 200:
         _count_cluster_error(reason=str(response.status))
         return host, ComponentStatus(
-            "cluster", False, f"The cluster API answered with an error (HTTP {response.status}).", elapsed
+            "cluster", False,
+            _say(gettext_noop("The cluster API answered with an error (HTTP %(status)s)."), status=response.status),
+            elapsed,
         )
-    return host, ComponentStatus("cluster", True, "The cluster API answered.", elapsed)
+    return host, ComponentStatus("cluster", True, _say(gettext_noop("The cluster API answered.")), elapsed)
 
 
 def _count_cluster_error(*, reason: str) -> None:
@@ -266,31 +299,45 @@ def check_sync(*, now: datetime | None = None) -> ComponentStatus:
         beat = sync_heartbeat()
     except Exception as exc:  # the cache backend's connection errors have no common base class
         logger.warning("Readiness: cannot read the sync heartbeat: %s", exc)
-        return ComponentStatus("sync", False, "Cannot read the sync loop's heartbeat: the cache is not answering.")
+        return ComponentStatus(
+            "sync", False, _say(gettext_noop("Cannot read the sync loop's heartbeat: the cache is not answering."))
+        )
     if beat.last_success is None:
         if beat.last_error_at is not None:
-            return ComponentStatus(
-                "sync", False,
-                f"The attempt sync loop has never succeeded; its last pass failed {_ago(now, beat.last_error_at)}.",
-            )
-        return ComponentStatus(
-            "sync", False, "The attempt sync loop has not run yet (is the Celery worker and beat running?)."
-        )
+            return ComponentStatus("sync", False, _say(
+                gettext_noop("The attempt sync loop has never succeeded; its last pass failed %(failed)s s ago."),
+                failed=_seconds_ago(now, beat.last_error_at),
+            ))
+        return ComponentStatus("sync", False, _say(
+            gettext_noop("The attempt sync loop has not run yet (is the Celery worker and beat running?).")
+        ))
     age = (now - beat.last_success).total_seconds()
+    failed_since = beat.last_error_at is not None and beat.last_error_at > beat.last_success
+    succeeded = _seconds_ago(now, beat.last_success)
+    failed = _seconds_ago(now, beat.last_error_at) if failed_since else None
     if age > max_age:
-        message = f"The attempt sync loop last succeeded {_ago(now, beat.last_success)} (limit {max_age} s)"
-        if beat.last_error_at is not None and beat.last_error_at > beat.last_success:
-            message += f"; its last pass failed {_ago(now, beat.last_error_at)}"
-        return ComponentStatus("sync", False, message + ".")
-    message = f"The attempt sync loop succeeded {_ago(now, beat.last_success)}."
-    if beat.last_error_at is not None and beat.last_error_at > beat.last_success:
-        message += f" Its last pass failed {_ago(now, beat.last_error_at)}."
-    return ComponentStatus("sync", True, message)
+        if failed_since:
+            return ComponentStatus("sync", False, _say(
+                gettext_noop("The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s); its "
+                             "last pass failed %(failed)s s ago."),
+                succeeded=succeeded, limit=max_age, failed=failed,
+            ))
+        return ComponentStatus("sync", False, _say(
+            gettext_noop("The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s)."),
+            succeeded=succeeded, limit=max_age,
+        ))
+    if failed_since:
+        return ComponentStatus("sync", True, _say(
+            gettext_noop("The attempt sync loop succeeded %(succeeded)s s ago. Its last pass failed %(failed)s s ago."),
+            succeeded=succeeded, failed=failed,
+        ))
+    return ComponentStatus(
+        "sync", True, _say(gettext_noop("The attempt sync loop succeeded %(succeeded)s s ago."), succeeded=succeeded)
+    )
 
 
-def _ago(now: datetime, then: datetime) -> str:
-    seconds = max(0, int((now - then).total_seconds()))
-    return f"{seconds} s ago"
+def _seconds_ago(now: datetime, then: datetime) -> int:
+    return max(0, int((now - then).total_seconds()))
 
 
 def readiness(*, exclude: tuple[str, ...] = ()) -> list[ComponentStatus]:
@@ -337,7 +384,8 @@ def readyz_view(request: HttpRequest) -> JsonResponse:
     unknown = sorted(requested - set(COMPONENTS))
     if unknown:
         return JsonResponse(
-            {"error": f"Unknown component(s) in exclude: {', '.join(unknown)}; known: {', '.join(COMPONENTS)}."},
+            {"error": _("Unknown component(s) in exclude: %(unknown)s; known: %(known)s.")
+             % {"unknown": ", ".join(unknown), "known": ", ".join(COMPONENTS)}},
             status=400,
         )
     statuses = readiness(exclude=tuple(requested))

@@ -236,3 +236,38 @@ def test_cluster_health_summary_is_silent_when_all_is_well(cluster, fresh_sync):
 def test_readyz_needs_no_login_and_accepts_only_get(client, cluster, fresh_sync):
     assert client.get("/readyz").status_code == 200
     assert client.post("/readyz").status_code == 405
+
+
+@pytest.mark.django_db
+def test_readyz_speaks_the_language_asked_for_and_english_by_default(client, broken_cluster, fresh_sync):
+    japanese = client.get("/readyz", headers={"accept-language": "ja"}).json()
+    assert japanese["problems"] == ["クラスター API に接続できません (接続に失敗しました)。"]
+    # The same remembered probe result, read again without a language: English, as probes expect.
+    assert client.get("/readyz").json()["problems"] == ["The cluster API is not reachable (the connection failed)."]
+
+
+@pytest.mark.django_db
+def test_sync_messages_keep_their_figures_in_japanese(client, cluster, settings):
+    from django.utils import translation
+
+    settings.HEALTH_SYNC_MAX_AGE_SECONDS = 60
+    now = datetime.now(tz=UTC)
+    health.record_sync_success(at=now - timedelta(seconds=300))
+    health.record_sync_error(message="list VMIs: 503", at=now - timedelta(seconds=5))
+    status = health.check_sync(now=now)
+    with translation.override("ja"):
+        assert str(status.message) == (
+            "実施の同期ループが最後に成功したのは 300 秒前です (上限 60 秒)。最後の実行は 5 秒前に失敗しました。"
+        )
+    assert str(status.message) == (
+        "The attempt sync loop last succeeded 300 s ago (limit 60 s); its last pass failed 5 s ago."
+    )
+
+
+@pytest.mark.django_db
+def test_readyz_refuses_an_unknown_component_in_words(client):
+    response = client.get("/readyz?exclude=sync,disk", headers={"accept-language": "ja"})
+    assert response.status_code == 400
+    assert response.json()["error"] == (
+        "exclude に不明なコンポーネントがあります: disk。指定できるもの: database, redis, cluster, sync。"
+    )
