@@ -181,6 +181,22 @@ class TestPages:
         client.force_login(ta_a)
         assert expected in client.get(reverse("grading:attempt_detail", args=[attempt.pk])).content.decode()
 
+    def test_dashboard_and_my_grades_show_the_same_grade_cell(self, client, student_a, lab_a, instructor_a):
+        import re
+
+        Grade.objects.create(lab=lab_a, student=student_a, score=Decimal("2"), max_score=Decimal("3"), late=True,
+                             override_score=Decimal("2.5"), override_reason="partial credit",
+                             overridden_by=instructor_a)
+        client.force_login(student_a)
+        cells = []
+        for page in (reverse("dashboard"), reverse("grading:my_grades")):
+            html = client.get(page).content.decode()
+            row = re.search(rf'<tr data-lab="{lab_a.pk}">(.*?)</tr>', html, re.S).group(1)
+            cells.append(" ".join(re.search(r'<td class="grade">(.*?)</td>', row, re.S).group(1).split()))
+        assert cells[0] == cells[1]
+        assert "2.50 / 3" in cells[0]
+        assert "badge-late" in cells[0] and "set by staff" in cells[0]
+
 
 class TestCsvExport:
     def read(self, response) -> tuple[bytes, list[list[str]]]:
