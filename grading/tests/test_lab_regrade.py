@@ -47,6 +47,18 @@ def post_regrade(client, lab):
     return client.post(reverse("grading:lab_regrade", args=[lab.pk]))
 
 
+@pytest.fixture
+def press_regrade(client, django_capture_on_commit_callbacks):
+    """Press "Regrade all" on the lab report as ``person``; on-commit callbacks run as after a real commit."""
+
+    def press(person, lab):
+        client.force_login(person)
+        with django_capture_on_commit_callbacks(execute=True):
+            return post_regrade(client, lab)
+
+    return press
+
+
 class TestView:
     def test_answers_at_once_and_queues_the_task_on_commit(self, client, instructor_a, shouted_lab, sent,
                                                            django_capture_on_commit_callbacks):
@@ -70,23 +82,18 @@ class TestView:
         event = AuditEvent.objects.get(action="grading.lab_regrade_queued")
         assert (event.actor, event.course_id, event.data["attempts"]) == (instructor_a, lab.course_id, 2)
 
-    def test_a_second_press_while_queued_queues_nothing_more(self, client, ta_a, shouted_lab, sent,
-                                                              django_capture_on_commit_callbacks):
+    def test_a_second_press_while_queued_queues_nothing_more(self, ta_a, shouted_lab, sent, press_regrade):
         lab, _other = shouted_lab
-        client.force_login(ta_a)
-        with django_capture_on_commit_callbacks(execute=True):
-            post_regrade(client, lab)
-            response = post_regrade(client, lab)
+        press_regrade(ta_a, lab)
+        response = press_regrade(ta_a, lab)
         assert "already queued" in [str(m) for m in get_messages(response.wsgi_request)][-1]
         assert LabRegrade.objects.filter(lab=lab).count() == 1
         assert len(sent) == 1
 
     def test_report_shows_the_outcome_once_the_task_ran(self, client, instructor_a, shouted_lab, sent,
-                                                        django_capture_on_commit_callbacks):
+                                                        press_regrade):
         lab, _other = shouted_lab
-        client.force_login(instructor_a)
-        with django_capture_on_commit_callbacks(execute=True):
-            post_regrade(client, lab)
+        press_regrade(instructor_a, lab)
         page = client.get(reverse("grading:lab_report", args=[lab.pk])).content.decode()
         assert "Waiting for a worker (2 attempts)" in page
         tasks.lab_regrade_execute(sent[0])
@@ -94,8 +101,7 @@ class TestView:
         assert "2 runs of 2 attempts re-evaluated; 0 running attempts checked again" in page
 
     @pytest.mark.parametrize("who", ["student_a", "instructor_b", "other_course_ta"])
-    def test_others_get_404_and_nothing_is_queued(self, request, client, shouted_lab, sent, who, tenant_a,
-                                                  django_capture_on_commit_callbacks):
+    def test_others_get_404_and_nothing_is_queued(self, request, shouted_lab, sent, who, tenant_a, press_regrade):
         if who == "other_course_ta":
             from portal.models import Course
 
@@ -104,9 +110,7 @@ class TestView:
         else:
             person = request.getfixturevalue(who)
         lab, _other = shouted_lab
-        client.force_login(person)
-        with django_capture_on_commit_callbacks(execute=True):
-            assert post_regrade(client, lab).status_code == 404
+        assert press_regrade(person, lab).status_code == 404
         assert not LabRegrade.objects.exists()
         assert sent == []
 
