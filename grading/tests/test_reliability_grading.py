@@ -22,16 +22,14 @@ from labs import tasks
 from labs.models import Attempt, AttemptState, Check
 from labs.services import attempt_start, attempt_stop
 from labs.tests.reliability import (
-    Clock,
-    delete_every_vm,
+    clock_fixture,
+    cluster_fixture,
     drive_to,
-    flush_redis,
+    kubesim_fixture,
     make_course,
     make_lab,
     make_students,
     make_tenant,
-    portal_pointed_at,
-    start_kubesim,
     vm_names,
     wait_until,
 )
@@ -40,30 +38,9 @@ from portal.errors import Conflict
 pytestmark = [pytest.mark.reliability, pytest.mark.django_db(transaction=True), pytest.mark.timeout(150)]
 
 
-@pytest.fixture(scope="module")
-def kubesim(tmp_path_factory):
-    server = start_kubesim(tmp_path_factory.mktemp("kubesim-grading"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def cluster(kubesim, settings, transactional_db):
-    settings.GRADING_MIN_INTERVAL_SECONDS = 0
-    flush_redis()
-    with portal_pointed_at(kubesim, settings):
-        yield kubesim
-    delete_every_vm(list(Attempt.objects.values_list("namespace", flat=True).distinct()))
-    flush_redis()
-
-
-@pytest.fixture
-def clock(monkeypatch) -> Clock:
-    from django.utils import timezone
-
-    clock = Clock(timezone.now)
-    monkeypatch.setattr(timezone, "now", clock.now)
-    return clock
+kubesim = kubesim_fixture("grading")
+cluster = cluster_fixture(GRADING_MIN_INTERVAL_SECONDS=0)
+clock = clock_fixture()
 
 
 @pytest.fixture

@@ -2,7 +2,9 @@
 processes on the test database and Redis, a clock the services read, and the cross-checks between the database
 and the cluster that every fault test ends with.
 
-Each reliability module starts its own kubesim, so the faults it injects never reach other tests.
+Each reliability module starts its own kubesim, so the faults it injects never reach other tests: the fixture
+factories ``kubesim_fixture``, ``cluster_fixture`` and ``clock_fixture`` give every module the same ``kubesim``,
+``cluster`` and ``clock`` fixtures, set up as that module needs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pytest
 from django.conf import settings
 from django.db import connection
 
@@ -96,6 +99,46 @@ def portal_pointed_at(server, django_settings) -> Iterator[Any]:
             server.admin.clear_faults()
         kube_client.reset()
         health.reset_cluster_probe()
+
+
+def kubesim_fixture(name: str, **options: Any):
+    """A module-scoped ``kubesim`` fixture: the module's own kubesim (``start_kubesim(**options)``), stopped after
+    its last test. Use as ``kubesim = kubesim_fixture("timers")``."""
+
+    @pytest.fixture(scope="module", name="kubesim")
+    def kubesim(tmp_path_factory):
+        server = start_kubesim(tmp_path_factory.mktemp(f"kubesim-{name}"), **options)
+        yield server
+        server.stop()
+
+    return kubesim
+
+
+def cluster_fixture(*, database: bool = True, **setting_overrides: Any):
+    """A ``cluster`` fixture: the portal pointed at the module's ``kubesim`` for one test, with
+    ``setting_overrides`` applied (a callable value is given the test's ``tmp_path``).
+
+    With ``database`` (the default) the test gets a transactional database, and Redis is flushed and every
+    attempt's VM deleted around it, so one test's work never reaches the next; without it the test (or its
+    ``portal`` fixture) looks after those itself. Use as ``cluster = cluster_fixture(GRADING_MIN_INTERVAL_SECONDS=0)``.
+    """
+
+    @pytest.fixture(name="cluster")
+    def cluster(request, kubesim, settings, tmp_path):
+        for setting, value in setting_overrides.items():
+            setattr(settings, setting, value(tmp_path) if callable(value) else value)
+        if not database:
+            with portal_pointed_at(kubesim, settings):
+                yield kubesim
+            return
+        request.getfixturevalue("transactional_db")
+        flush_redis()
+        with portal_pointed_at(kubesim, settings):
+            yield kubesim
+        delete_every_vm(list(Attempt.objects.values_list("namespace", flat=True).distinct()))
+        flush_redis()
+
+    return cluster
 
 
 def vm_names(namespace: str) -> list[str]:
@@ -194,6 +237,20 @@ class Clock:
     def advance(self, **delta: float) -> datetime:
         self.offset += timedelta(**delta)
         return self.now()
+
+
+def clock_fixture():
+    """A ``clock`` fixture: ``timezone.now`` shifted by a ``Clock`` the test moves forward, for one test."""
+
+    @pytest.fixture(name="clock")
+    def clock(monkeypatch) -> Clock:
+        from django.utils import timezone
+
+        shifted = Clock(timezone.now)
+        monkeypatch.setattr(timezone, "now", shifted.now)
+        return shifted
+
+    return clock
 
 
 # ---- the portal's processes -------------------------------------------------------------------------------------

@@ -22,17 +22,16 @@ from labs import tasks
 from labs.models import Attempt, AttemptState
 from labs.services import attempt_start, attempt_stop, sweeping
 from labs.tests.reliability import (
-    Clock,
-    delete_every_vm,
+    clock_fixture,
+    cluster_fixture,
     drive_to,
     flush_redis,
+    kubesim_fixture,
     make_course,
     make_lab,
     make_students,
     make_tenant,
-    portal_pointed_at,
     queued_messages,
-    start_kubesim,
     vm_names,
 )
 
@@ -41,30 +40,9 @@ pytestmark = [pytest.mark.reliability, pytest.mark.django_db(transaction=True), 
 START_URL = "/api/v1/attempts/"
 
 
-@pytest.fixture(scope="module")
-def kubesim(tmp_path_factory):
-    server = start_kubesim(tmp_path_factory.mktemp("kubesim-broker"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def cluster(kubesim, settings, transactional_db):
-    settings.GRADING_MIN_INTERVAL_SECONDS = 0
-    flush_redis()
-    with portal_pointed_at(kubesim, settings):
-        yield kubesim
-    delete_every_vm(list(Attempt.objects.values_list("namespace", flat=True).distinct()))
-    flush_redis()
-
-
-@pytest.fixture
-def clock(monkeypatch) -> Clock:
-    from django.utils import timezone
-
-    clock = Clock(timezone.now)
-    monkeypatch.setattr(timezone, "now", clock.now)
-    return clock
+kubesim = kubesim_fixture("broker")
+cluster = cluster_fixture(GRADING_MIN_INTERVAL_SECONDS=0)
+clock = clock_fixture()
 
 
 @pytest.fixture

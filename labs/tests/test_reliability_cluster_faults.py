@@ -22,13 +22,13 @@ from labs.services import attempt_start, attempt_stop
 from labs.tests.reliability import (
     PortalProcesses,
     agreement,
+    cluster_fixture,
     flush_redis,
+    kubesim_fixture,
     make_course,
     make_lab,
     make_students,
     make_tenant,
-    portal_pointed_at,
-    start_kubesim,
     wait_until,
 )
 from portal import health
@@ -41,20 +41,10 @@ SWEEP_SECONDS = 2
 RESYNC_SECONDS = 2
 
 
-@pytest.fixture(scope="module")
-def kubesim(tmp_path_factory):
-    server = start_kubesim(tmp_path_factory.mktemp("kubesim-faults"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def cluster(kubesim, settings):
-    # /readyz is asked in this process: a sync pass older than 3 s counts as stale.
-    settings.HEALTH_SYNC_MAX_AGE_SECONDS = 3
-    settings.HEALTH_CLUSTER_CACHE_SECONDS = 0
-    with portal_pointed_at(kubesim, settings):
-        yield kubesim
+kubesim = kubesim_fixture("faults")
+# /readyz is asked in this process: a sync pass older than 3 s counts as stale. The portal fixture sets up the
+# database and Redis.
+cluster = cluster_fixture(database=False, HEALTH_SYNC_MAX_AGE_SECONDS=3, HEALTH_CLUSTER_CACHE_SECONDS=0)
 
 
 @pytest.fixture

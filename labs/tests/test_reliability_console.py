@@ -22,15 +22,13 @@ from labs.console.scrollback import console_scrollback
 from labs.models import Attempt, AttemptState
 from labs.services import attempt_start, attempt_stop
 from labs.tests.reliability import (
-    delete_every_vm,
+    cluster_fixture,
     drive_to,
-    flush_redis,
+    kubesim_fixture,
     make_course,
     make_lab,
     make_students,
     make_tenant,
-    portal_pointed_at,
-    start_kubesim,
 )
 from portal.asgi import application
 
@@ -40,21 +38,8 @@ ORIGIN = (b"origin", b"http://testserver")
 CONSOLE = "virtualmachineinstances/console"
 
 
-@pytest.fixture(scope="module")
-def kubesim(tmp_path_factory):
-    server = start_kubesim(tmp_path_factory.mktemp("kubesim-console"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def cluster(kubesim, settings, tmp_path, transactional_db):
-    settings.CONSOLE_RECORDINGS_DIR = tmp_path / "recordings"
-    flush_redis()
-    with portal_pointed_at(kubesim, settings):
-        yield kubesim
-    delete_every_vm(list(Attempt.objects.values_list("namespace", flat=True).distinct()))
-    flush_redis()
+kubesim = kubesim_fixture("console")
+cluster = cluster_fixture(CONSOLE_RECORDINGS_DIR=lambda tmp_path: tmp_path / "recordings")
 
 
 @pytest.fixture

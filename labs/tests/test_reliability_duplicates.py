@@ -18,15 +18,13 @@ from labs.kubevirt import operations
 from labs.models import Attempt, AttemptState
 from labs.services import attempt_start, attempt_stop, provisioning
 from labs.tests.reliability import (
-    delete_every_vm,
+    cluster_fixture,
     drive_to,
-    flush_redis,
+    kubesim_fixture,
     make_course,
     make_lab,
     make_students,
     make_tenant,
-    portal_pointed_at,
-    start_kubesim,
     vm_names,
     vms_by_name,
     wait_until,
@@ -36,21 +34,8 @@ from portal.errors import Conflict
 pytestmark = [pytest.mark.reliability, pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
 
-@pytest.fixture(scope="module")
-def kubesim(tmp_path_factory):
-    server = start_kubesim(tmp_path_factory.mktemp("kubesim-duplicates"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def cluster(kubesim, settings, transactional_db):
-    settings.GRADING_MIN_INTERVAL_SECONDS = 0
-    flush_redis()
-    with portal_pointed_at(kubesim, settings):
-        yield kubesim
-    delete_every_vm(list(Attempt.objects.values_list("namespace", flat=True).distinct()))
-    flush_redis()
+kubesim = kubesim_fixture("duplicates")
+cluster = cluster_fixture(GRADING_MIN_INTERVAL_SECONDS=0)
 
 
 def at_once(*calls: Callable[[], object]) -> list[object]:

@@ -18,12 +18,12 @@ from labs.tests.reliability import (
     PortalProcesses,
     agreement,
     flush_redis,
+    kubesim_fixture,
     make_course,
     make_lab,
     make_students,
     make_tenant,
     portal_pointed_at,
-    start_kubesim,
     vm_names,
     wait_until,
 )
@@ -36,11 +36,7 @@ SWEEP_SECONDS = 3
 SLACK_SECONDS = 1.5
 
 
-@pytest.fixture(scope="module")
-def kubesim(tmp_path_factory):
-    server = start_kubesim(tmp_path_factory.mktemp("kubesim-orphans"))
-    yield server
-    server.stop()
+kubesim = kubesim_fixture("orphans")
 
 
 @pytest.fixture

@@ -17,13 +17,13 @@ from labs.services import attempt_start, tracking
 from labs.tests.reliability import (
     PortalProcesses,
     agreement,
+    cluster_fixture,
     flush_redis,
+    kubesim_fixture,
     make_course,
     make_lab,
     make_students,
     make_tenant,
-    portal_pointed_at,
-    start_kubesim,
     vm_names,
     vmis_by_name,
     vms_by_name,
@@ -36,17 +36,8 @@ SYNC_SECONDS = 1
 SWEEP_SECONDS = 2
 
 
-@pytest.fixture(scope="module")
-def kubesim(tmp_path_factory):
-    server = start_kubesim(tmp_path_factory.mktemp("kubesim-restart"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def cluster(kubesim, settings):
-    with portal_pointed_at(kubesim, settings):
-        yield kubesim
+kubesim = kubesim_fixture("restart")
+cluster = cluster_fixture(database=False)  # the portal fixture sets up the database and Redis
 
 
 @pytest.fixture

@@ -33,13 +33,13 @@ from labs.tests.reliability import (
     agreement,
     all_final,
     flush_redis,
+    kubesim_fixture,
     launcher_pods,
     make_course,
     make_lab,
     make_students,
     make_tenant,
     portal_pointed_at,
-    start_kubesim,
     wait_until,
 )
 from portal.errors import ApplicationError
@@ -57,11 +57,7 @@ pytestmark = [pytest.mark.reliability, pytest.mark.django_db(transaction=True),
               pytest.mark.timeout(int(SOAK_SECONDS) + 2 * SETTLE_SECONDS + 120)]
 
 
-@pytest.fixture(scope="module")
-def kubesim(tmp_path_factory):
-    server = start_kubesim(tmp_path_factory.mktemp("kubesim-soak"), seed=SOAK_SEED)
-    yield server
-    server.stop()
+kubesim = kubesim_fixture("soak", seed=SOAK_SEED)
 
 
 @pytest.fixture

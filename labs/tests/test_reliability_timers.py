@@ -15,16 +15,14 @@ from labs import tasks
 from labs.models import ACTIVE_STATES, Attempt, AttemptState
 from labs.services import attempt_extend, attempt_start, sweeping, tracking
 from labs.tests.reliability import (
-    Clock,
-    delete_every_vm,
+    clock_fixture,
+    cluster_fixture,
     drive_to,
-    flush_redis,
+    kubesim_fixture,
     make_course,
     make_lab,
     make_students,
     make_tenant,
-    portal_pointed_at,
-    start_kubesim,
     vm_names,
     wait_until,
 )
@@ -33,29 +31,9 @@ from portal.errors import Conflict, Unavailable
 pytestmark = [pytest.mark.reliability, pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
 
-@pytest.fixture(scope="module")
-def kubesim(tmp_path_factory):
-    server = start_kubesim(tmp_path_factory.mktemp("kubesim-timers"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def cluster(kubesim, settings, transactional_db):
-    flush_redis()
-    with portal_pointed_at(kubesim, settings):
-        yield kubesim
-    delete_every_vm(list(Attempt.objects.values_list("namespace", flat=True).distinct()))
-    flush_redis()
-
-
-@pytest.fixture
-def clock(monkeypatch) -> Clock:
-    from django.utils import timezone
-
-    clock = Clock(timezone.now)
-    monkeypatch.setattr(timezone, "now", clock.now)
-    return clock
+kubesim = kubesim_fixture("timers")
+cluster = cluster_fixture()
+clock = clock_fixture()
 
 
 def running(student, lab) -> Attempt:
