@@ -38,7 +38,7 @@ def lab_get_for_student(*, user: User, lab_id: int) -> Lab:
             id=lab_id, course__in=courses_for_user(user=user, roles=(Role.STUDENT,)),
             course__tenant_id__in=user_tenant_ids(user=user),
         )
-        .select_related("course")
+        .select_related("course__tenant")
         .first()
     )
     if lab is None:

@@ -21,7 +21,7 @@ from django.utils.translation import gettext as _
 
 from labs.kubevirt import names
 from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab
-from labs.selectors import STARTING_STATES, attempts_counted_against_limit
+from labs.selectors import STARTING_STATES
 from labs.services.events import attempt_push_on_commit, on_commit_logged
 from labs.sizes import guest_resources, launcher_requests
 from portal.errors import Conflict, NotFound, PermissionDenied, Unavailable
@@ -97,8 +97,9 @@ def _quota_refusal(*, tenant: Tenant, used_vms: int, used_vcpus: int, used_memor
     )
 
 
-def _already_active() -> Conflict:
-    return Conflict(_("You already have an attempt of this lab in progress."), code="attempt_active")
+def _already_active(*, attempt_id: int | None) -> Conflict:
+    return Conflict(_("You already have an attempt of this lab in progress."), code="attempt_active",
+                    extra={"attempt_id": attempt_id} if attempt_id is not None else None)
 
 
 def _is_one_active_violation(error: IntegrityError) -> bool:
@@ -111,11 +112,13 @@ def _is_one_active_violation(error: IntegrityError) -> bool:
 def attempt_start(*, actor: User, lab: Lab) -> Attempt:
     """Start an attempt of ``lab`` for the student ``actor``: checks, quota, the row, then provisioning on commit.
 
-    Every start in a tenant waits for the tenant's row lock, so the locked part is kept to what the quota needs:
-    the lock, one aggregate (the tenant's active totals, and this student's active attempt and last number of
-    the lab), the insert, its VM name and the audit row. Everything that does not depend on other starts (the
-    student's standing, the lab's window and settings, the size arithmetic, the attempt limit, the global start
-    throttle) is decided before it, and the push and the queueing run after the commit.
+    Every start in a tenant waits for the tenant's row lock, so the lock is held for as little as possible: the
+    attempt row, its VM name and the audit record are written first (an uncommitted row is invisible to the other
+    starts), then the lock is taken and one aggregate counts the tenant's active attempts, this one included, and
+    the transaction commits at once: two round trips under the lock. A start over the quota rolls back what it
+    wrote. Everything that does not depend on other starts (the student's standing and earlier attempts, the lab's
+    window and settings, the size arithmetic, the global start throttle) is decided before the transaction, and
+    the push and the queueing run after the commit.
     """
     course = lab.course
     role = course_role(user=actor, course=course)
@@ -129,53 +132,53 @@ def attempt_start(*, actor: User, lab: Lab) -> Attempt:
     guest = guest_resources(lab.size)
     launcher = launcher_requests(vcpus=guest.vcpus, memory_mib=guest.memory_mib)
     _check_extra_cloud_init(lab)
-    # Per student: two starts of the same student cannot both get past the one-active rule below, so counting
-    # outside the lock lets nobody past the limit.
-    if lab.attempt_limit and attempts_counted_against_limit(student=actor, lab=lab) >= lab.attempt_limit:
+    # The student's own attempts of the lab, in one query. Two starts of the same student cannot both get past the
+    # one-active constraint, so counting outside the lock lets nobody past the attempt limit.
+    mine = Attempt.objects.filter(student=actor, lab=lab).aggregate(
+        counted=Count("id", filter=~Q(state=AttemptState.FAILED)), number=Max("number"),
+        active=Max("id", filter=Q(state__in=ACTIVE_STATES)),
+    )
+    if mine["active"] is not None:
+        raise _already_active(attempt_id=mine["active"])
+    if lab.attempt_limit and mine["counted"] >= lab.attempt_limit:
         raise Conflict(_("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit},
                        code="attempt_limit")
     _check_start_throttle()
-    audit_data = {"lab": lab.id, "size": lab.size}
-    mine = Q(student=actor, lab=lab)
-    active = Q(state__in=ACTIVE_STATES)
+    number = (mine["number"] or 0) + 1
 
     try:
         with transaction.atomic():
-            # Serialises every start in the tenant: the quota below is counted with no other start in between.
-            # FOR NO KEY UPDATE: rows that only reference the tenant (a classmate's stop writing its audit
-            # record) need not wait for it.
-            tenant = Tenant.objects.select_for_update(no_key=True).get(pk=course.tenant_id)
-            in_tenant = Q(tenant_id=tenant.pk) & active
-            totals = Attempt.objects.filter(in_tenant | mine).aggregate(
-                vms=Count("id", filter=in_tenant), vcpus=Sum("vcpus", filter=in_tenant),
-                memory=Sum("launcher_memory_mib", filter=in_tenant),
-                mine_active=Max("id", filter=mine & active), number=Max("number", filter=mine),
-            )
-            if totals["mine_active"] is not None:
-                raise Conflict(_("You already have an attempt of this lab in progress."), code="attempt_active",
-                               extra={"attempt_id": totals["mine_active"]})
-            refusal = _quota_refusal(
-                tenant=tenant, used_vms=totals["vms"] or 0, used_vcpus=totals["vcpus"] or 0,
-                used_memory=totals["memory"] or 0, vcpus=guest.vcpus, memory_mib=launcher.memory_mib,
-            )
-            if refusal is not None:
-                raise refusal
-            number = (totals["number"] or 0) + 1
             attempt = Attempt.objects.create(
-                lab=lab, student=actor, tenant=tenant, number=number, state=AttemptState.REQUESTED,
-                namespace=tenant.namespace, agent_token=secrets.token_urlsafe(32),
+                lab=lab, student=actor, tenant=course.tenant, number=number, state=AttemptState.REQUESTED,
+                namespace=course.tenant.namespace, agent_token=secrets.token_urlsafe(32),
                 vcpus=guest.vcpus, memory_mib=guest.memory_mib,
                 launcher_cpu_millicores=launcher.cpu_millicores, launcher_memory_mib=launcher.memory_mib,
                 requested_at=now,
             )
             attempt.vm_name = names.vm_name(attempt.id)
             attempt.save(update_fields=["vm_name"])
-            audit_record(actor=actor, action="attempt.start", target=attempt, tenant=tenant, course=course,
-                         data={**audit_data, "number": number})
+            audit_record(actor=actor, action="attempt.start", target=attempt, tenant=course.tenant,
+                         course=course, data={"lab": lab.id, "size": lab.size, "number": number})
+            # Serialises the starts of the tenant: the totals below include every start that committed before
+            # this one got the lock. FOR NO KEY UPDATE: rows that only reference the tenant (a classmate's stop
+            # writing its audit record, the inserts above) need not wait for it.
+            tenant = Tenant.objects.select_for_update(no_key=True).get(pk=course.tenant_id)
+            totals = Attempt.objects.filter(tenant_id=tenant.pk, state__in=ACTIVE_STATES).aggregate(
+                vms=Count("id"), vcpus=Sum("vcpus"), memory=Sum("launcher_memory_mib"),
+            )
+            refusal = _quota_refusal(
+                tenant=tenant, used_vms=(totals["vms"] or 1) - 1, used_vcpus=(totals["vcpus"] or 0) - guest.vcpus,
+                used_memory=(totals["memory"] or 0) - launcher.memory_mib, vcpus=guest.vcpus,
+                memory_mib=launcher.memory_mib,
+            )
+            if refusal is not None:
+                raise refusal
     except IntegrityError as error:
         if not _is_one_active_violation(error):
             raise
-        raise _already_active() from None
+        active = Attempt.objects.filter(student=actor, lab=lab, state__in=ACTIVE_STATES).values_list(
+            "id", flat=True).first()
+        raise _already_active(attempt_id=active) from None
     # After the commit (or, inside a caller's transaction, on its commit): the page's update, then the task.
     attempt_push_on_commit(attempt=attempt)
     queued = _enqueue_provision(attempt.id)
