@@ -9,78 +9,20 @@ and a page that reconnects reads the current state.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
-import threading
 from collections.abc import Sequence
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 
 from grading.models import CheckResult, GradingRun
+from labs.services.events import attempt_group, send_to_group
 
 logger = logging.getLogger(__name__)
 
 
-class _Sender:
-    """One daemon thread per process running an event loop that sends queued messages in order."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue[tuple[Any, str, dict[str, Any]]] | None = None
-        self._pid: int | None = None
-
-    def submit(self, layer: Any, group: str, message: dict[str, Any]) -> None:
-        loop, queue = self._started()
-        loop.call_soon_threadsafe(queue.put_nowait, (layer, group, message))
-
-    def _started(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue]:
-        with self._lock:
-            # A forked worker child inherits the object but not the thread: start a fresh one there.
-            if self._loop is None or self._pid != os.getpid():
-                ready = threading.Event()
-                self._pid = os.getpid()
-                thread = threading.Thread(target=self._run, args=(ready,), name="grading-push", daemon=True)
-                thread.start()
-                ready.wait()
-            assert self._loop is not None and self._queue is not None
-            return self._loop, self._queue
-
-    def _run(self, ready: threading.Event) -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        self._loop = loop
-        self._queue = asyncio.Queue()
-        ready.set()
-        loop.run_until_complete(self._drain())
-
-    async def _drain(self) -> None:
-        assert self._queue is not None
-        while True:
-            layer, group, message = await self._queue.get()
-            try:
-                await layer.group_send(group, message)
-            except Exception:
-                logger.warning("could not push %s to %s", message.get("type"), group, exc_info=True)
-
-
-_sender = _Sender()
-
-
 def send_to_attempt_group(*, attempt_id: int, message: dict[str, Any]) -> None:
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    group = f"attempt-{attempt_id}"
-    if isinstance(layer, InMemoryChannelLayer):
-        # The in-memory layer's queues belong to the web server's loop; keep the plain path there.
-        async_to_sync(layer.group_send)(group, message)
-        return
-    _sender.submit(layer, group, message)
+    send_to_group(attempt_group(attempt_id), message)
 
 
 def push_run_on_commit(*, run: GradingRun, results: Sequence[CheckResult] | None = None) -> None:

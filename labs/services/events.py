@@ -1,18 +1,89 @@
 """Telling browsers that an attempt changed: ``attempt.update`` on the channel-layer group ``attempt-<id>``,
-sent after the transaction that made the change commits (never for a change that was rolled back)."""
+sent after the transaction that made the change commits (never for a change that was rolled back).
+
+Sending through ``async_to_sync`` from a thread with no event loop (a Celery worker) makes a new event loop, and
+with it a new Redis connection, for every message: a connect, a send and a close, and under a burst of starts the
+worker's largest single cost. Instead each process keeps one sender thread with a persistent loop (and so a pooled
+connection); messages are queued to it and sent one after another in order, so an attempt's ``provisioning``
+never overtakes its ``starting``, nor a grading run's ``running`` its ``done``. The caller never waits for Redis:
+the state is stored whatever happens to the push, and a page that reconnects reads the current state.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import threading
 from collections.abc import Callable
+from typing import Any
 
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 
 from labs.models import Attempt
 
 logger = logging.getLogger(__name__)
+
+
+class _Sender:
+    """One daemon thread per process running an event loop that sends queued messages in order."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue[tuple[Any, str, dict[str, Any]]] | None = None
+        self._pid: int | None = None
+
+    def submit(self, layer: Any, group: str, message: dict[str, Any]) -> None:
+        loop, queue = self._started()
+        loop.call_soon_threadsafe(queue.put_nowait, (layer, group, message))
+
+    def _started(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue]:
+        with self._lock:
+            # A forked worker child inherits the object but not the thread: start a fresh one there.
+            if self._loop is None or self._pid != os.getpid():
+                ready = threading.Event()
+                self._pid = os.getpid()
+                thread = threading.Thread(target=self._run, args=(ready,), name="channel-push", daemon=True)
+                thread.start()
+                ready.wait()
+            assert self._loop is not None and self._queue is not None
+            return self._loop, self._queue
+
+    def _run(self, ready: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        self._queue = asyncio.Queue()
+        ready.set()
+        loop.run_until_complete(self._drain())
+
+    async def _drain(self) -> None:
+        assert self._queue is not None
+        while True:
+            layer, group, message = await self._queue.get()
+            try:
+                await layer.group_send(group, message)
+            except Exception:
+                # The page also polls its status; a lost push delays the browser, it loses no state.
+                logger.warning("could not push %s to %s", message.get("type"), group, exc_info=True)
+
+
+_sender = _Sender()
+
+
+def send_to_group(group: str, message: dict[str, Any]) -> None:
+    """Send ``message`` to a channel-layer group without waiting for it (in order with this process's others)."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    if isinstance(layer, InMemoryChannelLayer):
+        # The in-memory layer's queues belong to the web server's loop; keep the plain path there.
+        async_to_sync(layer.group_send)(group, message)
+        return
+    _sender.submit(layer, group, message)
 
 
 def attempt_group(attempt_id: int) -> str:
@@ -27,11 +98,8 @@ def attempt_push_on_commit(*, attempt: Attempt) -> None:
     group = attempt_group(attempt.id)
 
     def push() -> None:
-        layer = get_channel_layer()
-        if layer is None:
-            return
         try:
-            async_to_sync(layer.group_send)(group, message)
+            send_to_group(group, message)
         except Exception:
             # The page also polls its status; a lost push delays the browser, it loses no state.
             logger.warning("could not push attempt.update to %s", group, exc_info=True)
