@@ -11,7 +11,7 @@ import pytest
 
 from labs.services import provisioning
 
-DELAYS = (0.15, 0.3, 0.6, 1.0, 1.5, 2.5)
+DELAYS = (0.05, 0.3, 1.0, 2.5)
 
 
 @pytest.fixture
@@ -21,7 +21,8 @@ def queued(settings):
     clock = {"now": 1_000_000.0}
     calls: list[tuple[float, float]] = []
 
-    def apply_async(*, args, countdown, expires):
+    def apply_async(*, args, kwargs, countdown, expires):
+        assert kwargs == {"follow": True}
         calls.append((countdown, clock["now"] + countdown))
 
     with mock.patch("labs.tasks.sync_namespace.apply_async", side_effect=apply_async), \
