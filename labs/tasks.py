@@ -3,8 +3,7 @@
 - ``provision_attempt(attempt_id)``: Secret and VM on the cluster (queued on commit by ``attempt_start``).
 - ``teardown_attempt(attempt_id)``: final grading, then VM and Secret deleted (queued by stop, expiry, failure).
 - ``sync_attempts()`` (beat, every ``ATTEMPT_SYNC_INTERVAL_SECONDS``): expiry, then one VMI list per due namespace.
-- ``sync_namespace(namespace, follow)``: the same for one namespace, queued right after a VM is created; with
-  ``follow`` it then watches the namespace's VMIs while attempts in it come up.
+- ``sync_namespace(namespace)``: the same for one namespace, queued right after a VM is created.
 - ``await_agents(namespace)``: booting attempts' agents asked until they answer; then each attempt is running.
 - ``sweep_attempts()`` (beat, every ``ATTEMPT_SWEEP_INTERVAL_SECONDS``): orphans, vanished VMs, timeouts.
 - ``sweep_namespace(namespace)``: the same for one namespace, queued by the sync when its list looks inconsistent.
@@ -130,9 +129,9 @@ def sync_attempts() -> dict:
 
 
 @shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
-def sync_namespace(namespace: str, follow: bool = False) -> dict:
+def sync_namespace(namespace: str) -> dict:
     try:
-        report = tracking.namespace_sync(namespace=namespace, follow=follow)
+        report = tracking.namespace_sync(namespace=namespace)
     except ClusterError as error:
         logger.info("follow-up sync of %s failed (%s); the beat sync will retry", namespace, error.message)
         return {"error": error.message}

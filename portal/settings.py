@@ -259,10 +259,8 @@ ATTEMPT_FAILURE_GRACE_SECONDS = env_int("ATTEMPT_FAILURE_GRACE_SECONDS", 30)
 # Starts in flight across the deployment before new ones are asked to retry (JupyterHub's concurrent_spawn_limit).
 ATTEMPT_CONCURRENT_START_LIMIT = env_int("ATTEMPT_CONCURRENT_START_LIMIT", 100)
 # After creating a VM the namespace is listed again at these delays, so a quick start is seen without waiting for
-# the next sync; the first follow-up that gets the namespace then watches its VMIs while attempts in it come up,
-# for at most ATTEMPT_FOLLOW_WATCH_SECONDS (0: lists only).
+# the next sync (VMs created close together share them: labs.services.provisioning._schedule_follow_ups).
 ATTEMPT_FOLLOW_UP_SECONDS = (0.05, 0.3, 1.0, 2.5)
-ATTEMPT_FOLLOW_WATCH_SECONDS = env_int("ATTEMPT_FOLLOW_WATCH_SECONDS", 5)
 ATTEMPT_TASK_SOFT_TIME_LIMIT_SECONDS = env_int("ATTEMPT_TASK_SOFT_TIME_LIMIT_SECONDS", 60)
 KUBEVIRT_NAMESPACE = env_str("KUBEVIRT_NAMESPACE", "kubevirt")
 # The portal's own namespace when it runs in the cluster (its pods may then reach the agent port too).

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import urllib3
@@ -164,52 +163,17 @@ def vm_delete(*, namespace: str, name: str) -> bool:
         raise cluster_error(exc, doing=f"deleting VM {namespace}/{name}") from exc
 
 
-def _list_kubevirt_versioned(plural: str, namespace: str) -> tuple[list[dict[str, Any]], str]:
+def _list_kubevirt(plural: str, namespace: str) -> list[dict[str, Any]]:
     payload = _call(
         f"listing {plural} in {namespace}", _kubevirt("list_namespaced_custom_object"),
         client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION, namespace, plural, label_selector=names.MANAGED_SELECTOR,
     )
-    return list(payload.get("items") or []), str((payload.get("metadata") or {}).get("resourceVersion") or "")
-
-
-def _list_kubevirt(plural: str, namespace: str) -> list[dict[str, Any]]:
-    return _list_kubevirt_versioned(plural, namespace)[0]
+    return list(payload.get("items") or [])
 
 
 def vmis_list(*, namespace: str) -> list[dict[str, Any]]:
     """The portal's VMIs in a namespace: one request, whatever the number of attempts."""
     return _list_kubevirt(VMIS, namespace)
-
-
-def vmis_list_versioned(*, namespace: str) -> tuple[list[dict[str, Any]], str]:
-    """The portal's VMIs in a namespace and the list's resourceVersion, to watch from."""
-    return _list_kubevirt_versioned(VMIS, namespace)
-
-
-def vmis_watch(*, namespace: str, resource_version: str, seconds: float) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The portal's VMIs in a namespace as they change after ``resource_version``: (ADDED|MODIFIED|DELETED, VMI)
-    for at most ``seconds`` (the API server ends the watch then). One request, whatever the number of attempts.
-    A resourceVersion too old to watch from (410) ends it quietly: the caller lists again. Other failures raise
-    ``ClusterError``; the caller stops iterating whenever it likes (the stream is closed)."""
-    from kubernetes import watch as kube_watch
-
-    stream = kube_watch.Watch()
-    timeout = max(1, math.ceil(seconds))
-    try:
-        for event in stream.stream(
-            _kubevirt("list_namespaced_custom_object"), client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION, namespace,
-            VMIS, label_selector=names.MANAGED_SELECTOR, resource_version=resource_version,
-            timeout_seconds=timeout, _request_timeout=(REQUEST_TIMEOUT[0], timeout + REQUEST_TIMEOUT[0]),
-        ):
-            kind, vmi = event.get("type"), event.get("object")
-            if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(vmi, dict):
-                yield kind, vmi
-    except Exception as exc:
-        if _is(exc, 410):
-            return
-        raise cluster_error(exc, doing=f"watching VMIs in {namespace}") from exc
-    finally:
-        stream.stop()
 
 
 def vms_list(*, namespace: str) -> list[dict[str, Any]]:

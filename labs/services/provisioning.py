@@ -239,8 +239,7 @@ def _schedule_follow_ups(namespace: str) -> None:
         try:
             if not cache.add(key, "1", timeout=math.ceil(delay) + 1):
                 continue
-            sync_namespace.apply_async(args=[namespace], kwargs={"follow": True}, countdown=delay,
-                                       expires=delay + 30)
+            sync_namespace.apply_async(args=[namespace], countdown=delay, expires=delay + 30)
         except Exception:
             logger.warning("could not queue a follow-up sync of %s; the beat sync will see it", namespace,
                            exc_info=True)

@@ -15,8 +15,6 @@ its image fails the attempt once that has lasted ``ATTEMPT_FAILURE_GRACE_SECONDS
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -42,9 +40,6 @@ logger = logging.getLogger(__name__)
 
 TRACKED_STATES = (AttemptState.PROVISIONING, AttemptState.STARTING, AttemptState.RUNNING, AttemptState.STOPPING)
 MOVING_STATES = (AttemptState.PROVISIONING, AttemptState.STARTING, AttemptState.STOPPING)
-# On their way up: the follow-up watch stays open while an attempt in one of these has no VMI Running yet.
-ARRIVING_STATES = (AttemptState.REQUESTED, AttemptState.PROVISIONING, AttemptState.STARTING)
-ATTEMPT_WATCH_SLOTS = 2
 AGENT_CHECK_TIMEOUT_SECONDS = 3.0
 AGENT_CHECK_CONCURRENCY = 8
 # While a chain of agent checks is under way for a namespace; a chain lost with its worker is restarted by a later
@@ -139,104 +134,41 @@ def _namespace_lock(namespace: str) -> Iterator[bool]:
             cache.delete(key)
 
 
-def namespace_sync(*, namespace: str, follow: bool = False) -> SyncReport:
+def namespace_sync(*, namespace: str) -> SyncReport:
     """List the namespace's VMIs once and bring each of its tracked attempts up to date. Skipped (``skipped``
-    set) while another sync of the same namespace runs.
-
-    With ``follow`` (the follow-ups queued after a VM is created), the list is followed by a watch of the
-    namespace's VMIs while attempts in it are still coming up (see ``_follow_arrivals``)."""
+    set) while another sync of the same namespace runs."""
     report = SyncReport(namespaces=[namespace])
     with _namespace_lock(namespace) as held:
         if not held:
             report.skipped = True
             return report
-        return _namespace_sync(namespace=namespace, report=report, follow=follow)
+        return _namespace_sync(namespace=namespace, report=report)
 
 
-def _namespace_sync(*, namespace: str, report: SyncReport, follow: bool = False) -> SyncReport:
+def _namespace_sync(*, namespace: str, report: SyncReport) -> SyncReport:
     if not Attempt.objects.filter(namespace=namespace, state__in=TRACKED_STATES).exists():
         return report
-    vmis, resource_version = operations.vmis_list_versioned(namespace=namespace)
+    vmis = operations.vmis_list(namespace=namespace)
     now = timezone.now()
     # Attempts are read after the list, so none is judged on a list older than its own last change.
     attempts = list(Attempt.objects.filter(namespace=namespace, state__in=TRACKED_STATES).select_related("lab"))
     TenantNamespace.objects.filter(namespace=namespace).update(listed_at=now, last_error="")
     by_name = {(vmi.get("metadata") or {}).get("name"): vmi for vmi in vmis}
     for attempt in attempts:
-        _count(report, attempt_observe(attempt=attempt, vmi=by_name.get(attempt.vm_name), now=now))
+        outcome = attempt_observe(attempt=attempt, vmi=by_name.get(attempt.vm_name), now=now)
+        if outcome == Outcome.AWAITING_AGENT:
+            report.awaiting_agent += 1
+        elif outcome == Outcome.FAILED:
+            report.failed += 1
+        elif outcome == Outcome.ENDED:
+            report.ended += 1
+        elif outcome == Outcome.CHANGED:
+            report.changed += 1
     if report.awaiting_agent:
         agent_wait_start(namespace=namespace)
     if _looks_inconsistent(attempts=attempts, by_name=by_name, now=now):
         report.sweep_requested = sweep_soon(namespace=namespace)
-    if follow and resource_version:
-        _follow_arrivals(namespace=namespace, resource_version=resource_version, report=report)
     return report
-
-
-# Watches one worker process keeps open at a time: each holds a worker thread, and provisioning must never wait
-# behind them (a namespace that finds none free is listed only, as before).
-_watch_slots = threading.BoundedSemaphore(ATTEMPT_WATCH_SLOTS)
-
-
-def _arriving(namespace: str) -> set[str]:
-    """VM names of the namespace's attempts that are on their way up and whose VMI has not been seen Running."""
-    return set(Attempt.objects.filter(
-        namespace=namespace, state__in=ARRIVING_STATES, vmi_running_at__isnull=True,
-    ).exclude(vm_name="").values_list("vm_name", flat=True))
-
-
-def _follow_arrivals(*, namespace: str, resource_version: str, report: SyncReport) -> None:
-    """Watch the namespace's VMIs from the list just made while attempts in it are coming up, applying each
-    change as it happens: a VMI that reaches Running is in the student's browser within milliseconds, where a
-    list would only see it at the next follow-up. Still one request per namespace, whatever the number of
-    attempts (DESIGN: a batched list or watch per namespace). The watch ends once nothing in the namespace is
-    coming up any more, or after ``ATTEMPT_FOLLOW_WATCH_SECONDS``; while it runs it holds the namespace's sync
-    lock, so the follow-ups of the VMs created meanwhile skip their lists (the watch sees those VMs too).
-    A failed watch is logged only: the list has been applied, and the later follow-ups and the beat list again."""
-    seconds = settings.ATTEMPT_FOLLOW_WATCH_SECONDS
-    if seconds <= 0 or not _watch_slots.acquire(blocking=False):
-        return
-    try:
-        awaited = _arriving(namespace)
-        if not awaited:
-            return
-        deadline = time.monotonic() + seconds
-        for kind, vmi in operations.vmis_watch(namespace=namespace, resource_version=resource_version,
-                                               seconds=seconds):
-            name = (vmi.get("metadata") or {}).get("name")
-            attempt = Attempt.objects.filter(
-                namespace=namespace, vm_name=name, state__in=TRACKED_STATES).select_related("lab").first()
-            if attempt is not None:
-                outcome = attempt_observe(attempt=attempt, vmi=None if kind == "DELETED" else vmi,
-                                          now=timezone.now())
-                _count(report, outcome)
-                if outcome == Outcome.AWAITING_AGENT:
-                    agent_wait_start(namespace=namespace)
-                if (outcome == Outcome.FAILED or attempt.vmi_running_at is not None
-                        or attempt.state not in ARRIVING_STATES):
-                    awaited.discard(name)
-                else:
-                    awaited.add(name)
-            if not awaited:
-                awaited = _arriving(namespace)  # starts that were requested while the watch ran
-            if not awaited or time.monotonic() >= deadline:
-                return
-    except ClusterError as error:
-        logger.info("watching %s after a start failed (%s); the follow-up lists and the beat go on",
-                    namespace, error.message)
-    finally:
-        _watch_slots.release()
-
-
-def _count(report: SyncReport, outcome: str) -> None:
-    if outcome == Outcome.AWAITING_AGENT:
-        report.awaiting_agent += 1
-    elif outcome == Outcome.FAILED:
-        report.failed += 1
-    elif outcome == Outcome.ENDED:
-        report.ended += 1
-    elif outcome == Outcome.CHANGED:
-        report.changed += 1
 
 
 def _looks_inconsistent(*, attempts: list[Attempt], by_name: dict[str, dict[str, Any]], now: datetime) -> bool:

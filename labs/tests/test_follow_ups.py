@@ -21,8 +21,7 @@ def queued(settings):
     clock = {"now": 1_000_000.0}
     calls: list[tuple[float, float]] = []
 
-    def apply_async(*, args, kwargs, countdown, expires):
-        assert kwargs == {"follow": True}
+    def apply_async(*, args, countdown, expires):
         calls.append((countdown, clock["now"] + countdown))
 
     with mock.patch("labs.tasks.sync_namespace.apply_async", side_effect=apply_async), \
