@@ -21,6 +21,7 @@ import json
 import logging
 import time
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
@@ -135,11 +136,15 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_discard(self.events_group, self.channel_name)
 
     async def dispatch(self, message: dict) -> None:
-        # The attempt group may carry message types this consumer has no use for; they must not close it.
-        handler_name = message["type"].replace(".", "_")
-        if not message["type"].startswith("websocket.") and not hasattr(self, handler_name):
-            return
-        await super().dispatch(message)
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            if message["type"].startswith("websocket."):
+                raise ValueError(f"No handler for message type {message['type']}")
+            return  # the attempt group may carry message types this consumer has no use for
+        # Not channels' own dispatch, which first closes stale database connections in a worker thread before
+        # every message: each keystroke would pay a thread hop, the largest single cost on a busy bridge. This
+        # consumer reads the database only through database_sync_to_async, which closes them itself.
+        await handler(message)
 
     # -- browser → bridge ---------------------------------------------------------------------------------
 

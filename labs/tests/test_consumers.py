@@ -314,6 +314,33 @@ async def test_students_cannot_take_control_messages(attempt, cluster, student_a
     await student.close()
 
 
+async def test_typing_takes_no_worker_thread_per_keystroke(attempt, cluster, student_a, monkeypatch):
+    """channels' own dispatch closes stale database connections in a worker thread before every message; with
+    hundreds of typists that thread hop was most of a daphne's work. Typing, acknowledging and pinging must not
+    touch the database layer at all."""
+    import channels.db
+
+    calls = []
+    original = channels.db.close_old_connections
+
+    def counting(**kwargs):
+        calls.append(1)
+        return original(**kwargs)
+
+    student = await connected_student(student_a, attempt.id)
+    monkeypatch.setattr(channels.db, "close_old_connections", counting)
+    for key in b"echo typed-$((40+2))":
+        await student.type(bytes([key]))
+    await student.type(b"\r")
+    await student.read_until(lambda v: v.has_output(b"typed-42"))
+    await student.send_json({"type": "ack", "bytes": student.received})
+    await student.send_json({"type": "ping"})
+    await student.read_until(lambda v: {"type": "pong"} in v.messages)
+    assert calls == []
+    monkeypatch.undo()
+    await student.close()
+
+
 # -- limits, loss and recovery, recording ---------------------------------------------------------------------
 
 async def test_oversized_input_frames_are_refused(attempt, cluster, student_a, settings):
