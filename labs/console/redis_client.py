@@ -8,6 +8,12 @@ import weakref
 import redis.asyncio as redis_asyncio
 from django.conf import settings
 
+# Connections one process's consoles share. Every command is a single short round trip, so a few dozen carry
+# hundreds of consoles; past the cap a command waits for a free connection (up to the timeout) instead of
+# failing, which redis-py's default pool does at once from its 101st simultaneous command.
+DEFAULT_MAX_CONNECTIONS = 64
+CONNECTION_WAIT_SECONDS = 10.0
+
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, redis_asyncio.Redis] = weakref.WeakKeyDictionary()
 
 
@@ -21,6 +27,10 @@ def shared_redis() -> redis_asyncio.Redis | None:
     loop = asyncio.get_running_loop()
     client = _clients.get(loop)
     if client is None:
-        client = redis_asyncio.Redis.from_url(settings.REDIS_URL, health_check_interval=30)
+        pool = redis_asyncio.BlockingConnectionPool.from_url(
+            settings.REDIS_URL, health_check_interval=30, timeout=CONNECTION_WAIT_SECONDS,
+            max_connections=getattr(settings, "CONSOLE_REDIS_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS),
+        )
+        client = redis_asyncio.Redis(connection_pool=pool)
         _clients[loop] = client
     return client

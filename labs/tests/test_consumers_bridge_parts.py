@@ -207,3 +207,18 @@ async def test_viewer_registry_sees_others_until_they_leave_or_expire(backend, m
     monkeypatch.setattr("labs.console.viewers.VIEWER_TTL_SECONDS", -1.0)  # "c" registers already expired
     await viewers.add(attempt_id=902, viewer="c")
     assert not await viewers.others(attempt_id=902, viewer="a")
+
+
+# -- one process, many consoles: shared Redis connections, one round trip per beat -------------------------------
+
+async def test_hundreds_of_simultaneous_console_commands_wait_for_a_connection_instead_of_failing(settings):
+    settings.CONSOLE_REDIS_MAX_CONNECTIONS = 8
+    client = shared_redis()
+    await clear_console_keys(client)
+    # redis-py's default pool refuses the 101st simultaneous command (MaxConnectionsError): a daphne with 200
+    # consoles lost scrollback appends and lease renewals that way.
+    results = await asyncio.gather(*(client.incr("portal:console:test-counter") for _ in range(300)))
+    assert sorted(results) == list(range(1, 301))
+    pool = client.connection_pool
+    assert len(pool._available_connections) + len(pool._in_use_connections) <= 8
+    await clear_console_keys(client)
