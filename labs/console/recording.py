@@ -3,7 +3,8 @@
 One file per attempt, ``attempt-<id>.cast`` under ``settings.CONSOLE_RECORDINGS_DIR``: a JSON header line,
 then one ``[seconds, "o", text]`` line per chunk of output. Whoever holds the upstream appends to it, so
 the file continues across reconnects and changes of holder (with several hosts the directory must be shared).
-Writes are batched and done off the event loop; a recording stops at a size cap with a marker saying so.
+Writes are batched (every recording of a process in one go) and done off the event loop; a recording stops at a
+size cap with a marker saying so.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import codecs
 import json
 import logging
 import time
+import weakref
 from pathlib import Path
 
 from django.conf import settings
@@ -57,13 +59,73 @@ def _open_for_append(path: Path, *, title: str) -> tuple[float, int]:
     return float(header["timestamp"]), path.stat().st_size
 
 
-def _append(path: Path, text: str) -> None:
-    with path.open("a", encoding="utf-8") as handle:
-        handle.write(text)
+def _append_all(writes: list[tuple[Path, str]]) -> list[OSError | None]:
+    """Append each text to its file; one failing file does not stop the others."""
+    errors: list[OSError | None] = []
+    for path, text in writes:
+        try:
+            with path.open("a", encoding="utf-8") as handle:
+                handle.write(text)
+            errors.append(None)
+        except OSError as exc:
+            errors.append(exc)
+    return errors
+
+
+class RecordingWriter:
+    """Appends what every recorder of one event loop has pending: one worker-thread call per interval for all
+    the consoles a process serves, not one per console (two hundred consoles flushing twice a second each were
+    four hundred thread hops a second). Every write of a recorder goes through its writer, one at a time, so a
+    file's appends stay in order."""
+
+    def __init__(self, *, interval: float) -> None:
+        self.interval = interval
+        self.recorders: set[AsciicastRecorder] = set()
+        self.lock = asyncio.Lock()
+        self.task: asyncio.Task | None = None
+
+    def add(self, recorder: AsciicastRecorder) -> None:
+        self.recorders.add(recorder)
+        if self.task is None or self.task.done():
+            self.task = asyncio.get_running_loop().create_task(self._run(), name="console-recordings")
+
+    def discard(self, recorder: AsciicastRecorder) -> None:
+        self.recorders.discard(recorder)
+        if not self.recorders and self.task is not None and not self.lock.locked():
+            self.task.cancel()  # asleep: nothing left to write
+            self.task = None
+
+    async def _run(self) -> None:
+        while self.recorders:
+            await asyncio.sleep(self.interval)
+            await self.write(list(self.recorders))
+
+    async def write(self, recorders: list[AsciicastRecorder]) -> None:
+        async with self.lock:
+            batch = [(recorder, recorder.take_pending()) for recorder in recorders
+                     if recorder.pending and not recorder.failed]
+            if not batch:
+                return
+            errors = await asyncio.to_thread(_append_all, [(recorder.path, text) for recorder, (text, _) in batch])
+        for (recorder, (_, size)), error in zip(batch, errors, strict=True):
+            recorder.written(size, error)
+
+
+_writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, RecordingWriter]] = (
+    weakref.WeakKeyDictionary())
+
+
+def recording_writer(*, interval: float) -> RecordingWriter:
+    """The running loop's writer for recordings flushed every ``interval`` seconds."""
+    writers = _writers.setdefault(asyncio.get_running_loop(), {})
+    writer = writers.get(interval)
+    if writer is None:
+        writer = writers[interval] = RecordingWriter(interval=interval)
+    return writer
 
 
 class AsciicastRecorder:
-    """Buffers events in memory and appends them to the attempt's recording every flush interval."""
+    """Buffers events in memory; the loop's writer appends them to the attempt's recording every flush interval."""
 
     def __init__(self, *, attempt_id: int, max_bytes: int, flush_seconds: float) -> None:
         self.path = recording_path(attempt_id=attempt_id)
@@ -79,9 +141,8 @@ class AsciicastRecorder:
         self.truncated = False
         self.failed = False
         self.skipped_bytes = 0
-        self._flusher: asyncio.Task | None = None
+        self.writer: RecordingWriter | None = None
         self._early_flush: asyncio.Task | None = None
-        self._write_lock = asyncio.Lock()  # flushes append in order
 
     async def open(self) -> None:
         try:
@@ -91,7 +152,8 @@ class AsciicastRecorder:
             self.failed = True
             return
         self.truncated = self.size >= self.max_bytes
-        self._flusher = asyncio.create_task(self._flush_periodically(), name=f"recording-flush-{self.path.name}")
+        self.writer = recording_writer(interval=self.flush_seconds)
+        self.writer.add(self)
 
     def _event(self, kind: str, text: str) -> None:
         if self.failed or self.truncated or self.start is None or not text:
@@ -104,8 +166,9 @@ class AsciicastRecorder:
         if self.size + self.pending_bytes + encoded > self.max_bytes:
             self.truncated = True
             line = json.dumps([round(time.time() - self.start, 6), "m", "recording truncated: size limit"]) + "\n"
+            encoded = len(line.encode())
         self.pending.append(line)
-        self.pending_bytes += len(line.encode())
+        self.pending_bytes += encoded
         if self.pending_bytes >= FLUSH_AT_BYTES and (self._early_flush is None or self._early_flush.done()):
             self._early_flush = asyncio.get_running_loop().create_task(self.flush())
 
@@ -115,32 +178,28 @@ class AsciicastRecorder:
     def marker(self, label: str) -> None:
         self._event("m", label)
 
-    async def flush(self) -> None:
-        async with self._write_lock:
-            if not self.pending or self.failed:
-                return
-            text, self.pending, written = "".join(self.pending), [], self.pending_bytes
-            self.pending_bytes = 0
-            try:
-                await asyncio.to_thread(_append, self.path, text)
-                self.size += written
-            except OSError:
-                logger.exception("Cannot write the console recording %s; recording stops", self.path)
-                self.failed = True
-                return
+    def take_pending(self) -> tuple[str, int]:
+        """What is waiting to be written, handed to the writer (which reports back through ``written``)."""
+        text, size = "".join(self.pending), self.pending_bytes
+        self.pending, self.pending_bytes = [], 0
+        return text, size
+
+    def written(self, size: int, error: OSError | None) -> None:
+        if error is not None:
+            logger.error("Cannot write the console recording %s (%s); recording stops", self.path, error)
+            self.failed = True
+            return
+        self.size += size
         if self.skipped_bytes:
             skipped, self.skipped_bytes = self.skipped_bytes, 0
             self._event("m", f"recording skipped {skipped} characters of output (the disk fell behind)")
 
-    async def _flush_periodically(self) -> None:
-        while True:
-            await asyncio.sleep(self.flush_seconds)
-            await self.flush()
+    async def flush(self) -> None:
+        """Write what is pending now, without waiting for the next interval."""
+        if self.writer is not None:
+            await self.writer.write([self])
 
     async def close(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
-            self._flusher = None
         if self._early_flush is not None:
             await self._early_flush
             self._early_flush = None
@@ -148,3 +207,5 @@ class AsciicastRecorder:
         if tail:
             self._event("o", tail)
         await self.flush()
+        if self.writer is not None:
+            self.writer.discard(self)

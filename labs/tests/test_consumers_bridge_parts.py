@@ -8,6 +8,7 @@ import json
 import pytest
 from channels.layers import InMemoryChannelLayer
 
+from labs.console import recording
 from labs.console.fanout import OutputFanout
 from labs.console.flow import InputRateLimiter, OutputWindow
 from labs.console.lease import LocalConsoleLease, RedisConsoleLease
@@ -222,3 +223,28 @@ async def test_hundreds_of_simultaneous_console_commands_wait_for_a_connection_i
     pool = client.connection_pool
     assert len(pool._available_connections) + len(pool._in_use_connections) <= 8
     await clear_console_keys(client)
+
+
+async def test_recordings_of_many_consoles_are_written_in_one_worker_thread_call(settings, tmp_path, monkeypatch):
+    settings.CONSOLE_RECORDINGS_DIR = tmp_path
+    batches = []
+    original = recording._append_all
+
+    def counting(writes):
+        batches.append(len(writes))
+        return original(writes)
+
+    monkeypatch.setattr(recording, "_append_all", counting)
+    recorders = [AsciicastRecorder(attempt_id=700 + i, max_bytes=10_000, flush_seconds=0.2) for i in range(20)]
+    for recorder in recorders:
+        await recorder.open()
+    for index, recorder in enumerate(recorders):
+        recorder.output(f"console {index}\r\n".encode())
+    await asyncio.sleep(0.5)  # one or two intervals
+    assert batches and batches[0] == 20 and sum(batches) == 20
+    for recorder in recorders:
+        await recorder.close()
+    for index in range(20):
+        text = recording_path(attempt_id=700 + index).read_text()
+        assert f"console {index}" in text and text.count("console") == 1
+    assert recorders[0].writer.task is None  # the last one closed: nothing left running
