@@ -5,8 +5,10 @@ here. One task appends the queued output to the scrollback and publishes it to t
 order, merging whatever queued up meanwhile into one message: under a flood of output the Redis round trips
 are paid per batch, not per frame. The queue is bounded; a full queue makes the upstream reader wait, so TCP
 pushes back on the cluster instead of this process buffering. When nobody else watches (the usual single tab)
-nothing is published at all: the scrollback is still kept, and a viewer who arrives is brought up to date with
-a ``console.sync`` (see the consumer).
+nothing is published at all: the scrollback is still kept, appended on a beat every console of the process shares
+(one Redis call for all of them), and a viewer who arrives is brought up to date with a ``console.sync`` (see the
+consumer). Whether anybody else watches the holder learns from newcomers announcing themselves and from the
+process's heartbeat.
 """
 
 from __future__ import annotations
@@ -18,29 +20,27 @@ import time
 from collections import deque
 
 from labs.console.scrollback import Scrollback
-from labs.console.viewers import VIEWER_TTL_SECONDS, ConsoleViewers
 
 logger = logging.getLogger(__name__)
 
 BATCH_BYTES = 256 * 1024
 MAX_PENDING_BYTES = 2 * 1024 * 1024
-# How long the holder trusts its last look at the viewer list before asking again. Newcomers announce
-# themselves at once (viewer_joined); the look only notices that the others have gone.
-OTHERS_RECHECK_SECONDS = 5.0
-# Alone, the holder lets small output (keystroke echoes) gather this long before appending it to the
-# scrollback: one Redis round trip per second of typing instead of one per key. Anyone who needs the scrollback
-# current (a newcomer's sync, a redraw) flushes first, which ends the wait.
+# Alone, the holder lets small output (keystroke echoes) gather until the next whole multiple of this many
+# seconds on the loop's clock before appending it to the scrollback: one append per second of typing instead of
+# one per key, and every console of the process appends on the same beat, so their appends go to Redis together
+# (scrollback.ScrollbackAppends). Anyone who needs the scrollback current (a newcomer's sync, a redraw) flushes
+# first, which ends the wait.
 ALONE_LINGER_SECONDS = 1.0
 
 
 class OutputFanout:
-    def __init__(self, *, attempt_id: int, scrollback: Scrollback, viewers: ConsoleViewers, channel_layer,
-                 group: str, origin: str, start_end: int) -> None:
+    def __init__(self, *, attempt_id: int, scrollback: Scrollback, channel_layer, group: str, origin: str,
+                 start_end: int, others: bool = True) -> None:
         self.attempt_id = attempt_id
         self.scrollback = scrollback
-        self.viewers = viewers
-        self.others = True
-        self.others_checked_until = 0.0
+        # Whether anybody else watches, and as of when (time.monotonic()); see observe_others.
+        self.others = others
+        self.others_as_of = time.monotonic()
         self.channel_layer = channel_layer
         self.group = group
         self.origin = origin
@@ -88,17 +88,17 @@ class OutputFanout:
         return b"".join(parts), len(parts)
 
     def viewer_joined(self) -> None:
-        """Another viewer announced itself: publish from now on, without waiting for the next look."""
+        """Another viewer announced itself: publish from now on."""
         self.others = True
-        self.others_checked_until = time.monotonic() + VIEWER_TTL_SECONDS
+        self.others_as_of = time.monotonic()
         self.urgent.set()
 
-    async def _anyone_else(self) -> bool:
-        now = time.monotonic()
-        if now >= self.others_checked_until:
-            self.others = await self.viewers.others(attempt_id=self.attempt_id, viewer=self.origin)
-            self.others_checked_until = now + OTHERS_RECHECK_SECONDS
-        return self.others
+    def observe_others(self, others: bool, as_of: float) -> None:
+        """The heartbeat's finding, from a look that started at ``as_of``. A look older than the last newcomer's
+        announcement may have missed its registration, so it does not count."""
+        if as_of > self.others_as_of:
+            self.others = others
+            self.others_as_of = as_of
 
     async def _publish(self, data: bytes) -> None:
         end = await self.scrollback.append(attempt_id=self.attempt_id, data=data)
@@ -108,7 +108,7 @@ class OutputFanout:
             logger.warning("Console %s: scrollback offset %s, expected %s", self.attempt_id, end,
                            self.published_end + len(data))
         self.published_end = end
-        if not await self._anyone_else():
+        if not self.others:
             return
         await self.channel_layer.group_send(
             self.group, {"type": "console.output", "data": data, "end": end, "origin": self.origin}
@@ -122,8 +122,10 @@ class OutputFanout:
                 await self.wakeup.wait()
                 continue
             if not self.others and self.pending_bytes < BATCH_BYTES and not self.urgent.is_set():
+                now = asyncio.get_running_loop().time()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.urgent.wait(), ALONE_LINGER_SECONDS)
+                    async with asyncio.timeout_at(now - now % ALONE_LINGER_SECONDS + ALONE_LINGER_SECONDS):
+                        await self.urgent.wait()
             data, chunks = self._take_batch()
             if not self.pending:
                 self.urgent.clear()

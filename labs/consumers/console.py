@@ -5,7 +5,9 @@ attempt, across all portal processes, holds the lease and with it the single ups
 console (KubeVirt allows one client per VMI; a second one would kick the first). The holder fans output out
 through the channel-layer group ``console-<id>``; input from the student's other tabs reaches it through
 ``console-input-<id>``, a group only the holder joins. When the holder leaves it hands the lease back and the
-remaining viewers race for it; when the last viewer leaves the upstream closes with it.
+remaining viewers race for it; when the last viewer leaves the upstream closes with it. Leases and viewer
+registrations are kept alive by the process's heartbeat (``labs.console.heartbeat``), one Redis round trip for
+every console the process serves.
 
 Browser protocol: binary frames are terminal bytes both ways; text frames are JSON control messages.
 From the browser: ``{"type": "ack", "bytes": N}`` (total output drawn), ``{"type": "take_control"}`` and
@@ -28,12 +30,13 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from labs.console.access import ConsoleAccess, console_access, console_control_record, console_location
 from labs.console.fanout import OutputFanout
 from labs.console.flow import InputRateLimiter, OutputWindow
+from labs.console.heartbeat import HeldLease, console_heartbeat
 from labs.console.lease import console_lease
 from labs.console.limits import console_limits
 from labs.console.recording import AsciicastRecorder
 from labs.console.scrollback import console_scrollback
 from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamState
-from labs.console.viewers import VIEWER_TTL_SECONDS, console_viewers
+from labs.console.viewers import console_viewers
 from labs.consumers.events import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, attempt_group
 from portal.errors import ApplicationError
 
@@ -63,6 +66,7 @@ def console_input_group(attempt_id: int) -> str:
 class AttemptConsoleConsumer(AsyncWebsocketConsumer):
     access: ConsoleAccess | None = None
     ownership_task: asyncio.Task | None = None
+    held: HeldLease | None = None
 
     # -- connection ---------------------------------------------------------------------------------------
 
@@ -86,12 +90,17 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
         self.lease = console_lease()
         self.scrollback = console_scrollback(limit=self.limits.scrollback_bytes)
         self.viewers = console_viewers()
+        # Keeps this viewer's registration and, while it holds one, its lease alive, with every other console of
+        # this process in one Redis round trip.
+        self.heartbeat = console_heartbeat(ttl=self.limits.lease_ttl_seconds)
         self.window = OutputWindow(window=self.limits.output_window_bytes)
         self.input_limiter = InputRateLimiter(
             rate=self.limits.input_rate_bytes_per_second, burst=self.limits.input_burst_bytes
         )
         self.deliver_lock = asyncio.Lock()
         self.owner_gone = asyncio.Event()
+        # Wakes the ownership loop: the upstream ended, or the heartbeat found the lease held by somebody else.
+        self.ownership_changed = asyncio.Event()
         self.attempt_changed = asyncio.Event()
         self.notices_sent: dict[str, float] = {}
         self.upstream: ConsoleUpstream | None = None
@@ -107,7 +116,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
         await self.channel_layer.group_add(self.output_group, self.channel_name)
         await self.channel_layer.group_add(self.events_group, self.channel_name)
         await self.viewers.add(attempt_id=self.attempt_id, viewer=self.channel_name)
-        self.registered_at = time.monotonic()
+        self.heartbeat.watch(attempt_id=self.attempt_id, viewer=self.channel_name)
         snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
         await self.accept()
         await self._send_hello()
@@ -131,6 +140,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
                 await self.ownership_task
         if self.upstream_task is not None:
             await self._stop_owning(release=True)
+        self.heartbeat.unwatch(attempt_id=self.attempt_id, viewer=self.channel_name)
         await self.viewers.remove(attempt_id=self.attempt_id, viewer=self.channel_name)
         await self.channel_layer.group_discard(self.output_group, self.channel_name)
         await self.channel_layer.group_discard(self.events_group, self.channel_name)
@@ -321,7 +331,8 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
     # -- holding the upstream -----------------------------------------------------------------------------
 
     async def _ownership_loop(self) -> None:
-        """Take the lease when it is free, keep renewing it while holding it; close a viewer stuck behind."""
+        """Take the lease when it is free and hold the upstream while the heartbeat keeps the lease; close a
+        viewer stuck behind."""
         ttl = self.limits.lease_ttl_seconds
         while True:
             try:
@@ -334,21 +345,16 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
                     self.owner_gone.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.owner_gone.wait(), timeout=ttl / 3)
-                    await self._refresh_registration()
+                elif self.held is not None and self.held.lost:
+                    # The lease expired while this process was too busy to renew it, and somebody took it.
+                    await self._stop_owning(release=False)
                 elif self.upstream_task.done():
                     await self._stop_owning(release=True)
                     await asyncio.sleep(1.0)
                 else:
-                    await asyncio.sleep(ttl / 3)
-                    await self._refresh_registration()
-                    if not await self.lease.renew(attempt_id=self.attempt_id, holder=self.channel_name, ttl=ttl):
-                        # Expired while this process was too busy to renew it: keep the upstream if nobody took
-                        # the lease meanwhile, hand it over if somebody did.
-                        if await self.lease.acquire(attempt_id=self.attempt_id, holder=self.channel_name, ttl=ttl):
-                            logger.warning("Console %s: lease had expired; taken again", self.attempt_id)
-                        else:
-                            logger.warning("Console %s: lease lost; handing the upstream over", self.attempt_id)
-                            await self._stop_owning(release=False)
+                    self.ownership_changed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.ownership_changed.wait(), timeout=ttl / 3)
                 if self.window.lagging_for() > self.limits.lag_close_seconds:
                     await self._send_json({"type": "notice", "code": "too_slow"})
                     await self.close(code=CLOSE_TOO_SLOW)
@@ -360,20 +366,16 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
                 logger.exception("Console %s: lease handling failed; retrying", self.attempt_id)
                 await asyncio.sleep(1.0)
 
-    async def _refresh_registration(self) -> None:
-        """Stay on the viewer list, a few times per expiry period."""
-        now = time.monotonic()
-        if now - self.registered_at >= VIEWER_TTL_SECONDS / 3:
-            self.registered_at = now
-            await self.viewers.add(attempt_id=self.attempt_id, viewer=self.channel_name)
-
     async def _start_owning(self) -> None:
         snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
+        # From then on the heartbeat says whether anybody else watches, and newcomers announce themselves.
+        others = await self.viewers.others(attempt_id=self.attempt_id, viewer=self.channel_name)
         self.fanout = OutputFanout(
-            attempt_id=self.attempt_id, scrollback=self.scrollback, viewers=self.viewers,
-            channel_layer=self.channel_layer,
-            group=self.output_group, origin=self.channel_name, start_end=snapshot.end,
+            attempt_id=self.attempt_id, scrollback=self.scrollback, channel_layer=self.channel_layer,
+            group=self.output_group, origin=self.channel_name, start_end=snapshot.end, others=others,
         )
+        self.held = self.heartbeat.hold(attempt_id=self.attempt_id, holder=self.channel_name,
+                                        on_lost=self.ownership_changed.set, on_others=self.fanout.observe_others)
         self.recorder = AsciicastRecorder(
             attempt_id=self.attempt_id, max_bytes=self.limits.recording_max_bytes,
             flush_seconds=self.limits.recording_flush_seconds,
@@ -385,6 +387,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
         )
         await self.channel_layer.group_add(self.input_group, self.channel_name)
         self.upstream_task = asyncio.create_task(self._run_upstream(), name=f"console-{self.attempt_id}-upstream")
+        self.upstream_task.add_done_callback(lambda _: self.ownership_changed.set())
 
     async def _run_upstream(self) -> None:
         try:
@@ -399,6 +402,9 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
     async def _stop_owning(self, *, release: bool) -> None:
         task, self.upstream_task = self.upstream_task, None
         self.upstream = None
+        if self.held is not None:
+            self.heartbeat.release(self.held)
+            self.held = None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -1,9 +1,11 @@
-"""The console bridge's parts on their own: lease, scrollback offsets, flow control, recording, fan-out."""
+"""The console bridge's parts on their own: lease, scrollback offsets, flow control, recording, fan-out, and the
+process-wide parts that let one daphne serve hundreds of consoles (heartbeat, batched appends and writes)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from channels.layers import InMemoryChannelLayer
@@ -11,6 +13,7 @@ from channels.layers import InMemoryChannelLayer
 from labs.console import recording
 from labs.console.fanout import OutputFanout
 from labs.console.flow import InputRateLimiter, OutputWindow
+from labs.console.heartbeat import ConsoleHeartbeat
 from labs.console.lease import LocalConsoleLease, RedisConsoleLease
 from labs.console.recording import AsciicastRecorder, recording_path
 from labs.console.redis_client import shared_redis
@@ -144,11 +147,8 @@ async def test_fanout_publishes_in_order_with_scrollback_offsets_and_batches_a_b
     await layer.group_add("console-900", viewer)
     LocalScrollback._buffers.pop(900, None)
     scrollback = LocalScrollback(limit=1 << 20)
-    viewers = LocalConsoleViewers()
-    await viewers.add(attempt_id=900, viewer="holder")
-    await viewers.add(attempt_id=900, viewer=viewer)
-    fanout = OutputFanout(attempt_id=900, scrollback=scrollback, viewers=viewers, channel_layer=layer,
-                          group="console-900", origin="holder", start_end=0)
+    fanout = OutputFanout(attempt_id=900, scrollback=scrollback, channel_layer=layer,
+                          group="console-900", origin="holder", start_end=0, others=True)
     chunks = [f"{i:04d}".encode() for i in range(40)]
     for chunk in chunks:
         assert fanout.claim(len(chunk)) == fanout.end
@@ -172,10 +172,8 @@ async def test_a_holder_alone_keeps_the_scrollback_but_publishes_nothing_until_a
     await layer.group_add("console-901", listener)  # in the group, but not registered as watching
     LocalScrollback._buffers.pop(901, None)
     scrollback = LocalScrollback(limit=1 << 20)
-    viewers = LocalConsoleViewers()
-    await viewers.add(attempt_id=901, viewer="holder")
-    fanout = OutputFanout(attempt_id=901, scrollback=scrollback, viewers=viewers, channel_layer=layer,
-                          group="console-901", origin="holder", start_end=0)
+    fanout = OutputFanout(attempt_id=901, scrollback=scrollback, channel_layer=layer,
+                          group="console-901", origin="holder", start_end=0, others=False)
     await fanout.put(b"alone")
     await fanout.flush()
     assert (await scrollback.snapshot(attempt_id=901)).end == 5
@@ -210,6 +208,22 @@ async def test_viewer_registry_sees_others_until_they_leave_or_expire(backend, m
     assert not await viewers.others(attempt_id=902, viewer="a")
 
 
+def test_fanout_ignores_a_look_at_the_viewers_older_than_the_last_newcomer():
+    async def scenario():
+        layer = InMemoryChannelLayer()
+        fanout = OutputFanout(attempt_id=903, scrollback=LocalScrollback(limit=1024), channel_layer=layer,
+                              group="console-903", origin="holder", start_end=0, others=False)
+        looked_at = time.monotonic()
+        fanout.viewer_joined()
+        fanout.observe_others(False, looked_at)  # a heartbeat that started before the newcomer registered
+        assert fanout.others
+        fanout.observe_others(False, time.monotonic())  # a later one: the newcomer has gone again
+        assert not fanout.others
+        await fanout.close()
+
+    asyncio.run(scenario())
+
+
 # -- one process, many consoles: shared Redis connections, one round trip per beat -------------------------------
 
 async def test_hundreds_of_simultaneous_console_commands_wait_for_a_connection_instead_of_failing(settings):
@@ -223,6 +237,85 @@ async def test_hundreds_of_simultaneous_console_commands_wait_for_a_connection_i
     pool = client.connection_pool
     assert len(pool._available_connections) + len(pool._in_use_connections) <= 8
     await clear_console_keys(client)
+
+
+@pytest.mark.parametrize("backend", ["local", "redis"])
+async def test_heartbeat_renews_registers_and_reports_in_one_beat(backend, settings, monkeypatch):
+    if backend == "redis":
+        client = shared_redis()
+        await clear_console_keys(client)
+        lease, viewers = RedisConsoleLease(client), RedisConsoleViewers(client)
+        heartbeat = ConsoleHeartbeat(client=client, ttl=0.6)
+    else:
+        LocalConsoleLease._table.clear()
+        LocalConsoleViewers._table.clear()
+        lease, viewers = LocalConsoleLease(), LocalConsoleViewers()
+        heartbeat = ConsoleHeartbeat(client=None, ttl=0.6)
+    monkeypatch.setattr(heartbeat, "_run", lambda: asyncio.sleep(3600))  # beats driven by hand below
+    lost, seen = [], []
+    for attempt_id in (910, 911, 912):
+        assert await lease.acquire(attempt_id=attempt_id, holder=f"holder-{attempt_id}", ttl=0.6)
+    held = {attempt_id: heartbeat.hold(attempt_id=attempt_id, holder=f"holder-{attempt_id}",
+                                       on_lost=lambda a=attempt_id: lost.append(a),
+                                       on_others=lambda others, as_of, a=attempt_id: seen.append((a, others)))
+            for attempt_id in (910, 911, 912)}
+    await viewers.add(attempt_id=910, viewer="holder-910")
+    heartbeat.watch(attempt_id=910, viewer="holder-910")
+    heartbeat.watch(attempt_id=910, viewer="tab-2")  # another tab of 910 in this process
+    for _ in range(3):  # three lease lifetimes: kept alive by the beats alone
+        await asyncio.sleep(0.3)
+        await heartbeat.beat()
+    assert await lease.holder(attempt_id=910) == "holder-910"
+    assert (910, True) in seen and (911, False) in seen and lost == []
+
+    # 911's lease expires unrenewed and nobody takes it: taken again. 912's is taken by somebody else: lost.
+    await lease.release(attempt_id=911, holder="holder-911")
+    await lease.release(attempt_id=912, holder="holder-912")
+    assert await lease.acquire(attempt_id=912, holder="elsewhere", ttl=5)
+    await heartbeat.beat()
+    assert await lease.holder(attempt_id=911) == "holder-911"
+    assert await lease.holder(attempt_id=912) == "elsewhere"
+    assert lost == [912] and held[912].lost and not held[911].lost
+    seen.clear()
+    await heartbeat.beat()
+    assert {a for a, _ in seen} == {910, 911}  # a lost lease is no longer renewed nor reported
+
+    heartbeat.unwatch(attempt_id=910, viewer="tab-2")
+    await viewers.remove(attempt_id=910, viewer="tab-2")
+    seen.clear()
+    await heartbeat.beat()
+    assert (910, False) in seen
+    for attempt_id in (910, 911):
+        heartbeat.release(held[attempt_id])
+    heartbeat.unwatch(attempt_id=910, viewer="holder-910")
+    assert heartbeat.task is None
+
+
+async def test_appends_asked_for_together_go_to_redis_in_one_call(settings):
+    client = shared_redis()
+    await clear_console_keys(client)
+    scrollbacks = [RedisScrollback(client, limit=100) for _ in range(50)]
+    calls = []
+    appends = scrollbacks[0].appends
+    script = appends.script
+
+    async def counting(**kwargs):
+        calls.append(len(kwargs["keys"]) // 2)
+        return await script(**kwargs)
+
+    appends.script = counting
+    try:
+        ends = await asyncio.gather(*(sb.append(attempt_id=1000 + i, data=b"x" * (i + 1))
+                                      for i, sb in enumerate(scrollbacks)))
+        assert ends == [i + 1 for i in range(50)]
+        assert calls == [50]
+        again = await scrollbacks[3].append(attempt_id=1003, data=b"yz")
+        assert again == 6 and calls == [50, 1]
+        snapshot = await scrollbacks[3].snapshot(attempt_id=1003)
+        assert snapshot.data == b"xxxxyz" and snapshot.end == 6
+    finally:
+        appends.script = script
+        await clear_console_keys(client)
 
 
 async def test_recordings_of_many_consoles_are_written_in_one_worker_thread_call(settings, tmp_path, monkeypatch):
