@@ -39,6 +39,7 @@ def lab_get_for_student(*, user: User, lab_id: int) -> Lab:
             course__tenant_id__in=user_tenant_ids(user=user),
         )
         .select_related("course__tenant")
+        .order_by()  # one row at most: no ORDER BY (the labs' default ordering joins their course)
         .first()
     )
     if lab is None:

@@ -35,7 +35,7 @@ def attempt_access_check(*, user, attempt_id: int) -> None:
 def attempt_initial_messages(*, user, attempt_id: int) -> list[dict]:
     """The messages a (re)connecting page needs: the attempt's status and its latest grading run, if any.
     Raises NotFound unless the user may see the attempt (the access check and the snapshot are one lookup)."""
-    attempt = attempt_get_for_user(user=user, attempt_id=attempt_id)
+    attempt = attempt_get_for_user(user=user, attempt_id=attempt_id, related=False)
     messages = [{"type": "attempt.update", "attempt": attempt_status_payload(attempt)}]
     # Reached through the attempt just checked above, so scoped like it.
     run = attempt.runs.prefetch_related("results").order_by("-created_at", "-id").first()
