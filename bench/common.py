@@ -161,6 +161,31 @@ def machine() -> dict[str, Any]:
     }
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a process has used so far, from /proc (Linux)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def cpu_used(pids: dict[str, int]) -> Iterator[dict[str, float]]:
+    """CPU seconds each named process (and this one, as ``bench_clients``) used inside the block, filled in on
+    exit: where a figure that is short of its target spent the machine."""
+    names = {**pids, "bench_clients": os.getpid()}
+    before = {name: cpu_seconds(pid) for name, pid in names.items()}
+    started = time.perf_counter()
+    used: dict[str, float] = {}
+    yield used
+    for name, pid in names.items():
+        try:
+            used[name] = round(cpu_seconds(pid) - before[name], 2)
+        except OSError:
+            used[name] = None
+    used["wall"] = round(time.perf_counter() - started, 2)
+    used["cores"] = os.cpu_count()
+
+
 def emit(result: dict[str, Any]) -> None:
     """Print the benchmark's one JSON object (the last line of its output)."""
     sys.stdout.write(json.dumps(result, sort_keys=False, default=str) + "\n")
@@ -240,7 +265,7 @@ def live_portal(*, kubeconfig: Path, worker_concurrency: int = 8, beat: bool = T
         "web": [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"],
         "worker": [sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool", "threads",
                    "--concurrency", str(worker_concurrency), "--without-heartbeat", "--without-mingle",
-                   "--without-gossip", "--loglevel", "WARNING"],
+                   "--without-gossip", "--loglevel", environment["LOG_LEVEL"]],
     }
     if beat:
         commands["beat"] = [sys.executable, "-m", "celery", "-A", "portal", "beat", "--schedule", str(schedule),
