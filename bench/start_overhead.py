@@ -15,10 +15,11 @@ Two figures, each for one start at a time (several in a row) and for 100 student
 - ``to_agent_ready``: until the attempt's state is ``running``, which also waits for the guest agent to answer.
   Baseline: the same direct VMs, their agent's ``/healthz`` polled through portforward until it answers.
 
-kubesim's real guests (bash and a Python agent per VMI) take it about 19 s to boot 100 at once on 2 cores,
-baseline included, and a VMI reports Running only once its guest process is up: the 100-start VMI-Running figure
-and its baseline are therefore measured on a second kubesim with ``--guest none`` (VMIs run at once, no agent),
-which measures the portal rather than guest boots. The single starts and the agent-ready figures use real guests.
+kubesim's real guests (bash and a Python agent per VMI) take it seconds to boot 100 at once on 2 cores (5-9 s
+to Running in the direct baseline on a quiet machine, tens of seconds on a loaded one), and a VMI reports Running
+only once its guest process is up: the 100-start VMI-Running figure and its baseline are therefore measured on a
+second kubesim with ``--guest none`` (VMIs run at once, no agent), which measures the portal rather than guest
+boots. The single starts and the agent-ready figures use real guests.
 
 Each student's browser is an aiohttp client with a logged-in session: it posts to ``/labs/<id>/start/`` (as the
 lab page's fetch() does) and opens the events socket for the attempt the answer names. That socket is per
@@ -427,8 +428,8 @@ def main() -> None:
                    "kubesim_guests": "shell"},
         "concurrent_100": {"portal": portal_fast["concurrent_100"]["to_vmi_running"],
                            "direct": direct_fast["concurrent_100"]["to_vmi_running"],
-                           "kubesim_guests": "none: real guests make kubesim the bottleneck (about 19 s to boot 100 "
-                                             "on 2 cores, the direct baseline included)"},
+                           "kubesim_guests": "none: real guests make kubesim the bottleneck (it boots 100 guest "
+                                             "processes, the direct baseline's included)"},
     }
     agent_ready = {
         key: {"portal": measured[key]["to_agent_ready"], "direct": direct[key]["to_agent_ready"],
