@@ -161,27 +161,29 @@ def machine() -> dict[str, Any]:
     }
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU time (user + system) a process has used so far, from /proc (Linux)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pid: int) -> float | None:
+    """User and system CPU time a process has used so far (Linux), None where that cannot be read (the process
+    is gone, or there is no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @contextlib.contextmanager
-def cpu_used(pids: dict[str, int]) -> Iterator[dict[str, float]]:
+def cpu_used(pids: dict[str, int]) -> Iterator[dict[str, float | None]]:
     """CPU seconds each named process (and this one, as ``bench_clients``) used inside the block, filled in on
     exit: where a figure that is short of its target spent the machine."""
     names = {**pids, "bench_clients": os.getpid()}
     before = {name: cpu_seconds(pid) for name, pid in names.items()}
     started = time.perf_counter()
-    used: dict[str, float] = {}
+    used: dict[str, float | None] = {}
     yield used
     for name, pid in names.items():
-        try:
-            used[name] = round(cpu_seconds(pid) - before[name], 2)
-        except OSError:
-            used[name] = None
+        after = cpu_seconds(pid)
+        used[name] = None if after is None or before[name] is None else round(after - before[name], 2)
     used["wall"] = round(time.perf_counter() - started, 2)
     used["cores"] = os.cpu_count()
 

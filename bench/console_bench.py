@@ -32,7 +32,18 @@ from typing import Any
 
 import aiohttp
 
-from bench.common import emit, kubesim, live_portal, log, machine, seed_course, session_cookie, setup_django, summary_ms
+from bench.common import (
+    cpu_seconds,
+    emit,
+    kubesim,
+    live_portal,
+    log,
+    machine,
+    seed_course,
+    session_cookie,
+    setup_django,
+    summary_ms,
+)
 
 PROMPT = b"$ "
 ACK_EVERY_BYTES = 16 * 1024  # as static/js/console.js
@@ -193,16 +204,6 @@ async def cat_throughput(client: ConsoleClient, round_number: int, output_bytes:
     received = client.received - mark
     return {"received_bytes": received, "seconds": round(elapsed, 3),
             "mb_s": round(output_bytes / elapsed / 1e6, 2)}
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User and system CPU time a process has used so far (Linux), None where that cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 async def typing_load(args, label: str, clients: list[ConsoleClient], *, daphne_pid: int) -> dict[str, Any]:

@@ -32,38 +32,27 @@ class _Sender:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: asyncio.Queue[tuple[Any, str, dict[str, Any]]] | None = None
-        self._pid: int | None = None
+        self._started: tuple[int, asyncio.AbstractEventLoop, asyncio.Queue] | None = None
 
     def submit(self, layer: Any, group: str, message: dict[str, Any]) -> None:
-        loop, queue = self._started()
+        loop, queue = self._running()
         loop.call_soon_threadsafe(queue.put_nowait, (layer, group, message))
 
-    def _started(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue]:
+    def _running(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue]:
         with self._lock:
             # A forked worker child inherits the object but not the thread: start a fresh one there.
-            if self._loop is None or self._pid != os.getpid():
-                ready = threading.Event()
-                self._pid = os.getpid()
-                thread = threading.Thread(target=self._run, args=(ready,), name="channel-push", daemon=True)
-                thread.start()
-                ready.wait()
-            assert self._loop is not None and self._queue is not None
-            return self._loop, self._queue
+            if self._started is None or self._started[0] != os.getpid():
+                loop = asyncio.new_event_loop()
+                queue: asyncio.Queue = asyncio.Queue()  # bound to the loop that first awaits it: the sender's
+                threading.Thread(target=loop.run_until_complete, args=(self._drain(queue),), name="channel-push",
+                                 daemon=True).start()
+                self._started = (os.getpid(), loop, queue)
+            return self._started[1], self._started[2]
 
-    def _run(self, ready: threading.Event) -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        self._loop = loop
-        self._queue = asyncio.Queue()
-        ready.set()
-        loop.run_until_complete(self._drain())
-
-    async def _drain(self) -> None:
-        assert self._queue is not None
+    @staticmethod
+    async def _drain(queue: asyncio.Queue) -> None:
         while True:
-            layer, group, message = await self._queue.get()
+            layer, group, message = await queue.get()
             try:
                 await layer.group_send(group, message)
             except Exception:
