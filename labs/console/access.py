@@ -24,6 +24,17 @@ CONSOLE_STATES = (AttemptState.STARTING, AttemptState.RUNNING)
 CONSOLE_ENDED_STATES = (AttemptState.STOPPING, AttemptState.STOPPED, AttemptState.FAILED, AttemptState.EXPIRED)
 
 
+def console_stage(*, state: str, phase: str) -> str:
+    """Where the console stands for an attempt in ``state`` whose VMI was last seen in ``phase``: ``ended``,
+    ``ready`` (the VMI runs, so its console answers: the agent answered, or a list showed it Running) or
+    ``waiting`` (no VM yet, or one still being scheduled: dialling it would only be refused)."""
+    if state in CONSOLE_ENDED_STATES:
+        return "ended"
+    if state == AttemptState.RUNNING or (state in CONSOLE_STATES and phase == "Running"):
+        return "ready"
+    return "waiting"
+
+
 @dataclass(frozen=True)
 class ConsoleAccess:
     attempt_id: int
@@ -42,17 +53,20 @@ def console_access(*, user: User, attempt_id: int) -> ConsoleAccess:
         raise NotFound(_("Attempt not found."))
     attempt = attempt_get_for_user(user=user, attempt_id=attempt_id)
     is_student = attempt.student_id == user.id
-    is_staff = course_role(user=user, course=attempt.lab.course) in STAFF_ROLES
+    # Staff standing only matters to somebody else's console (watching, taking over): a student's own
+    # console needs no second lookup.
+    is_staff = not is_student and course_role(user=user, course=attempt.lab.course) in STAFF_ROLES
     if not (is_student or is_staff):
         raise NotFound(_("Attempt not found."))
     return ConsoleAccess(attempt_id=attempt.id, is_student=is_student, is_staff=is_staff, viewer_name=str(user))
 
 
 def console_location(*, user: User, attempt_id: int) -> ConsoleLocation:
-    attempt = attempt_get_for_user(user=user, attempt_id=attempt_id)
-    if attempt.state in CONSOLE_ENDED_STATES:
+    attempt = attempt_get_for_user(user=user, attempt_id=attempt_id, related=False)
+    stage = console_stage(state=attempt.state, phase=attempt.phase)
+    if stage == "ended":
         return ConsoleLocation(ended=True)
-    if attempt.state not in CONSOLE_STATES:
+    if stage == "waiting":
         return ConsoleLocation()
     return ConsoleLocation(namespace=attempt.namespace, name=attempt.vm_name)
 

@@ -80,7 +80,8 @@ class ConsoleUpstream:
             await self.on_state(state, detail)
 
     async def _wait_for_attempt_change(self, seconds: float) -> None:
-        self.attempt_changed.clear()
+        """Until the attempt changes after the last lookup began (``run`` clears the event before each), or
+        ``seconds`` pass."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.attempt_changed.wait(), seconds)
 
@@ -100,6 +101,9 @@ class ConsoleUpstream:
         timeout = aiohttp.ClientWSTimeout(ws_close=2.0)
         async with aiohttp.ClientSession() as session:
             while True:
+                # Cleared before the lookup, not after it: an update that lands while it runs still wakes the
+                # wait below.
+                self.attempt_changed.clear()
                 location = await self.locate()
                 if location.ended:
                     await self._set_state(UpstreamState.ENDED)

@@ -27,7 +27,13 @@ from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from labs.console.access import ConsoleAccess, console_access, console_control_record, console_location
+from labs.console.access import (
+    ConsoleAccess,
+    console_access,
+    console_control_record,
+    console_location,
+    console_stage,
+)
 from labs.console.fanout import OutputFanout
 from labs.console.flow import InputRateLimiter, OutputWindow
 from labs.console.heartbeat import HeldLease, console_heartbeat
@@ -41,6 +47,8 @@ from labs.consumers.events import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, attemp
 from portal.errors import ApplicationError
 
 logger = logging.getLogger(__name__)
+
+_console_location = database_sync_to_async(console_location, thread_sensitive=False)
 
 CLOSE_TOO_SLOW = 4008
 # The same notice is sent at most this often to one browser (a TA leaning on the keyboard, a runaway paste).
@@ -326,6 +334,12 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
         await self._send_json({"type": "notice", **{k: v for k, v in event.items() if k != "type"}})
 
     async def attempt_update(self, event: dict) -> None:
+        # The update carries the attempt's state and VMI phase: while the console waits for its VMI, only an
+        # update that can change the answer (the VMI runs, or the attempt ended) is worth a database lookup.
+        attempt = event.get("attempt")
+        if isinstance(attempt, dict) and self.upstream is not None and self.upstream.state == UpstreamState.WAITING:
+            if console_stage(state=attempt.get("state", ""), phase=attempt.get("phase", "")) == "waiting":
+                return
         self.attempt_changed.set()
 
     # -- holding the upstream -----------------------------------------------------------------------------
@@ -421,7 +435,9 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_send(self.output_group, {"type": "console.owner_gone"})
 
     async def _locate(self) -> ConsoleLocation:
-        return await database_sync_to_async(console_location)(user=self.user, attempt_id=self.attempt_id)
+        # Not thread-sensitive: a class's consoles looking up their attempts together must not queue on the
+        # process's one thread for such code.
+        return await _console_location(user=self.user, attempt_id=self.attempt_id)
 
     async def _upstream_output(self, data: bytes) -> None:
         # This viewer's own browser first (the common case: one tab; an echo must not wait for Redis), then the

@@ -11,14 +11,18 @@ import pytest
 from channels.layers import InMemoryChannelLayer
 
 from labs.console import recording
+from labs.console.access import console_stage
 from labs.console.fanout import OutputFanout
 from labs.console.flow import InputRateLimiter, OutputWindow
 from labs.console.heartbeat import ConsoleHeartbeat
 from labs.console.lease import LocalConsoleLease, RedisConsoleLease
+from labs.console.limits import console_limits
 from labs.console.recording import AsciicastRecorder, recording_path
 from labs.console.redis_client import shared_redis
 from labs.console.scrollback import LocalScrollback, RedisScrollback, tail_for_replay
+from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamState
 from labs.console.viewers import LocalConsoleViewers, RedisConsoleViewers
+from labs.consumers.console import AttemptConsoleConsumer
 
 
 async def clear_console_keys(client) -> None:
@@ -341,3 +345,78 @@ async def test_recordings_of_many_consoles_are_written_in_one_worker_thread_call
         text = recording_path(attempt_id=700 + index).read_text()
         assert f"console {index}" in text and text.count("console") == 1
     assert recorders[0].writer.task is None  # the last one closed: nothing left running
+
+
+# -- waiting for the VMI ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("state", "phase", "stage"), [
+    ("requested", "", "waiting"),
+    ("provisioning", "", "waiting"),
+    ("starting", "Scheduling", "waiting"),
+    ("starting", "Scheduled", "waiting"),
+    ("starting", "Running", "ready"),  # the VMI runs; the agent has not answered yet
+    ("running", "Running", "ready"),
+    ("running", "", "ready"),  # the agent answered before any list showed the phase
+    ("stopping", "Running", "ended"),
+    ("failed", "", "ended"),
+    ("expired", "Running", "ended"),
+])
+def test_console_dials_only_once_the_vmi_runs(state, phase, stage):
+    assert console_stage(state=state, phase=phase) == stage
+
+
+async def test_an_update_during_the_lookup_is_not_lost(settings):
+    """The update that makes the console ready may land while the previous lookup is still running: it must
+    wake the wait that follows, not be cleared by it (which left the console waiting for the 5 s fallback)."""
+    settings.CONSOLE_UPSTREAM_RETRY_SECONDS = 4.0  # the fallback: 20 s, far past this test's bound
+    changed = asyncio.Event()
+    lookups: list[float] = []
+
+    async def locate() -> ConsoleLocation:
+        lookups.append(time.monotonic())
+        if len(lookups) == 1:
+            changed.set()  # the VMI came up while this lookup read the older row
+            return ConsoleLocation()
+        return ConsoleLocation(ended=True)
+
+    states: list[UpstreamState] = []
+
+    async def on_state(state: UpstreamState, detail: str) -> None:
+        states.append(state)
+
+    async def on_output(data: bytes) -> None:
+        raise AssertionError("nothing is dialled here")
+
+    upstream = ConsoleUpstream(locate=locate, on_output=on_output, on_state=on_state, attempt_changed=changed,
+                               limits=console_limits())
+    task = asyncio.create_task(upstream.run())
+    try:
+        for _ in range(100):
+            if len(lookups) >= 2:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert len(lookups) >= 2 and lookups[1] - lookups[0] < 1.0
+    assert states[:2] == [UpstreamState.WAITING, UpstreamState.ENDED]
+
+
+async def test_a_waiting_console_wakes_only_for_updates_that_can_change_its_answer():
+    consumer = AttemptConsoleConsumer()
+    consumer.attempt_changed = asyncio.Event()
+    consumer.upstream = ConsoleUpstream(locate=None, on_output=None, on_state=None,
+                                        attempt_changed=consumer.attempt_changed, limits=console_limits())
+    consumer.upstream.state = UpstreamState.WAITING
+
+    async def woken_by(attempt: dict) -> bool:
+        consumer.attempt_changed.clear()
+        await consumer.attempt_update({"type": "attempt.update", "attempt": attempt})
+        return consumer.attempt_changed.is_set()
+
+    assert not await woken_by({"id": 1, "state": "provisioning", "phase": ""})
+    assert not await woken_by({"id": 1, "state": "starting", "phase": "Scheduled"})
+    assert await woken_by({"id": 1, "state": "starting", "phase": "Running"})
+    assert await woken_by({"id": 1, "state": "stopping", "phase": "Scheduled"})
+    consumer.upstream.state = UpstreamState.CONNECTED  # not waiting: every update wakes it, as before
+    assert await woken_by({"id": 1, "state": "starting", "phase": "Scheduled"})
