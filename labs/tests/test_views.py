@@ -160,6 +160,20 @@ def test_lab_page_renders_sanitised_markdown_and_offers_start(student_a, lab_a):
     assert inline_scripts(html) == []
 
 
+def test_lab_page_before_start_prefetches_the_attempt_panels_files_and_runs_none_of_them(student_a, lab_a):
+    import re
+
+    html = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.id])).content.decode()
+    prefetched = re.findall(r'<link rel="prefetch" href="([^"]+)"', html)
+    assert [url.rsplit("/", 1)[-1] for url in prefetched] == [
+        "xterm.css", "xterm.js", "addon-fit.js", "console.js", "attempt.js"]
+    assert not re.search(r'<script[^>]+src="[^"]*(xterm|console|attempt)', html)
+    # With an attempt under way the panel's files are loaded for real, and nothing is prefetched.
+    make_attempt(lab=lab_a, student=student_a)
+    html = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.id])).content.decode()
+    assert 'rel="prefetch"' not in html and re.search(r'<script[^>]+src="[^"]*js/attempt\.js"', html)
+
+
 def test_lab_page_with_a_running_attempt_has_the_panel_and_terminal(student_a, lab_a):
     attempt = make_attempt(lab=lab_a, student=student_a)
     html = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.id])).content.decode()
