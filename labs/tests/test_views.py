@@ -160,6 +160,28 @@ def test_lab_page_renders_sanitised_markdown_and_offers_start(student_a, lab_a):
     assert inline_scripts(html) == []
 
 
+def test_lab_instructions_are_rendered_once_per_text_and_anew_after_an_edit(student_a, lab_a, monkeypatch):
+    import uuid
+
+    from labs.views import instructions
+
+    rendered = []
+    real = instructions.markdown.markdown
+    monkeypatch.setattr(instructions.markdown, "markdown",
+                        lambda text, **options: rendered.append(text) or real(text, **options))
+    marker = uuid.uuid4().hex  # text no earlier test rendered in this process
+    lab_a.instructions = f"# First {marker}"
+    lab_a.save()
+    client, url = logged_in(student_a), reverse("labs:lab_detail", args=[lab_a.id])
+    for _ in range(3):
+        assert f"<h1>First {marker}</h1>" in client.get(url).content.decode()
+    assert len(rendered) == 1
+    lab_a.instructions = f"# Second {marker}"
+    lab_a.save()
+    html = client.get(url).content.decode()
+    assert f"<h1>Second {marker}</h1>" in html and "First" not in html and len(rendered) == 2
+
+
 def test_lab_page_before_start_prefetches_the_attempt_panels_files_and_runs_none_of_them(student_a, lab_a):
     import re
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import markdown
 import nh3
 from django.utils.safestring import SafeString, mark_safe
@@ -24,8 +26,17 @@ ALLOWED_ATTRIBUTES = {
 
 
 def render_instructions(text: str) -> SafeString:
-    """Markdown → HTML → only harmless tags and attributes, http(s)/mailto links that open no window handle."""
-    html = markdown.markdown(text or "", extensions=MARKDOWN_EXTENSIONS, output_format="html")
+    """Markdown → HTML → only harmless tags and attributes, http(s)/mailto links that open no window handle.
+
+    The result depends on the text alone, so each process keeps the latest renderings: a class opening (and, on
+    Start, reopening) the same lab page renders its instructions once, not once per page view. An edited lab has
+    new text, hence a new entry."""
+    return _render(text or "")
+
+
+@lru_cache(maxsize=256)
+def _render(text: str) -> SafeString:
+    html = markdown.markdown(text, extensions=MARKDOWN_EXTENSIONS, output_format="html")
     cleaned = nh3.clean(
         html, tags=ALLOWED_TAGS, attributes=ALLOWED_ATTRIBUTES, url_schemes={"http", "https", "mailto"},
         link_rel="noopener noreferrer nofollow",
