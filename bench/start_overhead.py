@@ -34,6 +34,7 @@ missed, but the redirect, the page, its assets and the handshakes are all part o
 from __future__ import annotations
 
 import asyncio
+import html as html_lib
 import json
 import random
 import re
@@ -71,6 +72,7 @@ WARM_UP_PARALLEL = 12
 PAGE_ASSET = re.compile(r'<(?:script\b[^>]*\bsrc|link\b[^>]*\bhref)="(/static/[^"]+)"')
 # The attempt panel's configuration (``json_script``): the attempt's id and its sockets' paths.
 ATTEMPT_CONFIG = re.compile(r'<script id="attempt-config" type="application/json">(.*?)</script>', re.S)
+PAGE_MESSAGE = re.compile(r'<li class="message[^"]*">(.*?)</li>', re.S)
 
 
 class Browser:
@@ -145,8 +147,10 @@ async def browser_start(*, http, base_url: str, ws_url: str, lab_id: int, browse
     except PageError as exc:
         return {"error": f"after start: {exc}"}
     found = ATTEMPT_CONFIG.search(html)
-    if found is None:
-        return {"error": "the lab page after Start shows no attempt panel"}
+    if found is None:  # refused: the page says why, as a message above the Start button
+        said = PAGE_MESSAGE.search(html)
+        reason = html_lib.unescape(said.group(1)) if said else "no attempt panel, and no message"
+        return {"error": f"start refused: {reason}"}
     config = json.loads(found.group(1))
     attempt_id = config["attempt_id"]
     page_loaded = time.perf_counter()
@@ -317,6 +321,9 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
                                           browsers=browsers[:1], until=until))
         if "error" in warm[0]:
             raise RuntimeError(f"warm-up start failed: {warm[0]['error']}")
+        # Out of the way of the burst: a guest-less attempt stays starting, and the global start throttle
+        # (ATTEMPT_CONCURRENT_START_LIMIT, 100) counts it.
+        end_attempts([warm[0]["attempt_id"]])
         browsers = browsers[1:]
     if single:
         singles = []
