@@ -12,6 +12,7 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from labs.console.stage import console_stage
 from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab
 from labs.sizes import CPU_ALLOCATION_RATIO
 from portal.errors import NotFound
@@ -118,6 +119,8 @@ def attempt_status_payload(attempt: Attempt, *, now: datetime | None = None) -> 
         "can_extend": attempt_can_extend(attempt),
         "timestamps": {key: _iso(getattr(attempt, field)) for key, field in PAYLOAD_TIMESTAMPS.items()},
         "slow_start": slow_start,
+        # Whether the page should open the console socket yet (labs.console.stage): waiting, ready or ended.
+        "console": console_stage(state=attempt.state, phase=attempt.phase),
     }
 
 

@@ -11,28 +11,13 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils.translation import gettext as _
 
+from labs.console.stage import console_stage
 from labs.console.upstream import ConsoleLocation
-from labs.models import AttemptState
 from labs.selectors import attempt_get_for_user
 from portal.errors import NotFound
 from portal.models import STAFF_ROLES, User
 from portal.selectors import course_role
 from portal.services import audit_record
-
-# Only these states may have a VMI whose console is worth dialling; the others are before or after the VM.
-CONSOLE_STATES = (AttemptState.STARTING, AttemptState.RUNNING)
-CONSOLE_ENDED_STATES = (AttemptState.STOPPING, AttemptState.STOPPED, AttemptState.FAILED, AttemptState.EXPIRED)
-
-
-def console_stage(*, state: str, phase: str) -> str:
-    """Where the console stands for an attempt in ``state`` whose VMI was last seen in ``phase``: ``ended``,
-    ``ready`` (the VMI runs, so its console answers: the agent answered, or a list showed it Running) or
-    ``waiting`` (no VM yet, or one still being scheduled: dialling it would only be refused)."""
-    if state in CONSOLE_ENDED_STATES:
-        return "ended"
-    if state == AttemptState.RUNNING or (state in CONSOLE_STATES and phase == "Running"):
-        return "ready"
-    return "waiting"
 
 
 @dataclass(frozen=True)

@@ -27,13 +27,7 @@ from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from labs.console.access import (
-    ConsoleAccess,
-    console_access,
-    console_control_record,
-    console_location,
-    console_stage,
-)
+from labs.console.access import ConsoleAccess, console_access, console_control_record, console_location
 from labs.console.fanout import OutputFanout
 from labs.console.flow import InputRateLimiter, OutputWindow
 from labs.console.heartbeat import HeldLease, console_heartbeat
@@ -41,6 +35,7 @@ from labs.console.lease import console_lease
 from labs.console.limits import console_limits
 from labs.console.recording import AsciicastRecorder
 from labs.console.scrollback import console_scrollback
+from labs.console.stage import console_stage
 from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamState
 from labs.console.viewers import console_viewers
 from labs.consumers.events import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, attempt_group

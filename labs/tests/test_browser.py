@@ -205,8 +205,12 @@ def test_a_start_that_cannot_pull_its_image_says_it_is_slow_then_why_it_failed(s
     page.fill("#id_password", "correct-horse-battery-staple")
     page.click("#login-button")
     page.goto(f"/labs/{lab_a.id}/")
+    sockets: list[str] = []
+    page.on("websocket", lambda socket: sockets.append(socket.url))
     page.click("#start-button")
     expect(page.locator("#progress [data-step='provisioned']")).to_have_class(re.compile(r"\bdone\b"))
+    # A VM that never runs has no console to open: the page waits for it without a socket.
+    expect(page.locator("#console-status")).to_have_attribute("data-state", "waiting")
     expect(page.locator("#slow-start")).to_be_visible()
     expect(page.locator("#slow-start")).to_contain_text("longer than usual")
     expect(page.locator("#attempt-state")).to_have_class(re.compile(r"\bstate-failed\b"), timeout=60_000)
@@ -215,6 +219,7 @@ def test_a_start_that_cannot_pull_its_image_says_it_is_slow_then_why_it_failed(s
     expect(page.locator("#slow-start")).to_be_hidden()
     expect(page.locator("#check-button")).to_be_hidden()
     expect(page.locator("#console-status")).to_have_attribute("data-state", "ended")
+    assert any("/events/" in url for url in sockets) and not any("/console/" in url for url in sockets), sockets
     expect(page.locator("#fit-button")).to_be_hidden()
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "browser-failed-start.png"), full_page=True)

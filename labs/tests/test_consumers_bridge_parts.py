@@ -11,7 +11,6 @@ import pytest
 from channels.layers import InMemoryChannelLayer
 
 from labs.console import recording
-from labs.console.access import console_stage
 from labs.console.fanout import OutputFanout
 from labs.console.flow import InputRateLimiter, OutputWindow
 from labs.console.heartbeat import ConsoleHeartbeat
@@ -20,6 +19,7 @@ from labs.console.limits import console_limits
 from labs.console.recording import AsciicastRecorder, recording_path
 from labs.console.redis_client import shared_redis
 from labs.console.scrollback import LocalScrollback, RedisScrollback, tail_for_replay
+from labs.console.stage import console_stage
 from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamState
 from labs.console.viewers import LocalConsoleViewers, RedisConsoleViewers
 from labs.consumers.console import AttemptConsoleConsumer

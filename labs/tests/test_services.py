@@ -179,16 +179,27 @@ def test_status_payload_shape(settings, student_a, lab_a):
     attempt = attempt_start(actor=student_a, lab=lab_a)
     payload = attempt_status_payload(attempt)
     assert set(payload) == {"id", "state", "phase", "failure_reason", "message", "node_name", "expires_at",
-                            "extensions", "can_extend", "timestamps", "slow_start"}
+                            "extensions", "can_extend", "timestamps", "slow_start", "console"}
     assert set(payload["timestamps"]) == {"requested", "provisioned", "pending", "scheduling", "scheduled",
                                           "vmi_running", "agent_ready", "stopping", "ended"}
     assert payload["timestamps"]["requested"] == attempt.requested_at.isoformat()
     assert payload["timestamps"]["vmi_running"] is None and payload["slow_start"] is False
+    assert payload["console"] == "waiting"  # no VM yet: the page does not open the console socket
+    Attempt.objects.filter(id=attempt.id).update(state=AttemptState.STARTING, phase="Scheduled")
+    attempt.refresh_from_db()
+    assert attempt_status_payload(attempt)["console"] == "waiting"
+    Attempt.objects.filter(id=attempt.id).update(phase="Running")
+    attempt.refresh_from_db()
+    assert attempt_status_payload(attempt)["console"] == "ready"  # the VMI runs; the agent may not answer yet
     later = timezone.now() + timedelta(seconds=120)
     assert attempt_status_payload(attempt, now=later)["slow_start"] is True
     attempt = running(attempt)
     payload = attempt_status_payload(attempt)
     assert payload["can_extend"] is True and payload["expires_at"] == attempt.expires_at.isoformat()
+    assert payload["console"] == "ready"
+    Attempt.objects.filter(id=attempt.id).update(state=AttemptState.STOPPING)
+    attempt.refresh_from_db()
+    assert attempt_status_payload(attempt)["console"] == "ended"
 
 
 def test_attempts_are_scoped_to_their_student_and_course_staff(student_a, ta_a, instructor_b, student_b, lab_a,

@@ -3,7 +3,9 @@
  * Output arrives as binary frames and is acknowledged once drawn (the bridge's flow control); keystrokes go
  * out as binary frames (KubeVirt drops text frames). JSON text frames carry control messages.
  * A serial line cannot learn the window's size, so "Fit terminal" types `stty rows R cols C` for the
- * student, only when they click it. Reads #attempt-config; listens for "portal:attempt" from attempt.js.
+ * student, only when they click it. Reads #attempt-config; listens for "portal:attempt" from attempt.js, and
+ * opens the console socket only once the attempt says its console is ready (its VMI runs): a class pressing
+ * Start together does not open a hundred consoles that could only wait.
  */
 "use strict";
 
@@ -56,6 +58,7 @@
   let drawn = 0;
   let acked = 0;
   let attemptOver = false;
+  let started = false;
   let noticeTimer = null;
 
   function setStatus(text, state) {
@@ -257,6 +260,12 @@
 
   document.addEventListener("portal:attempt", (event) => {
     const state = event.detail.state;
+    if (!started && event.detail.console === "ready") {
+      started = true;
+      connect();
+    } else if (!started && event.detail.console === "ended") {
+      setStatus(S.console.ended, "ended"); // a page opened on a stopping attempt: nothing to wait for
+    }
     if (FINAL_STATES.includes(state)) {
       attemptOver = true;
       setStatus(S.console.ended, "ended");
@@ -276,6 +285,7 @@
   // Playwright and curious students can reach the terminal from the devtools console.
   window.portalTerminal = term;
   renderMode();
-  connect();
+  // attempt.js, loaded next, announces the attempt as the page has it; that (or a later update) connects.
+  setStatus(S.console.waiting, "waiting");
   term.focus();
 })();
