@@ -25,10 +25,11 @@ Each student's browser is an aiohttp client with a logged-in session that does w
 does: it has loaded the lab page (and its stylesheet) before; pressing Start posts the page's form to
 ``/labs/<id>/start/``, which answers with a redirect back to the lab page; it loads that page, now with the
 attempt panel, and the panel's scripts and stylesheets it has not loaded before (fetched together, as a browser
-does); then it opens the two sockets the panel's scripts open: ``attempt.js``'s events socket and
-``console.js``'s console socket. Both are per attempt, so no page can open them before Start is answered; what
-happened before the events socket opened arrives in the snapshot the portal sends on connect, so nothing is
-missed, but the redirect, the page, its assets and the handshakes are all part of the time measured.
+does: the page before Start prefetches them, so there are none); then it opens ``attempt.js``'s events socket, and
+``console.js``'s console socket once an update says the console is ready (the VMI runs). Both are per attempt, so
+no page can open them before Start is answered; what happened before the events socket opened arrives in the
+snapshot the portal sends on connect, so nothing is missed, but the redirect, the page, its files and the
+handshake are all part of the time measured.
 """
 
 from __future__ import annotations
@@ -155,15 +156,23 @@ async def browser_start(*, http, base_url: str, ws_url: str, lab_id: int, browse
     attempt_id = config["attempt_id"]
     page_loaded = time.perf_counter()
     socket_headers = {"Cookie": headers["Cookie"], "Origin": base_url}
-    console = asyncio.create_task(hold_console(http=http, url=f"{ws_url}{config['urls']['console']}",
-                                               headers=socket_headers))
+    console: asyncio.Task | None = None
+
+    def on_update(attempt: dict[str, Any]) -> None:  # console.js: connect once the console is ready
+        nonlocal console
+        if console is None and attempt.get("console") == "ready":
+            console = asyncio.create_task(hold_console(http=http, url=f"{ws_url}{config['urls']['console']}",
+                                                       headers=socket_headers))
+
+    on_update(config["initial"])
     url = f"{ws_url}{config['urls']['events']}"
     seen: dict[str, tuple[float, float]] = {}
     retries = 0
     try:
         while True:  # the lab page reconnects when its socket is refused or dropped; so does this client
             try:
-                outcome = await watch_until(http=http, url=url, headers=socket_headers, until=until, seen=seen)
+                outcome = await watch_until(http=http, url=url, headers=socket_headers, until=until, seen=seen,
+                                            on_update=on_update)
             except aiohttp.ClientError as exc:
                 outcome = {"retry": f"{type(exc).__name__}: {exc}"}
             if "retry" not in outcome or time.perf_counter() - started > START_TIMEOUT_SECONDS:
@@ -172,8 +181,10 @@ async def browser_start(*, http, base_url: str, ws_url: str, lab_id: int, browse
             # static/js/attempt.js's backoff: 500 ms doubling per failure, capped, with jitter.
             await asyncio.sleep(min(RETRY_MAX_SECONDS, 0.5 * 2 ** min(retries, 6)) * (0.5 + random.random() / 2))
     finally:
-        console.cancel()
-        console_outcome = await asyncio.gather(console, return_exceptions=True)
+        console_outcome = [None]
+        if console is not None:
+            console.cancel()
+            console_outcome = await asyncio.gather(console, return_exceptions=True)
     outcome.update(attempt_id=attempt_id, socket_retries=retries, request_seconds=answered - started,
                    page_seconds=page_loaded - answered)
     if isinstance(console_outcome[0], str):
@@ -189,7 +200,7 @@ async def browser_start(*, http, base_url: str, ws_url: str, lab_id: int, browse
 
 
 async def hold_console(*, http, url: str, headers: dict[str, str]) -> str:
-    """``console.js``: the console socket, open from page load, its output read as it comes. Runs until
+    """``console.js``: the console socket, open once the console is ready, its output read as it comes. Runs until
     cancelled; returns how the last connection ended if the portal closed it."""
     async with http.ws_connect(url, headers=headers) as socket:
         async for _message in socket:
@@ -198,7 +209,7 @@ async def hold_console(*, http, url: str, headers: dict[str, str]) -> str:
 
 
 async def watch_until(*, http, url: str, headers: dict[str, str], until: str,
-                      seen: dict[str, tuple[float, float]]) -> dict[str, Any]:
+                      seen: dict[str, tuple[float, float]], on_update) -> dict[str, Any]:
     def note(name: str) -> None:
         seen.setdefault(name, (time.perf_counter(), time.time()))
 
@@ -211,6 +222,7 @@ async def watch_until(*, http, url: str, headers: dict[str, str], until: str,
             attempt = payload.get("attempt") if payload.get("type") == "attempt.update" else None
             if not attempt:
                 continue
+            on_update(attempt)
             if vmi_running_in(attempt):
                 note("vmi_running")
             if attempt["state"] == "running":
