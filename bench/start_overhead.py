@@ -80,26 +80,35 @@ class Browser:
     """One student's browser: its session, and the static files it has loaded (and so has in its cache)."""
 
     def __init__(self, session_key: str) -> None:
-        self.session_key = session_key
+        from django.conf import settings
+
         self.csrf_token = new_csrf_token()
+        self.cookies = {settings.SESSION_COOKIE_NAME: session_key, settings.CSRF_COOKIE_NAME: self.csrf_token}
         self.cached: set[str] = set()
 
     def headers(self, *, base_url: str) -> dict[str, str]:
-        from django.conf import settings
-
         return {
-            "Cookie": f"{settings.SESSION_COOKIE_NAME}={self.session_key}; "
-                      f"{settings.CSRF_COOKIE_NAME}={self.csrf_token}",
+            "Cookie": "; ".join(f"{name}={value}" for name, value in self.cookies.items()),
             "Accept": "text/html",
             "Origin": base_url,
             "Referer": base_url + "/",
         }
+
+    def keep_cookies(self, response) -> None:
+        """What the answer set (a refusal's message rides in a cookie to the page it redirects to). Each browser
+        keeps its own: the clients share one aiohttp session, whose cookie jar is switched off."""
+        for name, morsel in response.cookies.items():
+            if morsel.value and morsel["max-age"] != "0":
+                self.cookies[name] = morsel.value
+            else:
+                self.cookies.pop(name, None)
 
     async def load_page(self, *, http, base_url: str, path: str) -> str:
         """GET a page, then the scripts and stylesheets on it this browser has not loaded yet, together."""
         headers = self.headers(base_url=base_url)
         async with http.get(urljoin(base_url, path), headers=headers, allow_redirects=False) as response:
             html = await response.text()
+            self.keep_cookies(response)
             if response.status != 200:
                 raise PageError(f"{path} answered {response.status}")
         assets = sorted(set(PAGE_ASSET.findall(html)) - self.cached)
@@ -142,6 +151,7 @@ async def browser_start(*, http, base_url: str, ws_url: str, lab_id: int, browse
         if response.status != 302:
             return {"error": f"start answered {response.status}: {body[:200]}"}
         location = response.headers["Location"]
+        browser.keep_cookies(response)
     answered = time.perf_counter()
     try:
         html = await browser.load_page(http=http, base_url=base_url, path=location)
@@ -155,7 +165,7 @@ async def browser_start(*, http, base_url: str, ws_url: str, lab_id: int, browse
     config = json.loads(found.group(1))
     attempt_id = config["attempt_id"]
     page_loaded = time.perf_counter()
-    socket_headers = {"Cookie": headers["Cookie"], "Origin": base_url}
+    socket_headers = {"Cookie": browser.headers(base_url=base_url)["Cookie"], "Origin": base_url}
     console: asyncio.Task | None = None
 
     def on_update(attempt: dict[str, Any]) -> None:  # console.js: connect once the console is ready
@@ -240,7 +250,8 @@ async def browser_starts(*, base_url: str, ws_url: str, lab_id: int, browsers: l
 
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=START_TIMEOUT_SECONDS)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout,
+                                     cookie_jar=aiohttp.DummyCookieJar()) as http:
         async def one(browser: Browser) -> dict:
             try:
                 return await asyncio.wait_for(
@@ -315,7 +326,8 @@ async def warm_up(*, base_url: str, lab_id: int, browsers: list[Browser]) -> Non
     student first."""
     import aiohttp
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=WARM_UP_PARALLEL)) as http:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=WARM_UP_PARALLEL),
+                                     cookie_jar=aiohttp.DummyCookieJar()) as http:
         await asyncio.gather(*(browser.load_page(http=http, base_url=base_url, path=f"/labs/{lab_id}/")
                                for browser in browsers))
 
