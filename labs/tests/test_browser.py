@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -93,9 +94,12 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_
     expect(page.locator("h1").first).to_have_text("My labs")
     page.click(f"tr[data-lab='{lab_a.id}'] a")
 
-    # Start, and watch the progress reach running with each step's time.
+    # Start, and watch the progress reach running with each step's time, on the same page (no reload).
+    page.evaluate("window.sameDocument = true")
     page.click("#start-button")
     expect(page.locator("#attempt-state")).to_have_class(re.compile(r"\bstate-running\b"), timeout=90_000)
+    assert page.evaluate("window.sameDocument === true")
+    expect(page.locator("#start-card")).to_have_count(0)
     for step in ("requested", "provisioned", "scheduled", "vmi_running", "agent_ready"):
         item = page.locator(f"#progress [data-step='{step}']")
         expect(item).to_have_class(re.compile(r"\bdone\b"))
@@ -223,4 +227,49 @@ def test_a_start_that_cannot_pull_its_image_says_it_is_slow_then_why_it_failed(s
     expect(page.locator("#fit-button")).to_be_hidden()
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "browser-failed-start.png"), full_page=True)
+    context.close()
+
+
+def test_a_refused_start_says_why_on_the_page_and_can_be_tried_again(student_a, lab_a, live_portal, browser):
+    from playwright.sync_api import expect
+
+    from labs.models import Attempt
+    from portal.models import Tenant
+
+    def in_a_thread(work):  # Playwright's event loop runs in this thread, where Django refuses queries
+        def run():
+            try:
+                return work()
+            finally:
+                connection.close()  # the thread's own connection, not left for the garbage collector
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(run).result()
+
+    def capacity(vms: int) -> None:
+        in_a_thread(lambda: Tenant.objects.filter(id=lab_a.course.tenant_id).update(max_concurrent_vms=vms))
+
+    capacity(0)  # the institution's capacity is used up
+    context = browser.new_context(base_url=live_portal.url)
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    page.goto("/accounts/login/")
+    page.fill("#id_username", "student_a")
+    page.fill("#id_password", "correct-horse-battery-staple")
+    page.click("#login-button")
+    page.goto(f"/labs/{lab_a.id}/")
+    page.evaluate("window.sameDocument = true")
+    page.click("#start-button")
+    expect(page.locator("#start-message")).to_be_visible()
+    expect(page.locator("#start-message")).to_contain_text("capacity is full")
+    expect(page.locator("#start-button")).to_be_enabled()
+    expect(page.locator("#start-button")).to_have_text("Start the lab")
+    assert page.evaluate("window.sameDocument === true")
+    assert not in_a_thread(lambda: Attempt.objects.filter(lab=lab_a).exists())
+
+    capacity(5)  # capacity freed: the same button starts the lab
+    page.click("#start-button")
+    expect(page.locator("#attempt-panel")).to_be_visible()
+    expect(page.locator("#start-message")).to_have_count(0)
+    assert page.evaluate("window.sameDocument === true")
     context.close()

@@ -182,18 +182,33 @@ def test_lab_instructions_are_rendered_once_per_text_and_anew_after_an_edit(stud
     assert f"<h1>Second {marker}</h1>" in html and "First" not in html and len(rendered) == 2
 
 
-def test_lab_page_before_start_prefetches_the_attempt_panels_files_and_runs_none_of_them(student_a, lab_a):
-    import re
+def test_lab_page_before_start_loads_the_panels_scripts_and_start_answers_with_the_panel(student_a, lab_a):
+    client, page = logged_in(student_a), reverse("labs:lab_detail", args=[lab_a.id])
+    html = client.get(page).content.decode()
+    scripts = [url.rsplit("/", 1)[-1] for url in re.findall(r'<script src="([^"]+)"', html)]
+    assert scripts == ["xterm.js", "addon-fit.js", "console.js", "attempt.js", "start.js"]
+    assert 'id="attempt-config"' not in html and 'id="start-card"' in html and 'id="attempt-history"' in html
 
+    # Start as start.js posts it: the answer carries what replaces the Start card and the history.
+    answer = client.post(reverse("labs:attempt_start", args=[lab_a.id]), HTTP_ACCEPT="application/json").json()
+    attempt = Attempt.objects.get(lab=lab_a, student=student_a)
+    assert answer["attempt"]["id"] == attempt.id
+    assert page_config(answer["panel"])["attempt_id"] == attempt.id
+    assert 'id="attempt-panel"' in answer["panel"] and 'id="terminal"' in answer["panel"]
+    assert 'name="csrfmiddlewaretoken"' in answer["panel"]  # the panel's Stop / Extend / Check forms post too
+    assert f'data-history-attempt="{attempt.id}"' in answer["history"] and 'id="attempt-history"' in answer["history"]
+    assert inline_scripts(answer["panel"]) == []
+    # The page once reloaded shows the same panel, and no longer offers Start.
+    html = client.get(page).content.decode()
+    assert page_config(html)["attempt_id"] == attempt.id and "start.js" not in html and 'id="start-card"' not in html
+
+
+def test_lab_page_without_start_loads_no_scripts(student_a, lab_a):
+    lab_a.attempt_limit = 1
+    lab_a.save()
+    make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED, ended_at=timezone.now())
     html = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.id])).content.decode()
-    prefetched = re.findall(r'<link rel="prefetch" href="([^"]+)"', html)
-    assert [url.rsplit("/", 1)[-1] for url in prefetched] == [
-        "xterm.css", "xterm.js", "addon-fit.js", "console.js", "attempt.js"]
-    assert not re.search(r'<script[^>]+src="[^"]*(xterm|console|attempt)', html)
-    # With an attempt under way the panel's files are loaded for real, and nothing is prefetched.
-    make_attempt(lab=lab_a, student=student_a)
-    html = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.id])).content.decode()
-    assert 'rel="prefetch"' not in html and re.search(r'<script[^>]+src="[^"]*js/attempt\.js"', html)
+    assert 'id="start-refusal"' in html and "<script src=" not in html
 
 
 def test_lab_page_with_a_running_attempt_has_the_panel_and_terminal(student_a, lab_a):

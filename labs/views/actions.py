@@ -1,8 +1,9 @@
 """The attempt's buttons: Start, Stop, Extend and Check. POST only, CSRF-protected, one class per endpoint.
 
-The page's script posts with ``fetch`` and ``Accept: application/json`` and gets JSON (the attempt's status, or
-the queued grading run); a plain form post (no script) gets a redirect and a message. Refusals from the
-services (``ApplicationError``) come back with their status code and message either way.
+The page's scripts post with ``fetch`` and ``Accept: application/json`` and get JSON (the attempt's status, or
+the queued grading run; an answered Start also brings the attempt panel and history for the lab page to swap in);
+a plain form post (no script) gets a redirect and a message. Refusals from the services (``ApplicationError``)
+come back with their status code and message either way.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from grading.services import grading_run_request
 from labs.models import Attempt
 from labs.selectors import attempt_get_for_user, attempt_status_payload
 from labs.services import attempt_extend, attempt_start, attempt_stop
+from labs.views.pages import lab_start_fragments
 from portal.errors import ApplicationError
 from portal.ratelimit import rate_limit_hit
 
@@ -57,7 +59,8 @@ class AttemptStartView(LoginRequiredMixin, View):
         except ApplicationError as error:
             return refusal(request, error, fallback_url=fallback)
         if wants_json(request):
-            return JsonResponse({"attempt": attempt_status_payload(attempt)}, status=201)
+            return JsonResponse({"attempt": attempt_status_payload(attempt),
+                                 **lab_start_fragments(request=request, lab=lab, attempt=attempt)}, status=201)
         return redirect(fallback)
 
 

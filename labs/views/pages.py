@@ -8,6 +8,7 @@ from django.conf import settings
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.translation import gettext as _
 from django.views import View
@@ -44,6 +45,23 @@ def attempt_page_config(*, request: HttpRequest, attempt: Attempt, is_student: b
         "is_student": is_student,
         "can_take_control": is_staff and not is_student,
         "strings": attempt_page_strings(),
+    }
+
+
+def lab_start_fragments(*, request: HttpRequest, lab: Lab, attempt: Attempt) -> dict[str, str]:
+    """The parts of the lab page that an answered Start changes, for the page to swap in without reloading
+    (static/js/start.js): the attempt panel with its configuration, and the attempt history."""
+    context = {
+        "attempt": attempt,
+        "is_student": True,
+        "show_terminal": True,
+        "progress_steps": PROGRESS_STEPS,
+        "page_config": attempt_page_config(request=request, attempt=attempt, is_student=True, is_staff=False),
+        "attempts": list(attempts_for_student(user=request.user, lab=lab).order_by("-requested_at", "-id")),
+    }
+    return {
+        "panel": render_to_string("labs/_attempt_panel.html", context, request=request),
+        "history": render_to_string("labs/_attempt_history.html", context, request=request),
     }
 
 

@@ -7,303 +7,312 @@
 "use strict";
 
 (function () {
-  const configElement = document.getElementById("attempt-config");
-  if (!configElement) {
-    return;
-  }
-  const config = JSON.parse(configElement.textContent);
-  const S = config.strings;
-  const FINAL_STATES = ["stopped", "failed", "expired"];
-  const RETRY_MAX_MS = 30000;
-
-  const byId = (id) => document.getElementById(id);
-  const format = (template, values) =>
-    template.replace(/%\((\w+)\)s/g, (match, key) => (key in values ? String(values[key]) : match)).replace(/%%/g, "%");
-  const timeFormat = new Intl.DateTimeFormat(document.documentElement.lang || undefined, { timeStyle: "medium" });
-
-  let attempt = config.initial;
-  let latestRun = null;
-
-  // ---- rendering -------------------------------------------------------------------------------------
-
-  function setText(element, text) {
-    if (element) {
-      element.textContent = text;
+  function init() {
+    const configElement = document.getElementById("attempt-config");
+    if (!configElement) {
+      return;
     }
-  }
+    const config = JSON.parse(configElement.textContent);
+    const S = config.strings;
+    const FINAL_STATES = ["stopped", "failed", "expired"];
+    const RETRY_MAX_MS = 30000;
 
-  function show(element, visible) {
-    if (element) {
-      element.hidden = !visible;
+    const byId = (id) => document.getElementById(id);
+    const format = (template, values) =>
+      template.replace(/%\((\w+)\)s/g, (match, key) => (key in values ? String(values[key]) : match)).replace(/%%/g, "%");
+    const timeFormat = new Intl.DateTimeFormat(document.documentElement.lang || undefined, { timeStyle: "medium" });
+
+    let attempt = config.initial;
+    let latestRun = null;
+
+    // ---- rendering -------------------------------------------------------------------------------------
+
+    function setText(element, text) {
+      if (element) {
+        element.textContent = text;
+      }
     }
-  }
 
-  function renderProgress(payload) {
-    const stamps = payload.timestamps || {};
-    const requested = stamps.requested ? Date.parse(stamps.requested) : null;
-    let currentMarked = false;
-    // Cluster timestamps have whole-second precision, so a phase may appear to precede the request by a
-    // fraction of a second: elapsed times never go below zero nor below the step before.
-    let previousElapsed = 0;
-    document.querySelectorAll("#progress [data-step]").forEach((item) => {
-      const value = stamps[item.dataset.step];
-      const timeElement = item.querySelector(".step-time");
-      const elapsedElement = item.querySelector(".step-elapsed");
-      item.classList.remove("current");
-      if (value) {
-        const at = Date.parse(value);
-        item.classList.add("done");
-        timeElement.dateTime = value;
-        timeElement.textContent = timeFormat.format(new Date(at));
-        const elapsed = Math.max(previousElapsed, requested !== null ? (at - requested) / 1000 : 0);
-        previousElapsed = elapsed;
-        elapsedElement.textContent =
-          item.dataset.step === "requested" ? "" : format(S.elapsed, { seconds: elapsed.toFixed(1) });
-      } else {
-        item.classList.remove("done");
-        timeElement.textContent = "";
-        elapsedElement.textContent = "";
-        if (!currentMarked && !FINAL_STATES.includes(payload.state) && payload.state !== "stopping") {
-          item.classList.add("current");
-          currentMarked = true;
+    function show(element, visible) {
+      if (element) {
+        element.hidden = !visible;
+      }
+    }
+
+    function renderProgress(payload) {
+      const stamps = payload.timestamps || {};
+      const requested = stamps.requested ? Date.parse(stamps.requested) : null;
+      let currentMarked = false;
+      // Cluster timestamps have whole-second precision, so a phase may appear to precede the request by a
+      // fraction of a second: elapsed times never go below zero nor below the step before.
+      let previousElapsed = 0;
+      document.querySelectorAll("#progress [data-step]").forEach((item) => {
+        const value = stamps[item.dataset.step];
+        const timeElement = item.querySelector(".step-time");
+        const elapsedElement = item.querySelector(".step-elapsed");
+        item.classList.remove("current");
+        if (value) {
+          const at = Date.parse(value);
+          item.classList.add("done");
+          timeElement.dateTime = value;
+          timeElement.textContent = timeFormat.format(new Date(at));
+          const elapsed = Math.max(previousElapsed, requested !== null ? (at - requested) / 1000 : 0);
+          previousElapsed = elapsed;
+          elapsedElement.textContent =
+            item.dataset.step === "requested" ? "" : format(S.elapsed, { seconds: elapsed.toFixed(1) });
+        } else {
+          item.classList.remove("done");
+          timeElement.textContent = "";
+          elapsedElement.textContent = "";
+          if (!currentMarked && !FINAL_STATES.includes(payload.state) && payload.state !== "stopping") {
+            item.classList.add("current");
+            currentMarked = true;
+          }
         }
-      }
-    });
-  }
-
-  function renderAttempt(payload) {
-    if (!payload || payload.id !== config.attempt_id) {
-      return;
-    }
-    attempt = payload;
-    const stateElement = byId("attempt-state");
-    if (stateElement) {
-      stateElement.className = "state state-" + payload.state;
-      stateElement.textContent = S.states[payload.state] || payload.state;
-    }
-    renderProgress(payload);
-    document.querySelectorAll(`[data-history-attempt="${payload.id}"] .state`).forEach((element) => {
-      element.className = "state state-" + payload.state;
-      element.textContent = S.states[payload.state] || payload.state;
-    });
-    renderSlowStart();
-    const failure = byId("failure");
-    setText(failure, format(S.failed, { reason: payload.failure_reason || payload.message || "" }));
-    show(failure, payload.state === "failed");
-    const ended = FINAL_STATES.includes(payload.state);
-    const endedElement = byId("ended");
-    setText(endedElement, S.ended + (config.is_student ? " " + S.start_again : ""));
-    show(endedElement, ended && payload.state !== "failed");
-
-    const checkButton = byId("check-button");
-    if (checkButton) {
-      checkButton.disabled = payload.state !== "running" || runInProgress();
-    }
-    const stopButton = byId("stop-button");
-    if (stopButton) {
-      stopButton.disabled = ended || payload.state === "stopping";
-    }
-    document.querySelectorAll(".attempt-controls form").forEach((form) => {
-      show(form, !ended && (form.dataset.action !== "extend" || Boolean(payload.can_extend)));
-    });
-    renderCountdown();
-    document.dispatchEvent(new CustomEvent("portal:attempt", { detail: payload }));
-  }
-
-  function runInProgress() {
-    return Boolean(latestRun && !latestRun.finished);
-  }
-
-  function renderRun(run) {
-    if (!run || run.attempt_id !== config.attempt_id) {
-      return;
-    }
-    if (latestRun && latestRun.id > run.id) {
-      return; // an older run's late update
-    }
-    latestRun = run;
-    const summary = byId("results-summary");
-    const list = byId("results-list");
-    summary.classList.remove("muted", "error");
-    if (run.state === "queued") {
-      summary.textContent = S.check_queued;
-    } else if (run.state === "running") {
-      summary.textContent = S.check_running;
-    } else if (run.state === "error") {
-      summary.textContent = format(S.check_error, { message: run.error || "" });
-      summary.classList.add("error");
-    } else {
-      let text = format(S.score, { score: run.effective_score ?? run.score ?? 0, max: run.max_score ?? 0 });
-      if (run.late_penalty_percent) {
-        text += " · " + format(S.late_penalty, { percent: run.late_penalty_percent });
-      }
-      summary.textContent = text;
-    }
-    list.replaceChildren();
-    (run.results || []).forEach((result) => {
-      const item = document.createElement("li");
-      item.className = "result " + (result.passed ? "passed" : "failed");
-      item.dataset.check = String(result.check_id);
-      const mark = document.createElement("span");
-      mark.className = "result-mark";
-      mark.textContent = result.passed ? "✓" : "✗";
-      mark.setAttribute("aria-label", result.passed ? S.passed : S.not_passed);
-      const title = document.createElement("span");
-      title.className = "result-title";
-      title.textContent = result.title;
-      const points = document.createElement("span");
-      points.className = "result-points";
-      points.textContent = format(S.points, { points: result.points ?? 0, max: result.max_points ?? 0 });
-      item.append(mark, " ", title, " ", points);
-      if (result.timed_out) {
-        const badge = document.createElement("span");
-        badge.className = "badge";
-        badge.textContent = S.timed_out;
-        item.append(" ", badge);
-      }
-      if (result.feedback) {
-        const feedback = document.createElement("p");
-        feedback.className = "result-feedback";
-        feedback.textContent = result.feedback;
-        item.append(feedback);
-      }
-      list.append(item);
-    });
-    const checkButton = byId("check-button");
-    if (checkButton) {
-      checkButton.disabled = attempt.state !== "running" || runInProgress();
-    }
-  }
-
-  function renderSlowStart() {
-    // The server says so when it pushes an update; a start stuck without updates is judged here too.
-    const starting = ["requested", "provisioning", "starting"].includes(attempt.state);
-    const requested = attempt.timestamps && attempt.timestamps.requested;
-    const late = starting && requested && (Date.now() - Date.parse(requested)) / 1000 > config.slow_start_seconds;
-    const slow = byId("slow-start");
-    setText(slow, S.slow_start);
-    show(slow, starting && Boolean(attempt.slow_start || late));
-  }
-
-  function tick() {
-    renderCountdown();
-    renderSlowStart();
-  }
-
-  function renderCountdown() {
-    const element = byId("countdown");
-    if (!element) {
-      return;
-    }
-    if (!attempt.expires_at || FINAL_STATES.includes(attempt.state) || attempt.state === "stopping") {
-      element.textContent = "";
-      return;
-    }
-    const left = Math.max(0, Math.floor((Date.parse(attempt.expires_at) - Date.now()) / 1000));
-    if (left === 0) {
-      element.textContent = S.expired;
-      element.classList.add("urgent");
-      return;
-    }
-    const hours = Math.floor(left / 3600);
-    const minutes = Math.floor((left % 3600) / 60);
-    const seconds = String(left % 60).padStart(2, "0");
-    const time = hours ? `${hours}:${String(minutes).padStart(2, "0")}:${seconds}` : `${minutes}:${seconds}`;
-    element.textContent = format(S.time_left, { time });
-    element.classList.toggle("urgent", left < 300);
-  }
-
-  // ---- live updates --------------------------------------------------------------------------------
-
-  function socketUrl(path) {
-    return (window.location.protocol === "https:" ? "wss://" : "ws://") + window.location.host + path;
-  }
-
-  let failures = 0;
-  function connectEvents() {
-    const socket = new WebSocket(socketUrl(config.urls.events));
-    const indicator = byId("live-indicator");
-    socket.addEventListener("open", () => {
-      failures = 0;
-      indicator.textContent = S.live_connected;
-      indicator.className = "live on";
-    });
-    socket.addEventListener("message", (event) => {
-      let message;
-      try {
-        message = JSON.parse(event.data);
-      } catch (error) {
-        return;
-      }
-      if (message.type === "attempt.update") {
-        renderAttempt(message.attempt);
-      } else if (message.type === "grading.update") {
-        renderRun(message.run);
-      }
-    });
-    socket.addEventListener("close", (event) => {
-      indicator.className = "live off";
-      if (event.code === 4401 || event.code === 4404) {
-        indicator.textContent = S.console.refused;
-        return;
-      }
-      indicator.textContent = S.live_reconnecting;
-      failures += 1;
-      // Exponential backoff with jitter: a restarted server is not hit by every page at once.
-      const delay = Math.min(RETRY_MAX_MS, 500 * 2 ** Math.min(failures, 6)) * (0.5 + Math.random() / 2);
-      window.setTimeout(connectEvents, delay);
-    });
-  }
-
-  // ---- actions -------------------------------------------------------------------------------------
-
-  async function submitAction(form) {
-    const message = byId("action-message");
-    const button = form.querySelector("button");
-    if (form.dataset.action === "stop" && !window.confirm(S.confirm_stop)) {
-      return;
-    }
-    button.disabled = true;
-    message.textContent = "";
-    message.classList.remove("error");
-    try {
-      const response = await fetch(form.action, {
-        method: "POST",
-        body: new FormData(form),
-        headers: {
-          Accept: "application/json",
-          "X-CSRFToken": form.querySelector("input[name=csrfmiddlewaretoken]").value,
-        },
-        credentials: "same-origin",
       });
-      const body = await response.json().catch(() => ({}));
-      if (!response.ok) {
-        message.textContent = format(S.action_failed, { message: body.error || response.statusText });
-        message.classList.add("error");
-      }
-      if (body.attempt) {
-        renderAttempt(body.attempt);
-      }
-      if (body.run) {
-        renderRun(body.run);
-      }
-    } catch (error) {
-      message.textContent = S.network_error;
-      message.classList.add("error");
-    } finally {
-      button.disabled = false;
-      renderAttempt(attempt);
     }
+
+    function renderAttempt(payload) {
+      if (!payload || payload.id !== config.attempt_id) {
+        return;
+      }
+      attempt = payload;
+      const stateElement = byId("attempt-state");
+      if (stateElement) {
+        stateElement.className = "state state-" + payload.state;
+        stateElement.textContent = S.states[payload.state] || payload.state;
+      }
+      renderProgress(payload);
+      document.querySelectorAll(`[data-history-attempt="${payload.id}"] .state`).forEach((element) => {
+        element.className = "state state-" + payload.state;
+        element.textContent = S.states[payload.state] || payload.state;
+      });
+      renderSlowStart();
+      const failure = byId("failure");
+      setText(failure, format(S.failed, { reason: payload.failure_reason || payload.message || "" }));
+      show(failure, payload.state === "failed");
+      const ended = FINAL_STATES.includes(payload.state);
+      const endedElement = byId("ended");
+      setText(endedElement, S.ended + (config.is_student ? " " + S.start_again : ""));
+      show(endedElement, ended && payload.state !== "failed");
+
+      const checkButton = byId("check-button");
+      if (checkButton) {
+        checkButton.disabled = payload.state !== "running" || runInProgress();
+      }
+      const stopButton = byId("stop-button");
+      if (stopButton) {
+        stopButton.disabled = ended || payload.state === "stopping";
+      }
+      document.querySelectorAll(".attempt-controls form").forEach((form) => {
+        show(form, !ended && (form.dataset.action !== "extend" || Boolean(payload.can_extend)));
+      });
+      renderCountdown();
+      document.dispatchEvent(new CustomEvent("portal:attempt", { detail: payload }));
+    }
+
+    function runInProgress() {
+      return Boolean(latestRun && !latestRun.finished);
+    }
+
+    function renderRun(run) {
+      if (!run || run.attempt_id !== config.attempt_id) {
+        return;
+      }
+      if (latestRun && latestRun.id > run.id) {
+        return; // an older run's late update
+      }
+      latestRun = run;
+      const summary = byId("results-summary");
+      const list = byId("results-list");
+      summary.classList.remove("muted", "error");
+      if (run.state === "queued") {
+        summary.textContent = S.check_queued;
+      } else if (run.state === "running") {
+        summary.textContent = S.check_running;
+      } else if (run.state === "error") {
+        summary.textContent = format(S.check_error, { message: run.error || "" });
+        summary.classList.add("error");
+      } else {
+        let text = format(S.score, { score: run.effective_score ?? run.score ?? 0, max: run.max_score ?? 0 });
+        if (run.late_penalty_percent) {
+          text += " · " + format(S.late_penalty, { percent: run.late_penalty_percent });
+        }
+        summary.textContent = text;
+      }
+      list.replaceChildren();
+      (run.results || []).forEach((result) => {
+        const item = document.createElement("li");
+        item.className = "result " + (result.passed ? "passed" : "failed");
+        item.dataset.check = String(result.check_id);
+        const mark = document.createElement("span");
+        mark.className = "result-mark";
+        mark.textContent = result.passed ? "✓" : "✗";
+        mark.setAttribute("aria-label", result.passed ? S.passed : S.not_passed);
+        const title = document.createElement("span");
+        title.className = "result-title";
+        title.textContent = result.title;
+        const points = document.createElement("span");
+        points.className = "result-points";
+        points.textContent = format(S.points, { points: result.points ?? 0, max: result.max_points ?? 0 });
+        item.append(mark, " ", title, " ", points);
+        if (result.timed_out) {
+          const badge = document.createElement("span");
+          badge.className = "badge";
+          badge.textContent = S.timed_out;
+          item.append(" ", badge);
+        }
+        if (result.feedback) {
+          const feedback = document.createElement("p");
+          feedback.className = "result-feedback";
+          feedback.textContent = result.feedback;
+          item.append(feedback);
+        }
+        list.append(item);
+      });
+      const checkButton = byId("check-button");
+      if (checkButton) {
+        checkButton.disabled = attempt.state !== "running" || runInProgress();
+      }
+    }
+
+    function renderSlowStart() {
+      // The server says so when it pushes an update; a start stuck without updates is judged here too.
+      const starting = ["requested", "provisioning", "starting"].includes(attempt.state);
+      const requested = attempt.timestamps && attempt.timestamps.requested;
+      const late = starting && requested && (Date.now() - Date.parse(requested)) / 1000 > config.slow_start_seconds;
+      const slow = byId("slow-start");
+      setText(slow, S.slow_start);
+      show(slow, starting && Boolean(attempt.slow_start || late));
+    }
+
+    function tick() {
+      renderCountdown();
+      renderSlowStart();
+    }
+
+    function renderCountdown() {
+      const element = byId("countdown");
+      if (!element) {
+        return;
+      }
+      if (!attempt.expires_at || FINAL_STATES.includes(attempt.state) || attempt.state === "stopping") {
+        element.textContent = "";
+        return;
+      }
+      const left = Math.max(0, Math.floor((Date.parse(attempt.expires_at) - Date.now()) / 1000));
+      if (left === 0) {
+        element.textContent = S.expired;
+        element.classList.add("urgent");
+        return;
+      }
+      const hours = Math.floor(left / 3600);
+      const minutes = Math.floor((left % 3600) / 60);
+      const seconds = String(left % 60).padStart(2, "0");
+      const time = hours ? `${hours}:${String(minutes).padStart(2, "0")}:${seconds}` : `${minutes}:${seconds}`;
+      element.textContent = format(S.time_left, { time });
+      element.classList.toggle("urgent", left < 300);
+    }
+
+    // ---- live updates --------------------------------------------------------------------------------
+
+    function socketUrl(path) {
+      return (window.location.protocol === "https:" ? "wss://" : "ws://") + window.location.host + path;
+    }
+
+    let failures = 0;
+    function connectEvents() {
+      const socket = new WebSocket(socketUrl(config.urls.events));
+      const indicator = byId("live-indicator");
+      socket.addEventListener("open", () => {
+        failures = 0;
+        indicator.textContent = S.live_connected;
+        indicator.className = "live on";
+      });
+      socket.addEventListener("message", (event) => {
+        let message;
+        try {
+          message = JSON.parse(event.data);
+        } catch (error) {
+          return;
+        }
+        if (message.type === "attempt.update") {
+          renderAttempt(message.attempt);
+        } else if (message.type === "grading.update") {
+          renderRun(message.run);
+        }
+      });
+      socket.addEventListener("close", (event) => {
+        indicator.className = "live off";
+        if (event.code === 4401 || event.code === 4404) {
+          indicator.textContent = S.console.refused;
+          return;
+        }
+        indicator.textContent = S.live_reconnecting;
+        failures += 1;
+        // Exponential backoff with jitter: a restarted server is not hit by every page at once.
+        const delay = Math.min(RETRY_MAX_MS, 500 * 2 ** Math.min(failures, 6)) * (0.5 + Math.random() / 2);
+        window.setTimeout(connectEvents, delay);
+      });
+    }
+
+    // ---- actions -------------------------------------------------------------------------------------
+
+    async function submitAction(form) {
+      const message = byId("action-message");
+      const button = form.querySelector("button");
+      if (form.dataset.action === "stop" && !window.confirm(S.confirm_stop)) {
+        return;
+      }
+      button.disabled = true;
+      message.textContent = "";
+      message.classList.remove("error");
+      try {
+        const response = await fetch(form.action, {
+          method: "POST",
+          body: new FormData(form),
+          headers: {
+            Accept: "application/json",
+            "X-CSRFToken": form.querySelector("input[name=csrfmiddlewaretoken]").value,
+          },
+          credentials: "same-origin",
+        });
+        const body = await response.json().catch(() => ({}));
+        if (!response.ok) {
+          message.textContent = format(S.action_failed, { message: body.error || response.statusText });
+          message.classList.add("error");
+        }
+        if (body.attempt) {
+          renderAttempt(body.attempt);
+        }
+        if (body.run) {
+          renderRun(body.run);
+        }
+      } catch (error) {
+        message.textContent = S.network_error;
+        message.classList.add("error");
+      } finally {
+        button.disabled = false;
+        renderAttempt(attempt);
+      }
+    }
+
+    document.querySelectorAll("#attempt-panel form[data-action]").forEach((form) => {
+      form.addEventListener("submit", (event) => {
+        event.preventDefault();
+        submitAction(form);
+      });
+    });
+
+    renderAttempt(attempt);
+    window.setInterval(tick, 1000);
+    connectEvents();
   }
 
-  document.querySelectorAll("#attempt-panel form[data-action]").forEach((form) => {
-    form.addEventListener("submit", (event) => {
-      event.preventDefault();
-      submitAction(form);
-    });
-  });
-
-  renderAttempt(attempt);
-  window.setInterval(tick, 1000);
-  connectEvents();
+  // On a lab page before Start, the panel arrives later (static/js/start.js announces it with "portal:panel").
+  if (document.getElementById("attempt-config")) {
+    init();
+  } else {
+    document.addEventListener("portal:panel", init, { once: true });
+  }
 })();

@@ -10,282 +10,291 @@
 "use strict";
 
 (function () {
-  const configElement = document.getElementById("attempt-config");
-  const container = document.getElementById("terminal");
-  if (!configElement || !container || typeof Terminal === "undefined") {
-    return;
-  }
-  const config = JSON.parse(configElement.textContent);
-  const S = config.strings;
-  const FINAL_STATES = ["stopped", "failed", "expired"];
-  // Drawn output is acknowledged in steps of this size. The bridge only holds back output when a browser is
-  // a whole window (about a megabyte) behind, so a small unacknowledged rest never matters, and typing (one
-  // echoed byte at a time) costs no acknowledgement messages at all.
-  const ACK_EVERY_BYTES = 16384;
-  const INPUT_CHUNK_BYTES = 4096;
-  const RETRY_MAX_MS = 15000;
-
-  const byId = (id) => document.getElementById(id);
-  const format = (template, values) =>
-    template.replace(/%\((\w+)\)s/g, (match, key) => (key in values ? String(values[key]) : match));
-  const encoder = new TextEncoder();
-
-  const term = new Terminal({
-    cursorBlink: true,
-    scrollback: 5000,
-    fontSize: 14,
-    fontFamily: "ui-monospace, 'DejaVu Sans Mono', Menlo, Consolas, monospace",
-    rightClickSelectsWord: true,
-  });
-  const fit = new FitAddon.FitAddon();
-  term.loadAddon(fit);
-  term.open(container);
-  fit.fit();
-  // Resizing the window refits the local view only; the guest learns the size when the student asks.
-  window.addEventListener("resize", () => fit.fit());
-
-  const statusElement = byId("console-status");
-  const modeElement = byId("console-mode");
-  const noticeElement = byId("console-notice");
-  const takeControl = byId("take-control-button");
-  const releaseControl = byId("release-control-button");
-
-  let socket = null;
-  let failures = 0;
-  let mode = "ro";
-  let canTakeControl = false;
-  let freshConnection = false;
-  let drawn = 0;
-  let acked = 0;
-  let attemptOver = false;
-  let started = false;
-  let noticeTimer = null;
-
-  function setStatus(text, state) {
-    statusElement.textContent = text;
-    statusElement.dataset.state = state || "";
-  }
-
-  function notice(text) {
-    noticeElement.textContent = text;
-    window.clearTimeout(noticeTimer);
-    noticeTimer = window.setTimeout(() => {
-      noticeElement.textContent = "";
-    }, 6000);
-  }
-
-  function renderMode() {
-    modeElement.textContent = mode === "rw" ? S.console.read_write : S.console.read_only;
-    modeElement.dataset.mode = mode;
-    takeControl.hidden = !(canTakeControl && mode === "ro");
-    releaseControl.hidden = !(canTakeControl && mode === "rw");
-  }
-
-  function sendAck() {
-    if (socket && socket.readyState === WebSocket.OPEN && drawn > acked) {
-      acked = drawn;
-      socket.send(JSON.stringify({ type: "ack", bytes: drawn }));
-    }
-  }
-
-  function written(size) {
-    drawn += size;
-    if (drawn - acked >= ACK_EVERY_BYTES) {
-      sendAck();
-    }
-  }
-
-  function sendInput(bytes) {
-    if (!socket || socket.readyState !== WebSocket.OPEN) {
-      notice(S.notices.not_connected);
-      return false;
-    }
-    if (mode !== "rw") {
-      notice(S.notices.read_only);
-      return false;
-    }
-    for (let offset = 0; offset < bytes.length; offset += INPUT_CHUNK_BYTES) {
-      socket.send(bytes.subarray(offset, offset + INPUT_CHUNK_BYTES));
-    }
-    return true;
-  }
-
-  function handleControl(message) {
-    switch (message.type) {
-      case "hello":
-        if (freshConnection) {
-          // The bridge replays the scrollback next: start from a clean screen so nothing shows twice.
-          term.reset();
-          freshConnection = false;
-        }
-        mode = message.mode;
-        canTakeControl = Boolean(message.can_take_control);
-        renderMode();
-        break;
-      case "status":
-        setStatus(S.console[message.state] || message.state, message.state);
-        break;
-      case "reset":
-        term.reset();
-        break;
-      case "lagging":
-        notice(S.console.lagging);
-        break;
-      case "notice":
-        notice(format(S.notices[message.code] || message.code, { who: message.who || "" }));
-        break;
-      default:
-        break;
-    }
-  }
-
-  function socketUrl(path) {
-    return (window.location.protocol === "https:" ? "wss://" : "ws://") + window.location.host + path;
-  }
-
-  function connect() {
-    if (attemptOver) {
+  function init() {
+    const configElement = document.getElementById("attempt-config");
+    const container = document.getElementById("terminal");
+    if (!configElement || !container || typeof Terminal === "undefined") {
       return;
     }
-    socket = new WebSocket(socketUrl(config.urls.console));
-    socket.binaryType = "arraybuffer";
-    socket.addEventListener("open", () => {
-      failures = 0;
-      drawn = 0;
-      acked = 0;
-      freshConnection = true;
-      setStatus(S.console.connecting, "connecting");
+    const config = JSON.parse(configElement.textContent);
+    const S = config.strings;
+    const FINAL_STATES = ["stopped", "failed", "expired"];
+    // Drawn output is acknowledged in steps of this size. The bridge only holds back output when a browser is
+    // a whole window (about a megabyte) behind, so a small unacknowledged rest never matters, and typing (one
+    // echoed byte at a time) costs no acknowledgement messages at all.
+    const ACK_EVERY_BYTES = 16384;
+    const INPUT_CHUNK_BYTES = 4096;
+    const RETRY_MAX_MS = 15000;
+
+    const byId = (id) => document.getElementById(id);
+    const format = (template, values) =>
+      template.replace(/%\((\w+)\)s/g, (match, key) => (key in values ? String(values[key]) : match));
+    const encoder = new TextEncoder();
+
+    const term = new Terminal({
+      cursorBlink: true,
+      scrollback: 5000,
+      fontSize: 14,
+      fontFamily: "ui-monospace, 'DejaVu Sans Mono', Menlo, Consolas, monospace",
+      rightClickSelectsWord: true,
     });
-    socket.addEventListener("message", (event) => {
-      if (typeof event.data === "string") {
-        try {
-          handleControl(JSON.parse(event.data));
-        } catch (error) {
-          // A malformed control message is not worth breaking the terminal for.
-        }
-        return;
-      }
-      const bytes = new Uint8Array(event.data);
-      term.write(bytes, () => written(bytes.length));
-    });
-    socket.addEventListener("close", (event) => {
-      socket = null;
-      if (event.code === 4401 || event.code === 4404) {
-        setStatus(S.console.refused, "refused");
-        return;
-      }
-      if (event.code === 4008) {
-        setStatus(S.notices.too_slow, "lost");
-      }
-      if (attemptOver) {
-        setStatus(S.console.ended, "ended");
-        return;
-      }
-      setStatus(S.console.disconnected, "disconnected");
-      failures += 1;
-      const delay = Math.min(RETRY_MAX_MS, 250 * 2 ** Math.min(failures, 6)) * (0.5 + Math.random() / 2);
-      window.setTimeout(connect, delay);
-    });
-  }
+    const fit = new FitAddon.FitAddon();
+    term.loadAddon(fit);
+    term.open(container);
+    fit.fit();
+    // Resizing the window refits the local view only; the guest learns the size when the student asks.
+    window.addEventListener("resize", () => fit.fit());
 
-  term.onData((data) => sendInput(encoder.encode(data)));
-  term.onBinary((data) => sendInput(Uint8Array.from(data, (c) => c.charCodeAt(0) & 0xff)));
+    const statusElement = byId("console-status");
+    const modeElement = byId("console-mode");
+    const noticeElement = byId("console-notice");
+    const takeControl = byId("take-control-button");
+    const releaseControl = byId("release-control-button");
 
-  async function copySelection() {
-    const text = term.getSelection();
-    if (!text) {
-      return;
+    let socket = null;
+    let failures = 0;
+    let mode = "ro";
+    let canTakeControl = false;
+    let freshConnection = false;
+    let drawn = 0;
+    let acked = 0;
+    let attemptOver = false;
+    let started = false;
+    let noticeTimer = null;
+
+    function setStatus(text, state) {
+      statusElement.textContent = text;
+      statusElement.dataset.state = state || "";
     }
-    try {
-      await navigator.clipboard.writeText(text);
-      notice(S.copied);
-    } catch (error) {
-      notice(S.clipboard_unavailable);
-    }
-  }
 
-  async function pasteClipboard() {
-    try {
-      const text = await navigator.clipboard.readText();
-      if (text) {
-        // Through xterm, so bracketed paste mode is honoured and onData sends it.
-        term.paste(text);
+    function notice(text) {
+      noticeElement.textContent = text;
+      window.clearTimeout(noticeTimer);
+      noticeTimer = window.setTimeout(() => {
+        noticeElement.textContent = "";
+      }, 6000);
+    }
+
+    function renderMode() {
+      modeElement.textContent = mode === "rw" ? S.console.read_write : S.console.read_only;
+      modeElement.dataset.mode = mode;
+      takeControl.hidden = !(canTakeControl && mode === "ro");
+      releaseControl.hidden = !(canTakeControl && mode === "rw");
+    }
+
+    function sendAck() {
+      if (socket && socket.readyState === WebSocket.OPEN && drawn > acked) {
+        acked = drawn;
+        socket.send(JSON.stringify({ type: "ack", bytes: drawn }));
       }
-    } catch (error) {
-      notice(S.clipboard_unavailable);
     }
-    term.focus();
-  }
 
-  // Ctrl+Shift+C copies; Ctrl+Shift+V falls through to the browser's paste into xterm (as in desktop
-  // terminals). Ctrl+C with a selection copies too; without one it stays the interrupt it always was.
-  term.attachCustomKeyEventHandler((event) => {
-    if (event.type !== "keydown" || !event.ctrlKey || event.altKey || event.metaKey) {
+    function written(size) {
+      drawn += size;
+      if (drawn - acked >= ACK_EVERY_BYTES) {
+        sendAck();
+      }
+    }
+
+    function sendInput(bytes) {
+      if (!socket || socket.readyState !== WebSocket.OPEN) {
+        notice(S.notices.not_connected);
+        return false;
+      }
+      if (mode !== "rw") {
+        notice(S.notices.read_only);
+        return false;
+      }
+      for (let offset = 0; offset < bytes.length; offset += INPUT_CHUNK_BYTES) {
+        socket.send(bytes.subarray(offset, offset + INPUT_CHUNK_BYTES));
+      }
       return true;
     }
-    if (event.code === "KeyC" && (event.shiftKey || term.hasSelection())) {
-      copySelection();
-      event.preventDefault();
-      return false;
-    }
-    if (event.code === "KeyV" && event.shiftKey) {
-      return false;
-    }
-    return true;
-  });
 
-  byId("copy-button").addEventListener("click", () => {
-    copySelection();
-    term.focus();
-  });
-  byId("paste-button").addEventListener("click", pasteClipboard);
-  byId("fit-button").addEventListener("click", () => {
-    fit.fit();
-    const command = `stty rows ${term.rows} cols ${term.cols}`;
-    if (sendInput(encoder.encode(command + "\r"))) {
-      notice(format(S.fit_typed, { command }));
-    }
-    term.focus();
-  });
-  takeControl.addEventListener("click", () => {
-    if (socket && socket.readyState === WebSocket.OPEN) {
-      socket.send(JSON.stringify({ type: "take_control" }));
-    }
-  });
-  releaseControl.addEventListener("click", () => {
-    if (socket && socket.readyState === WebSocket.OPEN) {
-      socket.send(JSON.stringify({ type: "release_control" }));
-    }
-  });
-
-  document.addEventListener("portal:attempt", (event) => {
-    const state = event.detail.state;
-    if (!started && event.detail.console === "ready") {
-      started = true;
-      connect();
-    } else if (!started && event.detail.console === "ended") {
-      setStatus(S.console.ended, "ended"); // a page opened on a stopping attempt: nothing to wait for
-    }
-    if (FINAL_STATES.includes(state)) {
-      attemptOver = true;
-      setStatus(S.console.ended, "ended");
-      // The last screen stays readable (and copyable); nothing can be typed any more.
-      mode = "ro";
-      canTakeControl = false;
-      renderMode();
-      modeElement.textContent = "";
-      byId("fit-button").hidden = true;
-      byId("paste-button").hidden = true;
-      if (socket) {
-        socket.close(1000);
+    function handleControl(message) {
+      switch (message.type) {
+        case "hello":
+          if (freshConnection) {
+            // The bridge replays the scrollback next: start from a clean screen so nothing shows twice.
+            term.reset();
+            freshConnection = false;
+          }
+          mode = message.mode;
+          canTakeControl = Boolean(message.can_take_control);
+          renderMode();
+          break;
+        case "status":
+          setStatus(S.console[message.state] || message.state, message.state);
+          break;
+        case "reset":
+          term.reset();
+          break;
+        case "lagging":
+          notice(S.console.lagging);
+          break;
+        case "notice":
+          notice(format(S.notices[message.code] || message.code, { who: message.who || "" }));
+          break;
+        default:
+          break;
       }
     }
-  });
 
-  // Playwright and curious students can reach the terminal from the devtools console.
-  window.portalTerminal = term;
-  renderMode();
-  // attempt.js, loaded next, announces the attempt as the page has it; that (or a later update) connects.
-  setStatus(S.console.waiting, "waiting");
-  term.focus();
+    function socketUrl(path) {
+      return (window.location.protocol === "https:" ? "wss://" : "ws://") + window.location.host + path;
+    }
+
+    function connect() {
+      if (attemptOver) {
+        return;
+      }
+      socket = new WebSocket(socketUrl(config.urls.console));
+      socket.binaryType = "arraybuffer";
+      socket.addEventListener("open", () => {
+        failures = 0;
+        drawn = 0;
+        acked = 0;
+        freshConnection = true;
+        setStatus(S.console.connecting, "connecting");
+      });
+      socket.addEventListener("message", (event) => {
+        if (typeof event.data === "string") {
+          try {
+            handleControl(JSON.parse(event.data));
+          } catch (error) {
+            // A malformed control message is not worth breaking the terminal for.
+          }
+          return;
+        }
+        const bytes = new Uint8Array(event.data);
+        term.write(bytes, () => written(bytes.length));
+      });
+      socket.addEventListener("close", (event) => {
+        socket = null;
+        if (event.code === 4401 || event.code === 4404) {
+          setStatus(S.console.refused, "refused");
+          return;
+        }
+        if (event.code === 4008) {
+          setStatus(S.notices.too_slow, "lost");
+        }
+        if (attemptOver) {
+          setStatus(S.console.ended, "ended");
+          return;
+        }
+        setStatus(S.console.disconnected, "disconnected");
+        failures += 1;
+        const delay = Math.min(RETRY_MAX_MS, 250 * 2 ** Math.min(failures, 6)) * (0.5 + Math.random() / 2);
+        window.setTimeout(connect, delay);
+      });
+    }
+
+    term.onData((data) => sendInput(encoder.encode(data)));
+    term.onBinary((data) => sendInput(Uint8Array.from(data, (c) => c.charCodeAt(0) & 0xff)));
+
+    async function copySelection() {
+      const text = term.getSelection();
+      if (!text) {
+        return;
+      }
+      try {
+        await navigator.clipboard.writeText(text);
+        notice(S.copied);
+      } catch (error) {
+        notice(S.clipboard_unavailable);
+      }
+    }
+
+    async function pasteClipboard() {
+      try {
+        const text = await navigator.clipboard.readText();
+        if (text) {
+          // Through xterm, so bracketed paste mode is honoured and onData sends it.
+          term.paste(text);
+        }
+      } catch (error) {
+        notice(S.clipboard_unavailable);
+      }
+      term.focus();
+    }
+
+    // Ctrl+Shift+C copies; Ctrl+Shift+V falls through to the browser's paste into xterm (as in desktop
+    // terminals). Ctrl+C with a selection copies too; without one it stays the interrupt it always was.
+    term.attachCustomKeyEventHandler((event) => {
+      if (event.type !== "keydown" || !event.ctrlKey || event.altKey || event.metaKey) {
+        return true;
+      }
+      if (event.code === "KeyC" && (event.shiftKey || term.hasSelection())) {
+        copySelection();
+        event.preventDefault();
+        return false;
+      }
+      if (event.code === "KeyV" && event.shiftKey) {
+        return false;
+      }
+      return true;
+    });
+
+    byId("copy-button").addEventListener("click", () => {
+      copySelection();
+      term.focus();
+    });
+    byId("paste-button").addEventListener("click", pasteClipboard);
+    byId("fit-button").addEventListener("click", () => {
+      fit.fit();
+      const command = `stty rows ${term.rows} cols ${term.cols}`;
+      if (sendInput(encoder.encode(command + "\r"))) {
+        notice(format(S.fit_typed, { command }));
+      }
+      term.focus();
+    });
+    takeControl.addEventListener("click", () => {
+      if (socket && socket.readyState === WebSocket.OPEN) {
+        socket.send(JSON.stringify({ type: "take_control" }));
+      }
+    });
+    releaseControl.addEventListener("click", () => {
+      if (socket && socket.readyState === WebSocket.OPEN) {
+        socket.send(JSON.stringify({ type: "release_control" }));
+      }
+    });
+
+    document.addEventListener("portal:attempt", (event) => {
+      const state = event.detail.state;
+      if (!started && event.detail.console === "ready") {
+        started = true;
+        connect();
+      } else if (!started && event.detail.console === "ended") {
+        setStatus(S.console.ended, "ended"); // a page opened on a stopping attempt: nothing to wait for
+      }
+      if (FINAL_STATES.includes(state)) {
+        attemptOver = true;
+        setStatus(S.console.ended, "ended");
+        // The last screen stays readable (and copyable); nothing can be typed any more.
+        mode = "ro";
+        canTakeControl = false;
+        renderMode();
+        modeElement.textContent = "";
+        byId("fit-button").hidden = true;
+        byId("paste-button").hidden = true;
+        if (socket) {
+          socket.close(1000);
+        }
+      }
+    });
+
+    // Playwright and curious students can reach the terminal from the devtools console.
+    window.portalTerminal = term;
+    renderMode();
+    // attempt.js, loaded next, announces the attempt as the page has it; that (or a later update) connects.
+    setStatus(S.console.waiting, "waiting");
+    term.focus();
+  }
+
+  // On a lab page before Start, the panel arrives later (static/js/start.js announces it with "portal:panel").
+  if (document.getElementById("attempt-config")) {
+    init();
+  } else {
+    document.addEventListener("portal:panel", init, { once: true });
+  }
 })();

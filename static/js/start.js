@@ -1,0 +1,70 @@
+/*
+ * Start without leaving the lab page. The Start form is posted with fetch(); the answer brings the attempt panel
+ * (with its #attempt-config) and the attempt history, which take the place of the Start card and the old history,
+ * and a "portal:panel" event tells console.js and attempt.js to take the panel over. A refusal is shown in the
+ * Start card. Without JavaScript the form posts and the page reloads, with the same outcome.
+ */
+"use strict";
+
+(function () {
+  const form = document.getElementById("start-form");
+  if (!form) {
+    return;
+  }
+  const button = document.getElementById("start-button");
+  const message = document.getElementById("start-message");
+  const format = (template, values) =>
+    template.replace(/%\((\w+)\)s/g, (match, key) => (key in values ? String(values[key]) : match));
+
+  function refused(text) {
+    message.textContent = text;
+    message.hidden = false;
+  }
+
+  function swap(id, html) {
+    const old = document.getElementById(id);
+    old.insertAdjacentHTML("afterend", html);
+    old.remove();
+  }
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const label = button.textContent;
+    button.disabled = true;
+    button.textContent = form.dataset.starting;
+    message.hidden = true;
+    let response;
+    let body = {};
+    try {
+      response = await fetch(form.action, {
+        method: "POST",
+        body: new FormData(form),
+        headers: {
+          Accept: "application/json",
+          "X-CSRFToken": form.querySelector("input[name=csrfmiddlewaretoken]").value,
+        },
+        credentials: "same-origin",
+      });
+      body = await response.json().catch(() => ({}));
+    } catch (error) {
+      refused(form.dataset.networkError);
+      button.disabled = false;
+      button.textContent = label;
+      return;
+    }
+    if (response.status === 201 && body.panel) {
+      swap("attempt-history", body.history);
+      swap("start-card", body.panel);
+      document.dispatchEvent(new Event("portal:panel"));
+      return;
+    }
+    if (body.code === "attempt_active") {
+      // Started already (another tab): the page shows that attempt once reloaded.
+      window.location.reload();
+      return;
+    }
+    refused(format(form.dataset.failed, { message: body.error || response.statusText }));
+    button.disabled = false;
+    button.textContent = label;
+  });
+})();
