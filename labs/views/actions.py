@@ -1,7 +1,7 @@
 """The attempt's buttons: Start, Stop, Extend and Check. POST only, CSRF-protected, one class per endpoint.
 
 The page's scripts post with ``fetch`` and ``Accept: application/json`` and get JSON (the attempt's status, or
-the queued grading run; an answered Start also brings the attempt panel and history for the lab page to swap in);
+the queued grading run; an answered Start also brings the attempt panel and its history row for the lab page);
 a plain form post (no script) gets a redirect and a message. Refusals from the services (``ApplicationError``)
 come back with their status code and message either way.
 """
@@ -60,7 +60,7 @@ class AttemptStartView(LoginRequiredMixin, View):
             return refusal(request, error, fallback_url=fallback)
         if wants_json(request):
             return JsonResponse({"attempt": attempt_status_payload(attempt),
-                                 **lab_start_fragments(request=request, lab=lab, attempt=attempt)}, status=201)
+                                 **lab_start_fragments(request=request, attempt=attempt)}, status=201)
         return redirect(fallback)
 
 

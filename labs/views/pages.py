@@ -48,20 +48,19 @@ def attempt_page_config(*, request: HttpRequest, attempt: Attempt, is_student: b
     }
 
 
-def lab_start_fragments(*, request: HttpRequest, lab: Lab, attempt: Attempt) -> dict[str, str]:
-    """The parts of the lab page that an answered Start changes, for the page to swap in without reloading
-    (static/js/start.js): the attempt panel with its configuration, and the attempt history."""
+def lab_start_fragments(*, request: HttpRequest, attempt: Attempt) -> dict[str, str]:
+    """The parts of the lab page that an answered Start changes, for the page to put in place without reloading
+    (static/js/start.js): the attempt panel with its configuration, and the attempt's row in the history."""
     context = {
         "attempt": attempt,
         "is_student": True,
         "show_terminal": True,
         "progress_steps": PROGRESS_STEPS,
         "page_config": attempt_page_config(request=request, attempt=attempt, is_student=True, is_staff=False),
-        "attempts": list(attempts_for_student(user=request.user, lab=lab).order_by("-requested_at", "-id")),
     }
     return {
         "panel": render_to_string("labs/_attempt_panel.html", context, request=request),
-        "history": render_to_string("labs/_attempt_history.html", context, request=request),
+        "history_row": render_to_string("labs/_attempt_history_row.html", context, request=request),
     }
 
 

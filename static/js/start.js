@@ -1,7 +1,7 @@
 /*
  * Start without leaving the lab page. The Start form is posted with fetch(); the answer brings the attempt panel
- * (with its #attempt-config) and the attempt history, which take the place of the Start card and the old history,
- * and a "portal:panel" event tells console.js and attempt.js to take the panel over. A refusal is shown in the
+ * (with its #attempt-config), which takes the place of the Start card, and the attempt's row for the history
+ * table; a "portal:panel" event tells console.js and attempt.js to take the panel over. A refusal is shown in the
  * Start card. Without JavaScript the form posts and the page reloads, with the same outcome.
  */
 "use strict";
@@ -53,7 +53,13 @@
       return;
     }
     if (response.status === 201 && body.panel) {
-      swap("attempt-history", body.history);
+      const history = document.getElementById("history");
+      history.tBodies[0].insertAdjacentHTML("afterbegin", body.history_row);
+      history.hidden = false;
+      const empty = document.getElementById("history-empty");
+      if (empty) {
+        empty.remove();
+      }
       swap("start-card", body.panel);
       document.dispatchEvent(new Event("portal:panel"));
       return;
