@@ -384,6 +384,9 @@ CONTENT_SECURITY_POLICY = {
     }
 }
 
+# Sessions are read on every page, request and socket handshake: from the shared cache (Redis) first, written
+# through to the database, so that they survive a cache restart.
+SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 CSRF_COOKIE_SAMESITE = "Lax"
