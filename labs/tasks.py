@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import secrets
+import time
 
 from celery import shared_task
 from celery.signals import worker_ready
@@ -140,13 +141,16 @@ def sync_namespace(namespace: str) -> dict:
 
 
 @shared_task(bind=True, acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
-def await_agents(self, namespace: str, step: int = 0, waiting_before: int = 0) -> dict:
+def await_agents(self, namespace: str, step: int = 0, waiting_before: int = 0, asked_at: float | None = None) -> dict:
     """Ask the booting agents of a namespace for ``/healthz``; while some do not answer, ask again a little later
     (a countdown, never a sleep: no worker is held by a booting guest). More attempts waiting than last round
-    means new VMs came up: back to the quick pace. Run eagerly (no broker timer) it asks once and leaves the next
-    round to the next sync."""
+    means new VMs came up: back to the quick pace. Each round asks only the agents due a question
+    (``tracking.agent_ask_due``, from ``asked_at``, when the previous round began). Run eagerly (no broker timer) it
+    asks once and leaves the next round to the next sync."""
+    began = time.time()
+    since = None if asked_at is None else max(0.0, began - asked_at)
     try:
-        running, waiting = tracking.agents_check(namespace=namespace)
+        running, waiting = tracking.agents_check(namespace=namespace, since_last_round=since)
     except Exception:
         tracking.agent_wait_done(namespace=namespace)
         raise
@@ -155,7 +159,7 @@ def await_agents(self, namespace: str, step: int = 0, waiting_before: int = 0) -
         step = 0 if waiting > waiting_before else step + 1
         tracking.agent_wait_refresh(namespace=namespace)
         delay = tracking.agent_wait_delay(step)
-        self.apply_async(args=[namespace, step, waiting], countdown=delay, expires=delay + 60)
+        self.apply_async(args=[namespace, step, waiting, began], countdown=delay, expires=delay + 60)
     else:
         tracking.agent_wait_done(namespace=namespace)
     return {"running": running, "waiting": waiting}

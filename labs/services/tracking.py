@@ -54,6 +54,11 @@ SWEEP_SOON_KEY = "labs:sweep-soon:{namespace}"
 VANISHED_AFTER_SECONDS = 10
 # How long after its VM is created an attempt's agent is asked without waiting for a list to show it Running.
 AGENT_FAST_PATH_SECONDS = 5
+# Each booting agent is asked again after a quarter of the time it has had to come up, and never more often than
+# every AGENT_ASK_MIN_SECONDS: a guest is noticed within a quarter of its boot time (a fast one within 0.2 s), and a
+# class of guests that take a minute is not asked a few hundred times a second.
+AGENT_ASK_MIN_SECONDS = 0.2
+AGENT_ASK_FRACTION = 0.25
 
 
 def start_again_hint() -> str:
@@ -356,19 +361,45 @@ def _agent_answers(attempt: Attempt) -> bool:
     return True
 
 
-def agents_check(*, namespace: str) -> tuple[int, int]:
+def agent_ask_due(*, booting_for: float, since_last_round: float | None) -> bool:
+    """Is an agent that has had ``booting_for`` seconds to come up due for a question in this round, the previous
+    round of its namespace having been ``since_last_round`` seconds ago (None: there was none)? It is asked at ages
+    0, then every quarter of its age (at least AGENT_ASK_MIN_SECONDS, at most the sync interval apart): due when
+    one of those moments fell since the previous round."""
+    if since_last_round is None or booting_for <= since_last_round:
+        return True
+    previous = booting_for - since_last_round
+    longest = float(max(1, settings.ATTEMPT_SYNC_INTERVAL_SECONDS))
+    slack = 1e-6  # the moments are sums of floats: one that lands on a round belongs to that round, not the next
+    age = 0.0
+    while age <= booting_for + slack:
+        if age > previous + slack:
+            return True
+        age += min(longest, max(AGENT_ASK_MIN_SECONDS, age * AGENT_ASK_FRACTION))
+    return False
+
+
+def agents_check(*, namespace: str, since_last_round: float | None = None) -> tuple[int, int]:
     """Ask the agent of every starting attempt in the namespace whose VMI runs for ``/healthz`` (through
     portforward, in parallel) and mark those that answer running. Returns (now running, still waiting).
 
     VMs created in the last few seconds are asked even before a list has shown their VMI Running: on a fast
     cluster the guest is up before the next list, and an agent that answers proves the VMI runs (portforward is
-    refused before Running). The sync records the phase times either way."""
-    just_made = timezone.now() - timedelta(seconds=AGENT_FAST_PATH_SECONDS)
-    attempts = list(Attempt.objects.filter(namespace=namespace, state=AttemptState.STARTING).filter(
+    refused before Running). The sync records the phase times either way. With ``since_last_round`` (the chain of
+    rounds in ``labs.tasks.await_agents``), only the agents due a question are asked (``agent_ask_due``): the rest
+    still count as waiting."""
+    now = timezone.now()
+    just_made = now - timedelta(seconds=AGENT_FAST_PATH_SECONDS)
+    waiting = list(Attempt.objects.filter(namespace=namespace, state=AttemptState.STARTING).filter(
         Q(phase="Running") | Q(provisioned_at__gte=just_made)
     ))
+    attempts = [
+        attempt for attempt in waiting
+        if agent_ask_due(booting_for=(now - (attempt.vmi_running_at or attempt.provisioned_at or now)).total_seconds(),
+                         since_last_round=since_last_round)
+    ]
     if not attempts:
-        return 0, 0
+        return 0, len(waiting)
     if len(attempts) == 1:
         answers = [_agent_answers(attempts[0])]
     else:
@@ -376,4 +407,4 @@ def agents_check(*, namespace: str) -> tuple[int, int]:
             answers = list(pool.map(_agent_answers, attempts))
     running = sum(1 for attempt, ok in zip(attempts, answers, strict=True)
                   if ok and attempt_mark_running(attempt_id=attempt.id))
-    return running, sum(1 for ok in answers if not ok)
+    return running, len(waiting) - sum(1 for ok in answers if ok)

@@ -85,3 +85,48 @@ def test_agent_checks_are_quick_at_first_then_at_the_sync_pace(settings):
     delays = [tracking.agent_wait_delay(step) for step in range(40)]
     assert delays[0] == 0.2 and delays[14] == 0.2 and delays[15] == 0.5 and delays[21] == 1.0
     assert delays[-1] == 3.0 and max(delays) == 3.0
+
+
+def asked_rounds(*, round_seconds: float = 0.2, until: float = 120.0) -> list[float]:
+    """The ages at which a chain of rounds every ``round_seconds`` asks an agent, up to ``until``."""
+    asked, age, previous = [], 0.0, None
+    while age <= until:
+        since = None if previous is None else age - previous
+        if tracking.agent_ask_due(booting_for=age, since_last_round=since):
+            asked.append(age)
+        previous, age = age, round(age + round_seconds, 6)
+    return asked
+
+
+def test_booting_agents_are_asked_less_often_the_longer_they_take(settings):
+    settings.ATTEMPT_SYNC_INTERVAL_SECONDS = 3
+    asked = asked_rounds()
+    assert asked[:5] == [0.0, 0.2, 0.4, 0.6, 0.8]  # a fast guest is noticed within a round
+    gaps = [later - earlier for earlier, later in zip(asked, asked[1:], strict=False)]
+    assert max(gaps) <= 3.0 + 0.2  # never further apart than the sync interval (and a round)
+    assert len(asked) < 60  # two minutes of a guest that never answers: 600 rounds, a few dozen questions
+    # Whenever a guest comes up, it is asked within a quarter of its boot time (or 0.2 s), plus a round.
+    for up_at in (0.1, 0.7, 2.0, 5.5, 13.0, 40.0, 100.0):
+        first = next(age for age in asked if age >= up_at)
+        assert first - up_at <= min(3.0, max(0.2, up_at / 4)) + 0.2, (up_at, first)
+
+
+def test_a_chain_asks_only_the_agents_due_and_counts_the_rest_as_waiting(student_a, lab_a, monkeypatch):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from labs.models import Attempt
+
+    attempt = attempt_start(actor=student_a, lab=lab_a)
+    booted = timezone.now() - timedelta(seconds=30)
+    Attempt.objects.filter(id=attempt.id).update(state=AttemptState.STARTING, phase="Running",
+                                                 provisioned_at=booted, vmi_running_at=booted)
+    asked = []
+    monkeypatch.setattr(tracking, "_agent_answers", lambda attempt: asked.append(attempt.id) or False)
+    # Its last question was just now (30 s into the boot, the next one is about 7 s away): not asked again.
+    assert tracking.agents_check(namespace=attempt.namespace, since_last_round=0.2) == (0, 1)
+    assert asked == []
+    # A chain's first round asks every booting agent.
+    assert tracking.agents_check(namespace=attempt.namespace) == (0, 1)
+    assert asked == [attempt.id]
