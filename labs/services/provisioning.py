@@ -231,19 +231,32 @@ def _schedule_follow_ups(namespace: str) -> None:
     after this VM was created and at most ``d`` later: every VM is still looked at within each delay of its
     creation, while a burst of 100 starts costs a few dozen lists rather than six per VM, each of them listing the
     whole namespace."""
+    for delay in settings.ATTEMPT_FOLLOW_UP_SECONDS:
+        if not _schedule_follow_up(namespace, delay):
+            return
+
+
+def namespace_list_soon(namespace: str) -> None:
+    """List the namespace at the first follow-up delay (shared, like every follow-up, with the VMs of the same
+    slot): for an agent that answered before any list showed its VMI Running, so that the page's progress gets the
+    VMI's phase times now rather than at the next resync. Nothing when follow-ups are switched off."""
+    if settings.ATTEMPT_FOLLOW_UP_SECONDS:
+        _schedule_follow_up(namespace, settings.ATTEMPT_FOLLOW_UP_SECONDS[0])
+
+
+def _schedule_follow_up(namespace: str, delay: float) -> bool:
+    """Queue a list of the namespace ``delay`` seconds from now unless one is queued for the same slot. False when
+    the broker refused it (the beat sync will see the namespace instead)."""
     from labs.tasks import sync_namespace
 
-    now = time.time()
-    for delay in settings.ATTEMPT_FOLLOW_UP_SECONDS:
-        key = FOLLOW_UP_KEY.format(namespace=namespace, delay=delay, slot=int(now // delay))
-        try:
-            if not cache.add(key, "1", timeout=math.ceil(delay) + 1):
-                continue
+    key = FOLLOW_UP_KEY.format(namespace=namespace, delay=delay, slot=int(time.time() // delay))
+    try:
+        if cache.add(key, "1", timeout=math.ceil(delay) + 1):
             sync_namespace.apply_async(args=[namespace], countdown=delay, expires=delay + 30)
-        except Exception:
-            logger.warning("could not queue a follow-up sync of %s; the beat sync will see it", namespace,
-                           exc_info=True)
-            return
+    except Exception:
+        logger.warning("could not queue a follow-up sync of %s; the beat sync will see it", namespace, exc_info=True)
+        return False
+    return True
 
 
 # ---- teardown -----------------------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, AttemptState, TenantNamespace
 from labs.services.attempts import attempt_expire
 from labs.services.events import attempt_push_on_commit
-from labs.services.provisioning import attempt_end, attempt_fail, attempt_mark_running
+from labs.services.provisioning import attempt_end, attempt_fail, attempt_mark_running, namespace_list_soon
 
 logger = logging.getLogger(__name__)
 
@@ -405,6 +405,9 @@ def agents_check(*, namespace: str, since_last_round: float | None = None) -> tu
     else:
         with ThreadPoolExecutor(max_workers=min(AGENT_CHECK_CONCURRENCY, len(attempts))) as pool:
             answers = list(pool.map(_agent_answers, attempts))
-    running = sum(1 for attempt, ok in zip(attempts, answers, strict=True)
-                  if ok and attempt_mark_running(attempt_id=attempt.id))
-    return running, len(waiting) - sum(1 for ok in answers if ok)
+    now_running = [attempt for attempt, ok in zip(attempts, answers, strict=True)
+                   if ok and attempt_mark_running(attempt_id=attempt.id)]
+    if any(attempt.vmi_running_at is None for attempt in now_running):
+        # Answered before a list showed the VMI Running (the fast path): its phase times come from a list.
+        namespace_list_soon(namespace)
+    return len(now_running), len(waiting) - sum(1 for ok in answers if ok)

@@ -137,3 +137,25 @@ def test_stopping_before_provisioning_ran_ends_without_a_vm(lifecycle, student_a
     # The late provisioning delivery does nothing.
     assert tasks.provision_attempt(attempt.id) == "skipped"
     assert vm_names(attempt.namespace) == []
+
+
+def test_an_agent_that_answers_before_any_list_gets_its_phase_times_from_a_prompt_list(
+        lifecycle, student_a, lab_a, django_capture_on_commit_callbacks, monkeypatch, settings):
+    attempt = start(student_a, lab_a, django_capture_on_commit_callbacks)
+    settings.ATTEMPT_FOLLOW_UP_SECONDS = (0.05, 0.3)
+    wait_until(lambda: any(vmi["metadata"]["name"] == attempt.vm_name
+                           and (vmi.get("status") or {}).get("phase") == "Running"
+                           for vmi in operations.vmis_list(namespace=attempt.namespace)), what="the VMI running")
+    # The fast path: the agent answers while the attempt still shows no phase (no list has seen the VMI yet).
+    listed: list[str] = []
+    monkeypatch.setattr(tasks.sync_namespace, "apply_async",
+                        lambda *, args, countdown, expires: listed.append(args[0]))
+    monkeypatch.setattr(tracking, "_agent_answers", lambda attempt: True)
+    assert tracking.agents_check(namespace=attempt.namespace) == (1, 0)
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.RUNNING and attempt.vmi_running_at is None
+    assert listed == [attempt.namespace]  # a list is queued at once, not left to the resync
+    # That list records the VMI's phase times for the page's progress.
+    wait_until(lambda: (tracking.namespace_sync(namespace=attempt.namespace), attempt.refresh_from_db(),
+                        attempt.vmi_running_at is not None)[-1], what="the VMI's phase times")
+    assert attempt.phase == "Running" and attempt.scheduled_at and attempt.vmi_running_at <= attempt.agent_ready_at
