@@ -43,7 +43,8 @@ def course_role(*, user: User, course: Course) -> str | None:
     if user.tenant_id != course.tenant_id:
         return None
     return (
-        Membership.objects.filter(user=user, course=course).values_list("role", flat=True).first()
+        # One row at most (unique per user and course): no ORDER BY, whose default would join the users table.
+        Membership.objects.filter(user=user, course=course).order_by().values_list("role", flat=True).first()
     )
 
 
