@@ -33,6 +33,7 @@ REQUEST_RETRIES = urllib3.Retry(
 _lock = threading.Lock()
 _configuration: client.Configuration | None = None
 _api_client: client.ApiClient | None = None
+_stream_ssl: tuple[client.Configuration, ssl.SSLContext | None] | None = None
 
 
 class ClusterNotConfigured(RuntimeError):
@@ -81,10 +82,11 @@ def api_client() -> client.ApiClient:
 
 def reset() -> None:
     """Forget the loaded configuration (tests point the portal at a fresh kubesim; settings changed)."""
-    global _configuration, _api_client
+    global _configuration, _api_client, _stream_ssl
     with _lock:
         _configuration = None
         _api_client = None
+        _stream_ssl = None
 
 
 def custom_objects() -> client.CustomObjectsApi:
@@ -113,6 +115,16 @@ class StreamTarget:
 
 
 def _ssl_context(cfg: client.Configuration) -> ssl.SSLContext | None:
+    """The TLS context of the streams (console, portforward), made once per configuration: every console and agent
+    check opens a connection, and building a context reads the CA certificates (a system store takes ~20 ms)."""
+    global _stream_ssl
+    with _lock:
+        if _stream_ssl is None or _stream_ssl[0] is not cfg:
+            _stream_ssl = (cfg, _new_ssl_context(cfg))
+        return _stream_ssl[1]
+
+
+def _new_ssl_context(cfg: client.Configuration) -> ssl.SSLContext | None:
     if not cfg.host.startswith("https"):
         return None
     context = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else ssl.create_default_context()
