@@ -75,6 +75,22 @@ def terminal_text(page) -> str:
     return page.locator("#terminal .xterm-rows").inner_text()
 
 
+def log_in_as_student_a(page) -> None:
+    page.goto("/accounts/login/")
+    page.fill("#id_username", "student_a")
+    page.fill("#id_password", "correct-horse-battery-staple")
+    page.click("#login-button")
+
+
+def student_page(browser, base_url: str):
+    """A new browser context on ``base_url`` with student_a logged in: (context, page)."""
+    context = browser.new_context(base_url=base_url)
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    log_in_as_student_a(page)
+    return context, page
+
+
 def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_a, live_portal, browser):
     # Rows first: Playwright runs an event loop in this thread, where Django refuses synchronous queries.
     from playwright.sync_api import expect
@@ -87,10 +103,7 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_
     page.on("console", lambda message: console_errors.append(message.text) if message.type == "error" else None)
 
     # Log in and find the lab on the dashboard.
-    page.goto("/accounts/login/")
-    page.fill("#id_username", "student_a")
-    page.fill("#id_password", "correct-horse-battery-staple")
-    page.click("#login-button")
+    log_in_as_student_a(page)
     expect(page.locator("h1").first).to_have_text("My labs")
     page.click(f"tr[data-lab='{lab_a.id}'] a")
 
@@ -201,13 +214,7 @@ def test_a_start_that_cannot_pull_its_image_says_it_is_slow_then_why_it_failed(s
     from playwright.sync_api import expect
 
     lab_a = unpullable_lab
-    context = browser.new_context(base_url=impatient_portal.url)
-    context.set_default_timeout(30_000)
-    page = context.new_page()
-    page.goto("/accounts/login/")
-    page.fill("#id_username", "student_a")
-    page.fill("#id_password", "correct-horse-battery-staple")
-    page.click("#login-button")
+    context, page = student_page(browser, impatient_portal.url)
     page.goto(f"/labs/{lab_a.id}/")
     sockets: list[str] = []
     page.on("websocket", lambda socket: sockets.append(socket.url))
@@ -250,13 +257,7 @@ def test_a_refused_start_says_why_on_the_page_and_can_be_tried_again(student_a, 
         in_a_thread(lambda: Tenant.objects.filter(id=lab_a.course.tenant_id).update(max_concurrent_vms=vms))
 
     capacity(0)  # the institution's capacity is used up
-    context = browser.new_context(base_url=live_portal.url)
-    context.set_default_timeout(30_000)
-    page = context.new_page()
-    page.goto("/accounts/login/")
-    page.fill("#id_username", "student_a")
-    page.fill("#id_password", "correct-horse-battery-staple")
-    page.click("#login-button")
+    context, page = student_page(browser, live_portal.url)
     page.goto(f"/labs/{lab_a.id}/")
     page.evaluate("window.sameDocument = true")
     page.click("#start-button")
