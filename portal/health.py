@@ -165,7 +165,8 @@ def check_redis() -> ComponentStatus | None:
     if not settings.REDIS_URL:
         return None
     started = time.monotonic()
-    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
+    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1,
+                                  **settings.REDIS_CONNECTION_OPTIONS)
     try:
         client.ping()
     except redis.RedisError as exc:

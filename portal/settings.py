@@ -196,6 +196,10 @@ WHITENOISE_USE_FINDERS = not PRODUCTION
 
 # Redis: Celery broker and the channel layer in production and tests; in-memory in the embedded default.
 REDIS_URL = env_str("REDIS_URL")
+# Options for every Redis connection pool of ours. Without a library name and version, redis-py neither sends
+# CLIENT SETINFO on each new connection (two more round trips) nor reads its own package metadata from disk for it,
+# which it does again for every connection: a class's sockets opening together grow the pools by a hundred.
+REDIS_CONNECTION_OPTIONS = {"lib_name": None, "lib_version": None}
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -205,7 +209,8 @@ if REDIS_URL:
             # redis-py 8 also caps a pool at 100 connections and fails the 101st at once (MaxConnectionsError)
             # rather than waiting: a class opening its events sockets together runs 100+ group_add calls at once.
             "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30,
-                                  "max_connections": env_int("CHANNEL_LAYER_MAX_CONNECTIONS", 1000)}],
+                                  "max_connections": env_int("CHANNEL_LAYER_MAX_CONNECTIONS", 1000),
+                                  **REDIS_CONNECTION_OPTIONS}],
                        "capacity": 1500, "expiry": 30},
         }
     }
@@ -215,8 +220,13 @@ else:
     CELERY_BROKER_URL = "memory://"
 # The cache is shared by web, worker and beat through Redis (the sync loop's heartbeat read by /readyz, probe
 # results); the embedded default runs everything in one process, so process memory is enough there.
+# django-redis keeps one connection pool per process: Django's own Redis backend builds a pool per cache object,
+# and under ASGI every request has its own, so each request (and each socket handshake reading its session) paid
+# for a new Redis connection.
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL,
+                          "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 5, "SOCKET_TIMEOUT": 5,
+                                      "CONNECTION_POOL_KWARGS": REDIS_CONNECTION_OPTIONS}}}
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "portal"}}
 # True when tasks are consumed by a worker running inside the web process (the embedded default).

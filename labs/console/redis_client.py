@@ -30,6 +30,7 @@ def shared_redis() -> redis_asyncio.Redis | None:
         pool = redis_asyncio.BlockingConnectionPool.from_url(
             settings.REDIS_URL, health_check_interval=30, timeout=CONNECTION_WAIT_SECONDS,
             max_connections=getattr(settings, "CONSOLE_REDIS_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS),
+            **settings.REDIS_CONNECTION_OPTIONS,
         )
         client = redis_asyncio.Redis(connection_pool=pool)
         _clients[loop] = client
