@@ -196,10 +196,10 @@ WHITENOISE_USE_FINDERS = not PRODUCTION
 
 # Redis: Celery broker and the channel layer in production and tests; in-memory in the embedded default.
 REDIS_URL = env_str("REDIS_URL")
-# Options for every Redis connection pool of ours. Without a library name and version, redis-py neither sends
-# CLIENT SETINFO on each new connection (two more round trips) nor reads its own package metadata from disk for it,
-# which it does again for every connection: a class's sockets opening together grow the pools by a hundred.
-REDIS_CONNECTION_OPTIONS = {"lib_name": None, "lib_version": None}
+# Options for every Redis connection pool of ours. Without driver information, redis-py neither sends CLIENT
+# SETINFO on each new connection (two more round trips) nor reads its own package metadata from disk for it, which
+# it does again for every connection: a class's sockets opening together grow the pools by a hundred.
+REDIS_CONNECTION_OPTIONS = {"driver_info": None}
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {

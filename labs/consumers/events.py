@@ -37,10 +37,13 @@ def attempt_initial_messages(*, user, attempt_id: int) -> list[dict]:
     Raises NotFound unless the user may see the attempt (the access check and the snapshot are one lookup)."""
     attempt = attempt_get_for_user(user=user, attempt_id=attempt_id, related=False)
     messages = [{"type": "attempt.update", "attempt": attempt_status_payload(attempt)}]
-    # Reached through the attempt just checked above, so scoped like it.
-    run = attempt.runs.prefetch_related("results").order_by("-created_at", "-id").first()
-    if run is not None:
-        messages.append({"type": "grading.update", "run": grading_run_payload(run)})
+    # Reached through the attempt just checked above, so scoped like it. Checks run only once the guest's agent has
+    # answered (a student's on a running attempt, a final one when agent_ready_at is set, regrades of earlier runs):
+    # a page opened on a starting attempt, every Start's, has none to ask for.
+    if attempt.agent_ready_at is not None:
+        run = attempt.runs.prefetch_related("results").order_by("-created_at", "-id").first()
+        if run is not None:
+            messages.append({"type": "grading.update", "run": grading_run_payload(run)})
     return messages
 
 

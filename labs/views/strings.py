@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+
+from django.utils.translation import get_language, gettext_lazy
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
 
 from labs.models import AttemptState
 
@@ -18,6 +20,14 @@ PROGRESS_STEPS = [
 
 
 def attempt_page_strings() -> dict[str, object]:
+    """The strings in the active language. Built once per language in each process: every attempt panel carries
+    them, a Start's answer included. Callers only read the dict."""
+    return _strings_in(get_language())
+
+
+@functools.lru_cache(maxsize=16)
+def _strings_in(language: str | None) -> dict[str, object]:
+    # ``language`` is the active one (the cache key); gettext below reads it from the same place.
     return {
         "states": {value: str(label) for value, label in AttemptState.choices},
         "steps": {key: str(label) for key, label in PROGRESS_STEPS},

@@ -151,6 +151,11 @@ def test_attempt_page_and_its_script_strings_in_japanese(client, student_a, lab_
     assert strings["time_left"] == "残り時間: %(time)s"
     assert strings["states"]["running"] == "実行中"
     assert strings["console"]["read_only"] == "閲覧のみ: このコンソールを見ています。"
+    # The strings are built once per language: the next page in English gets English ones.
+    page = client.get(reverse("labs:attempt_detail", args=[attempt.id]), HTTP_ACCEPT_LANGUAGE="en").content.decode()
+    config = json.loads(re.search(r'<script id="attempt-config" type="application/json">(.*?)</script>',
+                                  page, re.S).group(1))
+    assert config["strings"]["time_left"] == "Time left: %(time)s"
 
 
 def test_language_cookie_and_switcher(client, student_a, lab_a):
