@@ -51,16 +51,19 @@ def attempt_get_for_user(*, user: User, attempt_id: int, related: bool = True) -
     """The attempt if the user is its student or staff of its course; the same NotFound otherwise. With
     ``related`` its lab, course, student and tenant come in the same query (callers that only need the attempt's
     own fields, like the events socket's handshake, skip that: the query is then far cheaper to build)."""
-    related_fields = ("lab", "lab__course", "student", "tenant") if related else ()
+    def rows(attempts: QuerySet[Attempt]) -> QuerySet[Attempt]:
+        attempts = attempts.filter(id=attempt_id).order_by()  # one row at most: no ORDER BY
+        # Never select_related() without fields: that follows every foreign key, and their foreign keys.
+        return attempts.select_related("lab", "lab__course", "student", "tenant") if related else attempts
+
     attempt = None
     if user.is_authenticated and not user.is_superuser:
         # The common case first, by a query that is cheap to build: the student's own attempt (every page, socket
         # and console of a class at work). Staff fall through to the query over the courses they teach.
-        own = Attempt.objects.filter(id=attempt_id, student_id=user.pk, tenant_id=user.tenant_id).order_by()
-        attempt = next(iter(own.select_related(*related_fields)), None)
+        own = Attempt.objects.filter(student_id=user.pk, tenant_id=user.tenant_id)
+        attempt = next(iter(rows(own)), None)
     if attempt is None:
-        attempts = attempts_for_user(user=user).filter(id=attempt_id).order_by()  # one row at most: no ORDER BY
-        attempt = next(iter(attempts.select_related(*related_fields)), None)
+        attempt = next(iter(rows(attempts_for_user(user=user))), None)
     if attempt is None:
         raise NotFound(_("Attempt not found."))
     return attempt

@@ -15,7 +15,7 @@ from labs.console.stage import console_stage
 from labs.console.upstream import ConsoleLocation
 from labs.selectors import attempt_get_for_user
 from portal.errors import NotFound
-from portal.models import STAFF_ROLES, User
+from portal.models import STAFF_ROLES, Course, User
 from portal.selectors import course_role
 from portal.services import audit_record
 
@@ -36,11 +36,11 @@ def console_access(*, user: User, attempt_id: int) -> ConsoleAccess:
     """Raises NotFound unless the user is the attempt's student or staff of its course."""
     if not user.is_authenticated:
         raise NotFound(_("Attempt not found."))
-    attempt = attempt_get_for_user(user=user, attempt_id=attempt_id)
+    attempt = attempt_get_for_user(user=user, attempt_id=attempt_id, related=False)
     is_student = attempt.student_id == user.id
     # Staff standing only matters to somebody else's console (watching, taking over): a student's own
-    # console needs no second lookup.
-    is_staff = not is_student and course_role(user=user, course=attempt.lab.course) in STAFF_ROLES
+    # console needs no second lookup, nor the attempt's lab and course.
+    is_staff = not is_student and course_role(user=user, course=Course.objects.get(labs=attempt.lab_id)) in STAFF_ROLES
     if not (is_student or is_staff):
         raise NotFound(_("Attempt not found."))
     return ConsoleAccess(attempt_id=attempt.id, is_student=is_student, is_staff=is_staff, viewer_name=str(user))

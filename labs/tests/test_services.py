@@ -214,6 +214,24 @@ def test_attempts_are_scoped_to_their_student_and_course_staff(student_a, ta_a, 
         assert not attempts_for_user(user=outsider).filter(id=attempt.id).exists()
 
 
+def test_an_attempt_looked_up_without_its_relations_reads_its_own_row_only(student_a, ta_a, lab_a):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    attempt = attempt_start(actor=student_a, lab=lab_a)
+    for user in (student_a, ta_a):  # the student's own attempt, and staff through the courses they teach
+        with CaptureQueriesContext(connection) as queries:
+            assert attempt_get_for_user(user=user, attempt_id=attempt.id, related=False) == attempt
+        # The attempt's own columns only: other tables' columns cost far more to build into the query than the row
+        # costs to read.
+        columns = queries.captured_queries[-1]["sql"].split(" FROM ")[0].removeprefix("SELECT ").split(", ")
+        assert {column.split(".")[0] for column in columns} == {'"labs_attempt"'}, columns
+    with CaptureQueriesContext(connection) as queries:
+        found = attempt_get_for_user(user=student_a, attempt_id=attempt.id)
+        assert (found.lab.course, found.student, found.tenant) == (lab_a.course, student_a, lab_a.course.tenant)
+    assert len(queries.captured_queries) == 1
+
+
 def test_tenant_capacity_counts_launcher_requests(tenant_a, student_a, lab_a):
     attempt_start(actor=student_a, lab=lab_a)
     capacity = tenant_capacity(tenant=tenant_a)
