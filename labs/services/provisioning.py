@@ -146,7 +146,7 @@ def attempt_provision(*, attempt_id: int) -> str:
     claimed = Attempt.objects.filter(id=attempt_id, state=AttemptState.REQUESTED).update(
         state=AttemptState.PROVISIONING, updated_at=now
     )
-    attempt = Attempt.objects.select_related("lab", "lab__course", "tenant").filter(id=attempt_id).first()
+    attempt = Attempt.objects.select_related("lab", "tenant").filter(id=attempt_id).order_by().first()
     if attempt is None or attempt.state != AttemptState.PROVISIONING:
         return ProvisionOutcome.SKIPPED  # done by an earlier delivery, or stopped before it began
     if claimed:
@@ -194,11 +194,14 @@ def attempt_provision(*, attempt_id: int) -> str:
     )
 
     with transaction.atomic():
+        provisioned = timezone.now()
         updated = Attempt.objects.filter(id=attempt_id, state=AttemptState.PROVISIONING).update(
-            state=AttemptState.STARTING, provisioned_at=timezone.now(), updated_at=timezone.now()
+            state=AttemptState.STARTING, provisioned_at=provisioned, updated_at=provisioned
         )
         if updated:
-            attempt.refresh_from_db()
+            # Every other write to a provisioning attempt (a sync that saw its VMI, a stop) moves it out of
+            # provisioning, and then this update matches nothing: the row is what was read plus these fields.
+            attempt.state, attempt.provisioned_at, attempt.updated_at = AttemptState.STARTING, provisioned, provisioned
             attempt_push_on_commit(attempt=attempt)
     if not updated:
         return _after_lost_claim(attempt_id=attempt_id)

@@ -54,6 +54,19 @@ def test_start_reaches_running_with_every_phase_timestamp(lifecycle, student_a, 
     assert TenantNamespace.objects.get(namespace=attempt.namespace).bootstrapped_at is not None
 
 
+def test_the_page_is_told_of_each_provisioning_step_as_the_database_has_it(lifecycle, student_a, lab_a,
+                                                                          django_capture_on_commit_callbacks):
+    from unittest import mock
+
+    with mock.patch("labs.services.events.send_to_group") as send:
+        attempt = start(student_a, lab_a, django_capture_on_commit_callbacks)
+    pushed = [message["attempt"] for _group, message in (call.args for call in send.call_args_list)]
+    assert [update["state"] for update in pushed] == ["requested", "provisioning", "starting"]
+    attempt.refresh_from_db()
+    assert pushed[-1]["timestamps"]["provisioned"] == attempt.provisioned_at.isoformat()
+    assert pushed[-1]["timestamps"]["requested"] == attempt.requested_at.isoformat()
+
+
 def test_stop_deletes_the_vm_and_ends_the_attempt(lifecycle, student_a, lab_a, django_capture_on_commit_callbacks):
     attempt = start(student_a, lab_a, django_capture_on_commit_callbacks)
     sync_until(attempt, AttemptState.RUNNING)
