@@ -116,16 +116,27 @@ def _tenant_namespace_row(tenant: Tenant) -> TenantNamespace:
     return row
 
 
+# Tenant id -> digest of the objects this process saw applied: every provision ensures the namespace, and after the
+# first it needs no database row to know. A namespace deleted behind the portal's back fails the next create with
+# 404, which forces the objects again.
+_applied_digests: dict[int, str] = {}
+
+
 def tenant_namespace_ensure(*, tenant: Tenant, force: bool = False) -> bool:
     """Create the tenant's namespace, NetworkPolicies and ResourceQuota unless the same objects were applied
     already. Returns True when it talked to the cluster."""
     namespace, policies, quota = _namespace_objects(tenant)
     digest = hashlib.sha256(json.dumps([namespace, policies, quota], sort_keys=True).encode()).hexdigest()
+    if not force and _applied_digests.get(tenant.id) == digest:
+        return False
     row = _tenant_namespace_row(tenant)
     if not force and row.bootstrapped_at is not None and row.bootstrap_digest == digest:
+        _applied_digests[tenant.id] = digest
         return False
+    _applied_digests.pop(tenant.id, None)
     operations.namespace_bootstrap(namespace=namespace, policies=policies, quota=quota)
     TenantNamespace.objects.filter(pk=row.pk).update(bootstrapped_at=timezone.now(), bootstrap_digest=digest)
+    _applied_digests[tenant.id] = digest
     return True
 
 

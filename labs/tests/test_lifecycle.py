@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from labs import tasks
-from labs.kubevirt import client, names, operations
+from labs.kubevirt import client, manifests, names, operations
 from labs.models import Attempt, AttemptState, TenantNamespace
 from labs.services import attempt_start, attempt_stop, provisioning, tracking
 from labs.tests.conftest import sync_until, vm_names, wait_until
@@ -117,7 +117,6 @@ def test_a_worker_killed_mid_provision_converges_on_rerun(lifecycle, student_a, 
     Attempt.objects.filter(id=attempt.id).update(state=AttemptState.PROVISIONING)
     provisioning.tenant_namespace_ensure(tenant=lab_a.course.tenant)
     from guest.cloud_init import render_user_data
-    from labs.kubevirt import manifests
 
     labels = names.attempt_labels(tenant_id=attempt.tenant_id, course_id=lab_a.course_id, lab_id=lab_a.id,
                                   attempt_id=attempt.id)
@@ -129,6 +128,26 @@ def test_a_worker_killed_mid_provision_converges_on_rerun(lifecycle, student_a, 
     assert tasks.provision_attempt(attempt.id) == "created"
     assert vm_names(attempt.namespace) == [attempt.vm_name]
     sync_until(attempt, AttemptState.RUNNING)
+
+
+def test_the_tenant_namespace_is_applied_once_until_its_objects_or_the_namespace_change(
+        lifecycle, lab_a, django_assert_num_queries):
+    tenant = lab_a.course.tenant
+    assert provisioning.tenant_namespace_ensure(tenant=tenant)
+    with django_assert_num_queries(0):  # every later provision in this process: neither database nor cluster
+        assert not provisioning.tenant_namespace_ensure(tenant=tenant)
+    tenant.max_vcpus += 4  # the quota changed: applied again
+    assert provisioning.tenant_namespace_ensure(tenant=tenant)
+    quota = client.core_v1().read_namespaced_resource_quota(names.RESOURCE_QUOTA, tenant.namespace)
+    assert quota.spec.hard["requests.cpu"] == manifests.quota_hard(
+        max_vms=tenant.max_concurrent_vms, max_vcpus=tenant.max_vcpus, max_memory_mib=tenant.max_memory_mib,
+    )["requests.cpu"]
+    assert not provisioning.tenant_namespace_ensure(tenant=tenant)
+    # Deleted behind the portal's back: a create answers 404 and provisioning forces the objects again.
+    client.core_v1().delete_namespace(tenant.namespace)
+    wait_until(lambda: tenant.namespace not in {ns.metadata.name for ns in client.core_v1().list_namespace().items})
+    assert provisioning.tenant_namespace_ensure(tenant=tenant, force=True)
+    assert client.core_v1().read_namespace(tenant.namespace).metadata.name == tenant.namespace
 
 
 def test_a_vm_created_but_never_recorded_is_picked_up_by_the_sync(lifecycle, student_a, lab_a):
