@@ -156,7 +156,7 @@ def _namespace_sync(*, namespace: str, report: SyncReport) -> SyncReport:
     vmis = operations.vmis_list(namespace=namespace)
     now = timezone.now()
     # Attempts are read after the list, so none is judged on a list older than its own last change.
-    attempts = list(Attempt.objects.filter(namespace=namespace, state__in=TRACKED_STATES).select_related("lab"))
+    attempts = list(Attempt.objects.filter(namespace=namespace, state__in=TRACKED_STATES))
     TenantNamespace.objects.filter(namespace=namespace).update(listed_at=now, last_error="")
     by_name = {(vmi.get("metadata") or {}).get("name"): vmi for vmi in vmis}
     for attempt in attempts:

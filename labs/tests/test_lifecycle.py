@@ -67,6 +67,21 @@ def test_the_page_is_told_of_each_provisioning_step_as_the_database_has_it(lifec
     assert pushed[-1]["timestamps"]["requested"] == attempt.requested_at.isoformat()
 
 
+def test_a_namespace_sync_reads_the_attempts_without_their_labs(lifecycle, student_a, lab_a,
+                                                                django_capture_on_commit_callbacks):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    attempt = start(student_a, lab_a, django_capture_on_commit_callbacks)
+    with CaptureQueriesContext(connection) as queries:
+        tracking.namespace_sync(namespace=attempt.namespace)
+    # Every tracked attempt of the namespace, at every list: a lab's columns (its instructions among them) per row
+    # would cost more than the rest of the row.
+    reads = [query["sql"] for query in queries.captured_queries if query["sql"].startswith("SELECT")]
+    assert any('"labs_attempt"."vm_name"' in sql for sql in reads)
+    assert not [sql for sql in reads if '"labs_lab".' in sql.split(" FROM ")[0]]
+
+
 def test_stop_deletes_the_vm_and_ends_the_attempt(lifecycle, student_a, lab_a, django_capture_on_commit_callbacks):
     attempt = start(student_a, lab_a, django_capture_on_commit_callbacks)
     sync_until(attempt, AttemptState.RUNNING)
