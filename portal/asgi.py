@@ -12,6 +12,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from labs.routing import websocket_urlpatterns  # noqa: E402
+from portal.heap import freeze_startup_objects  # noqa: E402
 from portal.websocket_auth import LazySessionAuthMiddlewareStack  # noqa: E402
 
 application = ProtocolTypeRouter(
@@ -20,3 +21,4 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(LazySessionAuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+freeze_startup_objects()

@@ -3,9 +3,18 @@
 import os
 
 from celery import Celery
+from celery.signals import worker_process_init
+
+from portal.heap import freeze_startup_objects
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@worker_process_init.connect
+def _freeze_startup_objects(**kwargs) -> None:
+    # Each pool process, once it has loaded the tasks and Django (portal.heap).
+    freeze_startup_objects()
