@@ -145,9 +145,14 @@ if DATABASE_URL:
     # DB_POOL_MAX_SIZE connections per process makes the excess wait instead (needs DB_CONN_MAX_AGE=0).
     if DATABASES["default"]["ENGINE"].endswith("postgresql"):
         # Parameters bound by the server rather than spliced into the SQL: the same query text every time, which
-        # psycopg prepares once a connection has run it a few times, so PostgreSQL stops planning it anew (most of
-        # its CPU for the portal's small lookups). Pays off on connections that live: pooled or DB_CONN_MAX_AGE.
-        DATABASES["default"].setdefault("OPTIONS", {})["server_side_binding"] = True
+        # psycopg prepares once a connection has run it DB_PREPARE_THRESHOLD times, so PostgreSQL stops planning
+        # it anew (most of its CPU for the portal's small lookups). Pays off on connections that live: pooled or
+        # DB_CONN_MAX_AGE. Django switches preparing off by default for PgBouncer in transaction mode: set
+        # DB_PREPARE_THRESHOLD=0 behind such a pooler.
+        prepare_threshold = env_int("DB_PREPARE_THRESHOLD", 5)
+        DATABASES["default"].setdefault("OPTIONS", {}).update(
+            server_side_binding=True, prepare_threshold=prepare_threshold if prepare_threshold > 0 else None,
+        )
     if env_int("DB_POOL_MAX_SIZE", 0) > 0 and DATABASES["default"]["ENGINE"].endswith("postgresql"):
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
             "min_size": 1, "max_size": env_int("DB_POOL_MAX_SIZE", 0), "timeout": env_int("DB_POOL_TIMEOUT", 30),
