@@ -18,8 +18,7 @@
     const RETRY_MAX_MS = 30000;
 
     const byId = (id) => document.getElementById(id);
-    const format = (template, values) =>
-      template.replace(/%\((\w+)\)s/g, (match, key) => (key in values ? String(values[key]) : match)).replace(/%%/g, "%");
+    const format = window.portal.format;
     const timeFormat = new Intl.DateTimeFormat(document.documentElement.lang || undefined, { timeStyle: "medium" });
 
     let attempt = config.initial;
@@ -268,15 +267,7 @@
       message.textContent = "";
       message.classList.remove("error");
       try {
-        const response = await fetch(form.action, {
-          method: "POST",
-          body: new FormData(form),
-          headers: {
-            Accept: "application/json",
-            "X-CSRFToken": form.querySelector("input[name=csrfmiddlewaretoken]").value,
-          },
-          credentials: "same-origin",
-        });
+        const response = await window.portal.postForm(form);
         const body = await response.json().catch(() => ({}));
         if (!response.ok) {
           message.textContent = format(S.action_failed, { message: body.error || response.statusText });

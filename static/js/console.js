@@ -27,8 +27,7 @@
     const RETRY_MAX_MS = 15000;
 
     const byId = (id) => document.getElementById(id);
-    const format = (template, values) =>
-      template.replace(/%\((\w+)\)s/g, (match, key) => (key in values ? String(values[key]) : match));
+    const format = window.portal.format;
     const encoder = new TextEncoder();
 
     const term = new Terminal({

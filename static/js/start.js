@@ -13,8 +13,7 @@
   }
   const button = document.getElementById("start-button");
   const message = document.getElementById("start-message");
-  const format = (template, values) =>
-    template.replace(/%\((\w+)\)s/g, (match, key) => (key in values ? String(values[key]) : match));
+  const format = window.portal.format;
 
   function refused(text) {
     message.textContent = text;
@@ -36,15 +35,7 @@
     let response;
     let body = {};
     try {
-      response = await fetch(form.action, {
-        method: "POST",
-        body: new FormData(form),
-        headers: {
-          Accept: "application/json",
-          "X-CSRFToken": form.querySelector("input[name=csrfmiddlewaretoken]").value,
-        },
-        credentials: "same-origin",
-      });
+      response = await window.portal.postForm(form);
       body = await response.json().catch(() => ({}));
     } catch (error) {
       refused(form.dataset.networkError);
