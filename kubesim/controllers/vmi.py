@@ -88,7 +88,8 @@ class VirtualMachineInstanceController:
         if phase in FINAL_PHASES:
             self._after_final(vmi, runtime)
             return
-        if phase in ("", "Pending"):
+        if phase in ("", "Pending") or (phase == "Scheduling" and runtime.node is None):
+            # Scheduling without a node: the pod exists and is still the scheduler's (unschedulable so far).
             if self._wait(runtime, runtime.next_at):
                 return
             self._schedule_vmi(vmi, runtime)
@@ -208,10 +209,14 @@ class VirtualMachineInstanceController:
             self.api.mutate(POD, namespace, pod["metadata"]["name"], unschedulable)
 
             def vmi_unschedulable(o: dict[str, Any]) -> None:
+                # KubeVirt's VMI controller moves a VMI to Scheduling as soon as its launcher pod exists, scheduled
+                # or not, and copies the pod's PodScheduled=False onto it (vmi.go, updateStatus).
                 set_condition(o, new_condition("PodScheduled", "False", "Unschedulable", why))
                 drop_condition(o, "Synchronized")
                 set_condition(o, new_condition("Ready", "False", "GuestNotRunning", "Guest VM is not reported as "
                                              "running"))
+                set_phase(o, "Scheduling")
+                o["status"]["activePods"] = {pod["metadata"]["uid"]: ""}
             self.api.mutate(VMI, namespace, name, vmi_unschedulable)
             return
         self._unschedulable.discard((namespace, name))

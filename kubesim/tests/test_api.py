@@ -266,7 +266,8 @@ def test_unschedulable_when_the_cluster_is_full(tmp_path):
         wait_for(lambda: vm_status("waits") == "ErrorUnschedulable", what="ErrorUnschedulable")
         assert vm_status("fits") == "Running"
         vmi = small_custom.get_namespaced_custom_object(GROUP, VERSION, "default", VMIS, "waits")
-        assert vmi["status"]["phase"] == "Pending"
+        assert vmi["status"]["phase"] == "Scheduling"  # the pod exists, unscheduled
+        assert list(vmi["status"]["activePods"].values()) == [""]
         scheduled = condition(vmi, "PodScheduled")
         assert (scheduled["status"], scheduled["reason"]) == ("False", "Unschedulable")
         assert scheduled["message"].startswith("0/1 nodes are available: 1 Insufficient memory.")

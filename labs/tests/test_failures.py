@@ -68,6 +68,9 @@ def test_an_unschedulable_vm_fails_with_the_schedulers_words(
     assert "Insufficient" in attempt.failure_reason
     assert "does not count against your attempt limit" in attempt.failure_reason
     assert attempt.pending_at is not None and attempt.vmi_running_at is None
+    # As on KubeVirt: the VMI moved to Scheduling when its pod was made, and never to Scheduled (the page's
+    # "Scheduled on a node" step stays open).
+    assert attempt.scheduling_at is not None and attempt.scheduled_at is None
     wait_until(lambda: vm_names(attempt.namespace) == [], what="the unschedulable VM to be deleted")
 
 
