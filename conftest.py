@@ -12,6 +12,16 @@ from portal.models import Course, Membership, Role, Tenant, User
 PASSWORD = "correct-horse-battery-staple"
 
 
+@pytest.fixture(autouse=True)
+def default_language():
+    """Each test starts in the default language. A request in Japanese leaves its language active in the thread
+    (LocaleMiddleware activates it and nothing deactivates it), so without this the next test would run in it."""
+    from django.utils import translation
+
+    yield
+    translation.deactivate()
+
+
 @pytest.fixture
 def tenant_a(db) -> Tenant:
     return Tenant.objects.create(name="Tenant A University", max_concurrent_vms=10, max_vcpus=20)

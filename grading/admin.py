@@ -13,7 +13,7 @@ from grading.models import CheckResult, Grade, GradingRun
 from portal.admin_scoping import CourseScopedAdminMixin, CourseScopedInlineMixin
 
 RESULT_FIELDS = ("order", "check_title", "passed", "points", "max_points", "exit_code", "timed_out", "duration_ms",
-                 "stdout", "stderr", "output_truncated", "feedback")
+                 "stdout", "stderr", "output_truncated", "feedback", "pattern_timeout_seconds")
 
 
 class CheckResultInline(CourseScopedInlineMixin, admin.TabularInline):

@@ -10,6 +10,8 @@ Rules, as students and staff are told them:
   the check's points, a failure none (partial credit comes from the lab's several checks, not from within one).
 - Feedback on a failure is the check's hint; a pass carries none. A pattern that runs out of time fails the check
   with feedback saying so instead of the hint (the student's work was not judged; the instructor should fix it).
+  That verdict carries the time limit rather than the words, which are put together when someone reads them, in
+  that reader's language (:func:`pattern_timeout_feedback`).
 - Lateness is judged on when the guest's outputs were measured. Every started day after ``due_at`` costs
   ``late_penalty_percent_per_day`` (partial days round up: one minute late is one day late), capped at 100%.
 - No credit after the credit window closes: ``late_cutoff_at`` when set; ``due_at`` itself when the lab has no
@@ -62,6 +64,7 @@ class CheckVerdict:
     max_points: Decimal
     feedback: str
     reason: str  # why it failed, in plain words, for logs and staff (the hint is what students see)
+    pattern_timeout_seconds: float | None = None  # set when the output pattern ran out of time: not judged
 
 
 def output_matches(*, match: str, pattern: str, output: str) -> bool:
@@ -87,19 +90,23 @@ def evaluate_check(*, check: CheckDefinition, result: Mapping[str, Any]) -> Chec
     except PatternTimeout:
         seconds = pattern_timeout_seconds()
         logger.warning("check %r: its output pattern took longer than %s s to match", check, seconds)
-        feedback = _(
-            "This check could not be judged: its expected-output pattern took longer than %(seconds)s s to match "
-            "the output. Tell your instructor, who needs to simplify the pattern; it counts as not passed until then."
-        ) % {"seconds": f"{seconds:g}"}
         return CheckVerdict(
-            passed=False, points=Decimal(0), max_points=max_points, feedback=feedback,
-            reason=f"the output pattern took longer than {seconds:g} s to match",
+            passed=False, points=Decimal(0), max_points=max_points, feedback="",
+            reason=f"the output pattern took longer than {seconds:g} s to match", pattern_timeout_seconds=seconds,
         )
     if reason:
         return CheckVerdict(
             passed=False, points=Decimal(0), max_points=max_points, feedback=check.hint or "", reason=reason
         )
     return CheckVerdict(passed=True, points=max_points, max_points=max_points, feedback="", reason="")
+
+
+def pattern_timeout_feedback(seconds: float) -> str:
+    """What a check whose output pattern ran out of time after ``seconds`` says, in the active language."""
+    return _(
+        "This check could not be judged: its expected-output pattern took longer than %(seconds)s s to match "
+        "the output. Tell your instructor, who needs to simplify the pattern; it counts as not passed until then."
+    ) % {"seconds": f"{seconds:g}"}
 
 
 def _failure_reason(*, check: CheckDefinition, result: Mapping[str, Any]) -> str:

@@ -107,6 +107,11 @@ class CheckResult(models.Model):
     output_truncated = models.BooleanField(_("output truncated"), default=False)
     duration_ms = models.PositiveIntegerField(_("duration (ms)"), default=0)
     feedback = models.TextField(_("feedback"), blank=True)
+    # The words for this case are put together when read, in the reader's language (result_feedback).
+    pattern_timeout_seconds = models.FloatField(
+        _("pattern time limit (s)"), null=True, blank=True,
+        help_text=_("Set when the expected-output pattern ran out of time: the check was not judged."),
+    )
 
     class Meta:
         ordering = ["run", "order", "id"]
@@ -115,6 +120,13 @@ class CheckResult(models.Model):
 
     def __str__(self) -> str:
         return f"{self.check_title}: {'pass' if self.passed else 'fail'}"
+
+    @property
+    def feedback_text(self) -> str:
+        """What the student reads under the check, in the active language ('' on a pass)."""
+        from grading.selectors.runs import result_feedback
+
+        return result_feedback(self)
 
 
 class Grade(models.Model):

@@ -10,6 +10,7 @@ from typing import Any
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from grading.evaluation import pattern_timeout_feedback
 from grading.models import CheckResult, GradingRun
 
 # Messages for GradingRun.error_code, as students and staff read them; the technical detail stays in ``error``.
@@ -44,9 +45,12 @@ def run_error_message(run: GradingRun) -> str:
 
 
 def result_feedback(result: CheckResult) -> str:
-    """What a student reads under a check: nothing on a pass, the hint (or a plain default) on a failure."""
+    """What a student reads under a check: nothing on a pass, the hint (or a plain default) on a failure, and on a
+    check its output pattern could not judge in time, why, in the active language."""
     if result.passed:
         return ""
+    if result.pattern_timeout_seconds is not None:
+        return pattern_timeout_feedback(result.pattern_timeout_seconds)
     return result.feedback or str(DEFAULT_FAILURE_FEEDBACK)
 
 

@@ -178,6 +178,7 @@ def _reevaluate_run(*, actor: User, original: GradingRun, checks: Sequence[Check
                 timed_out=result["timed_out"], stdout=result["stdout"], stderr=result["stderr"],
                 output_truncated=old.output_truncated if old is not None else False,
                 duration_ms=old.duration_ms if old is not None else 0, feedback=verdict.feedback,
+                pattern_timeout_seconds=verdict.pattern_timeout_seconds,
             )
         )
     CheckResult.objects.bulk_create(rows)

@@ -231,6 +231,7 @@ def grading_run_record(
                 stderr=result.get("stderr") or "",
                 output_truncated=bool(result.get("stdout_truncated") or result.get("stderr_truncated")),
                 duration_ms=max(0, int(result.get("duration_ms") or 0)), feedback=verdict.feedback,
+                pattern_timeout_seconds=verdict.pattern_timeout_seconds,
             )
         )
     CheckResult.objects.bulk_create(rows)

@@ -180,6 +180,10 @@ class TestPages:
         assert expected in client.get(reverse("grading:my_lab", args=[lab_a.pk])).content.decode()
         client.force_login(ta_a)
         assert expected in client.get(reverse("grading:attempt_detail", args=[attempt.pk])).content.decode()
+        # Graded by a worker speaking English, read in the student's own language.
+        client.force_login(student_a)
+        page = client.get(reverse("grading:my_lab", args=[lab_a.pk]), HTTP_ACCEPT_LANGUAGE="ja").content.decode()
+        assert "このチェックは判定できませんでした" in page and "0.1 秒" in page and expected not in page
 
     def test_dashboard_and_my_grades_show_the_same_grade_cell(self, client, student_a, lab_a, instructor_a):
         import re
