@@ -13,7 +13,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
+from django.utils import translation
 
 from grading.models import CheckResult, GradingRun
 from labs.services.events import attempt_group, send_to_group
@@ -26,7 +28,9 @@ def send_to_attempt_group(*, attempt_id: int, message: dict[str, Any]) -> None:
 
 
 def push_run_on_commit(*, run: GradingRun, results: Sequence[CheckResult] | None = None) -> None:
-    """After commit, send ``{"type": "grading.update", "run": <payload>}`` to ``attempt-<id>``.
+    """After commit, send ``{"type": "grading.update", "run": <payload>, "runs": {<language>: <payload>}}`` to
+    ``attempt-<id>``: the payload in each of the portal's languages (its words, feedback and error messages, are
+    read in them), ``run`` in the default one. Each socket forwards the one in its page's language.
 
     ``results`` are the run's results when the caller holds them (none for a queued, running or failed run);
     otherwise they are read at commit time.
@@ -41,10 +45,17 @@ def push_run_on_commit(*, run: GradingRun, results: Sequence[CheckResult] | None
                 fresh = GradingRun.objects.filter(pk=run_id).prefetch_related("results").first()
                 if fresh is None:
                     return
-                payload = grading_run_payload(fresh)
+                source, rows = fresh, None
             else:
-                payload = grading_run_payload(run, results=results)
-            send_to_attempt_group(attempt_id=attempt_id, message={"type": "grading.update", "run": payload})
+                source, rows = run, results
+            payloads = {}
+            for language, _name in settings.LANGUAGES:
+                with translation.override(language):
+                    payloads[language] = grading_run_payload(source, results=rows)
+            send_to_attempt_group(attempt_id=attempt_id, message={
+                "type": "grading.update", "run": payloads.get(settings.LANGUAGE_CODE) or next(iter(payloads.values())),
+                "runs": payloads,
+            })
         except Exception:
             # The run is stored whatever happens here; the page shows it on its next load.
             logger.warning("grading run %s: could not push the update to attempt-%s", run_id, attempt_id,

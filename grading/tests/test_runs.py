@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.utils import timezone
 
 from conftest import make_person
@@ -195,3 +196,6 @@ class TestPayloadAndPush:
         assert message["type"] == "grading.update"
         assert message["run"]["id"] == run.pk
         assert message["run"]["score"] == 3.0
+        # One payload per language, for each socket to forward its page's; ``run`` is the default language's.
+        assert set(message["runs"]) == {code for code, _name in settings.LANGUAGES}
+        assert message["runs"][settings.LANGUAGE_CODE] == message["run"]

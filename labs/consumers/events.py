@@ -2,7 +2,9 @@
 
 Joined to the channel-layer group ``attempt-<id>``, which the lifecycle (``attempt.update``) and grading
 (``grading.update``) push to after commit. On connect the current status (and the latest grading run) is sent
-first, so a page that reconnects after a gap shows the present state without polling.
+first, so a page that reconnects after a gap shows the present state without polling. Messages are in the
+language of the page that opened the socket (``portal.websocket_language``): the snapshot is built in it, and a
+push that carries one payload per language (``runs``) is answered with this socket's.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ import logging
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.utils import translation
 
 from grading.selectors import grading_run_payload
 from labs.selectors import attempt_get_for_user, attempt_status_payload
 from portal.errors import ApplicationError
+from portal.websocket_language import scope_language
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +55,14 @@ class NotAuthenticated(Exception):
     """The handshake carries no logged-in session."""
 
 
-def attempt_events_handshake(*, user, attempt_id: int) -> list[dict]:
+def attempt_events_handshake(*, user, attempt_id: int, language: str) -> list[dict]:
     """Everything a handshake needs from the database, in one call: the session's user (``user`` may be the lazy
-    ``scope["user"]``, resolved here), the access decision and the snapshot. Raises ``NotAuthenticated`` or
-    ``NotFound``."""
+    ``scope["user"]``, resolved here), the access decision and the snapshot, in ``language``. Raises
+    ``NotAuthenticated`` or ``NotFound``."""
     if user is None or not user.is_authenticated:
         raise NotAuthenticated
-    return attempt_initial_messages(user=user, attempt_id=attempt_id)
+    with translation.override(language):
+        return attempt_initial_messages(user=user, attempt_id=attempt_id)
 
 
 # One thread-pool call per handshake. Not thread-sensitive: channels' default would run every handshake of the
@@ -68,16 +73,18 @@ _handshake = database_sync_to_async(attempt_events_handshake, thread_sensitive=F
 
 class AttemptEventsConsumer(AsyncJsonWebsocketConsumer):
     group: str | None = None
+    language: str = ""
 
     async def connect(self) -> None:
         attempt_id = int(self.scope["url_route"]["kwargs"]["attempt_id"])
+        self.language = scope_language(self.scope)
         group = attempt_group(attempt_id)
         # Join before reading the snapshot: an update committed in between is delivered after it, never lost.
         # Nothing reaches the socket before access is decided: group messages wait until connect() returns,
         # and a refused handshake leaves the group again before that.
         await self.channel_layer.group_add(group, self.channel_name)
         try:
-            initial = await _handshake(user=self.scope.get("user"), attempt_id=attempt_id)
+            initial = await _handshake(user=self.scope.get("user"), attempt_id=attempt_id, language=self.language)
         except (NotAuthenticated, ApplicationError) as exc:
             await self.channel_layer.group_discard(group, self.channel_name)
             await self.close(code=CLOSE_UNAUTHENTICATED if isinstance(exc, NotAuthenticated) else CLOSE_NOT_FOUND)
@@ -104,4 +111,5 @@ class AttemptEventsConsumer(AsyncJsonWebsocketConsumer):
     async def grading_update(self, event: dict) -> None:
         if self.group is None:
             return
-        await self.send_json({"type": "grading.update", "run": event["run"]})
+        run = (event.get("runs") or {}).get(self.language) or event["run"]
+        await self.send_json({"type": "grading.update", "run": run})

@@ -484,6 +484,48 @@ async def test_events_socket_sends_the_current_status_then_pushes(attempt, clust
     await staff.close()
 
 
+def finished_run_with_a_pattern_timeout(attempt):
+    from grading.models import CheckResult, GradingRun, RunState
+
+    run = GradingRun.objects.create(attempt=attempt, state=RunState.DONE, score=0, max_score=1)
+    CheckResult.objects.create(run=run, check_title="Output", order=1, max_points=1, pattern_timeout_seconds=0.1)
+    return run
+
+
+async def test_events_socket_speaks_the_language_of_its_page(attempt, cluster, student_a):
+    """The snapshot and the pushes are in the page's language (cookie, then Accept-Language), whatever the
+    language of the worker that graded."""
+    from grading.services.push import push_run_on_commit
+
+    run = await sync_to_async(finished_run_with_a_pattern_timeout)(attempt)
+    cookie = await sync_to_async(session_cookie)(student_a)
+    path = f"/ws/attempts/{attempt.id}/events/"
+    japanese = Viewer(path, [ORIGIN, (b"cookie", cookie), (b"accept-language", b"ja,en;q=0.5")])
+    chosen_english = Viewer(path, [ORIGIN, (b"cookie", cookie + f"; {settings.LANGUAGE_COOKIE_NAME}=en".encode()),
+                                   (b"accept-language", b"ja")])
+    viewers = (japanese, chosen_english)
+    for viewer in viewers:
+        assert (await viewer.connect())[0]
+
+    def feedback(viewer, count):
+        runs = [m["run"] for m in viewer.messages if m["type"] == "grading.update"]
+        return runs[count - 1]["results"][0]["feedback"] if len(runs) >= count else None
+
+    for viewer in viewers:
+        await viewer.read_until(lambda v: feedback(v, 1) is not None)
+    assert feedback(japanese, 1).startswith("このチェックは判定できませんでした") and "0.1 秒" in feedback(japanese, 1)
+    assert feedback(chosen_english, 1).startswith("This check could not be judged") and "0.1 s" in feedback(
+        chosen_english, 1)
+
+    await sync_to_async(push_run_on_commit)(run=run)  # as the worker pushes once it has graded
+    for viewer in viewers:
+        await viewer.read_until(lambda v: feedback(v, 2) is not None)
+    assert feedback(japanese, 2) == feedback(japanese, 1)
+    assert feedback(chosen_english, 2) == feedback(chosen_english, 1)
+    for viewer in viewers:
+        await viewer.close()
+
+
 # -- embedded mode ----------------------------------------------------------------------------------------------
 
 @pytest.fixture

@@ -1,0 +1,25 @@
+"""The language a WebSocket speaks: the one the page that opened it was served in.
+
+Channels runs no ``LocaleMiddleware``, so a consumer would build its messages in the default language whatever
+the student reads. The handshake carries what a page request carries (the language cookie the switcher sets, the
+browser's ``Accept-Language``), and Django's own rules pick from them, as they do for pages.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from django.conf import settings
+from django.utils import translation
+
+
+def scope_language(scope: dict[str, Any]) -> str:
+    """The language code for this connection: the language cookie, then ``Accept-Language``, then the default."""
+    headers = dict(scope.get("headers") or ())
+    accept = headers.get(b"accept-language", b"").decode("latin-1")
+    request = SimpleNamespace(COOKIES=scope.get("cookies") or {}, META={"HTTP_ACCEPT_LANGUAGE": accept})
+    try:
+        return translation.get_language_from_request(request, check_path=False)
+    except Exception:  # a malformed header must not refuse the connection
+        return settings.LANGUAGE_CODE
