@@ -91,7 +91,8 @@ class AttemptAdmin(AttemptLifecycleAdminMixin, CourseScopedAdminMixin, admin.Mod
     ordering = ("-requested_at", "-id")
     # Never the agent token: it is the guest's secret.
     fieldsets = (
-        (None, {"fields": ("lab", "student", "tenant", "number", "state", "stop_reason", "failure_reason")}),
+        (None, {"fields": ("lab", "student", "tenant", "number", "state", "stop_reason", "failure_reason",
+                           "language")}),
         (_("Virtual machine"), {"fields": ("vm_name", "namespace", "phase", "node_name", "vcpus", "memory_mib",
                                             "launcher_cpu_millicores", "launcher_memory_mib")}),
         (_("Timeline"), {"fields": ("requested_at", "provisioned_at", "pending_at", "scheduling_at", "scheduled_at",

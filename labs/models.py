@@ -173,6 +173,9 @@ class Attempt(models.Model):
     phase = models.CharField(_("VMI phase"), max_length=30, blank=True)
     node_name = models.CharField(_("node"), max_length=253, blank=True)
     failure_reason = models.TextField(_("failure reason"), blank=True)
+    # The page's language when the student pressed Start: the workers write this attempt's failure reason and
+    # progress messages in it (they have no request to take a language from).
+    language = models.CharField(_("language"), max_length=15, blank=True)
     stop_reason = models.CharField(_("stop reason"), max_length=40, blank=True)
 
     requested_at = models.DateTimeField(_("requested"), default=timezone.now)

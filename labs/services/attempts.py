@@ -16,7 +16,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Count, Max, Q, Sum
-from django.utils import formats, timezone
+from django.utils import formats, timezone, translation
 from django.utils.translation import gettext as _
 
 from labs.kubevirt import names
@@ -151,6 +151,8 @@ def attempt_start(*, actor: User, lab: Lab) -> Attempt:
             attempt = Attempt.objects.create(
                 lab=lab, student=actor, tenant=course.tenant, number=number, state=AttemptState.REQUESTED,
                 namespace=course.tenant.namespace, agent_token=secrets.token_urlsafe(32),
+                # The page's language (the request's): the workers' messages about this attempt are written in it.
+                language=translation.get_language() or "",
                 vcpus=guest.vcpus, memory_mib=guest.memory_mib,
                 launcher_cpu_millicores=launcher.cpu_millicores, launcher_memory_mib=launcher.memory_mib,
                 requested_at=now,

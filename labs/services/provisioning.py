@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
-from django.utils import timezone
+from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
 from labs.kubevirt import manifests, names, operations
@@ -36,6 +36,17 @@ FINAL_GRADING_DONE_KEY = "labs:final-grading-done:{attempt_id}"
 
 
 # ---- the system's transitions -------------------------------------------------------------------------------
+
+
+def attempt_language(language: str):
+    """Write messages about an attempt in ``language``, its ``Attempt.language`` (the default language when it
+    has none): what the student reads is in the language they started it in."""
+    return translation.override(language or settings.LANGUAGE_CODE)
+
+
+def attempt_language_of(attempt_id: int):
+    """:func:`attempt_language` for an attempt known by its id."""
+    return attempt_language(Attempt.objects.filter(id=attempt_id).values_list("language", flat=True).first() or "")
 
 
 def attempt_fail(*, attempt_id: int, reason: str, from_states: tuple[str, ...] = ACTIVE_STATES) -> bool:
@@ -170,8 +181,9 @@ def attempt_provision(*, attempt_id: int) -> str:
     try:
         user_data = render_user_data(token=attempt.agent_token, extra_cloud_config=lab.extra_cloud_init)
     except ValueError as exc:
-        attempt_fail(attempt_id=attempt_id, reason=_("The lab's cloud-init settings are invalid (%(error)s). Tell "
-                                                     "your instructor.") % {"error": exc})
+        with attempt_language(attempt.language):
+            reason = _("The lab's cloud-init settings are invalid (%(error)s). Tell your instructor.") % {"error": exc}
+        attempt_fail(attempt_id=attempt_id, reason=reason)
         return ProvisionOutcome.FAILED
 
     tenant_namespace_ensure(tenant=attempt.tenant)
@@ -196,9 +208,10 @@ def attempt_provision(*, attempt_id: int) -> str:
         raise
     vm_labels = (created_vm.get("metadata") or {}).get("labels") or {}
     if names.attempt_id_from_labels(vm_labels) != attempt.id:
-        attempt_fail(attempt_id=attempt_id, reason=_(
-            "A VM named %(name)s that belongs to something else is in the way; an operator must remove it."
-        ) % {"name": attempt.vm_name})
+        with attempt_language(attempt.language):
+            reason = _("A VM named %(name)s that belongs to something else is in the way; an operator must remove "
+                       "it.") % {"name": attempt.vm_name}
+        attempt_fail(attempt_id=attempt_id, reason=reason)
         return ProvisionOutcome.FAILED
     operations.secret_set_owner(
         namespace=attempt.namespace, name=secret_name, owner=manifests.owner_reference(created_vm)

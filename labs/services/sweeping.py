@@ -28,7 +28,7 @@ from django.utils.translation import gettext as _
 from labs.kubevirt import names, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, TenantNamespace
-from labs.services.provisioning import attempt_end, attempt_fail
+from labs.services.provisioning import attempt_end, attempt_fail, attempt_language
 from portal.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -107,12 +107,13 @@ def requeue_requested(*, report: SweepReport, now: datetime) -> None:
 
     timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
     given_up = now - timedelta(seconds=timeout)
-    for attempt_id in Attempt.objects.filter(state=AttemptState.REQUESTED, requested_at__lt=given_up).values_list(
-        "id", flat=True
-    ):
-        reason = _("The lab did not start: the portal's task queue did not pick it up within %(minutes)d minutes. "
-                   "Start it again; this attempt does not count against your limit.") % {
-            "minutes": max(1, timeout // 60)}
+    for attempt_id, language in Attempt.objects.filter(
+        state=AttemptState.REQUESTED, requested_at__lt=given_up
+    ).values_list("id", "language"):
+        with attempt_language(language):
+            reason = _("The lab did not start: the portal's task queue did not pick it up within %(minutes)d "
+                       "minutes. Start it again; this attempt does not count against your limit.") % {
+                "minutes": max(1, timeout // 60)}
         if attempt_fail(attempt_id=attempt_id, reason=reason, from_states=(AttemptState.REQUESTED,)):
             report.timed_out.append(attempt_id)
     cutoff = now - timedelta(seconds=provision_redelivery_seconds())
@@ -188,7 +189,9 @@ def namespace_sweep(*, tenant: Tenant, report: SweepReport, now: datetime) -> No
             report.orphan_secrets_deleted.append(f"{namespace}/{metadata['name']}")
 
     for attempt in Attempt.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).select_related("lab"):
-        _sweep_attempt(attempt=attempt, vm=vms.get(attempt.vm_name), listed_at=listed_at, now=now, report=report)
+        with attempt_language(attempt.language):
+            _sweep_attempt(attempt=attempt, vm=vms.get(attempt.vm_name), listed_at=listed_at, now=now,
+                           report=report)
     TenantNamespace.objects.filter(namespace=namespace).update(swept_at=timezone.now())
 
 

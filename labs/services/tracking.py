@@ -34,7 +34,13 @@ from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, AttemptState, TenantNamespace
 from labs.services.attempts import attempt_expire
 from labs.services.events import attempt_push_on_commit
-from labs.services.provisioning import attempt_end, attempt_fail, attempt_mark_running, namespace_list_soon
+from labs.services.provisioning import (
+    attempt_end,
+    attempt_fail,
+    attempt_language,
+    attempt_mark_running,
+    namespace_list_soon,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -246,7 +252,13 @@ def _fail_restarted(attempt: Attempt) -> str:
 
 
 def attempt_observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> str:
-    """Apply what the attempt's VMI (or its absence) says. Returns an :class:`Outcome`."""
+    """Apply what the attempt's VMI (or its absence) says, in words in the attempt's language. Returns an
+    :class:`Outcome`."""
+    with attempt_language(attempt.language):
+        return _observe(attempt=attempt, vmi=vmi, now=now)
+
+
+def _observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> str:
     if attempt.state == AttemptState.STOPPING:
         if vmi is None and attempt.vm_deleted_at is not None:
             return Outcome.ENDED if attempt_end(attempt_id=attempt.id) else Outcome.UNCHANGED

@@ -74,6 +74,30 @@ def test_an_unschedulable_vm_fails_with_the_schedulers_words(
     wait_until(lambda: vm_names(attempt.namespace) == [], what="the unschedulable VM to be deleted")
 
 
+def test_the_reason_is_written_in_the_language_the_student_started_in(
+        tight_cluster, client, student_a, course_a, django_capture_on_commit_callbacks):
+    from django.conf import settings
+    from django.urls import reverse
+    from django.utils import translation
+
+    from conftest import make_lab
+
+    large = make_lab(course_a, title="Kubernetes the hard way", size="large")
+    client.force_login(student_a)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(reverse("labs:attempt_start", args=[large.id]), HTTP_ACCEPT="application/json",
+                               HTTP_ACCEPT_LANGUAGE="ja")
+    assert response.status_code == 201
+    attempt = Attempt.objects.get(pk=response.json()["attempt"]["id"])
+    assert attempt.language == "ja"
+    # The sync that judges it runs in a worker, in the default language.
+    with translation.override(settings.LANGUAGE_CODE), django_capture_on_commit_callbacks(execute=True):
+        sync_until(attempt, AttemptState.FAILED)
+    assert attempt.failure_reason.startswith("現在、この仮想マシンを動かせる空きがクラスターのどのノードにもありません")
+    assert "Insufficient" in attempt.failure_reason  # the scheduler's own words stay as it wrote them
+    assert "演習はもう一度開始できます" in attempt.failure_reason
+
+
 def test_unschedulable_within_the_grace_is_shown_as_progress_not_failure(
         tight_cluster, settings, student_a, course_a, django_capture_on_commit_callbacks):
     from conftest import make_lab
