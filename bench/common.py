@@ -172,18 +172,56 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
+# Server processes counted by name (their ``comm``): the machine's PostgreSQL and Redis, whoever else they serve.
+SERVERS = {"postgres": "postgres", "redis": "redis-server"}
+
+
+def server_cpu_seconds() -> dict[str, float | None]:
+    """CPU seconds each server in ``SERVERS`` has used so far, all its processes together (Linux; None without
+    /proc): the live ones' own time, plus what the exited ones left in their parent's children's time (a
+    PostgreSQL backend that ends mid-burst is still counted). Includes work for anybody else they serve."""
+    processes: dict[int, tuple[str, int, float, float]] = {}  # pid -> (comm, ppid, own, reaped children)
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return dict.fromkeys(SERVERS)
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                text = stat.read()
+        except OSError:
+            continue
+        comm = text[text.find("(") + 1:text.rfind(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        processes[int(entry)] = (comm, int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
+                                 (int(fields[13]) + int(fields[14])) / tick)
+    totals: dict[str, float | None] = {}
+    for name, comm in SERVERS.items():
+        group = {pid for pid, process in processes.items() if process[0] == comm}
+        totals[name] = sum(processes[pid][2] + (processes[pid][3] if processes[pid][1] not in group else 0)
+                           for pid in group) if group else None
+    return totals
+
+
 @contextlib.contextmanager
 def cpu_used(pids: dict[str, int]) -> Iterator[dict[str, float | None]]:
     """CPU seconds each named process (and this one, as ``bench_clients``) used inside the block, filled in on
-    exit: where a figure that is short of its target spent the machine."""
+    exit: where a figure that is short of its target spent the machine. PostgreSQL and Redis are added as
+    ``postgres`` and ``redis`` (every process of each on the machine: see ``server_cpu_seconds``)."""
     names = {**pids, "bench_clients": os.getpid()}
     before = {name: cpu_seconds(pid) for name, pid in names.items()}
+    servers_before = server_cpu_seconds()
     started = time.perf_counter()
     used: dict[str, float | None] = {}
     yield used
     for name, pid in names.items():
         after = cpu_seconds(pid)
         used[name] = None if after is None or before[name] is None else round(after - before[name], 2)
+    for name, after in server_cpu_seconds().items():
+        used[name] = None if after is None or servers_before[name] is None else round(after - servers_before[name], 2)
     used["wall"] = round(time.perf_counter() - started, 2)
     used["cores"] = os.cpu_count()
 

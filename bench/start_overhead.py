@@ -354,8 +354,8 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
         together = asyncio.run(browser_starts(base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id,
                                               browsers=browsers[:CONCURRENT_STARTS], until=until))
     measured["concurrent_100"] = portal_figures(together)
-    # Where the machine went: CPU seconds per process over the burst, and per start. PostgreSQL and Redis are
-    # shared servers and are not counted.
+    # Where the machine went: CPU seconds per process over the burst, and per start; PostgreSQL and Redis as
+    # every process of each on the machine (nothing else uses them during a benchmark run).
     measured["concurrent_100"]["cpu_seconds"] = cpu
     measured["concurrent_100"]["cpu_ms_per_start"] = {
         name: round(value * 1000 / CONCURRENT_STARTS, 1) for name, value in cpu.items()
