@@ -34,6 +34,24 @@ def wants_table(request: web.Request) -> bool:
     return "as=Table" in request.headers.get("Accept", "")
 
 
+def metadata_only_version(request: web.Request, *, kind: str) -> str | None:
+    """The ``meta.k8s.io`` version (``v1`` or ``v1beta1``) of ``kind`` (``PartialObjectMetadata`` or
+    ``PartialObjectMetadataList``) when the client's first acceptable media type asks for it, as client-go's
+    metadata client does (``application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1``), else None."""
+    for media_type in request.headers.get("Accept", "").split(","):
+        params = dict(part.strip().partition("=")[::2] for part in media_type.split(";")[1:])
+        if params.get("as") == kind and params.get("g") == "meta.k8s.io" and params.get("v") in ("v1", "v1beta1"):
+            return params["v"]
+        if media_type.strip().split(";")[0] in ("application/json", "*/*"):
+            return None  # plain JSON is acceptable before (or instead of) it
+    return None
+
+
+def partial_object_metadata(obj: dict[str, Any], *, version: str) -> dict[str, Any]:
+    """What the apiserver answers for an object asked for as ``PartialObjectMetadata``: its metadata only."""
+    return {"kind": "PartialObjectMetadata", "apiVersion": f"meta.k8s.io/{version}", "metadata": obj["metadata"]}
+
+
 def int_param(query: Any, name: str) -> int:
     """An integer query parameter (0 when absent); anything else is a 400, not a traceback."""
     value = query.get(name)

@@ -18,7 +18,14 @@ from aiohttp import web
 
 from kubesim import __version__, admission, openapi
 from kubesim.apiserver import ApiServer
-from kubesim.bodies import int_param, json_response, optional_json_object, wants_table
+from kubesim.bodies import (
+    int_param,
+    json_response,
+    metadata_only_version,
+    optional_json_object,
+    partial_object_metadata,
+    wants_table,
+)
 from kubesim.config import SimConfig
 from kubesim.controllers import Cluster
 from kubesim.errors import ApiError
@@ -340,6 +347,9 @@ class KubeSim:
         if wants_table(request):
             return json_response(to_table(rt.key, [entry.obj], resource_version=entry.obj["metadata"][
                 "resourceVersion"], include_object=request.query.get("includeObject", "Metadata")))
+        version = metadata_only_version(request, kind="PartialObjectMetadata")
+        if version:
+            return json_response(partial_object_metadata(entry.obj, version=version))
         return json_response(entry.json())
 
     def _selectors(self, request: web.Request, rt: ResourceType) -> tuple[LabelSelector, FieldSelector]:
@@ -388,6 +398,11 @@ class KubeSim:
         if continue_token:
             metadata["continue"] = continue_token
             metadata["remainingItemCount"] = 0
+        version = metadata_only_version(request, kind="PartialObjectMetadataList")
+        if version:  # metadata only, as client-go's metadata informers list (a Secret's data stays home)
+            return json_response({
+                "kind": "PartialObjectMetadataList", "apiVersion": f"meta.k8s.io/{version}", "metadata": metadata,
+                "items": [partial_object_metadata(e.obj, version=version) for e in entries]})
         head = json.dumps({"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": metadata},
                           separators=(",", ":")).encode()
         body = head[:-1] + b',"items":[' + b",".join(e.json() for e in entries) + b"]}"

@@ -369,6 +369,33 @@ def test_secrets_events_networkpolicies_quota_and_namespace_deletion(sim, api, c
     core.create_namespace({"metadata": {"name": namespace}})  # the fixture deletes it again
 
 
+def test_metadata_only_lists_and_gets_as_client_go_asks(sim, core, namespace):
+    """``as=PartialObjectMetadataList`` / ``as=PartialObjectMetadata`` (client-go's metadata client): the objects'
+    metadata and nothing else; a client that prefers plain JSON still gets whole objects."""
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "big", "labels": {"app": "x"}},
+                                              "stringData": {"userdata": "x" * 50_000}})
+    http = urllib3.PoolManager()
+    base = f"{sim.url}/api/v1/namespaces/{namespace}/secrets"
+
+    def get(url: str, accept: str) -> dict:
+        response = http.request("GET", url, headers={"Authorization": f"Bearer {sim.token}", "Accept": accept})
+        assert response.status == 200, response.data[:200]
+        return json.loads(response.data)
+
+    listed = get(f"{base}?labelSelector=app%3Dx",
+                 "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json")
+    assert (listed["kind"], listed["apiVersion"]) == ("PartialObjectMetadataList", "meta.k8s.io/v1")
+    assert listed["metadata"]["resourceVersion"]
+    [item] = listed["items"]
+    assert set(item) == {"kind", "apiVersion", "metadata"}
+    assert (item["kind"], item["apiVersion"]) == ("PartialObjectMetadata", "meta.k8s.io/v1")
+    assert item["metadata"]["name"] == "big" and item["metadata"]["labels"] == {"app": "x"}
+    one = get(f"{base}/big", "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1beta1")
+    assert (one["kind"], one["apiVersion"], "data" in one) == ("PartialObjectMetadata", "meta.k8s.io/v1beta1", False)
+    whole = get(base, "application/json, application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1")
+    assert whole["kind"] == "SecretList" and len(whole["items"][0]["data"]["userdata"]) > 50_000
+
+
 def test_many_concurrent_watchers_all_see_the_event(api, custom, namespace):
     rv = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, VMS)["metadata"]["resourceVersion"]
     received = []

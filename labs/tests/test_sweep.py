@@ -176,3 +176,13 @@ def test_idle_tenants_and_secrets_are_swept_less_often(lifecycle, tenant_a, tena
     second_counts = counters.counters()["by_verb_resource"]
     assert second_counts.get("list virtualmachines") == 1 and "list secrets" not in second_counts
     assert vm_names(attempt.namespace) == [attempt.vm_name]  # and nothing of the busy tenant was disturbed
+
+
+def test_secrets_are_listed_by_their_metadata_only(lifecycle, student_a, lab_a):
+    """A cloud-init Secret holds the whole lab agent; the sweep reads names and labels, so that is all it asks for
+    (PartialObjectMetadataList), and all the cluster sends."""
+    attempt = provisioned(student_a, lab_a)
+    [secret] = operations.secrets_list(namespace=attempt.namespace)
+    assert set(secret) == {"kind", "apiVersion", "metadata"} and secret["kind"] == "PartialObjectMetadata"
+    assert secret["metadata"]["name"] == names.cloud_init_secret_name(attempt.vm_name)
+    assert names.attempt_id_from_labels(secret["metadata"]["labels"]) == attempt.id
