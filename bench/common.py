@@ -161,15 +161,24 @@ def machine() -> dict[str, Any]:
     }
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """User and system CPU time a process has used so far (Linux), None where that cannot be read (the process
-    is gone, or there is no /proc)."""
+def _process_times(pid: int | str) -> tuple[str, int, float, float] | None:
+    """A process's name (``comm``), parent, own CPU seconds (user + system) and its reaped children's, from
+    /proc (Linux); None where that cannot be read (the process is gone, or there is no /proc)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            text = stat.read()
+        fields = text.rsplit(")", 1)[1].split()
+        tick = os.sysconf("SC_CLK_TCK")
+        return (text[text.find("(") + 1:text.rfind(")")], int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
+                (int(fields[13]) + int(fields[14])) / tick)
     except (OSError, ValueError, IndexError):
         return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User and system CPU time a process has used so far, None where that cannot be read."""
+    times = _process_times(pid)
+    return None if times is None else times[2]
 
 
 # Server processes counted by name (their ``comm``): the machine's PostgreSQL and Redis, whoever else they serve.
@@ -180,24 +189,12 @@ def server_cpu_seconds() -> dict[str, float | None]:
     """CPU seconds each server in ``SERVERS`` has used so far, all its processes together (Linux; None without
     /proc): the live ones' own time, plus what the exited ones left in their parent's children's time (a
     PostgreSQL backend that ends mid-burst is still counted). Includes work for anybody else they serve."""
-    processes: dict[int, tuple[str, int, float, float]] = {}  # pid -> (comm, ppid, own, reaped children)
     try:
         entries = os.listdir("/proc")
     except OSError:
         return dict.fromkeys(SERVERS)
-    tick = os.sysconf("SC_CLK_TCK")
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                text = stat.read()
-        except OSError:
-            continue
-        comm = text[text.find("(") + 1:text.rfind(")")]
-        fields = text.rsplit(")", 1)[1].split()
-        processes[int(entry)] = (comm, int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
-                                 (int(fields[13]) + int(fields[14])) / tick)
+    processes = {int(entry): times for entry in entries
+                 if entry.isdigit() and (times := _process_times(entry)) is not None}
     totals: dict[str, float | None] = {}
     for name, comm in SERVERS.items():
         group = {pid for pid, process in processes.items() if process[0] == comm}

@@ -10,7 +10,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from django.conf import settings
 from django.utils import translation
 
 
@@ -19,7 +18,5 @@ def scope_language(scope: dict[str, Any]) -> str:
     headers = dict(scope.get("headers") or ())
     accept = headers.get(b"accept-language", b"").decode("latin-1")
     request = SimpleNamespace(COOKIES=scope.get("cookies") or {}, META={"HTTP_ACCEPT_LANGUAGE": accept})
-    try:
-        return translation.get_language_from_request(request, check_path=False)
-    except Exception:  # a malformed header must not refuse the connection
-        return settings.LANGUAGE_CODE
+    # Malformed headers and unknown cookie values fall back to the default language there; nothing raises.
+    return translation.get_language_from_request(request, check_path=False)
