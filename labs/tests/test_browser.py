@@ -195,6 +195,7 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_
     assert "from-ta" not in terminal_text(page)
 
     ta.click("#recording-link")
+    expect(ta.locator("#play-button")).to_be_enabled()  # once the recording has loaded, not before
     ta.click("#play-button")
     expect(ta.locator("#player .xterm-rows")).to_contain_text(marker, timeout=60_000)
     ta.screenshot(path=str(ARTIFACTS / "browser-recording-replay.png"), full_page=True)

@@ -121,6 +121,8 @@
     .then((text) => {
       parse(text);
       showPosition();
+      playButton.disabled = false;
+      restartButton.disabled = false;
     })
     .catch((error) => {
       position.textContent = String(error);
