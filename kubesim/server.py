@@ -41,6 +41,9 @@ log = logging.getLogger("kubesim.server")
 
 _STATUS_SUCCESS_ON_DELETE = {"secrets", "configmaps", "events", "networkpolicies", "resourcequotas", "limitranges"}
 _JSON = "application/json"
+# The longest a list's encoding holds the event loop before it lets every watch, console and portforward stream on
+# it go on: a list of a few hundred objects that changed since they were last encoded takes tens of milliseconds.
+LIST_ENCODING_SLICE_SECONDS = 0.004
 
 
 @dataclass
@@ -104,6 +107,20 @@ def classify(method: str, path: str, query: Any) -> Route:
 
 def error_response(error: ApiError) -> web.Response:
     return json_response(error.status(), status=error.code, headers=error.headers)
+
+
+async def encoded_items(entries: list[Any]) -> bytes:
+    """The entries' JSON, comma-joined, handing the event loop back every ``LIST_ENCODING_SLICE_SECONDS``, as a
+    real API server's other streams never wait for one client's list. An entry is an immutable snapshot (a write
+    stores a new one), so what a list shows is still the store as it was when the list began."""
+    parts = []
+    deadline = time.perf_counter() + LIST_ENCODING_SLICE_SECONDS
+    for entry in entries:
+        parts.append(entry.json())
+        if time.perf_counter() > deadline:
+            await asyncio.sleep(0)
+            deadline = time.perf_counter() + LIST_ENCODING_SLICE_SECONDS
+    return b",".join(parts)
 
 
 def _warning_headers(warnings: list[str]) -> dict[str, str]:
@@ -274,7 +291,7 @@ class KubeSim:
             if route.verb == "watch":
                 labels, fields = self._selectors(request, rt)
                 return await serve_watch(self, request, rt, namespace or None, labels, fields)
-            return self._list(request, rt, namespace or None)
+            return await self._list(request, rt, namespace or None)
         if request.method == "POST":
             if route.name:
                 raise ApiError(405, "the server does not allow this method on the requested resource",
@@ -370,7 +387,7 @@ class KubeSim:
             candidates = self.store.entries(rt.key, namespace)
         return [e for e in candidates if labels.matches(e.obj["metadata"].get("labels")) and fields.matches(e.obj)]
 
-    def _list(self, request: web.Request, rt: ResourceType, namespace: str | None) -> web.Response:
+    async def _list(self, request: web.Request, rt: ResourceType, namespace: str | None) -> web.Response:
         rv = str(self.store.rv)
         entries = self._matching(request, rt, namespace)
         entries.sort(key=lambda e: (e.obj["metadata"].get("namespace", ""), e.obj["metadata"]["name"]))
@@ -405,7 +422,7 @@ class KubeSim:
                 "items": [partial_object_metadata(e.obj, version=version) for e in entries]})
         head = json.dumps({"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": metadata},
                           separators=(",", ":")).encode()
-        body = head[:-1] + b',"items":[' + b",".join(e.json() for e in entries) + b"]}"
+        body = head[:-1] + b',"items":[' + await encoded_items(entries) + b"]}"
         return json_response(body)
 
     def _delete(self, rt: ResourceType, namespace: str, name: str, options: dict[str, Any], *,

@@ -129,3 +129,44 @@ def test_write_files_encodings_permissions_and_confinement(tmp_path):
     assert (tmp_path / "opt/x/run.sh").stat().st_mode & 0o777 == 0o750
     with pytest.raises(CloudInitError, match="escapes"):
         apply_write_files(tmp_path, "#cloud-config\nwrite_files:\n- path: /../../etc/evil\n  content: x\n")
+
+
+def test_a_long_list_encoding_lets_the_event_loop_serve_other_streams_meanwhile():
+    import asyncio
+    import time
+
+    from kubesim.server import LIST_ENCODING_SLICE_SECONDS, encoded_items
+    from kubesim.store import Entry
+
+    class SlowEntry(Entry):
+        """An object whose encoding takes a millisecond, as a changed VMI's does."""
+
+        def json(self) -> bytes:
+            time.sleep(0.001)
+            return super().json()
+
+    entries = [SlowEntry({"metadata": {"name": f"vm-{index}"}}) for index in range(40)]
+
+    async def main() -> tuple[bytes, int]:
+        ticks = 0
+        done = asyncio.Event()
+
+        async def other_stream() -> None:  # a console or watch stream on the same loop
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await asyncio.sleep(0)
+
+        ticker = asyncio.create_task(other_stream())
+        await asyncio.sleep(0)
+        ticks = 0
+        body = await encoded_items(entries)
+        done.set()
+        await ticker
+        return body, ticks
+
+    body, ticks = asyncio.run(main())
+    assert body == b",".join(Entry(entry.obj).json() for entry in entries)
+    # 40 ms of encoding in slices of a few: the other stream ran between slices, not only after the list.
+    assert ticks >= int(0.040 / LIST_ENCODING_SLICE_SECONDS) // 2
+    assert asyncio.run(encoded_items([])) == b""
