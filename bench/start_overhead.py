@@ -350,10 +350,16 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
         browsers = browsers[SINGLE_STARTS:]
     log(f"portal: {CONCURRENT_STARTS} simultaneous starts, until {until}")
     pids = {name: process.pid for name, process in portal.processes.items()}
+    server.admin.reset_counters()
     with cpu_used({**pids, "kubesim": server.process.pid}) as cpu:
         together = asyncio.run(browser_starts(base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id,
                                               browsers=browsers[:CONCURRENT_STARTS], until=until))
+    cluster = server.admin.counters()
     measured["concurrent_100"] = portal_figures(together)
+    # What the burst asked of the cluster, per start: the creates, the lists that follow the VMIs, and the agent
+    # questions (each a portforward), counted by kubesim until the last browser saw its attempt get there.
+    measured["concurrent_100"]["cluster_requests_per_start"] = {
+        name: round(count / CONCURRENT_STARTS, 2) for name, count in sorted(cluster["by_verb_resource"].items())}
     # Where the machine went: CPU seconds per process over the burst, and per start; PostgreSQL and Redis as
     # every process of each on the machine (nothing else uses them during a benchmark run).
     measured["concurrent_100"]["cpu_seconds"] = cpu
