@@ -177,8 +177,10 @@ def vmis_list(*, namespace: str) -> list[dict[str, Any]]:
 
 
 def vms_list(*, namespace: str) -> list[dict[str, Any]]:
-    """The portal's VMs in a namespace (label-selected: never anyone else's)."""
-    return _list_kubevirt(VMS, namespace)
+    """The portal's VMs in a namespace (label-selected: never anyone else's), metadata only: the sweep reads names,
+    labels and deletion marks, and ``vm_get`` reads the one VM whose status it wants."""
+    return _metadata_list(f"listing {VMS} in {namespace}", f"/apis/{client.KUBEVIRT_GROUP}/{client.KUBEVIRT_VERSION}"
+                          "/namespaces/{namespace}/" + VMS, namespace=namespace)
 
 
 # ---- Secrets ---------------------------------------------------------------------------------------------------
@@ -231,9 +233,14 @@ METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s
 def secrets_list(*, namespace: str) -> list[dict[str, Any]]:
     """The portal's Secrets in a namespace, metadata only: each holds a VM's whole cloud-init (the lab agent
     included, about 50 KB), and the sweep reads names and labels. 200 of them were 10 MB per list."""
+    return _metadata_list(f"listing Secrets in {namespace}", "/api/v1/namespaces/{namespace}/secrets",
+                          namespace=namespace)
+
+
+def _metadata_list(doing: str, path: str, *, namespace: str) -> list[dict[str, Any]]:
+    """The portal's objects at ``path`` (label-selected), each as a ``PartialObjectMetadata``."""
     payload = _call(
-        f"listing Secrets in {namespace}", client.api_client().call_api,
-        "/api/v1/namespaces/{namespace}/secrets", "GET", path_params={"namespace": namespace},
+        doing, client.api_client().call_api, path, "GET", path_params={"namespace": namespace},
         query_params=[("labelSelector", names.MANAGED_SELECTOR)], header_params={"Accept": METADATA_LIST_ACCEPT},
         auth_settings=["BearerToken"], _return_http_data_only=True,
     )

@@ -220,7 +220,7 @@ def _sweep_attempt(*, attempt: Attempt, vm: dict[str, Any] | None, listed_at: da
         timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
         if attempt.state == AttemptState.STARTING and attempt.requested_at < now - timedelta(seconds=timeout):
             reason = _("The VM did not start within %(minutes)d minutes.") % {"minutes": max(1, timeout // 60)}
-            detail = start_failure_detail(attempt=attempt, vm=vm)
+            detail = start_failure_detail(attempt=attempt, vm_listed=vm is not None)
             if detail:
                 reason += " " + _("The cluster says: %(detail)s") % {"detail": detail}
             if attempt_fail(attempt_id=attempt.id, reason=reason, from_states=(AttemptState.STARTING,)):
@@ -243,8 +243,15 @@ def _sweep_attempt(*, attempt: Attempt, vm: dict[str, Any] | None, listed_at: da
             _queue_again(teardown_attempt, attempt.id, report=report)
 
 
-def start_failure_detail(*, attempt: Attempt, vm: dict[str, Any] | None) -> str:
-    """What the cluster says about a VM that would not start: printable status, last problem, Warning events."""
+def start_failure_detail(*, attempt: Attempt, vm_listed: bool) -> str:
+    """What the cluster says about a VM that would not start: printable status, last problem, Warning events. The
+    sweep's list holds the VMs' metadata only: a VM it listed is read whole for its status."""
+    vm = None
+    if vm_listed:
+        try:
+            vm = operations.vm_get(namespace=attempt.namespace, name=attempt.vm_name)
+        except ClusterError as error:
+            logger.info("attempt %s: VM status unavailable (%s)", attempt.id, error.message)
     parts = []
     problem = status.vm_problem(vm)
     if problem:

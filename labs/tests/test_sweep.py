@@ -97,14 +97,18 @@ def test_an_attempt_stuck_starting_fails_with_the_clusters_reason_and_is_cleaned
         return "could not be downloaded" in attempt.status_message
 
     wait_until(image_trouble_seen, what="the image pull problem")
-    Attempt.objects.filter(id=attempt.id).update(requested_at=timezone.now() - timedelta(minutes=11))
+    Attempt.objects.filter(id=attempt.id).update(requested_at=timezone.now() - timedelta(minutes=11),
+                                                 status_message="")
+    lifecycle.admin.reset_counters()
 
     report = sweep(django_capture_on_commit_callbacks)
     assert report.timed_out == [attempt.id]
     attempt.refresh_from_db()
     assert attempt.state == AttemptState.FAILED
     assert attempt.failure_reason.startswith("The VM did not start within 10 minutes. The cluster says:")
-    assert "ErrImagePull" in attempt.failure_reason
+    # The VM's own status, read for this attempt alone (the sweep's list holds metadata only).
+    assert "(ErrImagePull)" in attempt.failure_reason
+    assert lifecycle.admin.counters()["by_verb_resource"].get("get virtualmachines") == 1
     wait_until(lambda: vm_names(attempt.namespace) == [], what="the stuck VM to be deleted")
 
 
@@ -178,11 +182,15 @@ def test_idle_tenants_and_secrets_are_swept_less_often(lifecycle, tenant_a, tena
     assert vm_names(attempt.namespace) == [attempt.vm_name]  # and nothing of the busy tenant was disturbed
 
 
-def test_secrets_are_listed_by_their_metadata_only(lifecycle, student_a, lab_a):
-    """A cloud-init Secret holds the whole lab agent; the sweep reads names and labels, so that is all it asks for
-    (PartialObjectMetadataList), and all the cluster sends."""
+def test_vms_and_secrets_are_listed_by_their_metadata_only(lifecycle, student_a, lab_a):
+    """A cloud-init Secret holds the whole lab agent, a VM its spec and status; the sweep reads names, labels and
+    deletion marks, so that is all it asks for (PartialObjectMetadataList), and all the cluster sends."""
     attempt = provisioned(student_a, lab_a)
     [secret] = operations.secrets_list(namespace=attempt.namespace)
     assert set(secret) == {"kind", "apiVersion", "metadata"} and secret["kind"] == "PartialObjectMetadata"
     assert secret["metadata"]["name"] == names.cloud_init_secret_name(attempt.vm_name)
     assert names.attempt_id_from_labels(secret["metadata"]["labels"]) == attempt.id
+    [vm] = operations.vms_list(namespace=attempt.namespace)
+    assert set(vm) == {"kind", "apiVersion", "metadata"} and vm["kind"] == "PartialObjectMetadata"
+    assert vm["metadata"]["name"] == attempt.vm_name and vm["metadata"]["uid"]
+    assert names.attempt_id_from_labels(vm["metadata"]["labels"]) == attempt.id
