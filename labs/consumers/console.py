@@ -40,6 +40,7 @@ from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamStat
 from labs.console.viewers import console_viewers
 from labs.consumers.events import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, attempt_group
 from portal.errors import ApplicationError
+from portal.websocket_send import ClosedSocketTolerant
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def console_input_group(attempt_id: int) -> str:
     return f"console-input-{int(attempt_id)}"
 
 
-class AttemptConsoleConsumer(AsyncWebsocketConsumer):
+class AttemptConsoleConsumer(AsyncWebsocketConsumer, ClosedSocketTolerant):
     access: ConsoleAccess | None = None
     ownership_task: asyncio.Task | None = None
     held: HeldLease | None = None

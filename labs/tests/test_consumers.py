@@ -65,8 +65,8 @@ def session_cookie(user) -> bytes:
 class Viewer:
     """One browser tab on a socket: collects terminal bytes and control messages as they arrive."""
 
-    def __init__(self, path: str, headers: list[tuple[bytes, bytes]]) -> None:
-        self.communicator = WebsocketCommunicator(application, path, headers=headers)
+    def __init__(self, path: str, headers: list[tuple[bytes, bytes]], *, app=application) -> None:
+        self.communicator = WebsocketCommunicator(app, path, headers=headers)
         self.output = bytearray()
         self.messages: list[dict] = []
         self.closed_with: int | None = None
@@ -139,11 +139,12 @@ class Viewer:
         await self.communicator.disconnect()
 
 
-async def open_console(user, attempt_id: int, *, origin: tuple[bytes, bytes] | None = ORIGIN) -> Viewer:
+async def open_console(user, attempt_id: int, *, origin: tuple[bytes, bytes] | None = ORIGIN,
+                       app=application) -> Viewer:
     headers = [origin] if origin else []
     if user is not None:
         headers.append((b"cookie", await sync_to_async(session_cookie)(user)))
-    viewer = Viewer(f"/ws/attempts/{attempt_id}/console/", headers)
+    viewer = Viewer(f"/ws/attempts/{attempt_id}/console/", headers, app=app)
     connected, code = await viewer.connect()
     assert connected, f"refused with {code}"
     await viewer.read_until(lambda v: any(m["type"] == "hello" for m in v.messages))
@@ -165,8 +166,8 @@ async def wait_for(condition, *, within: float = 10.0, what: str = "condition") 
         await asyncio.sleep(0.1)
 
 
-async def connected_student(user, attempt_id: int) -> Viewer:
-    viewer = await open_console(user, attempt_id)
+async def connected_student(user, attempt_id: int, *, app=application) -> Viewer:
+    viewer = await open_console(user, attempt_id, app=app)
     await viewer.read_until(lambda v: "connected" in v.statuses())
     return viewer
 
@@ -482,6 +483,79 @@ async def test_events_socket_sends_the_current_status_then_pushes(attempt, clust
     await staff.read_until(lambda v: len(v.messages) >= 1)
     assert staff.messages[0]["attempt"]["extensions"] == 1
     await staff.close()
+
+
+class ClosingSocket:
+    """The portal's ASGI application behind daphne between a browser's close frame and the end of its connection:
+    once ``closing``, every send is refused with autobahn's ``Disconnected``, as daphne refuses it; the
+    ``websocket.disconnect`` follows when the test closes the communicator."""
+
+    def __init__(self) -> None:
+        self.closing = False
+        self.refused = 0
+
+    async def __call__(self, scope, receive, send):
+        from autobahn.exception import Disconnected
+
+        async def refusing_send(message):
+            if self.closing and message["type"] == "websocket.send":
+                self.refused += 1
+                raise Disconnected("Attempt to send on a closed protocol")
+            await send(message)
+
+        return await application(scope, receive, refusing_send)
+
+
+async def group_size(group: str) -> int:
+    layer = get_channel_layer()
+    if hasattr(layer, "groups"):  # the in-memory layer
+        return len(layer.groups.get(group, {}))
+    async with layer.connection(layer.consistent_hash(group)) as connection:
+        return await connection.zcard(layer._group_key(group))
+
+
+async def until(condition, *, within: float = 10.0, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_push_to_a_closing_events_socket_is_dropped_and_the_socket_still_leaves_its_group(
+        attempt, cluster, student_a):
+    group = f"attempt-{attempt.id}"
+    before = await group_size(group)
+    socket = ClosingSocket()
+    viewer = Viewer(f"/ws/attempts/{attempt.id}/events/",
+                    [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(student_a))], app=socket)
+    assert (await viewer.connect())[0]
+    await viewer.read_until(lambda v: len(v.messages) >= 1)
+    assert await group_size(group) == before + 1
+
+    socket.closing = True  # the tab is closed; a grading result is pushed before the connection is gone
+    await get_channel_layer().group_send(group, {"type": "grading.update", "run": {"id": 7}})
+    await until(lambda: socket.refused == 1, what="the push to reach the closing socket")
+    await asyncio.sleep(0.1)
+    assert not viewer.communicator.future.done(), "the consumer died of a push to a closing socket"
+    await viewer.close()  # websocket.disconnect: raises whatever the consumer died of
+    assert await group_size(group) == before
+
+
+async def test_console_output_for_a_closing_tab_is_dropped_and_the_other_tab_goes_on(attempt, cluster, student_a):
+    closing = ClosingSocket()
+    leaving = await connected_student(student_a, attempt.id, app=closing)
+    staying = await connected_student(student_a, attempt.id)
+    closing.closing = True
+    await staying.type(b"echo first-$((6*7))\r")
+    await staying.read_until(lambda v: v.has_output(b"first-42"))
+    await until(lambda: closing.refused >= 1, what="output to reach the closing tab")
+    await asyncio.sleep(0.1)
+    assert not leaving.communicator.future.done(), "the consumer died of output for a closing tab"
+    await leaving.close()  # it held the upstream: the other tab takes it over, as from any tab that leaves
+    await staying.read_until(lambda v: "connecting" in v.statuses() and v.statuses()[-1] == "connected", within=15)
+    await staying.type(b"echo second-$((6*7))\r")
+    await staying.read_until(lambda v: v.has_output(b"second-42"))
+    await staying.close()
 
 
 def finished_run_with_a_pattern_timeout(attempt):
