@@ -99,10 +99,18 @@ class AttemptEventsConsumer(AsyncJsonWebsocketConsumer, ClosedSocketTolerant):
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
-    async def receive_json(self, content, **kwargs) -> None:
-        # The page only listens; a ping keeps proxies from closing an idle socket.
+    async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
+        """The page only listens; a ping keeps proxies from closing an idle socket. Anything else (not JSON, a
+        binary frame, another type) is answered with ``bad_message`` rather than left to end the consumer, which
+        would skip its cleanup."""
+        try:
+            content = await self.decode_json(text_data) if text_data is not None else None
+        except ValueError:
+            content = None
         if isinstance(content, dict) and content.get("type") == "ping":
             await self.send_json({"type": "pong"})
+        else:
+            await self.send_json({"type": "error", "code": "bad_message"})
 
     async def attempt_update(self, event: dict) -> None:
         if self.group is None:

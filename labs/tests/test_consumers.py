@@ -558,6 +558,22 @@ async def test_console_output_for_a_closing_tab_is_dropped_and_the_other_tab_goe
     await staying.close()
 
 
+async def test_the_events_socket_answers_what_it_does_not_understand_and_goes_on(attempt, cluster, student_a):
+    viewer = Viewer(f"/ws/attempts/{attempt.id}/events/",
+                    [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(student_a))])
+    assert (await viewer.connect())[0]
+    await viewer.read_until(lambda v: len(v.messages) >= 1)
+    await viewer.communicator.send_to(text_data="not json")
+    await viewer.communicator.send_to(bytes_data=b"\x00\x01")
+    await viewer.send_json({"type": "subscribe", "attempt": attempt.id + 1})
+    await viewer.send_json({"type": "ping"})
+    await viewer.read_until(lambda v: {"type": "pong"} in v.messages)
+    assert viewer.messages[1:] == [{"type": "error", "code": "bad_message"}] * 3 + [{"type": "pong"}]
+    await get_channel_layer().group_send(f"attempt-{attempt.id}", {"type": "grading.update", "run": {"id": 7}})
+    await viewer.read_until(lambda v: {"type": "grading.update", "run": {"id": 7}} in v.messages)
+    await viewer.close()
+
+
 def finished_run_with_a_pattern_timeout(attempt):
     from grading.models import CheckResult, GradingRun, RunState
 
