@@ -213,16 +213,25 @@ def test_catalogue_has_no_untranslated_or_fuzzy_entries(path):
 @pytest.mark.parametrize("path", catalogues(), ids=lambda path: path.name)
 def test_catalogue_holds_exactly_what_the_sources_ask_for(path, tmp_path, settings, monkeypatch):
     """makemessages, run on a copy, finds no string the catalogue lacks and none it holds for nothing. Entries
-    written by hand can miss: a ``{% translate %}`` string with a ``%`` in it is looked up with the ``%`` doubled."""
+    written by hand can miss: a ``{% translate %}`` string with a ``%`` in it is looked up with the ``%`` doubled.
+
+    makemessages writes to the ``locale`` directory beside the sources it reads, so it reads them through links
+    in a directory of their own: the checkout's catalogue is never touched."""
     from django.core.management import call_command
 
     copy = tmp_path / "locale" / "ja" / "LC_MESSAGES"
     copy.mkdir(parents=True)
     (copy / path.name).write_bytes(path.read_bytes())
+    sources = tmp_path / "sources"
+    sources.mkdir()
+    for entry in settings.BASE_DIR.iterdir():
+        if not entry.name.startswith(".") and entry.name not in ("locale", "var", "staticfiles", "node_modules"):
+            (sources / entry.name).symlink_to(entry)
     settings.LOCALE_PATHS = [tmp_path / "locale"]
-    monkeypatch.chdir(settings.BASE_DIR)
-    call_command("makemessages", locale=["ja"], domain=path.stem, no_obsolete=True, verbosity=0,
-                 ignore_patterns=["var/*", "staticfiles/*", "node_modules/*"])
+    monkeypatch.chdir(sources)
+    before = path.read_bytes()
+    call_command("makemessages", locale=["ja"], domain=path.stem, no_obsolete=True, verbosity=0, symlinks=True)
+    assert path.read_bytes() == before, "makemessages wrote into the checkout's catalogue"
     key = lambda entry: (entry.msgctxt, entry.msgid)  # noqa: E731
     committed = {key(entry) for entry in messages(path)}
     extracted = {key(entry) for entry in messages(copy / path.name)}
