@@ -23,7 +23,6 @@ import json
 import logging
 import time
 
-from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
@@ -40,7 +39,7 @@ from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamStat
 from labs.console.viewers import console_viewers
 from labs.consumers.events import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, attempt_group
 from portal.errors import ApplicationError
-from portal.websocket_send import ClosedSocketTolerant
+from portal.websocket_consumer import PortalConsumer
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +66,7 @@ def console_input_group(attempt_id: int) -> str:
     return f"console-input-{int(attempt_id)}"
 
 
-class AttemptConsoleConsumer(AsyncWebsocketConsumer, ClosedSocketTolerant):
+class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
     access: ConsoleAccess | None = None
     ownership_task: asyncio.Task | None = None
     held: HeldLease | None = None
@@ -148,17 +147,6 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, ClosedSocketTolerant):
         await self.viewers.remove(attempt_id=self.attempt_id, viewer=self.channel_name)
         await self.channel_layer.group_discard(self.output_group, self.channel_name)
         await self.channel_layer.group_discard(self.events_group, self.channel_name)
-
-    async def dispatch(self, message: dict) -> None:
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            if message["type"].startswith("websocket."):
-                raise ValueError(f"No handler for message type {message['type']}")
-            return  # the attempt group may carry message types this consumer has no use for
-        # Not channels' own dispatch, which first closes stale database connections in a worker thread before
-        # every message: each keystroke would pay a thread hop, the largest single cost on a busy bridge. This
-        # consumer reads the database only through database_sync_to_async, which closes them itself.
-        await handler(message)
 
     # -- browser → bridge ---------------------------------------------------------------------------------
 

@@ -18,8 +18,8 @@ from django.utils import translation
 from grading.selectors import grading_run_payload
 from labs.selectors import attempt_get_for_user, attempt_status_payload
 from portal.errors import ApplicationError
+from portal.websocket_consumer import PortalConsumer
 from portal.websocket_language import scope_language
-from portal.websocket_send import ClosedSocketTolerant
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def attempt_events_handshake(*, user, attempt_id: int, language: str) -> list[di
 _handshake = database_sync_to_async(attempt_events_handshake, thread_sensitive=False)
 
 
-class AttemptEventsConsumer(AsyncJsonWebsocketConsumer, ClosedSocketTolerant):
+class AttemptEventsConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):
     group: str | None = None
     language: str = ""
 

@@ -558,6 +558,32 @@ async def test_console_output_for_a_closing_tab_is_dropped_and_the_other_tab_goe
     await staying.close()
 
 
+async def test_pushes_to_the_events_socket_take_no_worker_thread(attempt, cluster, student_a, monkeypatch):
+    """As for the console's keystrokes: a push or a ping is relayed without channels' stale-connection close in a
+    worker thread (a thread hop per message, on the process's one thread for such calls)."""
+    import channels.db
+
+    calls = []
+    original = channels.db.close_old_connections
+
+    def counting(**kwargs):
+        calls.append(1)
+        return original(**kwargs)
+
+    viewer = Viewer(f"/ws/attempts/{attempt.id}/events/",
+                    [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(student_a))])
+    assert (await viewer.connect())[0]
+    await viewer.read_until(lambda v: len(v.messages) >= 1)
+    monkeypatch.setattr(channels.db, "close_old_connections", counting)
+    for number in range(3):
+        await get_channel_layer().group_send(f"attempt-{attempt.id}", {"type": "grading.update", "run": {"id": number}})
+    await viewer.send_json({"type": "ping"})
+    await viewer.read_until(lambda v: {"type": "pong"} in v.messages
+                            and {"type": "grading.update", "run": {"id": 2}} in v.messages)
+    assert calls == []
+    await viewer.close()
+
+
 async def test_the_events_socket_answers_what_it_does_not_understand_and_goes_on(attempt, cluster, student_a):
     viewer = Viewer(f"/ws/attempts/{attempt.id}/events/",
                     [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(student_a))])

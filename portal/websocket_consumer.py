@@ -1,0 +1,47 @@
+"""What the portal's WebSocket consumers share, below channels' ``AsyncWebsocketConsumer``.
+
+Sending to a browser that has just closed its socket: between a browser's close frame and the end of its
+connection, daphne (autobahn underneath) refuses every send with ``autobahn.exception.Disconnected``. A push that
+landed in that window (an attempt update, a grading result, console output) raised out of the consumer: channels
+logged it as "Exception inside application" and dropped the consumer without running its ``disconnect()``, so its
+group memberships, console viewer registration and lease stayed behind until they expired. The message was for a
+page that is gone: it is dropped, and the ``websocket.disconnect`` that daphne delivers next ends the consumer the
+usual way (channels/channels#1466).
+
+Dispatching a message: channels' own dispatch first closes stale database connections in a worker thread, a
+thread hop (on the process's one thread for such calls) before every keystroke, output chunk and push. The
+consumers read the database only through ``database_sync_to_async``, which closes them itself.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from autobahn.exception import Disconnected
+from channels.consumer import AsyncConsumer, get_handler_name
+
+logger = logging.getLogger(__name__)
+
+# daphne's refusal, and what the ASGI spec asks other servers to raise for a send on a closed connection.
+CLOSED_SOCKET_ERRORS = (Disconnected, OSError)
+
+
+class PortalConsumer(AsyncConsumer):
+    """Put last among a WebSocket consumer's bases (``class C(AsyncWebsocketConsumer, PortalConsumer)``), so that
+    it comes right before ``AsyncConsumer``: every message the consumer sends (text, bytes, JSON, close) and every
+    message it is given passes through it."""
+
+    async def send(self, message: dict) -> None:
+        try:
+            await super().send(message)
+        except CLOSED_SOCKET_ERRORS as exc:
+            logger.debug("%s: dropped %s for a socket that is closing (%s)", type(self).__name__,
+                         message.get("type"), exc)
+
+    async def dispatch(self, message: dict) -> None:
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            if message["type"].startswith("websocket."):
+                raise ValueError(f"No handler for message type {message['type']}")
+            return  # a group may carry message types this consumer has no use for
+        await handler(message)
