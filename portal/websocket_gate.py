@@ -3,7 +3,7 @@ portal does not serve.
 
 A refused socket is closed at the handshake (daphne answers 403) by a consumer without a channel layer. channels'
 own refusal (``WebsocketDenier``) opened a channel-layer receive first, and its pending Redis read kept the refused
-connection's application alive for 10 s and more after the refusal, holding a connection of the channel layer's
+connection's application alive for 5-10 s after the refusal, holding a connection of the channel layer's
 pool all the while: a page of another origin opening sockets in a loop could drain that pool. A path no route
 matched raised ``URLRouter``'s "No route found", which daphne logged with a traceback for every such request.
 """

@@ -179,8 +179,8 @@ def vmis_list(*, namespace: str) -> list[dict[str, Any]]:
 def vms_list(*, namespace: str) -> list[dict[str, Any]]:
     """The portal's VMs in a namespace (label-selected: never anyone else's), metadata only: the sweep reads names,
     labels and deletion marks, and ``vm_get`` reads the one VM whose status it wants."""
-    return _metadata_list(f"listing {VMS} in {namespace}", f"/apis/{client.KUBEVIRT_GROUP}/{client.KUBEVIRT_VERSION}"
-                          "/namespaces/{namespace}/" + VMS, namespace=namespace)
+    path = f"/apis/{client.KUBEVIRT_GROUP}/{client.KUBEVIRT_VERSION}/namespaces/{{namespace}}/{VMS}"
+    return _metadata_list(f"listing {VMS} in {namespace}", path, namespace=namespace)
 
 
 # ---- Secrets ---------------------------------------------------------------------------------------------------
