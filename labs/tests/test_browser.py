@@ -106,6 +106,10 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_
     log_in_as_student_a(page)
     expect(page.locator("h1").first).to_have_text("My labs")
     page.click(f"tr[data-lab='{lab_a.id}'] a")
+    # The lab page's scripts have run (a Start pressed before start.js takes the form posts it and reloads, which
+    # works too but is not what this test follows).
+    page.wait_for_url(f"**/labs/{lab_a.id}/")
+    page.wait_for_load_state("load")
 
     # Start, and watch the progress reach running with each step's time, on the same page (no reload).
     page.evaluate("window.sameDocument = true")
