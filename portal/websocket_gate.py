@@ -28,17 +28,16 @@ class RefusedWebSocket(AsyncWebsocketConsumer):
 
 
 class RefusingOriginValidator(OriginValidator):
-    """channels' Origin check (the same rules: ``ALLOWED_HOSTS``), refusing with ``RefusedWebSocket``."""
+    """channels' Origin check (the same rules: ``ALLOWED_HOSTS``; the last Origin header counts), refusing with
+    ``RefusedWebSocket``, and refusing an Origin the URL parser rejects, which raised out of channels' check."""
 
     async def __call__(self, scope, receive, send):
-        origin = None
-        for name, value in scope.get("headers", []):
-            if name == b"origin":
-                try:
-                    origin = urlparse(value.decode("latin1"))
-                except UnicodeDecodeError:
-                    origin = None
-        if self.valid_origin(origin):
+        origins = [value for name, value in scope.get("headers", []) if name == b"origin"]
+        try:
+            valid = self.valid_origin(urlparse(origins[-1].decode("latin1")) if origins else None)
+        except ValueError:  # not a URL the parser can take apart (a broken IPv6 host, say): refused, not a crash
+            valid = False
+        if valid:
             return await self.application(scope, receive, send)
         return await RefusedWebSocket()(scope, receive, send)
 

@@ -34,6 +34,8 @@ async def test_sockets_from_another_origin_are_refused_and_end_with_their_connec
     # decides (none here: refused); the refusals after it must not wait on the layer either.
     await assert_refused("/ws/attempts/1/events/", [ORIGIN])
     for headers in ([(b"origin", b"http://evil.example")], [(b"origin", b"null")], [],
-                    [(b"origin", b"http://testserver.evil.example")]):
+                    [(b"origin", b"http://testserver.evil.example")],
+                    # Malformed: the URL parser raises on these, which must refuse, not crash
+                    [(b"origin", b"http://[::1")], [(b"origin", b"http://[zz]")]):
         await assert_refused("/ws/attempts/1/events/", headers)
         await assert_refused("/ws/nope/", headers)
