@@ -166,6 +166,15 @@ async def wait_for(condition, *, within: float = 10.0, what: str = "condition") 
         await asyncio.sleep(0.1)
 
 
+async def open_events(user, attempt_id: int, *, app=application) -> Viewer:
+    """The attempt's events socket, open, with its first message (the current status) read."""
+    viewer = Viewer(f"/ws/attempts/{attempt_id}/events/",
+                    [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(user))], app=app)
+    assert (await viewer.connect())[0]
+    await viewer.read_until(lambda v: len(v.messages) >= 1)
+    return viewer
+
+
 async def connected_student(user, attempt_id: int, *, app=application) -> Viewer:
     viewer = await open_console(user, attempt_id, app=app)
     await viewer.read_until(lambda v: "connected" in v.statuses())
@@ -461,10 +470,7 @@ async def test_ended_attempt_reports_ended_instead_of_dialling(cluster, student_
 # -- attempt events ---------------------------------------------------------------------------------------------
 
 async def test_events_socket_sends_the_current_status_then_pushes(attempt, cluster, student_a, ta_a):
-    headers = [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(student_a))]
-    viewer = Viewer(f"/ws/attempts/{attempt.id}/events/", headers)
-    assert (await viewer.connect())[0]
-    await viewer.read_until(lambda v: len(v.messages) >= 1)
+    viewer = await open_events(student_a, attempt.id)
     first = viewer.messages[0]
     assert first["type"] == "attempt.update" and first["attempt"]["state"] == "running"
     assert first["attempt"]["timestamps"]["agent_ready"] is not None
@@ -477,10 +483,7 @@ async def test_events_socket_sends_the_current_status_then_pushes(attempt, clust
     await viewer.close()
 
     # A page that reconnects starts from the present state.
-    staff = Viewer(f"/ws/attempts/{attempt.id}/events/",
-                   [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(ta_a))])
-    assert (await staff.connect())[0]
-    await staff.read_until(lambda v: len(v.messages) >= 1)
+    staff = await open_events(ta_a, attempt.id)
     assert staff.messages[0]["attempt"]["extensions"] == 1
     await staff.close()
 
@@ -514,27 +517,17 @@ async def group_size(group: str) -> int:
         return await connection.zcard(layer._group_key(group))
 
 
-async def until(condition, *, within: float = 10.0, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def test_a_push_to_a_closing_events_socket_is_dropped_and_the_socket_still_leaves_its_group(
         attempt, cluster, student_a):
     group = f"attempt-{attempt.id}"
     before = await group_size(group)
     socket = ClosingSocket()
-    viewer = Viewer(f"/ws/attempts/{attempt.id}/events/",
-                    [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(student_a))], app=socket)
-    assert (await viewer.connect())[0]
-    await viewer.read_until(lambda v: len(v.messages) >= 1)
+    viewer = await open_events(student_a, attempt.id, app=socket)
     assert await group_size(group) == before + 1
 
     socket.closing = True  # the tab is closed; a grading result is pushed before the connection is gone
     await get_channel_layer().group_send(group, {"type": "grading.update", "run": {"id": 7}})
-    await until(lambda: socket.refused == 1, what="the push to reach the closing socket")
+    await wait_for(lambda: socket.refused == 1, what="the push to reach the closing socket")
     await asyncio.sleep(0.1)
     assert not viewer.communicator.future.done(), "the consumer died of a push to a closing socket"
     await viewer.close()  # websocket.disconnect: raises whatever the consumer died of
@@ -548,7 +541,7 @@ async def test_console_output_for_a_closing_tab_is_dropped_and_the_other_tab_goe
     closing.closing = True
     await staying.type(b"echo first-$((6*7))\r")
     await staying.read_until(lambda v: v.has_output(b"first-42"))
-    await until(lambda: closing.refused >= 1, what="output to reach the closing tab")
+    await wait_for(lambda: closing.refused >= 1, what="output to reach the closing tab")
     await asyncio.sleep(0.1)
     assert not leaving.communicator.future.done(), "the consumer died of output for a closing tab"
     await leaving.close()  # it held the upstream: the other tab takes it over, as from any tab that leaves
@@ -570,10 +563,7 @@ async def test_pushes_to_the_events_socket_take_no_worker_thread(attempt, cluste
         calls.append(1)
         return original(**kwargs)
 
-    viewer = Viewer(f"/ws/attempts/{attempt.id}/events/",
-                    [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(student_a))])
-    assert (await viewer.connect())[0]
-    await viewer.read_until(lambda v: len(v.messages) >= 1)
+    viewer = await open_events(student_a, attempt.id)
     monkeypatch.setattr(channels.db, "close_old_connections", counting)
     for number in range(3):
         await get_channel_layer().group_send(f"attempt-{attempt.id}", {"type": "grading.update", "run": {"id": number}})
@@ -585,10 +575,7 @@ async def test_pushes_to_the_events_socket_take_no_worker_thread(attempt, cluste
 
 
 async def test_the_events_socket_answers_what_it_does_not_understand_and_goes_on(attempt, cluster, student_a):
-    viewer = Viewer(f"/ws/attempts/{attempt.id}/events/",
-                    [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(student_a))])
-    assert (await viewer.connect())[0]
-    await viewer.read_until(lambda v: len(v.messages) >= 1)
+    viewer = await open_events(student_a, attempt.id)
     await viewer.communicator.send_to(text_data="not json")
     await viewer.communicator.send_to(bytes_data=b"\x00\x01")
     await viewer.send_json({"type": "subscribe", "attempt": attempt.id + 1})
