@@ -83,7 +83,10 @@ async def serve_watch(sim: KubeSim, request: web.Request, rt: ResourceType, name
             if bookmarks:
                 wait = min(wait, max(0.0, next_bookmark - now))
             try:
-                item = await asyncio.wait_for(watcher.queue.get(), timeout=wait)
+                # Not wait_for: on Python 3.11 it drops a cancellation (the client gone) that arrives as an
+                # event does, and the stream would go on for a client that left.
+                async with asyncio.timeout(wait):
+                    item = await watcher.queue.get()
             except TimeoutError:
                 if bookmarks and loop.time() >= next_bookmark and watcher.queue.empty():
                     await response.write(_bookmark(sim, rt))

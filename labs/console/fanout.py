@@ -20,6 +20,7 @@ import time
 from collections import deque
 
 from labs.console.scrollback import Scrollback
+from portal.waiting import cancel_and_wait, wait_event
 
 logger = logging.getLogger(__name__)
 
@@ -151,8 +152,5 @@ class OutputFanout:
     async def close(self, *, within: float = 2.0) -> None:
         """Publish what is queued (briefly), then stop."""
         self.urgent.set()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.idle.wait(), within)
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
+        await wait_event(self.idle, within)
+        await cancel_and_wait(self.task)

@@ -120,7 +120,8 @@ class ConsoleHeartbeat:
     # -- beating --------------------------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        while True:
+        # Until stopped or replaced: a cancellation that lands in a Redis call can be lost (portal.waiting).
+        while self.task is asyncio.current_task():
             await asyncio.sleep(self.period)
             try:
                 await self.beat()

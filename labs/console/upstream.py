@@ -8,7 +8,6 @@ reported and re-opened with capped backoff for as long as the attempt may still 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import aiohttp
 
 from labs.console.limits import ConsoleLimits
 from labs.kubevirt.client import StreamTarget, stream_target, vmi_subresource_path
+from portal.waiting import cancel_and_wait, wait_event
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +82,7 @@ class ConsoleUpstream:
     async def _wait_for_attempt_change(self, seconds: float) -> None:
         """Until the attempt changes after the last lookup began (``run`` clears the event before each), or
         ``seconds`` pass."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.attempt_changed.wait(), seconds)
+        await wait_event(self.attempt_changed, seconds)
 
     async def send(self, data: bytes) -> bool:
         socket = self.socket
@@ -181,7 +180,5 @@ class ConsoleUpstream:
                     return
         finally:
             self.socket = None
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            await cancel_and_wait(reader)
             await socket.close()

@@ -18,7 +18,6 @@ state), ``reset`` (a fresh screen follows), ``lagging``, ``notice`` (a code the 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -39,6 +38,7 @@ from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamStat
 from labs.console.viewers import console_viewers
 from labs.consumers.events import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, attempt_group
 from portal.errors import ApplicationError
+from portal.waiting import cancel_and_wait, wait_event
 from portal.websocket_consumer import PortalConsumer
 
 logger = logging.getLogger(__name__)
@@ -138,9 +138,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
         if self.access is None:
             return  # refused before accept: nothing was set up
         if self.ownership_task is not None:
-            self.ownership_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.ownership_task
+            await cancel_and_wait(self.ownership_task)
         if self.upstream_task is not None:
             await self._stop_owning(release=True)
         self.heartbeat.unwatch(attempt_id=self.attempt_id, viewer=self.channel_name)
@@ -341,8 +339,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
                     # A holder leaving says so (owner_gone); the timeout only covers one that died silently,
                     # whose lease then runs out.
                     self.owner_gone.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.owner_gone.wait(), timeout=ttl / 3)
+                    await wait_event(self.owner_gone, ttl / 3)
                 elif self.held is not None and self.held.lost:
                     # The lease expired while this process was too busy to renew it, and somebody took it.
                     await self._stop_owning(release=False)
@@ -351,8 +348,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
                     await asyncio.sleep(1.0)
                 else:
                     self.ownership_changed.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.ownership_changed.wait(), timeout=ttl / 3)
+                    await wait_event(self.ownership_changed, ttl / 3)
                 if self.window.lagging_for() > self.limits.lag_close_seconds:
                     await self._send_json({"type": "notice", "code": "too_slow"})
                     await self.close(code=CLOSE_TOO_SLOW)
@@ -404,9 +400,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
             self.heartbeat.release(self.held)
             self.held = None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         if self.fanout is not None:
             await self.fanout.close()
             self.fanout = None

@@ -282,6 +282,34 @@ async def test_upstream_closes_soon_after_the_last_viewer_leaves(attempt, cluste
     assert time.monotonic() - started < 5
 
 
+async def test_a_tab_closing_as_its_lease_loop_wakes_still_cleans_up(attempt, cluster, student_a, monkeypatch):
+    """The holder's lease loop is woken (heartbeat, upstream ending) in the same turn as its tab's close cancels
+    it. The consumer must still finish ``disconnect()``: release the upstream and the lease, so that the next tab
+    holds the console at once. With asyncio.wait_for in the loop the cancellation was lost, ``disconnect()`` never
+    returned, and daphne killed the consumer 10 s later with everything left behind."""
+    from labs.consumers.console import AttemptConsoleConsumer
+
+    closing = AttemptConsoleConsumer.disconnect
+
+    async def disconnect_as_woken(self, code):
+        self.ownership_changed.set()
+        await closing(self, code)
+
+    monkeypatch.setattr(AttemptConsoleConsumer, "disconnect", disconnect_as_woken)
+    holder = await connected_student(student_a, attempt.id)
+    await holder.communicator.send_input({"type": "websocket.disconnect", "code": 1001})
+    try:
+        await asyncio.wait_for(asyncio.shield(holder.communicator.future), 5)
+    except TimeoutError:
+        holder.communicator.future.cancel()
+        pytest.fail("the console consumer did not finish its disconnect()")
+    await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to close")
+    started = time.monotonic()
+    successor = await connected_student(student_a, attempt.id)
+    assert time.monotonic() - started < 5  # the lease was released, not left to run out
+    await successor.close()
+
+
 async def test_a_new_tab_gets_the_scrollback_first(attempt, cluster, student_a):
     first = await connected_student(student_a, attempt.id)
     await first.type(b"echo remembered-$((20+1))\r")
