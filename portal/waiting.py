@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import asyncio
 
-# How long a cancelled task gets to end before it is cancelled again.
-CANCEL_RETRY_SECONDS = 0.05
+# How long a cancelled task gets to end before it is cancelled again: long enough for the cleanup it does on its
+# way out (closing a socket, say), which a second cancellation would cut short.
+CANCEL_RETRY_SECONDS = 1.0
 
 
 async def wait_event(event: asyncio.Event, seconds: float) -> bool:

@@ -122,3 +122,19 @@ async def test_the_caller_of_cancel_and_wait_can_still_be_cancelled():
     stubborn.cancel()
     await asyncio.wait([stubborn], timeout=2)
     assert stubborn.done()
+
+
+async def test_cancel_and_wait_lets_a_cancelled_task_finish_its_cleanup():
+    cleaned = []
+
+    async def cleans_up_on_its_way_out() -> None:
+        try:
+            await asyncio.sleep(10)
+        finally:
+            await asyncio.sleep(0.3)  # closing a socket, say: a second cancellation would cut this short
+            cleaned.append(True)
+
+    task = asyncio.create_task(cleans_up_on_its_way_out())
+    await asyncio.sleep(0)
+    await cancel_and_wait(task)
+    assert cleaned == [True] and task.cancelled()
