@@ -8,3 +8,10 @@ class PortalConfig(AppConfig):
     name = "portal"
     verbose_name = _("Portal")
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.db.backends.signals import connection_created
+
+        from portal.prepared import install
+
+        connection_created.connect(install, dispatch_uid="portal.prepared")

@@ -1,4 +1,5 @@
-"""``wait_event``: a time-limited wait that never loses a cancellation (asyncio.wait_for on Python 3.11 does)."""
+"""``portal.waiting``: waiting for an event with a time limit and cancelling a task, without losing a cancellation
+(asyncio.wait_for on Python 3.11, and redis-py built on it, can lose one)."""
 
 from __future__ import annotations
 
