@@ -123,7 +123,9 @@ def test_the_same_provision_delivered_twice_makes_one_vm(lifecycle, student_a, l
     assert tasks.provision_attempt(attempt.id) == "created"
     assert vm_names(attempt.namespace) == [attempt.vm_name]
     attempt.refresh_from_db()
-    assert attempt.state == AttemptState.STARTING
+    # Starting again, or already running: the guest the first delivery made may answer the agent check that the
+    # third delivery queues (eagerly, here) at once.
+    assert attempt.state in (AttemptState.STARTING, AttemptState.RUNNING) and attempt.provisioned_at is not None
 
 
 def test_a_worker_killed_mid_provision_converges_on_rerun(lifecycle, student_a, lab_a):
