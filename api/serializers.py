@@ -153,6 +153,9 @@ class AttemptSerializer(StaffViewMixin, serializers.ModelSerializer):
     can_extend = serializers.SerializerMethodField(help_text="Whether the time limit may be extended now.")
     vm_name = serializers.SerializerMethodField(help_text="Staff only.")
     namespace = serializers.SerializerMethodField(help_text="Staff only.")
+    failure_reason = serializers.CharField(
+        source="failure_reason_shown", read_only=True,
+        help_text="Why the attempt failed, in the request's language (Accept-Language); empty unless failed.")
 
     class Meta:
         model = Attempt

@@ -91,7 +91,7 @@ class AttemptAdmin(AttemptLifecycleAdminMixin, CourseScopedAdminMixin, admin.Mod
     ordering = ("-requested_at", "-id")
     # Never the agent token: it is the guest's secret.
     fieldsets = (
-        (None, {"fields": ("lab", "student", "tenant", "number", "state", "stop_reason", "failure_reason",
+        (None, {"fields": ("lab", "student", "tenant", "number", "state", "stop_reason", "failure_reason_shown",
                            "language")}),
         (_("Virtual machine"), {"fields": ("vm_name", "namespace", "phase", "node_name", "vcpus", "memory_mib",
                                             "launcher_cpu_millicores", "launcher_memory_mib")}),
@@ -106,5 +106,9 @@ class AttemptAdmin(AttemptLifecycleAdminMixin, CourseScopedAdminMixin, admin.Mod
         return attempt.lab.course
 
     @admin.display(description=_("failure reason"))
+    def failure_reason_shown(self, attempt: Attempt) -> str:
+        return attempt.failure_reason_shown
+
+    @admin.display(description=_("failure reason"))
     def short_failure_reason(self, attempt: Attempt) -> str:
-        return Truncator(attempt.failure_reason).chars(80)
+        return Truncator(attempt.failure_reason_shown).chars(80)

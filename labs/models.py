@@ -14,6 +14,7 @@ from django.utils.translation import gettext_lazy as _
 
 from labs.patterns import pattern_problem
 from labs.sizes import LabSize
+from labs.wording import in_language
 from portal.models import Course, Tenant
 
 
@@ -173,6 +174,8 @@ class Attempt(models.Model):
     phase = models.CharField(_("VMI phase"), max_length=30, blank=True)
     node_name = models.CharField(_("node"), max_length=253, blank=True)
     failure_reason = models.TextField(_("failure reason"), blank=True)
+    # The same in each of the portal's languages, {code: text} (labs.wording); shown in the reader's language.
+    failure_reason_texts = models.JSONField(_("failure reason in each language"), default=dict, blank=True)
     # The page's language when the student pressed Start: the workers write this attempt's failure reason and
     # progress messages in it (they have no request to take a language from).
     language = models.CharField(_("language"), max_length=15, blank=True)
@@ -191,6 +194,7 @@ class Attempt(models.Model):
     vmi_uid = models.CharField(_("VMI uid"), max_length=64, blank=True)
     # What the cluster says while the VM is not running yet (no room, image pull trouble), shown as progress.
     status_message = models.TextField(_("cluster message"), blank=True)
+    status_message_texts = models.JSONField(_("cluster message in each language"), default=dict, blank=True)
     # When the portal asked the cluster to delete the VM; the attempt ends once the VMI is gone.
     vm_deleted_at = models.DateTimeField(_("VM deletion requested"), null=True, blank=True)
     # Claimed before the final grading run at stop or expiry, so a redelivered task never grades twice.
@@ -221,6 +225,16 @@ class Attempt(models.Model):
     @property
     def is_active(self) -> bool:
         return self.state in ACTIVE_STATES
+
+    @property
+    def failure_reason_shown(self) -> str:
+        """Why the attempt failed, in the active language (the reader's) when it was written in it."""
+        return in_language(self.failure_reason_texts, self.failure_reason)
+
+    @property
+    def status_message_shown(self) -> str:
+        """What the cluster is waiting for, in the active language when it was written in it."""
+        return in_language(self.status_message_texts, self.status_message)
 
     def time_left(self, now=None) -> timedelta | None:
         if not self.expires_at:

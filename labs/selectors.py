@@ -114,8 +114,10 @@ def attempt_status_payload(attempt: Attempt, *, now: datetime | None = None) -> 
         "id": attempt.id,
         "state": attempt.state,
         "phase": attempt.phase,
-        "failure_reason": attempt.failure_reason,
-        "message": attempt.status_message,
+        # In the active language: the reader's (the page's socket, the request) or, for a worker's push, the
+        # attempt's own; a push also carries every language (labs.services.events) for each socket to pick.
+        "failure_reason": attempt.failure_reason_shown,
+        "message": attempt.status_message_shown,
         "node_name": attempt.node_name,
         "expires_at": _iso(attempt.expires_at),
         "extensions": attempt.extensions,

@@ -81,10 +81,9 @@ def provision_attempt(self, attempt_id: int) -> str:
     except ClusterError as error:
         _retry_or_raise(self, error)
         logger.error("provisioning attempt %s failed for good: %s", attempt_id, error.message)
-        with provisioning.attempt_language_of(attempt_id):
-            reason = _("The cluster did not accept the lab's VM (%(error)s). Try again later.") % {
-                "error": error.message}
-        provisioning.attempt_fail(attempt_id=attempt_id, reason=reason)
+        said = error.message
+        provisioning.attempt_fail(attempt_id=attempt_id, reason=lambda: _(
+            "The cluster did not accept the lab's VM (%(error)s). Try again later.") % {"error": said})
         return provisioning.ProvisionOutcome.FAILED
 
 

@@ -4,7 +4,8 @@ Joined to the channel-layer group ``attempt-<id>``, which the lifecycle (``attem
 (``grading.update``) push to after commit. On connect the current status (and the latest grading run) is sent
 first, so a page that reconnects after a gap shows the present state without polling. Messages are in the
 language of the page that opened the socket (``portal.websocket_language``): the snapshot is built in it, and a
-push that carries one payload per language (``runs``) is answered with this socket's.
+push that carries its words in every language (a grading run's ``runs``, an attempt's ``wording``) is answered
+with this socket's.
 """
 
 from __future__ import annotations
@@ -115,7 +116,11 @@ class AttemptEventsConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):
     async def attempt_update(self, event: dict) -> None:
         if self.group is None:
             return  # refused: a message that reached the channel before it left the group is not for this socket
-        await self.send_json({"type": "attempt.update", "attempt": event["attempt"]})
+        attempt = event["attempt"]
+        for key, texts in (event.get("wording") or {}).items():
+            if texts.get(self.language):
+                attempt = {**attempt, key: texts[self.language]}
+        await self.send_json({"type": "attempt.update", "attempt": attempt})
 
     async def grading_update(self, event: dict) -> None:
         if self.group is None:

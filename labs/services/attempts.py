@@ -24,6 +24,7 @@ from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab
 from labs.selectors import STARTING_STATES
 from labs.services.events import attempt_push_on_commit, on_commit_logged
 from labs.sizes import guest_resources, launcher_requests
+from labs.wording import in_every_language, in_language
 from portal.errors import Conflict, NotFound, PermissionDenied, Unavailable
 from portal.models import Role, Tenant, User
 from portal.selectors import course_role
@@ -216,11 +217,13 @@ def _fail_unqueued(attempt_id: int) -> None:
     """The task queue refused the provisioning: end the attempt now, in words, rather than leave it requested with
     nobody to serve it. It holds no VM yet, and a failed attempt does not count against the attempt limit."""
     now = timezone.now()
-    reason = _("Your lab could not be queued for starting: the portal's task queue is not answering. Try again in a "
-               "minute; this attempt does not count against your limit.")
+    texts = in_every_language(lambda: _(
+        "Your lab could not be queued for starting: the portal's task queue is not answering. Try again in a minute; "
+        "this attempt does not count against your limit."))
     with transaction.atomic():
         if Attempt.objects.filter(id=attempt_id, state=AttemptState.REQUESTED).update(
-            state=AttemptState.FAILED, failure_reason=reason, ended_at=now, updated_at=now
+            state=AttemptState.FAILED, failure_reason=in_language(texts, "", translation.get_language()),
+            failure_reason_texts=texts, ended_at=now, updated_at=now,
         ):
             attempt_push_on_commit(attempt=Attempt.objects.get(id=attempt_id))
 

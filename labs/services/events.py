@@ -84,6 +84,11 @@ def attempt_push_on_commit(*, attempt: Attempt) -> None:
     from labs.selectors import attempt_status_payload
 
     message = {"type": "attempt.update", "attempt": attempt_status_payload(attempt)}
+    # The payload's words are in the active language; the sockets of readers in other languages take theirs here.
+    wording = {key: texts for key, texts in (("failure_reason", attempt.failure_reason_texts),
+                                             ("message", attempt.status_message_texts)) if texts}
+    if wording:
+        message["wording"] = wording
     group = attempt_group(attempt.id)
 
     def push() -> None:

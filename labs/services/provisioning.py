@@ -13,11 +13,13 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.cache import cache
 from django.db import IntegrityError, transaction
+from django.db.models import Case, Value, When
 from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
@@ -26,6 +28,7 @@ from labs.kubevirt.operations import ClusterError
 from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, TenantNamespace
 from labs.services.attempts import StopReason, enqueue_teardown
 from labs.services.events import attempt_push_on_commit
+from labs.wording import in_every_language
 from portal.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -39,30 +42,32 @@ FINAL_GRADING_DONE_KEY = "labs:final-grading-done:{attempt_id}"
 
 
 def attempt_language(language: str):
-    """Write messages about an attempt in ``language``, its ``Attempt.language`` (the default language when it
-    has none): what the student reads is in the language they started it in."""
+    """Work in ``language``, an attempt's ``Attempt.language`` (the default language when it has none): the
+    language of its text fields. Its messages are also written in every language (``labs.wording``)."""
     return translation.override(language or settings.LANGUAGE_CODE)
 
 
-def attempt_language_of(attempt_id: int):
-    """:func:`attempt_language` for an attempt known by its id."""
-    return attempt_language(Attempt.objects.filter(id=attempt_id).values_list("language", flat=True).first() or "")
-
-
-def attempt_fail(*, attempt_id: int, reason: str, from_states: tuple[str, ...] = ACTIVE_STATES) -> bool:
-    """Mark the attempt failed with ``reason`` (plain words, shown to the student) and queue the clean-up of its
-    VM. False when the attempt had already left ``from_states``."""
+def attempt_fail(*, attempt_id: int, reason: Callable[[], str], from_states: tuple[str, ...] = ACTIVE_STATES) -> bool:
+    """Mark the attempt failed and queue the clean-up of its VM. ``reason`` returns why, in plain words for the
+    student; it is called once per language (``labs.wording``), so it only translates and formats. False when the
+    attempt had already left ``from_states``."""
+    texts = {code: text[:4000] for code, text in in_every_language(reason).items()}
+    default = texts.get(settings.LANGUAGE_CODE) or next(iter(texts.values()))
+    # The text field keeps the student's own language (Attempt.language), picked in the update itself.
+    in_attempt_language = Case(*(When(language=code, then=Value(text)) for code, text in texts.items()),
+                               default=Value(default))
     now = timezone.now()
     with transaction.atomic():
         updated = Attempt.objects.filter(id=attempt_id, state__in=from_states).update(
-            state=AttemptState.FAILED, failure_reason=reason[:4000], status_message="", ended_at=now, updated_at=now
+            state=AttemptState.FAILED, failure_reason=in_attempt_language, failure_reason_texts=texts,
+            status_message="", status_message_texts={}, ended_at=now, updated_at=now,
         )
         if not updated:
             return False
         attempt = Attempt.objects.get(id=attempt_id)
         attempt_push_on_commit(attempt=attempt)
         enqueue_teardown(attempt_id)
-    logger.info("attempt %s failed: %s", attempt_id, reason)
+    logger.info("attempt %s failed: %s", attempt_id, default)
     return True
 
 
@@ -75,7 +80,7 @@ def attempt_end(*, attempt_id: int) -> bool:
             return False
         final = AttemptState.EXPIRED if attempt.stop_reason == StopReason.EXPIRED else AttemptState.STOPPED
         updated = Attempt.objects.filter(id=attempt_id, state=AttemptState.STOPPING).update(
-            state=final, ended_at=now, status_message="", updated_at=now
+            state=final, ended_at=now, status_message="", status_message_texts={}, updated_at=now
         )
         if not updated:
             return False
@@ -94,9 +99,10 @@ def attempt_mark_running(*, attempt_id: int, now: datetime | None = None) -> boo
         attempt.state = AttemptState.RUNNING
         attempt.agent_ready_at = now
         attempt.expires_at = now + timedelta(minutes=attempt.lab.time_limit_minutes)
-        attempt.status_message = ""
+        attempt.status_message, attempt.status_message_texts = "", {}
         updated = Attempt.objects.filter(id=attempt_id, state=AttemptState.STARTING).update(
-            state=attempt.state, agent_ready_at=now, expires_at=attempt.expires_at, status_message="", updated_at=now
+            state=attempt.state, agent_ready_at=now, expires_at=attempt.expires_at, status_message="",
+            status_message_texts={}, updated_at=now,
         )
         if updated:
             attempt_push_on_commit(attempt=attempt)
@@ -181,9 +187,9 @@ def attempt_provision(*, attempt_id: int) -> str:
     try:
         user_data = render_user_data(token=attempt.agent_token, extra_cloud_config=lab.extra_cloud_init)
     except ValueError as exc:
-        with attempt_language(attempt.language):
-            reason = _("The lab's cloud-init settings are invalid (%(error)s). Tell your instructor.") % {"error": exc}
-        attempt_fail(attempt_id=attempt_id, reason=reason)
+        error = str(exc)
+        attempt_fail(attempt_id=attempt_id, reason=lambda: _(
+            "The lab's cloud-init settings are invalid (%(error)s). Tell your instructor.") % {"error": error})
         return ProvisionOutcome.FAILED
 
     tenant_namespace_ensure(tenant=attempt.tenant)
@@ -208,10 +214,9 @@ def attempt_provision(*, attempt_id: int) -> str:
         raise
     vm_labels = (created_vm.get("metadata") or {}).get("labels") or {}
     if names.attempt_id_from_labels(vm_labels) != attempt.id:
-        with attempt_language(attempt.language):
-            reason = _("A VM named %(name)s that belongs to something else is in the way; an operator must remove "
-                       "it.") % {"name": attempt.vm_name}
-        attempt_fail(attempt_id=attempt_id, reason=reason)
+        attempt_fail(attempt_id=attempt_id, reason=lambda: _(
+            "A VM named %(name)s that belongs to something else is in the way; an operator must remove it.") % {
+            "name": attempt.vm_name})
         return ProvisionOutcome.FAILED
     operations.secret_set_owner(
         namespace=attempt.namespace, name=secret_name, owner=manifests.owner_reference(created_vm)

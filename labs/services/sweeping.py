@@ -15,6 +15,7 @@ or ended in the last hour only every ten minutes. Then:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -28,7 +29,7 @@ from django.utils.translation import gettext as _
 from labs.kubevirt import names, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, TenantNamespace
-from labs.services.provisioning import attempt_end, attempt_fail, attempt_language
+from labs.services.provisioning import attempt_end, attempt_fail
 from portal.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -107,13 +108,14 @@ def requeue_requested(*, report: SweepReport, now: datetime) -> None:
 
     timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
     given_up = now - timedelta(seconds=timeout)
-    for attempt_id, language in Attempt.objects.filter(
-        state=AttemptState.REQUESTED, requested_at__lt=given_up
-    ).values_list("id", "language"):
-        with attempt_language(language):
-            reason = _("The lab did not start: the portal's task queue did not pick it up within %(minutes)d "
-                       "minutes. Start it again; this attempt does not count against your limit.") % {
-                "minutes": max(1, timeout // 60)}
+
+    def reason() -> str:
+        return _("The lab did not start: the portal's task queue did not pick it up within %(minutes)d minutes. "
+                 "Start it again; this attempt does not count against your limit.") % {"minutes": max(1, timeout // 60)}
+
+    for attempt_id in Attempt.objects.filter(state=AttemptState.REQUESTED, requested_at__lt=given_up).values_list(
+        "id", flat=True
+    ):
         if attempt_fail(attempt_id=attempt_id, reason=reason, from_states=(AttemptState.REQUESTED,)):
             report.timed_out.append(attempt_id)
     cutoff = now - timedelta(seconds=provision_redelivery_seconds())
@@ -189,9 +191,7 @@ def namespace_sweep(*, tenant: Tenant, report: SweepReport, now: datetime) -> No
             report.orphan_secrets_deleted.append(f"{namespace}/{metadata['name']}")
 
     for attempt in Attempt.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).select_related("lab"):
-        with attempt_language(attempt.language):
-            _sweep_attempt(attempt=attempt, vm=vms.get(attempt.vm_name), listed_at=listed_at, now=now,
-                           report=report)
+        _sweep_attempt(attempt=attempt, vm=vms.get(attempt.vm_name), listed_at=listed_at, now=now, report=report)
     TenantNamespace.objects.filter(namespace=namespace).update(swept_at=timezone.now())
 
 
@@ -204,8 +204,8 @@ def _sweep_attempt(*, attempt: Attempt, vm: dict[str, Any] | None, listed_at: da
         timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
         if attempt.requested_at < now - timedelta(seconds=timeout):
             # Queued again sweep after sweep and still not through: say so instead of retrying for ever.
-            reason = _("The VM did not start within %(minutes)d minutes.") % {"minutes": max(1, timeout // 60)}
-            if attempt_fail(attempt_id=attempt.id, reason=reason, from_states=(AttemptState.PROVISIONING,)):
+            if attempt_fail(attempt_id=attempt.id, reason=lambda: _start_timed_out(timeout),
+                            from_states=(AttemptState.PROVISIONING,)):
                 report.timed_out.append(attempt.id)
         elif attempt.updated_at < provision_cutoff:
             _queue_again(provision_attempt, attempt.id, report=report)  # a worker died mid-provision
@@ -213,16 +213,18 @@ def _sweep_attempt(*, attempt: Attempt, vm: dict[str, Any] | None, listed_at: da
     if attempt.state in (AttemptState.STARTING, AttemptState.RUNNING):
         made_before_list = attempt.provisioned_at is not None and attempt.provisioned_at < listed_at
         if vm is None and made_before_list:
-            if attempt_fail(attempt_id=attempt.id, reason=_("The VM was deleted outside the portal."),
+            if attempt_fail(attempt_id=attempt.id, reason=lambda: _("The VM was deleted outside the portal."),
                             from_states=(AttemptState.STARTING, AttemptState.RUNNING)):
                 report.vanished.append(attempt.id)
             return
         timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
         if attempt.state == AttemptState.STARTING and attempt.requested_at < now - timedelta(seconds=timeout):
-            reason = _("The VM did not start within %(minutes)d minutes.") % {"minutes": max(1, timeout // 60)}
             detail = start_failure_detail(attempt=attempt, vm_listed=vm is not None)
-            if detail:
-                reason += " " + _("The cluster says: %(detail)s") % {"detail": detail}
+
+            def reason() -> str:
+                words, said = _start_timed_out(timeout), detail()
+                return words + " " + _("The cluster says: %(detail)s") % {"detail": said} if said else words
+
             if attempt_fail(attempt_id=attempt.id, reason=reason, from_states=(AttemptState.STARTING,)):
                 report.timed_out.append(attempt.id)
         return
@@ -243,30 +245,40 @@ def _sweep_attempt(*, attempt: Attempt, vm: dict[str, Any] | None, listed_at: da
             _queue_again(teardown_attempt, attempt.id, report=report)
 
 
-def start_failure_detail(*, attempt: Attempt, vm_listed: bool) -> str:
-    """What the cluster says about a VM that would not start: printable status, last problem, Warning events. The
-    sweep's list holds the VMs' metadata only: a VM it listed is read whole for its status."""
+def _start_timed_out(timeout: int) -> str:
+    return _("The VM did not start within %(minutes)d minutes.") % {"minutes": max(1, timeout // 60)}
+
+
+def start_failure_detail(*, attempt: Attempt, vm_listed: bool) -> Callable[[], str]:
+    """What the cluster says about a VM that would not start (printable status, last problem, Warning events), as a
+    function that words it in the active language; the cluster is asked once, here. The sweep's list holds the VMs'
+    metadata only: a VM it listed is read whole for its status."""
     vm = None
     if vm_listed:
         try:
             vm = operations.vm_get(namespace=attempt.namespace, name=attempt.vm_name)
         except ClusterError as error:
             logger.info("attempt %s: VM status unavailable (%s)", attempt.id, error.message)
-    parts = []
-    problem = status.vm_problem(vm)
-    if problem:
-        parts.append(problem)
-    if attempt.status_message and attempt.status_message not in parts:
-        parts.append(attempt.status_message)
     try:
         events = status.events_problem(operations.events_for(namespace=attempt.namespace, name=attempt.vm_name))
     except ClusterError as error:
         logger.info("attempt %s: events unavailable (%s)", attempt.id, error.message)
         events = ""
-    if events:
-        parts.append(events)
-    if not parts and vm is not None:
-        printable = (vm.get("status") or {}).get("printableStatus")
-        if printable:
-            parts.append(_("the VM's status is %(status)s") % {"status": printable})
-    return " ".join(parts)
+
+    def detail() -> str:
+        parts = []
+        problem = status.vm_problem(vm)
+        if problem:
+            parts.append(problem)
+        message = attempt.status_message_shown
+        if message and message not in parts:
+            parts.append(message)
+        if events:
+            parts.append(events)
+        if not parts and vm is not None:
+            printable = (vm.get("status") or {}).get("printableStatus")
+            if printable:
+                parts.append(_("the VM's status is %(status)s") % {"status": printable})
+        return " ".join(parts)
+
+    return detail

@@ -41,6 +41,7 @@ from labs.services.provisioning import (
     attempt_mark_running,
     namespace_list_soon,
 )
+from labs.wording import in_every_language
 
 logger = logging.getLogger(__name__)
 
@@ -239,23 +240,30 @@ def _fail_restarted(attempt: Attempt) -> str:
     """The VMI the attempt followed ended after running and KubeVirt made a new one (runStrategy Always): the
     guest crashed or was shut down, and a containerDisk starts fresh, so the student's work is gone. The old
     VMI's reason survives only in Events, read here (a rare path, one request)."""
-    reason = _("The VM stopped unexpectedly (it crashed or was shut down from inside) and was restarted from a "
-               "fresh disk, so the work in it is lost.")
     try:
         detail = status.events_problem(operations.events_for(namespace=attempt.namespace, name=attempt.vm_name))
     except ClusterError as error:
         logger.info("attempt %s: events unavailable (%s)", attempt.id, error.message)
         detail = ""
-    if detail:
-        reason += " " + _("The cluster says: %(detail)s") % {"detail": detail}
+
+    def reason() -> str:
+        words = _("The VM stopped unexpectedly (it crashed or was shut down from inside) and was restarted from a "
+                  "fresh disk, so the work in it is lost.")
+        return words + " " + _("The cluster says: %(detail)s") % {"detail": detail} if detail else words
+
     return Outcome.FAILED if attempt_fail(attempt_id=attempt.id, reason=reason) else Outcome.UNCHANGED
 
 
 def attempt_observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> str:
-    """Apply what the attempt's VMI (or its absence) says, in words in the attempt's language. Returns an
-    :class:`Outcome`."""
+    """Apply what the attempt's VMI (or its absence) says, in words in each language (``labs.wording``); what
+    is compared with the attempt's stored message is in the attempt's own language. Returns an :class:`Outcome`."""
     with attempt_language(attempt.language):
         return _observe(attempt=attempt, vmi=vmi, now=now)
+
+
+def _problem(vmi: dict[str, Any]) -> str:
+    """The VMI's problem in the active language (the interpretation is pure: worded again per language)."""
+    return status.observe_vmi(vmi).problem
 
 
 def _observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> str:
@@ -277,9 +285,11 @@ def _observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> 
     if observation.failed:
         _apply(attempt, changes)
         if attempt.state == AttemptState.RUNNING:
-            reason = _("The VM stopped unexpectedly.") + " " + observation.problem
+            def reason() -> str:
+                return _("The VM stopped unexpectedly.") + " " + _problem(vmi)
         else:
-            reason = observation.problem + " " + start_again_hint()
+            def reason() -> str:
+                return _problem(vmi) + " " + start_again_hint()
         return Outcome.FAILED if attempt_fail(attempt_id=attempt.id, reason=reason) else Outcome.UNCHANGED
 
     if attempt.state != AttemptState.RUNNING:
@@ -287,20 +297,27 @@ def _observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> 
             since = observation.problem_since or now
             if (now - since).total_seconds() >= settings.ATTEMPT_FAILURE_GRACE_SECONDS:
                 _apply(attempt, changes)
-                reason = observation.problem + " " + start_again_hint()
-                return Outcome.FAILED if attempt_fail(attempt_id=attempt.id, reason=reason) else Outcome.UNCHANGED
-            message = observation.problem
+                return Outcome.FAILED if attempt_fail(
+                    attempt_id=attempt.id, reason=lambda: _problem(vmi) + " " + start_again_hint(),
+                ) else Outcome.UNCHANGED
+            message = _problem
         elif observation.running:
-            message = _("The VM is running; waiting for the lab agent inside it to start.")
+            message = _waiting_for_agent
         else:
-            message = ""
-        if message != attempt.status_message:
-            changes["status_message"] = message
+            message = None
+        worded = message(vmi) if message else ""  # in the attempt's language, as the stored message is
+        if worded != attempt.status_message:
+            changes["status_message"] = worded
+            changes["status_message_texts"] = in_every_language(lambda: message(vmi)) if message else {}
 
     changed = _apply(attempt, changes)
     if observation.running and (changes.get("state") or attempt.state) == AttemptState.STARTING:
         return Outcome.AWAITING_AGENT
     return Outcome.CHANGED if changed else Outcome.UNCHANGED
+
+
+def _waiting_for_agent(vmi: dict[str, Any]) -> str:
+    return _("The VM is running; waiting for the lab agent inside it to start.")
 
 
 def _apply(attempt: Attempt, changes: dict[str, Any]) -> bool:

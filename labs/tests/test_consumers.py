@@ -17,10 +17,12 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.test import Client
+from django.utils import translation
+from django.utils.translation import gettext
 
 from conftest import make_person
 from labs.console.recording import recording_path
-from labs.models import AttemptState
+from labs.models import Attempt, AttemptState
 from labs.services import attempt_extend
 from portal.asgi import application
 from portal.models import AuditEvent, Role
@@ -654,6 +656,46 @@ async def test_events_socket_speaks_the_language_of_its_page(attempt, cluster, s
     assert feedback(japanese, 2) == feedback(japanese, 1)
     assert feedback(chosen_english, 2) == feedback(chosen_english, 1)
     for viewer in viewers:
+        await viewer.close()
+
+
+async def test_why_an_attempt_failed_reaches_each_socket_in_its_own_language(attempt, cluster, student_a, ta_a,
+                                                                           monkeypatch):
+    """A worker words a failure in every language; the push carries them all, and each page (the Japanese
+    student's, an English TA's) shows its own, in the push and in the snapshot of a socket opened later."""
+    from labs.services import provisioning
+
+    monkeypatch.setattr(provisioning, "enqueue_teardown", lambda attempt_id: None)  # the VM is not the point here
+    await sync_to_async(Attempt.objects.filter(id=attempt.id).update)(language="ja")
+    path = f"/ws/attempts/{attempt.id}/events/"
+    student = Viewer(path, [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(student_a)),
+                            (b"accept-language", b"ja")])
+    ta = Viewer(path, [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(ta_a)), (b"accept-language", b"en")])
+    for viewer in (student, ta):
+        assert (await viewer.connect())[0]
+        await viewer.read_until(lambda v: len(v.messages) >= 1)
+
+    def fail() -> None:
+        with translation.override("en"):  # a worker's language is nobody's in particular
+            assert provisioning.attempt_fail(attempt_id=attempt.id,
+                                             reason=lambda: gettext("The VM was deleted outside the portal."))
+
+    await sync_to_async(fail)()
+
+    def failure(viewer):
+        failed = [m["attempt"] for m in viewer.messages
+                  if m["type"] == "attempt.update" and m["attempt"]["state"] == "failed"]
+        return failed[-1]["failure_reason"] if failed else None
+
+    for viewer in (student, ta):
+        await viewer.read_until(lambda v: failure(v) is not None)
+    assert failure(student) == "仮想マシンがポータルの外で削除されました。"
+    assert failure(ta) == "The VM was deleted outside the portal."
+    stored = await sync_to_async(Attempt.objects.get)(id=attempt.id)
+    assert stored.failure_reason == failure(student)  # the text field keeps the student's language
+    later = await open_events(ta_a, attempt.id)  # no Accept-Language: the default, English
+    assert later.messages[0]["attempt"]["failure_reason"] == "The VM was deleted outside the portal."
+    for viewer in (student, ta, later):
         await viewer.close()
 
 

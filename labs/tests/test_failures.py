@@ -75,7 +75,7 @@ def test_an_unschedulable_vm_fails_with_the_schedulers_words(
 
 
 def test_the_reason_is_written_in_the_language_the_student_started_in(
-        tight_cluster, client, student_a, course_a, django_capture_on_commit_callbacks):
+        tight_cluster, client, student_a, ta_a, course_a, django_capture_on_commit_callbacks):
     from django.conf import settings
     from django.urls import reverse
     from django.utils import translation
@@ -96,6 +96,18 @@ def test_the_reason_is_written_in_the_language_the_student_started_in(
     assert attempt.failure_reason.startswith("現在、この仮想マシンを動かせる空きがクラスターのどのノードにもありません")
     assert "Insufficient" in attempt.failure_reason  # the scheduler's own words stay as it wrote them
     assert "演習はもう一度開始できます" in attempt.failure_reason
+    # Written in every language: course staff, or the student after switching the page to English, read it in theirs.
+    assert attempt.failure_reason_texts["ja"] == attempt.failure_reason
+    english = attempt.failure_reason_texts["en"]
+    assert english.startswith("No node in the cluster has room for this VM right now") and "Insufficient" in english
+    with translation.override("en"):
+        assert attempt.failure_reason_shown == english
+    client.cookies[settings.LANGUAGE_COOKIE_NAME] = "en"
+    shown = client.get(reverse("labs:attempt_detail", args=[attempt.id])).content.decode()
+    assert "No node in the cluster has room for this VM right now" in shown and "現在、この仮想マシン" not in shown
+    client.force_login(ta_a)  # a TA whose browser asks for English, on the grading page of the attempt
+    shown = client.get(reverse("grading:attempt_detail", args=[attempt.id]), HTTP_ACCEPT_LANGUAGE="en").content
+    assert "No node in the cluster has room for this VM right now" in shown.decode()
 
 
 def test_unschedulable_within_the_grace_is_shown_as_progress_not_failure(
@@ -115,6 +127,10 @@ def test_unschedulable_within_the_grace_is_shown_as_progress_not_failure(
     wait_until(waiting_with_reason, step=lambda: tracking.namespace_sync(namespace=attempt.namespace),
                what="the unschedulable message")
     assert attempt.state == AttemptState.STARTING and attempt.failure_reason == ""
+    # Also worded in Japanese, for a page in Japanese (the scheduler's own words stay as it wrote them).
+    assert attempt.status_message_texts["en"] == attempt.status_message
+    assert attempt.status_message_texts["ja"].startswith("現在、この仮想マシンを動かせる空きがクラスターの")
+    assert "Insufficient" in attempt.status_message_texts["ja"]
 
 
 def test_a_bad_image_fails_with_an_image_pull_reason(

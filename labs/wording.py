@@ -1,0 +1,34 @@
+"""What the workers say about an attempt (why it failed, what the cluster is waiting for), in every language.
+
+The workers have no request to take a language from. Each message is written in each of the portal's languages
+(``settings.LANGUAGES``) when it is decided, and shown in the reader's: a student who switches the page's language,
+and course staff reading a classmate's attempt, read it in their own. The attempt's text fields keep the message in
+the language its student pressed Start in (``Attempt.language``): what an attempt without translations (made before
+them) shows, and what the admin searches. Words that come from the cluster (a scheduler's reason, an event) stay in
+the cluster's words in every language.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from django.conf import settings
+from django.utils import translation
+
+
+def in_every_language(build: Callable[[], str]) -> dict[str, str]:
+    """``build()`` under each of the portal's languages: ``{code: text}``. ``build`` must only translate and
+    format: whatever it needs from the cluster or the database is read once, before."""
+    texts = {}
+    for code, _name in settings.LANGUAGES:
+        with translation.override(code):
+            texts[code] = str(build())
+    return texts
+
+
+def in_language(texts: Mapping[str, str] | None, fallback: str, language: str | None = None) -> str:
+    """The text for ``language`` (the active language by default), else ``fallback``."""
+    if not texts:
+        return fallback
+    language = language or translation.get_language() or settings.LANGUAGE_CODE
+    return texts.get(language) or texts.get(language.split("-")[0]) or fallback
