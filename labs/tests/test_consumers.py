@@ -354,21 +354,33 @@ async def test_students_cannot_take_control_messages(attempt, cluster, student_a
     await student.close()
 
 
-async def test_typing_takes_no_worker_thread_per_keystroke(attempt, cluster, student_a, monkeypatch):
-    """channels' own dispatch closes stale database connections in a worker thread before every message; with
-    hundreds of typists that thread hop was most of a daphne's work. Typing, acknowledging and pinging must not
-    touch the database layer at all."""
+@pytest.fixture
+def count_stale_connection_closes(monkeypatch):
+    """Call it once the socket is open: from then on, each of channels' stale-connection closes (a worker-thread
+    hop) is counted in the list it returns."""
     import channels.db
 
-    calls = []
+    calls: list[int] = []
     original = channels.db.close_old_connections
 
     def counting(**kwargs):
         calls.append(1)
         return original(**kwargs)
 
+    def start() -> list[int]:
+        monkeypatch.setattr(channels.db, "close_old_connections", counting)
+        return calls
+
+    return start
+
+
+async def test_typing_takes_no_worker_thread_per_keystroke(attempt, cluster, student_a, monkeypatch,
+                                                           count_stale_connection_closes):
+    """channels' own dispatch closes stale database connections in a worker thread before every message; with
+    hundreds of typists that thread hop was most of a daphne's work. Typing, acknowledging and pinging must not
+    touch the database layer at all."""
     student = await connected_student(student_a, attempt.id)
-    monkeypatch.setattr(channels.db, "close_old_connections", counting)
+    calls = count_stale_connection_closes()
     for key in b"echo typed-$((40+2))":
         await student.type(bytes([key]))
     await student.type(b"\r")
@@ -581,20 +593,12 @@ async def test_console_output_for_a_closing_tab_is_dropped_and_the_other_tab_goe
     await staying.close()
 
 
-async def test_pushes_to_the_events_socket_take_no_worker_thread(attempt, cluster, student_a, monkeypatch):
+async def test_pushes_to_the_events_socket_take_no_worker_thread(attempt, cluster, student_a,
+                                                                 count_stale_connection_closes):
     """As for the console's keystrokes: a push or a ping is relayed without channels' stale-connection close in a
     worker thread (a thread hop per message, on the process's one thread for such calls)."""
-    import channels.db
-
-    calls = []
-    original = channels.db.close_old_connections
-
-    def counting(**kwargs):
-        calls.append(1)
-        return original(**kwargs)
-
     viewer = await open_events(student_a, attempt.id)
-    monkeypatch.setattr(channels.db, "close_old_connections", counting)
+    calls = count_stale_connection_closes()
     for number in range(3):
         await get_channel_layer().group_send(f"attempt-{attempt.id}", {"type": "grading.update", "run": {"id": number}})
     await viewer.send_json({"type": "ping"})
