@@ -70,6 +70,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
     access: ConsoleAccess | None = None
     ownership_task: asyncio.Task | None = None
     held: HeldLease | None = None
+    leaving: asyncio.Future | None = None
 
     # -- connection ---------------------------------------------------------------------------------------
 
@@ -137,6 +138,12 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
     async def disconnect(self, code: int) -> None:
         if self.access is None:
             return  # refused before accept: nothing was set up
+        # Shielded: the consumer may be cancelled meanwhile (daphne gives up on one that takes 10 s, a test
+        # communicator after 1 s), and the upstream, lease and registration must be handed back all the same.
+        self.leaving = asyncio.ensure_future(self._leave())
+        await asyncio.shield(self.leaving)
+
+    async def _leave(self) -> None:
         if self.ownership_task is not None:
             await cancel_and_wait(self.ownership_task)
         if self.upstream_task is not None:

@@ -312,6 +312,26 @@ async def test_a_tab_closing_as_its_lease_loop_wakes_still_cleans_up(attempt, cl
     await successor.close()
 
 
+async def test_a_tab_cancelled_while_leaving_still_hands_back_the_upstream(attempt, cluster, student_a, monkeypatch):
+    """A slow cleanup outlasts the wait of whoever closes the consumer (the test communicator cancels it after 1 s,
+    daphne after 10 s): the upstream is closed and the lease handed back all the same."""
+    from labs.consumers.console import AttemptConsoleConsumer
+
+    stopping = AttemptConsoleConsumer._stop_owning
+
+    async def slow_stop(self, *, release):
+        await asyncio.sleep(1.5)  # a Redis or cluster round trip on a loaded machine
+        await stopping(self, release=release)
+
+    monkeypatch.setattr(AttemptConsoleConsumer, "_stop_owning", slow_stop)
+    holder = await connected_student(student_a, attempt.id)
+    await holder.close()  # gives up after 1 s and cancels the consumer
+    assert holder.communicator.future.cancelled()
+    await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to close")
+    successor = await connected_student(student_a, attempt.id)
+    await successor.close()
+
+
 async def test_a_new_tab_gets_the_scrollback_first(attempt, cluster, student_a):
     first = await connected_student(student_a, attempt.id)
     await first.type(b"echo remembered-$((20+1))\r")
