@@ -15,6 +15,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.translation import gettext_lazy as _
 from kombu import Queue
 
+from portal.redis_async import pool_options
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -218,9 +220,11 @@ if REDIS_URL:
             # by default, which fires first and kills every consumer that has been idle for 5 s.
             # redis-py 8 also caps a pool at 100 connections and fails the 101st at once (MaxConnectionsError)
             # rather than waiting: a class opening its events sockets together runs 100+ group_add calls at once.
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30,
-                                  "max_connections": env_int("CHANNEL_LAYER_MAX_CONNECTIONS", 1000),
-                                  **REDIS_CONNECTION_OPTIONS}],
+            # Its connections write under asyncio.timeout, so a consumer's cancelled receive really ends
+            # (portal.redis_async).
+            "CONFIG": {"hosts": [pool_options(REDIS_URL, socket_timeout=30,
+                                              max_connections=env_int("CHANNEL_LAYER_MAX_CONNECTIONS", 1000),
+                                              **REDIS_CONNECTION_OPTIONS)],
                        "capacity": 1500, "expiry": 30},
         }
     }

@@ -8,6 +8,8 @@ import weakref
 import redis.asyncio as redis_asyncio
 from django.conf import settings
 
+from portal.redis_async import pool_options
+
 # Connections one process's consoles share. Every command is a single short round trip, so a few dozen carry
 # hundreds of consoles; past the cap a command waits for a free connection (up to the timeout) instead of
 # failing, which redis-py's default pool does at once from its 101st simultaneous command.
@@ -27,11 +29,13 @@ def shared_redis() -> redis_asyncio.Redis | None:
     loop = asyncio.get_running_loop()
     client = _clients.get(loop)
     if client is None:
-        pool = redis_asyncio.BlockingConnectionPool.from_url(
+        # Cancellable connections (portal.redis_async): a console's tasks are cancelled mid-command when its tab
+        # closes.
+        pool = redis_asyncio.BlockingConnectionPool(**pool_options(
             settings.REDIS_URL, health_check_interval=30, timeout=CONNECTION_WAIT_SECONDS,
             max_connections=getattr(settings, "CONSOLE_REDIS_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS),
             **settings.REDIS_CONNECTION_OPTIONS,
-        )
+        ))
         client = redis_asyncio.Redis(connection_pool=pool)
         _clients[loop] = client
     return client

@@ -1,0 +1,80 @@
+"""Connection pools for redis-py's asyncio client whose writes keep a cancellation: the channel layer's and the
+console bridge's.
+
+redis-py writes each command under ``asyncio.wait_for`` when the connection has a socket timeout (redis-py 8 gives
+every connection one; the channel layer sets 30 s). On Python 3.11 ``wait_for`` runs the write as a task of its own
+and loses a cancellation of the caller that lands in the turn in which that write finishes (python/cpython#86296,
+see ``portal.waiting``). A consumer whose tab closed then went on: channels cancels a consumer's channel-layer
+receive when it ends, and a receive that lost its cancellation kept daphne waiting until it killed the consumer.
+
+The connections here write under ``asyncio.timeout`` instead, in the calling task, so the caller's cancellation
+always arrives; the time limit, the disconnect on failure and the errors raised are redis-py's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+from redis import exceptions
+from redis.asyncio.connection import (
+    AbstractConnection,
+    Connection,
+    SSLConnection,
+    UnixDomainSocketConnection,
+    parse_url,
+)
+
+
+class _WritesUnderTimeout(AbstractConnection):
+    async def send_packed_command(self, command: bytes | str | Iterable[bytes], check_health: bool = True) -> None:
+        if not self.socket_timeout:  # redis-py writes in the calling task already
+            await super().send_packed_command(command, check_health=check_health)
+            return
+        if not self.is_connected:
+            await self.connect_check_health(check_health=False)
+        if check_health:
+            await self.check_health()
+        if isinstance(command, str):
+            command = command.encode()
+        if isinstance(command, bytes):
+            command = [command]
+        try:
+            async with asyncio.timeout(self.socket_timeout):
+                await self._send_packed_command(command)
+        except TimeoutError:  # the time limit (asyncio.timeout turns only its own expiry into TimeoutError)
+            await self.disconnect(nowait=True)
+            raise exceptions.TimeoutError("Timeout writing to socket") from None
+        except OSError as error:
+            await self.disconnect(nowait=True)
+            err_no, message = error.args[:2] if len(error.args) >= 2 else ("UNKNOWN", error)
+            raise exceptions.ConnectionError(f"Error {err_no} while writing to socket. {message}.") from error
+        except BaseException:
+            # Cancelled mid-write (or anything else): the command may be half sent, so the connection is not reused.
+            await self.disconnect(nowait=True)
+            raise
+
+
+class CancellableConnection(_WritesUnderTimeout, Connection):
+    """redis:// over TCP."""
+
+
+class CancellableSSLConnection(_WritesUnderTimeout, SSLConnection):
+    """rediss:// (TLS)."""
+
+
+class CancellableUnixConnection(_WritesUnderTimeout, UnixDomainSocketConnection):
+    """unix:// sockets."""
+
+
+_CLASSES = {Connection: CancellableConnection, SSLConnection: CancellableSSLConnection,
+            UnixDomainSocketConnection: CancellableUnixConnection}
+
+
+def pool_options(url: str, **options: Any) -> dict[str, Any]:
+    """Keyword arguments for ``redis.asyncio.ConnectionPool`` (or ``BlockingConnectionPool``) reaching ``url``,
+    with ``options`` and the cancellable connection class for the URL's scheme. channels_redis takes the same dict
+    as a host (one without ``address`` is passed to the pool as it is)."""
+    parsed = parse_url(url)
+    return {**options, **parsed, "connection_class": _CLASSES[parsed.get("connection_class", Connection)]}
