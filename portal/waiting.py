@@ -4,7 +4,8 @@ Python 3.11's ``asyncio.wait_for`` runs what it waits for as a task of its own. 
 ``wait_for`` is cancelled in the same turn of the loop in which that inner task finishes, ``wait_for`` returns the
 result and the cancellation is gone (python/cpython#86296, fixed in 3.12 by building ``wait_for`` on
 ``asyncio.timeout``). redis-py's asyncio client writes every command under ``wait_for`` (its socket timeout), so a
-task cancelled while a Redis command is on its way can simply go on. A console's lease loop, upstream and fan-out
+task cancelled while a Redis command is on its way could simply go on (the portal's asyncio Redis pools now write
+under ``asyncio.timeout``: ``portal.redis_async``). A console's lease loop, upstream and fan-out
 all talk to Redis and are cancelled when their tab closes: when a cancellation was lost, ``disconnect()`` waited
 for the task forever and daphne killed the consumer ten seconds later, without its cleanup (its upstream, lease and
 viewer registration left behind).
