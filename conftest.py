@@ -111,6 +111,22 @@ def lab_b(course_b) -> Lab:
 
 
 @pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's test database; before it is dropped, the sessions other threads still hold on it are ended.
+    asgiref runs an async test's ``sync_to_async`` calls on a thread of its own that lives as long as the process,
+    and that thread's connection made the drop fail ("being accessed by other users"), leaving the database behind
+    whenever such a test was among the last to run."""
+    yield
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+
+@pytest.fixture(scope="session")
 def kubesim_server(tmp_path_factory):
     """One kubesim for the session, started as a subprocess and spoken to over HTTP, as production would."""
     from kubesim.testing import KubesimServer
