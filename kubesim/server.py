@@ -228,6 +228,11 @@ class KubeSim:
             return error_response(error)
         except web.HTTPException:
             raise
+        except ConnectionResetError:
+            # The client left before the answer went out (a WebSocket handshake it gave up on, say): nothing went
+            # wrong here and there is nobody to answer. The status only reaches the access log.
+            log.debug("%s %s: the client went away before the answer", request.method, request.path)
+            return web.Response(status=499)
         except Exception as exc:  # the client gets a Status, the operator a traceback in the log
             log.exception("%s %s failed", request.method, request.path)
             return error_response(ApiError(500, f"Internal error occurred: {exc!r}"))

@@ -6,6 +6,7 @@ import base64
 import gzip
 from decimal import Decimal
 
+import aiohttp
 import pytest
 
 from kubesim import admission
@@ -170,3 +171,31 @@ def test_a_long_list_encoding_lets_the_event_loop_serve_other_streams_meanwhile(
     # 40 ms of encoding in slices of a few: the other stream ran between slices, not only after the list.
     assert ticks >= int(0.040 / LIST_ENCODING_SLICE_SECONDS) // 2
     assert asyncio.run(encoded_items([])) == b""
+
+
+@pytest.mark.parametrize("failure, status, logged", [
+    # The client left while the answer was being written (its socket closing, not yet gone): nobody to answer.
+    (aiohttp.ClientConnectionResetError("Cannot write to closing transport"), 499, False),
+    (ConnectionResetError("Connection lost"), 499, False),
+    # A real failure of the server's: a Status for the client, a traceback for the operator.
+    (KeyError("status"), 500, True),
+], ids=["closing transport", "connection lost", "server failure"])
+async def test_a_client_gone_mid_answer_is_not_logged_as_a_server_failure(failure, status, logged, caplog):
+    from aiohttp.test_utils import make_mocked_request
+
+    from kubesim.config import SimConfig
+    from kubesim.server import KubeSim
+
+    sim = KubeSim(config=SimConfig(), token="token")
+    request = make_mocked_request(
+        "GET", "/apis/subresources.kubevirt.io/v1/namespaces/n/virtualmachineinstances/v/console",
+        headers={"Authorization": "Bearer token"})
+
+    async def handler(_request):
+        raise failure
+
+    with caplog.at_level("DEBUG", logger="kubesim.server"):
+        response = await sim._middleware(request, handler)
+    assert response.status == status
+    errors = [record for record in caplog.records if record.levelname == "ERROR"]
+    assert bool(errors) is logged
