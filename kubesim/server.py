@@ -68,6 +68,10 @@ def _method_verb(method: str, *, named: bool, watch: bool) -> str:
             "DELETE": "delete" if named else "deletecollection"}.get(method, method.lower())
 
 
+# Where the middleware leaves its reading of the request for the handler.
+ROUTE = web.RequestKey("route", Route)
+
+
 def classify(method: str, path: str, query: Any) -> Route:
     parts = [p for p in path.split("/") if p]
     watching = query.get("watch") in ("true", "1", "True")
@@ -213,7 +217,7 @@ class KubeSim:
         if not self.authorized(request):
             return error_response(ApiError(401, "Unauthorized"))
         route = classify(request.method, request.path, request.query)
-        request["route"] = route
+        request[ROUTE] = route
         if route.kind != "admin":
             self.counters.count(route.verb, route.resource)
             delay = self.faults.latency_for(route.verb, route.resource)
@@ -272,7 +276,7 @@ class KubeSim:
 
     # ---- REST --------------------------------------------------------------------------------------------
     async def dispatch(self, request: web.Request) -> web.StreamResponse:
-        route: Route = request["route"]
+        route = request[ROUTE]
         parts = [p for p in request.path.split("/") if p]
         if route.kind == "discovery":
             return self._discovery(parts)
