@@ -132,6 +132,32 @@ def test_dashboard_gives_staff_a_watch_link_for_running_attempts(ta_a, student_a
     assert watch not in logged_in(instructor_b).get(reverse("dashboard")).content.decode()
 
 
+def test_dashboard_links_staff_to_each_courses_gradebook_and_students_to_their_grades(
+        ta_a, student_a, instructor_b, course_a, course_b, lab_a):
+    gradebook = reverse("grading:gradebook", args=[course_a.id])
+    staff_page = logged_in(ta_a).get(reverse("dashboard")).content.decode()
+    card = re.search(rf'<section class="card course" data-staff-course="{course_a.id}">(.*?)</section>',
+                     staff_page, re.S).group(1)
+    assert f'href="{gradebook}"' in card
+    # A TA takes no course: no empty "My labs" heading above the courses they teach, which title the page.
+    assert "<h1>My labs</h1>" not in staff_page and "<title>Courses I teach" in staff_page
+    assert reverse("grading:my_grades") not in staff_page
+
+    student_page = logged_in(student_a).get(reverse("dashboard")).content.decode()
+    assert "<h1>My labs</h1>" in student_page and f'href="{reverse("grading:my_grades")}"' in student_page
+    assert gradebook not in student_page
+    assert gradebook not in logged_in(instructor_b).get(reverse("dashboard")).content.decode()
+
+
+def test_every_page_header_leads_to_the_labs_and_the_grades(student_a, lab_a, client):
+    header_links = r'<nav class="site-nav"[^>]*>(.*?)</nav>'
+    for page in (reverse("dashboard"), reverse("labs:lab_detail", args=[lab_a.id]), reverse("grading:my_grades")):
+        nav = re.search(header_links, logged_in(student_a).get(page).content.decode(), re.S).group(1)
+        assert f'href="{reverse("dashboard")}"' in nav and f'href="{reverse("grading:index")}"' in nav, page
+    login_page = client.get(reverse("login")).content.decode()
+    assert f'href="{reverse("grading:index")}"' not in re.search(header_links, login_page, re.S).group(1)
+
+
 def test_dashboard_query_count_does_not_grow_with_labs(student_a, course_a, django_assert_max_num_queries):
     for index in range(8):
         lab = make_lab(course_a, title=f"Lab {index}")
