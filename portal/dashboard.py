@@ -82,9 +82,11 @@ class OpsOverview:
 
 
 def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    """``end - start`` in seconds, never below 0: VMI phase times come from the cluster in whole seconds, so one
+    reached in the same second as a precise time of the portal's can read up to a second before it."""
     if start is None or end is None:
         return None
-    return (end - start).total_seconds()
+    return max(0.0, (end - start).total_seconds())
 
 
 def ops_tenant_ids_for_user(*, user: User) -> list[int]:

@@ -38,7 +38,7 @@ from datetime import timedelta
 import redis
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, QuerySet, Sum
+from django.db.models import Case, Count, DurationField, ExpressionWrapper, F, Q, QuerySet, Sum, Value, When
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -149,6 +149,17 @@ aconsole_session_opened = sync_to_async(console_session_opened, thread_sensitive
 aconsole_session_closed = sync_to_async(console_session_closed, thread_sensitive=False)
 
 
+def _span(start: str, end: str) -> Case:
+    """``end - start``, and 0 where ``end`` reads earlier than ``start``: the VMI's phase times come from the
+    cluster in whole seconds (Kubernetes writes times without fractions), so a phase reached within the same second
+    as the portal's precise ``provisioned_at`` reads up to a second before it. NULL where either is missing."""
+    return Case(
+        When(**{f"{end}__lt": F(start)}, then=Value(timedelta(0))),
+        default=ExpressionWrapper(F(end) - F(start), output_field=DurationField()),
+        output_field=DurationField(),
+    )
+
+
 def _duration_histograms(
     queryset: QuerySet, *, spans: dict[str, tuple[str, str]], buckets: Iterable[float]
 ) -> dict[str, tuple[list[tuple[str, int]], float, int]]:
@@ -157,10 +168,7 @@ def _duration_histograms(
     Returns ``{label: ([(le, cumulative count), ..., ("+Inf", count)], sum_seconds, count)}``.
     """
     buckets = tuple(buckets)
-    aliases = {
-        label: ExpressionWrapper(F(end) - F(start), output_field=DurationField())
-        for label, (start, end) in spans.items()
-    }
+    aliases = {label: _span(start, end) for label, (start, end) in spans.items()}
     aggregates = {}
     for label in spans:
         alias = f"d_{label}"
@@ -232,7 +240,8 @@ class PortalCollector(Collector):
             "portal_attempt_phase_seconds",
             "Start latency per phase of the attempts requested in the last hour (provision: request to VM "
             "created; pending/scheduling/scheduled/boot: VMI phases; agent: VMI running to agent ready; total: "
-            "request to running).",
+            "request to running). VMI phase times come from the cluster in whole seconds; a span that reads "
+            "negative because of that counts as 0.",
             labels=["phase"],
         )
         for phase, (series, total, _count) in histograms.items():

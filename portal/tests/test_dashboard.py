@@ -128,3 +128,16 @@ def test_only_superusers_see_the_sync_error_text(client, instructor_a, superuser
         from django.core.cache import cache
 
         cache.delete(health.SYNC_LAST_ERROR_KEY)
+
+
+@pytest.mark.django_db
+def test_a_vmi_phase_stamped_in_whole_seconds_reads_as_zero_not_negative(instructor_a, lab_a):
+    """The VMI's phase times come from the cluster without fractions: Pending in the second the VM was created
+    reads before the portal's precise provisioned_at, which showed on the dashboard as a negative latency."""
+    requested = timezone.now().replace(microsecond=0) - timedelta(minutes=5)
+    attempt(lab_a, state=AttemptState.RUNNING, username="whole_seconds", requested_at=requested,
+            provisioned_at=requested + timedelta(seconds=1.8), pending_at=requested + timedelta(seconds=1),
+            scheduling_at=requested + timedelta(seconds=3), agent_ready_at=requested + timedelta(seconds=4.5))
+    overview = ops_overview_for_user(user=instructor_a)
+    assert overview.phases["pending"].p50 == 0
+    assert overview.phases["scheduling"].p50 == pytest.approx(2)

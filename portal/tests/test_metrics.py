@@ -131,6 +131,21 @@ def test_start_phase_histogram_buckets_the_recent_attempts(client, lab_a, course
     assert samples[("portal_attempt_phase_seconds_count", (("phase", "scheduling"),))] == 0
 
 
+def test_a_vmi_phase_stamped_in_whole_seconds_never_makes_a_negative_span(client, lab_a, course_a):
+    """Kubernetes writes the VMI's phase times without fractions: a VMI Pending in the second its VM was created
+    reads up to a second before the portal's precise provisioned_at. That span is 0, not negative."""
+    requested = timezone.now().replace(microsecond=0) - timedelta(minutes=5)
+    attempt(lab_a, students(course_a, 1, "w")[0], state=AttemptState.RUNNING, requested_at=requested,
+            provisioned_at=requested + timedelta(seconds=1.8), pending_at=requested + timedelta(seconds=1),
+            scheduling_at=requested + timedelta(seconds=3), vmi_running_at=requested + timedelta(seconds=4),
+            agent_ready_at=requested + timedelta(seconds=4.5))
+    samples = scrape(client)
+    assert samples[("portal_attempt_phase_seconds_count", (("phase", "pending"),))] == 1
+    assert samples[("portal_attempt_phase_seconds_sum", (("phase", "pending"),))] == 0
+    assert samples[("portal_attempt_phase_seconds_bucket", (("le", "0.05"), ("phase", "pending")))] == 1
+    assert samples[("portal_attempt_phase_seconds_sum", (("phase", "scheduling"),))] == pytest.approx(2)
+
+
 @pytest.mark.django_db
 def test_grading_outcomes_and_durations_come_from_runs(client, lab_a, student_a):
     now = timezone.now()
