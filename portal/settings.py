@@ -231,7 +231,7 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    CELERY_BROKER_URL = "memory://"
+    CELERY_BROKER_URL = "memory://localhost/"  # with a host: kombu warns at start without one
 # The cache is shared by web, worker and beat through Redis (the sync loop's heartbeat read by /readyz, probe
 # results); the embedded default runs everything in one process, so process memory is enough there.
 # django-redis keeps one connection pool per process: Django's own Redis backend builds a pool per cache object,
@@ -439,5 +439,11 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        # Celery's line per task sent, received and succeeded: the attempt sync alone runs every few seconds, and
+        # at INFO those lines bury everything else (bin/run's logins, warnings). Failures are logged at ERROR.
+        **{name: {"level": env_str("TASK_LOG_LEVEL", "WARNING")}
+           for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")},
+    },
 }
