@@ -21,6 +21,10 @@ only once its guest process is up: the 100-start VMI-Running figure and its base
 second kubesim with ``--guest none`` (VMIs run at once, no agent), which measures the portal rather than guest
 boots. The single starts and the agent-ready figures use real guests.
 
+Each process's CPU is measured over the burst, and over ten starts made one at a time on the same guest-less portal
+just before it (``sequential``, with an idle stretch as long beside it): what a start costs alone against what it
+costs among a hundred.
+
 Each student's browser is an aiohttp client with a logged-in session that does what a browser on the lab page
 does: it has loaded the lab page and its scripts before; pressing Start posts the page's form with fetch() and
 ``Accept: application/json`` (``static/js/start.js``), and the answer brings the attempt panel, which the page
@@ -59,6 +63,7 @@ from bench.common import (
 )
 
 SINGLE_STARTS = 8
+SEQUENTIAL_STARTS = 10
 CONCURRENT_STARTS = 100
 START_TIMEOUT_SECONDS = 60
 TARGET_P95_SINGLE_MS = 500
@@ -324,6 +329,34 @@ async def warm_up(*, base_url: str, lab_id: int, browsers: list[Browser]) -> Non
                                for browser in browsers))
 
 
+def per_start_ms(cpu: dict[str, float | None], starts: int) -> dict[str, float]:
+    return {name: round(value * 1000 / starts, 1) for name, value in cpu.items()
+            if name not in ("wall", "cores") and value is not None}
+
+
+def sequential_cpu(*, portal, server, lab_id: int, browsers: list[Browser]) -> dict[str, Any]:
+    """The same start one at a time, on the same portal as the burst: what one start costs each process when it is
+    alone, to set beside the burst's CPU per start (more in the burst would be contention; less, batching). Each
+    attempt is ended once its browser saw it running (a guest-less agent never answers, and the checks of earlier
+    attempts would go on costing the later starts); an idle stretch as long is measured too (syncs, heartbeats)."""
+    pids = {**{name: process.pid for name, process in portal.processes.items()}, "kubesim": server.process.pid}
+    results = []
+    with cpu_used(pids) as cpu:
+        for browser in browsers:
+            outcome = asyncio.run(browser_starts(base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id,
+                                                 browsers=[browser], until="vmi_running"))[0]
+            results.append(outcome)
+            if "attempt_id" in outcome:
+                end_attempts([outcome["attempt_id"]])
+    with cpu_used(pids) as idle:
+        time.sleep(cpu["wall"])
+    return {"starts": len(browsers),
+            "to_vmi_running": summary_ms([r["vmi_running_seconds"] for r in results if "vmi_running_seconds" in r]),
+            "failed": sum(1 for r in results if "error" in r), "wall_seconds": cpu["wall"],
+            "cpu_ms_per_start": per_start_ms(cpu, len(browsers)),
+            "idle_cpu_ms_per_start": per_start_ms(idle, len(browsers))}
+
+
 def measure_portal(*, portal, server, lab_id: int, students: list, single: bool, until: str) -> dict[str, Any]:
     """One start at a time for ``SINGLE_STARTS`` students (when ``single``), then ``CONCURRENT_STARTS`` together."""
     browsers = [Browser(session_cookie(student)) for student in students]
@@ -341,6 +374,9 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
         # (ATTEMPT_CONCURRENT_START_LIMIT, 100) counts it.
         end_attempts([warm[0]["attempt_id"]])
         browsers = browsers[1:]
+        measured["sequential"] = sequential_cpu(portal=portal, server=server, lab_id=lab_id,
+                                                browsers=browsers[:SEQUENTIAL_STARTS])
+        browsers = browsers[SEQUENTIAL_STARTS:]
     if single:
         singles = []
         for browser in browsers[:SINGLE_STARTS]:
@@ -363,9 +399,7 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
     # Where the machine went: CPU seconds per process over the burst, and per start; PostgreSQL and Redis as
     # every process of each on the machine (nothing else uses them during a benchmark run).
     measured["concurrent_100"]["cpu_seconds"] = cpu
-    measured["concurrent_100"]["cpu_ms_per_start"] = {
-        name: round(value * 1000 / CONCURRENT_STARTS, 1) for name, value in cpu.items()
-        if name not in ("wall", "cores") and value is not None}
+    measured["concurrent_100"]["cpu_ms_per_start"] = per_start_ms(cpu, CONCURRENT_STARTS)
     return measured
 
 
@@ -510,7 +544,8 @@ def main() -> None:
     from labs.models import Attempt
 
     # Separate tenants (so separate namespaces) for the two kubesims.
-    fast = seed_course(students=1 + CONCURRENT_STARTS, labs=1, name="Bench Start No-Guest University")
+    fast = seed_course(students=1 + SEQUENTIAL_STARTS + CONCURRENT_STARTS, labs=1,
+                       name="Bench Start No-Guest University")
     real = seed_course(students=SINGLE_STARTS + CONCURRENT_STARTS, labs=1, name="Bench Start University")
 
     log("kubesim --guest none: direct baseline to VMI Running")
