@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 
 from django.conf import settings
 from django.utils import translation
+from django.utils.translation import gettext as _
 
 
 def in_every_language(build: Callable[[], str]) -> dict[str, str]:
@@ -32,3 +33,8 @@ def in_language(texts: Mapping[str, str] | None, fallback: str, language: str | 
         return fallback
     language = language or translation.get_language() or settings.LANGUAGE_CODE
     return texts.get(language) or texts.get(language.split("-")[0]) or fallback
+
+
+def with_cluster_words(words: str, said: str) -> str:
+    """``words``, then what the cluster said about it (left in the cluster's words), when it said anything."""
+    return f"{words} " + _("The cluster says: %(detail)s") % {"detail": said} if said else words

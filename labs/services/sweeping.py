@@ -30,6 +30,7 @@ from labs.kubevirt import names, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, TenantNamespace
 from labs.services.provisioning import attempt_end, attempt_fail
+from labs.wording import with_cluster_words
 from portal.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -222,8 +223,7 @@ def _sweep_attempt(*, attempt: Attempt, vm: dict[str, Any] | None, listed_at: da
             detail = start_failure_detail(attempt=attempt, vm_listed=vm is not None)
 
             def reason() -> str:
-                words, said = _start_timed_out(timeout), detail()
-                return words + " " + _("The cluster says: %(detail)s") % {"detail": said} if said else words
+                return with_cluster_words(_start_timed_out(timeout), detail())
 
             if attempt_fail(attempt_id=attempt.id, reason=reason, from_states=(AttemptState.STARTING,)):
                 report.timed_out.append(attempt.id)

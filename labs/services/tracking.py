@@ -41,7 +41,7 @@ from labs.services.provisioning import (
     attempt_mark_running,
     namespace_list_soon,
 )
-from labs.wording import in_every_language
+from labs.wording import in_every_language, with_cluster_words
 
 logger = logging.getLogger(__name__)
 
@@ -247,9 +247,9 @@ def _fail_restarted(attempt: Attempt) -> str:
         detail = ""
 
     def reason() -> str:
-        words = _("The VM stopped unexpectedly (it crashed or was shut down from inside) and was restarted from a "
-                  "fresh disk, so the work in it is lost.")
-        return words + " " + _("The cluster says: %(detail)s") % {"detail": detail} if detail else words
+        return with_cluster_words(_(
+            "The VM stopped unexpectedly (it crashed or was shut down from inside) and was restarted from a fresh "
+            "disk, so the work in it is lost."), detail)
 
     return Outcome.FAILED if attempt_fail(attempt_id=attempt.id, reason=reason) else Outcome.UNCHANGED
 

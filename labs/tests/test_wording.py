@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.utils import translation
 from django.utils.translation import gettext
 
-from labs.wording import in_every_language, in_language
+from labs.wording import in_every_language, in_language, with_cluster_words
 
 DELETED = "The VM was deleted outside the portal."
 
@@ -27,3 +27,11 @@ def test_the_reader_gets_their_language_else_the_stored_text():
     assert in_language({}, "stored", "ja") == "stored"  # written before messages had translations
     with translation.override("ja"):
         assert in_language(texts, "stored") == "消えました"
+
+
+def test_what_the_cluster_said_follows_the_words_in_their_language_and_stays_its_own():
+    said = 'pod "virt-launcher-x" is unschedulable'
+    texts = in_every_language(lambda: with_cluster_words(gettext(DELETED), said))
+    assert texts["en"] == f"{DELETED} The cluster says: {said}"
+    assert texts["ja"] == f"仮想マシンがポータルの外で削除されました。 クラスターからのメッセージ: {said}"
+    assert with_cluster_words(DELETED, "") == DELETED  # nothing said, nothing added
