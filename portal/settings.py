@@ -54,6 +54,16 @@ def env_int(name: str, default: int) -> int:
         raise ImproperlyConfigured(f"{name} must be an integer, not {value!r}.") from exc
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def env_log_level(name: str, default: str) -> str:
+    value = (env_str(name) or default).strip().upper()
+    if value not in LOG_LEVELS:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(LOG_LEVELS)}, not {env_str(name)!r}.")
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     value = env_str(name)
     if value is None:
@@ -438,12 +448,12 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": env_log_level("LOG_LEVEL", "INFO")},
     "loggers": {
         "django.db.backends": {"level": "INFO"},
         # Celery's line per task sent, received and succeeded: the attempt sync alone runs every few seconds, and
         # at INFO those lines bury everything else (bin/run's logins, warnings). Failures are logged at ERROR.
-        **{name: {"level": env_str("TASK_LOG_LEVEL", "WARNING")}
+        **{name: {"level": env_log_level("TASK_LOG_LEVEL", "WARNING")}
            for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")},
     },
 }
