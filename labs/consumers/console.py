@@ -139,7 +139,8 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
         if self.access is None:
             return  # refused before accept: nothing was set up
         # Shielded: the consumer may be cancelled meanwhile (daphne gives up on one that takes 10 s, a test
-        # communicator after 1 s), and the upstream, lease and registration must be handed back all the same.
+        # communicator after 1 s), and the upstream, lease and registration must be handed back all the same. Kept
+        # on the consumer: once the shield's waiter is cancelled, nothing else holds the task while it runs.
         self.leaving = asyncio.ensure_future(self._leave())
         await asyncio.shield(self.leaving)
 
