@@ -32,6 +32,7 @@ from portal.forms import (
     CourseAdminForm,
     EnrollmentImportForm,
     MembershipAdminForm,
+    TenantAdminForm,
     TenantUserChangeForm,
     TenantUserCreationForm,
 )
@@ -68,10 +69,12 @@ def password_links_csv(rows: list[dict[str, str]]) -> str:
 
 @admin.register(Tenant)
 class TenantAdmin(SuperuserOnlyAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
-    list_display = ("name", "namespace", "max_concurrent_vms", "max_vcpus", "max_memory_mib", "created_at")
+    form = TenantAdminForm
+    list_display = ("name", "namespace", "time_zone", "max_concurrent_vms", "max_vcpus", "max_memory_mib",
+                    "created_at")
     search_fields = ("name", "namespace")
     readonly_fields = ("namespace", "created_at")
-    fields = ("name", "namespace", "max_concurrent_vms", "max_vcpus", "max_memory_mib", "created_at")
+    fields = ("name", "namespace", "time_zone", "max_concurrent_vms", "max_vcpus", "max_memory_mib", "created_at")
 
     def audit_scope(self, obj: Tenant) -> dict:
         return {"tenant": obj}

@@ -8,6 +8,34 @@ from django.utils.translation import gettext_lazy as _
 
 from portal.enrollment import MAX_FILE_BYTES
 from portal.models import Course, Membership, Tenant, User
+from portal.timezones import time_zone_names
+
+
+def time_zone_choices() -> list[tuple[str, str]]:
+    from django.conf import settings
+
+    default = _("The portal's default (%(zone)s)") % {"zone": settings.TIME_ZONE}
+    return [("", default), *((name, name) for name in time_zone_names())]
+
+
+class TenantAdminForm(forms.ModelForm):
+    """The tenant's time zone from a list of the zones this installation knows, rather than typed."""
+
+    class Meta:
+        model = Tenant
+        fields = ["name", "max_concurrent_vms", "max_vcpus", "max_memory_mib", "time_zone"]
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["time_zone"]
+        choices = time_zone_choices()
+        current = self.instance.time_zone
+        if current and current not in dict(choices):  # a zone a tzdata update dropped stays visible, to be changed
+            choices.append((current, current))
+        self.fields["time_zone"] = forms.ChoiceField(
+            choices=choices, required=False, label=field.label, help_text=field.help_text,
+            validators=field.validators,
+        )
 
 
 class CourseAdminForm(forms.ModelForm):

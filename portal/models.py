@@ -11,6 +11,8 @@ from django.db import models
 from django.utils.text import slugify
 from django.utils.translation import gettext_lazy as _
 
+from portal.timezones import validate_time_zone
+
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -38,6 +40,11 @@ class Tenant(models.Model):
     max_memory_mib = models.PositiveIntegerField(
         _("memory (MiB)"), default=256 * 1024,
         help_text=_("Counted as the virt-launcher pods request it: guest memory plus KubeVirt's overhead."),
+    )
+    time_zone = models.CharField(
+        _("time zone"), max_length=64, blank=True, default="", validators=[validate_time_zone],
+        help_text=_("The institution's clock (an IANA name such as Asia/Tokyo): its people see every date and time "
+                    "in it, and instructors enter due dates in it. Empty: the portal's default."),
     )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
 

@@ -122,6 +122,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "portal.timezones.TenantTimeZoneMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
@@ -190,6 +191,9 @@ AUTH_PASSWORD_VALIDATORS = [
 if PORTAL_ENV == "test":
     # PBKDF2 costs about a second per persona on a shared CI core; tests check behaviour, not hashing strength.
     PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# The session's user comes with its tenant (portal.timezones). Django's own backend stays listed so that sessions
+# it signed in before remain valid.
+AUTHENTICATION_BACKENDS = ["portal.auth_backends.TenantModelBackend", "django.contrib.auth.backends.ModelBackend"]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
@@ -197,7 +201,10 @@ LOGOUT_REDIRECT_URL = "login"
 LANGUAGE_CODE = "en"
 LANGUAGES = [("en", _("English")), ("ja", _("Japanese"))]
 LOCALE_PATHS = [BASE_DIR / "locale"]
+# The default clock: a tenant with a time zone of its own (Tenant.time_zone) is shown in that (portal.timezones).
 TIME_ZONE = env_str("TIME_ZONE", "UTC")
+# Date-and-time formats that end with the zone's abbreviation and write times as the browser's Intl does.
+FORMAT_MODULE_PATH = ["portal.formats"]
 USE_I18N = True
 USE_TZ = True
 

@@ -29,6 +29,7 @@ from portal.errors import Conflict, NotFound, PermissionDenied, Unavailable
 from portal.models import Role, Tenant, User
 from portal.selectors import course_role
 from portal.services import audit_record
+from portal.timezones import tenant_time_zone
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +53,10 @@ def retry_after_seconds() -> int:
 
 def _lab_closed_message(lab: Lab, now) -> str:
     if lab.opens_at and now < lab.opens_at:
+        # In the tenant's clock even for an API client the page middleware does not see signed in.
+        zone = tenant_time_zone(lab.course.tenant)
         return _("This lab opens on %(when)s.") % {"when": formats.date_format(
-            timezone.localtime(lab.opens_at), "DATETIME_FORMAT")}
+            timezone.localtime(lab.opens_at, zone), "DATETIME_FORMAT")}
     return _("This lab is closed.")
 
 

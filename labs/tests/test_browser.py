@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.conf import settings
@@ -15,6 +17,7 @@ from tests.browser.live import REPO_ROOT, LivePortal, subprocess_database_url
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
+TOKYO = ZoneInfo("Asia/Tokyo")
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -71,6 +74,19 @@ def known_unrelated_console_error(text: str) -> bool:
     return "Content Security Policy" in text and "invalid source" in text
 
 
+def in_a_thread(work):
+    """Run ``work`` (database access) in a thread of its own: Playwright's event loop runs in the test's thread,
+    where Django refuses synchronous queries."""
+    def run():
+        try:
+            return work()
+        finally:
+            connection.close()  # the thread's own connection, not left for the garbage collector
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(run).result()
+
+
 def terminal_text(page) -> str:
     return page.locator("#terminal .xterm-rows").inner_text()
 
@@ -91,11 +107,16 @@ def student_page(browser, base_url: str):
     return context, page
 
 
-def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_a, live_portal, browser):
+def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_a, tenant_a, live_portal, browser):
     # Rows first: Playwright runs an event loop in this thread, where Django refuses synchronous queries.
     from playwright.sync_api import expect
 
-    context = browser.new_context(base_url=live_portal.url, viewport={"width": 1400, "height": 1000})
+    from portal.models import Tenant
+
+    # The browser's own clock is UTC here: the page must draw its times in the tenant's.
+    in_a_thread(lambda: Tenant.objects.filter(id=tenant_a.id).update(time_zone="Asia/Tokyo"))
+    context = browser.new_context(base_url=live_portal.url, viewport={"width": 1400, "height": 1000},
+                                  timezone_id="UTC")
     context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live_portal.url)
     context.set_default_timeout(30_000)
     page = context.new_page()
@@ -125,6 +146,12 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_
     expect(page.locator("#progress .step-elapsed").first).to_have_text("")
     for elapsed in page.locator("#progress .step-elapsed").all_inner_texts()[1:]:
         assert re.fullmatch(r"\+\d+\.\d s", elapsed), elapsed  # never negative
+    # Times drawn by the script and by the server are in the tenant's clock, written alike ("9:24:06 PM").
+    requested = page.locator("#progress [data-step='requested'] .step-time")
+    at = datetime.fromisoformat(requested.get_attribute("datetime").replace("Z", "+00:00")).astimezone(TOKYO)
+    assert " ".join(requested.inner_text().split()) == f"{at:%-I:%M:%S %p}"
+    expect(page.locator("#history [data-history-attempt] time").first).to_have_text(
+        re.compile(rf"\w+\.? {at.day}, {at.year}, {at:%-I:%M %p} JST"))
     expect(page.locator("#history [data-history-attempt] .state")).to_have_text("Running")
     expect(page.locator("#countdown")).to_have_text(re.compile(r"\d+:\d\d"))
     expect(page.locator("#live-indicator")).to_have_class(re.compile(r"\bon\b"))
@@ -247,16 +274,6 @@ def test_a_refused_start_says_why_on_the_page_and_can_be_tried_again(student_a, 
 
     from labs.models import Attempt
     from portal.models import Tenant
-
-    def in_a_thread(work):  # Playwright's event loop runs in this thread, where Django refuses queries
-        def run():
-            try:
-                return work()
-            finally:
-                connection.close()  # the thread's own connection, not left for the garbage collector
-
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            return pool.submit(run).result()
 
     def capacity(vms: int) -> None:
         in_a_thread(lambda: Tenant.objects.filter(id=lab_a.course.tenant_id).update(max_concurrent_vms=vms))

@@ -96,7 +96,7 @@ def test_language_switcher_posts_to_set_language_and_switches_to_japanese(studen
     assert f'action="{reverse("set_language")}"' in html
     assert 'name="language" value="ja"' in html
     client.post(reverse("set_language"), {"language": "ja", "next": reverse("dashboard")})
-    assert '<html lang="ja">' in client.get(reverse("dashboard")).content.decode()
+    assert '<html lang="ja" ' in client.get(reverse("dashboard")).content.decode()
 
 
 # -- dashboard ------------------------------------------------------------------------------------------------

@@ -109,13 +109,13 @@ def ja_get(client, url: str):
 @pytest.mark.django_db
 def test_login_page_follows_accept_language(client):
     page = ja_get(client, reverse("login"))
-    assert '<html lang="ja">' in page
+    assert '<html lang="ja" ' in page
     for text in ("ログイン", "ユーザー名", "パスワード", "演習ポータル", "日本語"):
         assert text in page, text
     assert "Log in" not in page
 
     english = client.get(reverse("login"), HTTP_ACCEPT_LANGUAGE="en").content.decode()
-    assert '<html lang="en">' in english and "Log in" in english and "ログイン" not in english
+    assert '<html lang="en" ' in english and "Log in" in english and "ログイン" not in english
 
 
 def test_login_failure_message_in_japanese(client, student_a):

@@ -7,6 +7,19 @@
 "use strict";
 
 (function () {
+  function pageTimeFormat() {
+    const root = document.documentElement;
+    const options = { timeStyle: "medium" };
+    if (root.dataset.timeZone) {
+      options.timeZone = root.dataset.timeZone;
+    }
+    try {
+      return new Intl.DateTimeFormat(root.lang || undefined, options);
+    } catch (error) {  // a zone this browser does not know: its own clock rather than no times at all
+      return new Intl.DateTimeFormat(root.lang || undefined, { timeStyle: "medium" });
+    }
+  }
+
   function init() {
     const configElement = document.getElementById("attempt-config");
     if (!configElement) {
@@ -19,7 +32,8 @@
 
     const byId = (id) => document.getElementById(id);
     const format = window.portal.format;
-    const timeFormat = new Intl.DateTimeFormat(document.documentElement.lang || undefined, { timeStyle: "medium" });
+    // The page's clock (its tenant's time zone, as the server rendered the page's other times in), not the browser's.
+    const timeFormat = pageTimeFormat();
 
     let attempt = config.initial;
     let latestRun = null;

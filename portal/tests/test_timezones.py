@@ -1,0 +1,170 @@
+"""Each tenant's clock: pages, admin input and messages in the tenant's time zone; the default elsewhere."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from labs.models import Lab
+from labs.services import attempt_start
+from portal.auth_backends import TenantModelBackend
+from portal.errors import Conflict
+from portal.forms import TenantAdminForm
+from portal.models import Tenant
+from portal.timezones import validate_time_zone
+
+pytestmark = pytest.mark.django_db
+
+# 23:59 in Tokyo (UTC+9, no daylight saving) on 5 December is 14:59 UTC.
+DUE = datetime(2026, 12, 5, 14, 59, tzinfo=UTC)
+
+
+def logged_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def tokyo(tenant: Tenant) -> Tenant:
+    tenant.time_zone = "Asia/Tokyo"
+    tenant.save()
+    return tenant
+
+
+def test_a_zone_must_be_one_the_installation_knows():
+    validate_time_zone("Asia/Tokyo")
+    validate_time_zone("")  # the deployment's default
+    for wrong in ("Mars/Olympus_Mons", "../../etc/passwd", "Asia/Tokyo "):
+        with pytest.raises(ValidationError) as info:
+            validate_time_zone(wrong)
+        assert "is not a time zone" in info.value.messages[0]
+
+
+def test_the_lab_page_shows_the_due_date_in_the_students_tenant_clock(student_a, lab_a, student_b, lab_b):
+    tokyo(student_a.tenant)
+    Lab.objects.filter(pk__in=[lab_a.pk, lab_b.pk]).update(due_at=DUE)
+
+    page = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.pk])).content.decode()
+    assert "Dec. 5, 2026, 11:59 PM JST" in page
+    assert 'data-time-zone="Asia/Tokyo"' in page  # for the times the page's scripts draw
+
+    # The other tenant names no zone: the deployment's default, said as such.
+    other = logged_in(student_b).get(reverse("labs:lab_detail", args=[lab_b.pk])).content.decode()
+    assert "Dec. 5, 2026, 2:59 PM UTC" in other
+    assert 'data-time-zone="UTC"' in other
+
+
+def test_the_dashboard_and_grades_use_the_tenant_clock_in_japanese_too(student_a, lab_a):
+    tokyo(student_a.tenant)
+    Lab.objects.filter(pk=lab_a.pk).update(due_at=DUE)
+    client = logged_in(student_a)
+    assert "Dec. 5, 2026, 11:59 PM JST" in client.get(reverse("dashboard")).content.decode()
+    client.cookies["django_language"] = "ja"
+    assert "2026年12月5日23:59 JST" in client.get(reverse("grading:my_grades")).content.decode()
+
+
+def test_a_changed_zone_applies_at_the_next_request(student_a, lab_a):
+    Lab.objects.filter(pk=lab_a.pk).update(due_at=DUE)
+    client = logged_in(student_a)
+    url = reverse("labs:lab_detail", args=[lab_a.pk])
+    assert "2:59 PM UTC" in client.get(url).content.decode()
+    tenant = student_a.tenant
+    tenant.time_zone = "Europe/Berlin"
+    tenant.save()
+    assert "Dec. 5, 2026, 3:59 PM CET" in client.get(url).content.decode()
+
+
+def test_a_zone_the_installation_no_longer_knows_falls_back_to_the_default(student_a, lab_a):
+    Tenant.objects.filter(pk=student_a.tenant_id).update(time_zone="Gone/Nowhere")  # as after a tzdata update
+    Lab.objects.filter(pk=lab_a.pk).update(due_at=DUE)
+    response = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.pk]))
+    assert response.status_code == 200
+    assert "Dec. 5, 2026, 2:59 PM UTC" in response.content.decode()
+
+
+def test_a_request_leaves_no_zone_behind_in_its_thread(student_a, lab_a, settings):
+    tokyo(student_a.tenant)
+    logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.pk]))
+    assert timezone.get_current_timezone_name() == settings.TIME_ZONE
+
+
+def test_instructors_enter_due_dates_in_their_tenant_clock(instructor_a, lab_a):
+    tokyo(instructor_a.tenant)
+    client = logged_in(instructor_a)
+    url = reverse("admin:labs_lab_change", args=[lab_a.pk])
+    data = {
+        "course": lab_a.course_id, "title": lab_a.title, "instructions": lab_a.instructions, "image": lab_a.image,
+        "size": lab_a.size, "time_limit_minutes": lab_a.time_limit_minutes, "late_penalty_percent_per_day": "0",
+        "attempt_limit": 0, "grade_policy": lab_a.grade_policy, "extra_cloud_init": "",
+        "due_at_0": "2026-12-05", "due_at_1": "23:59:00",
+        "checks-TOTAL_FORMS": 0, "checks-INITIAL_FORMS": 0, "checks-MIN_NUM_FORMS": 0, "checks-MAX_NUM_FORMS": 1000,
+    }
+    lab_a.checks.all().delete()
+
+    response = client.post(url, data)
+
+    assert response.status_code == 302, response.content.decode()[:2000]
+    lab_a.refresh_from_db()
+    assert lab_a.due_at == DUE
+    # And the form shows it back as typed.
+    form = client.get(url).content.decode()
+    assert re.search(r'name="due_at_1"[^>]*value="23:59:00"|value="23:59:00"[^>]*name="due_at_1"', form)
+
+
+def test_a_lab_that_opens_later_says_when_in_its_tenant_clock(student_a, lab_a):
+    tokyo(student_a.tenant)
+    opens = timezone.now() + timedelta(days=2)
+    Lab.objects.filter(pk=lab_a.pk).update(opens_at=opens)
+    lab_a.refresh_from_db()
+    with pytest.raises(Conflict) as info:
+        attempt_start(actor=student_a, lab=lab_a)  # as the API calls it: no page middleware involved
+    expected = timezone.localtime(opens, timezone.get_fixed_timezone(9 * 60))
+    assert f"{expected:%-I:%M} {expected:%p} JST" in info.value.message
+
+
+def test_the_tenant_admin_offers_the_known_zones_and_refuses_others(superuser, tenant_a):
+    client = logged_in(superuser)
+    url = reverse("admin:portal_tenant_change", args=[tenant_a.pk])
+    assert '<option value="Asia/Tokyo">Asia/Tokyo</option>' in client.get(url).content.decode()
+    data = {"name": tenant_a.name, "max_concurrent_vms": 10, "max_vcpus": 20, "max_memory_mib": 1024}
+
+    refused = client.post(url, {**data, "time_zone": "Mars/Olympus_Mons"})
+    assert refused.status_code == 200
+    assert "Select a valid choice" in refused.content.decode()
+    tenant_a.refresh_from_db()
+    assert tenant_a.time_zone == ""
+
+    assert client.post(url, {**data, "time_zone": "America/Sao_Paulo"}).status_code == 302
+    tenant_a.refresh_from_db()
+    assert tenant_a.time_zone == "America/Sao_Paulo"
+
+
+def test_the_tenant_form_keeps_a_stored_zone_the_installation_dropped_visible(tenant_a):
+    Tenant.objects.filter(pk=tenant_a.pk).update(time_zone="Gone/Nowhere")
+    tenant_a.refresh_from_db()
+    choices = dict(TenantAdminForm(instance=tenant_a).fields["time_zone"].choices)
+    assert choices["Gone/Nowhere"] == "Gone/Nowhere"
+    assert choices[""].startswith("The portal's default")
+
+
+def test_the_session_user_brings_its_tenant_in_the_same_query(student_a, django_assert_num_queries):
+    tokyo(student_a.tenant)
+    with django_assert_num_queries(1):
+        user = TenantModelBackend().get_user(student_a.pk)
+        assert user.tenant.time_zone == "Asia/Tokyo"
+
+
+def test_sessions_signed_in_by_djangos_own_backend_stay_valid_and_zoned(student_a, lab_a):
+    tokyo(student_a.tenant)
+    Lab.objects.filter(pk=lab_a.pk).update(due_at=DUE)
+    client = Client()
+    client.force_login(student_a, backend="django.contrib.auth.backends.ModelBackend")
+    response = client.get(reverse("labs:lab_detail", args=[lab_a.pk]))
+    assert response.status_code == 200
+    assert "Dec. 5, 2026, 11:59 PM JST" in response.content.decode()
