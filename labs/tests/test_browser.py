@@ -195,6 +195,7 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_
     expect(results).to_have_count(2, timeout=60_000)
     expect(page.locator("#results-list li.result.passed")).to_have_count(2)
     expect(page.locator("#results-summary")).to_contain_text("3 / 3")
+    expect(results.locator(".result-points")).to_have_text(["1 / 1 point", "2 / 2 points"])  # plural by the maximum
     expect(second.locator("#results-list li.result.passed")).to_have_count(2)
 
     ARTIFACTS.mkdir(exist_ok=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from django.utils.translation import get_language, gettext_lazy
+from django.utils.translation import get_language, gettext_lazy, ngettext
 from django.utils.translation import gettext as _
 
 from labs.models import AttemptState
@@ -52,7 +52,9 @@ def _strings_in(language: str | None) -> dict[str, object]:
         "late_penalty": _("Late penalty: %(percent)s%%"),
         "passed": _("Passed"),
         "not_passed": _("Not passed"),
-        "points": _("%(points)s / %(max)s points"),
+        # By the maximum's plural category in the page's language (Intl.PluralRules): "0 / 1 point", "0 / 2 points".
+        "points": {category: ngettext("%(points)s / %(max)s point", "%(points)s / %(max)s points", count)
+                   for category, count in (("one", 1), ("other", 2))},
         "timed_out": _("Timed out"),
         "live_connected": _("Live updates on"),
         "live_reconnecting": _("Live updates interrupted; reconnecting…"),

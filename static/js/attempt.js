@@ -34,6 +34,7 @@
     const format = window.portal.format;
     // The page's clock (its tenant's time zone, as the server rendered the page's other times in), not the browser's.
     const timeFormat = pageTimeFormat();
+    const pluralRules = new Intl.PluralRules(document.documentElement.lang || undefined);
 
     let attempt = config.initial;
     let latestRun = null;
@@ -167,7 +168,9 @@
         title.textContent = result.title;
         const points = document.createElement("span");
         points.className = "result-points";
-        points.textContent = format(S.points, { points: result.points ?? 0, max: result.max_points ?? 0 });
+        const max = result.max_points ?? 0;
+        const plural = S.points[pluralRules.select(Number(max))] || S.points.other;
+        points.textContent = format(plural, { points: result.points ?? 0, max: max });
         item.append(mark, " ", title, " ", points);
         if (result.timed_out) {
           const badge = document.createElement("span");
