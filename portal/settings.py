@@ -232,7 +232,8 @@ REDIS_CONNECTION_OPTIONS = {"driver_info": None}
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # channels_redis's, with a receive that loses no message when its consumer leaves (portal.channel_layer).
+            "BACKEND": "portal.channel_layer.RedisChannelLayer",
             # channels_redis waits for messages with a 5 s BZPOPMIN; redis-py 8 gives sockets a 5 s read timeout
             # by default, which fires first and kills every consumer that has been idle for 5 s.
             # redis-py 8 also caps a pool at 100 connections and fails the 101st at once (MaxConnectionsError)
