@@ -9,11 +9,12 @@ labs together, sockets closing as each page gets what it waited for) the event l
 be in flight: a page then never hears that its VM runs (3 of 20 bursts of 100 starts with two daphne processes;
 channels_redis issue #366 describes the same window).
 
-Here the pop runs in a task of its own that the consumer's cancellation does not stop. What it pops after its
-receiver left goes back in front of the channel (its original score), or is already in the backup queue; the next
-receiver lets it finish before it pops itself, so one BZPOPMIN at a time serves the channel, as channels_redis
-means it to, and the message reaches its consumer in order, once. Waiting costs the next receiver nothing: the
-first message to arrive ends the abandoned pop, which puts it back for the next one to take.
+Here the pop (channels_redis's own, BZPOPMIN then the backup copy) runs in a task of its own that the consumer's
+cancellation does not stop, so what it takes after its receiver left reaches the backup queue. The next receiver
+lets it finish before popping itself, and its first step, as in channels_redis, puts the backup back in front of
+the channel: one BZPOPMIN at a time serves the channel, as channels_redis means it to, and the message reaches its
+consumer in order, once. Waiting costs the next receiver nothing: the first message to arrive ends the abandoned
+pop.
 """
 
 from __future__ import annotations
@@ -21,36 +22,6 @@ from __future__ import annotations
 import asyncio
 
 from channels_redis.core import RedisChannelLayer as UpstreamRedisChannelLayer
-
-# channels_redis's own (core.py, ``_brpop_with_clean``): put backed-up messages back in front of the channel.
-RESTORE_BACKUP = """
-    local backed_up = redis.call('ZRANGE', ARGV[2], 0, -1, 'WITHSCORES')
-    for i = #backed_up, 1, -2 do
-        redis.call('ZADD', ARGV[1], backed_up[i], backed_up[i - 1])
-    end
-    redis.call('DEL', ARGV[2])
-"""
-
-
-class _Pop:
-    """One BZPOPMIN on the process's channel, and where its message goes: the backup queue while its receiver
-    waits, back in front of the channel (its original score) once the receiver has left."""
-
-    def __init__(self, connection, channel_key: str, backup_key: str, timeout: float) -> None:
-        self.connection, self.channel_key, self.backup_key, self.timeout = connection, channel_key, backup_key, timeout
-        self.abandoned = False
-
-    async def run(self) -> bytes | None:
-        await self.connection.eval(RESTORE_BACKUP, 0, self.channel_key, self.backup_key)
-        result = await self.connection.bzpopmin(self.channel_key, timeout=self.timeout)
-        if result is None:
-            return None
-        _key, member, score = result
-        if self.abandoned:
-            await self.connection.zadd(self.channel_key, {member: float(score)})
-            return None
-        await self.connection.zadd(self.backup_key, {member: float(score)})
-        return member
 
 
 class RedisChannelLayer(UpstreamRedisChannelLayer):
@@ -70,13 +41,10 @@ class RedisChannelLayer(UpstreamRedisChannelLayer):
         try:
             await self._abandoned_pop_finished(channel_key)
             while content is None:
-                pop = _Pop(self.connection(index), channel_key, self._backup_channel_name(channel_key),
-                           self.brpop_timeout)
-                popping = asyncio.ensure_future(pop.run())
+                popping = asyncio.ensure_future(self._brpop_with_clean(index, channel_key, timeout=self.brpop_timeout))
                 try:
                     content = await asyncio.shield(popping)
                 except asyncio.CancelledError:
-                    pop.abandoned = True
                     self._abandon(channel_key, popping)
                     raise
         except BaseException:
@@ -97,9 +65,9 @@ class RedisChannelLayer(UpstreamRedisChannelLayer):
         return channel, message
 
     def _abandon(self, channel_key: str, popping: asyncio.Future) -> None:
-        """The receiver left while its pop runs: the pop goes on (whatever it takes goes back in front of the
-        channel, or is already in the backup queue) and the next receiver waits for it, so that it neither pops
-        a newer message first nor races the backup copy with its own clean-up."""
+        """The receiver left while its pop runs: the pop goes on, and what it takes lands in the backup queue.
+        The next receiver waits for it, then (channels_redis's own first step) puts the backup back in front of
+        the channel: it neither pops a newer message first nor races the backup copy with a cleaner."""
         self._abandoned_pops[channel_key] = popping
 
         def finished(done: asyncio.Future) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django import forms
+from django.conf import settings
 from django.contrib.auth.forms import AdminUserCreationForm, SetUnusablePasswordMixin, UserChangeForm
 from django.utils.translation import gettext_lazy as _
 
@@ -12,8 +13,6 @@ from portal.timezones import time_zone_names
 
 
 def time_zone_choices() -> list[tuple[str, str]]:
-    from django.conf import settings
-
     default = _("The portal's default (%(zone)s)") % {"zone": settings.TIME_ZONE}
     return [("", default), *((name, name) for name in time_zone_names())]
 
