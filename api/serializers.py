@@ -20,6 +20,7 @@ from labs.models import Attempt, Check, Lab
 from labs.selectors import attempt_can_extend
 from labs.sizes import guest_resources
 from portal.models import AuditEvent, Course, User
+from portal.timezones import person_time_zone
 
 
 class StrictInputSerializer(serializers.Serializer):
@@ -43,11 +44,17 @@ class PersonSerializer(serializers.Serializer):
 
 class MeSerializer(serializers.ModelSerializer):
     tenant = serializers.CharField(source="tenant.name", read_only=True, allow_null=True, default=None)
+    time_zone = serializers.SerializerMethodField(
+        help_text="The IANA zone your pages show times in: your own if you chose one, else your institution's, else "
+                  "the portal's default. The API itself answers in UTC.")
 
     class Meta:
         model = User
-        fields = ["id", "username", "full_name", "email", "tenant"]
+        fields = ["id", "username", "full_name", "email", "tenant", "time_zone"]
         read_only_fields = fields
+
+    def get_time_zone(self, user: User) -> str:
+        return str(person_time_zone(user, user.tenant))
 
 
 class CourseSerializer(serializers.ModelSerializer):

@@ -231,14 +231,14 @@ class UserAdmin(TenantUserAdminMixin, AuditedAdminMixin, DjangoUserAdmin):
 
     superuser_fieldsets = (
         (None, {"fields": ("username", "password")}),
-        (_("Personal info"), {"fields": ("full_name", "email", "tenant")}),
+        (_("Personal info"), {"fields": ("full_name", "email", "tenant", "time_zone")}),
         (_("Permissions"), {"fields": ("is_active", "is_staff", "is_superuser", "groups", "user_permissions")}),
         (_("Important dates"), {"fields": ("last_login", "date_joined")}),
     )
     # Instructors never see the fields that grant rights or move someone to another tenant.
     instructor_fieldsets = (
         (None, {"fields": ("username", "password")}),
-        (_("Personal info"), {"fields": ("full_name", "email", "tenant")}),
+        (_("Personal info"), {"fields": ("full_name", "email", "tenant", "time_zone")}),
         (_("Status"), {"fields": ("is_active",)}),
         (_("Important dates"), {"fields": ("last_login", "date_joined")}),
     )

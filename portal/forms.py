@@ -9,12 +9,24 @@ from django.utils.translation import gettext_lazy as _
 
 from portal.enrollment import MAX_FILE_BYTES
 from portal.models import Course, Membership, Tenant, User
-from portal.timezones import time_zone_names
+from portal.timezones import tenant_time_zone, time_zone_names
 
 
-def time_zone_choices() -> list[tuple[str, str]]:
-    default = _("The portal's default (%(zone)s)") % {"zone": settings.TIME_ZONE}
+def time_zone_choices(blank_label: str | None = None) -> list[tuple[str, str]]:
+    default = blank_label or _("The portal's default (%(zone)s)") % {"zone": settings.TIME_ZONE}
     return [("", default), *((name, name) for name in time_zone_names())]
+
+
+def zone_choice_field(form: forms.ModelForm, *, current: str, blank_label: str | None = None) -> None:
+    """Make ``form``'s ``time_zone`` a choice among the zones this installation knows, rather than typed. A stored
+    zone a tzdata update dropped stays visible, to be changed."""
+    field = form.fields["time_zone"]
+    choices = time_zone_choices(blank_label)
+    if current and current not in dict(choices):
+        choices.append((current, current))
+    form.fields["time_zone"] = forms.ChoiceField(
+        choices=choices, required=False, label=field.label, help_text=field.help_text, validators=field.validators,
+    )
 
 
 class TenantAdminForm(forms.ModelForm):
@@ -26,15 +38,24 @@ class TenantAdminForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        field = self.fields["time_zone"]
-        choices = time_zone_choices()
-        current = self.instance.time_zone
-        if current and current not in dict(choices):  # a zone a tzdata update dropped stays visible, to be changed
-            choices.append((current, current))
-        self.fields["time_zone"] = forms.ChoiceField(
-            choices=choices, required=False, label=field.label, help_text=field.help_text,
-            validators=field.validators,
-        )
+        zone_choice_field(self, current=self.instance.time_zone)
+
+
+def institution_zone_label(user: User) -> str:
+    """What an empty personal zone means for ``user``: their institution's clock, named."""
+    return _("My institution's (%(zone)s)") % {"zone": tenant_time_zone(user.tenant)}
+
+
+class PersonalTimeZoneForm(forms.ModelForm):
+    """A person's own clock, chosen on their time zone page."""
+
+    class Meta:
+        model = User
+        fields = ["time_zone"]
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        zone_choice_field(self, current=self.instance.time_zone, blank_label=institution_zone_label(self.instance))
 
 
 class CourseAdminForm(forms.ModelForm):
@@ -102,6 +123,12 @@ class TenantUserChangeForm(UserChangeForm):
     class Meta(UserChangeForm.Meta):
         model = User
         fields = "__all__"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if "time_zone" in self.fields:
+            zone_choice_field(self, current=self.instance.time_zone,
+                              blank_label=_("The institution's (the tenant's time zone)"))
 
 
 class EnrollmentImportForm(forms.Form):

@@ -44,7 +44,8 @@ class Tenant(models.Model):
     time_zone = models.CharField(
         _("time zone"), max_length=64, blank=True, default="", validators=[validate_time_zone],
         help_text=_("The institution's clock (an IANA name such as Asia/Tokyo): its people see every date and time "
-                    "in it, and instructors enter due dates in it. Empty: the portal's default."),
+                    "in it, and instructors enter due dates in it, unless they chose a time zone of their own. "
+                    "Empty: the portal's default."),
     )
     created_at = models.DateTimeField(_("created"), auto_now_add=True)
 
@@ -70,6 +71,12 @@ class User(AbstractUser):
         related_name="users",
     )
     full_name = models.CharField(_("full name"), max_length=200, blank=True)
+    time_zone = models.CharField(
+        _("time zone"), max_length=64, blank=True, default="", validators=[validate_time_zone],
+        help_text=_("The person's own clock (an IANA name such as Europe/Berlin), for someone who studies or teaches "
+                    "away from the institution: their pages show every date and time in it, and they enter times in "
+                    "it. Empty: the institution's."),
+    )
 
     class Meta(AbstractUser.Meta):
         swappable = "AUTH_USER_MODEL"

@@ -1,22 +1,28 @@
-"""Each tenant's time zone: its validation, its choices, and the middleware that shows a person's pages in it.
+"""Time zones: the tenant's and the person's, their validation, and the middleware that shows pages in them.
 
 A tenant is an institution, and its due dates, opening times and attempt histories mean its own clock: a
-deadline of 23:59 in Tokyo is 14:59 in UTC. Pages are rendered in the zone of the signed-in person's tenant
-(``Tenant.time_zone``), or in the deployment's ``TIME_ZONE`` when the tenant names none or the person has no
-tenant; date-and-time formats end with the zone's abbreviation, and the page tells its scripts the zone
-(``<html data-time-zone>``) so that times drawn in the browser use the same clock. Django admin forms read the
-times an instructor types in the same zone.
+deadline of 23:59 in Tokyo is 14:59 in UTC. Pages are rendered in the signed-in person's own zone when they chose
+one (``User.time_zone``, for a student abroad), else in their tenant's (``Tenant.time_zone``), else in the
+deployment's ``TIME_ZONE``; date-and-time formats end with the zone's abbreviation, and the page tells its scripts
+the zone (``<html data-time-zone>``) so that times drawn in the browser use the same clock. Django admin forms read
+the times an instructor types in the same zone.
+
+The JSON API answers in UTC whoever asks and however they signed in: a client reads the same text for the same
+instant with a session as with a token, and converts it to whatever clock it shows.
 """
 
 from __future__ import annotations
 
 import zoneinfo
+from datetime import UTC
 from functools import lru_cache
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+
+API_NAMESPACE = "api"  # api/urls.py's app_name
 
 
 @lru_cache(maxsize=1)
@@ -54,15 +60,26 @@ def tenant_time_zone(tenant: Any) -> Any:
 
 
 def user_time_zone(user: Any) -> zoneinfo.ZoneInfo | None:
-    """The zone a person's pages are shown in: their tenant's, or None for the deployment's default. The session's
-    user comes with its tenant (``portal.auth_backends``), so this reads no more rows."""
-    if not getattr(user, "is_authenticated", False) or getattr(user, "tenant_id", None) is None:
+    """The zone a person's pages are shown in: their own if they chose one, else their tenant's, or None for the
+    deployment's default. The session's user comes with its tenant (``portal.auth_backends``), so this reads no
+    more rows."""
+    if not getattr(user, "is_authenticated", False):
         return None
+    own = zone_named(getattr(user, "time_zone", ""))
+    if own is not None or getattr(user, "tenant_id", None) is None:
+        return own
     return zone_named(user.tenant.time_zone)
 
 
+def person_time_zone(user: Any, tenant: Any) -> Any:
+    """The zone to write a message to ``user`` in, wherever it is read (an API client included): theirs, else the
+    tenant's, else the deployment's default."""
+    return zone_named(getattr(user, "time_zone", "")) or tenant_time_zone(tenant)
+
+
 class TenantTimeZoneMiddleware:
-    """Activates the signed-in person's tenant zone for the request (after ``AuthenticationMiddleware``)."""
+    """Activates the signed-in person's zone (their own, else their tenant's) for the request, after
+    ``AuthenticationMiddleware``; the API's requests stay in UTC."""
 
     def __init__(self, get_response) -> None:
         self.get_response = get_response
@@ -77,3 +94,10 @@ class TenantTimeZoneMiddleware:
             return self.get_response(request)
         finally:
             timezone.deactivate()
+
+    def process_view(self, request, view_func, view_args, view_kwargs) -> None:
+        """The API's views answer in UTC: a token is only read by the view, so the zone cannot depend on who signed
+        in, and a client should not read other text for the same instant after signing in another way."""
+        match = request.resolver_match
+        if match is not None and API_NAMESPACE in match.namespaces:
+            timezone.activate(UTC)

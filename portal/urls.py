@@ -6,7 +6,7 @@ from django.urls import include, path
 from portal.dashboard import ops_dashboard_view
 from portal.health import healthz_view, readyz_view
 from portal.metrics import metrics_view
-from portal.views import DashboardView
+from portal.views import DashboardView, TimeZoneView
 
 urlpatterns = [
     path("", DashboardView.as_view(), name="dashboard"),
@@ -16,6 +16,7 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("admin/ops/", admin.site.admin_view(ops_dashboard_view), name="ops_dashboard"),
     path("admin/", admin.site.urls),
+    path("accounts/time-zone/", TimeZoneView.as_view(), name="time_zone"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("i18n/", include("django.conf.urls.i18n")),
     path("api/", include("api.urls")),

@@ -1,18 +1,25 @@
 """The home page: a student's courses and labs (state of the latest attempt, due date, grade), and for course
-staff the attempts they can watch now."""
+staff the attempts they can watch now; and the page where a person picks the time zone their pages use."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.contrib import messages
 from django.contrib.auth.mixins import LoginRequiredMixin
-from django.views.generic import TemplateView
+from django.shortcuts import redirect
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import gettext as _
+from django.views.generic import TemplateView, UpdateView
 
 from grading.models import Grade
 from grading.selectors import attempts_visible_to, student_grades
 from labs.models import ACTIVE_STATES, Attempt, Lab
+from portal.forms import PersonalTimeZoneForm
 from portal.models import Course
 from portal.selectors import staff_courses_for_user, user_tenant_ids
+from portal.timezones import tenant_time_zone
 
 
 @dataclass(frozen=True)
@@ -77,3 +84,33 @@ class DashboardView(LoginRequiredMixin, TemplateView):
         context["student_courses"] = student_dashboard(user=user)
         context["staff_courses"] = staff_dashboard(user=user)
         return context
+
+
+class TimeZoneView(LoginRequiredMixin, UpdateView):
+    """The signed-in person's own clock: their institution's (the default) or a zone they choose, for a student
+    abroad or an instructor teaching from elsewhere. Every page, and the times they type in admin, follow it."""
+
+    form_class = PersonalTimeZoneForm
+    template_name = "portal/time_zone.html"
+
+    def get_object(self, queryset=None):
+        return self.request.user
+
+    def next_url(self) -> str:
+        candidate = self.request.POST.get("next") or self.request.GET.get("next") or ""
+        if url_has_allowed_host_and_scheme(candidate, allowed_hosts={self.request.get_host()},
+                                           require_https=self.request.is_secure()):
+            return candidate
+        return reverse("dashboard")
+
+    def get_context_data(self, **kwargs):
+        context = super().get_context_data(**kwargs)
+        context["next"] = self.next_url()
+        context["institution_zone"] = str(tenant_time_zone(self.request.user.tenant))
+        return context
+
+    def form_valid(self, form):
+        form.save()
+        zone = form.instance.time_zone or str(tenant_time_zone(form.instance.tenant))
+        messages.success(self.request, _("Dates and times are now shown in %(zone)s.") % {"zone": zone})
+        return redirect(self.next_url())

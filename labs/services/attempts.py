@@ -29,7 +29,7 @@ from portal.errors import Conflict, NotFound, PermissionDenied, Unavailable
 from portal.models import Role, Tenant, User
 from portal.selectors import course_role
 from portal.services import audit_record
-from portal.timezones import tenant_time_zone
+from portal.timezones import person_time_zone
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +51,10 @@ def retry_after_seconds() -> int:
     return low + secrets.randbelow(high - low + 1)
 
 
-def _lab_closed_message(lab: Lab, now) -> str:
+def _lab_closed_message(lab: Lab, now, *, actor) -> str:
     if lab.opens_at and now < lab.opens_at:
-        # In the tenant's clock even for an API client the page middleware does not see signed in.
-        zone = tenant_time_zone(lab.course.tenant)
+        # In the student's clock (their own, else the tenant's), even for an API client, whose requests are in UTC.
+        zone = person_time_zone(actor, lab.course.tenant)
         return _("This lab opens on %(when)s.") % {"when": formats.date_format(
             timezone.localtime(lab.opens_at, zone), "DATETIME_FORMAT")}
     return _("This lab is closed.")
@@ -132,7 +132,7 @@ def attempt_start(*, actor: User, lab: Lab) -> Attempt:
         raise PermissionDenied(_("Only students of the course can start this lab."))
     now = timezone.now()
     if not lab.is_open(now):
-        raise Conflict(_lab_closed_message(lab, now), code="lab_closed")
+        raise Conflict(_lab_closed_message(lab, now, actor=actor), code="lab_closed")
     guest = guest_resources(lab.size)
     launcher = launcher_requests(vcpus=guest.vcpus, memory_mib=guest.memory_mib)
     _check_extra_cloud_init(lab)

@@ -297,3 +297,49 @@ def test_a_refused_start_says_why_on_the_page_and_can_be_tried_again(student_a, 
     expect(page.locator("#start-message")).to_have_count(0)
     assert page.evaluate("window.sameDocument === true")
     context.close()
+
+
+def test_a_student_abroad_takes_the_browsers_time_zone_for_every_page(student_a, lab_a, tenant_a, live_portal,
+                                                                      browser):
+    from playwright.sync_api import expect
+
+    from portal.models import Tenant
+
+    due = datetime(2026, 12, 5, 14, 59, tzinfo=ZoneInfo("UTC"))  # 23:59 in Tokyo, 9:59 in New York
+
+    def tokyo_and_due() -> None:
+        Tenant.objects.filter(id=tenant_a.id).update(time_zone="Asia/Tokyo")
+        type(lab_a).objects.filter(id=lab_a.id).update(due_at=due)
+
+    in_a_thread(tokyo_and_due)
+    context = browser.new_context(base_url=live_portal.url, timezone_id="America/New_York")
+    context.set_default_timeout(30_000)
+    page = context.new_page()
+    console_errors: list[str] = []
+    page.on("console", lambda message: console_errors.append(message.text) if message.type == "error" else None)
+    log_in_as_student_a(page)
+    page.goto(f"/labs/{lab_a.id}/")
+    expect(page.locator("html")).to_have_attribute("data-time-zone", "Asia/Tokyo")
+    expect(page.locator("body")).to_contain_text("Dec. 5, 2026, 11:59 PM JST")
+
+    # The header's zone leads to the page, which offers the browser's own zone.
+    page.click("a.time-zone-link")
+    page.wait_for_url("**/accounts/time-zone/**")
+    offer = page.locator("#use-browser-zone")
+    expect(offer).to_have_text("Use this browser’s time zone (America/New_York)")
+    offer.click()
+    expect(page.locator("#id_time_zone")).to_have_value("America/New_York")
+    expect(page.locator("#browser-zone")).to_be_hidden()
+    page.click("#time-zone-form button[type=submit]")
+
+    # Back on the lab page, which is now in New York's clock, and says so.
+    page.wait_for_url(f"**/labs/{lab_a.id}/")
+    expect(page.locator(".messages")).to_contain_text("Dates and times are now shown in America/New_York.")
+    expect(page.locator("html")).to_have_attribute("data-time-zone", "America/New_York")
+    expect(page.locator("body")).to_contain_text("Dec. 5, 2026, 9:59 AM EST")
+    # Nothing left to offer: the chosen zone is the browser's.
+    page.click("a.time-zone-link")
+    expect(page.locator("#id_time_zone")).to_have_value("America/New_York")
+    expect(page.locator("#browser-zone")).to_be_hidden()
+    assert [text for text in console_errors if not known_unrelated_console_error(text)] == []
+    context.close()

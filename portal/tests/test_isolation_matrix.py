@@ -123,6 +123,10 @@ MATRIX: dict[str, list[Probe]] = {
     "accounts/password_reset/done/": [page(PUBLIC_PAGE, tenant_a_object=False)],
     "accounts/reset/<uidb64>/<token>/": [page(PUBLIC_PAGE, tenant_a_object=False)],
     "accounts/reset/done/": [page(PUBLIC_PAGE, tenant_a_object=False)],
+    # The signed-in person's own clock: nobody else's to read or set.
+    "accounts/time-zone/": [page(SIGNED_IN_PAGE, tenant_a_object=False),
+                            form_post(answers(LOGIN, 302, 302, 302, 302), data={"time_zone": "Europe/Berlin"},
+                                      tenant_a_object=False)],
     "i18n/setlang/": [form_post(answers(302, 302, 302, 302, 302), data={"language": "ja"}, tenant_a_object=False)],
     # ---- labs: student pages and buttons --------------------------------------------------------------------
     "labs/<int:lab_id>/": [page(answers(LOGIN, 200, 404, 200, 404))],

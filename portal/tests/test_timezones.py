@@ -168,3 +168,150 @@ def test_sessions_signed_in_by_djangos_own_backend_stay_valid_and_zoned(student_
     response = client.get(reverse("labs:lab_detail", args=[lab_a.pk]))
     assert response.status_code == 200
     assert "Dec. 5, 2026, 11:59 PM JST" in response.content.decode()
+
+
+# ---- a person's own clock --------------------------------------------------------------------------------------
+
+
+def test_a_person_who_chose_a_zone_sees_every_page_in_it_and_the_others_keep_the_tenants(student_a, lab_a,
+                                                                                       ta_a):
+    tokyo(student_a.tenant)
+    Lab.objects.filter(pk=lab_a.pk).update(due_at=DUE)
+    student_a.time_zone = "Europe/Berlin"  # 14:59 UTC is 15:59 in Berlin in December (CET, UTC+1)
+    student_a.save()
+
+    page = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.pk])).content.decode()
+    assert "Dec. 5, 2026, 3:59 PM CET" in page
+    assert 'data-time-zone="Europe/Berlin"' in page
+    assert "JST" not in page
+    dashboard = logged_in(student_a).get(reverse("dashboard")).content.decode()
+    assert "Dec. 5, 2026, 3:59 PM CET" in dashboard
+    # The TA of the same course chose nothing: the tenant's clock.
+    staff = logged_in(ta_a).get(reverse("dashboard")).content.decode()
+    assert 'data-time-zone="Asia/Tokyo"' in staff
+
+
+def test_a_personal_zone_the_installation_no_longer_knows_falls_back_to_the_tenants(student_a, lab_a):
+    tokyo(student_a.tenant)
+    Lab.objects.filter(pk=lab_a.pk).update(due_at=DUE)
+    type(student_a).objects.filter(pk=student_a.pk).update(time_zone="Gone/Nowhere")
+    page = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.pk])).content.decode()
+    assert "Dec. 5, 2026, 11:59 PM JST" in page
+
+
+def test_the_header_links_to_the_time_zone_page_and_back(student_a, lab_a):
+    tokyo(student_a.tenant)
+    lab_url = reverse("labs:lab_detail", args=[lab_a.pk])
+    page = logged_in(student_a).get(lab_url).content.decode()
+    link = re.search(r'<a href="([^"]+)" class="time-zone-link"\s+title="Time zone">([^<]+)</a>', page)
+    assert link is not None
+    assert link.group(1) == f"{reverse('time_zone')}?next={lab_url}"
+    assert link.group(2) == "Asia/Tokyo"
+
+
+def test_the_time_zone_page_saves_a_known_zone_and_returns_to_the_page(student_a, lab_a):
+    tokyo(student_a.tenant)
+    client = logged_in(student_a)
+    url = reverse("time_zone")
+    lab_url = reverse("labs:lab_detail", args=[lab_a.pk])
+    form = client.get(url, {"next": lab_url}).content.decode()
+    assert '<option value="" selected>My institution&#x27;s (Asia/Tokyo)</option>' in form
+    assert '<option value="Europe/Berlin">Europe/Berlin</option>' in form
+    assert f'name="next" value="{lab_url}"' in form
+    assert "These pages now use Asia/Tokyo" in form
+
+    response = client.post(url, {"time_zone": "Europe/Berlin", "next": lab_url})
+    assert response.status_code == 302 and response.url == lab_url
+    student_a.refresh_from_db()
+    assert student_a.time_zone == "Europe/Berlin"
+    after = client.get(lab_url).content.decode()
+    assert "Dates and times are now shown in Europe/Berlin." in after
+    assert 'data-time-zone="Europe/Berlin"' in after
+
+    # Back to the institution's clock: an empty choice, and the message names the zone it means.
+    response = client.post(url, {"time_zone": "", "next": lab_url})
+    assert response.status_code == 302
+    student_a.refresh_from_db()
+    assert student_a.time_zone == ""
+    assert "Dates and times are now shown in Asia/Tokyo." in client.get(lab_url).content.decode()
+
+
+def test_the_time_zone_page_refuses_an_unknown_zone_and_keeps_the_chosen_one(student_a):
+    type(student_a).objects.filter(pk=student_a.pk).update(time_zone="Europe/Berlin")
+    client = logged_in(student_a)
+    refused = client.post(reverse("time_zone"), {"time_zone": "Mars/Olympus_Mons"})
+    assert refused.status_code == 200
+    assert "Select a valid choice" in refused.content.decode()
+    student_a.refresh_from_db()
+    assert student_a.time_zone == "Europe/Berlin"
+
+
+@pytest.mark.parametrize("unsafe", ["https://evil.example/labs/", "//evil.example/", "javascript:alert(1)"])
+def test_the_time_zone_page_returns_only_to_this_site(student_a, unsafe):
+    response = logged_in(student_a).post(reverse("time_zone"), {"time_zone": "Europe/Berlin", "next": unsafe})
+    assert response.status_code == 302
+    assert response.url == reverse("dashboard")
+
+
+def test_the_time_zone_page_needs_a_signed_in_person_and_a_csrf_token(student_a):
+    anonymous = Client().get(reverse("time_zone"))
+    assert anonymous.status_code == 302 and anonymous.url.startswith(reverse("login"))
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(student_a)
+    assert client.post(reverse("time_zone"), {"time_zone": "Europe/Berlin"}).status_code == 403
+    student_a.refresh_from_db()
+    assert student_a.time_zone == ""
+
+
+def test_a_lab_that_opens_later_says_when_in_the_students_own_clock(student_a, lab_a):
+    tokyo(student_a.tenant)
+    student_a.time_zone = "America/New_York"
+    student_a.save()
+    opens = datetime(2030, 1, 15, 14, 0, tzinfo=UTC)  # 9:00 AM in New York (EST, UTC-5)
+    Lab.objects.filter(pk=lab_a.pk).update(opens_at=opens)
+    lab_a.refresh_from_db()
+    with pytest.raises(Conflict) as info:
+        attempt_start(actor=student_a, lab=lab_a)
+    assert "Jan. 15, 2030, 9:00 AM EST" in info.value.message
+
+
+def test_the_api_answers_in_utc_however_the_client_signed_in(student_a, lab_a):
+    from rest_framework.authtoken.models import Token
+
+    from labs.models import Attempt, AttemptState
+
+    tokyo(student_a.tenant)
+    attempt = Attempt.objects.create(lab=lab_a, student=student_a, tenant=lab_a.course.tenant,
+                                     state=AttemptState.RUNNING)
+    Attempt.objects.filter(pk=attempt.pk).update(requested_at=DUE)
+    url = reverse("api:attempt-detail", args=[attempt.pk])
+
+    session = logged_in(student_a)
+    token = Client(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=student_a).key}")
+    for client in (session, token):
+        body = client.get(url).json()
+        assert body["timestamps"]["requested"] == "2026-12-05T14:59:00Z"
+
+    # The person's clock is theirs to read there, though: their own, else their institution's.
+    assert token.get(reverse("api:me")).json()["time_zone"] == "Asia/Tokyo"
+    student_a.time_zone = "Europe/Berlin"
+    student_a.save()
+    assert token.get(reverse("api:me")).json()["time_zone"] == "Europe/Berlin"
+    assert session.get(url).json()["timestamps"]["requested"] == "2026-12-05T14:59:00Z"
+
+
+def test_instructors_set_a_persons_zone_in_admin_from_the_known_ones(instructor_a, student_a):
+    client = logged_in(instructor_a)
+    url = reverse("admin:portal_user_change", args=[student_a.pk])
+    form = client.get(url).content.decode()
+    assert '<option value="Europe/Berlin">Europe/Berlin</option>' in form
+    data = {"username": student_a.username, "full_name": "Student A", "email": "a@example.test",
+            "is_active": "on", "tenant": student_a.tenant_id}
+    refused = client.post(url, {**data, "time_zone": "Mars/Olympus_Mons"})
+    assert refused.status_code == 200 and "Select a valid choice" in refused.content.decode()
+    student_a.refresh_from_db()
+    assert student_a.time_zone == ""
+    assert client.post(url, {**data, "time_zone": "Europe/Berlin"}).status_code == 302
+    student_a.refresh_from_db()
+    assert student_a.time_zone == "Europe/Berlin"
