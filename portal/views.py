@@ -110,7 +110,8 @@ class TimeZoneView(LoginRequiredMixin, UpdateView):
         return context
 
     def form_valid(self, form):
-        form.save()
-        zone = form.instance.time_zone or str(tenant_time_zone(form.instance.tenant))
+        person = form.save(commit=False)
+        person.save(update_fields=["time_zone"])  # nothing else of the row, which another request may be changing
+        zone = person.time_zone or str(tenant_time_zone(person.tenant))
         messages.success(self.request, _("Dates and times are now shown in %(zone)s.") % {"zone": zone})
         return redirect(self.next_url())

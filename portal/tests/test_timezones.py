@@ -315,3 +315,15 @@ def test_instructors_set_a_persons_zone_in_admin_from_the_known_ones(instructor_
     assert client.post(url, {**data, "time_zone": "Europe/Berlin"}).status_code == 302
     student_a.refresh_from_db()
     assert student_a.time_zone == "Europe/Berlin"
+
+
+def test_choosing_a_zone_writes_that_column_only(student_a):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    client = logged_in(student_a)
+    with CaptureQueriesContext(connection) as queries:
+        assert client.post(reverse("time_zone"), {"time_zone": "Europe/Berlin"}).status_code == 302
+    updates = [query["sql"] for query in queries if query["sql"].startswith('UPDATE "portal_user"')]
+    assert len(updates) == 1
+    assert re.match(r'UPDATE "portal_user" SET "time_zone" = \S+ WHERE', updates[0])
