@@ -98,8 +98,8 @@ class LabSerializer(serializers.ModelSerializer):
         model = Lab
         fields = [
             "id", "course", "title", "instructions", "size", "vcpus", "memory_mib", "time_limit_minutes",
-            "opens_at", "due_at", "late_penalty_percent_per_day", "late_cutoff_at", "attempt_limit",
-            "grade_policy", "is_open",
+            "idle_stop_minutes", "opens_at", "due_at", "late_penalty_percent_per_day", "late_cutoff_at",
+            "attempt_limit", "grade_policy", "is_open",
         ]
         read_only_fields = fields
 
@@ -163,6 +163,10 @@ class AttemptSerializer(StaffViewMixin, serializers.ModelSerializer):
     failure_reason = serializers.CharField(
         source="failure_reason_shown", read_only=True,
         help_text="Why the attempt failed, in the request's language (Accept-Language); empty unless failed.")
+    stop_reason = serializers.CharField(
+        read_only=True,
+        help_text="Why it stopped: student or staff (the Stop button), expired (its time limit), left (no page of "
+                  "the student had it open for the lab's idle_stop_minutes); empty while it runs or if it failed.")
 
     class Meta:
         model = Attempt

@@ -52,7 +52,7 @@ class LabAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("course", "title", "instructions")}),
         (_("Virtual machine"), {"fields": ("image", "size", "nested_virtualization", "extra_cloud_init",
-                                            "time_limit_minutes")}),
+                                            "time_limit_minutes", "idle_stop_minutes")}),
         (_("Dates and grading"), {"fields": ("opens_at", "due_at", "late_penalty_percent_per_day",
                                               "late_cutoff_at", "attempt_limit", "grade_policy")}),
     )

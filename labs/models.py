@@ -23,6 +23,11 @@ class GradePolicy(models.TextChoices):
     LAST = "last", _("Last run")
 
 
+# A lab that stops attempts nobody has open waits at least this long: a page reloading, a laptop waking or a
+# train going through a tunnel must not cost a student their VM.
+IDLE_STOP_MIN_MINUTES = 5
+
+
 class Lab(models.Model):
     course = models.ForeignKey(Course, verbose_name=_("course"), on_delete=models.CASCADE, related_name="labs")
     title = models.CharField(_("title"), max_length=200)
@@ -40,6 +45,12 @@ class Lab(models.Model):
     )
     time_limit_minutes = models.PositiveIntegerField(
         _("time limit (minutes)"), default=60, validators=[MinValueValidator(5), MaxValueValidator(24 * 60)]
+    )
+    idle_stop_minutes = models.PositiveIntegerField(
+        _("stop when left (minutes)"), default=0, validators=[MaxValueValidator(24 * 60)],
+        help_text=_("Stop a running attempt once no page of its student has had it open for this long: its work is "
+                    "checked once more, then the VM and what was left in it are deleted. At least 5; 0 never stops "
+                    "an attempt for that."),
     )
     opens_at = models.DateTimeField(_("opens"), null=True, blank=True)
     due_at = models.DateTimeField(_("due"), null=True, blank=True)
@@ -72,6 +83,9 @@ class Lab(models.Model):
             errors["due_at"] = _("The due date must come after the opening date.")
         if self.late_cutoff_at and self.due_at and self.late_cutoff_at < self.due_at:
             errors["late_cutoff_at"] = _("The late cutoff must come after the due date.")
+        if 0 < self.idle_stop_minutes < IDLE_STOP_MIN_MINUTES:
+            errors["idle_stop_minutes"] = _("At least %(minutes)d minutes, or 0 to never stop an attempt for that.") % {
+                "minutes": IDLE_STOP_MIN_MINUTES}
         if errors:
             raise ValidationError(errors)
 
@@ -188,6 +202,9 @@ class Attempt(models.Model):
     scheduled_at = models.DateTimeField(_("VMI scheduled"), null=True, blank=True)
     vmi_running_at = models.DateTimeField(_("VMI running"), null=True, blank=True)
     agent_ready_at = models.DateTimeField(_("agent ready"), null=True, blank=True)
+    # When a page of the student last had the attempt open (its events socket, stamped while connected): for the
+    # lab's stop when left (``Lab.idle_stop_minutes``). Null until a page opened it.
+    last_seen_at = models.DateTimeField(_("last seen open"), null=True, blank=True)
     stopping_at = models.DateTimeField(_("stopping"), null=True, blank=True)
     ended_at = models.DateTimeField(_("ended"), null=True, blank=True)
     # The VMI the attempt is following; a different one after Running means the VM restarted (its disk reset).

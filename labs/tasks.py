@@ -2,7 +2,8 @@
 
 - ``provision_attempt(attempt_id)``: Secret and VM on the cluster (queued on commit by ``attempt_start``).
 - ``teardown_attempt(attempt_id)``: final grading, then VM and Secret deleted (queued by stop, expiry, failure).
-- ``sync_attempts()`` (beat, every ``ATTEMPT_SYNC_INTERVAL_SECONDS``): expiry, then one VMI list per due namespace.
+- ``sync_attempts()`` (beat, every ``ATTEMPT_SYNC_INTERVAL_SECONDS``): expiry and stops of attempts nobody has open,
+  then one VMI list per due namespace.
 - ``sync_namespace(namespace)``: the same for one namespace, queued right after a VM is created.
 - ``await_agents(namespace)``: booting attempts' agents asked until they answer; then each attempt is running.
 - ``sweep_attempts()`` (beat, every ``ATTEMPT_SWEEP_INTERVAL_SECONDS``): orphans, vanished VMs, timeouts.
@@ -124,7 +125,8 @@ def sync_attempts() -> dict:
         cache.delete(SYNC_LOCK_KEY)
     _record_heartbeat(report.errors)
     return {"namespaces": len(report.namespaces), "changed": report.changed, "awaiting_agent": report.awaiting_agent,
-            "failed": report.failed, "ended": report.ended, "expired": report.expired, "errors": report.errors}
+            "failed": report.failed, "ended": report.ended, "expired": report.expired, "left": report.left,
+            "errors": report.errors}
 
 
 @shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)

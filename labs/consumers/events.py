@@ -6,18 +6,26 @@ first, so a page that reconnects after a gap shows the present state without pol
 language of the page that opened the socket (``portal.websocket_language``): the snapshot is built in it, and a
 push that carries its words in every language (a grading run's ``runs``, an attempt's ``wording``) is answered
 with this socket's.
+
+The student's own page keeps their attempt from being stopped as left (``Lab.idle_stop_minutes``): where the lab
+does that, the socket stamps the attempt as seen when it opens, every ``PRESENCE_STAMP_SECONDS`` while open, and as
+it closes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from dataclasses import dataclass
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils import translation
 
 from grading.selectors import grading_run_payload
+from labs.models import ACTIVE_STATES, Lab
 from labs.selectors import attempt_get_for_user, attempt_status_payload
+from labs.services.attempts import attempt_seen
 from portal.errors import ApplicationError
 from portal.websocket_consumer import PortalConsumer
 from portal.websocket_language import scope_language
@@ -38,10 +46,27 @@ def attempt_access_check(*, user, attempt_id: int) -> None:
     attempt_get_for_user(user=user, attempt_id=attempt_id)
 
 
+@dataclass(frozen=True)
+class Handshake:
+    messages: list[dict]
+    # The student's own page on a lab that stops attempts nobody has open: the socket stamps the attempt as seen.
+    stamps_presence: bool = False
+
+
 def attempt_initial_messages(*, user, attempt_id: int) -> list[dict]:
     """The messages a (re)connecting page needs: the attempt's status and its latest grading run, if any.
     Raises NotFound unless the user may see the attempt (the access check and the snapshot are one lookup)."""
+    return _initial(user=user, attempt_id=attempt_id).messages
+
+
+def _initial(*, user, attempt_id: int) -> Handshake:
     attempt = attempt_get_for_user(user=user, attempt_id=attempt_id, related=False)
+    stamps = False
+    if attempt.student_id == user.pk and attempt.state in ACTIVE_STATES:
+        # The student's own page: it keeps the attempt from being stopped as left, where the lab does that.
+        stamps = bool(Lab.objects.filter(pk=attempt.lab_id).values_list("idle_stop_minutes", flat=True).first())
+        if stamps:
+            attempt_seen(attempt_id=attempt.id)
     messages = [{"type": "attempt.update", "attempt": attempt_status_payload(attempt)}]
     # Reached through the attempt just checked above, so scoped like it. Checks run only once the guest's agent has
     # answered (a student's on a running attempt, a final one when agent_ready_at is set, regrades of earlier runs):
@@ -50,32 +75,39 @@ def attempt_initial_messages(*, user, attempt_id: int) -> list[dict]:
         run = attempt.runs.prefetch_related("results").order_by("-created_at", "-id").first()
         if run is not None:
             messages.append({"type": "grading.update", "run": grading_run_payload(run)})
-    return messages
+    return Handshake(messages=messages, stamps_presence=stamps)
 
 
 class NotAuthenticated(Exception):
     """The handshake carries no logged-in session."""
 
 
-def attempt_events_handshake(*, user, attempt_id: int, language: str) -> list[dict]:
+def attempt_events_handshake(*, user, attempt_id: int, language: str) -> Handshake:
     """Everything a handshake needs from the database, in one call: the session's user (``user`` may be the lazy
     ``scope["user"]``, resolved here), the access decision and the snapshot, in ``language``. Raises
     ``NotAuthenticated`` or ``NotFound``."""
     if user is None or not user.is_authenticated:
         raise NotAuthenticated
     with translation.override(language):
-        return attempt_initial_messages(user=user, attempt_id=attempt_id)
+        return _initial(user=user, attempt_id=attempt_id)
 
 
 # One thread-pool call per handshake. Not thread-sensitive: channels' default would run every handshake of the
 # process on one shared thread, one after another, and a class opening its pages together would wait past
 # daphne's connect timeout. database_sync_to_async closes stale connections around the call in its thread.
 _handshake = database_sync_to_async(attempt_events_handshake, thread_sensitive=False)
+_seen = database_sync_to_async(attempt_seen, thread_sensitive=False)
+
+# While the student's page is open its socket stamps the attempt this often (well under the shortest stop when left,
+# IDLE_STOP_MIN_MINUTES), and once more as it closes.
+PRESENCE_STAMP_SECONDS = 60
 
 
 class AttemptEventsConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):
     group: str | None = None
     language: str = ""
+    attempt_id: int | None = None
+    presence: asyncio.Task | None = None
 
     async def connect(self) -> None:
         attempt_id = int(self.scope["url_route"]["kwargs"]["attempt_id"])
@@ -86,17 +118,38 @@ class AttemptEventsConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):
         # and a refused handshake leaves the group again before that.
         await self.channel_layer.group_add(group, self.channel_name)
         try:
-            initial = await _handshake(user=self.scope.get("user"), attempt_id=attempt_id, language=self.language)
+            handshake = await _handshake(user=self.scope.get("user"), attempt_id=attempt_id, language=self.language)
         except (NotAuthenticated, ApplicationError) as exc:
             await self.channel_layer.group_discard(group, self.channel_name)
             await self.close(code=CLOSE_UNAUTHENTICATED if isinstance(exc, NotAuthenticated) else CLOSE_NOT_FOUND)
             return
         self.group = group
+        self.attempt_id = attempt_id
         await self.accept()
-        for message in initial:
+        for message in handshake.messages:
             await self.send_json(message)
+        if handshake.stamps_presence:
+            self.presence = asyncio.ensure_future(self._stamp_presence())
+
+    async def _stamp_presence(self) -> None:
+        """Stamp the attempt as seen while the page is open (the handshake stamped it first)."""
+        while True:
+            await asyncio.sleep(PRESENCE_STAMP_SECONDS)
+            try:
+                if not await _seen(attempt_id=self.attempt_id):
+                    return  # ended: nothing left to keep
+            except Exception:
+                # A database hiccup costs one stamp; the next one, a minute on, makes up for it.
+                logger.warning("could not stamp attempt %s as seen", self.attempt_id, exc_info=True)
 
     async def disconnect(self, code: int) -> None:
+        if self.presence is not None:
+            self.presence.cancel()
+            self.presence = None
+            try:
+                await _seen(attempt_id=self.attempt_id)  # the page left now: the stop when left counts from here
+            except Exception:
+                logger.warning("could not stamp attempt %s as seen", self.attempt_id, exc_info=True)
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 

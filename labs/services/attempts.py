@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -43,6 +43,7 @@ class StopReason:
     STUDENT = "student"
     STAFF = "staff"
     EXPIRED = "expired"
+    LEFT = "left"  # no page of the student had it open for the lab's ``idle_stop_minutes``
 
 
 def retry_after_seconds() -> int:
@@ -295,6 +296,43 @@ def attempt_extend(*, actor: User, attempt: Attempt) -> Attempt:
                      data={"from": previous.isoformat(), "to": locked.expires_at.isoformat(),
                            "extensions": locked.extensions})
         attempt_push_on_commit(attempt=locked)
+    return locked
+
+
+def attempt_seen(*, attempt_id: int, now: datetime | None = None) -> bool:
+    """A page of the student has the attempt open now (its events socket): the lab's stop when left counts from
+    here. One row, one column; False once the attempt has ended."""
+    return bool(Attempt.objects.filter(id=attempt_id, state__in=ACTIVE_STATES).update(
+        last_seen_at=now or timezone.now()))
+
+
+def attempt_left_since(attempt: Attempt) -> datetime | None:
+    """Since when no page of the student has had the attempt open: its last stamp, or the moment its agent answered
+    if that came later (a page that saw it starting and closed counts from when it was ready to work in; one started
+    through the API that no page has opened, likewise). None until it runs."""
+    stamps = [stamp for stamp in (attempt.last_seen_at, attempt.agent_ready_at) if stamp is not None]
+    return max(stamps) if attempt.agent_ready_at is not None else None
+
+
+def attempt_stop_left(*, attempt: Attempt, now: datetime | None = None) -> Attempt:
+    """Nobody has had the running attempt open for its lab's ``idle_stop_minutes``: it becomes ``stopping``
+    (reason ``left``); a task grades it once more and deletes the VM. Does nothing if the attempt is not running,
+    its lab does not stop attempts for that, or a page has seen it since."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        locked = Attempt.objects.select_for_update(of=("self",)).select_related("lab").get(pk=attempt.pk)
+        limit = locked.lab.idle_stop_minutes
+        since = attempt_left_since(locked)
+        if (locked.state != AttemptState.RUNNING or not limit or since is None
+                or since > now - timedelta(minutes=limit)):
+            return locked
+        locked.state = AttemptState.STOPPING
+        locked.stopping_at = now
+        locked.stop_reason = StopReason.LEFT
+        locked.save(update_fields=["state", "stopping_at", "stop_reason", "updated_at"])
+        attempt_push_on_commit(attempt=locked)
+        enqueue_teardown(locked.id)
+    logger.info("attempt %s stopped: no page had it open for %s minutes", locked.id, limit)
     return locked
 
 

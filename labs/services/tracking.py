@@ -25,14 +25,15 @@ from typing import Any
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, F, Q
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from labs.kubevirt import operations, status
 from labs.kubevirt.operations import ClusterError
-from labs.models import Attempt, AttemptState, TenantNamespace
-from labs.services.attempts import attempt_expire
+from labs.models import IDLE_STOP_MIN_MINUTES, Attempt, AttemptState, TenantNamespace
+from labs.services.attempts import attempt_expire, attempt_left_since, attempt_stop_left
 from labs.services.events import attempt_push_on_commit
 from labs.services.provisioning import (
     attempt_end,
@@ -79,6 +80,7 @@ class SyncReport:
     failed: int = 0
     ended: int = 0
     expired: int = 0
+    left: int = 0
     awaiting_agent: int = 0
     skipped: bool = False
     sweep_requested: bool = False
@@ -101,6 +103,27 @@ def attempts_expire_due(*, now: datetime | None = None) -> int:
     return expired
 
 
+def attempts_stop_left(*, now: datetime | None = None) -> int:
+    """Stop running attempts that no page of their student has had open for their lab's ``idle_stop_minutes``
+    (database only; their teardown grades them once more and deletes the VM). One query finds the candidates: no
+    page for the shortest limit any lab may set; each is then judged on its own lab's limit, under its row lock."""
+    now = now or timezone.now()
+    candidates = (
+        Attempt.objects.filter(state=AttemptState.RUNNING, lab__idle_stop_minutes__gt=0)
+        .annotate(left_since=Greatest(Coalesce(F("last_seen_at"), F("agent_ready_at")), F("agent_ready_at")))
+        .filter(left_since__lte=now - timedelta(minutes=IDLE_STOP_MIN_MINUTES))
+        .select_related("lab").only("id", "last_seen_at", "agent_ready_at", "lab__idle_stop_minutes")
+    )
+    stopped = 0
+    for attempt in candidates:
+        since = attempt_left_since(attempt)
+        if since is None or since > now - timedelta(minutes=attempt.lab.idle_stop_minutes):
+            continue
+        if attempt_stop_left(attempt=attempt, now=now).state == AttemptState.STOPPING:
+            stopped += 1
+    return stopped
+
+
 def namespaces_due(*, now: datetime | None = None) -> list[str]:
     """Namespaces with tracked attempts that need listing now: any moving attempt, or a resync falling due."""
     now = now or timezone.now()
@@ -121,7 +144,7 @@ def namespaces_due(*, now: datetime | None = None) -> list[str]:
 def attempts_sync(*, now: datetime | None = None) -> SyncReport:
     """One pass: expire what is due, then list and map every namespace that is due."""
     now = now or timezone.now()
-    report = SyncReport(expired=attempts_expire_due(now=now))
+    report = SyncReport(expired=attempts_expire_due(now=now), left=attempts_stop_left(now=now))
     for namespace in namespaces_due(now=now):
         try:
             report.merge(namespace_sync(namespace=namespace))

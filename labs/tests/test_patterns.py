@@ -67,7 +67,7 @@ def test_admin_refuses_a_catastrophic_pattern_and_keeps_what_was_typed(client, i
     data = {
         "course": lab_a.course_id, "title": lab_a.title, "instructions": lab_a.instructions, "image": lab_a.image,
         "size": lab_a.size, "time_limit_minutes": lab_a.time_limit_minutes, "late_penalty_percent_per_day": "0",
-        "attempt_limit": 0, "grade_policy": lab_a.grade_policy, "extra_cloud_init": "",
+        "attempt_limit": 0, "idle_stop_minutes": 0, "grade_policy": lab_a.grade_policy, "extra_cloud_init": "",
         "checks-TOTAL_FORMS": len(existing) + 1, "checks-INITIAL_FORMS": len(existing),
         "checks-MIN_NUM_FORMS": 0, "checks-MAX_NUM_FORMS": 1000,
     }

@@ -176,7 +176,8 @@ def test_foreign_key_choices_on_lab_membership_and_check_forms(instructor_client
 def lab_post_data(*, course: Course, title: str, check_title: str = "file exists") -> dict:
     return {
         "course": course.pk, "title": title, "instructions": "Do it.", "image": "quay.io/containerdisks/fedora:41",
-        "size": "small", "time_limit_minutes": 60, "late_penalty_percent_per_day": "0", "attempt_limit": 0,
+        "size": "small", "time_limit_minutes": 60, "idle_stop_minutes": 0, "late_penalty_percent_per_day": "0",
+        "attempt_limit": 0,
         "grade_policy": "best", "extra_cloud_init": "",
         "checks-TOTAL_FORMS": 1, "checks-INITIAL_FORMS": 0, "checks-MIN_NUM_FORMS": 0, "checks-MAX_NUM_FORMS": 1000,
         "checks-0-order": 1, "checks-0-title": check_title, "checks-0-command": "test -f ~/x",

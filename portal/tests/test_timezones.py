@@ -101,7 +101,7 @@ def test_instructors_enter_due_dates_in_their_tenant_clock(instructor_a, lab_a):
     data = {
         "course": lab_a.course_id, "title": lab_a.title, "instructions": lab_a.instructions, "image": lab_a.image,
         "size": lab_a.size, "time_limit_minutes": lab_a.time_limit_minutes, "late_penalty_percent_per_day": "0",
-        "attempt_limit": 0, "grade_policy": lab_a.grade_policy, "extra_cloud_init": "",
+        "attempt_limit": 0, "idle_stop_minutes": 0, "grade_policy": lab_a.grade_policy, "extra_cloud_init": "",
         "due_at_0": "2026-12-05", "due_at_1": "23:59:00",
         "checks-TOTAL_FORMS": 0, "checks-INITIAL_FORMS": 0, "checks-MIN_NUM_FORMS": 0, "checks-MAX_NUM_FORMS": 1000,
     }
