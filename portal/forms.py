@@ -56,6 +56,9 @@ class PersonalTimeZoneForm(forms.ModelForm):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         zone_choice_field(self, current=self.instance.time_zone, blank_label=institution_zone_label(self.instance))
+        # The page says what the choice does; the model's help text is written for admins.
+        self.fields["time_zone"].label = _("Your time zone")
+        self.fields["time_zone"].help_text = ""
 
 
 class CourseAdminForm(forms.ModelForm):
