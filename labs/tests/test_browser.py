@@ -281,21 +281,34 @@ def test_a_refused_start_says_why_on_the_page_and_can_be_tried_again(student_a, 
 
     capacity(0)  # the institution's capacity is used up
     context, page = student_page(browser, live_portal.url)
+    context.clock.install()  # the page's own clock, to be moved on instead of waiting out the server's Retry-After
     page.goto(f"/labs/{lab_a.id}/")
     page.evaluate("window.sameDocument = true")
     page.click("#start-button")
-    expect(page.locator("#start-message")).to_be_visible()
-    expect(page.locator("#start-message")).to_contain_text("capacity is full")
+    message = page.locator("#start-message")
+    expect(message).to_be_visible()
+    expect(message).to_contain_text("capacity is full")
+    # Full for now: the page says when it tries again, counting down, and the button stops the waiting.
+    expect(message).to_contain_text(re.compile(r"Trying again by itself in \d+ s\."))
+    expect(page.locator("#start-button")).to_have_text("Stop waiting")
+    page.click("#start-button")
+    expect(message).to_have_text("Not trying again. Press Start when you want to try.")
     expect(page.locator("#start-button")).to_be_enabled()
     expect(page.locator("#start-button")).to_have_text("Start the lab")
-    assert page.evaluate("window.sameDocument === true")
+    capacity(5)
+    page.clock.run_for(90_000)  # nothing is tried once the waiting stopped, though there would be room now
     assert not in_a_thread(lambda: Attempt.objects.filter(lab=lab_a).exists())
+    assert page.evaluate("window.sameDocument === true")
 
-    capacity(5)  # capacity freed: the same button starts the lab
-    page.click("#start-button")
+    capacity(0)
+    page.click("#start-button")  # refused again, and waiting again
+    expect(message).to_contain_text("Trying again by itself in")
+    capacity(5)  # capacity freed: when its time comes the page starts the lab by itself
+    page.clock.run_for(90_000)  # past any Retry-After the portal gives (RETRY_AFTER_RANGE)
     expect(page.locator("#attempt-panel")).to_be_visible()
     expect(page.locator("#start-message")).to_have_count(0)
     assert page.evaluate("window.sameDocument === true")
+    assert in_a_thread(lambda: Attempt.objects.filter(lab=lab_a).count()) == 1
     context.close()
 
 
