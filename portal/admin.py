@@ -74,7 +74,8 @@ class TenantAdmin(SuperuserOnlyAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
                     "created_at")
     search_fields = ("name", "namespace")
     readonly_fields = ("namespace", "created_at")
-    fields = ("name", "namespace", "time_zone", "max_concurrent_vms", "max_vcpus", "max_memory_mib", "created_at")
+    fields = ("name", "namespace", "time_zone", "max_concurrent_vms", "max_vms_per_student", "max_vcpus",
+              "max_memory_mib", "created_at")
 
     def audit_scope(self, obj: Tenant) -> dict:
         return {"tenant": obj}

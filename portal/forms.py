@@ -34,7 +34,7 @@ class TenantAdminForm(forms.ModelForm):
 
     class Meta:
         model = Tenant
-        fields = ["name", "max_concurrent_vms", "max_vcpus", "max_memory_mib", "time_zone"]
+        fields = ["name", "max_concurrent_vms", "max_vms_per_student", "max_vcpus", "max_memory_mib", "time_zone"]
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

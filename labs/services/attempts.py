@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Max, Q, Sum
 from django.utils import formats, timezone, translation
 from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 from labs.kubevirt import names
 from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab
@@ -80,6 +81,16 @@ def _check_start_throttle() -> None:
             _("Many labs are starting right now. Try again in a minute."),
             code="too_many_starts", retry_after=retry_after_seconds(),
         )
+
+
+def _per_student_refusal(*, running: int) -> Conflict:
+    """The student already has as many labs going as the institution lets one person have: one must stop first
+    (waiting would not help, so no Retry-After)."""
+    return Conflict(ngettext(
+        "You already have %(count)d lab going, as many as your institution allows one person at once. Stop it to "
+        "start this one.",
+        "You already have %(count)d labs going, as many as your institution allows one person at once. Stop one "
+        "of them to start this one.", running) % {"count": running}, code="too_many_running")
 
 
 def _quota_refusal(*, tenant: Tenant, used_vms: int, used_vcpus: int, used_memory: int, vcpus: int,
@@ -172,7 +183,10 @@ def attempt_start(*, actor: User, lab: Lab) -> Attempt:
             tenant = Tenant.objects.select_for_update(no_key=True).get(pk=course.tenant_id)
             totals = Attempt.objects.filter(tenant_id=tenant.pk, state__in=ACTIVE_STATES).aggregate(
                 vms=Count("id"), vcpus=Sum("vcpus"), memory=Sum("launcher_memory_mib"),
+                students=Count("id", filter=Q(student_id=actor.pk)),
             )
+            if tenant.max_vms_per_student and totals["students"] > tenant.max_vms_per_student:
+                raise _per_student_refusal(running=totals["students"] - 1)
             refusal = _quota_refusal(
                 tenant=tenant, used_vms=(totals["vms"] or 1) - 1, used_vcpus=(totals["vcpus"] or 0) - guest.vcpus,
                 used_memory=(totals["memory"] or 0) - launcher.memory_mib, vcpus=guest.vcpus,

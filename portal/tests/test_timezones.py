@@ -132,7 +132,8 @@ def test_the_tenant_admin_offers_the_known_zones_and_refuses_others(superuser, t
     client = logged_in(superuser)
     url = reverse("admin:portal_tenant_change", args=[tenant_a.pk])
     assert '<option value="Asia/Tokyo">Asia/Tokyo</option>' in client.get(url).content.decode()
-    data = {"name": tenant_a.name, "max_concurrent_vms": 10, "max_vcpus": 20, "max_memory_mib": 1024}
+    data = {"name": tenant_a.name, "max_concurrent_vms": 10, "max_vms_per_student": 0, "max_vcpus": 20,
+            "max_memory_mib": 1024}
 
     refused = client.post(url, {**data, "time_zone": "Mars/Olympus_Mons"})
     assert refused.status_code == 200
