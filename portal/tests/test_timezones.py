@@ -328,3 +328,11 @@ def test_choosing_a_zone_writes_that_column_only(student_a):
     updates = [query["sql"] for query in queries if query["sql"].startswith('UPDATE "portal_user"')]
     assert len(updates) == 1
     assert re.match(r'UPDATE "portal_user" SET "time_zone" = \S+ WHERE', updates[0])
+
+
+def test_a_person_without_a_tenant_gets_the_portals_default_as_their_institutions(superuser):
+    client = logged_in(superuser)
+    page = client.get(reverse("time_zone")).content.decode()
+    assert "My institution&#x27;s (UTC)" in page
+    assert client.post(reverse("time_zone"), {"time_zone": "Asia/Kolkata"}).status_code == 302
+    assert client.get(reverse("api:me")).json()["time_zone"] == "Asia/Kolkata"
