@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils.translation import gettext as _
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -20,7 +21,7 @@ from labs.models import Attempt, Check, Lab
 from labs.selectors import attempt_can_extend
 from labs.sizes import guest_resources
 from portal.models import AuditEvent, Course, User
-from portal.timezones import person_time_zone
+from portal.timezones import person_time_zone, validate_time_zone
 
 
 class StrictInputSerializer(serializers.Serializer):
@@ -190,6 +191,19 @@ class AttemptSerializer(StaffViewMixin, serializers.ModelSerializer):
 
     def get_namespace(self, attempt: Attempt) -> str | None:
         return attempt.namespace if self.staff_view(attempt.lab.course_id) else None
+
+
+class MeUpdateSerializer(StrictInputSerializer):
+    time_zone = serializers.CharField(
+        allow_blank=True, max_length=64,
+        help_text="Your own clock, an IANA name such as Europe/Berlin; empty for your institution's.")
+
+    def validate_time_zone(self, value: str) -> str:
+        try:
+            validate_time_zone(value)
+        except DjangoValidationError as error:
+            raise serializers.ValidationError(error.messages) from None
+        return value
 
 
 class AttemptStartSerializer(StrictInputSerializer):

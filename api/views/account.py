@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.login_guard import USERNAME_SCOPE, login_retry_after, throttled_message
-from api.serializers import ErrorSerializer, MeSerializer, TokenRequestSerializer, TokenSerializer
+from api.serializers import ErrorSerializer, MeSerializer, MeUpdateSerializer, TokenRequestSerializer, TokenSerializer
 from portal.errors import ApplicationError
 from portal.ratelimit import RateLimited, rate_limit_reset
 
@@ -22,6 +22,16 @@ class MeView(APIView):
     @extend_schema(responses={200: MeSerializer}, summary="The signed-in user")
     def get(self, request: Request) -> Response:
         return Response(MeSerializer(request.user).data)
+
+    @extend_schema(request=MeUpdateSerializer, responses={200: MeSerializer, 400: ErrorSerializer},
+                   summary="Choose your own time zone")
+    def patch(self, request: Request) -> Response:
+        serializer = MeUpdateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        person = request.user
+        person.time_zone = serializer.validated_data.get("time_zone", person.time_zone)
+        person.save(update_fields=["time_zone"])
+        return Response(MeSerializer(person).data)
 
 
 class TokenObtainView(APIView):

@@ -160,7 +160,9 @@ MATRIX: dict[str, list[Probe]] = {
     # ---- API --------------------------------------------------------------------------------------------------
     "api/schema/": [page(PUBLIC_PAGE, tenant_a_object=False)],
     "api/docs/": [page(PUBLIC_PAGE, tenant_a_object=False)],
-    "api/v1/me/": [api_get(API_LIST, tenant_a_object=False)],
+    "api/v1/me/": [api_get(API_LIST, tenant_a_object=False),
+                   Probe(expect=answers(401, 200, 200, 200, 200), method="PATCH", api=True,
+                         data={"time_zone": "Europe/Berlin"}, tenant_a_object=False)],
     "api/v1/auth/token/": [
         api_post(answers(400, 400, 400, 400, 400), data={"username": "student_a", "password": "wrong"},
                  tenant_a_object=False),

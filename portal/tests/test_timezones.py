@@ -336,3 +336,31 @@ def test_a_person_without_a_tenant_gets_the_portals_default_as_their_institution
     assert "My institution&#x27;s (UTC)" in page
     assert client.post(reverse("time_zone"), {"time_zone": "Asia/Kolkata"}).status_code == 302
     assert client.get(reverse("api:me")).json()["time_zone"] == "Asia/Kolkata"
+
+
+def test_api_clients_choose_the_persons_clock_with_a_known_zone_only(student_a):
+    from rest_framework.authtoken.models import Token
+
+    tokyo(student_a.tenant)
+    client = Client(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=student_a).key}")
+    url = reverse("api:me")
+
+    def patch(body: dict):
+        return client.patch(url, data=body, content_type="application/json")
+
+    chosen = patch({"time_zone": "Europe/Berlin"})
+    assert chosen.status_code == 200 and chosen.json()["time_zone"] == "Europe/Berlin"
+    refusals = (({"time_zone": "Mars/Olympus_Mons"}, "time_zone"), ({"tenant": 99}, "tenant"), ({}, "time_zone"))
+    for refused, field in refusals:
+        response = patch(refused)
+        assert response.status_code == 400, refused
+        assert field in str(response.json()), response.json()
+    student_a.refresh_from_db()
+    assert student_a.time_zone == "Europe/Berlin" and student_a.tenant.time_zone == "Asia/Tokyo"
+    back = patch({"time_zone": ""})
+    assert back.status_code == 200 and back.json()["time_zone"] == "Asia/Tokyo"
+
+    # A browser session must send its CSRF token, as for any other change through the API.
+    session = Client(enforce_csrf_checks=True)
+    session.force_login(student_a)
+    assert session.patch(url, data={"time_zone": "Europe/Berlin"}, content_type="application/json").status_code == 403
