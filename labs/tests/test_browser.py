@@ -291,6 +291,12 @@ def test_a_refused_start_says_why_on_the_page_and_can_be_tried_again(student_a, 
     # Full for now: the page says when it tries again, counting down, and the button stops the waiting.
     expect(message).to_contain_text(re.compile(r"Trying again by itself in \d+ s\."))
     expect(page.locator("#start-button")).to_have_text("Stop waiting")
+    # The count goes down each second, in a part of the alert that is not announced again each time.
+    countdown = message.locator("span[aria-live=off]")
+    first = int(countdown.inner_text())
+    assert 30 <= first <= 60  # the portal's Retry-After (RETRY_AFTER_RANGE)
+    page.clock.run_for(3_000)
+    expect(countdown).to_have_text(str(first - 3))
     page.click("#start-button")
     expect(message).to_have_text("Not trying again. Press Start when you want to try.")
     expect(page.locator("#start-button")).to_be_enabled()

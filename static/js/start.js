@@ -44,15 +44,20 @@
   function waitThenRetry(error, seconds) {
     retries += 1;
     let left = seconds;
-    const show = () => refused(format(form.dataset.retrying, { message: error, seconds: left }));
-    show();
+    // The message is announced once (role="alert"); the countdown inside it changes silently, not every second.
+    const count = document.createElement("span");
+    count.setAttribute("aria-live", "off");
+    count.textContent = String(left);
+    const [before, after = ""] = format(form.dataset.retrying, { message: error }).split("%(seconds)s");
+    message.replaceChildren(before, count, after);
+    message.hidden = false;
     button.disabled = false;
     button.textContent = form.dataset.stopWaiting;
     form.classList.add("waiting");
     waiting = window.setInterval(() => {
       left -= 1;
       if (left > 0) {
-        show();
+        count.textContent = String(left);
         return;
       }
       stopWaiting();
