@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -47,12 +47,16 @@ def attempts_for_user(*, user: User) -> QuerySet[Attempt]:
     )
 
 
-def attempt_get_for_user(*, user: User, attempt_id: int, related: bool = True) -> Attempt:
+def attempt_get_for_user(*, user: User, attempt_id: int, related: bool = True,
+                         with_idle_stop: bool = False) -> Attempt:
     """The attempt if the user is its student or staff of its course; the same NotFound otherwise. With
     ``related`` its lab, course, student and tenant come in the same query (callers that only need the attempt's
-    own fields, like the events socket's handshake, skip that: the query is then far cheaper to build)."""
+    own fields, like the events socket's handshake, skip that: the query is then far cheaper to build). With
+    ``with_idle_stop`` the lab's ``idle_stop_minutes`` comes along as ``lab_idle_stop_minutes``."""
     def rows(attempts: QuerySet[Attempt]) -> QuerySet[Attempt]:
         attempts = attempts.filter(id=attempt_id).order_by()  # one row at most: no ORDER BY
+        if with_idle_stop:
+            attempts = attempts.annotate(lab_idle_stop_minutes=F("lab__idle_stop_minutes"))
         # Never select_related() without fields: that follows every foreign key, and their foreign keys.
         return attempts.select_related("lab", "lab__course", "student", "tenant") if related else attempts
 

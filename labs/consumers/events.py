@@ -23,7 +23,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils import translation
 
 from grading.selectors import grading_run_payload
-from labs.models import ACTIVE_STATES, Lab
+from labs.models import ACTIVE_STATES
 from labs.selectors import attempt_get_for_user, attempt_status_payload
 from labs.services.attempts import attempt_seen
 from portal.errors import ApplicationError
@@ -60,13 +60,11 @@ def attempt_initial_messages(*, user, attempt_id: int) -> list[dict]:
 
 
 def _initial(*, user, attempt_id: int) -> Handshake:
-    attempt = attempt_get_for_user(user=user, attempt_id=attempt_id, related=False)
-    stamps = False
-    if attempt.student_id == user.pk and attempt.state in ACTIVE_STATES:
-        # The student's own page: it keeps the attempt from being stopped as left, where the lab does that.
-        stamps = bool(Lab.objects.filter(pk=attempt.lab_id).values_list("idle_stop_minutes", flat=True).first())
-        if stamps:
-            attempt_seen(attempt_id=attempt.id)
+    attempt = attempt_get_for_user(user=user, attempt_id=attempt_id, related=False, with_idle_stop=True)
+    # The student's own page keeps the attempt from being stopped as left, where the lab does that.
+    stamps = bool(attempt.student_id == user.pk and attempt.state in ACTIVE_STATES and attempt.lab_idle_stop_minutes)
+    if stamps:
+        attempt_seen(attempt_id=attempt.id)
     messages = [{"type": "attempt.update", "attempt": attempt_status_payload(attempt)}]
     # Reached through the attempt just checked above, so scoped like it. Checks run only once the guest's agent has
     # answered (a student's on a running attempt, a final one when agent_ready_at is set, regrades of earlier runs):

@@ -241,3 +241,15 @@ def test_a_lab_that_never_stops_attempts_costs_its_sockets_no_stamps(student_a, 
         assert await last_seen(attempt.id) is None
 
     asyncio.run(scenario())
+
+
+def test_the_handshake_reads_the_labs_rule_with_the_attempt(student_a, lab_a, django_assert_num_queries):
+    attempt = running(student_a, lab_a, ready_minutes_ago=10)
+    # The attempt (with its lab's rule), then its latest grading run: nothing more for a lab that never stops.
+    with django_assert_num_queries(2):
+        handshake = events.attempt_events_handshake(user=student_a, attempt_id=attempt.id, language="en")
+    assert not handshake.stamps_presence
+    leaves_after(lab_a, 20)
+    with django_assert_num_queries(3):  # and the stamp where it does
+        handshake = events.attempt_events_handshake(user=student_a, attempt_id=attempt.id, language="en")
+    assert handshake.stamps_presence
