@@ -49,6 +49,7 @@ from prometheus_client.registry import Collector
 
 from grading.models import GradingRun, RunState
 from labs.models import Attempt, AttemptState
+from labs.services.attempts import StopReason
 from portal.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -59,6 +60,8 @@ METRICS_WINDOW_SECONDS = 3600
 CLUSTER_API_ERRORS_KEY = "portal:metrics:cluster_api_errors"
 CONSOLE_SESSIONS_KEY = "portal:metrics:console_sessions"
 
+# Always exported, so that a reason's series exists (at 0) before its first stop.
+STOP_REASONS = (StopReason.STUDENT, StopReason.STAFF, StopReason.EXPIRED, StopReason.LEFT)
 START_PHASES: dict[str, tuple[str, str]] = {
     # phase label: (start timestamp field, end timestamp field) on Attempt
     "provision": ("requested_at", "provisioned_at"),
@@ -230,6 +233,16 @@ class PortalCollector(Collector):
         for state, value in totals.items():
             overall.add_metric([state], value)
         yield overall
+        stopped = CounterMetricFamily(
+            "portal_attempts_stopped", "Attempts stopped, by reason: student or staff (Stop), expired (time limit), "
+            "left (no page of the student had it open for the lab's limit).", labels=["reason"])
+        reasons = {reason: 0 for reason in STOP_REASONS}
+        for reason, count in (Attempt.objects.exclude(stop_reason="").values_list("stop_reason")
+                              .annotate(n=Count("id")).order_by()):
+            reasons[reason] = reasons.get(reason, 0) + count
+        for reason, value in reasons.items():
+            stopped.add_metric([reason], value)
+        yield stopped
 
     def _start_phases(self, now) -> Iterator[Metric]:
         window_start = now - timedelta(seconds=METRICS_WINDOW_SECONDS)

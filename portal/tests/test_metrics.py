@@ -90,10 +90,16 @@ def test_attempt_counts_by_tenant_and_state_follow_the_database(client, lab_a, l
     assert samples[("portal_attempts_by_state", (("state", "running"),))] == 2
     assert samples[("portal_attempts_by_state", (("state", "stopped"),))] == 0
 
-    Attempt.objects.filter(id=running[0].id).update(state=AttemptState.STOPPED)
+    assert samples[("portal_attempts_stopped_total", (("reason", "left"),))] == 0
+
+    Attempt.objects.filter(id=running[0].id).update(state=AttemptState.STOPPED, stop_reason="left")
+    Attempt.objects.filter(id=running[1].id).update(state=AttemptState.STOPPING, stop_reason="student")
     samples = scrape(client)
-    assert samples[("portal_attempts", (("state", "running"), ("tenant", namespace_a)))] == 1
+    assert samples[("portal_attempts_by_state", (("state", "running"),))] == 0
     assert samples[("portal_attempts_by_state", (("state", "stopped"),))] == 1
+    assert samples[("portal_attempts_stopped_total", (("reason", "left"),))] == 1
+    assert samples[("portal_attempts_stopped_total", (("reason", "student"),))] == 1
+    assert samples[("portal_attempts_stopped_total", (("reason", "expired"),))] == 0
 
 
 @pytest.mark.django_db
