@@ -83,14 +83,22 @@ def _check_start_throttle() -> None:
         )
 
 
-def _per_student_refusal(*, running: int) -> Conflict:
+def _per_student_refusal(*, running: int, stopping: int) -> Conflict:
     """The student already has as many labs going as the institution lets one person have: one must stop first
-    (waiting would not help, so no Retry-After)."""
-    return Conflict(ngettext(
-        "You already have %(count)d lab going, as many as your institution allows one person at once. Stop it to "
-        "start this one.",
-        "You already have %(count)d labs going, as many as your institution allows one person at once. Stop one "
-        "of them to start this one.", running) % {"count": running}, code="too_many_running")
+    (waiting alone would not help, so no Retry-After), or end, if it is stopping already."""
+    if stopping:
+        message = ngettext(
+            "You already have %(count)d lab going, as many as your institution allows one person at once, and it is "
+            "stopping: try again once it has ended.",
+            "You already have %(count)d labs going, as many as your institution allows one person at once, and one "
+            "of them is stopping: try again once it has ended.", running) % {"count": running}
+    else:
+        message = ngettext(
+            "You already have %(count)d lab going, as many as your institution allows one person at once. Stop it "
+            "to start this one.",
+            "You already have %(count)d labs going, as many as your institution allows one person at once. Stop one "
+            "of them to start this one.", running) % {"count": running}
+    return Conflict(message, code="too_many_running")
 
 
 def _quota_refusal(*, tenant: Tenant, used_vms: int, used_vcpus: int, used_memory: int, vcpus: int,
@@ -184,9 +192,10 @@ def attempt_start(*, actor: User, lab: Lab) -> Attempt:
             totals = Attempt.objects.filter(tenant_id=tenant.pk, state__in=ACTIVE_STATES).aggregate(
                 vms=Count("id"), vcpus=Sum("vcpus"), memory=Sum("launcher_memory_mib"),
                 students=Count("id", filter=Q(student_id=actor.pk)),
+                stopping=Count("id", filter=Q(student_id=actor.pk, state=AttemptState.STOPPING)),
             )
             if tenant.max_vms_per_student and totals["students"] > tenant.max_vms_per_student:
-                raise _per_student_refusal(running=totals["students"] - 1)
+                raise _per_student_refusal(running=totals["students"] - 1, stopping=totals["stopping"])
             refusal = _quota_refusal(
                 tenant=tenant, used_vms=(totals["vms"] or 1) - 1, used_vcpus=(totals["vcpus"] or 0) - guest.vcpus,
                 used_memory=(totals["memory"] or 0) - launcher.memory_mib, vcpus=guest.vcpus,

@@ -36,10 +36,17 @@ def test_a_student_at_the_cap_must_stop_a_lab_before_starting_another(student_a,
         attempt_start(actor=student_a, lab=third)
     assert info.value.code == "too_many_running" and info.value.status_code == 409
     assert info.value.retry_after is None  # waiting would not help
+    # One of them is on its way out already: the student is told to wait for it rather than to stop one.
     assert info.value.message == ("You already have 2 labs going, as many as your institution allows one person at "
-                                  "once. Stop one of them to start this one.")
+                                  "once, and one of them is stopping: try again once it has ended.")
     assert not Attempt.objects.filter(lab=third).exists()
     assert not AuditEvent.objects.filter(action="attempt.start").exists()  # rolled back with the attempt
+
+    Attempt.objects.filter(lab=second).update(state=AttemptState.RUNNING)
+    with pytest.raises(Conflict) as info:
+        attempt_start(actor=student_a, lab=third)
+    assert info.value.message == ("You already have 2 labs going, as many as your institution allows one person at "
+                                  "once. Stop one of them to start this one.")
 
     Attempt.objects.filter(lab=second).update(state=AttemptState.STOPPED)
     assert attempt_start(actor=student_a, lab=third).state == AttemptState.REQUESTED
