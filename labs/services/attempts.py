@@ -101,6 +101,18 @@ def _per_student_refusal(*, running: int, stopping: int) -> Conflict:
     return Conflict(message, code="too_many_running")
 
 
+def per_student_cap_message(*, student: User, tenant: Tenant) -> str:
+    """What the lab page says instead of offering Start when the student already has as many labs going as the
+    institution allows one person ('' when Start may be tried; ``attempt_start`` decides for real, under a lock)."""
+    if not tenant.max_vms_per_student:
+        return ""
+    going = Attempt.objects.filter(student=student, tenant=tenant, state__in=ACTIVE_STATES).aggregate(
+        running=Count("id"), stopping=Count("id", filter=Q(state=AttemptState.STOPPING)))
+    if going["running"] < tenant.max_vms_per_student:
+        return ""
+    return _per_student_refusal(running=going["running"], stopping=going["stopping"]).message
+
+
 def _quota_refusal(*, tenant: Tenant, used_vms: int, used_vcpus: int, used_memory: int, vcpus: int,
                    memory_mib: int) -> Unavailable | None:
     """The refusal when one more VM of this shape would pass any of the tenant's limits, else None."""

@@ -105,10 +105,15 @@ def test_two_starts_of_one_student_at_the_same_moment_get_one_lab_under_a_cap_of
 @pytest.mark.django_db
 def test_the_lab_page_says_why_and_superusers_set_the_cap(student_a, lab_a, course_a, superuser):
     second = make_lab(course_a, title="Second")
-    cap(course_a.tenant, 1)
-    going(student_a, lab_a)
     client = Client()
     client.force_login(student_a)
+    page_url = reverse("labs:lab_detail", args=[second.pk])
+    going(student_a, lab_a)
+    assert 'id="start-button"' in client.get(page_url).content.decode()  # no cap: Start is offered
+    cap(course_a.tenant, 1)
+    page = client.get(page_url).content.decode()
+    assert 'id="start-button"' not in page  # at the cap: the page says why instead
+    assert "You already have 1 lab going, as many as your institution allows one person at once." in page
     refused = client.post(reverse("labs:attempt_start", args=[second.pk]), HTTP_ACCEPT="application/json")
     assert refused.status_code == 409 and "Retry-After" not in refused
     assert refused.json()["code"] == "too_many_running"

@@ -21,6 +21,7 @@ from labs.selectors import (
     attempts_counted_against_limit,
     attempts_for_student,
 )
+from labs.services.attempts import per_student_cap_message
 from labs.views.instructions import render_instructions
 from labs.views.strings import PROGRESS_STEPS, attempt_page_strings
 from portal.errors import NotFound
@@ -73,7 +74,7 @@ def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> str:
         return _("This lab is not open.")
     if lab.attempt_limit and attempts_counted_against_limit(student=user, lab=lab) >= lab.attempt_limit:
         return _("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit}
-    return ""
+    return per_student_cap_message(student=user, tenant=lab.course.tenant)
 
 
 class LabDetailView(LoginRequiredMixin, View):
