@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from decimal import Decimal, InvalidOperation
 
@@ -18,6 +19,19 @@ class QuantityError(ValueError):
 
 def parse_quantity(value: str | int | float) -> Decimal:
     """Return the exact value of a quantity (``"1.5Gi"`` → bytes, ``"200m"`` → 0.2)."""
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return _parse_known(value)
+    return _parse(value)  # anything else is refused with a QuantityError, never a TypeError
+
+
+# A cluster's quantities are a handful of strings read over and over (every pod's requests, each time a namespace's
+# quota usage is summed): remembered, they are parsed once. Decimals are immutable; errors are not remembered.
+@functools.lru_cache(maxsize=4096, typed=True)
+def _parse_known(value: str | int | float) -> Decimal:
+    return _parse(value)
+
+
+def _parse(value: object) -> Decimal:
     if isinstance(value, bool):
         raise QuantityError(f"quantities must match the regular expression: {value!r}")
     if isinstance(value, (int, float)):

@@ -32,6 +32,22 @@ def test_quantities_parse_and_format_like_the_api_server():
         parse_quantity("lots")
 
 
+def test_remembered_quantities_stay_exact_and_anything_odd_is_still_a_quantity_error():
+    # Parsed once and remembered: the same answers the second time, 1 and 1.0 and True kept apart.
+    for _ in range(2):
+        assert parse_quantity("2392Mi") == 2392 * 2**20
+        assert parse_quantity(1) == 1 and parse_quantity(1.5) == Decimal("1.5")
+        with pytest.raises(QuantityError):
+            parse_quantity("lots")  # a refusal is not remembered as an answer
+        with pytest.raises(QuantityError):
+            parse_quantity(True)
+    # What a manifest may carry that is no quantity at all (a list, a mapping) is refused the same way, not with
+    # the TypeError that remembering an unhashable value would raise.
+    for odd in (["1Gi"], {"memory": "1Gi"}, None):
+        with pytest.raises(QuantityError):
+            parse_quantity(odd)
+
+
 def test_launcher_requests_match_the_measured_cluster():
     spec = {"domain": {"cpu": {"cores": 2}, "resources": {"requests": {"memory": "4Gi"}}}}
     cpu, memory = launcher_requests(spec, developer={}, fixed_overhead="212Mi")
