@@ -29,7 +29,7 @@ class MeView(APIView):
         serializer = MeUpdateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         person = request.user
-        person.time_zone = serializer.validated_data.get("time_zone", person.time_zone)
+        person.time_zone = serializer.validated_data["time_zone"]
         person.save(update_fields=["time_zone"])
         return Response(MeSerializer(person).data)
 

@@ -297,16 +297,21 @@ def attempt_stop(*, actor: User, attempt: Attempt) -> Attempt:
             return locked
         if locked.state not in ACTIVE_STATES:
             raise Conflict(_("This attempt has already ended."), code="attempt_ended")
-        previous = locked.state
-        locked.state = AttemptState.STOPPING
-        locked.stopping_at = timezone.now()
-        locked.stop_reason = standing
-        locked.save(update_fields=["state", "stopping_at", "stop_reason", "updated_at"])
         audit_record(actor=actor, action="attempt.stop", target=locked, tenant=locked.tenant,
-                     course=locked.lab.course, data={"from": previous, "by": standing})
-        attempt_push_on_commit(attempt=locked)
-        enqueue_teardown(locked.id)
+                     course=locked.lab.course, data={"from": locked.state, "by": standing})
+        _begin_stopping(locked, reason=standing, now=timezone.now())
     return locked
+
+
+def _begin_stopping(locked: Attempt, *, reason: str, now: datetime) -> None:
+    """Inside the caller's transaction, on the attempt row it locked: ``stopping`` from now, for ``reason``; the
+    page hears of it and the teardown (grade once more, then delete the VM) is queued, both on commit."""
+    locked.state = AttemptState.STOPPING
+    locked.stopping_at = now
+    locked.stop_reason = reason
+    locked.save(update_fields=["state", "stopping_at", "stop_reason", "updated_at"])
+    attempt_push_on_commit(attempt=locked)
+    enqueue_teardown(locked.id)
 
 
 def attempt_extend(*, actor: User, attempt: Attempt) -> Attempt:
@@ -361,12 +366,7 @@ def attempt_stop_left(*, attempt: Attempt, now: datetime | None = None) -> Attem
         if (locked.state != AttemptState.RUNNING or not limit or since is None
                 or since > now - timedelta(minutes=limit)):
             return locked
-        locked.state = AttemptState.STOPPING
-        locked.stopping_at = now
-        locked.stop_reason = StopReason.LEFT
-        locked.save(update_fields=["state", "stopping_at", "stop_reason", "updated_at"])
-        attempt_push_on_commit(attempt=locked)
-        enqueue_teardown(locked.id)
+        _begin_stopping(locked, reason=StopReason.LEFT, now=now)
     logger.info("attempt %s stopped: no page had it open for %s minutes", locked.id, limit)
     return locked
 
@@ -379,10 +379,5 @@ def attempt_expire(*, attempt: Attempt) -> Attempt:
         locked = Attempt.objects.select_for_update().get(pk=attempt.pk)
         if locked.state != AttemptState.RUNNING or locked.expires_at is None or locked.expires_at > now:
             return locked
-        locked.state = AttemptState.STOPPING
-        locked.stopping_at = now
-        locked.stop_reason = StopReason.EXPIRED
-        locked.save(update_fields=["state", "stopping_at", "stop_reason", "updated_at"])
-        attempt_push_on_commit(attempt=locked)
-        enqueue_teardown(locked.id)
+        _begin_stopping(locked, reason=StopReason.EXPIRED, now=now)
     return locked
