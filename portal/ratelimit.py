@@ -31,6 +31,7 @@ class Window:
     seconds: int
     count: int
     retry_after: int
+    cache_key: str
 
     @property
     def exceeded(self) -> bool:
@@ -51,6 +52,13 @@ def _cache_key(scope: str, key: str, bucket: int) -> str:
     return f"ratelimit:{scope}:{digest}:{bucket}"
 
 
+@dataclass(frozen=True)
+class Counted:
+    """One request counted by ``rate_limit_hit``: the window it went into, for ``rate_limit_refund``."""
+
+    cache_key: str
+
+
 def _window(scope: str, key: str, *, increment: bool) -> Window:
     limit, seconds = _rate(scope)
     now = time.time()
@@ -66,10 +74,10 @@ def _window(scope: str, key: str, *, increment: bool) -> Window:
     else:
         count = int(cache.get(cache_key, 0))
     retry_after = max(1, math.ceil((bucket + 1) * seconds - now))
-    return Window(limit=limit, seconds=seconds, count=count, retry_after=retry_after)
+    return Window(limit=limit, seconds=seconds, count=count, retry_after=retry_after, cache_key=cache_key)
 
 
-def rate_limit_hit(*, scope: str, key: str, message: str | None = None) -> None:
+def rate_limit_hit(*, scope: str, key: str, message: str | None = None) -> Counted:
     """Count one request of ``key`` against the ``scope`` limit; raise ``RateLimited`` once it is exceeded."""
     window = _window(scope, key, increment=True)
     if window.exceeded:
@@ -77,6 +85,16 @@ def rate_limit_hit(*, scope: str, key: str, message: str | None = None) -> None:
             message or _("Too many requests. Try again in %(seconds)s seconds.") % {"seconds": window.retry_after},
             retry_after=window.retry_after,
         )
+    return Counted(cache_key=window.cache_key)
+
+
+def rate_limit_refund(counted: Counted) -> None:
+    """Take back a request that ``rate_limit_hit`` counted (it turned out to do nothing the limit is for). The
+    count goes back in the window it went into; if that window has ended, there is nothing to take back."""
+    try:
+        cache.decr(counted.cache_key)
+    except ValueError:  # the window ended and its counter expired
+        pass
 
 
 def rate_limit_count(*, scope: str, key: str) -> None:

@@ -205,3 +205,18 @@ def test_grade_override_refusals(world, client_for, student_a, instructor_b, ta_
     assert too_high.status_code == 400 and too_high.json()["error"]["code"] == "invalid_score"
     assert counts() == before
     assert Grade.objects.get(id=world.grade_a.id).override_score is None
+
+
+def test_a_full_capacity_refusal_is_not_counted_against_the_start_limit(lab_a, client_for, student_a, settings):
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "attempt_start": (1, 600)}
+    tenant = lab_a.course.tenant
+    tenant.max_concurrent_vms = 0
+    tenant.save(update_fields=["max_concurrent_vms"])
+    client = client_for(student_a)
+    for _try in range(3):
+        refused = client.post("/api/v1/attempts/", {"lab": lab_a.id}, format="json")
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "quota_full"
+    tenant.max_concurrent_vms = 10
+    tenant.save(update_fields=["max_concurrent_vms"])
+    assert client.post("/api/v1/attempts/", {"lab": lab_a.id}, format="json").status_code == 201
+    assert client.post("/api/v1/attempts/", {"lab": lab_a.id}, format="json").status_code == 429

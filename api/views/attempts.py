@@ -88,17 +88,14 @@ class AttemptListView(ListAPIView):
         request=AttemptStartSerializer,
         responses={201: AttemptSerializer, **REFUSALS},
         summary="Start an attempt of a lab",
-        description="Starts are limited per user (429 with Retry-After when exceeded).",
+        description=("Starts are limited per user (429 with Retry-After when exceeded); a refusal for want of room "
+                     "(503 with Retry-After) started nothing and is not counted."),
     )
     def post(self, request: Request) -> Response:
         serializer = AttemptStartSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         lab = lab_get_for_user(user=request.user, lab_id=serializer.validated_data["lab"])
-        rate_limit_hit(
-            scope="attempt_start", key=f"user:{request.user.pk}",
-            message=_("You have started too many labs in a short time. Wait a little before starting another."),
-        )
-        attempt = lab_services.attempt_start(actor=request.user, lab=lab)
+        attempt = lab_services.attempt_start_limited(actor=request.user, lab=lab)
         return Response(attempt_data(attempt, user=request.user), status=status.HTTP_201_CREATED)
 
 

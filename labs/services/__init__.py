@@ -2,14 +2,21 @@
 
 Split by subject; the names below are the contract other apps import.
 
-- ``attempts``: ``attempt_start``, ``attempt_stop``, ``attempt_extend``, ``attempt_expire`` (people, time limit)
+- ``attempts``: ``attempt_start`` (``attempt_start_limited``: behind the per-person limit), ``attempt_stop``,
+  ``attempt_extend``, ``attempt_expire`` (people, time limit)
 - ``provisioning``: VM and Secret on and off the cluster, the tenant namespace, the system's transitions
 - ``tracking``: the sync (one VMI list per namespace) mapping phases onto attempts
 - ``sweeping``: orphans both ways, vanished VMs, start timeouts, lost tasks
 - ``events``: ``attempt.update`` pushes on commit
 """
 
-from labs.services.attempts import attempt_expire, attempt_extend, attempt_start, attempt_stop
+from labs.services.attempts import (
+    attempt_expire,
+    attempt_extend,
+    attempt_start,
+    attempt_start_limited,
+    attempt_stop,
+)
 from labs.services.provisioning import (
     attempt_end,
     attempt_fail,
@@ -29,6 +36,7 @@ __all__ = [
     "attempt_mark_running",
     "attempt_provision",
     "attempt_start",
+    "attempt_start_limited",
     "attempt_stop",
     "attempt_teardown",
     "attempts_sweep",

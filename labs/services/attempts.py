@@ -26,8 +26,9 @@ from labs.selectors import STARTING_STATES
 from labs.services.events import attempt_push_on_commit, on_commit_logged
 from labs.sizes import guest_resources, launcher_requests
 from labs.wording import in_every_language, in_language
-from portal.errors import Conflict, NotFound, PermissionDenied, Unavailable
+from portal.errors import ApplicationError, Conflict, NotFound, PermissionDenied, Unavailable
 from portal.models import Role, Tenant, User
+from portal.ratelimit import rate_limit_hit, rate_limit_refund
 from portal.selectors import course_role
 from portal.services import audit_record
 from portal.timezones import person_time_zone
@@ -230,6 +231,23 @@ def attempt_start(*, actor: User, lab: Lab) -> Attempt:
         if attempt.state == AttemptState.FAILED:
             raise Unavailable(attempt.failure_reason, code="queue_unavailable", retry_after=retry_after_seconds())
     return attempt
+
+
+def attempt_start_limited(*, actor: User, lab: Lab) -> Attempt:
+    """``attempt_start`` behind the per-person start limit (``RATE_LIMITS["attempt_start"]``), the same for the lab
+    page's Start and the API's. A refusal that asks to come back later (full capacity, many starts at once: it
+    carries Retry-After) started nothing and is not counted, so a page that waits and retries by itself
+    (``static/js/start.js``) does not use up the limit; every other refusal counts, as a start does."""
+    counted = rate_limit_hit(
+        scope="attempt_start", key=f"user:{actor.pk}",
+        message=_("You have started too many labs in a short time. Wait a little before starting another."),
+    )
+    try:
+        return attempt_start(actor=actor, lab=lab)
+    except ApplicationError as error:
+        if error.retry_after:
+            rate_limit_refund(counted)
+        raise
 
 
 def _enqueue_provision(attempt_id: int) -> dict[str, bool]:

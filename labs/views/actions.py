@@ -21,10 +21,9 @@ from grading.selectors import grading_run_payload, lab_get_for_student
 from grading.services import grading_run_request
 from labs.models import Attempt
 from labs.selectors import attempt_get_for_user, attempt_status_payload
-from labs.services import attempt_extend, attempt_start, attempt_stop
+from labs.services import attempt_extend, attempt_start_limited, attempt_stop
 from labs.views.pages import lab_start_fragments
 from portal.errors import ApplicationError
-from portal.ratelimit import rate_limit_hit
 
 
 def wants_json(request: HttpRequest) -> bool:
@@ -50,12 +49,7 @@ class AttemptStartView(LoginRequiredMixin, View):
         fallback = reverse("labs:lab_detail", args=[lab_id])
         try:
             lab = lab_get_for_student(user=request.user, lab_id=lab_id)
-            # The same per-user limit as the API's start, so neither door gets around it.
-            rate_limit_hit(
-                scope="attempt_start", key=f"user:{request.user.pk}",
-                message=_("You have started too many labs in a short time. Wait a little before starting another."),
-            )
-            attempt = attempt_start(actor=request.user, lab=lab)
+            attempt = attempt_start_limited(actor=request.user, lab=lab)  # the API's start limit too
         except ApplicationError as error:
             return refusal(request, error, fallback_url=fallback)
         if wants_json(request):
