@@ -318,6 +318,42 @@ def test_a_refused_start_says_why_on_the_page_and_can_be_tried_again(student_a, 
     context.close()
 
 
+def test_at_the_per_student_cap_the_lab_page_offers_start_once_the_other_lab_has_ended(student_a, lab_a, course_a,
+                                                                                        live_portal, browser):
+    from playwright.sync_api import expect
+
+    from conftest import make_lab
+    from labs.models import Attempt, AttemptState
+    from portal.models import Tenant
+
+    def setup():
+        Tenant.objects.filter(id=course_a.tenant_id).update(max_vms_per_student=1)
+        other = make_lab(course_a, title="Networking")
+        return other, Attempt.objects.create(lab=other, student=student_a, tenant=course_a.tenant,
+                                             state=AttemptState.STOPPING)
+
+    _other_lab, going = in_a_thread(setup)
+    context, page = student_page(browser, live_portal.url)
+    context.clock.install()
+    page.goto(f"/labs/{lab_a.id}/")
+    refusal = page.locator("#start-refusal")
+    expect(refusal).to_contain_text("and it is stopping: try again once it has ended")
+    page.evaluate("window.sameDocument = true")
+
+    # The other lab is still there (running again, say): the words change in place, the page stays.
+    in_a_thread(lambda: Attempt.objects.filter(id=going.id).update(state=AttemptState.RUNNING))
+    page.clock.run_for(61_000)
+    expect(refusal).to_contain_text("Stop it to start this one.")
+    assert page.evaluate("window.sameDocument === true")
+
+    # Stopped in another tab: coming back to this one brings Start, without waiting for the next minute.
+    in_a_thread(lambda: Attempt.objects.filter(id=going.id).update(state=AttemptState.STOPPED))
+    page.evaluate("document.dispatchEvent(new Event('visibilitychange'))")
+    expect(page.locator("#start-button")).to_be_visible()
+    expect(page.locator("#start-refusal")).to_have_count(0)
+    context.close()
+
+
 def test_a_student_abroad_takes_the_browsers_time_zone_for_every_page(student_a, lab_a, tenant_a, live_portal,
                                                                       browser):
     from playwright.sync_api import expect

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -114,6 +115,10 @@ def test_the_lab_page_says_why_and_superusers_set_the_cap(student_a, lab_a, cour
     page = client.get(page_url).content.decode()
     assert 'id="start-button"' not in page  # at the cap: the page says why instead
     assert "You already have 1 lab going, as many as your institution allows one person at once." in page
+    # Stopping the other lab elsewhere brings Start back: the page looks again by itself, with its one script.
+    assert 'data-recheck-in="60"' in page
+    scripts = [url.rsplit("/", 1)[-1] for url in re.findall(r'<script src="([^"]+)"', page)]
+    assert scripts == ["start_recheck.js"]
     refused = client.post(reverse("labs:attempt_start", args=[second.pk]), HTTP_ACCEPT="application/json")
     assert refused.status_code == 409 and "Retry-After" not in refused
     assert refused.json()["code"] == "too_many_running"

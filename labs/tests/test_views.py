@@ -235,6 +235,25 @@ def test_lab_page_without_start_loads_no_scripts(student_a, lab_a):
     make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED, ended_at=timezone.now())
     html = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.id])).content.decode()
     assert 'id="start-refusal"' in html and "<script src=" not in html
+    assert "data-recheck-in" not in html  # nothing elsewhere brings this Start back
+
+
+def test_a_lab_that_opens_soon_looks_again_when_it_opens(student_a, lab_a):
+    lab_a.opens_at = timezone.now() + timedelta(seconds=20)
+    lab_a.save()
+    html = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.id])).content.decode()
+    assert 'id="start-button"' not in html and "This lab is not open." in html
+    recheck_in = int(re.search(r'data-recheck-in="(\d+)"', html).group(1))
+    assert 15 <= recheck_in <= 20 and "js/start_recheck.js" in html
+    lab_a.opens_at = timezone.now() + timedelta(days=2)
+    lab_a.save()
+    html = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.id])).content.decode()
+    assert 'data-recheck-in="60"' in html  # days away: it looks every minute while shown
+
+    lab_a.opens_at, lab_a.due_at = None, timezone.now() - timedelta(days=1)
+    lab_a.save()
+    html = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.id])).content.decode()
+    assert "This lab is not open." in html and "data-recheck-in" not in html  # closed: it stays closed
 
 
 def test_lab_page_with_a_running_attempt_has_the_panel_and_terminal(student_a, lab_a):

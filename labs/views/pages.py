@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -10,6 +12,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views import View
 
@@ -65,16 +68,36 @@ def lab_start_fragments(*, request: HttpRequest, attempt: Attempt) -> dict[str, 
     }
 
 
-def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> str:
-    """Why Start is not offered right now, in the student's words ('' when it is). The service decides for
+@dataclass(frozen=True)
+class StartRefusal:
+    """Why Start is not offered on the lab page, and when the page should look again by itself (seconds; None:
+    only something the student does here changes it)."""
+
+    message: str = ""
+    recheck_in: int | None = None
+
+
+# How often a lab page whose Start is held back by something that may change elsewhere (the student's other labs,
+# the lab's opening time) asks again, while it is shown; it also asks each time it is shown again.
+START_RECHECK_SECONDS = 60
+
+
+def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> StartRefusal:
+    """Why Start is not offered right now, in the student's words (no message when it is). The service decides for
     real when the button is pressed; this only spares a pointless click."""
     if any(a.state in ACTIVE_STATES for a in attempts):
-        return _("You already have an attempt in progress.")
-    if not lab.is_open():
-        return _("This lab is not open.")
+        return StartRefusal(_("You already have an attempt in progress."))
+    now = timezone.now()
+    if not lab.is_open(now):
+        if lab.opens_at and now < lab.opens_at:  # opens by itself: look again then, or sooner
+            until_open = math.ceil((lab.opens_at - now).total_seconds())
+            return StartRefusal(_("This lab is not open."), recheck_in=min(until_open, START_RECHECK_SECONDS))
+        return StartRefusal(_("This lab is not open."))
     if lab.attempt_limit and attempts_counted_against_limit(student=user, lab=lab) >= lab.attempt_limit:
-        return _("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit}
-    return per_student_cap_message(student=user, tenant=lab.course.tenant)
+        return StartRefusal(_("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit})
+    message = per_student_cap_message(student=user, tenant=lab.course.tenant)
+    # Stopping a lab in another tab or on another page brings Start back here.
+    return StartRefusal(message, recheck_in=START_RECHECK_SECONDS if message else None)
 
 
 class LabDetailView(LoginRequiredMixin, View):
