@@ -130,7 +130,11 @@ def sync_attempts() -> dict:
 
 
 @shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
-def sync_namespace(namespace: str) -> dict:
+def sync_namespace(namespace: str, follow_up: float | None = None) -> dict:
+    """List one namespace now: a follow-up after VMs were created there (``follow_up``, its delay), or a list
+    asked for by the agent checks."""
+    if follow_up is not None:
+        provisioning.follow_up_begins(namespace=namespace, delay=follow_up)
     try:
         report = tracking.namespace_sync(namespace=namespace)
     except ClusterError as error:

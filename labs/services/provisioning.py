@@ -12,7 +12,6 @@ import importlib.util
 import json
 import logging
 import math
-import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
@@ -251,44 +250,61 @@ def _after_lost_claim(*, attempt_id: int) -> str:
     return ProvisionOutcome.ABANDONED
 
 
-FOLLOW_UP_KEY = "labs:follow-up:{namespace}:{delay}:{slot}"
+FOLLOW_UP_KEY = "labs:follow-up:{namespace}:{delay}"
+# A queued follow-up that has not begun this long after it was due (its worker lost, say) no longer holds back the
+# next; the beat's sync lists the namespace meanwhile.
+FOLLOW_UP_PENDING_GRACE_SECONDS = 10
 
 
 def _schedule_follow_ups(namespace: str) -> None:
     """List the namespace again shortly, so a VM that starts fast is seen running without waiting for the beat.
 
     Follow-ups are shared by the VMs a namespace creates close together: for each delay ``d`` in
-    ``ATTEMPT_FOLLOW_UP_SECONDS``, time is cut into slots ``d`` seconds long and at most one follow-up is queued
-    per slot. One queued earlier in the same slot runs ``d`` after it was queued, which is after the slot ends, so
-    after this VM was created and at most ``d`` later: every VM is still looked at within each delay of its
-    creation, while a burst of 100 starts costs a few dozen lists rather than six per VM, each of them listing the
-    whole namespace."""
+    ``ATTEMPT_FOLLOW_UP_SECONDS`` at most one follow-up is waiting to run at a time. A VM created while one is
+    waiting is covered by it, since it lists the namespace after this VM was created and at most ``d`` later; once
+    it begins (``follow_up_begins``), the next VM queues another. Every VM is still looked at within each delay of
+    its creation, while a burst of 100 starts costs a few dozen lists rather than four per VM, each of them listing
+    the whole namespace; and the busier the worker, the longer a follow-up waits and the fewer are queued."""
     for delay in settings.ATTEMPT_FOLLOW_UP_SECONDS:
         if not _schedule_follow_up(namespace, delay):
             return
 
 
 def namespace_list_soon(namespace: str) -> None:
-    """List the namespace at the first follow-up delay (shared, like every follow-up, with the VMs of the same
-    slot): for an agent that answered before any list showed its VMI Running, so that the page's progress gets the
-    VMI's phase times now rather than at the next resync. Nothing when follow-ups are switched off."""
+    """List the namespace at the first follow-up delay (shared, like every follow-up, with the VMs created while it
+    waits): for an agent that answered before any list showed its VMI Running, so that the page's progress gets
+    the VMI's phase times now rather than at the next resync. Nothing when follow-ups are switched off."""
     if settings.ATTEMPT_FOLLOW_UP_SECONDS:
         _schedule_follow_up(namespace, settings.ATTEMPT_FOLLOW_UP_SECONDS[0])
 
 
+def _follow_up_key(namespace: str, delay: float) -> str:
+    return FOLLOW_UP_KEY.format(namespace=namespace, delay=delay)
+
+
 def _schedule_follow_up(namespace: str, delay: float) -> bool:
-    """Queue a list of the namespace ``delay`` seconds from now unless one is queued for the same slot. False when
-    the broker refused it (the beat sync will see the namespace instead)."""
+    """Queue a list of the namespace ``delay`` seconds from now unless one of that delay is waiting already. False
+    when the broker refused it (the beat sync will see the namespace instead)."""
     from labs.tasks import sync_namespace
 
-    key = FOLLOW_UP_KEY.format(namespace=namespace, delay=delay, slot=int(time.time() // delay))
+    key = _follow_up_key(namespace, delay)
     try:
-        if cache.add(key, "1", timeout=math.ceil(delay) + 1):
-            sync_namespace.apply_async(args=[namespace], countdown=delay, expires=delay + 30)
+        if cache.add(key, "1", timeout=math.ceil(delay) + FOLLOW_UP_PENDING_GRACE_SECONDS):
+            try:
+                sync_namespace.apply_async(args=[namespace], kwargs={"follow_up": delay}, countdown=delay,
+                                           expires=delay + 30)
+            except Exception:
+                cache.delete(key)
+                raise
     except Exception:
         logger.warning("could not queue a follow-up sync of %s; the beat sync will see it", namespace, exc_info=True)
         return False
     return True
+
+
+def follow_up_begins(*, namespace: str, delay: float) -> None:
+    """A follow-up of ``delay`` begins, before it lists: a VM created from now on needs one of its own."""
+    cache.delete(_follow_up_key(namespace, delay))
 
 
 # ---- teardown -----------------------------------------------------------------------------------------------

@@ -67,6 +67,10 @@ AGENT_FAST_PATH_SECONDS = 5
 # class of guests that take a minute is not asked a few hundred times a second.
 AGENT_ASK_MIN_SECONDS = 0.2
 AGENT_ASK_FRACTION = 0.25
+# However many agents of a namespace boot at once, about this many questions a second in all: with a class starting
+# together each is asked less often (100 booting: every 2.5 s at most), where 100 agents asked every 0.2 s would
+# keep the worker and the API server busy with portforwards while the rest of the class's VMs are still being made.
+AGENT_ASK_RATE_PER_SECOND = 40
 
 
 def start_again_hint() -> str:
@@ -413,12 +417,19 @@ def _agent_answers(attempt: Attempt) -> bool:
     return True
 
 
-def agent_ask_due(*, booting_for: float, since_last_round: float | None) -> bool:
+def agent_ask_gap(waiting: int) -> float:
+    """The least time between two questions to one agent while ``waiting`` agents of its namespace boot: keeps
+    the namespace's questions near AGENT_ASK_RATE_PER_SECOND."""
+    return max(AGENT_ASK_MIN_SECONDS, waiting / AGENT_ASK_RATE_PER_SECOND)
+
+
+def agent_ask_due(*, booting_for: float, since_last_round: float | None,
+                  min_gap: float = AGENT_ASK_MIN_SECONDS) -> bool:
     """Is an agent that has had ``booting_for`` seconds to come up due for a question in this round, the previous
     round of its namespace having been ``since_last_round`` seconds ago (None: there was none)? It is asked at ages
-    0, then every quarter of its age (at least AGENT_ASK_MIN_SECONDS, at most the sync interval apart): due when
-    one of those moments fell since the previous round."""
-    if since_last_round is None or booting_for <= since_last_round:
+    0, then every quarter of its age (at least ``min_gap``, at most the sync interval apart): due when one of
+    those moments fell since the previous round."""
+    if since_last_round is None or booting_for < since_last_round:  # new since the last round
         return True
     previous = booting_for - since_last_round
     longest = float(max(1, settings.ATTEMPT_SYNC_INTERVAL_SECONDS))
@@ -427,7 +438,7 @@ def agent_ask_due(*, booting_for: float, since_last_round: float | None) -> bool
     while age <= booting_for + slack:
         if age > previous + slack:
             return True
-        age += min(longest, max(AGENT_ASK_MIN_SECONDS, age * AGENT_ASK_FRACTION))
+        age += min(longest, max(min_gap, age * AGENT_ASK_FRACTION))
     return False
 
 
@@ -438,17 +449,18 @@ def agents_check(*, namespace: str, since_last_round: float | None = None) -> tu
     VMs created in the last few seconds are asked even before a list has shown their VMI Running: on a fast
     cluster the guest is up before the next list, and an agent that answers proves the VMI runs (portforward is
     refused before Running). The sync records the phase times either way. With ``since_last_round`` (the chain of
-    rounds in ``labs.tasks.await_agents``), only the agents due a question are asked (``agent_ask_due``): the rest
-    still count as waiting."""
+    rounds in ``labs.tasks.await_agents``), only the agents due a question are asked (``agent_ask_due``, the more
+    agents wait the further apart: ``agent_ask_gap``): the rest still count as waiting."""
     now = timezone.now()
     just_made = now - timedelta(seconds=AGENT_FAST_PATH_SECONDS)
     waiting = list(Attempt.objects.filter(namespace=namespace, state=AttemptState.STARTING).filter(
         Q(phase="Running") | Q(provisioned_at__gte=just_made)
     ))
+    min_gap = agent_ask_gap(len(waiting))
     attempts = [
         attempt for attempt in waiting
         if agent_ask_due(booting_for=(now - (attempt.vmi_running_at or attempt.provisioned_at or now)).total_seconds(),
-                         since_last_round=since_last_round)
+                         since_last_round=since_last_round, min_gap=min_gap)
     ]
     if not attempts:
         return 0, len(waiting)

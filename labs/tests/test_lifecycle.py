@@ -198,7 +198,7 @@ def test_an_agent_that_answers_before_any_list_gets_its_phase_times_from_a_promp
     # The fast path: the agent answers while the attempt still shows no phase (no list has seen the VMI yet).
     listed: list[str] = []
     monkeypatch.setattr(tasks.sync_namespace, "apply_async",
-                        lambda *, args, countdown, expires: listed.append(args[0]))
+                        lambda *, args, kwargs, countdown, expires: listed.append(args[0]))
     monkeypatch.setattr(tracking, "_agent_answers", lambda attempt: True)
     assert tracking.agents_check(namespace=attempt.namespace) == (1, 0)
     attempt.refresh_from_db()
