@@ -130,6 +130,8 @@ def attempt_status_payload(attempt: Attempt, *, now: datetime | None = None) -> 
         "slow_start": slow_start,
         # Whether the page should open the console socket yet (labs.console.stage): waiting, ready or ended.
         "console": console_stage(state=attempt.state, phase=attempt.phase),
+        # Why it was stopped, once stopping: student, staff, expired, or left (no page had it open).
+        "stop_reason": attempt.stop_reason,
     }
 
 

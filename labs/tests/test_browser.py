@@ -354,6 +354,33 @@ def test_at_the_per_student_cap_the_lab_page_offers_start_once_the_other_lab_has
     context.close()
 
 
+def test_a_lab_stopped_as_left_says_so_on_the_page_that_comes_back_to_it(student_a, lab_a, live_portal, browser):
+    from playwright.sync_api import expect
+
+    from labs.models import Attempt, AttemptState
+    from labs.selectors import attempt_status_payload
+    from labs.services.events import attempt_group, send_to_group
+
+    attempt = in_a_thread(lambda: Attempt.objects.create(lab=lab_a, student=student_a, tenant=lab_a.course.tenant,
+                                                         state=AttemptState.STARTING))
+    context, page = student_page(browser, live_portal.url)
+    page.goto(f"/labs/{lab_a.id}/")
+    expect(page.locator("#live-indicator")).to_have_class(re.compile(r"\bon\b"))
+    row = page.locator(f"#history [data-history-attempt='{attempt.id}']")
+    expect(row.locator(".state")).to_have_text("Starting")
+    expect(row.locator(".stop-reason")).to_have_count(0)
+
+    def stopped_as_left():
+        Attempt.objects.filter(id=attempt.id).update(state=AttemptState.STOPPED, stop_reason="left")
+        payload = attempt_status_payload(Attempt.objects.get(id=attempt.id))
+        send_to_group(attempt_group(attempt.id), {"type": "attempt.update", "attempt": payload})
+
+    in_a_thread(stopped_as_left)  # as the page gets it when its socket is back after the stop
+    expect(row.locator(".state")).to_have_text("Stopped")
+    expect(row.locator(".stop-reason")).to_have_text("no page had it open")
+    context.close()
+
+
 def test_a_student_abroad_takes_the_browsers_time_zone_for_every_page(student_a, lab_a, tenant_a, live_portal,
                                                                       browser):
     from playwright.sync_api import expect

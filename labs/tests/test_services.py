@@ -179,7 +179,7 @@ def test_status_payload_shape(settings, student_a, lab_a):
     attempt = attempt_start(actor=student_a, lab=lab_a)
     payload = attempt_status_payload(attempt)
     assert set(payload) == {"id", "state", "phase", "failure_reason", "message", "node_name", "expires_at",
-                            "extensions", "can_extend", "timestamps", "slow_start", "console"}
+                            "extensions", "can_extend", "timestamps", "slow_start", "console", "stop_reason"}
     assert set(payload["timestamps"]) == {"requested", "provisioned", "pending", "scheduling", "scheduled",
                                           "vmi_running", "agent_ready", "stopping", "ended"}
     assert payload["timestamps"]["requested"] == attempt.requested_at.isoformat()

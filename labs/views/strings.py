@@ -41,6 +41,8 @@ def _strings_in(language: str | None) -> dict[str, object]:
         "expired": _("Time is up."),
         "extensions_left": _("Extensions left: %(count)s"),
         "ended": _("This attempt has ended."),
+        # Beside the state in the attempt's history row, as the lab page draws it (labs/_attempt_history_row.html).
+        "stop_reasons": {"left": _("no page had it open")},
         "start_again": _("Reload the page to start a new attempt."),
         "confirm_stop": _("Stop the lab? Your VM will be deleted; your work is checked one last time first."),
         "action_failed": _("That did not work: %(message)s"),

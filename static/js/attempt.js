@@ -86,6 +86,22 @@
       });
     }
 
+    // A stop the student did not ask for says why beside the state, as the server draws the row: "no page had it
+    // open" for a lab stopped as left (the page comes back to it once its socket reconnects).
+    function renderStopReason(stateElement, payload) {
+      const reason = (S.stop_reasons || {})[payload.stop_reason] || "";
+      let note = stateElement.parentElement.querySelector(".stop-reason");
+      if (reason && !note) {
+        note = document.createElement("small");
+        note.className = "muted stop-reason";
+        stateElement.after(" ", note);
+      }
+      if (note) {
+        note.textContent = reason;
+        note.hidden = !reason;
+      }
+    }
+
     function renderAttempt(payload) {
       if (!payload || payload.id !== config.attempt_id) {
         return;
@@ -100,6 +116,7 @@
       document.querySelectorAll(`[data-history-attempt="${payload.id}"] .state`).forEach((element) => {
         element.className = "state state-" + payload.state;
         element.textContent = S.states[payload.state] || payload.state;
+        renderStopReason(element, payload);
       });
       renderSlowStart();
       const failure = byId("failure");
