@@ -442,15 +442,24 @@ def agent_ask_due(*, booting_for: float, since_last_round: float | None,
     return False
 
 
+def _first_question_due(attempt: Attempt, *, now: datetime) -> bool:
+    """An agent whose VMI no list has shown Running is first asked AGENT_ASK_MIN_SECONDS after its VM was made: a
+    VM made a moment ago has no guest yet (its VMI is not even Running), and the question would be refused."""
+    if attempt.vmi_running_at is not None or attempt.provisioned_at is None:
+        return True
+    return (now - attempt.provisioned_at).total_seconds() >= AGENT_ASK_MIN_SECONDS
+
+
 def agents_check(*, namespace: str, since_last_round: float | None = None) -> tuple[int, int]:
     """Ask the agent of every starting attempt in the namespace whose VMI runs for ``/healthz`` (through
     portforward, in parallel) and mark those that answer running. Returns (now running, still waiting).
 
-    VMs created in the last few seconds are asked even before a list has shown their VMI Running: on a fast
-    cluster the guest is up before the next list, and an agent that answers proves the VMI runs (portforward is
-    refused before Running). The sync records the phase times either way. With ``since_last_round`` (the chain of
-    rounds in ``labs.tasks.await_agents``), only the agents due a question are asked (``agent_ask_due``, the more
-    agents wait the further apart: ``agent_ask_gap``): the rest still count as waiting."""
+    VMs created in the last few seconds are asked even before a list has shown their VMI Running (from
+    AGENT_ASK_MIN_SECONDS after they were made): on a fast cluster the guest is up before the next list, and an
+    agent that answers proves the VMI runs (portforward is refused before Running). The sync records the phase
+    times either way. With ``since_last_round`` (the chain of rounds in ``labs.tasks.await_agents``), only the
+    agents due a question are asked (``agent_ask_due``, the more agents wait the further apart: ``agent_ask_gap``):
+    the rest still count as waiting."""
     now = timezone.now()
     just_made = now - timedelta(seconds=AGENT_FAST_PATH_SECONDS)
     waiting = list(Attempt.objects.filter(namespace=namespace, state=AttemptState.STARTING).filter(
@@ -459,8 +468,9 @@ def agents_check(*, namespace: str, since_last_round: float | None = None) -> tu
     min_gap = agent_ask_gap(len(waiting))
     attempts = [
         attempt for attempt in waiting
-        if agent_ask_due(booting_for=(now - (attempt.vmi_running_at or attempt.provisioned_at or now)).total_seconds(),
-                         since_last_round=since_last_round, min_gap=min_gap)
+        if _first_question_due(attempt, now=now)
+        and agent_ask_due(booting_for=(now - (attempt.vmi_running_at or attempt.provisioned_at or now)).total_seconds(),
+                          since_last_round=since_last_round, min_gap=min_gap)
     ]
     if not attempts:
         return 0, len(waiting)
