@@ -245,10 +245,19 @@ def test_a_lab_that_opens_soon_looks_again_when_it_opens(student_a, lab_a):
     assert 'id="start-button"' not in html and "This lab is not open." in html
     recheck_in = int(re.search(r'data-recheck-in="(\d+)"', html).group(1))
     assert 15 <= recheck_in <= 20 and "js/start_recheck.js" in html
-    lab_a.opens_at = timezone.now() + timedelta(days=2)
+    lab_a.opens_at = timezone.now() + timedelta(minutes=30)
     lab_a.save()
     html = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.id])).content.decode()
-    assert 'data-recheck-in="60"' in html  # days away: it looks every minute while shown
+    assert 'data-recheck-in="60"' in html  # within the hour: every minute while shown
+    lab_a.opens_at = timezone.now() + timedelta(hours=3)
+    lab_a.save()
+    html = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.id])).content.decode()
+    recheck_in = int(re.search(r'data-recheck-in="(\d+)"', html).group(1))
+    assert 2 * 3600 - 5 <= recheck_in <= 2 * 3600  # not before the last hour (or when shown again)
+    lab_a.opens_at = timezone.now() + timedelta(days=3)
+    lab_a.save()
+    html = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.id])).content.decode()
+    assert 'data-recheck-in="86400"' in html  # days away: once a day at most
 
     lab_a.opens_at, lab_a.due_at = None, timezone.now() - timedelta(days=1)
     lab_a.save()

@@ -80,6 +80,10 @@ class StartRefusal:
 # How often a lab page whose Start is held back by something that may change elsewhere (the student's other labs,
 # the lab's opening time) asks again, while it is shown; it also asks each time it is shown again.
 START_RECHECK_SECONDS = 60
+# A lab that opens later than this is asked about again only as its time comes near (at most a day apart): a class
+# that left its pages open the day before does not poll all day.
+START_RECHECK_NEAR_SECONDS = 3600
+START_RECHECK_LONGEST_SECONDS = 86400
 
 
 def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> StartRefusal:
@@ -91,7 +95,11 @@ def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> StartRefusa
     if not lab.is_open(now):
         if lab.opens_at and now < lab.opens_at:  # opens by itself: look again then, or sooner
             until_open = math.ceil((lab.opens_at - now).total_seconds())
-            return StartRefusal(_("This lab is not open."), recheck_in=min(until_open, START_RECHECK_SECONDS))
+            if until_open > START_RECHECK_NEAR_SECONDS:
+                recheck_in = min(until_open - START_RECHECK_NEAR_SECONDS, START_RECHECK_LONGEST_SECONDS)
+            else:
+                recheck_in = min(until_open, START_RECHECK_SECONDS)
+            return StartRefusal(_("This lab is not open."), recheck_in=recheck_in)
         return StartRefusal(_("This lab is not open."))
     if lab.attempt_limit and attempts_counted_against_limit(student=user, lab=lab) >= lab.attempt_limit:
         return StartRefusal(_("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit})

@@ -1,9 +1,10 @@
 /*
  * A lab page whose Start is held back by something that can change elsewhere (the student has as many labs going
  * as the institution allows, and may stop one in another tab; the lab opens at a set time) looks again by itself:
- * data-recheck-in seconds after it was drawn and then every minute while it is shown, and each time it is shown
- * again. It asks for the page itself: once that offers Start (or shows an attempt under way) it reloads, else it
- * takes over the new reason's words. A page that cannot be reached is tried at the next turn.
+ * data-recheck-in seconds after it was drawn (the server says when: every minute, or as the opening time comes
+ * near), and each time it is shown again. It asks for the page itself: once that offers Start (or shows an attempt
+ * under way) it reloads, else it takes over the new reason's words and the new page's data-recheck-in. A page that
+ * cannot be reached is tried again a minute later.
  */
 "use strict";
 
@@ -12,13 +13,14 @@
   if (!refusal || !refusal.dataset.recheckIn) {
     return;
   }
-  const EVERY_MS = 60 * 1000;
+  const RETRY_SECONDS = 60;
+  const LONGEST_SECONDS = 86400; // setTimeout cannot wait much longer than 24 days; the server never asks for more
   let asking = false;
   let timer = null;
 
-  function later(ms) {
+  function later(seconds) {
     window.clearTimeout(timer);
-    timer = window.setTimeout(recheck, ms);
+    timer = window.setTimeout(recheck, 1000 * Math.min(Math.max(1, seconds || RETRY_SECONDS), LONGEST_SECONDS));
   }
 
   async function recheck() {
@@ -46,13 +48,15 @@
         if (!fresh.dataset.recheckIn) {
           return; // no longer something that changes by itself (every attempt used, the lab closed)
         }
+        later(parseInt(fresh.dataset.recheckIn, 10));
+        return;
       }
     } catch (error) {
-      // offline or the portal restarting: the next turn asks again
+      // offline or the portal restarting: asked again a minute later
     } finally {
       asking = false;
     }
-    later(EVERY_MS);
+    later(RETRY_SECONDS);
   }
 
   document.addEventListener("visibilitychange", function () {
@@ -60,5 +64,5 @@
       recheck();
     }
   });
-  later(1000 * parseInt(refusal.dataset.recheckIn, 10));
+  later(parseInt(refusal.dataset.recheckIn, 10));
 })();
