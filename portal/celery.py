@@ -3,7 +3,7 @@
 import os
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_ready
 
 from portal.heap import freeze_startup_objects
 
@@ -17,4 +17,11 @@ app.autodiscover_tasks()
 @worker_process_init.connect
 def _freeze_startup_objects(**kwargs) -> None:
     # Each pool process, once it has loaded the tasks and Django (portal.heap).
+    freeze_startup_objects()
+
+
+@worker_ready.connect
+def _freeze_main_process(**kwargs) -> None:
+    # The worker's own process, once it is ready: with the threads or solo pool the tasks run here, and prefork's
+    # parent holds the consumer (its children froze themselves above).
     freeze_startup_objects()
