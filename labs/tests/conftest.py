@@ -1,12 +1,14 @@
-"""Fixtures for lifecycle tests: Celery tasks run in-process, the session's kubesim as the cluster, and helpers
-that drive the sync until an attempt reaches a state."""
+"""Fixtures for lifecycle tests: Celery tasks run in-process, the session's kubesim as the cluster, helpers that
+drive the sync until an attempt reaches a state, and starts pressed at the same moment."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from django.db import connection
 
 from labs.kubevirt import operations
 from labs.models import Attempt
@@ -70,3 +72,30 @@ def sync_until(attempt: Attempt, states: str | tuple[str, ...], *, timeout: floa
 
 def vm_names(namespace: str) -> list[str]:
     return sorted(vm["metadata"]["name"] for vm in operations.vms_list(namespace=namespace))
+
+
+def start_together(starts: list[tuple[object, object]], *, timeout: float = 120.0) -> list[object]:
+    """Press Start for each ``(student, lab)`` at the same moment, each in a thread with its own database connection
+    (the test needs ``django_db(transaction=True)``). Returns what each got, in order: its ``Attempt``, or the
+    exception it raised (a refusal, or anything else, for the test to show)."""
+    from labs.services import attempt_start
+
+    barrier = threading.Barrier(len(starts))
+    outcomes: list[object] = [None] * len(starts)
+
+    def press_start(index: int, student, lab) -> None:
+        try:
+            barrier.wait(timeout=30)
+            outcomes[index] = attempt_start(actor=student, lab=lab)
+        except Exception as error:
+            outcomes[index] = error
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=press_start, args=(index, student, lab))
+               for index, (student, lab) in enumerate(starts)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    return outcomes

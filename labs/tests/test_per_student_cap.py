@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import re
-import threading
 
 import pytest
-from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
 from conftest import make_lab
 from labs.models import Attempt, AttemptState
 from labs.services import attempt_start
-from portal.errors import ApplicationError, Conflict
+from labs.tests.conftest import start_together
+from portal.errors import Conflict
 from portal.models import AuditEvent, Tenant
 
 
@@ -80,23 +79,7 @@ def test_two_starts_of_one_student_at_the_same_moment_get_one_lab_under_a_cap_of
     monkeypatch.setattr("labs.tasks.provision_attempt.delay", lambda attempt_id: None)
     labs = [make_lab(course_a, title=f"Lab {index}") for index in range(4)]
     cap(course_a.tenant, 1)
-    barrier = threading.Barrier(len(labs))
-    outcomes: list[object] = []
-
-    def press_start(lab) -> None:
-        try:
-            barrier.wait(timeout=30)
-            outcomes.append(attempt_start(actor=student_a, lab=lab))
-        except ApplicationError as error:
-            outcomes.append(error)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=press_start, args=(lab,)) for lab in labs]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    outcomes = start_together([(student_a, lab) for lab in labs], timeout=60)
     started = [o for o in outcomes if isinstance(o, Attempt)]
     refused = [o for o in outcomes if isinstance(o, Conflict) and o.code == "too_many_running"]
     assert len(started) == 1 and len(refused) == len(labs) - 1, outcomes

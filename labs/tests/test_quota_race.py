@@ -6,16 +6,12 @@ inside the transaction, so the starts are serialised and the quota cannot be dou
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection
 
 from conftest import make_lab, make_person
 from labs.models import Attempt, AttemptState
-from labs.services import attempt_start
-from labs.tests.conftest import vm_names
-from portal.errors import ApplicationError, Unavailable
+from labs.tests.conftest import start_together, vm_names
+from portal.errors import Unavailable
 from portal.models import Course, Role, Tenant
 
 RACERS = 20
@@ -35,29 +31,11 @@ def test_twenty_concurrent_starts_for_the_last_slot_make_exactly_one_vm(lifecycl
     racers = [make_person(username=f"racer{i}", tenant=tenant, course=course, role=Role.STUDENT)
               for i in range(RACERS)]
 
-    barrier = threading.Barrier(RACERS)
-    outcomes: dict[int, object] = {}
+    outcomes = start_together([(student, lab) for student in racers])
 
-    def press_start(student) -> None:
-        try:
-            barrier.wait(timeout=30)
-            outcomes[student.id] = attempt_start(actor=student, lab=lab)
-        except ApplicationError as error:
-            outcomes[student.id] = error
-        except Exception as error:  # surfaced below with the student's name
-            outcomes[student.id] = error
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=press_start, args=(s,)) for s in racers]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-
-    winners = [o for o in outcomes.values() if isinstance(o, Attempt)]
-    refusals = [o for o in outcomes.values() if isinstance(o, Unavailable)]
-    others = [o for o in outcomes.values() if not isinstance(o, (Attempt, Unavailable))]
+    winners = [o for o in outcomes if isinstance(o, Attempt)]
+    refusals = [o for o in outcomes if isinstance(o, Unavailable)]
+    others = [o for o in outcomes if not isinstance(o, (Attempt, Unavailable))]
     assert others == [], others
     assert len(winners) == 1 and len(refusals) == RACERS - 1
     for refusal in refusals:
