@@ -22,17 +22,9 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
-from portal.errors import ApplicationError
+from portal.errors import ApplicationError, error_body
 
-
-def error_body(*, code: str, message: str, retry_after: int | None = None,
-               fields: dict[str, Any] | None = None) -> dict[str, Any]:
-    error: dict[str, Any] = {"code": code, "message": message}
-    if retry_after is not None:
-        error["retry_after"] = retry_after
-    if fields:
-        error["fields"] = fields
-    return {"error": error}
+__all__ = ["error_body", "exception_handler"]
 
 
 def _plain(detail: Any) -> Any:

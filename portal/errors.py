@@ -1,6 +1,9 @@
-"""The one application error type that services raise and a single handler maps to a clear 4xx."""
+"""The one application error type that services raise and a single handler maps to a clear 4xx; the API's error
+format; and telling a database too busy to answer (its connection pool timed out) from other failures."""
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class ApplicationError(Exception):
@@ -45,3 +48,30 @@ class Unavailable(ApplicationError):
 
     status_code = 503
     code = "unavailable"
+
+
+def error_body(*, code: str, message: str, retry_after: int | None = None,
+               fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The API's error format (``api.errors``), also used for a failed API request (``portal.server_errors``)."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    if retry_after is not None:
+        error["retry_after"] = retry_after
+    if fields:
+        error["fields"] = fields
+    return {"error": error}
+
+
+def database_busy(error: BaseException | None) -> bool:
+    """Did ``error`` come from the connection pool timing out (Django wraps psycopg_pool's ``PoolTimeout`` in its
+    ``OperationalError``)?"""
+    try:
+        from psycopg_pool import PoolTimeout
+    except ImportError:  # no pool without psycopg_pool (the embedded default's SQLite)
+        return False
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, PoolTimeout):
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False

@@ -59,6 +59,9 @@ METRICS_WINDOW_SECONDS = 3600
 # Redis hashes shared by every process. Fields of the error hash are "<operation>|<reason>".
 CLUSTER_API_ERRORS_KEY = "portal:metrics:cluster_api_errors"
 CONSOLE_SESSIONS_KEY = "portal:metrics:console_sessions"
+REQUEST_FAILURES_KEY = "portal:metrics:request_failures"
+# portal.server_errors' two answers, always exported so that each series exists (at 0) before its first failure.
+REQUEST_FAILURE_REASONS = ("portal_busy", "server_error")
 
 # Always exported, so that a reason's series exists (at 0) before its first stop.
 STOP_REASONS = (StopReason.STUDENT, StopReason.STAFF, StopReason.EXPIRED, StopReason.LEFT)
@@ -136,6 +139,12 @@ def record_cluster_api_error(*, operation: str, reason: str) -> None:
     """Count one failed call to the cluster API. ``operation`` is a short fixed name ("list_vmis",
     "create_vm"); ``reason`` the HTTP status ("503") or "timeout" / "connection". Keep both low-cardinality."""
     _count_safely(CLUSTER_API_ERRORS_KEY, f"{operation}|{reason}")
+
+
+def record_request_failure(*, reason: str) -> None:
+    """Count one HTTP request that failed inside the portal: ``portal_busy`` (no database connection came free in
+    time, answered 503) or ``server_error`` (500)."""
+    _count_safely(REQUEST_FAILURES_KEY, reason)
 
 
 def console_session_opened() -> None:
@@ -319,6 +328,13 @@ class PortalCollector(Collector):
             operation, _sep, reason = field.partition("|")
             errors.add_metric([operation, reason], value)
         yield errors
+        failures = CounterMetricFamily("portal_requests_failed", "HTTP requests that failed inside the portal, by "
+                                       "answer: portal_busy (503, no database connection in time) or server_error "
+                                       "(500), all processes.", labels=["reason"])
+        failed = counters.read(REQUEST_FAILURES_KEY)
+        for reason in REQUEST_FAILURE_REASONS:
+            failures.add_metric([reason], failed.get(reason, 0))
+        yield failures
         console = counters.read(CONSOLE_SESSIONS_KEY)
         opened, closed = console.get("opened", 0), console.get("closed", 0)
         yield CounterMetricFamily("portal_console_sessions_opened", "Browser console sessions opened.", value=opened)

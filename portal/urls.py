@@ -23,3 +23,7 @@ urlpatterns = [
     path("", include("api.page_urls")),
     path("grades/", include("grading.urls")),
 ]
+
+# Failures inside the portal: 503 with Retry-After when the database was busy, else 500; JSON for the API and the
+# pages' scripts (portal/server_errors.py).
+handler500 = "portal.server_errors.server_error"

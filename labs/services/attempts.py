@@ -14,7 +14,7 @@ import secrets
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.db.models import Count, Max, Q, Sum
 from django.utils import formats, timezone, translation
 from django.utils.translation import gettext as _
@@ -26,7 +26,7 @@ from labs.selectors import STARTING_STATES
 from labs.services.events import attempt_push_on_commit, on_commit_logged
 from labs.sizes import guest_resources, launcher_requests
 from labs.wording import in_every_language, in_language
-from portal.errors import ApplicationError, Conflict, NotFound, PermissionDenied, Unavailable
+from portal.errors import ApplicationError, Conflict, NotFound, PermissionDenied, Unavailable, database_busy
 from portal.models import Role, Tenant, User
 from portal.ratelimit import rate_limit_hit, rate_limit_refund
 from portal.selectors import course_role
@@ -236,8 +236,9 @@ def attempt_start(*, actor: User, lab: Lab) -> Attempt:
 def attempt_start_limited(*, actor: User, lab: Lab) -> Attempt:
     """``attempt_start`` behind the per-person start limit (``RATE_LIMITS["attempt_start"]``), the same for the lab
     page's Start and the API's. A refusal that asks to come back later (full capacity, many starts at once: it
-    carries Retry-After) started nothing and is not counted, so a page that waits and retries by itself
-    (``static/js/start.js``) does not use up the limit; every other refusal counts, as a start does."""
+    carries Retry-After) started nothing and is not counted, nor is a database too busy to answer, so a page that
+    waits and retries by itself (``static/js/start.js``) does not use up the limit; every other refusal counts, as a
+    start does."""
     counted = rate_limit_hit(
         scope="attempt_start", key=f"user:{actor.pk}",
         message=_("You have started too many labs in a short time. Wait a little before starting another."),
@@ -246,6 +247,12 @@ def attempt_start_limited(*, actor: User, lab: Lab) -> Attempt:
         return attempt_start(actor=actor, lab=lab)
     except ApplicationError as error:
         if error.retry_after:
+            rate_limit_refund(counted)
+        raise
+    except OperationalError as error:
+        # No database connection came free in time: answered 503 with Retry-After (portal.server_errors), and the
+        # page tries again by itself, as for full capacity. Nothing was started.
+        if database_busy(error):
             rate_limit_refund(counted)
         raise
 

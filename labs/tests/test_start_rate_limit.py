@@ -78,3 +78,29 @@ def test_a_refund_after_its_window_ended_takes_nothing_from_the_next(settings):
     cache.delete(counted.cache_key)  # the window ended: its counter expired
     rate_limit_refund(counted)
     assert cache.get(counted.cache_key) is None  # no counter brought back, none below zero
+
+
+@pytest.mark.django_db
+def test_a_start_the_database_was_too_busy_for_does_not_use_up_the_limit(client, settings, lab_a, student_a,
+                                                                          monkeypatch):
+    """No pooled connection came free in time (answered 503 portal_busy, which the page retries by itself):
+    nothing started, so nothing is counted."""
+    from portal.tests.test_server_errors import pool_timeout_error
+
+    settings.RATE_LIMITS = {**settings.RATE_LIMITS, "attempt_start": (2, 600)}
+    client.raise_request_exception = False
+    client.login(username=student_a.username, password=PASSWORD)
+    url = reverse("labs:attempt_start", args=[lab_a.id])
+    headers = {"HTTP_ACCEPT": "application/json"}
+
+    def busy(**kwargs):
+        raise pool_timeout_error()
+
+    monkeypatch.setattr("labs.services.attempts.attempt_start", busy)
+    for _try in range(4):
+        refused = client.post(url, **headers)
+        assert refused.status_code == 503 and refused.json()["code"] == "portal_busy"
+    monkeypatch.undo()
+    assert client.post(url, **headers).status_code == 201  # counted: 1 of 2
+    assert client.post(url, **headers).status_code == 409  # 2 of 2
+    assert client.post(url, **headers).status_code == 429

@@ -19,8 +19,8 @@
   const message = document.getElementById("start-message");
   const format = window.portal.format;
   const label = button.textContent;
-  // Refusals worth waiting out: the portal or the institution is full for now.
-  const WAIT_CODES = ["too_many_starts", "quota_full"];
+  // Refusals worth waiting out: the portal or the institution is full for now, or the portal too busy to answer.
+  const WAIT_CODES = ["too_many_starts", "quota_full", "portal_busy"];
   const AUTO_RETRIES = 5;
   let retries = 0;
   let waiting = null; // the countdown's interval while the page waits to try again

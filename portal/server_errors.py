@@ -1,0 +1,54 @@
+"""What a request that failed inside the portal gets back (Django's ``handler500``): 503 with Retry-After when every
+database connection of the process was in use for the pool's whole timeout (a class arriving at once on a pool too
+small for it: waiting helps), else 500. The API answers in its error format, the pages' scripts (``Accept:
+application/json``) in theirs, and a browser gets a page in its language that says what to do.
+
+Django calls the handler from inside the ``except`` block that caught the error (``handle_uncaught_exception``),
+after logging it with its traceback, so the failure stays in the log; the handler only reads the exception to tell
+the two cases apart. It touches neither the database nor the session: either may be what failed.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.template.loader import render_to_string
+from django.utils.translation import gettext as _
+
+from portal.errors import database_busy, error_body
+from portal.metrics import record_request_failure
+
+# Seconds a client is asked to wait when the database is busy: short (the pool frees a connection as each request
+# ends), spread so that a refused class does not come back in the same second.
+BUSY_RETRY_AFTER_RANGE = (3, 10)
+
+
+def _wants_json(request: HttpRequest) -> bool:
+    return "application/json" in request.headers.get("Accept", "")
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """``handler500``: a clear answer for a failure the person did not cause."""
+    if database_busy(sys.exc_info()[1]):
+        status, code = 503, "portal_busy"
+        message = _("The portal is very busy right now and could not answer. Try again in a few seconds.")
+        low, high = BUSY_RETRY_AFTER_RANGE
+        retry_after: int | None = low + secrets.randbelow(high - low + 1)
+    else:
+        status, code, retry_after = 500, "server_error", None
+        message = _("Something went wrong on the portal's side. Try again; if it keeps happening, tell your "
+                    "instructor.")
+    record_request_failure(reason=code)
+    if request.path.startswith("/api/"):
+        response: HttpResponse = JsonResponse(error_body(code=code, message=message, retry_after=retry_after),
+                                              status=status)
+    elif _wants_json(request):
+        response = JsonResponse({"error": message, "code": code}, status=status)
+    else:
+        response = HttpResponse(render_to_string("server_error.html", {"status": status, "message": message}),
+                                status=status)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
