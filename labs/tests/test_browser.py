@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -314,6 +315,44 @@ def test_a_refused_start_says_why_on_the_page_and_can_be_tried_again(student_a, 
     expect(page.locator("#attempt-panel")).to_be_visible()
     expect(page.locator("#start-message")).to_have_count(0)
     assert page.evaluate("window.sameDocument === true")
+    assert in_a_thread(lambda: Attempt.objects.filter(lab=lab_a).count()) == 1
+    context.close()
+
+
+def test_a_start_the_portal_was_too_busy_to_answer_is_tried_again_by_the_page(student_a, lab_a, live_portal,
+                                                                              browser):
+    """``portal.server_errors`` answers 503 ``portal_busy`` with Retry-After when no database connection came free
+    in time; the lab page waits that out and tries again by itself, as for full capacity. The first Start is
+    answered as the portal answers then (its handler's own body), the second reaches the portal."""
+    from playwright.sync_api import expect
+
+    from labs.models import Attempt
+
+    busy = {"error": "The portal is very busy right now and could not answer. Try again in a few seconds.",
+            "code": "portal_busy"}
+    answered: list[str] = []
+
+    def start_route(route):
+        if not answered:
+            answered.append("busy")
+            route.fulfill(status=503, headers={"Retry-After": "4", "Content-Type": "application/json"},
+                          body=json.dumps(busy))
+        else:
+            answered.append("portal")
+            route.continue_()
+
+    context, page = student_page(browser, live_portal.url)
+    context.clock.install()
+    page.route(f"**/labs/{lab_a.id}/start/", start_route)
+    page.goto(f"/labs/{lab_a.id}/")
+    page.click("#start-button")
+    message = page.locator("#start-message")
+    expect(message).to_contain_text("very busy")
+    expect(message).to_contain_text(re.compile(r"Trying again by itself in \d+ s\."))
+    assert int(message.locator("span[aria-live=off]").inner_text()) == 4
+    page.clock.run_for(5_000)
+    expect(page.locator("#attempt-panel")).to_be_visible()
+    assert answered == ["busy", "portal"]
     assert in_a_thread(lambda: Attempt.objects.filter(lab=lab_a).count()) == 1
     context.close()
 
