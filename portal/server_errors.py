@@ -15,18 +15,32 @@ import sys
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.loader import render_to_string
+from django.urls import Resolver404, resolve
 from django.utils.translation import gettext as _
 
 from portal.errors import database_busy, error_body
 from portal.metrics import record_request_failure
+from portal.timezones import API_NAMESPACE
 
 # Seconds a client is asked to wait when the database is busy: short (the pool frees a connection as each request
 # ends), spread so that a refused class does not come back in the same second.
 BUSY_RETRY_AFTER_RANGE = (3, 10)
 
 
-def _wants_json(request: HttpRequest) -> bool:
+def wants_json(request: HttpRequest) -> bool:
+    """Does the request come from a page's script that reads JSON (``Accept: application/json``)?"""
     return "application/json" in request.headers.get("Accept", "")
+
+
+def _is_api(request: HttpRequest) -> bool:
+    """A request for the API, whether or not its URL was resolved before it failed (middleware runs first)."""
+    match = request.resolver_match
+    if match is None:
+        try:
+            match = resolve(request.path_info)
+        except Resolver404:
+            return False
+    return API_NAMESPACE in match.namespaces
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
@@ -41,10 +55,10 @@ def server_error(request: HttpRequest) -> HttpResponse:
         message = _("Something went wrong on the portal's side. Try again; if it keeps happening, tell your "
                     "instructor.")
     record_request_failure(reason=code)
-    if request.path.startswith("/api/"):
+    if _is_api(request):
         response: HttpResponse = JsonResponse(error_body(code=code, message=message, retry_after=retry_after),
                                               status=status)
-    elif _wants_json(request):
+    elif wants_json(request):
         response = JsonResponse({"error": message, "code": code}, status=status)
     else:
         response = HttpResponse(render_to_string("server_error.html", {"status": status, "message": message}),

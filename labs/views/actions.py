@@ -24,10 +24,7 @@ from labs.selectors import attempt_get_for_user, attempt_status_payload
 from labs.services import attempt_extend, attempt_start_limited, attempt_stop
 from labs.views.pages import lab_start_fragments
 from portal.errors import ApplicationError
-
-
-def wants_json(request: HttpRequest) -> bool:
-    return "application/json" in request.headers.get("Accept", "")
+from portal.server_errors import wants_json
 
 
 def refusal(request: HttpRequest, error: ApplicationError, *, fallback_url: str) -> HttpResponse:
