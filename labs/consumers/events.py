@@ -110,20 +110,32 @@ class AttemptEventsConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):
     async def connect(self) -> None:
         attempt_id = int(self.scope["url_route"]["kwargs"]["attempt_id"])
         self.language = scope_language(self.scope)
+        try:
+            handshake = await self.follow(attempt_id)
+        except (NotAuthenticated, ApplicationError) as exc:
+            await self.close(code=CLOSE_UNAUTHENTICATED if isinstance(exc, NotAuthenticated) else CLOSE_NOT_FOUND)
+            return
+        await self.accept()
+        await self.deliver(handshake)
+
+    async def follow(self, attempt_id: int) -> Handshake:
+        """Join the attempt's group and read its snapshot, deciding access; raises ``NotAuthenticated`` or
+        ``NotFound`` (having left the group again). Join before reading the snapshot: an update committed in between
+        is delivered after it, never lost. Nothing reaches the socket before this returns: group messages wait until
+        the handler that called it returns."""
         group = attempt_group(attempt_id)
-        # Join before reading the snapshot: an update committed in between is delivered after it, never lost.
-        # Nothing reaches the socket before access is decided: group messages wait until connect() returns,
-        # and a refused handshake leaves the group again before that.
         await self.channel_layer.group_add(group, self.channel_name)
         try:
             handshake = await _handshake(user=self.scope.get("user"), attempt_id=attempt_id, language=self.language)
-        except (NotAuthenticated, ApplicationError) as exc:
+        except (NotAuthenticated, ApplicationError):
             await self.channel_layer.group_discard(group, self.channel_name)
-            await self.close(code=CLOSE_UNAUTHENTICATED if isinstance(exc, NotAuthenticated) else CLOSE_NOT_FOUND)
-            return
+            raise
         self.group = group
         self.attempt_id = attempt_id
-        await self.accept()
+        return handshake
+
+    async def deliver(self, handshake: Handshake) -> None:
+        """Send the snapshot; keep the attempt from being stopped as left while the socket is open, where it should."""
         for message in handshake.messages:
             await self.send_json(message)
         if handshake.stamps_presence:
