@@ -225,6 +225,8 @@ ADMIN_PROBES: list[tuple[str, Probe]] = [
 # WebSocket routes: "accept", or the close code the consumer refuses with before accepting.
 ACCEPT = "accept"
 WS_MATRIX: dict[str, dict[str, Any]] = {
+    # The lab page's socket, over which Start is pressed: the lab's students only (staff have no Start).
+    "ws/labs/<int:lab_id>/events/": answers(4401, ACCEPT, 4404, 4404, 4404),
     "ws/attempts/<int:attempt_id>/events/": answers(4401, ACCEPT, 4404, ACCEPT, 4404),
     "ws/attempts/<int:attempt_id>/console/": answers(4401, ACCEPT, 4404, ACCEPT, 4404),
 }
@@ -462,7 +464,7 @@ async def ws_answer(path: str, cookie: str | None) -> Any:
 @pytest.mark.parametrize("route", sorted(WS_MATRIX))
 async def test_websocket_route_answers_each_persona_as_the_matrix_says(route, world, users, cluster):
     problems = []
-    path = "/" + route.replace("<int:attempt_id>", str(world.attempt_a.id))
+    path = "/" + route.replace("<int:attempt_id>", str(world.attempt_a.id)).replace("<int:lab_id>", str(world.lab_a.id))
     for persona in PERSONAS:
         counts_before = await database_sync_to_async(row_counts)()
         state_before = await database_sync_to_async(tenant_a_state)(world)
