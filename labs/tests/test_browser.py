@@ -343,6 +343,40 @@ NO_LAB_SOCKET = """(() => {
 })();"""
 
 
+# The lab page's socket goes away as Start is sent on it (a restarted portal, a proxy's timeout): no answer comes.
+LAB_SOCKET_LOST_ON_START = """(() => {
+  const send = WebSocket.prototype.send;
+  WebSocket.prototype.send = function (data) {
+    if (this.url.includes("/ws/labs/") && String(data).includes('"start"')) {
+      this.close();
+      return;
+    }
+    return send.call(this, data);
+  };
+})();"""
+
+
+def test_a_start_whose_lab_socket_is_lost_goes_over_http_instead(student_a, lab_a, live_portal, browser):
+    from playwright.sync_api import expect
+
+    from labs.models import Attempt
+
+    context, page = student_page(browser, live_portal.url)
+    context.add_init_script(LAB_SOCKET_LOST_ON_START)
+    posts: list[str] = []
+    page.on("request", lambda request: posts.append(request.url) if request.method == "POST" else None)
+    page.goto(f"/labs/{lab_a.id}/")
+    expect(page.locator("#start-form")).to_have_attribute("data-socket-state", "open")
+    page.evaluate("window.sameDocument = true")
+    page.click("#start-button")
+    expect(page.locator("#attempt-panel")).to_be_visible()
+    expect(page.locator("#live-indicator")).to_have_class(re.compile(r"\bon\b"))  # the attempt's own socket
+    assert any(url.endswith(f"/labs/{lab_a.id}/start/") for url in posts), posts
+    assert page.evaluate("window.sameDocument === true")
+    assert in_a_thread(lambda: Attempt.objects.filter(lab=lab_a).count()) == 1
+    context.close()
+
+
 def test_a_start_the_portal_was_too_busy_to_answer_is_tried_again_by_the_page(student_a, lab_a, live_portal,
                                                                               browser):
     """Where the lab page's socket cannot open, Start is posted over HTTP. ``portal.server_errors`` answers 503

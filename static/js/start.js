@@ -82,7 +82,7 @@
   const SOCKET_RETRY_MAX_MS = 30000;
 
   function openSocket() {
-    if (!form.dataset.socket || !("WebSocket" in window)) {
+    if (handedOver || !form.dataset.socket || !("WebSocket" in window)) {
       return;
     }
     const scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
@@ -179,10 +179,9 @@
       empty.remove();
     }
     swap("start-card", body.panel);
-    if (answeredOn) {
-      handedOver = true; // attempt.js follows the attempt on it from here
-    } else if (socket !== null) {
-      handedOver = true; // attempt.js opens the attempt's own socket
+    // From here attempt.js follows the attempt: on the socket the answer came on, or on the attempt's own.
+    handedOver = true;
+    if (!answeredOn && socket !== null) {
       socket.close();
     }
     document.dispatchEvent(new CustomEvent("portal:panel", { detail: { socket: answeredOn || null } }));
