@@ -142,8 +142,8 @@ def record_cluster_api_error(*, operation: str, reason: str) -> None:
 
 
 def record_request_failure(*, reason: str) -> None:
-    """Count one HTTP request that failed inside the portal: ``portal_busy`` (no database connection came free in
-    time, answered 503) or ``server_error`` (500)."""
+    """Count one request that failed inside the portal (an HTTP request, or a Start on the lab page's socket):
+    ``portal_busy`` (no database connection came free in time, answered 503) or ``server_error`` (500)."""
     _count_safely(REQUEST_FAILURES_KEY, reason)
 
 
@@ -328,9 +328,10 @@ class PortalCollector(Collector):
             operation, _sep, reason = field.partition("|")
             errors.add_metric([operation, reason], value)
         yield errors
-        failures = CounterMetricFamily("portal_requests_failed", "HTTP requests that failed inside the portal, by "
-                                       "answer: portal_busy (503, no database connection in time) or server_error "
-                                       "(500), all processes.", labels=["reason"])
+        failures = CounterMetricFamily("portal_requests_failed", "Requests (HTTP, and Starts on the lab page's "
+                                       "socket) that failed inside the portal, by answer: portal_busy (503, no "
+                                       "database connection in time) or server_error (500), all processes.",
+                                       labels=["reason"])
         failed = counters.read(REQUEST_FAILURES_KEY)
         for reason in REQUEST_FAILURE_REASONS:
             failures.add_metric([reason], failed.get(reason, 0))
