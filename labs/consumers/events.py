@@ -80,6 +80,11 @@ class NotAuthenticated(Exception):
     """The handshake carries no logged-in session."""
 
 
+def refusal_close_code(exc: Exception) -> int:
+    """The close code for a socket refused with ``exc``: no session (4401) or nothing this user may see (4404)."""
+    return CLOSE_UNAUTHENTICATED if isinstance(exc, NotAuthenticated) else CLOSE_NOT_FOUND
+
+
 def attempt_events_handshake(*, user, attempt_id: int, language: str) -> Handshake:
     """Everything a handshake needs from the database, in one call: the session's user (``user`` may be the lazy
     ``scope["user"]``, resolved here), the access decision and the snapshot, in ``language``. Raises
@@ -113,7 +118,7 @@ class AttemptEventsConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):
         try:
             handshake = await self.follow(attempt_id)
         except (NotAuthenticated, ApplicationError) as exc:
-            await self.close(code=CLOSE_UNAUTHENTICATED if isinstance(exc, NotAuthenticated) else CLOSE_NOT_FOUND)
+            await self.close(code=refusal_close_code(exc))
             return
         await self.accept()
         await self.deliver(handshake)

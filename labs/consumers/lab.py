@@ -32,12 +32,7 @@ from django.http import HttpRequest
 from django.utils import timezone, translation
 
 from grading.selectors import lab_get_for_student
-from labs.consumers.events import (
-    CLOSE_NOT_FOUND,
-    CLOSE_UNAUTHENTICATED,
-    AttemptEventsConsumer,
-    NotAuthenticated,
-)
+from labs.consumers.events import AttemptEventsConsumer, NotAuthenticated, refusal_close_code
 from labs.selectors import attempt_status_payload
 from labs.services import attempt_start_limited
 from labs.views.pages import lab_start_fragments
@@ -109,7 +104,7 @@ class LabEventsConsumer(AttemptEventsConsumer):
         try:
             await _access(user=self.scope.get("user"), lab_id=self.lab_id)
         except (NotAuthenticated, ApplicationError) as exc:
-            await self.close(code=CLOSE_UNAUTHENTICATED if isinstance(exc, NotAuthenticated) else CLOSE_NOT_FOUND)
+            await self.close(code=refusal_close_code(exc))
             return
         await self.accept()
 
@@ -143,6 +138,6 @@ class LabEventsConsumer(AttemptEventsConsumer):
         try:
             handshake = await self.follow(outcome.attempt_id)
         except (NotAuthenticated, ApplicationError) as exc:  # the session ended in between
-            await self.close(code=CLOSE_UNAUTHENTICATED if isinstance(exc, NotAuthenticated) else CLOSE_NOT_FOUND)
+            await self.close(code=refusal_close_code(exc))
             return
         await self.deliver(handshake)
