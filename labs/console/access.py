@@ -13,6 +13,7 @@ from django.utils.translation import gettext as _
 
 from labs.console.stage import console_stage
 from labs.console.upstream import ConsoleLocation
+from labs.models import Attempt
 from labs.selectors import attempt_get_for_user
 from portal.errors import NotFound
 from portal.models import STAFF_ROLES, Course, User
@@ -26,6 +27,8 @@ class ConsoleAccess:
     is_student: bool
     is_staff: bool
     viewer_name: str
+    # Where the console was as access was decided (read with it): the first dial needs no lookup of its own.
+    location: ConsoleLocation = ConsoleLocation()
 
     @property
     def can_type(self) -> bool:
@@ -43,11 +46,15 @@ def console_access(*, user: User, attempt_id: int) -> ConsoleAccess:
     is_staff = not is_student and course_role(user=user, course=Course.objects.get(labs=attempt.lab_id)) in STAFF_ROLES
     if not (is_student or is_staff):
         raise NotFound(_("Attempt not found."))
-    return ConsoleAccess(attempt_id=attempt.id, is_student=is_student, is_staff=is_staff, viewer_name=str(user))
+    return ConsoleAccess(attempt_id=attempt.id, is_student=is_student, is_staff=is_staff, viewer_name=str(user),
+                         location=_location(attempt))
 
 
 def console_location(*, user: User, attempt_id: int) -> ConsoleLocation:
-    attempt = attempt_get_for_user(user=user, attempt_id=attempt_id, related=False)
+    return _location(attempt_get_for_user(user=user, attempt_id=attempt_id, related=False))
+
+
+def _location(attempt: Attempt) -> ConsoleLocation:
     stage = console_stage(state=attempt.state, phase=attempt.phase)
     if stage == "ended":
         return ConsoleLocation(ended=True)

@@ -48,6 +48,9 @@ _console_location = database_sync_to_async(console_location, thread_sensitive=Fa
 CLOSE_TOO_SLOW = 4008
 # The same notice is sent at most this often to one browser (a TA leaning on the keyboard, a runaway paste).
 NOTICE_INTERVAL_SECONDS = 1.0
+# The handshake's console location stands in for the first dial's lookup only if that dial follows this closely
+# (a viewer that takes over from a holder later looks the attempt up again).
+HANDSHAKE_LOCATION_FRESH_SECONDS = 2.0
 
 
 def console_handshake(*, user, attempt_id: int) -> ConsoleAccess | None:
@@ -70,6 +73,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
     access: ConsoleAccess | None = None
     ownership_task: asyncio.Task | None = None
     held: HeldLease | None = None
+    handshake_location: tuple[ConsoleLocation, float] | None = None
     leaving: asyncio.Future | None = None
 
     # -- connection ---------------------------------------------------------------------------------------
@@ -89,6 +93,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
         self.access = access
+        self.handshake_location = (access.location, time.monotonic())
         self.can_write = access.can_type
         self.limits = console_limits()
         self.lease = console_lease()
@@ -421,6 +426,12 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
             await self.channel_layer.group_send(self.output_group, {"type": "console.owner_gone"})
 
     async def _locate(self) -> ConsoleLocation:
+        # The location read with the handshake serves the first dial, while it is fresh and ready: a page opens its
+        # console once the VMI runs, and then dials without a second lookup. One that was waiting or ended is looked
+        # up afresh, as is every later dial, so an update that came in between is not missed.
+        early, self.handshake_location = self.handshake_location, None
+        if early is not None and early[0].ready and time.monotonic() - early[1] < HANDSHAKE_LOCATION_FRESH_SECONDS:
+            return early[0]
         # Not thread-sensitive: a class's consoles looking up their attempts together must not queue on the
         # process's one thread for such code.
         return await _console_location(user=self.user, attempt_id=self.attempt_id)
@@ -440,7 +451,10 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
         await self._send_status(state.value, detail)
         if self.recorder is not None and state in (UpstreamState.CONNECTED, UpstreamState.LOST):
             self.recorder.marker(f"console {state.value}")
-        await self.channel_layer.group_send(
-            self.output_group,
-            {"type": "console.status", "state": state.value, "detail": detail, "origin": self.channel_name},
-        )
+        # Alone (the usual single tab), nobody else is told: a viewer who arrives gets the state in the holder's
+        # answer to its announcement (console_viewer_joined), which also makes the fan-out publish from then on.
+        if self.fanout is None or self.fanout.others:
+            await self.channel_layer.group_send(
+                self.output_group,
+                {"type": "console.status", "state": state.value, "detail": detail, "origin": self.channel_name},
+            )

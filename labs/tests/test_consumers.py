@@ -22,6 +22,7 @@ from django.utils.translation import gettext
 
 from conftest import make_person
 from labs.console.recording import recording_path
+from labs.consumers import console as console_consumer
 from labs.models import Attempt, AttemptState
 from labs.services import attempt_extend
 from portal.asgi import application
@@ -474,6 +475,53 @@ async def test_output_is_recorded_as_asciicast_v2(attempt, cluster, student_a):
     times = [event[0] for event in events]
     assert times == sorted(times)
     assert any(kind == "o" and "recorded-49" in text for _, kind, text in events)
+
+
+@pytest.mark.parametrize("fresh_seconds", [2.0, 0.0])
+async def test_a_console_opened_on_a_running_vmi_dials_with_what_its_handshake_read(attempt, cluster, student_a,
+                                                                                     monkeypatch, fresh_seconds):
+    lookups = []
+    looked_up = console_consumer._console_location
+
+    async def counted(**kwargs):
+        lookups.append(kwargs["attempt_id"])
+        return await looked_up(**kwargs)
+
+    monkeypatch.setattr(console_consumer, "_console_location", counted)
+    monkeypatch.setattr(console_consumer, "HANDSHAKE_LOCATION_FRESH_SECONDS", fresh_seconds)
+    student = await connected_student(student_a, attempt.id)
+    # Fresh, the location the handshake read serves the first dial; stale, it is looked up again.
+    assert lookups == ([] if fresh_seconds else [attempt.id])
+    # Every later dial looks the attempt up afresh.
+    await sync_to_async(cluster.admin.disconnect_consoles)(namespace=attempt.namespace, name=attempt.vm_name)
+    await student.read_until(lambda v: "lost" in v.statuses())
+    await student.read_until(lambda v: v.statuses()[-1] == "connected", within=15)
+    assert lookups == ([attempt.id] if fresh_seconds else [attempt.id, attempt.id])
+    await student.close()
+
+
+async def test_a_lone_holder_tells_nobody_its_status_yet_a_tab_that_arrives_learns_it(attempt, cluster, student_a,
+                                                                                       monkeypatch):
+    sent = []
+    layer = get_channel_layer()
+    group_send = layer.group_send
+
+    async def counting_group_send(group, message):
+        sent.append(message["type"])
+        return await group_send(group, message)
+
+    monkeypatch.setattr(layer, "group_send", counting_group_send)
+    first = await connected_student(student_a, attempt.id)
+    assert "console.status" not in sent  # connecting, connected: its own browser only
+    second = await open_console(student_a, attempt.id)
+    await second.read_until(lambda v: v.statuses() == ["connected"])  # the holder's answer to its arrival
+    # From then on a change reaches both.
+    await sync_to_async(cluster.admin.disconnect_consoles)(namespace=attempt.namespace, name=attempt.vm_name)
+    for tab in (first, second):
+        await tab.read_until(lambda v: "lost" in v.statuses() and v.statuses()[-1] == "connected", within=15)
+    assert "console.status" in sent
+    await first.close()
+    await second.close()
 
 
 async def test_console_waits_like_virtctl_while_the_vmi_is_not_running(cluster, student_a, lab_a):
