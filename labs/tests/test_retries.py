@@ -179,3 +179,31 @@ def test_a_round_asks_a_class_booting_together_less_often(student_a, lab_a, cour
     booting(100)
     assert tracking.agents_check(namespace=namespace, since_last_round=0.2) == (0, 100)
     assert asked == []
+
+
+def test_a_round_reads_the_waiting_attempts_in_one_query_with_all_it_asks_with(
+        student_a, lab_a, course_a, monkeypatch, django_assert_num_queries):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from conftest import make_person
+    from labs.models import Attempt
+    from portal.models import Role
+
+    booted = timezone.now() - timedelta(seconds=1)
+    namespace = course_a.tenant.namespace
+    for index in range(5):
+        student = make_person(username=f"round-{index}", tenant=course_a.tenant, course=course_a, role=Role.STUDENT)
+        Attempt.objects.create(lab=lab_a, student=student, tenant=course_a.tenant, namespace=namespace,
+                               vm_name=f"attempt-round-{index}", agent_token=f"token-{index}",
+                               state=AttemptState.STARTING, phase="Running", provisioned_at=booted,
+                               vmi_running_at=booted)
+    asked = []
+    # What the agent client reads to reach the agent (grading.agent_client.agent_request): each a loaded field, so
+    # asking a hundred agents costs no query each.
+    monkeypatch.setattr(tracking, "_agent_answers",
+                        lambda attempt: asked.append((attempt.namespace, attempt.vm_name, attempt.agent_token)))
+    with django_assert_num_queries(1):
+        assert tracking.agents_check(namespace=namespace) == (0, 5)
+    assert sorted(asked) == [(namespace, f"attempt-round-{index}", f"token-{index}") for index in range(5)]
