@@ -227,8 +227,8 @@ def attempt_start(*, actor: User, lab: Lab, before_queueing: Callable[[Attempt],
         active = Attempt.objects.filter(student=actor, lab=lab, state__in=ACTIVE_STATES).values_list(
             "id", flat=True).first()
         raise _already_active(attempt_id=active) from None
-    # After the commit (or, inside a caller's transaction, on its commit): the page's update, then the task.
-    attempt_push_on_commit(attempt=attempt)
+    # After the commit (or, inside a caller's transaction, on its commit): the task. No update is pushed: nobody can
+    # be listening to the group of an attempt that did not exist, and the answer carries its status.
     if before_queueing is not None:
         transaction.on_commit(lambda: before_queueing(attempt))
     queued = _enqueue_provision(attempt.id)
