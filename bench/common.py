@@ -237,6 +237,29 @@ def cpu_used(pids: dict[str, int]) -> Iterator[dict[str, float | None]]:
     used["cores"] = os.cpu_count()
 
 
+@contextlib.contextmanager
+def redis_commands_used() -> Iterator[dict[str, int]]:
+    """Commands Redis served inside the block (server-wide, from ``INFO commandstats``; nothing else uses it during
+    a run), filled in on exit: ``total`` and the busiest by name. A count, so unlike CPU it does not move with a
+    noisy machine: the channel layer's, the broker's and the cache's round trips together."""
+    import redis
+
+    client = redis.Redis.from_url(bench_redis_url())
+
+    def calls() -> dict[str, int]:
+        return {name.removeprefix("cmdstat_"): stats["calls"] for name, stats in client.info("commandstats").items()}
+
+    before = calls()
+    used: dict[str, int] = {}
+    yield used
+    after = calls()
+    after["info"] = before.get("info", 0)  # our own two INFO calls are not the portal's
+    spent = {name: count - before.get(name, 0) for name, count in after.items() if count > before.get(name, 0)}
+    used["total"] = sum(spent.values())
+    used.update(sorted(spent.items(), key=lambda item: -item[1])[:8])
+    client.close()
+
+
 def emit(result: dict[str, Any]) -> None:
     """Print the benchmark's one JSON object (the last line of its output)."""
     sys.stdout.write(json.dumps(result, sort_keys=False, default=str) + "\n")

@@ -63,6 +63,7 @@ from bench.common import (
     log,
     machine,
     new_csrf_token,
+    redis_commands_used,
     seed_course,
     session_cookie,
     setup_django,
@@ -371,6 +372,7 @@ async def browser_starts(*, base_url: str, ws_url: str, lab_id: int, browsers: l
         try:
             with contextlib.ExitStack() as stack:
                 cpu = stack.enter_context(cpu_used(pids)) if pids else None
+                commands = stack.enter_context(redis_commands_used()) if pids else None
                 results = list(await asyncio.gather(*(one(browser, socket)
                                                       for browser, socket in zip(browsers, sockets, strict=True))))
                 # Every page keeps its console open: the burst's CPU includes each console's opening, also of
@@ -378,6 +380,7 @@ async def browser_starts(*, base_url: str, ws_url: str, lab_id: int, browsers: l
                 await close_consoles(consoles, settle=CONSOLE_SETTLE_SECONDS)
             if cpu is not None:
                 results[0]["_cpu"] = cpu
+                results[0]["_redis_commands"] = commands
             results[0]["_consoles_opened"] = sum(1 for console in consoles if console.upstream == "connected")
         finally:
             for socket in sockets:
@@ -518,6 +521,7 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
         together = asyncio.run(browser_starts(base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id,
                                               browsers=group, until=until, over=over, pids=pids))
         cpu = together[0].pop("_cpu")
+        commands = together[0].pop("_redis_commands")
         consoles_opened = together[0].pop("_consoles_opened")
         cluster = server.admin.counters()
         figures = {"start_over": over, **portal_figures(together), "consoles_opened": consoles_opened}
@@ -530,6 +534,10 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
         # (nothing else uses them during a benchmark run).
         figures["cpu_seconds"] = cpu
         figures["cpu_ms_per_start"] = per_start_ms(cpu, CONCURRENT_STARTS)
+        # Round trips to Redis per start over the same window (channel layer, broker, cache): a count, steady where
+        # CPU moves with the machine's load.
+        figures["redis_commands_per_start"] = {name: round(count / CONCURRENT_STARTS, 1)
+                                               for name, count in commands.items()}
         bursts.append(figures)
         if index + 1 < len(order):  # out of the way of the next burst (the start throttle counts starting ones)
             end_attempts([result["attempt_id"] for result in together if "attempt_id" in result])
@@ -542,6 +550,7 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
             {"start_over": burst["start_over"], "to_vmi_running_p50_ms": burst["to_vmi_running"]["p50_ms"],
              "to_vmi_running_p95_ms": burst["to_vmi_running"]["p95_ms"], "failed": burst["failed"],
              "consoles_opened": burst["consoles_opened"], "cpu_ms_per_start": burst["cpu_ms_per_start"],
+             "redis_commands_per_start": burst["redis_commands_per_start"]["total"],
              "cluster_requests_per_start": burst["cluster_requests_per_start"]} for burst in bursts]
     return measured
 
