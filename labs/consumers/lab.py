@@ -3,11 +3,9 @@
 A student's lab page opens it as it loads, before Start (``static/js/start.js``). Pressing Start sends
 ``{"type": "start"}`` on it and the answer comes back on it: ``start.answer`` with what the HTTP Start answers (the
 attempt's status, its panel and its history row), or ``start.refused`` with the refusal's code, message and
-Retry-After. From then on the socket is that attempt's events socket (``AttemptEventsConsumer``), and the page's
-``attempt.js`` takes it over. It joined the attempt's group as the attempt was committed, before its provisioning was
-queued, so no update can have gone by unheard and the answer's status is its snapshot. A class pressing Start
-together thus costs the portal a message on a socket each: not an HTTP request, a second socket handshake and a
-second read of the attempt each.
+Retry-After. From then on the socket is that attempt's events socket (``AttemptEventsConsumer``): it has joined the
+attempt's group and sent its snapshot, and the page's ``attempt.js`` takes it over. A class pressing Start together
+thus costs the portal a message on a socket each, not an HTTP request and a second socket handshake each.
 
 The same service decides as for the HTTP Start and the API's (``attempt_start_limited``: the start limit, the
 lab's window, the quotas, one attempt at a time). A start over a WebSocket is a state change without Django's CSRF
@@ -25,24 +23,16 @@ from __future__ import annotations
 
 import logging
 import string
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.http import HttpRequest
 from django.utils import timezone, translation
 
 from grading.selectors import lab_get_for_student
-from labs.consumers.events import (
-    AttemptEventsConsumer,
-    Handshake,
-    NotAuthenticated,
-    attempt_group,
-    refusal_close_code,
-)
+from labs.consumers.events import AttemptEventsConsumer, NotAuthenticated, refusal_close_code
 from labs.selectors import attempt_status_payload
 from labs.services import attempt_start_limited
 from labs.views.pages import lab_start_fragments
@@ -79,49 +69,26 @@ def panel_request(*, user, csrf_cookie: str | None, language: str) -> HttpReques
 
 @dataclass
 class StartOutcome:
-    """The answer to a Start pressed on the socket: ``answer`` to send, and the attempt to follow if one started.
-    ``joined``: the socket joined the attempt's group before its provisioning was queued, so the answer is its
-    snapshot; ``presence``: the socket should keep the attempt from being stopped as left."""
+    """The answer to a Start pressed on the socket: ``answer`` to send, and the attempt to follow if one started."""
 
     answer: dict[str, Any]
     attempt_id: int | None = None
-    joined: bool = False
-    presence: bool = False
 
 
-def lab_socket_start(*, user, lab_id: int, language: str, csrf_cookie: str | None,
-                     join: Callable[[int], None] | None = None) -> StartOutcome:
+def lab_socket_start(*, user, lab_id: int, language: str, csrf_cookie: str | None) -> StartOutcome:
     """Start an attempt of the lab for the socket's student, as the lab page's HTTP Start does, in ``language`` and
-    the person's time zone (``portal.timezones``, as their pages are written in).
-
-    ``join(attempt_id)`` adds the socket to the new attempt's group. It runs once the attempt is committed and
-    before its provisioning is queued, so no update of the workers can come before it: the answer's status is then
-    the socket's snapshot, and no second lookup is needed (``StartOutcome.joined``). Should it fail, the socket
-    follows the attempt the way a reconnecting page does, snapshot and all."""
-    joined: list[bool] = []
-
-    def join_before_queueing(attempt) -> None:
-        try:
-            join(attempt.id)
-        except Exception:
-            logger.warning("the socket of lab %s could not join attempt %s's group", lab_id, attempt.id, exc_info=True)
-        else:
-            joined.append(True)
-
+    the person's time zone (``portal.timezones``, as their pages are written in)."""
     with translation.override(language), timezone.override(user_time_zone(user)):
         try:
             lab = lab_get_for_student(user=user, lab_id=lab_id)
-            attempt = attempt_start_limited(actor=user, lab=lab,
-                                            before_queueing=join_before_queueing if join is not None else None)
+            attempt = attempt_start_limited(actor=user, lab=lab)
         except ApplicationError as error:
             return StartOutcome({"type": "start.refused", "code": error.code, "error": error.message,
                                  "retry_after": error.retry_after, **error.extra})
         fragments = lab_start_fragments(
             request=panel_request(user=user, csrf_cookie=csrf_cookie, language=language), attempt=attempt)
-        # A new attempt is active and the student's own: the page keeps it from being stopped as left where the lab
-        # does that. No stamp now: the stop counts from the agent's answer at the earliest (attempt_left_since).
         return StartOutcome({"type": "start.answer", "attempt": attempt_status_payload(attempt), **fragments},
-                            attempt_id=attempt.id, joined=bool(joined), presence=bool(lab.idle_stop_minutes))
+                            attempt_id=attempt.id)
 
 
 _access = database_sync_to_async(lab_socket_access, thread_sensitive=False)
@@ -157,7 +124,7 @@ class LabEventsConsumer(AttemptEventsConsumer):
         csrf_cookie = (self.scope.get("cookies") or {}).get(settings.CSRF_COOKIE_NAME)
         try:
             outcome = await _start(user=self.scope.get("user"), lab_id=self.lab_id, language=self.language,
-                                   csrf_cookie=csrf_cookie, join=async_to_sync(self._join))
+                                   csrf_cookie=csrf_cookie)
         except Exception as exc:
             logger.exception("Start on the socket of lab %s failed", self.lab_id)
             with translation.override(self.language):
@@ -168,17 +135,9 @@ class LabEventsConsumer(AttemptEventsConsumer):
         await self.send_json(outcome.answer)
         if outcome.attempt_id is None:
             return
-        if outcome.joined:
-            # In the group since before the workers heard of the attempt: the answer was the snapshot.
-            self.group, self.attempt_id = attempt_group(outcome.attempt_id), outcome.attempt_id
-            await self.deliver(Handshake(messages=[], stamps_presence=outcome.presence))
-            return
         try:
             handshake = await self.follow(outcome.attempt_id)
         except (NotAuthenticated, ApplicationError) as exc:  # the session ended in between
             await self.close(code=refusal_close_code(exc))
             return
         await self.deliver(handshake)
-
-    async def _join(self, attempt_id: int) -> None:
-        await self.channel_layer.group_add(attempt_group(attempt_id), self.channel_name)

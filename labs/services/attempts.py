@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import logging
 import secrets
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
@@ -233,7 +232,7 @@ def _is_one_active_violation(error: IntegrityError) -> bool:
     return constraint is None or constraint == ONE_ACTIVE_CONSTRAINT
 
 
-def attempt_start(*, actor: User, lab: Lab, before_queueing: Callable[[Attempt], None] | None = None) -> Attempt:
+def attempt_start(*, actor: User, lab: Lab) -> Attempt:
     """Start an attempt of ``lab`` for the student ``actor``: checks, quota, the row, then provisioning on commit.
 
     Every start in a tenant waits for the tenant's row lock, so the lock is held for as little as possible: the
@@ -243,10 +242,6 @@ def attempt_start(*, actor: User, lab: Lab, before_queueing: Callable[[Attempt],
     wrote. Everything that does not depend on other starts (the student's standing and earlier attempts, the lab's
     window and settings, the size arithmetic, the global start throttle) is decided before the transaction, and
     the push and the queueing run after the commit.
-
-    ``before_queueing`` runs after the commit and before the provisioning is queued: a socket that joins the new
-    attempt's group there misses none of the workers' updates (the lab page's socket, ``labs.consumers.lab``). It
-    must not raise.
     """
     course = lab.course
     role = course_role(user=actor, course=course)
@@ -308,8 +303,6 @@ def attempt_start(*, actor: User, lab: Lab, before_queueing: Callable[[Attempt],
         raise _already_active(attempt_id=active) from None
     # After the commit (or, inside a caller's transaction, on its commit): the task. No update is pushed: nobody can
     # be listening to the group of an attempt that did not exist, and the answer carries its status.
-    if before_queueing is not None:
-        transaction.on_commit(lambda: before_queueing(attempt))
     queued = _enqueue_provision(attempt.id)
     if not transaction.get_connection().in_atomic_block and not queued.get("sent", True):
         # The provisioning could not be handed to the broker: the attempt was failed in words.
@@ -319,8 +312,7 @@ def attempt_start(*, actor: User, lab: Lab, before_queueing: Callable[[Attempt],
     return attempt
 
 
-def attempt_start_limited(*, actor: User, lab: Lab,
-                          before_queueing: Callable[[Attempt], None] | None = None) -> Attempt:
+def attempt_start_limited(*, actor: User, lab: Lab) -> Attempt:
     """``attempt_start`` behind the per-person start limit (``RATE_LIMITS["attempt_start"]``), the same for the lab
     page's Start and the API's. A refusal that asks to come back later (full capacity, many starts at once: it
     carries Retry-After) started nothing and is not counted, nor is a database too busy to answer, so a page that
@@ -331,7 +323,7 @@ def attempt_start_limited(*, actor: User, lab: Lab,
         message=_("You have started too many labs in a short time. Wait a little before starting another."),
     )
     try:
-        return attempt_start(actor=actor, lab=lab, before_queueing=before_queueing)
+        return attempt_start(actor=actor, lab=lab)
     except ApplicationError as error:
         if error.retry_after:
             rate_limit_refund(counted)
