@@ -249,15 +249,17 @@ def redis_commands_used() -> Iterator[dict[str, int]]:
     def calls() -> dict[str, int]:
         return {name.removeprefix("cmdstat_"): stats["calls"] for name, stats in client.info("commandstats").items()}
 
-    before = calls()
-    used: dict[str, int] = {}
-    yield used
-    after = calls()
-    after["info"] = before.get("info", 0)  # our own two INFO calls are not the portal's
-    spent = {name: count - before.get(name, 0) for name, count in after.items() if count > before.get(name, 0)}
-    used["total"] = sum(spent.values())
-    used.update(sorted(spent.items(), key=lambda item: -item[1])[:8])
-    client.close()
+    try:
+        before = calls()
+        used: dict[str, int] = {}
+        yield used
+        after = calls()
+        after["info"] = before.get("info", 0)  # our own two INFO calls are not the portal's
+        spent = {name: count - before.get(name, 0) for name, count in after.items() if count > before.get(name, 0)}
+        used["total"] = sum(spent.values())
+        used.update(sorted(spent.items(), key=lambda item: -item[1])[:8])
+    finally:
+        client.close()
 
 
 def emit(result: dict[str, Any]) -> None:
