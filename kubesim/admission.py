@@ -69,6 +69,17 @@ def _inline(schema: Any, definitions: dict[str, Any], seen: tuple[str, ...] = ()
     return schema
 
 
+# The request's ``fieldValidation`` values the API server accepts ("" and absent: Warn).
+FIELD_VALIDATIONS = (None, "", "Ignore", "Warn", "Strict")
+
+
+def check_field_validation(field_validation: str | None) -> None:
+    """A request's ``fieldValidation`` the API server does not know is a 400, whatever the resource."""
+    if field_validation not in FIELD_VALIDATIONS:
+        raise ApiError(400, f'fieldValidation: Unsupported value: "{field_validation}": supported values: '
+                            + ", ".join(f'"{value}"' for value in FIELD_VALIDATIONS if value))
+
+
 @lru_cache(maxsize=1)
 def _validators() -> dict[str, jsonschema.protocols.Validator]:
     with open(swagger_path()) as handle:
@@ -91,11 +102,6 @@ def _field_path(path: Any) -> str:
 
 def _schema_causes(error: jsonschema.ValidationError) -> list[dict[str, str]]:
     where = _field_path(error.absolute_path)
-    if error.validator == "additionalProperties":
-        declared = error.schema.get("properties", {})
-        extra = [key for key in error.instance if key not in declared]
-        return [{"reason": "FieldValueInvalid", "field": _join(where, key),
-                 "message": f'unknown field "{_join(where, key)}"'} for key in extra]
     if error.validator == "required":
         missing = error.message.split("'")[1] if "'" in error.message else error.message
         return [{"reason": "FieldValueRequired", "field": _join(where, missing), "message": "Required value"}]
@@ -117,30 +123,34 @@ def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
-def validate_schema(obj: dict[str, Any], *, field_validation: str | None) -> dict[str, Any]:
-    """Validate apiVersion, kind, metadata and spec; returns the object, pruned of unknown fields when asked.
+def validate_schema(obj: dict[str, Any], *, field_validation: str | None) -> tuple[dict[str, Any], list[str]]:
+    """Validate apiVersion, kind, metadata and spec; returns the object, pruned of unknown fields, and the warnings
+    to send.
 
-    A real API server prunes unknown fields of a custom resource (with a warning) unless the client asks for
-    Strict validation. kubesim rejects them unless the client asks for ``fieldValidation=Ignore``: a portal
-    that sends a misspelt field should find out in its tests, not on a cluster.
+    As the API server (v1.23+) does for a custom resource, by the request's ``fieldValidation``: unknown fields are
+    pruned with a warning each when it is absent or ``Warn``, pruned silently with ``Ignore``, and refused with 400
+    BadRequest (``strict decoding error``, before any other validation) with ``Strict``, which is what kubectl and
+    the portal send (``check_field_validation`` refuses any other value).
     """
+    check_field_validation(field_validation)
     kind = obj.get("kind", "")
     validator = _validators().get(kind)
     if validator is None:
-        return obj
+        return obj, []
     checked = {key: value for key, value in obj.items() if key != "status"}
     causes: list[dict[str, str]] = []
     unknown: list[list[Any]] = []
     for error in validator.iter_errors(checked):
-        if error.validator == "additionalProperties" and field_validation == "Ignore":
+        if error.validator == "additionalProperties":
             declared = error.schema.get("properties", {})
             unknown.extend(list(error.absolute_path) + [key] for key in error.instance if key not in declared)
             continue
         causes.extend(_schema_causes(error))
+    unknown_messages = sorted(f'unknown field "{_field_path(path)}"' for path in unknown)
+    if unknown and field_validation == "Strict":
+        raise ApiError(400, "strict decoding error: " + ", ".join(unknown_messages))
     name = obj.get("metadata", {}).get("name", "")
     if causes:
-        if field_validation == "Strict" and all(c["message"].startswith("unknown field") for c in causes):
-            raise ApiError(400, "strict decoding error: " + ", ".join(c["message"] for c in causes))
         group = obj.get("apiVersion", "").split("/")[0]
         raise invalid(kind, group, name, sorted(causes, key=lambda c: c["field"]))
     if unknown:
@@ -150,7 +160,7 @@ def validate_schema(obj: dict[str, Any], *, field_validation: str | None) -> dic
             for part in path[:-1]:
                 node = node[part]
             node.pop(path[-1], None)
-    return obj
+    return obj, unknown_messages if field_validation in (None, "", "Warn") else []
 
 
 def _webhook_denied(kind: str, causes: list[dict[str, str]]) -> ApiError:

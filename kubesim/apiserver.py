@@ -75,15 +75,16 @@ class ApiServer:
 
     def _admit(self, rt: ResourceType, obj: dict[str, Any], *, field_validation: str | None) -> tuple[
             dict[str, Any], list[str]]:
+        admission.check_field_validation(field_validation)
         warnings: list[str] = []
         if rt.group == "kubevirt.io":
-            obj = admission.validate_schema(obj, field_validation=field_validation)
+            obj, warnings = admission.validate_schema(obj, field_validation=field_validation)
             if rt.kind == "VirtualMachine":
-                warnings = admission.admit_virtual_machine(obj)
+                warnings += admission.admit_virtual_machine(obj)
             elif rt.kind == "VirtualMachineInstance":
-                warnings = admission.admit_virtual_machine_instance(obj)
+                warnings += admission.admit_virtual_machine_instance(obj)
             elif rt.kind == "KubeVirt":
-                warnings = admission.admit_kubevirt(obj)
+                warnings += admission.admit_kubevirt(obj)
         elif rt.key == "secrets":
             self._normalise_secret(obj)
         return obj, warnings

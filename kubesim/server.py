@@ -132,7 +132,13 @@ def _warning_headers(warnings: list[str]) -> dict[str, str]:
     # comma-separated list is equivalent (RFC 7234 §5.5).
     if not warnings:
         return {}
-    return {"Warning": ", ".join(f'299 - "{w}"' for w in warnings)}
+    return {"Warning": ", ".join(f'299 - "{_quoted(w)}"' for w in warnings)}
+
+
+def _quoted(text: str) -> str:
+    """A warning's text inside the header's quoted-string: backslashes and double quotes escaped, as the API
+    server writes it."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 

@@ -80,8 +80,6 @@ def test_missing_object_is_404_status(custom, core, namespace):
 @pytest.mark.parametrize(("change", "message"), [
     (lambda vm: vm["spec"].update(running=True), "Running and RunStrategy are mutually exclusive"),
     (lambda vm: vm["spec"].pop("runStrategy"), "RunStrategy must be specified"),
-    (lambda vm: vm["spec"]["template"]["spec"]["domain"].update(colour="red"),
-     'unknown field "spec.template.spec.domain.colour"'),
     (lambda vm: vm["spec"]["template"]["spec"].update(volumes="disk"), "must be of type array"),
 ])
 def test_invalid_vm_is_422_and_changes_nothing(custom, namespace, change, message):
@@ -93,6 +91,29 @@ def test_invalid_vm_is_422_and_changes_nothing(custom, namespace, change, messag
     assert error.value.status == 422 and body["reason"] == "Invalid"
     assert message in body["message"]
     assert custom.list_namespaced_custom_object(GROUP, VERSION, namespace, VMS)["items"] == []
+
+
+def test_unknown_fields_are_pruned_with_a_warning_unless_the_client_asks_for_strict(sim, custom, namespace):
+    manifest = vm_manifest("colourful", namespace=namespace)
+    manifest["spec"]["template"]["spec"]["domain"]["colour"] = "red"
+    http = urllib3.PoolManager()
+    url = f"{sim.url}/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachines"
+    headers = {**sim.auth_header(), "Content-Type": "application/json"}
+
+    strict = http.request("POST", f"{url}?fieldValidation=Strict", body=json.dumps(manifest), headers=headers)
+    refusal = json.loads(strict.data)
+    assert strict.status == 400 and refusal["reason"] == "BadRequest"
+    assert refusal["message"] == 'strict decoding error: unknown field "spec.template.spec.domain.colour"'
+    assert custom.list_namespaced_custom_object(GROUP, VERSION, namespace, VMS)["items"] == []
+
+    bad = http.request("POST", f"{url}?fieldValidation=Loose", body=json.dumps(manifest), headers=headers)
+    assert bad.status == 400 and 'Unsupported value: "Loose"' in json.loads(bad.data)["message"]
+
+    warned = http.request("POST", url, body=json.dumps(manifest), headers=headers)  # the default: Warn
+    assert warned.status == 201
+    assert warned.headers["Warning"] == '299 - "unknown field \\"spec.template.spec.domain.colour\\""'
+    stored = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, VMS, "colourful")
+    assert "colour" not in stored["spec"]["template"]["spec"]["domain"]
 
 
 def test_running_field_gets_a_deprecation_warning_header(sim, namespace):

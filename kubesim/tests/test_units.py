@@ -109,15 +109,30 @@ def test_admission_rejects_what_kubevirt_rejects():
         "spec.running is deprecated, please use spec.runStrategy instead"]
     unknown = vm_manifest("a")
     unknown["spec"]["template"]["spec"]["domain"]["devcies"] = {}
+    unknown["spec"]["template"]["spec"]["domain"]["devices"]["disks"][0]["bootOrdr"] = 1
+    for default in (None, "", "Warn"):  # the API server's default since v1.23: pruned, one warning per field
+        pruned, warnings = admission.validate_schema(unknown, field_validation=default)
+        assert warnings == ['unknown field "spec.template.spec.domain.devcies"',
+                            'unknown field "spec.template.spec.domain.devices.disks[0].bootOrdr"']
+        assert "devcies" not in pruned["spec"]["template"]["spec"]["domain"]
+        assert "bootOrdr" not in pruned["spec"]["template"]["spec"]["domain"]["devices"]["disks"][0]
+    assert "devcies" in unknown["spec"]["template"]["spec"]["domain"], "the request's own object is left as sent"
+    pruned, warnings = admission.validate_schema(unknown, field_validation="Ignore")
+    assert warnings == [] and "devcies" not in pruned["spec"]["template"]["spec"]["domain"]
     with pytest.raises(ApiError) as error:
-        admission.validate_schema(unknown, field_validation=None)
-    assert error.value.code == 422 and 'unknown field "spec.template.spec.domain.devcies"' in error.value.message
-    pruned = admission.validate_schema(unknown, field_validation="Ignore")
-    assert "devcies" not in pruned["spec"]["template"]["spec"]["domain"]
+        admission.validate_schema(unknown, field_validation="Strict")
+    assert error.value.code == 400 and error.value.message == (
+        'strict decoding error: unknown field "spec.template.spec.domain.devcies", '
+        'unknown field "spec.template.spec.domain.devices.disks[0].bootOrdr"')
+    with pytest.raises(ApiError) as error:
+        admission.validate_schema(vm_manifest("a"), field_validation="strict")
+    assert error.value.code == 400 and 'Unsupported value: "strict"' in error.value.message
     wrong_type = vm_manifest("a")
     wrong_type["spec"]["template"]["spec"]["domain"]["devices"]["disks"][0]["bootOrder"] = "first"
-    with pytest.raises(ApiError, match="must be of type integer"):
+    with pytest.raises(ApiError, match="must be of type integer") as error:
         admission.validate_schema(wrong_type, field_validation=None)
+    assert error.value.code == 422
+    assert admission.validate_schema(vm_manifest("a"), field_validation="Strict") == (vm_manifest("a"), [])
 
 
 def test_feature_gate_evaluation_order():

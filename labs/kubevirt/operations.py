@@ -31,6 +31,9 @@ TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 # A Retry-After is honoured up to this many seconds: Celery redelivers a task whose countdown outlasts the broker's
 # visibility timeout, and no API server outage is worth keeping a student waiting longer between tries.
 MAX_RETRY_AFTER_SECONDS = 60.0
+# Every write asks the API server to refuse unknown fields (400) rather than drop them with a warning, its default:
+# a misspelt or newer-than-the-cluster field in what the portal sends is a bug to see, not a setting silently lost.
+STRICT = "Strict"
 VMS = "virtualmachines"
 VMIS = "virtualmachineinstances"
 
@@ -123,7 +126,7 @@ def vm_create(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     try:
         response = _kubevirt("create_namespaced_custom_object")(
             client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION, namespace, VMS, dict(body),
-            _preload_content=False, _request_timeout=REQUEST_TIMEOUT,
+            field_validation=STRICT, _preload_content=False, _request_timeout=REQUEST_TIMEOUT,
         )
         return _json(response), True
     except Exception as exc:
@@ -191,7 +194,7 @@ def secret_create(body: Mapping[str, Any]) -> bool:
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     try:
         client.core_v1().create_namespaced_secret(
-            namespace, dict(body), _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            namespace, dict(body), field_validation=STRICT, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
         )
         return True
     except Exception as exc:
@@ -205,7 +208,7 @@ def secret_set_owner(*, namespace: str, name: str, owner: Mapping[str, Any]) -> 
     patch = [{"op": "add", "path": "/metadata/ownerReferences", "value": [dict(owner)]}]
     try:
         client.core_v1().patch_namespaced_secret(
-            name, namespace, patch, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            name, namespace, patch, field_validation=STRICT, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
         )
     except Exception as exc:
         if _is(exc, 404):  # the VM was deleted and took the Secret with it already
@@ -258,7 +261,8 @@ def namespace_bootstrap(
     name = namespace["metadata"]["name"]
     core = client.core_v1()
     try:
-        core.create_namespace(dict(namespace), _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+        core.create_namespace(dict(namespace), field_validation=STRICT, _preload_content=False,
+                              _request_timeout=REQUEST_TIMEOUT)
     except Exception as exc:
         if not _is(exc, 409):
             raise cluster_error(exc, doing=f"creating namespace {name}") from exc
@@ -266,14 +270,14 @@ def namespace_bootstrap(
     for policy in policies:
         try:
             networking.create_namespaced_network_policy(
-                name, dict(policy), _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+                name, dict(policy), field_validation=STRICT, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
             )
         except Exception as exc:
             if not _is(exc, 409):
                 raise cluster_error(exc, doing=f"creating NetworkPolicy {name}/{policy['metadata']['name']}") from exc
     try:
         core.create_namespaced_resource_quota(
-            name, dict(quota), _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            name, dict(quota), field_validation=STRICT, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
         )
     except Exception as exc:
         if not _is(exc, 409):
@@ -281,7 +285,8 @@ def namespace_bootstrap(
         patch = [{"op": "replace", "path": "/spec/hard", "value": dict(quota["spec"]["hard"])}]
         try:
             core.patch_namespaced_resource_quota(
-                quota["metadata"]["name"], name, patch, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+                quota["metadata"]["name"], name, patch, field_validation=STRICT, _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT
             )
         except Exception as patch_exc:
             raise cluster_error(patch_exc, doing=f"updating ResourceQuota {name}") from patch_exc

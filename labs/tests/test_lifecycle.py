@@ -129,6 +129,26 @@ def test_the_same_provision_delivered_twice_makes_one_vm(lifecycle, student_a, l
     assert attempt.state in (AttemptState.STARTING, AttemptState.RUNNING) and attempt.provisioned_at is not None
 
 
+def test_a_vm_field_the_cluster_does_not_know_fails_the_attempt_instead_of_being_dropped(
+        lifecycle, student_a, lab_a, monkeypatch):
+    # The API server's default is to drop an unknown field with a warning; the portal asks it to refuse instead,
+    # so a misspelt (or newer-than-the-cluster) setting cannot silently go missing from a student's VM.
+    make_vm = manifests.virtual_machine
+
+    def misspelt(**kwargs):
+        vm = make_vm(**kwargs)
+        vm["spec"]["template"]["spec"]["domain"]["cpu"]["socketz"] = 1
+        return vm
+
+    monkeypatch.setattr(manifests, "virtual_machine", misspelt)
+    attempt = attempt_start(actor=student_a, lab=lab_a)
+    assert tasks.provision_attempt(attempt.id) == "failed"
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.FAILED
+    assert 'unknown field "spec.template.spec.domain.cpu.socketz"' in attempt.failure_reason
+    assert vm_names(attempt.namespace) == []
+
+
 def test_a_worker_killed_mid_provision_converges_on_rerun(lifecycle, student_a, lab_a):
     attempt = attempt_start(actor=student_a, lab=lab_a)
     # The first worker claimed the attempt and created the Secret, then died before the VM.
