@@ -64,10 +64,13 @@ class MyLabRunsView(GradingView):
 
 
 class StaffIndexView(GradingView):
-    """The courses the user teaches, each linking to its gradebook."""
+    """The courses the user teaches, each linking to its gradebook. Somebody who teaches none (a student) has
+    nothing here but their own grades: the header's Grades link takes them straight there."""
 
     def get(self, request: HttpRequest) -> HttpResponse:
-        courses = staff_courses_for_user(user=request.user).select_related("tenant").order_by("code", "term")
+        courses = list(staff_courses_for_user(user=request.user).select_related("tenant").order_by("code", "term"))
+        if not courses:
+            return redirect("grading:my_grades")
         return render(request, "grading/index.html", {"courses": courses})
 
 

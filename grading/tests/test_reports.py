@@ -154,6 +154,17 @@ class TestPages:
         assert GradingRun.objects.get(regrade_of=run).trigger == RunTrigger.REGRADE
         assert AuditEvent.objects.filter(action="grading.regraded", actor=instructor_a).count() == 1
 
+    def test_the_grades_link_takes_a_student_to_their_grades_and_staff_to_their_courses(
+            self, client, student_a, ta_a, course_a):
+        client.force_login(student_a)
+        response = client.get(reverse("grading:index"))
+        assert response.status_code == 302 and response.url == reverse("grading:my_grades")
+        client.force_login(ta_a)
+        page = client.get(reverse("grading:index"))
+        assert page.status_code == 200
+        text = page.content.decode()
+        assert reverse("grading:gradebook", args=[course_a.pk]) in text and reverse("grading:my_grades") in text
+
     def test_student_sees_own_grades_and_feedback_but_no_output(self, client, student_a, lab_a, graded):
         client.force_login(student_a)
         mine = client.get(reverse("grading:my_grades"))
