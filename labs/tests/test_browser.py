@@ -167,6 +167,7 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_
 
     # Type into xterm and see the shell's answer.
     expect(page.locator("#console-status")).to_have_attribute("data-state", "connected", timeout=30_000)
+    expect(page.locator("#console-mode")).to_have_attribute("data-mode", "rw")
     page.click("#terminal")
     page.keyboard.type("echo hello-$RANDOM")
     page.keyboard.press("Enter")
@@ -264,6 +265,8 @@ def test_a_start_that_cannot_pull_its_image_says_it_is_slow_then_why_it_failed(s
     expect(page.locator("#progress [data-step='provisioned']")).to_have_class(re.compile(r"\bdone\b"))
     # A VM that never runs has no console to open: the page waits for it without a socket.
     expect(page.locator("#console-status")).to_have_attribute("data-state", "waiting")
+    # Nor is the student told they only watch it: what they may do is the portal's to say once it connects.
+    expect(page.locator("#console-mode")).to_have_text("")
     expect(page.locator("#slow-start")).to_be_visible()
     expect(page.locator("#slow-start")).to_contain_text("longer than usual")
     expect(page.locator("#attempt-state")).to_have_class(re.compile(r"\bstate-failed\b"), timeout=60_000)

@@ -52,7 +52,7 @@
 
     let socket = null;
     let failures = 0;
-    let mode = "ro";
+    let mode = null; // "rw" or "ro" as the portal's hello says; nothing is claimed before it
     let canTakeControl = false;
     let freshConnection = false;
     let drawn = 0;
@@ -75,8 +75,8 @@
     }
 
     function renderMode() {
-      modeElement.textContent = mode === "rw" ? S.console.read_write : S.console.read_only;
-      modeElement.dataset.mode = mode;
+      modeElement.textContent = mode === null ? "" : mode === "rw" ? S.console.read_write : S.console.read_only;
+      modeElement.dataset.mode = mode || "";
       takeControl.hidden = !(canTakeControl && mode === "ro");
       releaseControl.hidden = !(canTakeControl && mode === "rw");
     }
@@ -101,7 +101,7 @@
         return false;
       }
       if (mode !== "rw") {
-        notice(S.notices.read_only);
+        notice(mode === null ? S.notices.not_connected : S.notices.read_only);
         return false;
       }
       for (let offset = 0; offset < bytes.length; offset += INPUT_CHUNK_BYTES) {
