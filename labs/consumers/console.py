@@ -237,7 +237,9 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
         await self._send_json({"type": "notice", "code": code, **extra})
 
     async def _broadcast_notice(self, code: str, **extra) -> None:
-        await self.channel_layer.group_send(self.output_group, {"type": "console.notice", "code": code, **extra})
+        """Tell every other viewer (the student above all) what this one did; its own page knows already."""
+        await self.channel_layer.group_send(
+            self.output_group, {"type": "console.notice", "code": code, "origin": self.channel_name, **extra})
 
     async def _deliver(self, data: bytes, end: int) -> None:
         async with self.deliver_lock:
@@ -326,7 +328,9 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
             await self._redraw()
 
     async def console_notice(self, event: dict) -> None:
-        await self._send_json({"type": "notice", **{k: v for k, v in event.items() if k != "type"}})
+        if event.get("origin") == self.channel_name:
+            return
+        await self._send_json({"type": "notice", **{k: v for k, v in event.items() if k not in ("type", "origin")}})
 
     async def attempt_update(self, event: dict) -> None:
         # The update carries the attempt's state and VMI phase: while the console waits for its VMI, only an

@@ -239,6 +239,7 @@ async def test_student_types_and_sees_the_echo_and_a_ta_watches_read_only(attemp
     await ta.read_until(lambda v: v.has_output(b"after-ta-5"))
     assert b"ta-was-here" not in student.output and b"ta-was-here" not in ta.output
     assert "staff_watching" in student.notices()
+    assert "staff_watching" not in ta.notices(), "the watcher is not told of itself"
     await ta.close()
     await student.close()
 
@@ -361,6 +362,8 @@ async def test_taking_control_is_audited_and_lets_staff_type(attempt, cluster, s
     await staff.send_json({"type": "release_control"})
     await student.read_until(lambda v: "control_released" in v.notices())
     assert await sync_to_async(AuditEvent.objects.filter(action="console.release_control").count)() == 1
+    await staff.drain(0.5)
+    assert not {"control_taken", "control_released"} & set(staff.notices()), "staff are not told of themselves"
     await staff.close()
     await student.close()
 
