@@ -226,6 +226,7 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_
     expect(ta.locator("#console-mode")).to_have_attribute("data-mode", "ro")
     expect(ta.locator("#terminal .xterm-rows")).to_contain_text("pasted-55")
     expect(ta.locator("#take-control-button")).to_be_visible()
+    expect(ta.locator("#paste-button")).to_be_hidden()  # pasting is typing: not offered to a watcher
     expect(page.locator("#console-notice")).to_contain_text("watching this console")
     ta.click("#terminal")
     ta.keyboard.type("echo from-ta")

@@ -79,6 +79,8 @@
       modeElement.dataset.mode = mode || "";
       takeControl.hidden = !(canTakeControl && mode === "ro");
       releaseControl.hidden = !(canTakeControl && mode === "rw");
+      // Pasting is typing: offered to whoever may type (a watcher has Copy, and Take control when staff).
+      byId("paste-button").hidden = attemptOver || mode !== "rw";
     }
 
     function sendAck() {
