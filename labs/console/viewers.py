@@ -20,7 +20,7 @@ def viewers_key(attempt_id: int) -> str:
 
 
 class ConsoleViewers(Protocol):
-    async def add(self, *, attempt_id: int, viewer: str) -> None: ...
+    async def add(self, *, attempt_id: int, viewer: str) -> bool: ...
     async def remove(self, *, attempt_id: int, viewer: str) -> None: ...
     async def others(self, *, attempt_id: int, viewer: str) -> bool: ...
 
@@ -29,12 +29,16 @@ class RedisConsoleViewers:
     def __init__(self, client) -> None:
         self.client = client
 
-    async def add(self, *, attempt_id: int, viewer: str) -> None:
+    async def add(self, *, attempt_id: int, viewer: str) -> bool:
+        """Register (or refresh) the viewer; whether anybody else watches, as of the same round trip."""
         key = viewers_key(attempt_id)
+        now = time.time()
         async with self.client.pipeline(transaction=False) as pipe:
-            pipe.zadd(key, {viewer: time.time() + VIEWER_TTL_SECONDS})
+            pipe.zadd(key, {viewer: now + VIEWER_TTL_SECONDS})
             pipe.expire(key, int(VIEWER_TTL_SECONDS * 6))
-            await pipe.execute()
+            pipe.zrangebyscore(key, now, "+inf", start=0, num=2)
+            *_, live = await pipe.execute()
+        return any(member.decode() != viewer for member in live)
 
     async def remove(self, *, attempt_id: int, viewer: str) -> None:
         await self.client.zrem(viewers_key(attempt_id), viewer)
@@ -47,8 +51,9 @@ class RedisConsoleViewers:
 class LocalConsoleViewers:
     _table: dict[int, dict[str, float]] = {}
 
-    async def add(self, *, attempt_id: int, viewer: str) -> None:
+    async def add(self, *, attempt_id: int, viewer: str) -> bool:
         self._table.setdefault(attempt_id, {})[viewer] = time.monotonic() + VIEWER_TTL_SECONDS
+        return await self.others(attempt_id=attempt_id, viewer=viewer)
 
     async def remove(self, *, attempt_id: int, viewer: str) -> None:
         self._table.get(attempt_id, {}).pop(viewer, None)

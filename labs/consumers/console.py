@@ -124,7 +124,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
         # offset past the snapshot's end and is delivered after it; anything older is skipped.
         await self.channel_layer.group_add(self.output_group, self.channel_name)
         await self.channel_layer.group_add(self.events_group, self.channel_name)
-        await self.viewers.add(attempt_id=self.attempt_id, viewer=self.channel_name)
+        others = await self.viewers.add(attempt_id=self.attempt_id, viewer=self.channel_name)
         self.heartbeat.watch(attempt_id=self.attempt_id, viewer=self.channel_name)
         snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
         await self.accept()
@@ -133,9 +133,14 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
             self.window.record_sent(len(snapshot.data))
             await self.send(bytes_data=snapshot.data)
         self.delivered_end = snapshot.end
-        await self.channel_layer.group_send(
-            self.output_group, {"type": "console.viewer_joined", "reply_to": self.channel_name}
-        )
+        if others:
+            # Whoever holds the console is a registered viewer, so with nobody else registered (the usual single
+            # tab) there is nobody to hear the announcement. Registered before the announcement, and in the output
+            # group before registering: of two viewers arriving together, the later one sees the earlier and
+            # announces itself to it.
+            await self.channel_layer.group_send(
+                self.output_group, {"type": "console.viewer_joined", "reply_to": self.channel_name}
+            )
         if access.is_staff and not access.is_student:
             await self._broadcast_notice("staff_watching", who=access.viewer_name)
         self.ownership_task = asyncio.create_task(self._ownership_loop(), name=f"console-{self.attempt_id}-lease")

@@ -244,6 +244,31 @@ async def test_student_types_and_sees_the_echo_and_a_ta_watches_read_only(attemp
     await student.close()
 
 
+async def test_a_viewer_announces_itself_only_when_somebody_else_watches(attempt, cluster, student_a, monkeypatch):
+    announced: list[str] = []
+    layer_class = type(get_channel_layer())
+    group_send = layer_class.group_send
+
+    async def recording_group_send(self, group, message):
+        if message.get("type") == "console.viewer_joined":
+            announced.append(message["reply_to"])
+        return await group_send(self, group, message)
+
+    monkeypatch.setattr(layer_class, "group_send", recording_group_send)
+    first = await connected_student(student_a, attempt.id)
+    assert announced == []  # alone: nobody to tell, not even a holder
+    await first.type(b"echo before-second-$((30+3))\r")
+    await first.read_until(lambda v: v.has_output(b"before-second-33"))
+    second = await connected_student(student_a, attempt.id)
+    assert len(announced) == 1
+    # The holder heard it: the newcomer is brought up to date and sees what is typed from now on.
+    await second.read_until(lambda v: v.has_output(b"before-second-33"))
+    await first.type(b"echo after-second-$((40+4))\r")
+    await second.read_until(lambda v: v.has_output(b"after-second-44"))
+    await second.close()
+    await first.close()
+
+
 async def test_two_student_tabs_share_one_upstream_and_neither_is_dropped(attempt, cluster, student_a):
     first = await connected_student(student_a, attempt.id)
     second = await open_console(student_a, attempt.id)

@@ -201,10 +201,11 @@ async def test_viewer_registry_sees_others_until_they_leave_or_expire(backend, m
     else:
         LocalConsoleViewers._table.pop(902, None)
         viewers = LocalConsoleViewers()
-    await viewers.add(attempt_id=902, viewer="a")
+    assert await viewers.add(attempt_id=902, viewer="a") is False  # registering says whether others watch
     assert not await viewers.others(attempt_id=902, viewer="a")
-    await viewers.add(attempt_id=902, viewer="b")
+    assert await viewers.add(attempt_id=902, viewer="b") is True
     assert await viewers.others(attempt_id=902, viewer="a")
+    assert await viewers.add(attempt_id=902, viewer="a") is True  # a refresh sees them too
     await viewers.remove(attempt_id=902, viewer="b")
     assert not await viewers.others(attempt_id=902, viewer="a")
     monkeypatch.setattr("labs.console.viewers.VIEWER_TTL_SECONDS", -1.0)  # "c" registers already expired
