@@ -1,5 +1,7 @@
 """What a guest's cloud-init does with its NoCloud user data, as far as kubesim goes: find it (inline, base64 or
-the Secret behind ``secretRef``) and apply ``write_files`` under the guest's root directory."""
+the Secret behind ``secretRef``), apply ``write_files`` under the guest's root directory, and say what else it
+asked for that a simulated guest does not do (``unapplied``), so that nobody mistakes a skipped step for one
+that ran."""
 
 from __future__ import annotations
 
@@ -91,3 +93,47 @@ def apply_write_files(root: Path, user_data: str) -> list[Path]:
             os.chmod(target, int(str(permissions), 8))
         written.append(target)
     return written
+
+
+# runcmd entries whose effect kubesim emulates itself: the portal's lab agent unit (started as the unit would be)
+# and its serial-console autologin (the console shell is the student's from the start).
+EMULATED_RUNCMD = frozenset({
+    "systemctl daemon-reload",
+    "systemctl enable --now lab-agent.service",
+    "systemctl restart serial-getty@ttyS0.service",
+})
+# cloud-config keys whose effect kubesim has already (the student user and home) or that change nothing here.
+_HANDLED_KEYS = frozenset({"write_files", "users", "runcmd", "hostname", "ssh_pwauth", "disable_root",
+                           "preserve_hostname", "manage_etc_hosts", "package_update", "package_upgrade"})
+
+
+def _entry_text(entry: Any) -> str:
+    if isinstance(entry, (list, tuple)):
+        return " ".join(str(part) for part in entry)
+    return str(entry)
+
+
+def unapplied(user_data: str) -> list[str]:
+    """What the user data asks for that a kubesim guest does not do, each worded for the guest's console: runcmd
+    entries other than the ones kubesim emulates, packages, bootcmd and every other module's key, and user data that
+    is not a ``#cloud-config`` at all."""
+    text = user_data.lstrip()
+    if not text:
+        return []
+    if not text.startswith("#cloud-config"):
+        first_line = text.splitlines()[0][:60]
+        return [f"user data of another kind ({first_line!r}): only #cloud-config write_files are applied"]
+    try:
+        document = yaml.safe_load(user_data) or {}
+    except yaml.YAMLError:
+        return []  # apply_write_files reports it
+    if not isinstance(document, dict):
+        return []
+    skipped = [f"runcmd: {_entry_text(entry)}" for entry in document.get("runcmd") or ()
+               if _entry_text(entry).strip() not in EMULATED_RUNCMD]
+    if document.get("packages"):
+        skipped.append("packages: " + " ".join(_entry_text(package) for package in document["packages"]))
+    skipped += [f"bootcmd: {_entry_text(entry)}" for entry in document.get("bootcmd") or ()]
+    skipped += [f"{key}: (not simulated)" for key in document if key not in _HANDLED_KEYS
+                and key not in ("packages", "bootcmd")]
+    return skipped

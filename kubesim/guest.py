@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kubesim.cloudinit import CloudInitError, apply_write_files, user_data_for
+from kubesim.cloudinit import CloudInitError, apply_write_files, unapplied, user_data_for
 from kubesim.config import SimConfig
 from kubesim.store import Store
 
@@ -151,6 +151,9 @@ class Guest:
         self.ports: dict[int, int] = {}
         self.serial = SerialLine(self)
         self.cloud_init_error: str | None = None
+        # What the user data asked for that this guest did not do: said on the console as the shell first starts.
+        self.cloud_init_skipped: list[str] = []
+        self._boot_notice_shown = False
         self.shell: subprocess.Popen | None = None
         self.agent: subprocess.Popen | None = None
         self._master: int | None = None
@@ -168,11 +171,15 @@ class Guest:
             user_data = user_data_for(vmi, self.manager.store)
             if user_data:
                 apply_write_files(self.root, user_data)
+                self.cloud_init_skipped = unapplied(user_data)
         except (CloudInitError, OSError) as exc:
             self.cloud_init_error = str(exc)
             log.warning("guest %s/%s: cloud-init failed: %s", self.namespace, self.name, exc)
             (self.root / "var/log").mkdir(parents=True, exist_ok=True)
             (self.root / "var/log/cloud-init.log").write_text(f"cloud-init failed: {exc}\n")
+        if self.cloud_init_skipped:
+            log.info("guest %s/%s: cloud-init steps not simulated: %s", self.namespace, self.name,
+                     "; ".join(self.cloud_init_skipped))
         agent = self.root / "opt/lab-agent/agent.py"
         token = self.root / "etc/lab-agent/token"
         if agent.exists() and token.exists():
@@ -247,8 +254,26 @@ class Guest:
         os.set_blocking(master, False)
         self._master = master
         self.manager.track(self.shell)
+        if not self._boot_notice_shown:
+            # As a real guest's boot messages precede its login prompt on the serial console.
+            self._boot_notice_shown = True
+            notice = self._boot_notice()
+            if notice:
+                self.serial.output(notice)
         asyncio.get_running_loop().add_reader(master, self._read_master)
         log.info("guest %s/%s: shell started (pid %s)", self.namespace, self.name, self.shell.pid)
+
+    def _boot_notice(self) -> bytes:
+        """The console's first lines when cloud-init did not do everything asked (empty otherwise)."""
+        lines = []
+        if self.cloud_init_error:
+            lines.append(f"[kubesim] cloud-init failed: {self.cloud_init_error}")
+        if self.cloud_init_skipped:
+            lines.append("[kubesim] this simulated guest applies cloud-init write_files only; not done here:")
+            lines += [f"[kubesim]   {step[:200]}" for step in self.cloud_init_skipped[:20]]
+            if len(self.cloud_init_skipped) > 20:
+                lines.append(f"[kubesim]   … and {len(self.cloud_init_skipped) - 20} more")
+        return "".join(f"{line}\r\n" for line in lines).encode()
 
     def _read_master(self) -> None:
         if self._master is None:
@@ -341,6 +366,7 @@ class Guest:
                 "shell_pid": self.shell.pid if self.shell and self.shell.poll() is None else None,
                 "agent_pid": self.agent.pid if self.agent and self.agent.poll() is None else None,
                 "ports": {str(k): v for k, v in self.ports.items()}, "cloud_init_error": self.cloud_init_error,
+                "cloud_init_skipped": self.cloud_init_skipped,
                 "console_connected": self.serial.client is not None}
 
 

@@ -109,6 +109,30 @@ async def test_console_echoes_through_the_guest_shell_and_drops_text_frames(sim,
         await ws.close()
 
 
+async def test_the_console_first_says_which_cloud_init_steps_the_guest_did_not_do(sim, core, custom, namespace):
+    user_data = agent_user_data(token="t" * 20).replace(
+        "#cloud-config\n", "#cloud-config\nruncmd:\n- systemctl enable --now lab-agent.service\n"
+                           "- [apt-get, install, -y, tree]\npackages: [tree]\n", 1)
+    core.create_namespaced_secret(namespace, secret_manifest("noted-ci", user_data))
+    _start_vm(custom, namespace, "noted", cloud_init_secret="noted-ci")
+    async with aiohttp.ClientSession(headers=sim.auth_header()) as session:
+        ws = await session.ws_connect(_console_url(sim, namespace, "noted"), protocols=("plain.kubevirt.io",))
+        await ws.send_bytes(b"\r")
+        output = await _read_until(ws, b"student@noted:~$ ")
+        notice = output.split(b"student@noted")[0].decode()
+        assert "applies cloud-init write_files only" in notice
+        assert "runcmd: apt-get install -y tree" in notice and "packages: tree" in notice
+        assert "lab-agent" not in notice, "what kubesim simulates is not listed"
+        await ws.close()
+        # Said once, as boot messages are: a later session starts at the prompt.
+        ws = await session.ws_connect(_console_url(sim, namespace, "noted"), protocols=("plain.kubevirt.io",))
+        await ws.send_bytes(b"echo again-$((3+4))\r")
+        assert b"kubesim" not in await _read_until(ws, b"again-7")
+        await ws.close()
+    assert sim.admin.guest(namespace, "noted")["cloud_init_skipped"] == ["runcmd: apt-get install -y tree",
+                                                                          "packages: tree"]
+
+
 async def test_second_console_client_disconnects_the_first_with_1006(sim, custom, namespace):
     _start_vm(custom, namespace, "shared")
     async with aiohttp.ClientSession(headers=sim.auth_header()) as session:

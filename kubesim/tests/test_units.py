@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from kubesim import admission
-from kubesim.cloudinit import CloudInitError, apply_write_files, decode_content
+from kubesim.cloudinit import CloudInitError, apply_write_files, decode_content, unapplied
 from kubesim.errors import ApiError
 from kubesim.featuregates import gate_enabled
 from kubesim.launcher import launcher_requests
@@ -230,3 +230,17 @@ async def test_a_client_gone_mid_answer_is_not_logged_as_a_server_failure(failur
     assert response.status == status
     errors = [record for record in caplog.records if record.levelname == "ERROR"]
     assert bool(errors) is logged
+
+
+def test_what_cloud_init_asked_for_that_a_simulated_guest_does_not_do_is_named():
+    portal = ("#cloud-config\nwrite_files: []\nusers: [{name: student}]\nruncmd:\n"
+              "- systemctl daemon-reload\n- systemctl enable --now lab-agent.service\n"
+              "- systemctl restart serial-getty@ttyS0.service\n")
+    assert unapplied(portal) == [], "the portal's own steps are simulated"
+    lab = portal + ("- [useradd, alice]\n- echo ready > /etc/motd\npackages: [tree, git]\nbootcmd: [setenforce 0]\n"
+                    "timezone: Asia/Tokyo\n")
+    assert unapplied(lab) == ["runcmd: useradd alice", "runcmd: echo ready > /etc/motd", "packages: tree git",
+                              "bootcmd: setenforce 0", "timezone: (not simulated)"]
+    assert unapplied("#!/bin/sh\necho hi\n") == [
+        "user data of another kind ('#!/bin/sh'): only #cloud-config write_files are applied"]
+    assert unapplied("") == [] and unapplied("#cloud-config\n: [\n") == []
