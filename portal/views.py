@@ -4,11 +4,13 @@ staff the attempts they can watch now; and the page where a person picks the tim
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.contrib import messages
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.shortcuts import redirect
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
 from django.views.generic import TemplateView, UpdateView
@@ -16,6 +18,7 @@ from django.views.generic import TemplateView, UpdateView
 from grading.models import Grade
 from grading.selectors import attempts_visible_to, student_grades
 from labs.models import ACTIVE_STATES, Attempt, Lab
+from labs.services.attempts import attempt_stops_as_left_at
 from portal.forms import PersonalTimeZoneForm
 from portal.models import Course
 from portal.selectors import staff_courses_for_user, user_tenant_ids
@@ -27,6 +30,8 @@ class DashboardLab:
     lab: Lab  # annotated with max_points
     latest: Attempt | None
     grade: Grade | None
+    # The latest attempt runs, no page has it open, and its lab stops attempts left alone: when that happens.
+    stops_as_left_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -51,13 +56,15 @@ def student_dashboard(*, user) -> list[DashboardCourse]:
     ).order_by("lab_id", "-requested_at", "-id")
     for attempt in attempts:
         latest.setdefault(attempt.lab_id, attempt)
-    return [
-        DashboardCourse(
-            course=course.course,
-            labs=[DashboardLab(lab=e.lab, latest=latest.get(e.lab.id), grade=e.grade) for e in course.labs],
-        )
-        for course in courses
-    ]
+    now = timezone.now()
+
+    def row(entry) -> DashboardLab:
+        attempt = latest.get(entry.lab.id)
+        stops_at = attempt_stops_as_left_at(attempt, idle_stop_minutes=entry.lab.idle_stop_minutes,
+                                            now=now) if attempt else None
+        return DashboardLab(lab=entry.lab, latest=attempt, grade=entry.grade, stops_as_left_at=stops_at)
+
+    return [DashboardCourse(course=course.course, labs=[row(entry) for entry in course.labs]) for course in courses]
 
 
 def staff_dashboard(*, user) -> list[StaffCourse]:

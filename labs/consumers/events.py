@@ -25,6 +25,7 @@ from django.utils import translation
 from grading.selectors import grading_run_payload
 from labs.models import ACTIVE_STATES
 from labs.selectors import attempt_get_for_user, attempt_status_payload
+from labs.services import attempts as attempts_service
 from labs.services.attempts import attempt_seen
 from portal.errors import ApplicationError
 from portal.websocket_consumer import PortalConsumer
@@ -101,9 +102,8 @@ def attempt_events_handshake(*, user, attempt_id: int, language: str) -> Handsha
 _handshake = database_sync_to_async(attempt_events_handshake, thread_sensitive=False)
 _seen = database_sync_to_async(attempt_seen, thread_sensitive=False)
 
-# While the student's page is open its socket stamps the attempt this often (well under the shortest stop when left,
-# IDLE_STOP_MIN_MINUTES), and once more as it closes.
-PRESENCE_STAMP_SECONDS = 60
+# While the student's page is open its socket stamps the attempt this often, and once more as it closes.
+PRESENCE_STAMP_SECONDS = attempts_service.PRESENCE_STAMP_SECONDS
 
 
 class AttemptEventsConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):

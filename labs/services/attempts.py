@@ -450,6 +450,27 @@ def attempt_seen(*, attempt_id: int, now: datetime | None = None) -> bool:
         last_seen_at=now or timezone.now()))
 
 
+# While the student's page has an attempt open, its events socket stamps the attempt as seen this often
+# (labs.consumers.events; well under the shortest stop when left, IDLE_STOP_MIN_MINUTES).
+PRESENCE_STAMP_SECONDS = 60
+# A last stamp older than this means no page has the attempt open now (one stamp missed, and a margin).
+PRESENCE_LOST_AFTER_SECONDS = 2 * PRESENCE_STAMP_SECONDS + 30
+
+
+def attempt_stops_as_left_at(attempt: Attempt, *, idle_stop_minutes: int, now: datetime | None = None
+                             ) -> datetime | None:
+    """When the running attempt will be stopped because no page has it open, while that is so now; None when a
+    page has it open, when its lab (``idle_stop_minutes``) never stops attempts for that, or when it is not
+    running. For the pages that are not the attempt's own (the dashboard): opening the lab page resets it."""
+    now = now or timezone.now()
+    since = attempt_left_since(attempt)
+    if attempt.state != AttemptState.RUNNING or not idle_stop_minutes or since is None:
+        return None
+    if (now - since).total_seconds() < PRESENCE_LOST_AFTER_SECONDS:
+        return None
+    return since + timedelta(minutes=idle_stop_minutes)
+
+
 def attempt_left_since(attempt: Attempt) -> datetime | None:
     """Since when no page of the student has had the attempt open: its last stamp, or the moment its agent answered
     if that came later (a page that saw it starting and closed counts from when it was ready to work in; one started

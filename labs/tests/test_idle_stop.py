@@ -253,3 +253,50 @@ def test_the_handshake_reads_the_labs_rule_with_the_attempt(student_a, lab_a, dj
     with django_assert_num_queries(3):  # and the stamp where it does
         handshake = events.attempt_events_handshake(user=student_a, attempt_id=attempt.id, language="en")
     assert handshake.stamps_presence
+
+
+# -- the warning on other pages -----------------------------------------------------------------------------------
+
+def test_when_a_left_attempt_stops_is_known_only_while_no_page_has_it_open(student_a, lab_a):
+    from labs.services.attempts import PRESENCE_LOST_AFTER_SECONDS, attempt_stops_as_left_at
+
+    now = timezone.now()
+    left = running(student_a, leaves_after(lab_a, 10), ready_minutes_ago=30, seen_minutes_ago=4)
+    assert attempt_stops_as_left_at(left, idle_stop_minutes=10, now=now) == left.last_seen_at + timedelta(minutes=10)
+    assert attempt_stops_as_left_at(left, idle_stop_minutes=0, now=now) is None  # the lab never stops for that
+    open_now = left.last_seen_at + timedelta(seconds=PRESENCE_LOST_AFTER_SECONDS - 1)
+    assert attempt_stops_as_left_at(left, idle_stop_minutes=10, now=open_now) is None  # its page stamps it still
+    left.last_seen_at, left.agent_ready_at = None, now - timedelta(minutes=3)  # no page ever: from when ready
+    assert attempt_stops_as_left_at(left, idle_stop_minutes=10, now=now) == now + timedelta(minutes=7)
+    left.state = AttemptState.STOPPING
+    assert attempt_stops_as_left_at(left, idle_stop_minutes=10, now=now) is None
+
+
+def test_the_dashboard_warns_of_a_stop_when_left_in_the_students_clock(student_a, lab_a):
+    import re
+
+    from portal.timezones import person_time_zone
+
+    student_a.tenant.time_zone = "Asia/Tokyo"
+    student_a.tenant.save(update_fields=["time_zone"])
+    lab = leaves_after(lab_a, 10)
+    attempt = running(student_a, lab, ready_minutes_ago=30, seen_minutes_ago=4)
+    client = Client()
+    client.force_login(student_a)
+    html = client.get(reverse("dashboard")).content.decode()
+    warning = re.search(r'<p class="stop-warning" data-stops-as-left>(.*?)</p>', html, re.S)
+    assert warning is not None, html
+    stops_at = timezone.localtime(attempt.last_seen_at + timedelta(minutes=10),
+                                  person_time_zone(student_a, student_a.tenant))
+    assert stops_at.utcoffset() == timedelta(hours=9)
+    assert "No page has this lab open" in warning.group(1)
+    assert f'datetime="{stops_at.isoformat()}"' in warning.group(1)
+    assert f"{stops_at:%H:%M}" in warning.group(1) or f"{stops_at:%-I:%M}" in warning.group(1)
+    japanese = client.get(reverse("dashboard"), HTTP_ACCEPT_LANGUAGE="ja").content.decode()
+    assert "このラボを開いているページがありません" in japanese
+
+    Attempt.objects.filter(pk=attempt.pk).update(last_seen_at=timezone.now())  # its page is open again
+    assert "data-stops-as-left" not in client.get(reverse("dashboard")).content.decode()
+    leaves_after(lab, 0)
+    Attempt.objects.filter(pk=attempt.pk).update(last_seen_at=timezone.now() - timedelta(minutes=30))
+    assert "data-stops-as-left" not in client.get(reverse("dashboard")).content.decode()
