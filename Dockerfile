@@ -10,7 +10,9 @@ COPY . .
 RUN SECRET_KEY=build-only-collectstatic-key-not-used-at-runtime-0123456789 \
     DATABASE_URL=postgres://build@localhost/build REDIS_URL=redis://localhost:6379/0 ALLOWED_HOSTS=build \
     python manage.py collectstatic --noinput
-RUN useradd --system --home /app portal && mkdir -p /app/var && chown portal /app/var
+# The recordings directory exists in the image, owned by the portal's user: docker-compose mounts a named volume
+# there, and a new volume takes the ownership of the directory it is mounted on (root, were it missing).
+RUN useradd --system --home /app portal && mkdir -p /app/var/recordings && chown -R portal /app/var
 USER portal
 EXPOSE 8000
 CMD ["daphne", "--bind", "0.0.0.0", "--port", "8000", "--proxy-headers", "portal.asgi:application"]
