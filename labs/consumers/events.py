@@ -25,8 +25,7 @@ from django.utils import translation
 from grading.selectors import grading_run_payload
 from labs.models import ACTIVE_STATES
 from labs.selectors import attempt_get_for_user, attempt_status_payload
-from labs.services import attempts as attempts_service
-from labs.services.attempts import attempt_seen
+from labs.services.attempts import PRESENCE_STAMP_SECONDS, attempt_seen
 from portal.errors import ApplicationError
 from portal.websocket_consumer import PortalConsumer
 from portal.websocket_language import scope_language
@@ -100,10 +99,9 @@ def attempt_events_handshake(*, user, attempt_id: int, language: str) -> Handsha
 # process on one shared thread, one after another, and a class opening its pages together would wait past
 # daphne's connect timeout. database_sync_to_async closes stale connections around the call in its thread.
 _handshake = database_sync_to_async(attempt_events_handshake, thread_sensitive=False)
+# While the student's page is open its socket stamps the attempt every PRESENCE_STAMP_SECONDS, and once more as it
+# closes (the dashboard reads the same figure to tell whether any page has it open).
 _seen = database_sync_to_async(attempt_seen, thread_sensitive=False)
-
-# While the student's page is open its socket stamps the attempt this often, and once more as it closes.
-PRESENCE_STAMP_SECONDS = attempts_service.PRESENCE_STAMP_SECONDS
 
 
 class AttemptEventsConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):

@@ -142,7 +142,8 @@ MATRIX: dict[str, list[Probe]] = {
     "attempts/<int:attempt_id>/recording/": [page(STAFF_ONLY_PAGE)],
     "attempts/<int:attempt_id>/recording.cast": [page(STAFF_ONLY_PAGE)],
     # ---- grading pages ----------------------------------------------------------------------------------------
-    "grades/": [page(SIGNED_IN_PAGE, tenant_a_object=False)],
+    # Students teach nothing: the grades link takes them on to their own grades.
+    "grades/": [page(answers(LOGIN, 302, 302, 200, 200), tenant_a_object=False)],
     "grades/mine/": [page(SIGNED_IN_PAGE, tenant_a_object=False)],
     "grades/mine/labs/<int:lab_id>/": [page(answers(LOGIN, 200, 404, 404, 404))],
     "grades/courses/<int:course_id>/": [page(STAFF_ONLY_PAGE)],
