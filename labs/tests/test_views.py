@@ -326,6 +326,12 @@ def test_attempt_page_for_the_student_and_for_course_staff(student_a, ta_a, lab_
     assert config["is_student"] is False and config["can_take_control"] is True
     assert 'id="terminal"' in staff and 'id="stop-button"' not in staff
     assert reverse("labs:attempt_recording", args=[attempt.id]) in staff
+    # The way back: the student's to their labs, staff's to the grade reports of the course and the lab.
+    crumbs = lambda html: re.search(r'<nav class="breadcrumbs">(.*?)</nav>', html, re.S).group(1)  # noqa: E731
+    assert reverse("dashboard") in crumbs(own) and reverse("labs:lab_detail", args=[lab_a.id]) in crumbs(own)
+    assert reverse("grading:lab_report", args=[lab_a.id]) not in crumbs(own)
+    assert reverse("grading:gradebook", args=[lab_a.course_id]) in crumbs(staff)
+    assert reverse("grading:lab_report", args=[lab_a.id]) in crumbs(staff)
 
 
 def test_attempt_page_refuses_another_student_and_the_other_tenant(student_a, lab_a, course_a, student_b,
