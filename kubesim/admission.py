@@ -160,7 +160,7 @@ def validate_schema(obj: dict[str, Any], *, field_validation: str | None) -> tup
             for part in path[:-1]:
                 node = node[part]
             node.pop(path[-1], None)
-    return obj, unknown_messages if field_validation in (None, "", "Warn") else []
+    return obj, [] if field_validation == "Ignore" else unknown_messages  # absent, "" and Warn: warned
 
 
 def _webhook_denied(kind: str, causes: list[dict[str, str]]) -> ApiError:

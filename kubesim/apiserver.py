@@ -75,9 +75,8 @@ class ApiServer:
 
     def _admit(self, rt: ResourceType, obj: dict[str, Any], *, field_validation: str | None) -> tuple[
             dict[str, Any], list[str]]:
-        admission.check_field_validation(field_validation)
         warnings: list[str] = []
-        if rt.group == "kubevirt.io":
+        if rt.group == "kubevirt.io":  # validate_schema checks the fieldValidation value too
             obj, warnings = admission.validate_schema(obj, field_validation=field_validation)
             if rt.kind == "VirtualMachine":
                 warnings += admission.admit_virtual_machine(obj)
@@ -85,8 +84,10 @@ class ApiServer:
                 warnings += admission.admit_virtual_machine_instance(obj)
             elif rt.kind == "KubeVirt":
                 warnings += admission.admit_kubevirt(obj)
-        elif rt.key == "secrets":
-            self._normalise_secret(obj)
+        else:
+            admission.check_field_validation(field_validation)
+            if rt.key == "secrets":
+                self._normalise_secret(obj)
         return obj, warnings
 
     @staticmethod

@@ -102,9 +102,10 @@ EMULATED_RUNCMD = frozenset({
     "systemctl enable --now lab-agent.service",
     "systemctl restart serial-getty@ttyS0.service",
 })
-# cloud-config keys whose effect kubesim has already (the student user and home) or that change nothing here.
-_HANDLED_KEYS = frozenset({"write_files", "users", "runcmd", "hostname", "ssh_pwauth", "disable_root",
-                           "preserve_hostname", "manage_etc_hosts", "package_update", "package_upgrade"})
+# Users kubesim has already: the guest shell is the student's, and "default" is the image's own user.
+SIMULATED_USERS = frozenset({"default", "student"})
+# Keys looked at entry by entry below, and write_files, which is applied.
+_LISTED_KEYS = frozenset({"write_files", "users", "runcmd", "packages", "bootcmd"})
 
 
 def _entry_text(entry: Any) -> str:
@@ -115,8 +116,8 @@ def _entry_text(entry: Any) -> str:
 
 def unapplied(user_data: str) -> list[str]:
     """What the user data asks for that a kubesim guest does not do, each worded for the guest's console: runcmd
-    entries other than the ones kubesim emulates, packages, bootcmd and every other module's key, and user data that
-    is not a ``#cloud-config`` at all."""
+    entries other than the ones kubesim emulates, packages, bootcmd, users other than the student, every other
+    module's key, and user data that is not a ``#cloud-config`` at all."""
     text = user_data.lstrip()
     if not text:
         return []
@@ -134,6 +135,7 @@ def unapplied(user_data: str) -> list[str]:
     if document.get("packages"):
         skipped.append("packages: " + " ".join(_entry_text(package) for package in document["packages"]))
     skipped += [f"bootcmd: {_entry_text(entry)}" for entry in document.get("bootcmd") or ()]
-    skipped += [f"{key}: (not simulated)" for key in document if key not in _HANDLED_KEYS
-                and key not in ("packages", "bootcmd")]
+    users = [user.get("name") if isinstance(user, dict) else user for user in document.get("users") or ()]
+    skipped += [f"users: {name}" for name in users if name not in SIMULATED_USERS]
+    skipped += [f"{key}: (not simulated)" for key in document if key not in _LISTED_KEYS]
     return skipped

@@ -244,3 +244,5 @@ def test_what_cloud_init_asked_for_that_a_simulated_guest_does_not_do_is_named()
     assert unapplied("#!/bin/sh\necho hi\n") == [
         "user data of another kind ('#!/bin/sh'): only #cloud-config write_files are applied"]
     assert unapplied("") == [] and unapplied("#cloud-config\n: [\n") == []
+    assert unapplied("#cloud-config\nusers: [default, {name: student}, {name: alice}]\nhostname: lab1\n") == [
+        "users: alice", "hostname: (not simulated)"]
