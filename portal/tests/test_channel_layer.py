@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
+import time
 
 import pytest
 from channels_redis.core import RedisChannelLayer
@@ -101,3 +103,129 @@ async def test_channels_redis_own_layer_loses_that_message():
     # upstream, this fails, and portal.channel_layer can go.
     layer = RedisChannelLayer(**settings.CHANNEL_LAYERS["default"]["CONFIG"])
     assert await what_b_receives_after_the_popping_consumer_leaves(layer) == [LATER]
+
+
+# --- group_send in two scripts --------------------------------------------------------------------------------
+
+
+class Recording:
+    """A layer's Redis connection that notes each command it is asked to run."""
+
+    def __init__(self, connection, calls: list[str]) -> None:
+        self._connection = connection
+        self._calls = calls
+
+    def __getattr__(self, name):
+        attribute = getattr(self._connection, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args, **kwargs):
+            self._calls.append(name)
+            return attribute(*args, **kwargs)
+        return call
+
+
+def portal_layer(**overrides):
+    from portal.channel_layer import RedisChannelLayer as PortalRedisChannelLayer
+
+    return PortalRedisChannelLayer(**{**settings.CHANNEL_LAYERS["default"]["CONFIG"], **overrides})
+
+
+def recorded(layer) -> list[str]:
+    calls: list[str] = []
+    connection = layer.connection
+    layer.connection = lambda index: Recording(connection(index), calls)
+    return calls
+
+
+async def received_within(layer, channel: str, seconds: float = 2) -> list[dict]:
+    messages = []
+    with contextlib.suppress(TimeoutError):
+        while True:
+            messages.append(await asyncio.wait_for(layer.receive(channel), timeout=seconds))
+    return messages
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer sends through no Redis")
+async def test_group_send_reaches_each_member_of_every_process_once_in_two_scripts():
+    web, other = portal_layer(), portal_layer()  # two processes: each its own channel key
+    web.brpop_timeout = other.brpop_timeout = 1
+    group = f"attempt-{secrets.token_hex(4)}"
+    try:
+        members = [await web.new_channel(), await web.new_channel(), await other.new_channel()]
+
+        def layer_of(channel: str):
+            return other if channel.startswith(f"specific.{other.client_prefix}") else web
+
+        for channel in members:
+            await layer_of(channel).group_add(group, channel)
+        sender = portal_layer()
+        calls = recorded(sender)
+        await sender.group_send(group, UPDATE)  # the first may find Redis without the scripts, and EVAL them
+        calls.clear()
+        await sender.group_send(group, UPDATE)
+        # The members, then one send per Redis connection (one here), each script by its SHA: two commands where
+        # channels_redis sends six.
+        assert calls == ["evalsha", "evalsha"]
+        await sender.close_pools()
+        for channel in members:
+            assert await received_within(layer_of(channel), channel, seconds=1.5) == [UPDATE, UPDATE], channel
+    finally:
+        await web.close_pools()
+        await other.close_pools()
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer sends through no Redis")
+async def test_group_send_drops_expired_members_and_messages_and_respects_capacity():
+    layer = portal_layer(capacity=2)
+    layer.brpop_timeout = 1
+    group = f"attempt-{secrets.token_hex(4)}"
+    try:
+        live, gone = await layer.new_channel(), await layer.new_channel()
+        await layer.group_add(group, live)
+        await layer.group_add(group, gone)
+        connection = layer.connection(0)
+        group_key = layer._group_key(group)
+        # A member added longer ago than group_expiry: dropped, not sent to.
+        await connection.zadd(group_key, {gone: time.time() - layer.group_expiry - 5})
+        channel_key = layer.prefix + layer.non_local_name(live)
+        # A message older than the channels' expiry waits in the channel: dropped before the send counts capacity.
+        stale = layer.serialize({**UPDATE, "__asgi_channel__": [live]})
+        await connection.zadd(channel_key, {stale: time.time() - layer.expiry - 5})
+        for number in range(3):
+            await layer.group_send(group, {**LATER, "number": number})
+        assert await connection.zrange(group_key, 0, -1) == [live.encode()]
+        received = await received_within(layer, live, seconds=1.5)
+        # Capacity 2: the third message found the channel full.
+        assert received == [{**LATER, "number": 0}, {**LATER, "number": 1}]
+        assert await received_within(layer, gone, seconds=1.2) == []
+    finally:
+        await layer.close_pools()
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer sends through no Redis")
+async def test_group_send_runs_its_scripts_by_text_when_redis_has_lost_them():
+    from redis.exceptions import NoScriptError
+
+    layer = portal_layer()
+    layer.brpop_timeout = 1
+    group = f"attempt-{secrets.token_hex(4)}"
+    try:
+        channel = await layer.new_channel()
+        await layer.group_add(group, channel)
+        calls: list[str] = []
+        connection = layer.connection
+
+        class Forgetful(Recording):  # Redis restarted or SCRIPT FLUSHed: no SHA is known
+            async def evalsha(self, *args):
+                calls.append("evalsha")
+                raise NoScriptError("NOSCRIPT No matching script.")
+
+        layer.connection = lambda index: Forgetful(connection(index), calls)
+        await layer.group_send(group, UPDATE)
+        assert calls == ["evalsha", "eval", "evalsha", "eval"]
+        layer.connection = connection
+        assert await received_within(layer, channel, seconds=1.5) == [UPDATE]
+    finally:
+        await layer.close_pools()
