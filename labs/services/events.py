@@ -7,6 +7,13 @@ worker's largest single cost. Instead each process keeps one sender thread with 
 connection); messages are queued to it and sent one after another in order, so an attempt's ``provisioning``
 never overtakes its ``starting``, nor a grading run's ``running`` its ``done``. The caller never waits for Redis:
 the state is stored whatever happens to the push, and a page that reconnects reads the current state.
+
+An update may be *held* (``hold``): sent that many seconds later unless a newer message of the same type for the
+same group comes from this process first, which then replaces it (an ``attempt.update`` carries the whole attempt,
+so the newer one says everything the held one did). The worker holds ``provisioning``, which is news only when
+creating the VM takes a while: usually ``starting`` follows within a fraction of a second and the page gets one
+update instead of two. Pages ignore an update whose state is behind the one they show (``static/js/attempt.js``),
+so a held update released after another process's newer one (a stop) changes nothing.
 """
 
 from __future__ import annotations
@@ -33,10 +40,28 @@ class _Sender:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._started: tuple[int, asyncio.AbstractEventLoop, asyncio.Queue] | None = None
+        # (group, message type) -> the timer that will queue a held message; touched only on the sender's loop.
+        self._held: dict[tuple[str, str], asyncio.TimerHandle] = {}
 
-    def submit(self, layer: Any, group: str, message: dict[str, Any]) -> None:
+    def submit(self, layer: Any, group: str, message: dict[str, Any], *, hold: float = 0.0) -> None:
         loop, queue = self._running()
-        loop.call_soon_threadsafe(queue.put_nowait, (layer, group, message))
+        loop.call_soon_threadsafe(self._accept, loop, queue, (layer, group, message), hold)
+
+    def _accept(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, item: tuple, hold: float) -> None:
+        """On the sender's loop, in submission order: a held message of the same kind is replaced by this one."""
+        _layer, group, message = item
+        key = (group, message.get("type", ""))
+        superseded = self._held.pop(key, None)
+        if superseded is not None:
+            superseded.cancel()
+        if hold > 0:
+            self._held[key] = loop.call_later(hold, self._release, queue, key, item)
+        else:
+            queue.put_nowait(item)
+
+    def _release(self, queue: asyncio.Queue, key: tuple[str, str], item: tuple) -> None:
+        self._held.pop(key, None)
+        queue.put_nowait(item)
 
     def _running(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue]:
         with self._lock:
@@ -63,24 +88,27 @@ class _Sender:
 _sender = _Sender()
 
 
-def send_to_group(group: str, message: dict[str, Any]) -> None:
-    """Send ``message`` to a channel-layer group without waiting for it (in order with this process's others)."""
+def send_to_group(group: str, message: dict[str, Any], *, hold: float = 0.0) -> None:
+    """Send ``message`` to a channel-layer group without waiting for it (in order with this process's others);
+    with ``hold``, ``hold`` seconds later unless a newer message of its type for the group replaces it."""
     layer = get_channel_layer()
     if layer is None:
         return
     if isinstance(layer, InMemoryChannelLayer):
-        # The in-memory layer's queues belong to the web server's loop; keep the plain path there.
+        # The in-memory layer's queues belong to the web server's loop; keep the plain path there (and send at
+        # once: the embedded default has one process and no burst to spare).
         async_to_sync(layer.group_send)(group, message)
         return
-    _sender.submit(layer, group, message)
+    _sender.submit(layer, group, message, hold=hold)
 
 
 def attempt_group(attempt_id: int) -> str:
     return f"attempt-{attempt_id}"
 
 
-def attempt_push_on_commit(*, attempt: Attempt) -> None:
-    """Queue an ``attempt.update`` with the attempt's payload as it stands now, to be sent on commit."""
+def attempt_push_on_commit(*, attempt: Attempt, hold: float = 0.0) -> None:
+    """Queue an ``attempt.update`` with the attempt's payload as it stands now, to be sent on commit (``hold``: see
+    ``send_to_group``)."""
     from labs.selectors import attempt_status_payload
 
     message = {"type": "attempt.update", "attempt": attempt_status_payload(attempt)}
@@ -93,7 +121,7 @@ def attempt_push_on_commit(*, attempt: Attempt) -> None:
 
     def push() -> None:
         try:
-            send_to_group(group, message)
+            send_to_group(group, message, hold=hold)
         except Exception:
             # The page also polls its status; a lost push delays the browser, it loses no state.
             logger.warning("could not push attempt.update to %s", group, exc_info=True)

@@ -32,6 +32,10 @@ from portal.models import Tenant
 
 logger = logging.getLogger(__name__)
 
+# How long the worker keeps an attempt's ``provisioning`` update back (labs.services.events): creating the Secret and
+# the VM usually takes a fraction of that, and the page then gets ``starting`` alone.
+PROVISIONING_PUSH_HOLD_SECONDS = 1.0
+
 # Set once a teardown's final grading has returned, so that its own retry (after a failed delete) is not taken for
 # a second delivery still grading.
 FINAL_GRADING_DONE_KEY = "labs:final-grading-done:{attempt_id}"
@@ -178,7 +182,8 @@ def attempt_provision(*, attempt_id: int) -> str:
         return ProvisionOutcome.SKIPPED  # done by an earlier delivery, or stopped before it began
     if claimed:
         with transaction.atomic():
-            attempt_push_on_commit(attempt=attempt)
+            # News only if making the VM takes a while: ``starting`` (or a failure) from here replaces it sooner.
+            attempt_push_on_commit(attempt=attempt, hold=PROVISIONING_PUSH_HOLD_SECONDS)
 
     from guest.cloud_init import render_user_data
 

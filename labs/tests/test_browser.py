@@ -484,6 +484,43 @@ def test_a_lab_stopped_as_left_says_so_on_the_page_that_comes_back_to_it(student
     context.close()
 
 
+def test_a_late_update_from_another_process_does_not_take_the_page_back(student_a, lab_a, live_portal, browser):
+    from playwright.sync_api import expect
+
+    from labs.models import Attempt, AttemptState
+    from labs.selectors import attempt_status_payload
+    from labs.services.events import attempt_group, send_to_group
+
+    attempt = in_a_thread(lambda: Attempt.objects.create(lab=lab_a, student=student_a, tenant=lab_a.course.tenant,
+                                                         state=AttemptState.PROVISIONING))
+    context, page = student_page(browser, live_portal.url)
+    page.goto(f"/labs/{lab_a.id}/")
+    expect(page.locator("#live-indicator")).to_have_class(re.compile(r"\bon\b"))
+    state = page.locator("#attempt-state")
+    expect(state).to_have_text("Provisioning")
+
+    def pushed(**changes) -> None:
+        Attempt.objects.filter(id=attempt.id).update(**changes)
+        payload = attempt_status_payload(Attempt.objects.get(id=attempt.id))
+        send_to_group(attempt_group(attempt.id), {"type": "attempt.update", "attempt": payload})
+
+    # Every state the page shows from now on, in order.
+    page.evaluate("""() => {
+      window.shown = [];
+      const element = document.getElementById("attempt-state");
+      new MutationObserver(() => window.shown.push(element.textContent)).observe(
+        element, {childList: true, characterData: true, subtree: true});
+    }""")
+    in_a_thread(lambda: pushed(state=AttemptState.STOPPING))  # the student stopped it (the web process's push)
+    expect(state).to_have_text("Stopping")
+    # The worker's "provisioning", sent after it (it was held, or its process was slow): behind what the page shows.
+    in_a_thread(lambda: pushed(state=AttemptState.PROVISIONING))
+    in_a_thread(lambda: pushed(state=AttemptState.STOPPED))
+    expect(state).to_have_text("Stopped")
+    assert "Provisioning" not in page.evaluate("window.shown"), page.evaluate("window.shown")
+    context.close()
+
+
 def test_a_student_abroad_takes_the_browsers_time_zone_for_every_page(student_a, lab_a, tenant_a, live_portal,
                                                                       browser):
     from playwright.sync_api import expect

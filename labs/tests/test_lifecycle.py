@@ -63,6 +63,9 @@ def test_the_page_is_told_of_each_provisioning_step_as_the_database_has_it(lifec
     pushed = [message["attempt"] for _group, message in (call.args for call in send.call_args_list)]
     # Nothing as the attempt is created (nobody follows it yet: the Start's answer carries it), then each step.
     assert [update["state"] for update in pushed] == ["provisioning", "starting"]
+    # "provisioning" is held back (sent only if no newer update of the attempt replaces it in time), "starting" not.
+    assert [call.kwargs.get("hold", 0.0) for call in send.call_args_list] == [
+        provisioning.PROVISIONING_PUSH_HOLD_SECONDS, 0.0]
     attempt.refresh_from_db()
     assert pushed[-1]["timestamps"]["provisioned"] == attempt.provisioned_at.isoformat()
     assert pushed[-1]["timestamps"]["requested"] == attempt.requested_at.isoformat()

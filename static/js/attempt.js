@@ -29,6 +29,11 @@
     const config = JSON.parse(configElement.textContent);
     const S = config.strings;
     const FINAL_STATES = ["stopped", "failed", "expired"];
+    // An attempt's states only move forward, in this order (the final ones last). Updates come from several
+    // processes (the web's, each worker's), so one may arrive after a newer one: a state behind the one shown is
+    // such a late update, and changes nothing.
+    const STATE_ORDER = ["requested", "provisioning", "starting", "running", "stopping"];
+    const stateRank = (state) => (STATE_ORDER.includes(state) ? STATE_ORDER.indexOf(state) : STATE_ORDER.length);
     const RETRY_MAX_MS = 30000;
 
     const byId = (id) => document.getElementById(id);
@@ -105,6 +110,9 @@
 
     function renderAttempt(payload) {
       if (!payload || payload.id !== config.attempt_id) {
+        return;
+      }
+      if (attempt && attempt.id === payload.id && stateRank(payload.state) < stateRank(attempt.state)) {
         return;
       }
       attempt = payload;
