@@ -94,3 +94,18 @@ def test_a_follow_up_lets_the_next_one_be_queued_as_it_begins(broker, monkeypatc
     tasks.sync_namespace(namespace)  # a list not queued as a follow-up frees none
     provisioning._schedule_follow_ups(namespace)
     assert len(broker.queued) == len(DELAYS) + 1
+
+
+def test_a_vm_made_while_every_follow_up_waits_asks_the_cache_once(broker):
+    from django.core.cache import cache
+
+    namespace = f"lab-{secrets.token_hex(4)}"
+    provisioning._schedule_follow_ups(namespace)
+    with mock.patch.object(cache, "add", wraps=cache.add) as add, \
+            mock.patch.object(cache, "get_many", wraps=cache.get_many) as get_many:
+        provisioning._schedule_follow_ups(namespace)
+        assert (get_many.call_count, add.call_count) == (1, 0)
+        broker.advance(broker.now + 0.06)  # the shortest began: only it is queued again
+        provisioning._schedule_follow_ups(namespace)
+        assert (get_many.call_count, add.call_count) == (2, 1)
+    assert sorted(item["delay"] for item in broker.queued) == sorted(DELAYS)
