@@ -16,6 +16,11 @@ the channel: one BZPOPMIN at a time serves the channel, as channels_redis means 
 consumer in order, once. Waiting costs the next receiver nothing: the first message to arrive ends the abandoned
 pop.
 
+Each pop also takes one round trip where channels_redis takes three when a message is already waiting (as it is
+for a busy process): channels_redis's first step, a script putting the backup back in front of the channel, here
+goes on to pop the channel's first message into the backup in the same script, atomically, so nothing is ever
+out of both; only an empty channel is then waited on with BZPOPMIN (and its message backed up after), as before.
+
 ``group_send`` is channels_redis's, in two scripts rather than four round trips and six commands: the group's
 current members (dropping those past ``group_expiry``, then reading the rest), and per Redis connection the send to
 each member's channel (dropping its messages past ``expiry``, then adding the message unless the channel is at
@@ -54,6 +59,22 @@ class _Script:
         except NoScriptError:
             return await connection.eval(self.text, len(keys), *keys, *args)
 
+
+# KEYS[1] the channel, KEYS[2] its backup queue. channels_redis's cleanup (the backup back in front of the channel,
+# in order), then the channel's first message moved into the backup and returned; false when the channel is empty.
+_RESTORE_AND_POP = _Script("""
+local backed_up = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+for i = #backed_up, 1, -2 do
+    redis.call('ZADD', KEYS[1], backed_up[i], backed_up[i - 1])
+end
+redis.call('DEL', KEYS[2])
+local popped = redis.call('ZPOPMIN', KEYS[1])
+if popped[1] then
+    redis.call('ZADD', KEYS[2], popped[2], popped[1])
+    return popped[1]
+end
+return false
+""")
 
 # KEYS[1] the group; ARGV[1] the newest score of a member that has expired.
 _GROUP_MEMBERS = _Script("""
@@ -102,6 +123,20 @@ class RedisChannelLayer(UpstreamRedisChannelLayer):
             over_capacity = await _GROUP_SEND.run(self.connection(index), channel_keys, args)
             if over_capacity > 0:
                 logger.info("%s of %s channels over capacity in group %s", over_capacity, len(channel_names), group)
+
+    async def _brpop_with_clean(self, index, channel, timeout):  # noqa: ASYNC109 - channels_redis's signature
+        backup = self._backup_channel_name(channel)
+        connection = self.connection(index)
+        member = await _RESTORE_AND_POP.run(connection, [channel, backup], [])
+        if member is not None:
+            return member
+        # Empty: wait for the next message. A cancellation from here on leaves it in the backup at worst.
+        result = await connection.bzpopmin(channel, timeout=timeout)
+        if result is None:
+            return None
+        _key, member, score = result
+        await connection.zadd(backup, {member: float(score)})
+        return member
 
     async def receive_single(self, channel):
         if "!" not in channel:  # a general channel: no shared pop, nothing of others' to lose

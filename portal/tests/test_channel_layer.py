@@ -229,3 +229,63 @@ async def test_group_send_runs_its_scripts_by_text_when_redis_has_lost_them():
         assert await received_within(layer, channel, seconds=1.5) == [UPDATE]
     finally:
         await layer.close_pools()
+
+
+# --- a pop when messages are waiting ----------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer pops from no Redis")
+async def test_a_waiting_message_is_popped_and_backed_up_in_one_round_trip():
+    layer = portal_layer()
+    layer.brpop_timeout = 1
+    try:
+        channel = await layer.new_channel()
+        for number in range(3):
+            await layer.send(channel, {**LATER, "number": number})
+        calls = recorded(layer)
+        received = [await asyncio.wait_for(layer.receive(channel), timeout=3) for _ in range(3)]
+        assert received == [{**LATER, "number": number} for number in range(3)]
+        await asyncio.sleep(0.1)  # the last message's backup is cleared after it is handed over
+        # Per message: the script (backup back in front, then the first message moved into the backup), and the
+        # clearing of the backup once the message is handed over; no BZPOPMIN, no separate backup write.
+        assert calls == ["evalsha", "zpopmin"] * 3
+        assert await layer.connection(0).zcard(layer.prefix + layer.non_local_name(channel) + "$inflight") == 0
+    finally:
+        await layer.close_pools()
+
+
+class SlowScript:
+    """A connection whose script answers reach the layer ``delay`` seconds after Redis ran the script."""
+
+    def __init__(self, connection, delay: float) -> None:
+        self._connection = connection
+        self._delay = delay
+
+    async def evalsha(self, *args):
+        result = await self._connection.evalsha(*args)
+        await asyncio.sleep(self._delay)
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self._connection, name)
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer pops from no Redis")
+async def test_a_waiting_message_popped_for_a_receiver_that_leaves_reaches_the_next_once():
+    layer = portal_layer()
+    layer.brpop_timeout = 1
+    try:
+        a, b = await layer.new_channel(), await layer.new_channel()
+        await layer.send(b, UPDATE)
+        connection = layer.connection
+        layer.connection = lambda index: SlowScript(connection(index), delay=0.3)
+        receiving_for_a = asyncio.create_task(layer.receive(a))  # pops for everyone: takes B's message
+        await asyncio.sleep(0.1)  # the script has run: the message is out of the channel, its answer on its way
+        receiving_for_a.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await receiving_for_a
+        layer.connection = connection
+        await layer.send(b, LATER)
+        assert await received_within(layer, b, seconds=2) == [UPDATE, LATER]
+    finally:
+        await layer.close_pools()
