@@ -177,6 +177,25 @@ async def test_group_send_reaches_each_member_of_every_process_once_in_two_scrip
 
 
 @pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer sends through no Redis")
+async def test_group_add_joins_and_sets_the_groups_expiry_in_one_round_trip():
+    layer = portal_layer()
+    group = f"console-{secrets.token_hex(4)}"
+    try:
+        channel = await layer.new_channel()
+        await layer.group_add(group, channel)  # the first may find Redis without the script
+        calls = recorded(layer)
+        joined = time.time()
+        await layer.group_add(group, channel)
+        assert calls == ["evalsha"]
+        connection = layer.connection(0)
+        key = layer._group_key(group)
+        assert abs(await connection.zscore(key, channel) - joined) < 1
+        assert layer.group_expiry - 2 <= await connection.ttl(key) <= layer.group_expiry
+    finally:
+        await layer.close_pools()
+
+
+@pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer sends through no Redis")
 async def test_group_send_drops_expired_members_and_messages_and_respects_capacity():
     layer = portal_layer(capacity=2)
     layer.brpop_timeout = 1
