@@ -107,8 +107,8 @@ def attempt_group(attempt_id: int) -> str:
 
 
 def attempt_push_on_commit(*, attempt: Attempt, hold: float = 0.0) -> None:
-    """Queue an ``attempt.update`` with the attempt's payload as it stands now, to be sent on commit (``hold``: see
-    ``send_to_group``)."""
+    """Queue an ``attempt.update`` with the attempt's payload as it stands now, to be sent on commit (at once when
+    no transaction is open: the write before it has committed by itself). ``hold``: see ``send_to_group``."""
     from labs.selectors import attempt_status_payload
 
     message = {"type": "attempt.update", "attempt": attempt_status_payload(attempt)}

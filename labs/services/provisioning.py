@@ -226,16 +226,16 @@ def attempt_provision(*, attempt_id: int) -> str:
         namespace=attempt.namespace, name=secret_name, owner=manifests.owner_reference(created_vm)
     )
 
-    with transaction.atomic():
-        provisioned = timezone.now()
-        updated = Attempt.objects.filter(id=attempt_id, state=AttemptState.PROVISIONING).update(
-            state=AttemptState.STARTING, provisioned_at=provisioned, updated_at=provisioned
-        )
-        if updated:
-            # Every other write to a provisioning attempt (a sync that saw its VMI, a stop) moves it out of
-            # provisioning, and then this update matches nothing: the row is what was read plus these fields.
-            attempt.state, attempt.provisioned_at, attempt.updated_at = AttemptState.STARTING, provisioned, provisioned
-            attempt_push_on_commit(attempt=attempt)
+    # One statement, committed by itself (no BEGIN and COMMIT round trips around it); the push follows its commit.
+    provisioned = timezone.now()
+    updated = Attempt.objects.filter(id=attempt_id, state=AttemptState.PROVISIONING).update(
+        state=AttemptState.STARTING, provisioned_at=provisioned, updated_at=provisioned
+    )
+    if updated:
+        # Every other write to a provisioning attempt (a sync that saw its VMI, a stop) moves it out of
+        # provisioning, and then this update matches nothing: the row is what was read plus these fields.
+        attempt.state, attempt.provisioned_at, attempt.updated_at = AttemptState.STARTING, provisioned, provisioned
+        attempt_push_on_commit(attempt=attempt)
     if not updated:
         return _after_lost_claim(attempt_id=attempt_id)
     _schedule_follow_ups(attempt.namespace)

@@ -24,7 +24,6 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import transaction
 from django.db.models import Count, F, Q
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
@@ -351,15 +350,14 @@ def _apply(attempt: Attempt, changes: dict[str, Any]) -> bool:
     """Write ``changes`` if the attempt is still in the state it was read in; push the update on commit."""
     if not changes:
         return False
-    with transaction.atomic():
-        updated = Attempt.objects.filter(id=attempt.id, state=attempt.state).update(
-            **changes, updated_at=timezone.now()
-        )
-        if not updated:
-            return False
-        for name, value in changes.items():
-            setattr(attempt, name, value)
-        attempt_push_on_commit(attempt=attempt)
+    # One statement, committed by itself (no BEGIN and COMMIT round trips around it, one attempt of a list after
+    # another); the push follows its commit.
+    updated = Attempt.objects.filter(id=attempt.id, state=attempt.state).update(**changes, updated_at=timezone.now())
+    if not updated:
+        return False
+    for name, value in changes.items():
+        setattr(attempt, name, value)
+    attempt_push_on_commit(attempt=attempt)
     return True
 
 
