@@ -13,6 +13,7 @@ from grading.selectors.access import (
     labs_for_staff,
     run_get_for_user,
     staff_course_get,
+    student_role_shown,
 )
 from grading.selectors.reports import (
     AttemptDetail,
@@ -58,6 +59,7 @@ __all__ = [
     "run_get_for_user",
     "score_distribution",
     "staff_course_get",
+    "student_role_shown",
     "student_grades",
     "student_lab_runs",
 ]

@@ -31,7 +31,7 @@ from django.conf import settings
 from django.http import HttpRequest
 from django.utils import timezone, translation
 
-from grading.selectors import lab_get_for_student
+from grading.selectors import lab_get_for_student, student_role_shown
 from labs.consumers.events import AttemptEventsConsumer, NotAuthenticated, refusal_close_code
 from labs.selectors import attempt_status_payload
 from labs.services import attempt_start_limited
@@ -81,7 +81,7 @@ def lab_socket_start(*, user, lab_id: int, language: str, csrf_cookie: str | Non
     with translation.override(language), timezone.override(user_time_zone(user)):
         try:
             lab = lab_get_for_student(user=user, lab_id=lab_id)
-            attempt = attempt_start_limited(actor=user, lab=lab)
+            attempt = attempt_start_limited(actor=user, lab=lab, role=student_role_shown(user=user))
         except ApplicationError as error:
             return StartOutcome({"type": "start.refused", "code": error.code, "error": error.message,
                                  "retry_after": error.retry_after, **error.extra})

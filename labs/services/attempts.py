@@ -232,7 +232,7 @@ def _is_one_active_violation(error: IntegrityError) -> bool:
     return constraint is None or constraint == ONE_ACTIVE_CONSTRAINT
 
 
-def attempt_start(*, actor: User, lab: Lab) -> Attempt:
+def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
     """Start an attempt of ``lab`` for the student ``actor``: checks, quota, the row, then provisioning on commit.
 
     Every start in a tenant waits for the tenant's row lock, so the lock is held for as little as possible: the
@@ -242,9 +242,13 @@ def attempt_start(*, actor: User, lab: Lab) -> Attempt:
     wrote. Everything that does not depend on other starts (the student's standing and earlier attempts, the lab's
     window and settings, the size arithmetic, the global start throttle) is decided before the transaction, and
     the push and the queueing run after the commit.
+
+    ``role``: the actor's role in the lab's course when the caller has just read it with the lab (the lab page's
+    ``lab_get_for_student`` finds the lab through the student's membership); otherwise it is read here.
     """
     course = lab.course
-    role = course_role(user=actor, course=course)
+    if role is None:
+        role = course_role(user=actor, course=course)
     if role is None:
         raise NotFound(_("Lab not found."))
     if role != Role.STUDENT:
@@ -312,7 +316,7 @@ def attempt_start(*, actor: User, lab: Lab) -> Attempt:
     return attempt
 
 
-def attempt_start_limited(*, actor: User, lab: Lab) -> Attempt:
+def attempt_start_limited(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
     """``attempt_start`` behind the per-person start limit (``RATE_LIMITS["attempt_start"]``), the same for the lab
     page's Start and the API's. A refusal that asks to come back later (full capacity, many starts at once: it
     carries Retry-After) started nothing and is not counted, nor is a database too busy to answer, so a page that
@@ -323,7 +327,7 @@ def attempt_start_limited(*, actor: User, lab: Lab) -> Attempt:
         message=_("You have started too many labs in a short time. Wait a little before starting another."),
     )
     try:
-        return attempt_start(actor=actor, lab=lab)
+        return attempt_start(actor=actor, lab=lab, role=role)
     except ApplicationError as error:
         if error.retry_after:
             rate_limit_refund(counted)

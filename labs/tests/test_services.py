@@ -56,6 +56,24 @@ def test_only_students_of_the_course_may_start(lab_a, ta_a, instructor_a, studen
     assert not Attempt.objects.exists()
 
 
+def test_a_start_whose_caller_read_the_students_role_with_the_lab_does_not_read_it_again(student_a, lab_a,
+                                                                                        superuser):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from grading.selectors import lab_get_for_student, student_role_shown
+
+    lab = lab_get_for_student(user=student_a, lab_id=lab_a.id)
+    with CaptureQueriesContext(connection) as queries:
+        attempt_start(actor=student_a, lab=lab, role=student_role_shown(user=student_a))
+    assert not any("portal_membership" in query["sql"] for query in queries.captured_queries)
+    # A superuser's lab came without a membership: the role is read, and only students start.
+    assert student_role_shown(user=superuser) is None
+    with pytest.raises(PermissionDenied):
+        attempt_start(actor=superuser, lab=lab_get_for_student(user=superuser, lab_id=lab_a.id),
+                      role=student_role_shown(user=superuser))
+
+
 def test_a_closed_lab_says_when_it_opens(student_a, lab_a):
     lab_a.opens_at = timezone.now() + timedelta(days=2)
     lab_a.save()

@@ -17,7 +17,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views import View
 
-from grading.selectors import grading_run_payload, lab_get_for_student
+from grading.selectors import grading_run_payload, lab_get_for_student, student_role_shown
 from grading.services import grading_run_request
 from labs.models import Attempt
 from labs.selectors import attempt_get_for_user, attempt_status_payload
@@ -46,7 +46,8 @@ class AttemptStartView(LoginRequiredMixin, View):
         fallback = reverse("labs:lab_detail", args=[lab_id])
         try:
             lab = lab_get_for_student(user=request.user, lab_id=lab_id)
-            attempt = attempt_start_limited(actor=request.user, lab=lab)  # the API's start limit too
+            attempt = attempt_start_limited(actor=request.user, lab=lab,  # the API's start limit too
+                                            role=student_role_shown(user=request.user))
         except ApplicationError as error:
             return refusal(request, error, fallback_url=fallback)
         if wants_json(request):
