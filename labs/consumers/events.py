@@ -23,7 +23,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils import translation
 
 from grading.selectors import grading_run_payload
-from labs.models import ACTIVE_STATES
+from labs.models import ACTIVE_STATES, Attempt
 from labs.selectors import attempt_get_for_user, attempt_status_payload
 from labs.services.attempts import PRESENCE_STAMP_SECONDS, attempt_seen
 from portal.errors import ApplicationError
@@ -95,10 +95,27 @@ def attempt_events_handshake(*, user, attempt_id: int, language: str) -> Handsha
         return _initial(user=user, attempt_id=attempt_id)
 
 
+def attempt_started_handshake(*, user, attempt_id: int, answered_at, stamps_presence: bool,
+                              language: str) -> Handshake:
+    """After a Start answered on the lab socket (whose answer carried the attempt as it was at ``answered_at``, its
+    ``updated_at``): nothing to send if the attempt has not changed since, which one cheap read of its own row
+    tells; the full snapshot otherwise (the worker was quicker than the socket's joining its group). The attempt was
+    just made by this user: its access is the start's. It is not stamped as seen: a page's presence counts only once
+    it runs (``attempt_left_since``), and the socket stamps it every ``PRESENCE_STAMP_SECONDS`` from now on."""
+    if user is None or not user.is_authenticated:
+        raise NotAuthenticated
+    changed_at = Attempt.objects.filter(id=attempt_id, student_id=user.pk).values_list("updated_at", flat=True).first()
+    if changed_at is not None and changed_at == answered_at:
+        return Handshake(messages=[], stamps_presence=stamps_presence)
+    with translation.override(language):
+        return _initial(user=user, attempt_id=attempt_id)
+
+
 # One thread-pool call per handshake. Not thread-sensitive: channels' default would run every handshake of the
 # process on one shared thread, one after another, and a class opening its pages together would wait past
 # daphne's connect timeout. database_sync_to_async closes stale connections around the call in its thread.
 _handshake = database_sync_to_async(attempt_events_handshake, thread_sensitive=False)
+_started_handshake = database_sync_to_async(attempt_started_handshake, thread_sensitive=False)
 # While the student's page is open its socket stamps the attempt every PRESENCE_STAMP_SECONDS, and once more as it
 # closes (the dashboard reads the same figure to tell whether any page has it open).
 _seen = database_sync_to_async(attempt_seen, thread_sensitive=False)
@@ -121,15 +138,22 @@ class AttemptEventsConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):
         await self.accept()
         await self.deliver(handshake)
 
-    async def follow(self, attempt_id: int) -> Handshake:
+    async def follow(self, attempt_id: int, *, started=None) -> Handshake:
         """Join the attempt's group and read its snapshot, deciding access; raises ``NotAuthenticated`` or
         ``NotFound`` (having left the group again). Join before reading the snapshot: an update committed in between
         is delivered after it, never lost. Nothing reaches the socket before this returns: group messages wait until
-        the handler that called it returns."""
+        the handler that called it returns. ``started``: the attempt this socket just started (``StartOutcome``),
+        whose answer the page has; only a change since then is sent (``attempt_started_handshake``)."""
         group = attempt_group(attempt_id)
         await self.channel_layer.group_add(group, self.channel_name)
         try:
-            handshake = await _handshake(user=self.scope.get("user"), attempt_id=attempt_id, language=self.language)
+            if started is None:
+                handshake = await _handshake(user=self.scope.get("user"), attempt_id=attempt_id,
+                                             language=self.language)
+            else:
+                handshake = await _started_handshake(
+                    user=self.scope.get("user"), attempt_id=attempt_id, answered_at=started.updated_at,
+                    stamps_presence=started.stamps_presence, language=self.language)
         except (NotAuthenticated, ApplicationError):
             await self.channel_layer.group_discard(group, self.channel_name)
             raise

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import string
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -69,10 +70,13 @@ def panel_request(*, user, csrf_cookie: str | None, language: str) -> HttpReques
 
 @dataclass
 class StartOutcome:
-    """The answer to a Start pressed on the socket: ``answer`` to send, and the attempt to follow if one started."""
+    """The answer to a Start pressed on the socket: ``answer`` to send, and the attempt to follow if one started
+    (with the ``updated_at`` its answer shows, and whether its page keeps it from being stopped as left)."""
 
     answer: dict[str, Any]
     attempt_id: int | None = None
+    updated_at: datetime | None = None
+    stamps_presence: bool = False
 
 
 def lab_socket_start(*, user, lab_id: int, language: str, csrf_cookie: str | None) -> StartOutcome:
@@ -88,7 +92,8 @@ def lab_socket_start(*, user, lab_id: int, language: str, csrf_cookie: str | Non
         fragments = lab_start_fragments(
             request=panel_request(user=user, csrf_cookie=csrf_cookie, language=language), attempt=attempt)
         return StartOutcome({"type": "start.answer", "attempt": attempt_status_payload(attempt), **fragments},
-                            attempt_id=attempt.id)
+                            attempt_id=attempt.id, updated_at=attempt.updated_at,
+                            stamps_presence=bool(lab.idle_stop_minutes))
 
 
 _access = database_sync_to_async(lab_socket_access, thread_sensitive=False)
@@ -136,7 +141,7 @@ class LabEventsConsumer(AttemptEventsConsumer):
         if outcome.attempt_id is None:
             return
         try:
-            handshake = await self.follow(outcome.attempt_id)
+            handshake = await self.follow(outcome.attempt_id, started=outcome)
         except (NotAuthenticated, ApplicationError) as exc:  # the session ended in between
             await self.close(code=refusal_close_code(exc))
             return

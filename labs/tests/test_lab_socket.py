@@ -64,7 +64,9 @@ async def test_start_over_the_socket_brings_the_panel_then_the_attempts_updates(
     assert f'data-attempt="{attempt.id}"' in answer["panel"] and 'id="attempt-config"' in answer["panel"]
     assert f'data-history-attempt="{attempt.id}"' in answer["history_row"]
     assert await AuditEvent.objects.filter(action="attempt.start", actor=student_a).acount() == 1
-    # The answer comes first, then the attempt's snapshot, read after the socket joined its updates.
+    # The answer comes first, then the attempt's snapshot, read after the socket joined its updates: the attempt
+    # changed since the answer (its provisioning ran at once here, tasks being eager), so the page gets it.
+    assert of_type(viewer, "attempt.update")[0]["attempt"]["state"] == "starting"
     assert viewer.messages.index(answer) < viewer.messages.index(of_type(viewer, "attempt.update")[0])
     assert of_type(viewer, "attempt.update")[0]["attempt"]["id"] == attempt.id
 
@@ -91,6 +93,31 @@ async def test_start_over_the_socket_brings_the_panel_then_the_attempts_updates(
 
     assert await sync_to_async(stop)(token[::-1]) == 403
     assert await sync_to_async(stop)(token) == 200
+
+
+async def test_an_attempt_unchanged_since_its_answer_is_not_sent_again_and_its_updates_follow(
+        lifecycle, student_a, lab_a, monkeypatch):
+    from labs.services import attempts
+    from labs.services.events import attempt_push_on_commit
+
+    monkeypatch.setattr(attempts, "_enqueue_provision", lambda attempt_id: {})  # no worker picks it up yet
+    viewer = await open_lab_socket(student_a, lab_a.id, csrf_secret=new_csrf_secret())
+    await viewer.send_json({"type": "start"})
+    await viewer.read_until(lambda v: of_type(v, "start.answer"))
+    await viewer.drain(1.0)
+    # The answer showed the attempt as it still is: no second copy of it.
+    assert of_type(viewer, "attempt.update") == []
+    # Yet the socket joined the attempt's group: the worker's first update reaches it.
+    attempt = await Attempt.objects.aget(student=student_a, lab=lab_a)
+
+    def claimed() -> None:
+        Attempt.objects.filter(id=attempt.id).update(state=AttemptState.PROVISIONING, updated_at=timezone.now())
+        attempt_push_on_commit(attempt=Attempt.objects.get(id=attempt.id))
+
+    await sync_to_async(claimed)()
+    await viewer.read_until(lambda v: of_type(v, "attempt.update"))
+    assert [m["attempt"]["state"] for m in of_type(viewer, "attempt.update")] == ["provisioning"]
+    await viewer.close()
 
 
 async def test_refusals_are_answered_on_the_socket_which_stays_open(lifecycle, student_a, lab_a, settings):
