@@ -238,10 +238,7 @@ def attempt_provision(*, attempt_id: int) -> str:
         attempt_push_on_commit(attempt=attempt)
     if not updated:
         return _after_lost_claim(attempt_id=attempt_id)
-    _schedule_follow_ups(attempt.namespace)
-    from labs.services.tracking import agent_wait_start
-
-    agent_wait_start(namespace=attempt.namespace)
+    _watch_new_vm(attempt.namespace)
     return ProvisionOutcome.CREATED
 
 
@@ -261,7 +258,27 @@ FOLLOW_UP_KEY = "labs:follow-up:{namespace}:{delay}"
 FOLLOW_UP_PENDING_GRACE_SECONDS = 10
 
 
-def _schedule_follow_ups(namespace: str) -> None:
+def _watch_new_vm(namespace: str) -> None:
+    """A VM was just made in ``namespace``: follow-up lists of the namespace, and the checks of its booting agents
+    (``labs.services.tracking.agent_wait_start``: one chain per namespace). Which are under way already is read in
+    one round trip; in a burst of starts, usually all of them."""
+    from labs.services.tracking import agent_wait_key, agent_wait_start
+
+    agent_key = agent_wait_key(namespace)
+    try:
+        waiting = cache.get_many([*_follow_up_keys(namespace), agent_key])
+    except Exception:
+        waiting = {}  # each add below tries again, and says so if the cache is down
+    _schedule_follow_ups(namespace, waiting=waiting)
+    if agent_key not in waiting:
+        agent_wait_start(namespace=namespace)
+
+
+def _follow_up_keys(namespace: str) -> list[str]:
+    return [_follow_up_key(namespace, delay) for delay in settings.ATTEMPT_FOLLOW_UP_SECONDS]
+
+
+def _schedule_follow_ups(namespace: str, *, waiting: dict | None = None) -> None:
     """List the namespace again shortly, so a VM that starts fast is seen running without waiting for the beat.
 
     Follow-ups are shared by the VMs a namespace creates close together: for each delay ``d`` in
@@ -270,13 +287,13 @@ def _schedule_follow_ups(namespace: str) -> None:
     it begins (``follow_up_begins``), the next VM queues another. Every VM is still looked at within each delay of
     its creation, while a burst of 100 starts costs a few dozen lists rather than four per VM, each of them listing
     the whole namespace; and the busier the worker, the longer a follow-up waits and the fewer are queued. Which
-    are waiting is read in one round trip: in a burst, usually all of them."""
-    delays = settings.ATTEMPT_FOLLOW_UP_SECONDS
-    try:
-        waiting = cache.get_many([_follow_up_key(namespace, delay) for delay in delays])
-    except Exception:
-        waiting = {}  # each add below tries again, and says so if the cache is down
-    for delay in delays:
+    are waiting is read in one round trip (``waiting``, when the caller read them): in a burst, usually all."""
+    if waiting is None:
+        try:
+            waiting = cache.get_many(_follow_up_keys(namespace))
+        except Exception:
+            waiting = {}  # each add below tries again, and says so if the cache is down
+    for delay in settings.ATTEMPT_FOLLOW_UP_SECONDS:
         if _follow_up_key(namespace, delay) in waiting:
             continue  # it lists after this VM was made, within its delay
         if not _schedule_follow_up(namespace, delay):
