@@ -98,17 +98,21 @@ def attempt_events_handshake(*, user, attempt_id: int, language: str) -> Handsha
 def attempt_started_handshake(*, user, attempt_id: int, answered_at, stamps_presence: bool,
                               language: str) -> Handshake:
     """After a Start answered on the lab socket (whose answer carried the attempt as it was at ``answered_at``, its
-    ``updated_at``): nothing to send if the attempt has not changed since, which one cheap read of its own row
-    tells; the full snapshot otherwise (the worker was quicker than the socket's joining its group). The attempt was
-    just made by this user: its access is the start's. It is not stamped as seen: a page's presence counts only once
-    it runs (``attempt_left_since``), and the socket stamps it every ``PRESENCE_STAMP_SECONDS`` from now on."""
+    ``updated_at``): nothing to send if the attempt has not changed since, its status if it has (the worker was
+    quicker than the socket's joining its group), from one read of its own row. The attempt was just made by this
+    user: its access is the start's. It is not stamped as seen: a page's presence counts only once it runs
+    (``attempt_left_since``), and the socket stamps it every ``PRESENCE_STAMP_SECONDS`` from now on."""
     if user is None or not user.is_authenticated:
         raise NotAuthenticated
-    changed_at = Attempt.objects.filter(id=attempt_id, student_id=user.pk).values_list("updated_at", flat=True).first()
-    if changed_at is not None and changed_at == answered_at:
+    attempt = Attempt.objects.filter(id=attempt_id, student_id=user.pk).order_by().first()
+    if attempt is None or attempt.agent_ready_at is not None:  # gone, or so far on that it may have runs to show
+        with translation.override(language):
+            return _initial(user=user, attempt_id=attempt_id)
+    if attempt.updated_at == answered_at:
         return Handshake(messages=[], stamps_presence=stamps_presence)
     with translation.override(language):
-        return _initial(user=user, attempt_id=attempt_id)
+        return Handshake(messages=[{"type": "attempt.update", "attempt": attempt_status_payload(attempt)}],
+                         stamps_presence=stamps_presence)
 
 
 # One thread-pool call per handshake. Not thread-sensitive: channels' default would run every handshake of the
