@@ -457,28 +457,43 @@ def test_at_the_per_student_cap_the_lab_page_offers_start_once_the_other_lab_has
     context.close()
 
 
-def test_a_lab_stopped_as_left_says_so_on_the_page_that_comes_back_to_it(student_a, lab_a, live_portal, browser):
-    from playwright.sync_api import expect
-
-    from labs.models import Attempt, AttemptState
+def pushed(attempt_id: int, **changes) -> None:
+    """The attempt changed (``changes``) and its update was pushed, as the lifecycle does after a commit."""
+    from labs.models import Attempt
     from labs.selectors import attempt_status_payload
     from labs.services.events import attempt_group, send_to_group
 
-    attempt = in_a_thread(lambda: Attempt.objects.create(lab=lab_a, student=student_a, tenant=lab_a.course.tenant,
-                                                         state=AttemptState.STARTING))
+    Attempt.objects.filter(id=attempt_id).update(**changes)
+    payload = attempt_status_payload(Attempt.objects.get(id=attempt_id))
+    send_to_group(attempt_group(attempt_id), {"type": "attempt.update", "attempt": payload})
+
+
+def lab_page_following(student, lab, state: str, live_portal, browser):
+    """An attempt of ``lab`` in ``state`` and the student's lab page, its socket following the attempt."""
+    from playwright.sync_api import expect
+
+    from labs.models import Attempt
+
+    attempt = in_a_thread(lambda: Attempt.objects.create(lab=lab, student=student, tenant=lab.course.tenant,
+                                                         state=state))
     context, page = student_page(browser, live_portal.url)
-    page.goto(f"/labs/{lab_a.id}/")
+    page.goto(f"/labs/{lab.id}/")
     expect(page.locator("#live-indicator")).to_have_class(re.compile(r"\bon\b"))
+    return attempt, context, page
+
+
+def test_a_lab_stopped_as_left_says_so_on_the_page_that_comes_back_to_it(student_a, lab_a, live_portal, browser):
+    from playwright.sync_api import expect
+
+    from labs.models import AttemptState
+
+    attempt, context, page = lab_page_following(student_a, lab_a, AttemptState.STARTING, live_portal, browser)
     row = page.locator(f"#history [data-history-attempt='{attempt.id}']")
     expect(row.locator(".state")).to_have_text("Starting")
     expect(row.locator(".stop-reason")).to_have_count(0)
 
-    def stopped_as_left():
-        Attempt.objects.filter(id=attempt.id).update(state=AttemptState.STOPPED, stop_reason="left")
-        payload = attempt_status_payload(Attempt.objects.get(id=attempt.id))
-        send_to_group(attempt_group(attempt.id), {"type": "attempt.update", "attempt": payload})
-
-    in_a_thread(stopped_as_left)  # as the page gets it when its socket is back after the stop
+    # As the page gets it when its socket is back after the stop.
+    in_a_thread(lambda: pushed(attempt.id, state=AttemptState.STOPPED, stop_reason="left"))
     expect(row.locator(".state")).to_have_text("Stopped")
     expect(row.locator(".stop-reason")).to_have_text("no page had it open")
     context.close()
@@ -487,23 +502,11 @@ def test_a_lab_stopped_as_left_says_so_on_the_page_that_comes_back_to_it(student
 def test_a_late_update_from_another_process_does_not_take_the_page_back(student_a, lab_a, live_portal, browser):
     from playwright.sync_api import expect
 
-    from labs.models import Attempt, AttemptState
-    from labs.selectors import attempt_status_payload
-    from labs.services.events import attempt_group, send_to_group
+    from labs.models import AttemptState
 
-    attempt = in_a_thread(lambda: Attempt.objects.create(lab=lab_a, student=student_a, tenant=lab_a.course.tenant,
-                                                         state=AttemptState.PROVISIONING))
-    context, page = student_page(browser, live_portal.url)
-    page.goto(f"/labs/{lab_a.id}/")
-    expect(page.locator("#live-indicator")).to_have_class(re.compile(r"\bon\b"))
+    attempt, context, page = lab_page_following(student_a, lab_a, AttemptState.PROVISIONING, live_portal, browser)
     state = page.locator("#attempt-state")
     expect(state).to_have_text("Provisioning")
-
-    def pushed(**changes) -> None:
-        Attempt.objects.filter(id=attempt.id).update(**changes)
-        payload = attempt_status_payload(Attempt.objects.get(id=attempt.id))
-        send_to_group(attempt_group(attempt.id), {"type": "attempt.update", "attempt": payload})
-
     # Every state the page shows from now on, in order.
     page.evaluate("""() => {
       window.shown = [];
@@ -511,11 +514,11 @@ def test_a_late_update_from_another_process_does_not_take_the_page_back(student_
       new MutationObserver(() => window.shown.push(element.textContent)).observe(
         element, {childList: true, characterData: true, subtree: true});
     }""")
-    in_a_thread(lambda: pushed(state=AttemptState.STOPPING))  # the student stopped it (the web process's push)
+    in_a_thread(lambda: pushed(attempt.id, state=AttemptState.STOPPING))  # the student stopped it (the web's push)
     expect(state).to_have_text("Stopping")
     # The worker's "provisioning", sent after it (it was held, or its process was slow): behind what the page shows.
-    in_a_thread(lambda: pushed(state=AttemptState.PROVISIONING))
-    in_a_thread(lambda: pushed(state=AttemptState.STOPPED))
+    in_a_thread(lambda: pushed(attempt.id, state=AttemptState.PROVISIONING))
+    in_a_thread(lambda: pushed(attempt.id, state=AttemptState.STOPPED))
     expect(state).to_have_text("Stopped")
     assert "Provisioning" not in page.evaluate("window.shown"), page.evaluate("window.shown")
     context.close()

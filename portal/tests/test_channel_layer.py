@@ -147,130 +147,125 @@ async def received_within(layer, channel: str, seconds: float = 2) -> list[dict]
     return messages
 
 
+@pytest.fixture
+async def make_layer():
+    """Layers configured as the portal's (``portal_layer``), each pop waiting at most 1 s; their pools closed after."""
+    made = []
+
+    def make(**overrides):
+        layer = portal_layer(**overrides)
+        layer.brpop_timeout = 1
+        made.append(layer)
+        return layer
+
+    yield make
+    for layer in made:
+        await layer.close_pools()
+
+
 @pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer sends through no Redis")
-async def test_group_send_reaches_each_member_of_every_process_once_in_two_scripts():
-    web, other = portal_layer(), portal_layer()  # two processes: each its own channel key
-    web.brpop_timeout = other.brpop_timeout = 1
+async def test_group_send_reaches_each_member_of_every_process_once_in_two_scripts(make_layer):
+    web, other = make_layer(), make_layer()  # two processes: each its own channel key
     group = f"attempt-{secrets.token_hex(4)}"
-    try:
-        members = [await web.new_channel(), await web.new_channel(), await other.new_channel()]
+    members = [await web.new_channel(), await web.new_channel(), await other.new_channel()]
 
-        def layer_of(channel: str):
-            return other if channel.startswith(f"specific.{other.client_prefix}") else web
+    def layer_of(channel: str):
+        return other if channel.startswith(f"specific.{other.client_prefix}") else web
 
-        for channel in members:
-            await layer_of(channel).group_add(group, channel)
-        sender = portal_layer()
-        calls = recorded(sender)
-        await sender.group_send(group, UPDATE)  # the first may find Redis without the scripts, and EVAL them
-        calls.clear()
-        await sender.group_send(group, UPDATE)
-        # The members, then one send per Redis connection (one here), each script by its SHA: two commands where
-        # channels_redis sends six.
-        assert calls == ["evalsha", "evalsha"]
-        await sender.close_pools()
-        for channel in members:
-            assert await received_within(layer_of(channel), channel, seconds=1.5) == [UPDATE, UPDATE], channel
-    finally:
-        await web.close_pools()
-        await other.close_pools()
+    for channel in members:
+        await layer_of(channel).group_add(group, channel)
+    sender = make_layer()
+    calls = recorded(sender)
+    await sender.group_send(group, UPDATE)  # the first may find Redis without the scripts, and EVAL them
+    calls.clear()
+    await sender.group_send(group, UPDATE)
+    # The members, then one send per Redis connection (one here), each script by its SHA: two commands where
+    # channels_redis sends six.
+    assert calls == ["evalsha", "evalsha"]
+    for channel in members:
+        assert await received_within(layer_of(channel), channel, seconds=1.5) == [UPDATE, UPDATE], channel
 
 
 @pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer sends through no Redis")
-async def test_group_add_joins_and_sets_the_groups_expiry_in_one_round_trip():
-    layer = portal_layer()
+async def test_group_add_joins_and_sets_the_groups_expiry_in_one_round_trip(make_layer):
+    layer = make_layer()
     group = f"console-{secrets.token_hex(4)}"
-    try:
-        channel = await layer.new_channel()
-        await layer.group_add(group, channel)  # the first may find Redis without the script
-        calls = recorded(layer)
-        joined = time.time()
-        await layer.group_add(group, channel)
-        assert calls == ["evalsha"]
-        connection = layer.connection(0)
-        key = layer._group_key(group)
-        assert abs(await connection.zscore(key, channel) - joined) < 1
-        assert layer.group_expiry - 2 <= await connection.ttl(key) <= layer.group_expiry
-    finally:
-        await layer.close_pools()
+    channel = await layer.new_channel()
+    await layer.group_add(group, channel)  # the first may find Redis without the script
+    calls = recorded(layer)
+    joined = time.time()
+    await layer.group_add(group, channel)
+    assert calls == ["evalsha"]
+    connection = layer.connection(0)
+    key = layer._group_key(group)
+    assert abs(await connection.zscore(key, channel) - joined) < 1
+    assert layer.group_expiry - 2 <= await connection.ttl(key) <= layer.group_expiry
 
 
 @pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer sends through no Redis")
-async def test_group_send_drops_expired_members_and_messages_and_respects_capacity():
-    layer = portal_layer(capacity=2)
-    layer.brpop_timeout = 1
+async def test_group_send_drops_expired_members_and_messages_and_respects_capacity(make_layer):
+    layer = make_layer(capacity=2)
     group = f"attempt-{secrets.token_hex(4)}"
-    try:
-        live, gone = await layer.new_channel(), await layer.new_channel()
-        await layer.group_add(group, live)
-        await layer.group_add(group, gone)
-        connection = layer.connection(0)
-        group_key = layer._group_key(group)
-        # A member added longer ago than group_expiry: dropped, not sent to.
-        await connection.zadd(group_key, {gone: time.time() - layer.group_expiry - 5})
-        channel_key = layer.prefix + layer.non_local_name(live)
-        # A message older than the channels' expiry waits in the channel: dropped before the send counts capacity.
-        stale = layer.serialize({**UPDATE, "__asgi_channel__": [live]})
-        await connection.zadd(channel_key, {stale: time.time() - layer.expiry - 5})
-        for number in range(3):
-            await layer.group_send(group, {**LATER, "number": number})
-        assert await connection.zrange(group_key, 0, -1) == [live.encode()]
-        received = await received_within(layer, live, seconds=1.5)
-        # Capacity 2: the third message found the channel full.
-        assert received == [{**LATER, "number": 0}, {**LATER, "number": 1}]
-        assert await received_within(layer, gone, seconds=1.2) == []
-    finally:
-        await layer.close_pools()
+    live, gone = await layer.new_channel(), await layer.new_channel()
+    await layer.group_add(group, live)
+    await layer.group_add(group, gone)
+    connection = layer.connection(0)
+    group_key = layer._group_key(group)
+    # A member added longer ago than group_expiry: dropped, not sent to.
+    await connection.zadd(group_key, {gone: time.time() - layer.group_expiry - 5})
+    channel_key = layer.prefix + layer.non_local_name(live)
+    # A message older than the channels' expiry waits in the channel: dropped before the send counts capacity.
+    stale = layer.serialize({**UPDATE, "__asgi_channel__": [live]})
+    await connection.zadd(channel_key, {stale: time.time() - layer.expiry - 5})
+    for number in range(3):
+        await layer.group_send(group, {**LATER, "number": number})
+    assert await connection.zrange(group_key, 0, -1) == [live.encode()]
+    received = await received_within(layer, live, seconds=1.5)
+    # Capacity 2: the third message found the channel full.
+    assert received == [{**LATER, "number": 0}, {**LATER, "number": 1}]
+    assert await received_within(layer, gone, seconds=1.2) == []
 
 
 @pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer sends through no Redis")
-async def test_group_send_runs_its_scripts_by_text_when_redis_has_lost_them():
+async def test_group_send_runs_its_scripts_by_text_when_redis_has_lost_them(make_layer):
     from redis.exceptions import NoScriptError
 
-    layer = portal_layer()
-    layer.brpop_timeout = 1
+    layer = make_layer()
     group = f"attempt-{secrets.token_hex(4)}"
-    try:
-        channel = await layer.new_channel()
-        await layer.group_add(group, channel)
-        calls: list[str] = []
-        connection = layer.connection
+    channel = await layer.new_channel()
+    await layer.group_add(group, channel)
+    calls: list[str] = []
+    connection = layer.connection
 
-        class Forgetful(Recording):  # Redis restarted or SCRIPT FLUSHed: no SHA is known
-            async def evalsha(self, *args):
-                calls.append("evalsha")
-                raise NoScriptError("NOSCRIPT No matching script.")
+    class Forgetful(Recording):  # Redis restarted or SCRIPT FLUSHed: no SHA is known
+        async def evalsha(self, *args):
+            calls.append("evalsha")
+            raise NoScriptError("NOSCRIPT No matching script.")
 
-        layer.connection = lambda index: Forgetful(connection(index), calls)
-        await layer.group_send(group, UPDATE)
-        assert calls == ["evalsha", "eval", "evalsha", "eval"]
-        layer.connection = connection
-        assert await received_within(layer, channel, seconds=1.5) == [UPDATE]
-    finally:
-        await layer.close_pools()
+    layer.connection = lambda index: Forgetful(connection(index), calls)
+    await layer.group_send(group, UPDATE)
+    assert calls == ["evalsha", "eval", "evalsha", "eval"]
+    layer.connection = connection
+    assert await received_within(layer, channel, seconds=1.5) == [UPDATE]
 
 
 # --- a pop when messages are waiting ----------------------------------------------------------------------------
 
 
 @pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer pops from no Redis")
-async def test_a_waiting_message_is_popped_and_backed_up_in_one_round_trip():
-    layer = portal_layer()
-    layer.brpop_timeout = 1
-    try:
-        channel = await layer.new_channel()
-        for number in range(3):
-            await layer.send(channel, {**LATER, "number": number})
-        calls = recorded(layer)
-        received = [await asyncio.wait_for(layer.receive(channel), timeout=3) for _ in range(3)]
-        assert received == [{**LATER, "number": number} for number in range(3)]
-        await asyncio.sleep(0.1)  # the last message's backup is cleared after it is handed over
-        # Per message: the script (backup back in front, then the first message moved into the backup), and the
-        # clearing of the backup once the message is handed over; no BZPOPMIN, no separate backup write.
-        assert calls == ["evalsha", "zpopmin"] * 3
-        assert await layer.connection(0).zcard(layer.prefix + layer.non_local_name(channel) + "$inflight") == 0
-    finally:
-        await layer.close_pools()
+async def test_a_waiting_message_is_popped_and_backed_up_in_one_round_trip(make_layer):
+    layer = make_layer()
+    channel = await layer.new_channel()
+    for number in range(3):
+        await layer.send(channel, {**LATER, "number": number})
+    calls = recorded(layer)
+    received = [await asyncio.wait_for(layer.receive(channel), timeout=3) for _ in range(3)]
+    assert received == [{**LATER, "number": number} for number in range(3)]
+    await asyncio.sleep(0.1)  # the last message's backup is cleared after it is handed over
+    # Per message: the script (backup back in front, then the first message moved into the backup), and the
+    # clearing of the backup once the message is handed over; no BZPOPMIN, no separate backup write.
+    assert calls == ["evalsha", "zpopmin"] * 3
+    assert await layer.connection(0).zcard(layer.prefix + layer.non_local_name(channel) + "$inflight") == 0
 
 
 class SlowScript:
@@ -290,21 +285,17 @@ class SlowScript:
 
 
 @pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer pops from no Redis")
-async def test_a_waiting_message_popped_for_a_receiver_that_leaves_reaches_the_next_once():
-    layer = portal_layer()
-    layer.brpop_timeout = 1
-    try:
-        a, b = await layer.new_channel(), await layer.new_channel()
-        await layer.send(b, UPDATE)
-        connection = layer.connection
-        layer.connection = lambda index: SlowScript(connection(index), delay=0.3)
-        receiving_for_a = asyncio.create_task(layer.receive(a))  # pops for everyone: takes B's message
-        await asyncio.sleep(0.1)  # the script has run: the message is out of the channel, its answer on its way
-        receiving_for_a.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await receiving_for_a
-        layer.connection = connection
-        await layer.send(b, LATER)
-        assert await received_within(layer, b, seconds=2) == [UPDATE, LATER]
-    finally:
-        await layer.close_pools()
+async def test_a_waiting_message_popped_for_a_receiver_that_leaves_reaches_the_next_once(make_layer):
+    layer = make_layer()
+    a, b = await layer.new_channel(), await layer.new_channel()
+    await layer.send(b, UPDATE)
+    connection = layer.connection
+    layer.connection = lambda index: SlowScript(connection(index), delay=0.3)
+    receiving_for_a = asyncio.create_task(layer.receive(a))  # pops for everyone: takes B's message
+    await asyncio.sleep(0.1)  # the script has run: the message is out of the channel, its answer on its way
+    receiving_for_a.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await receiving_for_a
+    layer.connection = connection
+    await layer.send(b, LATER)
+    assert await received_within(layer, b, seconds=2) == [UPDATE, LATER]
