@@ -181,9 +181,9 @@ def attempt_provision(*, attempt_id: int) -> str:
     if attempt is None or attempt.state != AttemptState.PROVISIONING:
         return ProvisionOutcome.SKIPPED  # done by an earlier delivery, or stopped before it began
     if claimed:
-        with transaction.atomic():
-            # News only if making the VM takes a while: ``starting`` (or a failure) from here replaces it sooner.
-            attempt_push_on_commit(attempt=attempt, hold=PROVISIONING_PUSH_HOLD_SECONDS)
+        # The claim committed by itself: pushed at once, held back, and news only if making the VM takes a while
+        # (``starting``, or a failure, from here replaces it sooner).
+        attempt_push_on_commit(attempt=attempt, hold=PROVISIONING_PUSH_HOLD_SECONDS)
 
     from guest.cloud_init import render_user_data
 
@@ -265,13 +265,19 @@ def _watch_new_vm(namespace: str) -> None:
     from labs.services.tracking import agent_wait_key, agent_wait_start
 
     agent_key = agent_wait_key(namespace)
-    try:
-        waiting = cache.get_many([*_follow_up_keys(namespace), agent_key])
-    except Exception:
-        waiting = {}  # each add below tries again, and says so if the cache is down
+    waiting = _waiting([*_follow_up_keys(namespace), agent_key])
     _schedule_follow_ups(namespace, waiting=waiting)
     if agent_key not in waiting:
         agent_wait_start(namespace=namespace)
+
+
+def _waiting(keys: list[str]) -> dict:
+    """Which of these markers of work under way are set, in one round trip; none when the cache does not answer (each
+    add that follows tries again, and says so)."""
+    try:
+        return cache.get_many(keys)
+    except Exception:
+        return {}
 
 
 def _follow_up_keys(namespace: str) -> list[str]:
@@ -289,10 +295,7 @@ def _schedule_follow_ups(namespace: str, *, waiting: dict | None = None) -> None
     the whole namespace; and the busier the worker, the longer a follow-up waits and the fewer are queued. Which
     are waiting is read in one round trip (``waiting``, when the caller read them): in a burst, usually all."""
     if waiting is None:
-        try:
-            waiting = cache.get_many(_follow_up_keys(namespace))
-        except Exception:
-            waiting = {}  # each add below tries again, and says so if the cache is down
+        waiting = _waiting(_follow_up_keys(namespace))
     for delay in settings.ATTEMPT_FOLLOW_UP_SECONDS:
         if _follow_up_key(namespace, delay) in waiting:
             continue  # it lists after this VM was made, within its delay

@@ -1,5 +1,6 @@
-"""The Redis channel layer keeps an idle consumer alive: waiting for a message longer than the client library's
-default socket timeout must not raise."""
+"""The portal's Redis channel layer: an idle consumer stays alive (waiting longer than the client library's default
+socket timeout must not raise), no message is lost when a consumer leaves mid-pop, and group sends, group joins and
+pops take the round trips ``portal.channel_layer`` says."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import pytest
 from channels_redis.core import RedisChannelLayer
 from django.conf import settings
 
+# Every test here talks to Redis. bin/test (and so CI) always sets REDIS_URL, so they run there; only a run without
+# Redis, whose channel layer is the in-memory one, skips them.
+pytestmark = pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer uses no Redis")
 
-# bin/test (and so CI) always sets REDIS_URL, so this runs there; only a run without Redis, whose channel layer is
-# the in-memory one with no socket to time out, skips it.
-@pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer has no socket to time out")
+
 async def test_a_receive_with_nothing_to_read_outlasts_the_blocking_pop():
     # A layer of its own, configured exactly as the portal's: the process-wide one keeps connections bound to the
     # event loops of earlier tests.
@@ -85,8 +87,6 @@ async def what_b_receives_after_the_popping_consumer_leaves(layer, slow: str = "
     return received
 
 
-# Both run where bin/test and CI run (they set REDIS_URL).
-@pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer pops from no Redis")
 @pytest.mark.parametrize("slow", ["pop", "backup"])
 async def test_a_message_popped_for_another_consumer_survives_the_popping_consumer_leaving(slow):
     from portal.channel_layer import RedisChannelLayer as PortalRedisChannelLayer
@@ -97,7 +97,6 @@ async def test_a_message_popped_for_another_consumer_survives_the_popping_consum
     assert await what_b_receives_after_the_popping_consumer_leaves(layer, slow) == [UPDATE, LATER]
 
 
-@pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer pops from no Redis")
 async def test_channels_redis_own_layer_loses_that_message():
     # The window portal.channel_layer closes, shown on channels_redis's own layer: when an upgrade closes it
     # upstream, this fails, and portal.channel_layer can go.
@@ -163,7 +162,6 @@ async def make_layer():
         await layer.close_pools()
 
 
-@pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer sends through no Redis")
 async def test_group_send_reaches_each_member_of_every_process_once_in_two_scripts(make_layer):
     web, other = make_layer(), make_layer()  # two processes: each its own channel key
     group = f"attempt-{secrets.token_hex(4)}"
@@ -186,7 +184,6 @@ async def test_group_send_reaches_each_member_of_every_process_once_in_two_scrip
         assert await received_within(layer_of(channel), channel, seconds=1.5) == [UPDATE, UPDATE], channel
 
 
-@pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer sends through no Redis")
 async def test_group_add_joins_and_sets_the_groups_expiry_in_one_round_trip(make_layer):
     layer = make_layer()
     group = f"console-{secrets.token_hex(4)}"
@@ -202,7 +199,6 @@ async def test_group_add_joins_and_sets_the_groups_expiry_in_one_round_trip(make
     assert layer.group_expiry - 2 <= await connection.ttl(key) <= layer.group_expiry
 
 
-@pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer sends through no Redis")
 async def test_group_send_drops_expired_members_and_messages_and_respects_capacity(make_layer):
     layer = make_layer(capacity=2)
     group = f"attempt-{secrets.token_hex(4)}"
@@ -226,7 +222,6 @@ async def test_group_send_drops_expired_members_and_messages_and_respects_capaci
     assert await received_within(layer, gone, seconds=1.2) == []
 
 
-@pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer sends through no Redis")
 async def test_group_send_runs_its_scripts_by_text_when_redis_has_lost_them(make_layer):
     from redis.exceptions import NoScriptError
 
@@ -252,7 +247,6 @@ async def test_group_send_runs_its_scripts_by_text_when_redis_has_lost_them(make
 # --- a pop when messages are waiting ----------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer pops from no Redis")
 async def test_a_waiting_message_is_popped_and_backed_up_in_one_round_trip(make_layer):
     layer = make_layer()
     channel = await layer.new_channel()
@@ -284,7 +278,6 @@ class SlowScript:
         return getattr(self._connection, name)
 
 
-@pytest.mark.skipif(not settings.REDIS_URL, reason="no REDIS_URL: the in-memory layer pops from no Redis")
 async def test_a_waiting_message_popped_for_a_receiver_that_leaves_reaches_the_next_once(make_layer):
     layer = make_layer()
     a, b = await layer.new_channel(), await layer.new_channel()
