@@ -23,8 +23,8 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils import translation
 
 from grading.selectors import grading_run_payload
-from labs.models import ACTIVE_STATES, Attempt
-from labs.selectors import attempt_get_for_user, attempt_status_payload
+from labs.models import ACTIVE_STATES
+from labs.selectors import attempt_get_for_user, attempt_own, attempt_status_payload
 from labs.services.attempts import PRESENCE_STAMP_SECONDS, attempt_seen
 from portal.errors import ApplicationError
 from portal.websocket_consumer import PortalConsumer
@@ -104,7 +104,7 @@ def attempt_started_handshake(*, user, attempt_id: int, answered_at, stamps_pres
     (``attempt_left_since``), and the socket stamps it every ``PRESENCE_STAMP_SECONDS`` from now on."""
     if user is None or not user.is_authenticated:
         raise NotAuthenticated
-    attempt = Attempt.objects.filter(id=attempt_id, student_id=user.pk).order_by().first()
+    attempt = attempt_own(user=user, attempt_id=attempt_id)
     if attempt is None or attempt.agent_ready_at is not None:  # gone, or so far on that it may have runs to show
         with translation.override(language):
             return _initial(user=user, attempt_id=attempt_id)
