@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import functools
 import json
 import math
 import posixpath
@@ -102,7 +103,7 @@ def render_user_data(
     """
     if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
         raise ValueError("the agent token must be 16 to 512 printable ASCII characters without spaces")
-    source = agent_source if agent_source is not None else _LOCAL_AGENT_PATH.read_text(encoding="utf-8")
+    source = agent_source if agent_source is not None else _local_agent_source()
 
     config = base_cloud_config(token=token, agent_source=source, serial_autologin=serial_autologin)
     extra = parse_extra_cloud_config(extra_cloud_config)
@@ -116,6 +117,18 @@ def render_user_data(
     return document
 
 
+@functools.cache
+def _local_agent_source() -> str:
+    """The agent shipped with this code: read once per process (every VM gets the same one)."""
+    return _LOCAL_AGENT_PATH.read_text(encoding="utf-8")
+
+
+@functools.lru_cache(maxsize=4)
+def _encoded_agent(source: str) -> str:
+    """The agent's file as base64: the bulk of every VM's user data, the same for each."""
+    return base64.b64encode(source.encode("utf-8")).decode("ascii")
+
+
 def base_cloud_config(*, token: str, agent_source: str, serial_autologin: bool) -> dict[str, Any]:
     """The portal's part of the cloud-config, as a plain mapping."""
     write_files: list[dict[str, Any]] = [
@@ -125,7 +138,7 @@ def base_cloud_config(*, token: str, agent_source: str, serial_autologin: bool) 
             "owner": "root:root",
             "permissions": "0755",
             "encoding": "b64",
-            "content": base64.b64encode(agent_source.encode("utf-8")).decode("ascii"),
+            "content": _encoded_agent(agent_source),
         },
         {
             "path": UNIT_PATH,
@@ -367,6 +380,19 @@ def _yaml_scalar(value: Any) -> str:
     raise ValueError(f"cloud-config cannot hold a value of type {type(value).__name__}")
 
 
+# Strings this long are the agent's file (the same in every VM's user data): quoted once, not once per VM.
+_LONG_STRING = 4096
+
+
 def _yaml_string(text: str) -> str:
+    return _quoted_long(text) if len(text) > _LONG_STRING else _quoted(text)
+
+
+@functools.lru_cache(maxsize=4)
+def _quoted_long(text: str) -> str:
+    return _quoted(text)
+
+
+def _quoted(text: str) -> str:
     quoted = json.dumps(text, ensure_ascii=False)
     return _YAML_ESCAPE_RE.sub(lambda match: f"\\u{ord(match.group()):04x}", quoted)

@@ -84,6 +84,18 @@ def test_given_agent_source_is_installed_instead() -> None:
     assert written_file(document, path=AGENT_PATH) == b"print('another agent')\n"
 
 
+def test_the_agent_encoded_once_is_each_documents_own_and_tokens_stay_apart() -> None:
+    # The agent's encoding and quoting are kept between documents (the same in every VM): each document still gets
+    # the agent it was given and its own token, whichever order they are made in.
+    local = (GUEST_DIR / "agent.py").read_bytes()
+    other = "print('agent two')\n" * 400  # long enough to be quoted once and kept
+    documents = [render_user_data(token=f"{TOKEN}{n}", agent_source=source)
+                 for n, source in enumerate((None, other, None, other))]
+    for n, document in enumerate(documents):
+        assert written_file(document, path=AGENT_PATH) == (local if n % 2 == 0 else other.encode())
+        assert token_from_user_data(document) == f"{TOKEN}{n}"
+
+
 def test_document_runs_the_agent_under_systemd_as_root() -> None:
     config = _load(render_user_data(token=TOKEN))
     unit = _files(config)[UNIT_PATH]["content"]
