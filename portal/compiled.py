@@ -104,7 +104,7 @@ class _Select(_Statement):
     """A SELECT and how Django turns its rows into model instances (``ModelIterable``), kept from its compiler."""
 
     model: type[Model]
-    columns: tuple  # the compiler's select expressions, for the converters
+    converters: tuple  # (position, converters, column) for the columns that have any
     init_list: tuple[str, ...]
     model_slice: slice
     related_populators: tuple
@@ -148,10 +148,16 @@ class CompiledQuery(Generic[M]):
         klass_info, select = compiler.klass_info, compiler.select
         fields = klass_info["select_fields"]
         start, end = fields[0], fields[-1] + 1
+        columns = tuple(column for column, _sql, _alias in select[: compiler.col_count])
+        connection = connections[alias]
+        # What turns a column's value into the field's (Django's SQLCompiler.get_converters): the backend's and the
+        # field's own, the same for every connection of the alias; each call passes its own connection to them.
+        converters = tuple((position, converters, column) for position, column in enumerate(columns)
+                           if (converters := (*connection.ops.get_db_converters(column),
+                                              *column.get_db_converters(connection))))
         return _Select(
-            sql=sql, params=tuple(params), slots=_slots(params, stand_ins, connections[alias]),
-            model=klass_info["model"],
-            columns=tuple(column for column, _sql, _alias in select[: compiler.col_count]),
+            sql=sql, params=tuple(params), slots=_slots(params, stand_ins, connection), model=klass_info["model"],
+            converters=converters,
             init_list=tuple(column[0].target.attname for column in select[start:end]), model_slice=slice(start, end),
             related_populators=tuple(get_related_populators(klass_info, select, alias)),
             annotations=tuple((compiler.annotation_col_map or {}).items()),
@@ -173,16 +179,13 @@ class CompiledQuery(Generic[M]):
             rows = cursor.fetchall()
         if not rows:
             return []
-        converters = [(position, converters_, column) for position, column in enumerate(select.columns)
-                      if (converters_ := [*connection.ops.get_db_converters(column),
-                                          *column.get_db_converters(connection)])]
         objects = []
         for row in rows:
-            if converters:
+            if select.converters:
                 row = list(row)
-                for position, converters_, column in converters:
+                for position, converters, column in select.converters:
                     value = row[position]
-                    for converter in converters_:
+                    for converter in converters:
                         value = converter(value, column, connection)
                     row[position] = value
             instance = select.model.from_db(alias, select.init_list, row[select.model_slice])

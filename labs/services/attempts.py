@@ -28,6 +28,7 @@ from labs.selectors import STARTING_STATES
 from labs.services.events import attempt_push_on_commit, on_commit_logged
 from labs.sizes import guest_resources, launcher_requests
 from labs.wording import in_every_language, in_language
+from portal.compiled import CompiledUpdate
 from portal.errors import ApplicationError, Conflict, NotFound, PermissionDenied, Unavailable, database_busy
 from portal.models import Role, Tenant, User
 from portal.ratelimit import rate_limit_hit, rate_limit_refund
@@ -236,6 +237,11 @@ def _is_one_active_violation(error: IntegrityError) -> bool:
     return constraint is None or constraint == ONE_ACTIVE_CONSTRAINT
 
 
+# The new attempt's VM name, from its id (built once: every Start writes it).
+_name_vm = CompiledUpdate(lambda *, attempt_id, vm_name: Attempt.objects.filter(id=attempt_id),
+                          lambda *, attempt_id, vm_name: {"vm_name": vm_name}, attempt_id=int, vm_name=str)
+
+
 def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
     """Start an attempt of ``lab`` for the student ``actor``: checks, quota, the row, then provisioning on commit.
 
@@ -286,7 +292,7 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
                 requested_at=now,
             )
             attempt.vm_name = names.vm_name(attempt.id)
-            attempt.save(update_fields=["vm_name"])
+            _name_vm.run(attempt_id=attempt.id, vm_name=attempt.vm_name)
             audit_record(actor=actor, action="attempt.start", target=attempt, tenant=course.tenant,
                          course=course, data={"lab": lab.id, "size": lab.size, "number": number})
             # Serialises the starts of the tenant: the totals below include every start that committed before
