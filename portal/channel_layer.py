@@ -21,6 +21,8 @@ for a busy process): channels_redis's first step, a script putting the backup ba
 goes on to pop the channel's first message into the backup in the same script, atomically, so nothing is ever
 out of both; only an empty channel is then waited on with BZPOPMIN (and its message backed up after), as before.
 
+Its connections come from a pool of bounded size that makes a command wait for a free one (``create_pool``).
+
 ``group_add`` is channels_redis's ZADD and EXPIRE in one script: one round trip, not two (a console joins three
 groups as it opens).
 
@@ -41,6 +43,7 @@ import time
 from dataclasses import dataclass, field
 
 from channels_redis.core import RedisChannelLayer as UpstreamRedisChannelLayer
+from redis.asyncio import BlockingConnectionPool
 from redis.exceptions import NoScriptError
 
 logger = logging.getLogger(__name__)
@@ -112,11 +115,26 @@ return over_capacity
 """)
 
 
+# How long a command waits for one of the pool's connections to come free once all are in use.
+POOL_WAIT_SECONDS = 10.0
+
+
 class RedisChannelLayer(UpstreamRedisChannelLayer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         # Per channel key: the pop a cancelled receiver left running, which the next receiver lets finish first.
         self._abandoned_pops: dict[str, asyncio.Future] = {}
+
+    def create_pool(self, index):
+        """A pool that, once ``max_connections`` are in use, makes a command wait for one to come free: each command
+        here is one short round trip (the receive's BZPOPMIN, one per process, is the only long one), so a few dozen
+        connections carry a class's sockets. channels_redis's pool opens a connection per command in flight instead
+        (a hundred pages joining their groups at once: a hundred connections, each a connect and a handshake) and
+        fails outright past its size. A host given by address or sentinel keeps channels_redis's pool."""
+        host = self.hosts[index]
+        if "address" in host or "master_name" in host:
+            return super().create_pool(index)
+        return BlockingConnectionPool(**{"timeout": POOL_WAIT_SECONDS, **host})
 
     async def group_add(self, group, channel):
         assert self.require_valid_group_name(group), "Group name not valid"

@@ -236,12 +236,13 @@ if REDIS_URL:
             "BACKEND": "portal.channel_layer.RedisChannelLayer",
             # channels_redis waits for messages with a 5 s BZPOPMIN; redis-py 8 gives sockets a 5 s read timeout
             # by default, which fires first and kills every consumer that has been idle for 5 s.
-            # redis-py 8 also caps a pool at 100 connections and fails the 101st at once (MaxConnectionsError)
-            # rather than waiting: a class opening its events sockets together runs 100+ group_add calls at once.
+            # Its pool holds at most CHANNEL_LAYER_MAX_CONNECTIONS per process and makes a command wait for a
+            # free one past that (portal.channel_layer): a class opening its sockets together runs a hundred
+            # group_add calls at once, which would otherwise open a hundred connections (or fail past the size).
             # Its connections write under asyncio.timeout, so a consumer's cancelled receive really ends
             # (portal.redis_async).
             "CONFIG": {"hosts": [pool_options(REDIS_URL, socket_timeout=30,
-                                              max_connections=env_int("CHANNEL_LAYER_MAX_CONNECTIONS", 1000),
+                                              max_connections=env_int("CHANNEL_LAYER_MAX_CONNECTIONS", 32),
                                               **REDIS_CONNECTION_OPTIONS)],
                        "capacity": 1500, "expiry": 30},
         }

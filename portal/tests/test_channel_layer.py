@@ -10,6 +10,7 @@ import secrets
 import time
 
 import pytest
+import redis
 from channels_redis.core import RedisChannelLayer
 from django.conf import settings
 
@@ -292,3 +293,20 @@ async def test_a_waiting_message_popped_for_a_receiver_that_leaves_reaches_the_n
     layer.connection = connection
     await layer.send(b, LATER)
     assert await received_within(layer, b, seconds=2) == [UPDATE, LATER]
+
+
+async def test_a_hundred_group_joins_at_once_share_the_pools_few_connections(make_layer):
+    layer = make_layer()
+    size = settings.CHANNEL_LAYERS["default"]["CONFIG"]["hosts"][0]["max_connections"]
+    assert 1 < size < 100
+    channels = [await layer.new_channel() for _ in range(100)]
+    group = f"joins-{secrets.token_hex(4)}"
+    server = redis.Redis.from_url(settings.REDIS_URL)
+    opened_before = server.info("stats")["total_connections_received"]
+    await asyncio.gather(*(layer.group_add(group, channel) for channel in channels))
+    # Every join got through, over no more connections than the pool's size (channels_redis's pool opens one per
+    # command in flight: a hundred here, or fails past its size).
+    assert server.info("stats")["total_connections_received"] - opened_before <= size
+    assert await layer.connection(0).zcard(layer._group_key(group)) == 100
+    await layer.group_send(group, UPDATE)
+    assert all([await received_within(layer, channel, seconds=2) == [UPDATE] for channel in channels[:3]])
