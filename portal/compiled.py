@@ -9,9 +9,10 @@ SQL with the real values in their places.
 
 Only plain values may be parameters (``int``, ``str``, aware ``datetime``): Django passes those to the database as
 they are (a datetime adapted as the backend wants it, which a call does the same way), which is what lets a
-stand-in's place in the parameters be found. Each stand-in must land in the SQL's
-parameters (not folded into its text); building refuses a query where one does not, so a query that cannot be
-compiled fails the first time it is used, in the tests, rather than giving wrong rows.
+stand-in's place in the parameters be found. A parameter of another type is refused where the query is declared.
+Each stand-in must land in the SQL's parameters (not folded into its text); building refuses a query where one does
+not, so a query that cannot be compiled fails the first time it is used, in the tests, rather than giving wrong
+rows.
 """
 
 from __future__ import annotations
@@ -112,11 +113,23 @@ class _Select(_Statement):
 
 
 class _Compiled:
-    """What is built once per database alias (so per vendor), under a lock so that threads build it once."""
+    """A query's parameters and stand-ins (checked as it is declared), its model, and what is built once per database
+    alias (so per vendor), under a lock so that threads build it once."""
 
-    def __init__(self) -> None:
+    def __init__(self, queryset: Callable[..., QuerySet], types: dict[str, type]) -> None:
+        self.types = types
+        self.stand_ins = _stand_ins(types)
+        self._queryset = queryset
+        self._model: type[Model] | None = None
         self._built: dict[str, Any] = {}
         self._lock = threading.Lock()
+
+    @property
+    def model(self) -> type[Model]:
+        """The model the query reads or writes, for the database router."""
+        if self._model is None:
+            self._model = self._queryset(**self.stand_ins).model
+        return self._model
 
     def get(self, alias: str, build: Callable[[], Any]) -> Any:
         built = self._built.get(alias)
@@ -135,11 +148,10 @@ class CompiledQuery(Generic[M]):
 
     def __init__(self, queryset: Callable[..., QuerySet[M]], **parameters: type) -> None:
         self._queryset = queryset
-        self._types = parameters
-        self._compiled = _Compiled()
+        self._compiled = _Compiled(queryset, parameters)
 
     def _build(self, alias: str) -> _Select:
-        stand_ins = _stand_ins(self._types)
+        stand_ins = self._compiled.stand_ins
         queryset = self._queryset(**stand_ins)
         if queryset._result_cache is not None or queryset._prefetch_related_lookups or queryset._fields is not None:
             raise CompileError("only a plain QuerySet of model instances can be compiled")
@@ -163,15 +175,9 @@ class CompiledQuery(Generic[M]):
             annotations=tuple((compiler.annotation_col_map or {}).items()),
         )
 
-    def _model(self) -> type[Model]:
-        model = getattr(self, "_query_model", None)
-        if model is None:
-            model = self._query_model = self._queryset(**_stand_ins(self._types)).model
-        return model
-
     def list(self, **values: Any) -> list[M]:
-        _check_values(self._types, values)
-        alias = router.db_for_read(self._model())
+        _check_values(self._compiled.types, values)
+        alias = router.db_for_read(self._compiled.model)
         select: _Select = self._compiled.get(alias, lambda: self._build(alias))
         connection = connections[alias]
         with connection.cursor() as cursor:
@@ -209,12 +215,10 @@ class CompiledUpdate:
     def __init__(self, rows: Callable[..., QuerySet], changes: Callable[..., dict[str, Any]], **parameters: type):
         self._rows = rows
         self._changes = changes
-        self._types = parameters
-        self._compiled = _Compiled()
-        self._model_class: type[Model] | None = None
+        self._compiled = _Compiled(rows, parameters)
 
     def _build(self, alias: str) -> _Statement:
-        stand_ins = _stand_ins(self._types)
+        stand_ins = self._compiled.stand_ins
         queryset = self._rows(**stand_ins)
         query = queryset.query.chain(UpdateQuery)
         query.add_update_values(self._changes(**stand_ins))
@@ -224,10 +228,8 @@ class CompiledUpdate:
         return _Statement(sql=sql, params=tuple(params), slots=_slots(params, stand_ins, connections[alias]))
 
     def run(self, **values: Any) -> int:
-        _check_values(self._types, values)
-        if self._model_class is None:
-            self._model_class = self._rows(**_stand_ins(self._types)).model
-        alias = router.db_for_write(self._model_class)
+        _check_values(self._compiled.types, values)
+        alias = router.db_for_write(self._compiled.model)
         statement: _Statement = self._compiled.get(alias, lambda: self._build(alias))
         connection = connections[alias]
         with transaction.mark_for_rollback_on_error(using=alias), connection.cursor() as cursor:
