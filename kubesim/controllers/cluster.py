@@ -18,6 +18,7 @@ from typing import Any
 from kubesim.apiserver import ApiServer
 from kubesim.config import SimConfig
 from kubesim.controllers.objects import EVENT, KUBEVIRT, NAMESPACE, NODE, POD, VmiRuntime
+from kubesim.controllers.quota import PodUsage
 from kubesim.controllers.vm import VirtualMachineController
 from kubesim.controllers.vmi import VirtualMachineInstanceController
 from kubesim.featuregates import default_kubevirt
@@ -61,6 +62,7 @@ class Cluster(VirtualMachineController, VirtualMachineInstanceController):
         self._node_index = 0
         api.vmi_mutator = self._mutate_new_vmi
         api.kubevirt_getter = self.kubevirt
+        self.pod_usage = PodUsage(store)  # ResourceQuota usage, kept as pods change
         store.listeners.append(self._on_change)
 
     # ---- bootstrapping -----------------------------------------------------------------------------------

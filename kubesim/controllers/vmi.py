@@ -145,17 +145,7 @@ class VirtualMachineInstanceController:
         return None
 
     def _quota_usage(self, namespace: str) -> dict[str, Decimal]:
-        used = {"pods": Decimal(0), "requests.cpu": Decimal(0), "requests.memory": Decimal(0)}
-        for pod in self.store.objects("pods", namespace):
-            if (pod.get("status") or {}).get("phase") in FINAL_PHASES:
-                continue
-            used["pods"] += 1
-            for container in pod["spec"].get("containers", []):
-                requests = (container.get("resources") or {}).get("requests") or {}
-                used["requests.cpu"] += parse_quantity(requests.get("cpu", "0"))
-                used["requests.memory"] += parse_quantity(requests.get("memory", "0"))
-        used["count/pods"], used["cpu"], used["memory"] = used["pods"], used["requests.cpu"], used["requests.memory"]
-        return used
+        return self.pod_usage.usage(namespace)
 
     def reconcile_quotas(self, namespace: str) -> None:
         quotas = list(self.store.objects("resourcequotas", namespace))

@@ -246,3 +246,53 @@ def test_what_cloud_init_asked_for_that_a_simulated_guest_does_not_do_is_named()
     assert unapplied("") == [] and unapplied("#cloud-config\n: [\n") == []
     assert unapplied("#cloud-config\nusers: [default, {name: student}, {name: alice}]\nhostname: lab1\n") == [
         "users: alice", "hostname: (not simulated)"]
+
+
+def test_quota_usage_follows_every_pod_write_as_a_recount_would():
+    """ResourceQuota usage is kept as pods are written (not summed over the namespace per question): after each
+    create, change, final phase and delete it equals a recount of the pods there, pods written before the
+    tracker began included."""
+    import random
+
+    from kubesim.controllers.quota import PodUsage, pod_requests
+    from kubesim.store import Store
+
+    store = Store()
+    rng = random.Random(7)
+
+    def pod(name: str, namespace: str, cpu: str, memory: str, phase: str = "Running") -> dict:
+        container = {"name": "compute", "resources": {"requests": {"cpu": cpu, "memory": memory}}}
+        return {"metadata": {"name": name, "namespace": namespace},
+                "spec": {"containers": [container, {"name": "guest-console-log"}]}, "status": {"phase": phase}}
+
+    def recount(namespace: str) -> tuple:
+        counted = [pod_requests(entry.obj) for entry in store.entries("pods", namespace)]
+        counted = [requests for requests in counted if requests is not None]
+        return (len(counted), sum((cpu for cpu, _ in counted), Decimal(0)),
+                sum((memory for _, memory in counted), Decimal(0)))
+
+    store.create("pods", pod("early", "a", "100m", "1Gi"))
+    usage = PodUsage(store)
+    names: list[tuple[str, str]] = [("a", "early")]
+    for step in range(300):
+        action = rng.choice(("create", "create", "change", "finish", "delete"))
+        if action == "create" or not names:
+            namespace = rng.choice(("a", "b"))
+            name = f"p{step}"
+            store.create("pods", pod(name, namespace, rng.choice(("100m", "1", "250m")),
+                                     rng.choice(("1286Mi", "2Gi", "512Mi"))))
+            names.append((namespace, name))
+        else:
+            namespace, name = rng.choice(names)
+            if action == "delete":
+                store.remove("pods", namespace, name)
+                names.remove((namespace, name))
+            else:
+                new = pod(name, namespace, "2", "4Gi", phase="Succeeded" if action == "finish" else "Running")
+                new["metadata"]["uid"] = store.get("pods", namespace, name)["metadata"]["uid"]
+                store.replace("pods", new)
+        for namespace in ("a", "b", "empty"):
+            used = usage.usage(namespace)
+            assert (used["pods"], used["requests.cpu"], used["requests.memory"]) == recount(namespace), step
+            assert used["count/pods"] == used["pods"] and used["cpu"] == used["requests.cpu"]
+    assert usage.usage("a")["pods"] + usage.usage("b")["pods"] > 0, "the walk left some pods running"
