@@ -18,6 +18,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
@@ -99,7 +100,7 @@ def cluster_error(exc: BaseException, *, doing: str) -> ClusterError:
 
 
 def _json(response: Any) -> Any:
-    return json.loads(response.data) if response.data else {}
+    return orjson.loads(response.data) if response.data else {}
 
 
 def _call(doing: str, function: Any, *args: Any, **kwargs: Any) -> Any:
