@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import pickle
 import random
 import re
 from collections.abc import Callable
 from typing import Any
+
+import orjson
 
 from kubesim import admission
 from kubesim.errors import ApiError, already_exists, conflict, invalid, not_found
@@ -27,8 +28,9 @@ VM_FINALIZER = "kubevirt.io/virtualMachineControllerFinalize"
 
 
 def clone(obj: Any) -> Any:
-    """A deep copy; pickle is several times faster than copy.deepcopy for JSON-shaped data."""
-    return pickle.loads(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL))  # noqa: S301 - our own objects
+    """A deep copy of a JSON-shaped object (every stored object is one): a round trip through orjson, about twice
+    as fast as pickle's and many times copy.deepcopy's."""
+    return orjson.loads(orjson.dumps(obj))
 
 
 def _random_suffix(rng: random.Random) -> str:

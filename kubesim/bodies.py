@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from kubesim.errors import ApiError
 
 
 def json_response(body: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    data = body if isinstance(body, bytes) else json.dumps(body, separators=(",", ":")).encode()
+    data = body if isinstance(body, bytes) else orjson.dumps(body)
     return web.Response(body=data, status=status, content_type="application/json", headers=headers)
 
 

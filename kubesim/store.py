@@ -7,7 +7,6 @@ cached as JSON stays valid. Reads are O(objects in the namespace); a write costs
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections import deque
@@ -15,6 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+import orjson
 
 from kubesim.selectors import FieldSelector, LabelSelector
 
@@ -44,7 +45,7 @@ class Entry:
 
     def json(self) -> bytes:
         if self._json is None:
-            self._json = json.dumps(self.obj, separators=(",", ":")).encode()
+            self._json = orjson.dumps(self.obj)
         return self._json
 
 
