@@ -296,3 +296,19 @@ def test_quota_usage_follows_every_pod_write_as_a_recount_would():
             assert (used["pods"], used["requests.cpu"], used["requests.memory"]) == recount(namespace), step
             assert used["count/pods"] == used["pods"] and used["cpu"] == used["requests.cpu"]
     assert usage.usage("a")["pods"] + usage.usage("b")["pods"] > 0, "the walk left some pods running"
+
+
+def test_a_serving_kubesim_freezes_its_startup_objects_and_collects_young_ones_less_often():
+    import subprocess
+    import sys
+
+    from kubesim.cli import SERVER_GC_THRESHOLDS
+
+    program = ("import gc\nfrom kubesim.server import KubeSim\nfrom kubesim.config import SimConfig\n"
+               "sim = KubeSim(config=SimConfig(), token='t')\nimport kubesim.cli\n"
+               "print(gc.get_freeze_count(), *gc.get_threshold())\n"
+               "kubesim.cli.settle_heap()\nprint(gc.get_freeze_count(), *gc.get_threshold())")
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
+    before, after = ([int(n) for n in line.split()] for line in result.stdout.strip().splitlines()[-2:])
+    assert before == [0, 700, 10, 10]
+    assert after[0] > 10_000 and tuple(after[1:]) == SERVER_GC_THRESHOLDS
