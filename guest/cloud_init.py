@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import datetime
 import functools
+import gzip
 import json
 import math
 import posixpath
@@ -125,8 +126,10 @@ def _local_agent_source() -> str:
 
 @functools.lru_cache(maxsize=4)
 def _encoded_agent(source: str) -> str:
-    """The agent's file as base64: the bulk of every VM's user data, the same for each."""
-    return base64.b64encode(source.encode("utf-8")).decode("ascii")
+    """The agent's file gzipped and in base64 (cloud-init's ``gz+b64``): the bulk of every VM's user data, the
+    same for each, a third of its size in plain base64 (every Secret is that much smaller to send, store and read).
+    No timestamp in the gzip header, so that the same agent always encodes the same."""
+    return base64.b64encode(gzip.compress(source.encode("utf-8"), mtime=0)).decode("ascii")
 
 
 def base_cloud_config(*, token: str, agent_source: str, serial_autologin: bool) -> dict[str, Any]:
@@ -137,7 +140,7 @@ def base_cloud_config(*, token: str, agent_source: str, serial_autologin: bool) 
             "path": AGENT_PATH,
             "owner": "root:root",
             "permissions": "0755",
-            "encoding": "b64",
+            "encoding": "gz+b64",
             "content": _encoded_agent(agent_source),
         },
         {
@@ -292,6 +295,8 @@ def written_file(user_data: str, *, path: str) -> bytes:
             encoding = entry.get("encoding", "text")
             if encoding in ("b64", "base64"):
                 return base64.b64decode(content)
+            if encoding in ("gz+b64", "gzip+b64", "gz+base64", "gzip+base64"):
+                return gzip.decompress(base64.b64decode(content))
             if encoding == "text":
                 return content.encode("utf-8")
             raise ValueError(f"unsupported write_files encoding for {path}: {encoding}")
