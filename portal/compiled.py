@@ -13,6 +13,10 @@ stand-in's place in the parameters be found. A parameter of another type is refu
 Each stand-in must land in the SQL's parameters (not folded into its text); building refuses a query where one does
 not, so a query that cannot be compiled fails the first time it is used, in the tests, rather than giving wrong
 rows.
+
+A ``FieldsUpdate`` is for the writes whose fields change from call to call (what a list of VMIs changed about an
+attempt): Django builds its SQL once per set of fields, and each value is prepared by its own field at every call, so
+any plain value a field takes (a JSONField's dict, a NULL) may be set; the rows it writes are chosen as above.
 """
 
 from __future__ import annotations
@@ -234,4 +238,78 @@ class CompiledUpdate:
         connection = connections[alias]
         with transaction.mark_for_rollback_on_error(using=alias), connection.cursor() as cursor:
             cursor.execute(statement.sql, statement.params_for(values, connection))
+            return cursor.rowcount
+
+
+def _same_param(ours: Any, django: Any) -> bool:
+    """A prepared value as Django passed it: equal, or the same adapter around an equal value (psycopg's Jsonb has no
+    equality of its own)."""
+    if type(ours) is not type(django):
+        return False
+    if ours == django:
+        return True
+    return hasattr(ours, "obj") and ours.obj == django.obj
+
+
+@dataclass(frozen=True)
+class _FieldsStatement(_Statement):
+    fields: tuple  # (name as given, model field) of the values set (not NULL), in the order of their parameters
+
+
+class FieldsUpdate:
+    """An UPDATE of whichever fields a call names, on the rows ``rows(**parameters)`` selects: for writes whose set of
+    fields changes from call to call (what a VMI's list changed about an attempt). Django builds the SQL once per
+    set of fields (and which of them are set to NULL) and database alias; at each call every value is prepared by its
+    field as ``QuerySet.update`` prepares it (a JSONField's dict as JSON, a datetime as the backend wants it). Only
+    plain values: no expressions, no model instances."""
+
+    def __init__(self, rows: Callable[..., QuerySet], **parameters: type) -> None:
+        self._rows = rows
+        self._compiled = _Compiled(rows, parameters)
+        self._shapes: dict[tuple, _FieldsStatement] = {}
+        self._lock = threading.Lock()
+
+    def _build(self, alias: str, values: dict[str, Any]) -> _FieldsStatement:
+        stand_ins = self._compiled.stand_ins
+        connection = connections[alias]
+        query = self._rows(**stand_ins).query.chain(UpdateQuery)
+        query.add_update_values(values)
+        if query.related_updates:
+            raise CompileError("an update of related models cannot be compiled")
+        # add_update_values keeps the order of ``values``: each (field, model, value) is the value of the same name.
+        fields = tuple((name, field) for name, (field, _model, value) in zip(values, query.values, strict=True)
+                       if value is not None)
+        if any(hasattr(field, "get_placeholder") for _name, field in fields):
+            raise CompileError("a field with its own placeholder cannot be compiled")
+        sql, params = query.get_compiler(alias).as_sql()
+        ours = [field.get_db_prep_save(values[name], connection=connection) for name, field in fields]
+        if len(params) < len(ours) or not all(map(_same_param, ours, params)):
+            raise CompileError("the values do not reach the SQL's parameters as their fields prepare them")
+        rest = params[len(ours):]
+        slots = {name: tuple(place + len(ours) for place in places)
+                 for name, places in _slots(rest, stand_ins, connection).items()}
+        return _FieldsStatement(sql=sql, params=tuple(params), slots=slots, fields=fields)
+
+    def run(self, values: dict[str, Any], **parameters: Any) -> int:
+        """Set ``values`` (field name → value) on the rows; returns the number of rows changed."""
+        if not values:
+            raise ValueError("an update needs at least one field")
+        for name, value in values.items():
+            if hasattr(value, "resolve_expression") or isinstance(value, Model):
+                raise TypeError(f"field {name!r}: only plain values can be compiled, got {value!r}")
+        _check_values(self._compiled.types, parameters)
+        alias = router.db_for_write(self._compiled.model)
+        shape = (alias, tuple((name, value is None) for name, value in values.items()))
+        statement = self._shapes.get(shape)
+        if statement is None:
+            with self._lock:
+                statement = self._shapes.get(shape)
+                if statement is None:
+                    statement = self._shapes[shape] = self._build(alias, values)
+        connection = connections[alias]
+        params = statement.params_for(parameters, connection)
+        for place, (name, field) in enumerate(statement.fields):
+            params[place] = field.get_db_prep_save(values[name], connection=connection)
+        with transaction.mark_for_rollback_on_error(using=alias), connection.cursor() as cursor:
+            cursor.execute(statement.sql, params)
             return cursor.rowcount

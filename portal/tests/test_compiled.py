@@ -16,7 +16,7 @@ from django.utils import timezone
 from conftest import make_lab
 from grading.tests.builders import make_attempt
 from labs.models import Attempt, AttemptState
-from portal.compiled import CompiledQuery, CompiledUpdate, CompileError
+from portal.compiled import CompiledQuery, CompiledUpdate, CompileError, FieldsUpdate
 
 pytestmark = pytest.mark.django_db
 
@@ -153,6 +153,61 @@ def test_a_compiled_update_changes_the_rows_it_matches_and_counts_them(lab_a, co
     assert (requested.state, requested.provisioned_at, requested.updated_at) == (
         AttemptState.PROVISIONING, now, now)
     assert running.state == AttemptState.RUNNING and running.provisioned_at is None
+
+
+def _row(attempt: Attempt) -> dict:
+    attempt.refresh_from_db()
+    return {field.attname: getattr(attempt, field.attname) for field in Attempt._meta.concrete_fields}
+
+
+def test_a_fields_update_writes_what_the_orms_update_writes_for_each_set_of_fields(lab_a, course_a, student_a):
+    """Pairs of attempts alike (stopped ones: a student has one active attempt per lab), one changed by the ORM and
+    one by the compiled update, with sets of fields that differ call to call: a JSONField's dict, datetimes, NULLs, a
+    foreign key's id. Each set's SQL is built once."""
+    other_lab = make_lab(course_a, title="Other")
+    apply = FieldsUpdate(lambda *, attempt_id, state: Attempt.objects.filter(id=attempt_id, state=state),
+                         attempt_id=int, state=str)
+    now = timezone.now()
+    changes = [
+        {"phase": "Scheduling", "node_name": "node01", "updated_at": now},
+        {"status_message": "Booting", "status_message_texts": {"en": "Booting", "de": "Startet"},
+         "vmi_running_at": now - timedelta(seconds=3), "updated_at": now},
+        {"phase": "Running", "node_name": "node01", "updated_at": now + timedelta(seconds=1)},  # a set seen before
+        {"status_message": "", "status_message_texts": {}, "provisioned_at": None, "lab_id": other_lab.pk},
+    ]
+    for number, values in enumerate(changes, start=1):
+        by_orm = make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED, number=2 * number,
+                              provisioned_at=now)
+        compiled = make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED, number=2 * number + 1,
+                                provisioned_at=now)
+        assert Attempt.objects.filter(id=by_orm.pk, state=AttemptState.STOPPED).update(**values) == 1
+        assert apply.run(values, attempt_id=compiled.pk, state=AttemptState.STOPPED) == 1
+        expected, got = _row(by_orm), _row(compiled)
+        own = {"id", "number", "vm_name", "requested_at", "updated_at"} - values.keys()  # each attempt's own
+        for name in own:
+            expected.pop(name), got.pop(name)
+        assert got == expected
+        # Not in the state it is written from: nothing changes.
+        assert apply.run(values, attempt_id=compiled.pk, state=AttemptState.FAILED) == 0
+    with mock.patch.object(SQLUpdateCompiler, "as_sql", autospec=True, side_effect=SQLUpdateCompiler.as_sql) as as_sql:
+        for values in changes:
+            apply.run(values, attempt_id=compiled.pk, state=AttemptState.STOPPED)
+    assert as_sql.call_count == 0  # every set of fields (and of NULLs) built once, by its first run
+
+
+def test_a_fields_update_takes_plain_values_only(lab_a, student_a):
+    attempt = make_attempt(lab=lab_a, student=student_a, state=AttemptState.STARTING)
+    apply = FieldsUpdate(lambda *, attempt_id: Attempt.objects.filter(id=attempt_id), attempt_id=int)
+    with pytest.raises(TypeError, match="plain values"):
+        apply.run({"number": F("number") + 1}, attempt_id=attempt.pk)
+    with pytest.raises(TypeError, match="plain values"):
+        apply.run({"lab": lab_a}, attempt_id=attempt.pk)
+    with pytest.raises(ValueError, match="at least one field"):
+        apply.run({}, attempt_id=attempt.pk)
+    with pytest.raises(TypeError, match="attempt_id"):
+        apply.run({"phase": "Running"}, attempt_id=str(attempt.pk))
+    attempt.refresh_from_db()
+    assert attempt.phase != "Running"
 
 
 def test_the_student_lab_lookup_is_scoped_like_the_orms(lab_a, lab_b, student_a, student_b, ta_a):
