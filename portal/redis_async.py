@@ -25,6 +25,7 @@ from redis.asyncio.connection import (
     UnixDomainSocketConnection,
     parse_url,
 )
+from redis.maint_notifications import MaintNotificationsConfig
 
 
 class _WritesUnderTimeout(AbstractConnection):
@@ -72,9 +73,16 @@ _CLASSES = {Connection: CancellableConnection, SSLConnection: CancellableSSLConn
             UnixDomainSocketConnection: CancellableUnixConnection}
 
 
+# redis-py 8 asks each new RESP3 connection to send maintenance notifications (CLIENT MAINT_NOTIFICATIONS, a Redis
+# Enterprise and Cloud command): Redis itself refuses it, so every connection a pool opened cost a round trip more and
+# an error raised and caught. Switched off; a deployment on a server that sends them may pass its own config.
+NO_MAINT_NOTIFICATIONS = MaintNotificationsConfig(enabled=False)
+
+
 def pool_options(url: str, **options: Any) -> dict[str, Any]:
     """Keyword arguments for ``redis.asyncio.ConnectionPool`` (or ``BlockingConnectionPool``) reaching ``url``,
     with ``options`` and the cancellable connection class for the URL's scheme. channels_redis takes the same dict
     as a host (one without ``address`` is passed to the pool as it is)."""
     parsed = parse_url(url)
-    return {**options, **parsed, "connection_class": _CLASSES[parsed.get("connection_class", Connection)]}
+    return {"maint_notifications_config": NO_MAINT_NOTIFICATIONS, **options, **parsed,
+            "connection_class": _CLASSES[parsed.get("connection_class", Connection)]}

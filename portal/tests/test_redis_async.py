@@ -9,6 +9,7 @@ import pytest
 from channels_redis.utils import create_pool
 from django.conf import settings
 from redis import exceptions
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import Connection
 
 from labs.console.redis_client import shared_redis
@@ -133,6 +134,33 @@ def test_pool_options_keep_the_url_and_pick_the_class_for_its_scheme(url, connec
 def test_a_url_of_another_scheme_is_refused():
     with pytest.raises(ValueError, match="redis://, rediss://, unix://"):
         pool_options("http://cache.example")
+
+
+@needs_redis
+async def test_a_new_connection_does_not_ask_for_maintenance_notifications():
+    """redis-py 8 asks each new RESP3 connection for maintenance notifications, which Redis refuses with an error
+    (a Redis Enterprise and Cloud command); the portal's pools do not ask: one error reply fewer per connection than
+    with redis-py's default (Redis before 7.2 also refuses the client-library names both send)."""
+    import redis
+
+    stats = redis.Redis.from_url(settings.REDIS_URL)
+
+    try:
+        ours = pool_options(settings.REDIS_URL, socket_timeout=5, health_check_interval=0)
+        default = {key: value for key, value in ours.items() if key != "maint_notifications_config"}
+        counts = []
+        for options in (ours, default):
+            before = int(stats.info("stats")["total_error_replies"])
+            for _ in range(3):  # a pool each, as each process has its own: every connection is a new one
+                pool = BlockingConnectionPool(**options)
+                client = Redis(connection_pool=pool)
+                await client.ping()
+                await client.aclose()
+                await pool.disconnect()
+            counts.append(int(stats.info("stats")["total_error_replies"]) - before)
+        assert counts[1] - counts[0] == 3, counts
+    finally:
+        stats.close()
 
 
 @needs_redis
