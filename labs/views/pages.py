@@ -9,6 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.http import Http404, HttpRequest, HttpResponse
+from django.middleware.csrf import get_token
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -55,16 +56,19 @@ def attempt_page_config(*, request: HttpRequest, attempt: Attempt, is_student: b
 def lab_start_fragments(*, request: HttpRequest, attempt: Attempt) -> dict[str, str]:
     """The parts of the lab page that an answered Start changes, for the page to put in place without reloading
     (static/js/start.js): the attempt panel with its configuration, and the attempt's row in the history."""
+    # The fragments use nothing the context processors add (the user, messages, the language's details) but the CSRF
+    # token of their forms: given that, they render from a plain context, without running the processors twice.
     context = {
         "attempt": attempt,
         "is_student": True,
         "show_terminal": True,
         "progress_steps": PROGRESS_STEPS,
         "page_config": attempt_page_config(request=request, attempt=attempt, is_student=True, is_staff=False),
+        "csrf_token": get_token(request),
     }
     return {
-        "panel": render_to_string("labs/_attempt_panel.html", context, request=request),
-        "history_row": render_to_string("labs/_attempt_history_row.html", context, request=request),
+        "panel": render_to_string("labs/_attempt_panel.html", context),
+        "history_row": render_to_string("labs/_attempt_history_row.html", context),
     }
 
 
