@@ -3,9 +3,9 @@
 Building a query costs Django more than running it: the lab lookup of every Start (a join on the student's
 membership, its course and tenant) takes ~0.7 ms to build and compile against ~0.3 ms for PostgreSQL to answer, and a
 class pressing Start together pays that on every query of every start, in the web process and the worker alike. A
-``CompiledQuery`` is written as an ordinary QuerySet (or update) in a function of its parameters, so it reads, scopes
-and changes as every other query does; it is built once, with stand-in values, into its SQL, and each call runs that
-SQL with the real values in their places.
+``CompiledQuery`` is written as an ordinary QuerySet in a function of its parameters, so it reads and scopes as every
+other query does; it is built once, with stand-in values, into its SQL, and each call runs that SQL with the real
+values in their places.
 
 Only plain values may be parameters (``int``, ``str``, aware ``datetime``): Django passes those to the database as
 they are (a datetime adapted as the backend wants it, which a call does the same way), which is what lets a
@@ -14,9 +14,10 @@ Each stand-in must land in the SQL's parameters (not folded into its text); buil
 not, so a query that cannot be compiled fails the first time it is used, in the tests, rather than giving wrong
 rows.
 
-A ``FieldsUpdate`` is for the writes whose fields change from call to call (what a list of VMIs changed about an
-attempt): Django builds its SQL once per set of fields, and each value is prepared by its own field at every call, so
-any plain value a field takes (a JSONField's dict, a NULL) may be set; the rows it writes are chosen as above.
+A ``FieldsUpdate`` writes the fields a call names on the rows a QuerySet chooses as above: Django builds its SQL once
+per set of fields, and each value is prepared by its own field at every call, so any plain value a field takes (a
+JSONField's dict, a NULL) may be set, and a write whose fields change from call to call (what a list of VMIs changed
+about an attempt) is built once per set.
 """
 
 from __future__ import annotations
@@ -117,15 +118,16 @@ class _Select(_Statement):
 
 
 class _Compiled:
-    """A query's parameters and stand-ins (checked as it is declared), its model, and what is built once per database
-    alias (so per vendor), under a lock so that threads build it once."""
+    """A query's parameters and stand-ins (checked as it is declared), its model, and what is built once per key (the
+    database alias, so the vendor; for an update also its set of fields), under a lock so that threads build it
+    once."""
 
     def __init__(self, queryset: Callable[..., QuerySet], types: dict[str, type]) -> None:
         self.types = types
         self.stand_ins = _stand_ins(types)
         self._queryset = queryset
         self._model: type[Model] | None = None
-        self._built: dict[str, Any] = {}
+        self._built: dict[Any, Any] = {}
         self._lock = threading.Lock()
 
     @property
@@ -135,13 +137,13 @@ class _Compiled:
             self._model = self._queryset(**self.stand_ins).model
         return self._model
 
-    def get(self, alias: str, build: Callable[[], Any]) -> Any:
-        built = self._built.get(alias)
+    def get(self, key: Any, build: Callable[[], Any]) -> Any:
+        built = self._built.get(key)
         if built is None:
             with self._lock:
-                built = self._built.get(alias)
+                built = self._built.get(key)
                 if built is None:
-                    built = self._built[alias] = build()
+                    built = self._built[key] = build()
         return built
 
 
@@ -211,36 +213,6 @@ class CompiledQuery(Generic[M]):
         return rows[0] if rows else None
 
 
-class CompiledUpdate:
-    """An UPDATE: ``rows(**parameters)`` returns the QuerySet of the rows it changes, ``changes(**parameters)`` the
-    fields it sets (as ``QuerySet.update`` takes them); ``run(**values)`` returns the number of rows changed. Only
-    direct fields of the model, set to parameters or constants: no expressions over other tables."""
-
-    def __init__(self, rows: Callable[..., QuerySet], changes: Callable[..., dict[str, Any]], **parameters: type):
-        self._rows = rows
-        self._changes = changes
-        self._compiled = _Compiled(rows, parameters)
-
-    def _build(self, alias: str) -> _Statement:
-        stand_ins = self._compiled.stand_ins
-        queryset = self._rows(**stand_ins)
-        query = queryset.query.chain(UpdateQuery)
-        query.add_update_values(self._changes(**stand_ins))
-        if query.related_updates:
-            raise CompileError("an update of related models cannot be compiled")
-        sql, params = query.get_compiler(alias).as_sql()
-        return _Statement(sql=sql, params=tuple(params), slots=_slots(params, stand_ins, connections[alias]))
-
-    def run(self, **values: Any) -> int:
-        _check_values(self._compiled.types, values)
-        alias = router.db_for_write(self._compiled.model)
-        statement: _Statement = self._compiled.get(alias, lambda: self._build(alias))
-        connection = connections[alias]
-        with transaction.mark_for_rollback_on_error(using=alias), connection.cursor() as cursor:
-            cursor.execute(statement.sql, statement.params_for(values, connection))
-            return cursor.rowcount
-
-
 def _same_param(ours: Any, django: Any) -> bool:
     """A prepared value as Django passed it: equal, or the same adapter around an equal value (psycopg's Jsonb has no
     equality of its own)."""
@@ -257,17 +229,15 @@ class _FieldsStatement(_Statement):
 
 
 class FieldsUpdate:
-    """An UPDATE of whichever fields a call names, on the rows ``rows(**parameters)`` selects: for writes whose set of
-    fields changes from call to call (what a VMI's list changed about an attempt). Django builds the SQL once per
-    set of fields (and which of them are set to NULL) and database alias; at each call every value is prepared by its
+    """An UPDATE of the fields a call names, on the rows ``rows(**parameters)`` selects; ``run(values, **parameters)``
+    returns the number of rows changed. Django builds the SQL once per set of fields (and which of them are set to
+    NULL) and database alias; at each call every value is prepared by its
     field as ``QuerySet.update`` prepares it (a JSONField's dict as JSON, a datetime as the backend wants it). Only
     plain values: no expressions, no model instances."""
 
     def __init__(self, rows: Callable[..., QuerySet], **parameters: type) -> None:
         self._rows = rows
         self._compiled = _Compiled(rows, parameters)
-        self._shapes: dict[tuple, _FieldsStatement] = {}
-        self._lock = threading.Lock()
 
     def _build(self, alias: str, values: dict[str, Any]) -> _FieldsStatement:
         stand_ins = self._compiled.stand_ins
@@ -300,12 +270,7 @@ class FieldsUpdate:
         _check_values(self._compiled.types, parameters)
         alias = router.db_for_write(self._compiled.model)
         shape = (alias, tuple((name, value is None) for name, value in values.items()))
-        statement = self._shapes.get(shape)
-        if statement is None:
-            with self._lock:
-                statement = self._shapes.get(shape)
-                if statement is None:
-                    statement = self._shapes[shape] = self._build(alias, values)
+        statement: _FieldsStatement = self._compiled.get(shape, lambda: self._build(alias, values))
         connection = connections[alias]
         params = statement.params_for(parameters, connection)
         for place, (name, field) in enumerate(statement.fields):

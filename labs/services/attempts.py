@@ -28,7 +28,7 @@ from labs.selectors import STARTING_STATES
 from labs.services.events import attempt_push_on_commit, on_commit_logged
 from labs.sizes import guest_resources, launcher_requests
 from labs.wording import in_every_language, in_language
-from portal.compiled import CompiledUpdate
+from portal.compiled import FieldsUpdate
 from portal.errors import ApplicationError, Conflict, NotFound, PermissionDenied, Unavailable, database_busy
 from portal.models import Role, Tenant, User
 from portal.ratelimit import rate_limit_hit, rate_limit_refund
@@ -238,8 +238,7 @@ def _is_one_active_violation(error: IntegrityError) -> bool:
 
 
 # The new attempt's VM name, from its id (built once: every Start writes it).
-_name_vm = CompiledUpdate(lambda *, attempt_id, vm_name: Attempt.objects.filter(id=attempt_id),
-                          lambda *, attempt_id, vm_name: {"vm_name": vm_name}, attempt_id=int, vm_name=str)
+_name_vm = FieldsUpdate(lambda *, attempt_id: Attempt.objects.filter(id=attempt_id), attempt_id=int)
 
 
 def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
@@ -292,7 +291,7 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
                 requested_at=now,
             )
             attempt.vm_name = names.vm_name(attempt.id)
-            _name_vm.run(attempt_id=attempt.id, vm_name=attempt.vm_name)
+            _name_vm.run({"vm_name": attempt.vm_name}, attempt_id=attempt.id)
             audit_record(actor=actor, action="attempt.start", target=attempt, tenant=course.tenant,
                          course=course, data={"lab": lab.id, "size": lab.size, "number": number})
             # Serialises the starts of the tenant: the totals below include every start that committed before

@@ -16,7 +16,7 @@ from django.utils import timezone
 from conftest import make_lab
 from grading.tests.builders import make_attempt
 from labs.models import Attempt, AttemptState
-from portal.compiled import CompiledQuery, CompiledUpdate, CompileError, FieldsUpdate
+from portal.compiled import CompiledQuery, CompileError, FieldsUpdate
 
 pytestmark = pytest.mark.django_db
 
@@ -135,18 +135,21 @@ def test_a_parameter_the_orm_changes_on_its_way_to_the_sql_is_refused_at_first_u
         values.list(lab_id=lab_a.pk)
 
 
-def test_a_compiled_update_changes_the_rows_it_matches_and_counts_them(lab_a, course_a, student_a):
+def test_a_conditional_update_changes_the_rows_it_matches_and_counts_them(lab_a, course_a, student_a):
     requested = make_attempt(lab=lab_a, student=student_a, state=AttemptState.REQUESTED, number=1)
     running = make_attempt(lab=make_lab(course_a, title="Other"), student=student_a, state=AttemptState.RUNNING)
-    claim = CompiledUpdate(
-        lambda *, attempt_id, now: Attempt.objects.filter(id=attempt_id, state=AttemptState.REQUESTED),
-        lambda *, attempt_id, now: {"state": AttemptState.PROVISIONING, "provisioned_at": now, "updated_at": now},
-        attempt_id=int, now=datetime)
+    requested_only = FieldsUpdate(
+        lambda *, attempt_id: Attempt.objects.filter(id=attempt_id, state=AttemptState.REQUESTED), attempt_id=int)
     now = timezone.now()
-    assert claim.run(attempt_id=running.pk, now=now) == 0  # not in the state it claims from
+
+    def claim(*, attempt_id: int) -> int:
+        return requested_only.run({"state": AttemptState.PROVISIONING, "provisioned_at": now, "updated_at": now},
+                                  attempt_id=attempt_id)
+
+    assert claim(attempt_id=running.pk) == 0  # not in the state it claims from
     with mock.patch.object(SQLUpdateCompiler, "as_sql", autospec=True) as as_sql:
-        assert claim.run(attempt_id=requested.pk, now=now) == 1
-        assert claim.run(attempt_id=requested.pk, now=now) == 0  # claimed once only
+        assert claim(attempt_id=requested.pk) == 1
+        assert claim(attempt_id=requested.pk) == 0  # claimed once only
     assert as_sql.call_count == 0  # built by the first run
     requested.refresh_from_db()
     running.refresh_from_db()
