@@ -477,6 +477,7 @@ def sequential_cpu(*, portal, server, lab_id: int, browsers: list[Browser]) -> d
                 end_attempts([outcome["attempt_id"]])
     with cpu_used(pids) as idle:
         time.sleep(cpu["wall"])
+    end_attempts([r["attempt_id"] for r in results if "attempt_id" in r], server=server)
     return {"starts": len(browsers),
             "to_vmi_running": summary_ms([r["vmi_running_seconds"] for r in results if "vmi_running_seconds" in r]),
             "failed": sum(1 for r in results if "error" in r), "wall_seconds": cpu["wall"],
@@ -499,7 +500,7 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
             raise RuntimeError(f"warm-up start failed: {warm[0]['error']}")
         # Out of the way of the burst: a guest-less attempt stays starting, and the global start throttle
         # (ATTEMPT_CONCURRENT_START_LIMIT, 100) counts it.
-        end_attempts([warm[0]["attempt_id"]])
+        end_attempts([warm[0]["attempt_id"]], server=server)
         browsers = browsers[1:]
         measured["sequential"] = sequential_cpu(portal=portal, server=server, lab_id=lab_id,
                                                 browsers=browsers[:SEQUENTIAL_STARTS])
@@ -511,12 +512,15 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
                                                   browsers=[browser], until=until))
         measured["single"] = portal_figures(singles)
         browsers = browsers[SINGLE_STARTS:]
+        # Their guests keep running otherwise, on the cores the burst is measured on.
+        end_attempts([outcome["attempt_id"] for outcome in singles if "attempt_id" in outcome], server=server)
     pids = {**{name: process.pid for name, process in portal.processes.items()}, "kubesim": server.process.pid}
     order = ("socket",) if single else GUESTLESS_BURSTS
     bursts = []
     for index, over in enumerate(order):
         log(f"portal: {CONCURRENT_STARTS} simultaneous starts over {over}, until {until}")
         group = browsers[index * CONCURRENT_STARTS:(index + 1) * CONCURRENT_STARTS]
+        vmis_before = vmis_in_cluster(server)
         server.admin.reset_counters()
         together = asyncio.run(browser_starts(base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id,
                                               browsers=group, until=until, over=over, pids=pids))
@@ -524,7 +528,8 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
         commands = together[0].pop("_redis_commands")
         consoles_opened = together[0].pop("_consoles_opened")
         cluster = server.admin.counters()
-        figures = {"start_over": over, **portal_figures(together), "consoles_opened": consoles_opened}
+        figures = {"start_over": over, **portal_figures(together), "consoles_opened": consoles_opened,
+                   "vmis_in_cluster_before": vmis_before}
         # What the burst asked of the cluster, per start: the creates, the lists that follow the VMIs, and the agent
         # questions (each a portforward), counted by kubesim until the last browser saw its attempt get there.
         figures["cluster_requests_per_start"] = {
@@ -540,7 +545,7 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
                                                for name, count in commands.items()}
         bursts.append(figures)
         if index + 1 < len(order):  # out of the way of the next burst (the start throttle counts starting ones)
-            end_attempts([result["attempt_id"] for result in together if "attempt_id" in result])
+            end_attempts([result["attempt_id"] for result in together if "attempt_id" in result], server=server)
             time.sleep(3)
     measured["concurrent_100"] = bursts[0]  # the page's way: Start over its socket
     if len(bursts) > 1:
@@ -549,7 +554,8 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
         measured["start_over_socket_vs_http"] = [
             {"start_over": burst["start_over"], "to_vmi_running_p50_ms": burst["to_vmi_running"]["p50_ms"],
              "to_vmi_running_p95_ms": burst["to_vmi_running"]["p95_ms"], "failed": burst["failed"],
-             "consoles_opened": burst["consoles_opened"], "cpu_ms_per_start": burst["cpu_ms_per_start"],
+             "consoles_opened": burst["consoles_opened"], "vmis_in_cluster_before": burst["vmis_in_cluster_before"],
+             "cpu_ms_per_start": burst["cpu_ms_per_start"],
              "redis_commands_per_start": burst["redis_commands_per_start"]["total"],
              "cluster_requests_per_start": burst["cluster_requests_per_start"]} for burst in bursts]
     return measured
@@ -673,15 +679,63 @@ def measure_direct(*, server, single: bool, agent: bool) -> dict[str, Any]:
     return {key: figures(rows) for key, rows in results.items()}
 
 
-def end_attempts(attempt_ids: list[int]) -> None:
-    """Attempts left starting on a kubesim that is gone: out of the way of the next phase (the global start
-    throttle counts starting attempts)."""
+def end_attempts(attempt_ids: list[int], *, server=None) -> None:
+    """Attempts of a phase that is over, out of the way of the next: ended (the global start throttle counts
+    starting attempts) and, with ``server``, their VMs and Secrets deleted from that kubesim and gone, so that the
+    next burst finds the namespace as the first one did (the sync lists every VMI of the namespace: a fourth
+    burst would otherwise list four hundred)."""
     from django.utils import timezone
 
+    from labs.kubevirt import names
     from labs.models import Attempt, AttemptState
 
     Attempt.objects.filter(id__in=attempt_ids).update(state=AttemptState.FAILED, ended_at=timezone.now(),
                                                       failure_reason="benchmark phase over")
+    if server is None:
+        return
+    from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
+
+    api_client = config.new_client_from_config(config_file=str(server.kubeconfig))
+    custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
+    placed = list(Attempt.objects.filter(id__in=attempt_ids).exclude(vm_name="").values_list("namespace", "vm_name"))
+
+    def delete(namespace: str, vm: str) -> None:
+        for call in (lambda: custom.delete_namespaced_custom_object("kubevirt.io", "v1", namespace,
+                                                                    "virtualmachines", vm),
+                     lambda: core.delete_namespaced_secret(names.cloud_init_secret_name(vm), namespace)):
+            try:
+                call()
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda row: delete(*row), placed))
+    deadline = time.monotonic() + 30
+    for namespace in {namespace for namespace, _ in placed}:
+        wanted = {vm for ns, vm in placed if ns == namespace}
+        while True:
+            listed = custom.list_namespaced_custom_object("kubevirt.io", "v1", namespace, "virtualmachineinstances")
+            if not wanted & {item["metadata"]["name"] for item in listed["items"]}:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the ended attempts' VMIs in {namespace} were not gone within 30 s")
+            time.sleep(0.2)
+    api_client.close()
+
+
+def vmis_in_cluster(server) -> int:
+    """VMIs the kubesim holds in every namespace (each burst should begin with none of the earlier bursts')."""
+    from kubernetes import client, config
+
+    api_client = config.new_client_from_config(config_file=str(server.kubeconfig))
+    try:
+        listed = client.CustomObjectsApi(api_client).list_cluster_custom_object("kubevirt.io", "v1",
+                                                                                 "virtualmachineinstances")
+    finally:
+        api_client.close()
+    return len(listed["items"])
 
 
 def verdict(value: float | None, target: float) -> bool:
