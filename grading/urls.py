@@ -14,6 +14,9 @@ urlpatterns = [
     path("courses/<int:course_id>/export.csv", views.GradebookExportView.as_view(), name="gradebook_export"),
     path("labs/<int:lab_id>/", views.LabReportView.as_view(), name="lab_report"),
     path("labs/<int:lab_id>/regrade/", views.LabRegradeView.as_view(), name="lab_regrade"),
+    # One student's grade for one lab, with their attempts and the override form; ``grade_override`` is the same
+    # page at its older address.
+    path("labs/<int:lab_id>/students/<int:student_id>/", views.GradeOverrideView.as_view(), name="student_lab"),
     path(
         "labs/<int:lab_id>/students/<int:student_id>/override/",
         views.GradeOverrideView.as_view(),

@@ -178,6 +178,10 @@ class AttemptRegradeView(GradingView):
 
 
 class GradeOverrideView(GradingView):
+    """The grade of one student for one lab: the grade, the student's attempts at the lab and the override form.
+    Served at ``student_lab`` and at ``grade_override``; the form posts back to the URL the page came from, and
+    a saved override returns to the gradebook."""
+
     template_name = "grading/override.html"
 
     def _context(self, request: HttpRequest, lab_id: int, student_id: int) -> dict[str, Any]:
@@ -186,19 +190,24 @@ class GradeOverrideView(GradingView):
         grade = selectors.grade_of_student(lab=lab, student=student)
         return {"lab": lab, "student": student, "grade": grade, "max_score": services.lab_max_points(lab=lab)}
 
+    def _render(self, request: HttpRequest, context: dict[str, Any], *, status: int = 200) -> HttpResponse:
+        # Read only when the page is shown: a saved override redirects without them.
+        context["attempts"] = selectors.student_lab_attempts(lab=context["lab"], student=context["student"])
+        return render(request, self.template_name, context, status=status)
+
     def get(self, request: HttpRequest, lab_id: int, student_id: int) -> HttpResponse:
         context = self._context(request, lab_id, student_id)
         grade = context["grade"]
         initial = {"score": grade.override_score} if grade is not None and grade.is_overridden else {}
         context["form"] = GradeOverrideForm(initial=initial, max_score=context["max_score"])
-        return render(request, self.template_name, context)
+        return self._render(request, context)
 
     def post(self, request: HttpRequest, lab_id: int, student_id: int) -> HttpResponse:
         context = self._context(request, lab_id, student_id)
         form = GradeOverrideForm(request.POST, max_score=context["max_score"])
         context["form"] = form
         if not form.is_valid():
-            return render(request, self.template_name, context, status=400)
+            return self._render(request, context, status=400)
         score = None if form.cleaned_data["remove"] else form.cleaned_data["score"]
         try:
             services.grade_override(
@@ -209,6 +218,6 @@ class GradeOverrideView(GradingView):
             if isinstance(exc, NotFound | PermissionDenied):
                 raise
             form.add_error(None, exc.message)
-            return render(request, self.template_name, context, status=exc.status_code)
+            return self._render(request, context, status=exc.status_code)
         messages.success(request, _("The grade of %(student)s was updated.") % {"student": context["student"]})
         return redirect(reverse("grading:gradebook", args=[context["lab"].course_id]))

@@ -29,6 +29,7 @@ from grading.selectors.reports import (
     lab_report,
     score_distribution,
     student_grades,
+    student_lab_attempts,
     student_lab_runs,
 )
 from grading.selectors.runs import RUN_ERROR_MESSAGES, grading_run_payload, result_feedback, run_error_message
@@ -61,5 +62,6 @@ __all__ = [
     "staff_course_get",
     "student_role_shown",
     "student_grades",
+    "student_lab_attempts",
     "student_lab_runs",
 ]

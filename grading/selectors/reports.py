@@ -1,5 +1,6 @@
-"""Reports for course staff and students: the course gradebook, a lab's report, an attempt's detail, a student's
-own grades, and the gradebook as CSV rows. Each runs a fixed number of queries whatever the class size."""
+"""Reports for course staff and students: the course gradebook, a lab's report, one student's attempts at a lab,
+an attempt's detail, a student's own grades, and the gradebook as CSV rows. Each runs a fixed number of queries
+whatever the class size."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import Count, Prefetch, Q, Sum
+from django.db.models import Count, Prefetch, Q, QuerySet, Sum
 from django.utils.translation import gettext as _
 
 from grading.models import CheckResult, Grade, GradingRun, LabRegrade, RunState
@@ -160,15 +161,18 @@ def score_distribution(*, percents: list[float], buckets: int = 10) -> list[Dist
     ]
 
 
+def attempts_with_run_counts(attempts: QuerySet[Attempt]) -> QuerySet[Attempt]:
+    """The attempts, each annotated with ``runs_done`` (runs scored) and ``runs_error`` (runs that failed)."""
+    return attempts.annotate(
+        runs_done=Count("runs", filter=Q(runs__state=RunState.DONE)),
+        runs_error=Count("runs", filter=Q(runs__state=RunState.ERROR)),
+    )
+
+
 def lab_report(*, lab: Lab) -> LabReport:
     max_points = lab.checks.aggregate(total=Sum("points"))["total"] or Decimal(0)
     attempts = list(
-        Attempt.objects.filter(lab=lab)
-        .select_related("student")
-        .annotate(
-            runs_done=Count("runs", filter=Q(runs__state=RunState.DONE)),
-            runs_error=Count("runs", filter=Q(runs__state=RunState.ERROR)),
-        )
+        attempts_with_run_counts(Attempt.objects.filter(lab=lab).select_related("student"))
         .order_by("student__full_name", "student__username", "number", "id")
     )
     enrolled_ids = set(
@@ -189,6 +193,20 @@ def lab_report(*, lab: Lab) -> LabReport:
         regrades=list(
             LabRegrade.objects.filter(lab=lab).select_related("requested_by")[:LAB_REPORT_REGRADES]
         ),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One student's attempts at a lab
+
+
+def student_lab_attempts(*, lab: Lab, student: User) -> list[Attempt]:
+    """The student's attempts at the lab, newest first, annotated like the lab report's (``runs_done``,
+    ``runs_error``); one query whatever their number. Callers have checked access to the lab and that the student
+    takes its course; the tenant is matched too, so a mismatched pair finds nothing."""
+    return list(
+        attempts_with_run_counts(Attempt.objects.filter(lab=lab, student=student, tenant_id=student.tenant_id))
+        .order_by("-requested_at", "-id")
     )
 
 

@@ -150,6 +150,11 @@ MATRIX: dict[str, list[Probe]] = {
     "grades/courses/<int:course_id>/export.csv": [page(STAFF_ONLY_PAGE)],
     "grades/labs/<int:lab_id>/": [page(STAFF_ONLY_PAGE)],
     "grades/labs/<int:lab_id>/regrade/": [form_post(answers(LOGIN, 404, 404, 302, 404))],
+    # One page at two addresses: the student's grade and attempts for the lab, with the override form.
+    "grades/labs/<int:lab_id>/students/<int:student_id>/": [
+        page(STAFF_ONLY_PAGE),
+        form_post(answers(LOGIN, 404, 404, 302, 404), data={"score": "2", "reason": "Partial credit"}),
+    ],
     "grades/labs/<int:lab_id>/students/<int:student_id>/override/": [
         page(STAFF_ONLY_PAGE),
         form_post(answers(LOGIN, 404, 404, 302, 404), data={"score": "2", "reason": "Partial credit"}),
