@@ -15,7 +15,7 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import escape, format_html
 from django.utils.http import content_disposition_header
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import slugify
@@ -79,24 +79,51 @@ def format_score(value: Decimal) -> str:
     return str(int(value)) if value == value.to_integral_value() else f"{value:.2f}"
 
 
+# Stands in for the student's id in a reversed URL, which is then cut around it (any id would do).
+_STUDENT_ID_SLOT = 987_654_321
+
+
+def student_lab_url_parts(*, lab_id: int) -> tuple[str, str]:
+    """The lab's ``student_lab`` URL, escaped, before and after the student's id: reversed once per lab rather
+    than once per cell. The student's id is the URL's last number, hence ``rpartition``."""
+    url = reverse("grading:student_lab", kwargs={"lab_id": lab_id, "student_id": _STUDENT_ID_SLOT})
+    head, _slot, tail = url.rpartition(str(_STUDENT_ID_SLOT))
+    return escape(head), escape(tail)
+
+
 def gradebook_cells_html(book: selectors.Gradebook) -> list[tuple[selectors.GradebookRow, SafeString, str]]:
     """Each row with its cells as HTML and its total. Built here rather than in the template: a template loop
     over 500 students × 10 labs costs seconds (variable lookups and ``floatformat`` per cell), this costs
-    milliseconds. Only numbers and two translated labels, escaped once, go into the markup."""
-    late = format_html(' <span class="badge badge-late">{}</span>', _("late"))
-    override = format_html(' <span class="badge badge-override">{}</span>', _("override"))
+    milliseconds. Each cell links to the student's grade and attempts for its lab; the link's name says whose
+    grade for which lab, since a screen reader's list of links has no table around it. Names, titles and the
+    translated labels are escaped once (per row, lab or page); ids and scores are numbers."""
+    late_label, override_label = escape(_("late")), escape(_("override"))
+    late = format_html(' <span class="badge badge-late">{}</span>', late_label)
+    override = format_html(' <span class="badge badge-override">{}</span>', override_label)
     missing = '<span class="muted">—</span>'
+    not_graded = escape(_("Not graded"))
+    link_name = escape(_("Grade of %(student)s for %(lab)s: %(grade)s"))
+    labs = [(*student_lab_url_parts(lab_id=lab.pk), escape(lab.title)) for lab in book.labs]
     rows = []
     for row in book.rows:
+        student_id = row.student.pk
+        student_name = escape(row.student.full_name or row.student.username)
         parts = []
-        for cell in row.cells:
-            parts.append('<td class="grade">')
-            parts.append(format_score(cell.final) if cell.final is not None else missing)
+        for cell, (url_head, url_tail, lab_title) in zip(row.cells, labs, strict=True):
+            score = format_score(cell.final) if cell.final is not None else None
+            grade = [score or not_graded]
+            if cell.late:
+                grade.append(late_label)
+            if cell.overridden:
+                grade.append(override_label)
+            name = link_name % {"student": student_name, "lab": lab_title, "grade": " ".join(grade)}
+            parts.append(f'<td class="grade"><a href="{url_head}{student_id}{url_tail}" aria-label="{name}">')
+            parts.append(score or missing)
             if cell.late:
                 parts.append(late)
             if cell.overridden:
                 parts.append(override)
-            parts.append("</td>")
+            parts.append("</a></td>")
         rows.append((row, mark_safe("".join(parts)), format_score(row.total)))  # noqa: S308  escaped above
     return rows
 

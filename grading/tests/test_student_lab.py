@@ -1,4 +1,5 @@
-"""The page of one student's grade for one lab: their attempts at it and the override form."""
+"""The page of one student's grade for one lab (their attempts and the override form), and the gradebook cells
+that lead to it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from django.utils import timezone
 from conftest import make_lab, make_person
 from grading.models import Grade, GradingRun, RunState
 from grading.selectors import student_lab_attempts
+from grading.services import grade_override
 from grading.tests.builders import ALL_PASS, FIRST_ONLY, make_attempt, record_run
 from labs.models import AttemptState
 from portal.models import AuditEvent, Role
@@ -196,3 +198,67 @@ class TestAccess:
     def test_anonymous_visitors_are_sent_to_sign_in(self, client, lab_a, student_a):
         response = client.get(student_lab_url(lab_a, student_a))
         assert response.status_code == 302 and reverse("login") in response["Location"]
+
+
+class TestGradebookLinks:
+    def test_each_cell_links_to_its_students_grade_for_its_lab(self, client, ta_a, instructor_a, course_a, lab_a,
+                                                               lab_2, student_a, classmate):
+        record_run(attempt=make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED),
+                   outputs=FIRST_ONLY)
+        grade_override(actor=instructor_a, lab=lab_2, student=classmate, score=Decimal("2.5"), reason="by hand")
+        client.force_login(ta_a)
+
+        response = client.get(reverse("grading:gradebook", args=[course_a.pk]))
+
+        page = Elements(response.content.decode())
+        labs = [lab.pk for lab in response.context["book"].labs]
+        for student in (student_a, classmate):
+            hrefs = [attrs["href"] for attrs in page.links_in_row(student.pk)]
+            assert hrefs == [reverse("grading:student_lab", args=[lab_id, student.pk]) for lab_id in labs]
+        a_in_lab_a = page.links_in_row(student_a.pk)[labs.index(lab_a.pk)]
+        assert a_in_lab_a["aria-label"] == "Grade of Student A for Linux basics: 1"
+        # A cell with no grade links too, and says so.
+        a_in_lab_2 = page.links_in_row(student_a.pk)[labs.index(lab_2.pk)]
+        assert a_in_lab_2["aria-label"] == "Grade of Student A for Networking: Not graded"
+        classmate_in_lab_2 = page.links_in_row(classmate.pk)[labs.index(lab_2.pk)]
+        assert classmate_in_lab_2["aria-label"] == "Grade of Classmate A for Networking: 2.50 override"
+        # The badge is inside the link, with the score.
+        html = response.content.decode()
+        href = reverse("grading:student_lab", args=[lab_2.pk, classmate.pk])
+        cell = html[html.index(f'href="{href}"'):]
+        assert cell.index("badge-override") < cell.index("</a>")
+
+        followed = client.get(a_in_lab_a["href"])
+        assert followed.status_code == 200
+        assert (followed.context["student"], followed.context["lab"]) == (student_a, lab_a)
+
+    def test_names_and_titles_are_escaped_in_the_links(self, client, ta_a, course_a, lab_a, student_a):
+        student_a.full_name = '<b>O"Neil</b> & co'
+        student_a.save(update_fields=["full_name"])
+        lab_a.title = 'Shells "<i>"'
+        lab_a.save(update_fields=["title"])
+        client.force_login(ta_a)
+        html = client.get(reverse("grading:gradebook", args=[course_a.pk])).content.decode()
+        assert "<b>" not in html and "<i>" not in html
+        [link] = Elements(html).links_in_row(student_a.pk)
+        assert link["aria-label"] == 'Grade of <b>O"Neil</b> & co for Shells "<i>": Not graded'
+        assert link["href"] == reverse("grading:student_lab", args=[lab_a.pk, student_a.pk])
+
+    def test_the_links_are_named_in_the_readers_language(self, client, ta_a, course_a, lab_a, student_a):
+        client.force_login(ta_a)
+        html = client.get(reverse("grading:gradebook", args=[course_a.pk]), HTTP_ACCEPT_LANGUAGE="ja")
+        [link] = Elements(html.content.decode()).links_in_row(student_a.pk)
+        assert link["aria-label"] == "Linux basics における Student A の成績: 未採点"
+
+    def test_six_queries_for_any_number_of_students(self, client, ta_a, tenant_a, course_a, lab_a, lab_2,
+                                                    django_assert_num_queries):
+        client.force_login(ta_a)
+        url = reverse("grading:gradebook", args=[course_a.pk])
+        for count in (1, 8):
+            while len(course_a.memberships.filter(role=Role.STUDENT)) < count:
+                n = course_a.memberships.count()
+                student = make_person(username=f"learner{n}", tenant=tenant_a, course=course_a, role=Role.STUDENT)
+                record_run(attempt=make_attempt(lab=lab_a, student=student), outputs=FIRST_ONLY)
+            with django_assert_num_queries(6):
+                response = client.get(url)
+            assert len(Elements(response.content.decode()).all("a")) >= count * 2
