@@ -1,5 +1,5 @@
-"""The page of one student's grade for one lab (their attempts and the override form), and the gradebook cells
-that lead to it."""
+"""The page of one student's grade for one lab (their attempts and the override form), the gradebook cells that
+lead to it, and the lab report's links to it."""
 
 from __future__ import annotations
 
@@ -262,3 +262,27 @@ class TestGradebookLinks:
             with django_assert_num_queries(6):
                 response = client.get(url)
             assert len(Elements(response.content.decode()).all("a")) >= count * 2
+
+
+class TestLabReportLinks:
+    def test_grade_rows_and_attempt_rows_lead_to_the_students_page(self, client, ta_a, lab_a, student_a, classmate):
+        record_run(attempt=make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED),
+                   outputs=FIRST_ONLY)
+        record_run(attempt=make_attempt(lab=lab_a, student=classmate, state=AttemptState.STOPPED),
+                   outputs=ALL_PASS)
+        client.force_login(ta_a)
+        response = client.get(reverse("grading:lab_report", args=[lab_a.pk]))
+        html = response.content.decode()
+        page = Elements(html)
+        hrefs = [attrs["href"] for attrs in page.all("a")]
+        for student in (student_a, classmate):
+            # Once in the grades table ("Attempts and override"), once on the name in the attempts table.
+            assert hrefs.count(student_lab_url(lab_a, student)) == 2
+        assert html.count(">Attempts and override</a>") == 2
+        assert reverse("grading:grade_override", args=[lab_a.pk, student_a.pk]) not in hrefs
+
+    def test_the_link_reads_in_japanese(self, client, ta_a, lab_a, student_a):
+        record_run(attempt=make_attempt(lab=lab_a, student=student_a), outputs=FIRST_ONLY)
+        client.force_login(ta_a)
+        html = client.get(reverse("grading:lab_report", args=[lab_a.pk]), HTTP_ACCEPT_LANGUAGE="ja")
+        assert ">実施と成績の上書き</a>" in html.content.decode()
