@@ -286,3 +286,15 @@ class TestLabReportLinks:
         client.force_login(ta_a)
         html = client.get(reverse("grading:lab_report", args=[lab_a.pk]), HTTP_ACCEPT_LANGUAGE="ja")
         assert ">実施と成績の上書き</a>" in html.content.decode()
+
+
+class TestAttemptDetailLink:
+    def test_the_attempt_leads_to_the_students_page_for_its_lab(self, client, ta_a, lab_a, student_a):
+        attempt = make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED)
+        record_run(attempt=attempt, outputs=FIRST_ONLY)
+        client.force_login(ta_a)
+        response = client.get(reverse("grading:attempt_detail", args=[attempt.pk]))
+        assert response.status_code == 200
+        hrefs = [attrs["href"] for attrs in Elements(response.content.decode()).all("a")]
+        assert student_lab_url(lab_a, student_a) in hrefs
+        assert reverse("grading:grade_override", args=[lab_a.pk, student_a.pk]) not in hrefs
