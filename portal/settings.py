@@ -177,6 +177,10 @@ else:
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": VAR_DIR / "portal.sqlite3",
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+            # Tests get a file of their own, not Django's default in-memory database: that one is opened with a
+            # shared cache, where a thread's connection meeting another's uncommitted write fails at once ("database
+            # table is locked") instead of waiting out the timeout as the portal's connections to its file do.
+            "TEST": {"NAME": VAR_DIR / "test_portal.sqlite3"},
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -1,0 +1,55 @@
+"""SQLite under connections of several threads, as the embedded default runs it: a write in progress on one makes
+the others' reads see the last commit and their writes wait for it, rather than fail."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connection, transaction
+
+from portal.models import Tenant
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite only: the embedded default's database"),
+]
+
+
+def test_a_write_in_progress_makes_another_connection_wait_rather_than_fail():
+    writing = threading.Event()
+    seen: dict[str, object] = {}
+
+    def hold_a_write() -> None:
+        try:
+            with transaction.atomic():
+                Tenant.objects.create(name="First University")
+                writing.set()
+                time.sleep(0.5)
+        finally:
+            connection.close()
+
+    def read_then_write() -> None:
+        try:
+            assert writing.wait(timeout=10)
+            seen["names_during_the_write"] = list(Tenant.objects.values_list("name", flat=True))
+            started = time.monotonic()
+            with transaction.atomic():
+                Tenant.objects.create(name="Second College")
+            seen["waited"] = time.monotonic() - started
+        except Exception as exc:  # handed back to the test, which shows it
+            seen["error"] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=hold_a_write), threading.Thread(target=read_then_write)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert "error" not in seen, seen
+    assert seen["names_during_the_write"] == []  # the uncommitted row is not read, and the read does not fail
+    assert seen["waited"] > 0.2  # the second write waited for the first transaction to end
+    assert sorted(Tenant.objects.values_list("name", flat=True)) == ["First University", "Second College"]
