@@ -31,7 +31,8 @@ from labs.tests.reliability import (
 )
 from portal.errors import Conflict
 
-pytestmark = [pytest.mark.reliability, pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.reliability, pytest.mark.embedded_db, pytest.mark.django_db(transaction=True),
+              pytest.mark.timeout(120)]
 
 
 kubesim = kubesim_fixture("duplicates")

@@ -13,6 +13,7 @@ from portal.models import Tenant
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
+    pytest.mark.embedded_db,
     pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite only: the embedded default's database"),
 ]
 
