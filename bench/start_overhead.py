@@ -37,7 +37,9 @@ as the pages loaded, and so is each process's CPU.
 The guest-less portal takes four bursts of 100, alternating Start over the lab socket (the page's way, the headline
 figure: the first burst) with Start posted over HTTP and the attempt's events socket opened after the answer (the
 page's way when its socket is not open, and the only way before the lab socket): side by side in one run, what the
-socket saves. The ten sequential starts go over the socket, their lab socket's handshake within their CPU.
+socket saves. The ten sequential starts go over the socket, their lab socket's handshake within their CPU. Each
+phase's VMs are deleted from kubesim before the next phase, so every burst begins with a namespace as empty as the
+first's (``vmis_in_cluster_before``).
 """
 
 from __future__ import annotations
@@ -686,7 +688,6 @@ def end_attempts(attempt_ids: list[int], *, server=None) -> None:
     burst would otherwise list four hundred)."""
     from django.utils import timezone
 
-    from labs.kubevirt import names
     from labs.models import Attempt, AttemptState
 
     Attempt.objects.filter(id__in=attempt_ids).update(state=AttemptState.FAILED, ended_at=timezone.now(),
@@ -694,11 +695,17 @@ def end_attempts(attempt_ids: list[int], *, server=None) -> None:
     if server is None:
         return
     from kubernetes import client, config
+
+    placed = list(Attempt.objects.filter(id__in=attempt_ids).exclude(vm_name="").values_list("namespace", "vm_name"))
+    with config.new_client_from_config(config_file=str(server.kubeconfig)) as api_client:
+        delete_and_wait(client.CustomObjectsApi(api_client), client.CoreV1Api(api_client), placed)
+
+
+def delete_and_wait(custom, core, placed: list[tuple[str, str]]) -> None:
+    """Delete each (namespace, VM)'s VM and cloud-init Secret, and wait until their VMIs are gone."""
     from kubernetes.client.exceptions import ApiException
 
-    api_client = config.new_client_from_config(config_file=str(server.kubeconfig))
-    custom, core = client.CustomObjectsApi(api_client), client.CoreV1Api(api_client)
-    placed = list(Attempt.objects.filter(id__in=attempt_ids).exclude(vm_name="").values_list("namespace", "vm_name"))
+    from labs.kubevirt import names
 
     def delete(namespace: str, vm: str) -> None:
         for call in (lambda: custom.delete_namespaced_custom_object("kubevirt.io", "v1", namespace,
@@ -722,19 +729,15 @@ def end_attempts(attempt_ids: list[int], *, server=None) -> None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the ended attempts' VMIs in {namespace} were not gone within 30 s")
             time.sleep(0.2)
-    api_client.close()
 
 
 def vmis_in_cluster(server) -> int:
     """VMIs the kubesim holds in every namespace (each burst should begin with none of the earlier bursts')."""
     from kubernetes import client, config
 
-    api_client = config.new_client_from_config(config_file=str(server.kubeconfig))
-    try:
+    with config.new_client_from_config(config_file=str(server.kubeconfig)) as api_client:
         listed = client.CustomObjectsApi(api_client).list_cluster_custom_object("kubevirt.io", "v1",
                                                                                  "virtualmachineinstances")
-    finally:
-        api_client.close()
     return len(listed["items"])
 
 
