@@ -298,3 +298,27 @@ class TestAttemptDetailLink:
         hrefs = [attrs["href"] for attrs in Elements(response.content.decode()).all("a")]
         assert student_lab_url(lab_a, student_a) in hrefs
         assert reverse("grading:grade_override", args=[lab_a.pk, student_a.pk]) not in hrefs
+
+
+class TestWatchLinks:
+    """While an attempt holds a VM, the grading pages lead to its console, read-only (the lab's attempt page)."""
+
+    def test_a_running_attempt_can_be_watched_a_stopped_one_not(self, client, ta_a, lab_a, student_a, classmate):
+        running = make_attempt(lab=lab_a, student=student_a, state=AttemptState.RUNNING)
+        stopped = make_attempt(lab=lab_a, student=classmate, state=AttemptState.STOPPED)
+        client.force_login(ta_a)
+        for url in (student_lab_url(lab_a, student_a), reverse("grading:lab_report", args=[lab_a.pk]),
+                    reverse("grading:attempt_detail", args=[running.pk])):
+            hrefs = [attrs["href"] for attrs in Elements(client.get(url).content.decode()).all("a")]
+            assert reverse("labs:attempt_detail", args=[running.pk]) in hrefs, url
+            assert reverse("labs:attempt_detail", args=[stopped.pk]) not in hrefs, url
+        stopped_page = Elements(client.get(reverse("grading:attempt_detail", args=[stopped.pk])).content.decode())
+        hrefs = [attrs["href"] for attrs in stopped_page.all("a")]
+        assert reverse("labs:attempt_detail", args=[stopped.pk]) not in hrefs
+
+    def test_the_link_opens_the_read_only_console_page_for_the_ta(self, client, ta_a, lab_a, student_a):
+        running = make_attempt(lab=lab_a, student=student_a, state=AttemptState.RUNNING)
+        client.force_login(ta_a)
+        response = client.get(reverse("labs:attempt_detail", args=[running.pk]))
+        assert response.status_code == 200
+        assert "console read-only. Taking control is recorded" in response.content.decode()
