@@ -16,10 +16,10 @@ urlpatterns = [
     path("labs/<int:lab_id>/regrade/", views.LabRegradeView.as_view(), name="lab_regrade"),
     # One student's grade for one lab, with their attempts and the override form; ``grade_override`` is the same
     # page at its older address.
-    path("labs/<int:lab_id>/students/<int:student_id>/", views.GradeOverrideView.as_view(), name="student_lab"),
+    path("labs/<int:lab_id>/students/<int:student_id>/", views.StudentLabGradeView.as_view(), name="student_lab"),
     path(
         "labs/<int:lab_id>/students/<int:student_id>/override/",
-        views.GradeOverrideView.as_view(),
+        views.StudentLabGradeView.as_view(),
         name="grade_override",
     ),
     path("attempts/<int:attempt_id>/", views.AttemptDetailView.as_view(), name="attempt_detail"),

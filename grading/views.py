@@ -204,7 +204,7 @@ class AttemptRegradeView(GradingView):
         return redirect("grading:attempt_detail", attempt_id=attempt.pk)
 
 
-class GradeOverrideView(GradingView):
+class StudentLabGradeView(GradingView):
     """The grade of one student for one lab: the grade, the student's attempts at the lab and the override form.
     Served at ``student_lab`` and at ``grade_override``; the form posts back to the URL the page came from, and
     a saved override returns to the gradebook."""

@@ -1,6 +1,6 @@
 """Reads of grading, always tenant- and role-scoped: access lookups, run payloads, reports and CSV rows.
 
-Split by subject (``access``, ``runs``, ``reports``); the names below are the public contract.
+Split by subject (``access``, ``attempts``, ``runs``, ``reports``); the names below are the public contract.
 """
 
 from grading.selectors.access import (
@@ -15,13 +15,11 @@ from grading.selectors.access import (
     staff_course_get,
     student_role_shown,
 )
+from grading.selectors.attempts import AttemptDetail, attempt_detail, attempt_timeline, student_lab_attempts
 from grading.selectors.reports import (
-    AttemptDetail,
     Gradebook,
     GradeCell,
     LabReport,
-    attempt_detail,
-    attempt_timeline,
     course_gradebook,
     csv_text,
     grade_of_student,
@@ -29,7 +27,6 @@ from grading.selectors.reports import (
     lab_report,
     score_distribution,
     student_grades,
-    student_lab_attempts,
     student_lab_runs,
 )
 from grading.selectors.runs import RUN_ERROR_MESSAGES, grading_run_payload, result_feedback, run_error_message

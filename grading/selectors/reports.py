@@ -1,19 +1,18 @@
-"""Reports for course staff and students: the course gradebook, a lab's report, one student's attempts at a lab,
-an attempt's detail, a student's own grades, and the gradebook as CSV rows. Each runs a fixed number of queries
-whatever the class size."""
+"""Reports for course staff and students: the course gradebook, a lab's report, a student's own grades, and the
+gradebook as CSV rows. Each runs a fixed number of queries whatever the class size."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import Count, Prefetch, Q, QuerySet, Sum
+from django.db.models import Count, Sum
 from django.utils.translation import gettext as _
 
-from grading.models import CheckResult, Grade, GradingRun, LabRegrade, RunState
+from grading.models import Grade, GradingRun, LabRegrade
+from grading.selectors.attempts import attempts_with_run_counts, runs_with_results
 from labs.models import Attempt, Lab
 from portal.models import Course, Membership, Role, User
 from portal.selectors import courses_for_user, user_tenant_ids
@@ -161,14 +160,6 @@ def score_distribution(*, percents: list[float], buckets: int = 10) -> list[Dist
     ]
 
 
-def attempts_with_run_counts(attempts: QuerySet[Attempt]) -> QuerySet[Attempt]:
-    """The attempts, each annotated with ``runs_done`` (runs scored) and ``runs_error`` (runs that failed)."""
-    return attempts.annotate(
-        runs_done=Count("runs", filter=Q(runs__state=RunState.DONE)),
-        runs_error=Count("runs", filter=Q(runs__state=RunState.ERROR)),
-    )
-
-
 def lab_report(*, lab: Lab) -> LabReport:
     max_points = lab.checks.aggregate(total=Sum("points"))["total"] or Decimal(0)
     attempts = list(
@@ -193,71 +184,6 @@ def lab_report(*, lab: Lab) -> LabReport:
         regrades=list(
             LabRegrade.objects.filter(lab=lab).select_related("requested_by")[:LAB_REPORT_REGRADES]
         ),
-    )
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# One student's attempts at a lab
-
-
-def student_lab_attempts(*, lab: Lab, student: User) -> list[Attempt]:
-    """The student's attempts at the lab, newest first, annotated like the lab report's (``runs_done``,
-    ``runs_error``); one query whatever their number. Callers have checked access to the lab and that the student
-    takes its course; the tenant is matched too, so a mismatched pair finds nothing."""
-    return list(
-        attempts_with_run_counts(Attempt.objects.filter(lab=lab, student=student, tenant_id=student.tenant_id))
-        .order_by("-requested_at", "-id")
-    )
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Attempt detail
-
-
-@dataclass(frozen=True)
-class TimelineEntry:
-    label: str
-    at: datetime
-
-
-TIMELINE_FIELDS = (
-    "requested_at", "provisioned_at", "pending_at", "scheduling_at", "scheduled_at", "vmi_running_at",
-    "agent_ready_at", "stopping_at", "ended_at",
-)
-
-
-def attempt_timeline(attempt: Attempt) -> list[TimelineEntry]:
-    """The attempt's phases with their times, in time order (labels are the fields' translated names)."""
-    entries = [
-        TimelineEntry(label=str(Attempt._meta.get_field(name).verbose_name), at=getattr(attempt, name))
-        for name in TIMELINE_FIELDS
-        if getattr(attempt, name) is not None
-    ]
-    return sorted(entries, key=lambda e: e.at)
-
-
-@dataclass
-class AttemptDetail:
-    attempt: Attempt
-    timeline: list[TimelineEntry]
-    runs: list[GradingRun]
-    grade: Grade | None
-
-
-def runs_with_results(queryset) -> list[GradingRun]:
-    return list(
-        queryset.select_related("requested_by")
-        .prefetch_related(Prefetch("results", queryset=CheckResult.objects.order_by("order", "id")))
-        .order_by("-created_at", "-id")
-    )
-
-
-def attempt_detail(*, attempt: Attempt) -> AttemptDetail:
-    return AttemptDetail(
-        attempt=attempt,
-        timeline=attempt_timeline(attempt),
-        runs=runs_with_results(GradingRun.objects.filter(attempt=attempt)),
-        grade=Grade.objects.filter(lab_id=attempt.lab_id, student_id=attempt.student_id).first(),
     )
 
 
