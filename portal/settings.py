@@ -176,7 +176,9 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": VAR_DIR / "portal.sqlite3",
-            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+            # WAL: a read under way (a report streaming its rows, a page's queries) no longer holds up the commits
+            # of the web's, worker's and beat's writers, nor they the readers; the mode stays with the file.
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL"},
             # Tests get a file of their own, not Django's default in-memory database: that one is opened with a
             # shared cache, where a thread's connection meeting another's uncommitted write fails at once ("database
             # table is locked") instead of waiting out the timeout as the portal's connections to its file do.

@@ -54,3 +54,48 @@ def test_a_write_in_progress_makes_another_connection_wait_rather_than_fail():
     assert seen["names_during_the_write"] == []  # the uncommitted row is not read, and the read does not fail
     assert seen["waited"] > 0.2  # the second write waited for the first transaction to end
     assert sorted(Tenant.objects.values_list("name", flat=True)) == ["First University", "Second College"]
+
+
+def test_a_long_read_does_not_hold_up_a_write():
+    """A read still under way (a report streaming its rows) leaves writers free to commit: the database is in WAL
+    mode. With SQLite's rollback journal a commit waits for every reader to finish."""
+    for n in range(5):
+        Tenant.objects.create(name=f"University {n}")
+    reading = threading.Event()
+    seen: dict[str, object] = {}
+
+    def read_slowly() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT name FROM portal_tenant ORDER BY id")
+                cursor.fetchone()  # the statement stays open, with rows left to read
+                reading.set()
+                time.sleep(2)
+                seen["rows_read"] = 1 + len(cursor.fetchall())
+        finally:
+            connection.close()
+
+    def write() -> None:
+        try:
+            assert reading.wait(timeout=10)
+            started = time.monotonic()
+            with transaction.atomic():
+                Tenant.objects.create(name="Written During The Read")
+            seen["write_seconds"] = time.monotonic() - started
+        except Exception as exc:  # handed back to the test, which shows it
+            seen["error"] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=read_slowly), threading.Thread(target=write)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert "error" not in seen, seen
+    assert seen["write_seconds"] < 1.0, seen  # it did not wait out the reader's two seconds
+    assert seen["rows_read"] == 5  # the reader saw the database as it was when its read began
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA journal_mode")
+        assert cursor.fetchone()[0] == "wal"
