@@ -15,7 +15,6 @@ from django.utils.translation import gettext as _
 from labs.console.stage import console_stage
 from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab
 from labs.sizes import CPU_ALLOCATION_RATIO
-from portal.compiled import CompiledQuery
 from portal.errors import NotFound
 from portal.models import STAFF_ROLES, Role, Tenant, User
 from portal.selectors import courses_for_user
@@ -57,25 +56,12 @@ def _attempt_rows(attempts: QuerySet[Attempt], *, attempt_id: int, related: bool
     return attempts.select_related("lab", "lab__course", "student", "tenant") if related else attempts
 
 
-def _own_attempt_query(*, related: bool, with_idle_stop: bool) -> CompiledQuery[Attempt]:
-    def rows(*, attempt_id: int, student_id: int, tenant_id: int) -> QuerySet[Attempt]:
-        own = Attempt.objects.filter(student_id=student_id, tenant_id=tenant_id)
-        return _attempt_rows(own, attempt_id=attempt_id, related=related, with_idle_stop=with_idle_stop)[:1]
-
-    return CompiledQuery(rows, attempt_id=int, student_id=int, tenant_id=int)
-
-
-_OWN_ATTEMPT = {(related, with_idle_stop): _own_attempt_query(related=related, with_idle_stop=with_idle_stop)
-                for related in (False, True) for with_idle_stop in (False, True)}
-
-
 def attempt_own(*, user: User, attempt_id: int, related: bool = False, with_idle_stop: bool = False) -> Attempt | None:
-    """The user's own attempt (they are its student, in their tenant), or None; as ``attempt_get_for_user`` reads it.
-    Built once per process (``portal.compiled``): every page, socket and console of a class at work asks it."""
+    """The user's own attempt (they are its student, in their tenant), or None; as ``attempt_get_for_user`` reads it."""
     if not user.is_authenticated or user.is_superuser or user.tenant_id is None:
         return None
-    return _OWN_ATTEMPT[related, with_idle_stop].first(attempt_id=int(attempt_id), student_id=user.pk,
-                                                        tenant_id=user.tenant_id)
+    own = Attempt.objects.filter(student_id=user.pk, tenant_id=user.tenant_id)
+    return _attempt_rows(own, attempt_id=attempt_id, related=related, with_idle_stop=with_idle_stop).first()
 
 
 def attempt_get_for_user(*, user: User, attempt_id: int, related: bool = True,
@@ -84,8 +70,7 @@ def attempt_get_for_user(*, user: User, attempt_id: int, related: bool = True,
     ``related`` its lab, course, student and tenant come in the same query (callers that only need the attempt's
     own fields, like the events socket's handshake, skip that: the query is then far cheaper to build). With
     ``with_idle_stop`` the lab's ``idle_stop_minutes`` comes along as ``lab_idle_stop_minutes``."""
-    # The common case first, by a query built once: the student's own attempt (every page, socket and console of a
-    # class at work). Staff fall through to the query over the courses they teach.
+    # The common case first: the student's own attempt. Staff fall through to the query over the courses they teach.
     attempt = attempt_own(user=user, attempt_id=attempt_id, related=related, with_idle_stop=with_idle_stop)
     if attempt is None:
         rows = _attempt_rows(attempts_for_user(user=user), attempt_id=attempt_id, related=related,

@@ -9,15 +9,14 @@ when capacity is full (as JupyterHub answers 429 with a suggested wait).
 
 from __future__ import annotations
 
-import functools
 import logging
 import secrets
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from django.conf import settings
-from django.db import IntegrityError, OperationalError, connection, transaction
-from django.db.models import Count, Q
+from django.db import IntegrityError, OperationalError, transaction
+from django.db.models import Count, Max, Q, Sum
 from django.utils import formats, timezone, translation
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
@@ -28,7 +27,6 @@ from labs.selectors import STARTING_STATES
 from labs.services.events import attempt_push_on_commit, on_commit_logged
 from labs.sizes import guest_resources, launcher_requests
 from labs.wording import in_every_language, in_language
-from portal.compiled import FieldsUpdate
 from portal.errors import ApplicationError, Conflict, NotFound, PermissionDenied, Unavailable, database_busy
 from portal.models import Role, Tenant, User
 from portal.ratelimit import rate_limit_hit, rate_limit_refund
@@ -80,7 +78,7 @@ def _check_extra_cloud_init(lab: Lab) -> None:
 
 def _check_start_throttle() -> None:
     limit = settings.ATTEMPT_CONCURRENT_START_LIMIT
-    if limit and _fetch("starting", list(STARTING_STATES))[0] >= limit:
+    if limit and Attempt.objects.filter(state__in=STARTING_STATES).count() >= limit:
         raise Unavailable(
             _("Many labs are starting right now. Try again in a minute."),
             code="too_many_starts", retry_after=retry_after_seconds(),
@@ -117,7 +115,7 @@ def per_student_cap_message(*, student: User, tenant: Tenant) -> str:
     return _per_student_refusal(running=going["running"], stopping=going["stopping"]).message
 
 
-def _quota_refusal(*, tenant: Tenant | TenantLimits, used_vms: int, used_vcpus: int, used_memory: int, vcpus: int,
+def _quota_refusal(*, tenant: Tenant, used_vms: int, used_vcpus: int, used_memory: int, vcpus: int,
                    memory_mib: int) -> Unavailable | None:
     """The refusal when one more VM of this shape would pass any of the tenant's limits, else None."""
     reasons = []
@@ -137,92 +135,39 @@ def _quota_refusal(*, tenant: Tenant | TenantLimits, used_vms: int, used_vcpus: 
     )
 
 
-# The Start's four reads, written in SQL. Every Start runs them, a class's hundred at once, and the ORM spends
-# several times as long building and compiling the aggregates (and the locking read) as the database spends running
-# them: a tenth of the web process's CPU in a burst. Names come from the models, so a renamed column cannot go stale.
-
-
-class TenantLimits(NamedTuple):
-    max_concurrent_vms: int
-    max_vcpus: int
-    max_memory_mib: int
-    max_vms_per_student: int
-
-
-class MyAttempts(NamedTuple):
-    counted: int  # all but the failed: what the attempt limit counts
-    number: int | None  # the highest attempt number so far
-    active: int | None  # the id of one in an active state, if any
-
-
 class TenantTotals(NamedTuple):
     vms: int
-    vcpus: int | None
-    memory: int | None
+    vcpus: int
+    memory: int
     students: int  # the student's own active attempts
     stopping: int  # of which stopping
 
 
-def _column(model, name: str) -> str:
-    return connection.ops.quote_name(model._meta.get_field(name).column)
-
-
-@functools.cache
-def _start_statements(vendor: str) -> dict[str, str]:
-    """The SQL of the Start's reads, for ``vendor``'s database (built once per process)."""
-    attempt = {name: _column(Attempt, name) for name in (
-        "id", "state", "number", "student", "lab", "tenant", "vcpus", "launcher_memory_mib")}
-    tenant = {name: _column(Tenant, name) for name in (
-        "id", *TenantLimits._fields)}
-    attempts = connection.ops.quote_name(Attempt._meta.db_table)
-    active = ", ".join(["%s"] * len(ACTIVE_STATES))
-    lock = " FOR NO KEY UPDATE" if connection.features.has_select_for_no_key_update else ""
-    # Identifiers from the models, quoted; every value is a parameter.
-    mine = (
-        f"SELECT COUNT(*) FILTER (WHERE {attempt['state']} <> %s), MAX({attempt['number']}), "  # noqa: S608
-        f"MAX({attempt['id']}) FILTER (WHERE {attempt['state']} IN ({active})) "
-        f"FROM {attempts} WHERE {attempt['student']} = %s AND {attempt['lab']} = %s"
+def _my_attempts(*, student: User, lab: Lab) -> dict:
+    """The student's attempts of the lab: how many count against its limit (all but the failed), the highest
+    number so far, and the id of an active one."""
+    return Attempt.objects.filter(student=student, lab=lab).aggregate(
+        counted=Count("id", filter=~Q(state=AttemptState.FAILED)),
+        number=Max("number"),
+        active=Max("id", filter=Q(state__in=ACTIVE_STATES)),
     )
-    limits = (
-        f"SELECT {', '.join(tenant[name] for name in TenantLimits._fields)} "  # noqa: S608
-        f"FROM {connection.ops.quote_name(Tenant._meta.db_table)} WHERE {tenant['id']} = %s{lock}"
-    )
-    totals = (
-        f"SELECT COUNT(*), SUM({attempt['vcpus']}), SUM({attempt['launcher_memory_mib']}), "  # noqa: S608
-        f"COUNT(*) FILTER (WHERE {attempt['student']} = %s), "
-        f"COUNT(*) FILTER (WHERE {attempt['student']} = %s AND {attempt['state']} = %s) "
-        f"FROM {attempts} WHERE {attempt['tenant']} = %s AND {attempt['state']} IN ({active})"
-    )
-    starting = (
-        f"SELECT COUNT(*) FROM {attempts} "  # noqa: S608
-        f"WHERE {attempt['state']} IN ({', '.join(['%s'] * len(STARTING_STATES))})"
-    )
-    return {"mine": mine, "tenant": limits, "totals": totals, "starting": starting}
 
 
-def _fetch(statement: str, params: list) -> tuple:
-    with connection.cursor() as cursor:
-        cursor.execute(_start_statements(connection.vendor)[statement], params)
-        return cursor.fetchone()
+def _tenant_locked(tenant_id: int) -> Tenant:
+    """The tenant, its row locked until the transaction ends. FOR NO KEY UPDATE: rows that only reference the tenant
+    (a classmate's audit record, a new attempt) need not wait for it."""
+    return Tenant.objects.select_for_update(no_key=True).get(id=tenant_id)
 
 
-def _my_attempts(*, student_id: int, lab_id: int) -> MyAttempts:
-    """The student's attempts of the lab: how many count against its limit, the last number, an active one."""
-    return MyAttempts(*_fetch("mine", [AttemptState.FAILED, *ACTIVE_STATES, student_id, lab_id]))
-
-
-def _tenant_limits_locked(tenant_id: int) -> TenantLimits:
-    """The tenant's limits, its row locked FOR NO KEY UPDATE until the transaction ends (where the database can)."""
-    row = _fetch("tenant", [tenant_id])
-    if row is None:
-        raise Tenant.DoesNotExist(f"tenant {tenant_id}")
-    return TenantLimits(*row)
-
-
-def _tenant_totals(*, tenant_id: int, student_id: int) -> TenantTotals:
+def _tenant_totals(*, tenant_id: int, student: User) -> TenantTotals:
     """The tenant's active attempts: how many, their vCPUs and launcher memory, and the student's own."""
-    return TenantTotals(*_fetch("totals", [student_id, student_id, AttemptState.STOPPING, tenant_id,
-                                           *ACTIVE_STATES]))
+    totals = Attempt.objects.filter(tenant_id=tenant_id, state__in=ACTIVE_STATES).aggregate(
+        vms=Count("id"), vcpus=Sum("vcpus"), memory=Sum("launcher_memory_mib"),
+        students=Count("id", filter=Q(student=student)),
+        stopping=Count("id", filter=Q(student=student, state=AttemptState.STOPPING)),
+    )
+    return TenantTotals(vms=totals["vms"], vcpus=totals["vcpus"] or 0, memory=totals["memory"] or 0,
+                        students=totals["students"], stopping=totals["stopping"])
 
 
 def _already_active(*, attempt_id: int | None) -> Conflict:
@@ -235,10 +180,6 @@ def _is_one_active_violation(error: IntegrityError) -> bool:
     constraint = getattr(diag, "constraint_name", None)
     # Without the driver's diagnostics (not PostgreSQL), the attempt insert is the one statement that can clash.
     return constraint is None or constraint == ONE_ACTIVE_CONSTRAINT
-
-
-# The new attempt's VM name, from its id (built once: every Start writes it).
-_name_vm = FieldsUpdate(lambda *, attempt_id: Attempt.objects.filter(id=attempt_id), attempt_id=int)
 
 
 def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
@@ -270,14 +211,14 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
     _check_extra_cloud_init(lab)
     # The student's own attempts of the lab, in one query. Two starts of the same student cannot both get past the
     # one-active constraint, so counting outside the lock lets nobody past the attempt limit.
-    mine = _my_attempts(student_id=actor.pk, lab_id=lab.pk)
-    if mine.active is not None:
-        raise _already_active(attempt_id=mine.active)
-    if lab.attempt_limit and mine.counted >= lab.attempt_limit:
+    mine = _my_attempts(student=actor, lab=lab)
+    if mine["active"] is not None:
+        raise _already_active(attempt_id=mine["active"])
+    if lab.attempt_limit and mine["counted"] >= lab.attempt_limit:
         raise Conflict(_("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit},
                        code="attempt_limit")
     _check_start_throttle()
-    number = (mine.number or 0) + 1
+    number = (mine["number"] or 0) + 1
 
     try:
         with transaction.atomic():
@@ -291,19 +232,18 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
                 requested_at=now,
             )
             attempt.vm_name = names.vm_name(attempt.id)
-            _name_vm.run({"vm_name": attempt.vm_name}, attempt_id=attempt.id)
+            Attempt.objects.filter(id=attempt.id).update(vm_name=attempt.vm_name)
             audit_record(actor=actor, action="attempt.start", target=attempt, tenant=course.tenant,
                          course=course, data={"lab": lab.id, "size": lab.size, "number": number})
             # Serialises the starts of the tenant: the totals below include every start that committed before
-            # this one got the lock. FOR NO KEY UPDATE: rows that only reference the tenant (a classmate's stop
-            # writing its audit record, the inserts above) need not wait for it.
-            tenant = _tenant_limits_locked(course.tenant_id)
-            totals = _tenant_totals(tenant_id=course.tenant_id, student_id=actor.pk)
+            # this one got the lock.
+            tenant = _tenant_locked(course.tenant_id)
+            totals = _tenant_totals(tenant_id=course.tenant_id, student=actor)
             if tenant.max_vms_per_student and totals.students > tenant.max_vms_per_student:
                 raise _per_student_refusal(running=totals.students - 1, stopping=totals.stopping)
             refusal = _quota_refusal(
-                tenant=tenant, used_vms=(totals.vms or 1) - 1, used_vcpus=(totals.vcpus or 0) - guest.vcpus,
-                used_memory=(totals.memory or 0) - launcher.memory_mib, vcpus=guest.vcpus,
+                tenant=tenant, used_vms=totals.vms - 1, used_vcpus=totals.vcpus - guest.vcpus,
+                used_memory=totals.memory - launcher.memory_mib, vcpus=guest.vcpus,
                 memory_mib=launcher.memory_mib,
             )
             if refusal is not None:

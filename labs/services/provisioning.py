@@ -28,7 +28,6 @@ from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, Tena
 from labs.services.attempts import StopReason, enqueue_teardown
 from labs.services.events import attempt_push_on_commit
 from labs.wording import in_every_language
-from portal.compiled import CompiledQuery, FieldsUpdate
 from portal.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -171,23 +170,12 @@ class ProvisionOutcome:
     ABANDONED = "abandoned"
 
 
-# The provisioning's own reads and writes, built once (``portal.compiled``): a class's hundred starts run each of them
-# a hundred times in the worker. The claim and the provisioned update are conditional (see the module's docstring).
-_requested = FieldsUpdate(
-    lambda *, attempt_id: Attempt.objects.filter(id=attempt_id, state=AttemptState.REQUESTED), attempt_id=int)
-_attempt_to_provision = CompiledQuery(
-    lambda *, attempt_id: Attempt.objects.select_related("lab", "tenant").filter(id=attempt_id).order_by()[:1],
-    attempt_id=int)
-_provisioning = FieldsUpdate(
-    lambda *, attempt_id: Attempt.objects.filter(id=attempt_id, state=AttemptState.PROVISIONING), attempt_id=int)
-
-
 def attempt_provision(*, attempt_id: int) -> str:
     """Create the attempt's cloud-init Secret and VM (and the namespace first if needed); the attempt becomes
     ``starting``. Raises ``ClusterError`` for the caller to retry or give up on."""
-    claimed = _requested.run({"state": AttemptState.PROVISIONING, "updated_at": timezone.now()},
-                             attempt_id=attempt_id)
-    attempt = _attempt_to_provision.first(attempt_id=attempt_id)
+    claimed = Attempt.objects.filter(id=attempt_id, state=AttemptState.REQUESTED).update(
+        state=AttemptState.PROVISIONING, updated_at=timezone.now())
+    attempt = Attempt.objects.select_related("lab", "tenant").filter(id=attempt_id).first()
     if attempt is None or attempt.state != AttemptState.PROVISIONING:
         return ProvisionOutcome.SKIPPED  # done by an earlier delivery, or stopped before it began
     if claimed:
@@ -238,8 +226,8 @@ def attempt_provision(*, attempt_id: int) -> str:
 
     # One statement, committed by itself (no BEGIN and COMMIT round trips around it); the push follows its commit.
     provisioned = timezone.now()
-    updated = _provisioning.run({"state": AttemptState.STARTING, "provisioned_at": provisioned,
-                                 "updated_at": provisioned}, attempt_id=attempt_id)
+    updated = Attempt.objects.filter(id=attempt_id, state=AttemptState.PROVISIONING).update(
+        state=AttemptState.STARTING, provisioned_at=provisioned, updated_at=provisioned)
     if updated:
         # Every other write to a provisioning attempt (a sync that saw its VMI, a stop) moves it out of
         # provisioning, and then this update matches nothing: the row is what was read plus these fields.

@@ -42,7 +42,6 @@ from labs.services.provisioning import (
     namespace_list_soon,
 )
 from labs.wording import in_every_language, with_cluster_words
-from portal.compiled import FieldsUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -347,18 +346,12 @@ def _waiting_for_agent(vmi: dict[str, Any]) -> str:
     return _("The VM is running; waiting for the lab agent inside it to start.")
 
 
-_update_if_still = FieldsUpdate(lambda *, attempt_id, state: Attempt.objects.filter(id=attempt_id, state=state),
-                                attempt_id=int, state=str)
-
-
 def _apply(attempt: Attempt, changes: dict[str, Any]) -> bool:
     """Write ``changes`` if the attempt is still in the state it was read in; push the update on commit."""
     if not changes:
         return False
-    # One statement, committed by itself (no BEGIN and COMMIT round trips around it, one attempt of a list after
-    # another), its SQL built once per set of changed fields; the push follows its commit.
-    updated = _update_if_still.run({**changes, "updated_at": timezone.now()}, attempt_id=attempt.id,
-                                   state=attempt.state)
+    updated = Attempt.objects.filter(id=attempt.id, state=attempt.state).update(
+        **changes, updated_at=timezone.now())
     if not updated:
         return False
     for name, value in changes.items():
