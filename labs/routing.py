@@ -1,11 +1,10 @@
-"""WebSocket routes of the portal: the lab page's socket (Start), attempt events and the console bridge."""
+"""WebSocket routes of the portal: attempt events and the console bridge."""
 
 from django.urls import path
 
-from labs.consumers import AttemptConsoleConsumer, AttemptEventsConsumer, LabEventsConsumer
+from labs.consumers import AttemptConsoleConsumer, AttemptEventsConsumer
 
 websocket_urlpatterns = [
-    path("ws/labs/<int:lab_id>/events/", LabEventsConsumer.as_asgi()),
     path("ws/attempts/<int:attempt_id>/events/", AttemptEventsConsumer.as_asgi()),
     path("ws/attempts/<int:attempt_id>/console/", AttemptConsoleConsumer.as_asgi()),
 ]

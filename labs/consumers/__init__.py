@@ -1,7 +1,6 @@
-"""WebSocket consumers: the lab page's socket (Start), live attempt events and the console bridge."""
+"""WebSocket consumers: live attempt events and the console bridge."""
 
 from labs.consumers.console import AttemptConsoleConsumer
 from labs.consumers.events import AttemptEventsConsumer
-from labs.consumers.lab import LabEventsConsumer
 
-__all__ = ["AttemptConsoleConsumer", "AttemptEventsConsumer", "LabEventsConsumer"]
+__all__ = ["AttemptConsoleConsumer", "AttemptEventsConsumer"]

@@ -24,7 +24,7 @@ from django.utils import translation
 
 from grading.selectors import grading_run_payload
 from labs.models import ACTIVE_STATES
-from labs.selectors import attempt_get_for_user, attempt_own, attempt_status_payload
+from labs.selectors import attempt_get_for_user, attempt_status_payload
 from labs.services.attempts import PRESENCE_STAMP_SECONDS, attempt_seen
 from portal.errors import ApplicationError
 from portal.websocket_consumer import PortalConsumer
@@ -41,22 +41,11 @@ def attempt_group(attempt_id: int) -> str:
     return f"attempt-{int(attempt_id)}"
 
 
-def attempt_access_check(*, user, attempt_id: int) -> None:
-    """Raises NotFound unless the user is the attempt's student or staff of its course."""
-    attempt_get_for_user(user=user, attempt_id=attempt_id)
-
-
 @dataclass(frozen=True)
 class Handshake:
     messages: list[dict]
     # The student's own page on a lab that stops attempts nobody has open: the socket stamps the attempt as seen.
     stamps_presence: bool = False
-
-
-def attempt_initial_messages(*, user, attempt_id: int) -> list[dict]:
-    """The messages a (re)connecting page needs: the attempt's status and its latest grading run, if any.
-    Raises NotFound unless the user may see the attempt (the access check and the snapshot are one lookup)."""
-    return _initial(user=user, attempt_id=attempt_id).messages
 
 
 def _initial(*, user, attempt_id: int) -> Handshake:
@@ -95,31 +84,10 @@ def attempt_events_handshake(*, user, attempt_id: int, language: str) -> Handsha
         return _initial(user=user, attempt_id=attempt_id)
 
 
-def attempt_started_handshake(*, user, attempt_id: int, answered_at, stamps_presence: bool,
-                              language: str) -> Handshake:
-    """After a Start answered on the lab socket (whose answer carried the attempt as it was at ``answered_at``, its
-    ``updated_at``): nothing to send if the attempt has not changed since, its status if it has (the worker was
-    quicker than the socket's joining its group), from one read of its own row. The attempt was just made by this
-    user: its access is the start's. It is not stamped as seen: a page's presence counts only once it runs
-    (``attempt_left_since``), and the socket stamps it every ``PRESENCE_STAMP_SECONDS`` from now on."""
-    if user is None or not user.is_authenticated:
-        raise NotAuthenticated
-    attempt = attempt_own(user=user, attempt_id=attempt_id)
-    if attempt is None or attempt.agent_ready_at is not None:  # gone, or so far on that it may have runs to show
-        with translation.override(language):
-            return _initial(user=user, attempt_id=attempt_id)
-    if attempt.updated_at == answered_at:
-        return Handshake(messages=[], stamps_presence=stamps_presence)
-    with translation.override(language):
-        return Handshake(messages=[{"type": "attempt.update", "attempt": attempt_status_payload(attempt)}],
-                         stamps_presence=stamps_presence)
-
-
 # One thread-pool call per handshake. Not thread-sensitive: channels' default would run every handshake of the
 # process on one shared thread, one after another, and a class opening its pages together would wait past
 # daphne's connect timeout. database_sync_to_async closes stale connections around the call in its thread.
 _handshake = database_sync_to_async(attempt_events_handshake, thread_sensitive=False)
-_started_handshake = database_sync_to_async(attempt_started_handshake, thread_sensitive=False)
 # While the student's page is open its socket stamps the attempt every PRESENCE_STAMP_SECONDS, and once more as it
 # closes (the dashboard reads the same figure to tell whether any page has it open).
 _seen = database_sync_to_async(attempt_seen, thread_sensitive=False)
@@ -132,41 +100,22 @@ class AttemptEventsConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):
     presence: asyncio.Task | None = None
 
     async def connect(self) -> None:
+        """Join the attempt's group, then read its snapshot, deciding access: an update committed in between is
+        delivered after the snapshot, never lost (group messages wait until this handler returns)."""
         attempt_id = int(self.scope["url_route"]["kwargs"]["attempt_id"])
         self.language = scope_language(self.scope)
-        try:
-            handshake = await self.follow(attempt_id)
-        except (NotAuthenticated, ApplicationError) as exc:
-            await self.close(code=refusal_close_code(exc))
-            return
-        await self.accept()
-        await self.deliver(handshake)
-
-    async def follow(self, attempt_id: int, *, started=None) -> Handshake:
-        """Join the attempt's group and read its snapshot, deciding access; raises ``NotAuthenticated`` or
-        ``NotFound`` (having left the group again). Join before reading the snapshot: an update committed in between
-        is delivered after it, never lost. Nothing reaches the socket before this returns: group messages wait until
-        the handler that called it returns. ``started``: the attempt this socket just started (``StartOutcome``),
-        whose answer the page has; only a change since then is sent (``attempt_started_handshake``)."""
         group = attempt_group(attempt_id)
         await self.channel_layer.group_add(group, self.channel_name)
         try:
-            if started is None:
-                handshake = await _handshake(user=self.scope.get("user"), attempt_id=attempt_id,
-                                             language=self.language)
-            else:
-                handshake = await _started_handshake(
-                    user=self.scope.get("user"), attempt_id=attempt_id, answered_at=started.updated_at,
-                    stamps_presence=started.stamps_presence, language=self.language)
-        except (NotAuthenticated, ApplicationError):
+            handshake = await _handshake(user=self.scope.get("user"), attempt_id=attempt_id, language=self.language)
+        except (NotAuthenticated, ApplicationError) as exc:
             await self.channel_layer.group_discard(group, self.channel_name)
-            raise
+            await self.close(code=refusal_close_code(exc))
+            return
         self.group = group
         self.attempt_id = attempt_id
-        return handshake
-
-    async def deliver(self, handshake: Handshake) -> None:
-        """Send the snapshot; keep the attempt from being stopped as left while the socket is open, where it should."""
+        await self.accept()
+        # Keep the attempt from being stopped as left while the socket is open, where it should.
         for message in handshake.messages:
             await self.send_json(message)
         if handshake.stamps_presence:

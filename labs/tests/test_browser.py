@@ -132,8 +132,6 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_
     # works too but is not what this test follows).
     page.wait_for_url(f"**/labs/{lab_a.id}/")
     page.wait_for_load_state("load")
-    # The page opened its lab socket as it loaded: Start goes over it, and the attempt's updates come back on it.
-    expect(page.locator("#start-form")).to_have_attribute("data-socket-state", "open")
     sockets: list[str] = []
     page.on("websocket", lambda socket: sockets.append(socket.url))
     posts: list[str] = []
@@ -162,8 +160,8 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_
     expect(page.locator("#history [data-history-attempt] .state")).to_have_text("Running")
     expect(page.locator("#countdown")).to_have_text(re.compile(r"\d+:\d\d"))
     expect(page.locator("#live-indicator")).to_have_class(re.compile(r"\bon\b"))
-    assert not any("/start/" in url for url in posts), posts  # no HTTP Start
-    assert not any(re.search(r"/ws/attempts/\d+/events/", url) for url in sockets), sockets  # nor a second socket
+    assert any("/start/" in url for url in posts), posts  # Start is the HTTP POST
+    assert any(re.search(r"/ws/attempts/\d+/events/", url) for url in sockets), sockets  # then the attempt's socket
 
     # Type into xterm and see the shell's answer.
     expect(page.locator("#console-status")).to_have_attribute("data-state", "connected", timeout=30_000)
@@ -260,7 +258,7 @@ def test_a_start_that_cannot_pull_its_image_says_it_is_slow_then_why_it_failed(s
     lab_a = unpullable_lab
     context, page = student_page(browser, impatient_portal.url)
     sockets: list[str] = []
-    page.on("websocket", lambda socket: sockets.append(socket.url))  # the lab socket opens as the page loads
+    page.on("websocket", lambda socket: sockets.append(socket.url))
     page.goto(f"/labs/{lab_a.id}/")
     page.click("#start-button")
     expect(page.locator("#progress [data-step='provisioned']")).to_have_class(re.compile(r"\bdone\b"))
@@ -296,7 +294,6 @@ def test_a_refused_start_says_why_on_the_page_and_can_be_tried_again(student_a, 
     context, page = student_page(browser, live_portal.url)
     context.clock.install()  # the page's own clock, to be moved on instead of waiting out the server's Retry-After
     page.goto(f"/labs/{lab_a.id}/")
-    expect(page.locator("#start-form")).to_have_attribute("data-socket-state", "open")  # refused over the socket
     posts: list[str] = []
     page.on("request", lambda request: posts.append(request.url) if request.method == "POST" else None)
     page.evaluate("window.sameDocument = true")
@@ -331,59 +328,37 @@ def test_a_refused_start_says_why_on_the_page_and_can_be_tried_again(student_a, 
     expect(page.locator("#start-message")).to_have_count(0)
     assert page.evaluate("window.sameDocument === true")
     assert in_a_thread(lambda: Attempt.objects.filter(lab=lab_a).count()) == 1
-    assert not any("/start/" in url for url in posts), posts
+    assert any("/start/" in url for url in posts), posts
     context.close()
 
 
-# Points the lab page's socket at a port where nothing listens: the page cannot open it and falls back to HTTP.
-NO_LAB_SOCKET = """(() => {
-  const Real = window.WebSocket;
-  function Blocked(url, protocols) {
-    return new Real(String(url).includes("/ws/labs/") ? "ws://127.0.0.1:9/" : url, protocols);
-  }
-  Blocked.prototype = Real.prototype;
-  Object.assign(Blocked, { CONNECTING: 0, OPEN: 1, CLOSING: 2, CLOSED: 3 });
-  window.WebSocket = Blocked;
-})();"""
-
-
-# The lab page's socket goes away as Start is sent on it (a restarted portal, a proxy's timeout): no answer comes.
-LAB_SOCKET_LOST_ON_START = """(() => {
-  const send = WebSocket.prototype.send;
-  WebSocket.prototype.send = function (data) {
-    if (this.url.includes("/ws/labs/") && String(data).includes('"start"')) {
-      this.close();
-      return;
-    }
-    return send.call(this, data);
-  };
-})();"""
-
-
-def test_a_start_whose_lab_socket_is_lost_goes_over_http_instead(student_a, lab_a, live_portal, browser):
+def test_start_is_posted_over_http_and_the_panel_follows_the_attempt_on_its_own_socket(student_a, lab_a,
+                                                                                     live_portal, browser):
     from playwright.sync_api import expect
 
     from labs.models import Attempt
 
     context, page = student_page(browser, live_portal.url)
-    context.add_init_script(LAB_SOCKET_LOST_ON_START)
     posts: list[str] = []
+    sockets: list[str] = []
     page.on("request", lambda request: posts.append(request.url) if request.method == "POST" else None)
+    page.on("websocket", lambda socket: sockets.append(socket.url))
     page.goto(f"/labs/{lab_a.id}/")
-    expect(page.locator("#start-form")).to_have_attribute("data-socket-state", "open")
     page.evaluate("window.sameDocument = true")
     page.click("#start-button")
     expect(page.locator("#attempt-panel")).to_be_visible()
     expect(page.locator("#live-indicator")).to_have_class(re.compile(r"\bon\b"))  # the attempt's own socket
     assert any(url.endswith(f"/labs/{lab_a.id}/start/") for url in posts), posts
+    attempt_id = in_a_thread(lambda: Attempt.objects.get(lab=lab_a).id)
+    assert any(url.endswith(f"/ws/attempts/{attempt_id}/events/") for url in sockets), sockets
+    assert not any("/ws/labs/" in url for url in sockets), sockets
     assert page.evaluate("window.sameDocument === true")
-    assert in_a_thread(lambda: Attempt.objects.filter(lab=lab_a).count()) == 1
     context.close()
 
 
 def test_a_start_the_portal_was_too_busy_to_answer_is_tried_again_by_the_page(student_a, lab_a, live_portal,
                                                                               browser):
-    """Where the lab page's socket cannot open, Start is posted over HTTP. ``portal.server_errors`` answers 503
+    """``portal.server_errors`` answers 503
     ``portal_busy`` with Retry-After when no database connection came free in time; the lab page waits that out and
     tries again by itself, as for full capacity. The first Start is answered as the portal answers then (its
     handler's own body), the second reaches the portal."""
@@ -406,7 +381,6 @@ def test_a_start_the_portal_was_too_busy_to_answer_is_tried_again_by_the_page(st
 
     context, page = student_page(browser, live_portal.url)
     context.clock.install()
-    context.add_init_script(NO_LAB_SOCKET)
     page.route(f"**/labs/{lab_a.id}/start/", start_route)
     page.goto(f"/labs/{lab_a.id}/")
     page.click("#start-button")

@@ -1,6 +1,5 @@
 /*
- * The attempt panel: live status over /ws/attempts/<id>/events/ (no polling; on a lab page whose Start went over
- * its lab socket, that socket, handed over with "portal:panel", until it closes), the start progress with times,
+ * The attempt panel: live status over /ws/attempts/<id>/events/ (no polling), the start progress with times,
  * the countdown to expiry, and the Extend / Check / Stop buttons (fetch with the CSRF token).
  * Reads its configuration from the JSON block #attempt-config; announces state changes to console.js with a
  * "portal:attempt" event on document.
@@ -21,7 +20,7 @@
     }
   }
 
-  function init(event) {
+  function init() {
     const configElement = document.getElementById("attempt-config");
     if (!configElement) {
       return;
@@ -264,19 +263,14 @@
 
     let failures = 0;
     // ``adopted``: a socket open already, that has joined the attempt's updates (the lab socket Start was sent on).
-    function connectEvents(adopted) {
-      const socket = adopted || new WebSocket(socketUrl(config.urls.events));
+    function connectEvents() {
+      const socket = new WebSocket(socketUrl(config.urls.events));
       const indicator = byId("live-indicator");
-      function connected() {
+      socket.addEventListener("open", () => {
         failures = 0;
         indicator.textContent = S.live_connected;
         indicator.className = "live on";
-      }
-      if (adopted) {
-        connected();
-      } else {
-        socket.addEventListener("open", connected);
-      }
+      });
       socket.addEventListener("message", (event) => {
         let message;
         try {
@@ -300,7 +294,7 @@
         failures += 1;
         // Exponential backoff with jitter: a restarted server is not hit by every page at once.
         const delay = Math.min(RETRY_MAX_MS, 500 * 2 ** Math.min(failures, 6)) * (0.5 + Math.random() / 2);
-        window.setTimeout(() => connectEvents(null), delay);
+        window.setTimeout(connectEvents, delay);
       });
     }
 
@@ -346,8 +340,7 @@
 
     renderAttempt(attempt);
     window.setInterval(tick, 1000);
-    const handed = event && event.detail ? event.detail.socket : null;
-    connectEvents(handed && handed.readyState === WebSocket.OPEN ? handed : null);
+    connectEvents();
   }
 
   // On a lab page before Start, the panel arrives later (static/js/start.js announces it with "portal:panel").

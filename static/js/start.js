@@ -1,10 +1,8 @@
 /*
- * Start without leaving the lab page. The page opens its lab socket (/ws/labs/<id>/events/) as it loads, and
- * pressing Start sends {"type": "start"} on it: the answer (start.answer) brings the attempt panel (with its
- * #attempt-config), which takes the place of the Start card, and the attempt's row for the history table; the same
- * socket then carries the attempt's updates, and a "portal:panel" event hands it to attempt.js with the panel
- * (console.js takes the panel over too). Where the socket is not open (not yet, or lost), the Start form is posted
- * with fetch() instead and answered the same way. A refusal is shown in the Start card. Without JavaScript the form
+ * Start without leaving the lab page: pressing Start posts the form with fetch(). The answer brings the attempt
+ * panel (with its #attempt-config), which takes the place of the Start card, and the attempt's row for the history
+ * table; a "portal:panel" event hands the panel to attempt.js, which follows the attempt on its own socket
+ * (/ws/attempts/<id>/events/), and to console.js. A refusal is shown in the Start card. Without JavaScript the form
  * posts and the page reloads, with the same outcome.
  *
  * A refusal for want of room (a class starting together, the institution's capacity full) says when to come back
@@ -74,73 +72,8 @@
     old.remove();
   }
 
-  // ---- the lab socket ------------------------------------------------------------------------------------
-  let socket = null; // open and not handed over yet
-  let pending = null; // the Start sent on it, waiting for its answer: { resolve }
-  let handedOver = false;
-  let socketFailures = 0;
-  const SOCKET_RETRY_MAX_MS = 30000;
-
-  function openSocket() {
-    if (handedOver || !form.dataset.socket || !("WebSocket" in window)) {
-      return;
-    }
-    const scheme = window.location.protocol === "https:" ? "wss://" : "ws://";
-    const candidate = new WebSocket(scheme + window.location.host + form.dataset.socket);
-    candidate.addEventListener("open", () => {
-      socket = candidate;
-      socketFailures = 0;
-      form.dataset.socketState = "open";
-    });
-    candidate.addEventListener("message", (event) => {
-      if (handedOver || pending === null) {
-        return;
-      }
-      let message;
-      try {
-        message = JSON.parse(event.data);
-      } catch (error) {
-        return;
-      }
-      if (message.type === "start.answer" || message.type === "start.refused") {
-        const answer = pending;
-        pending = null;
-        answer.resolve({ socketAnswer: message });
-      }
-    });
-    candidate.addEventListener("close", (event) => {
-      if (socket === candidate) {
-        socket = null;
-        form.dataset.socketState = "closed";
-      }
-      if (pending !== null) { // no answer came: ask over HTTP (a Start that did happen is refused as active there)
-        const answer = pending;
-        pending = null;
-        answer.resolve({ lost: true });
-      }
-      if (handedOver || event.code === 4401 || event.code === 4404) {
-        return;
-      }
-      socketFailures += 1;
-      const delay = Math.min(SOCKET_RETRY_MAX_MS, 500 * 2 ** Math.min(socketFailures, 6)) * (0.5 + Math.random() / 2);
-      window.setTimeout(openSocket, delay);
-    });
-  }
-
-  function startOverSocket() {
-    return new Promise((resolve) => {
-      pending = { resolve };
-      try {
-        socket.send(JSON.stringify({ type: "start" }));
-      } catch (error) { // closing under our feet: ask over HTTP
-        pending = null;
-        resolve({ lost: true });
-      }
-    });
-  }
-
-  // The HTTP Start's answer in the socket's terms: { ok, code, error, retryAfter, body }.
-  async function startOverHttp() {
+  // The Start's answer: { ok, code, error, retryAfter, body }.
+  async function requestStart() {
     const response = await window.portal.postForm(form);
     const body = await response.json().catch(() => ({}));
     return {
@@ -152,25 +85,7 @@
     };
   }
 
-  async function requestStart() {
-    if (socket !== null && socket.readyState === WebSocket.OPEN) {
-      const outcome = await startOverSocket();
-      if (outcome.socketAnswer) {
-        const message = outcome.socketAnswer;
-        return {
-          ok: message.type === "start.answer",
-          code: message.code,
-          error: message.error,
-          retryAfter: parseInt(message.retry_after || "", 10),
-          body: message,
-          socket: message.type === "start.answer" ? socket : null,
-        };
-      }
-    }
-    return startOverHttp();
-  }
-
-  function showAttempt(body, answeredOn) {
+  function showAttempt(body) {
     const history = document.getElementById("history");
     history.tBodies[0].insertAdjacentHTML("afterbegin", body.history_row);
     history.hidden = false;
@@ -179,12 +94,8 @@
       empty.remove();
     }
     swap("start-card", body.panel);
-    // From here attempt.js follows the attempt: on the socket the answer came on, or on the attempt's own.
-    handedOver = true;
-    if (!answeredOn && socket !== null) {
-      socket.close();
-    }
-    document.dispatchEvent(new CustomEvent("portal:panel", { detail: { socket: answeredOn || null } }));
+    // From here attempt.js follows the attempt, on the attempt's own socket.
+    document.dispatchEvent(new CustomEvent("portal:panel"));
   }
 
   form.addEventListener("submit", async (event) => {
@@ -196,7 +107,7 @@
       ready();
       return;
     }
-    if (pending !== null) {
+    if (button.disabled) {
       return; // a Start is on its way already
     }
     button.disabled = true;
@@ -211,7 +122,7 @@
       return;
     }
     if (outcome.ok) {
-      showAttempt(outcome.body, outcome.socket);
+      showAttempt(outcome.body);
       return;
     }
     if (outcome.code === "attempt_active") {
@@ -227,6 +138,4 @@
     refused(format(form.dataset.failed, { message: outcome.error }));
     ready();
   });
-
-  openSocket();
 })();
