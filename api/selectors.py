@@ -1,10 +1,8 @@
 """Tenant- and role-scoped querysets the API lists from, where the apps' own selectors offer no such list.
 
-Attempts come from ``labs.selectors`` and single grading runs from ``grading.selectors``; the lists of labs,
-grading runs and grades, the staff check on a course and the audit log are here. Each one starts from
-``portal.selectors.courses_for_user`` / ``staff_courses_for_user`` or ``labs.selectors.attempts_for_user``
-(which keep to the user's tenant), so a row of another tenant can never appear. Single objects are fetched
-through these same querysets, and a missing row and a forbidden one raise the same ``NotFound``.
+Labs and attempts come from ``labs.access``; the lists of grading runs and grades, the staff check on a course and
+the audit log are here, each built on ``labs.access`` or ``portal.selectors`` (which keep to the user's tenant).
+A missing row and a forbidden one raise the same ``NotFound``.
 """
 
 from __future__ import annotations
@@ -13,28 +11,15 @@ from django.db.models import Q, QuerySet
 from django.utils.translation import gettext as _
 
 from grading.models import Grade, GradingRun
-from labs.models import Lab
-from labs.selectors import attempts_for_user
+from labs.access import attempts_visible_to
 from portal.errors import NotFound, PermissionDenied
 from portal.models import AuditEvent, Course, Role, User
 from portal.selectors import course_get_for_user, course_role, courses_for_user, staff_courses_for_user
 
 
-def labs_for_user(*, user: User) -> QuerySet[Lab]:
-    """Labs of every course the user belongs to, in any role."""
-    return Lab.objects.filter(course__in=courses_for_user(user=user)).select_related("course")
-
-
-def lab_get_for_user(*, user: User, lab_id: int) -> Lab:
-    lab = labs_for_user(user=user).filter(id=lab_id).first()
-    if lab is None:
-        raise NotFound(_("Lab not found."))
-    return lab
-
-
 def grading_runs_for_user(*, user: User) -> QuerySet[GradingRun]:
     return (
-        GradingRun.objects.filter(attempt__in=attempts_for_user(user=user).values("id"))
+        GradingRun.objects.filter(attempt__in=attempts_visible_to(user=user).values("id"))
         .select_related("attempt", "attempt__lab", "attempt__student")
     )
 

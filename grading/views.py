@@ -25,6 +25,7 @@ from django.views import View
 
 from grading import selectors, services
 from grading.forms import GradeOverrideForm
+from labs import access
 from portal.errors import ApplicationError, NotFound, PermissionDenied
 from portal.selectors import staff_courses_for_user
 
@@ -54,7 +55,7 @@ class MyGradesView(GradingView):
 
 class MyLabRunsView(GradingView):
     def get(self, request: HttpRequest, lab_id: int) -> HttpResponse:
-        lab = selectors.lab_get_for_student(user=request.user, lab_id=lab_id)
+        lab = access.lab_get_for_student(user=request.user, lab_id=lab_id)
         report = selectors.student_lab_runs(user=request.user, lab=lab)
         return render(request, "grading/my_lab.html", {"report": report, "lab": lab})
 
@@ -164,13 +165,13 @@ class GradebookExportView(GradingView):
 
 class LabReportView(GradingView):
     def get(self, request: HttpRequest, lab_id: int) -> HttpResponse:
-        lab = selectors.lab_get_for_staff(user=request.user, lab_id=lab_id)
+        lab = access.lab_get_for_staff(user=request.user, lab_id=lab_id)
         return render(request, "grading/lab_report.html", {"report": selectors.lab_report(lab=lab)})
 
 
 class LabRegradeView(GradingView):
     def post(self, request: HttpRequest, lab_id: int) -> HttpResponse:
-        lab = selectors.lab_get_for_staff(user=request.user, lab_id=lab_id)
+        lab = access.lab_get_for_staff(user=request.user, lab_id=lab_id)
         regrade, created = services.lab_regrade_request(actor=request.user, lab=lab)
         if created:
             messages.success(
@@ -188,13 +189,13 @@ class LabRegradeView(GradingView):
 
 class AttemptDetailView(GradingView):
     def get(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
-        attempt = selectors.attempt_get_for_staff(user=request.user, attempt_id=attempt_id)
+        attempt = access.attempt_get_for_staff(user=request.user, attempt_id=attempt_id)
         return render(request, "grading/attempt_detail.html", {"detail": selectors.attempt_detail(attempt=attempt)})
 
 
 class AttemptRegradeView(GradingView):
     def post(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
-        attempt = selectors.attempt_get_for_staff(user=request.user, attempt_id=attempt_id)
+        attempt = access.attempt_get_for_staff(user=request.user, attempt_id=attempt_id)
         outcome = services.grading_regrade(actor=request.user, attempt=attempt)
         messages.success(request, _("Regraded %(runs)d runs.") % {"runs": len(outcome.reevaluated)})
         if outcome.queued is not None:
@@ -212,7 +213,7 @@ class StudentLabGradeView(GradingView):
     template_name = "grading/override.html"
 
     def _context(self, request: HttpRequest, lab_id: int, student_id: int) -> dict[str, Any]:
-        lab = selectors.lab_get_for_staff(user=request.user, lab_id=lab_id)
+        lab = access.lab_get_for_staff(user=request.user, lab_id=lab_id)
         student = selectors.course_student_get(course=lab.course, student_id=student_id)
         grade = selectors.grade_of_student(lab=lab, student=student)
         return {"lab": lab, "student": student, "grade": grade, "max_score": services.lab_max_points(lab=lab)}

@@ -1,5 +1,5 @@
-"""Reads of attempts, always scoped to what the person may see: their own attempts, or those of courses they
-teach. Also the attempt's status payload (the shape pushed to the browser) and a tenant's capacity in use."""
+"""Reads of attempts beyond who may see them (``labs.access``): the attempt's status payload (the shape pushed to
+the browser), the attempt limit's count, and a tenant's capacity in use."""
 
 from __future__ import annotations
 
@@ -8,15 +8,13 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, F, Q, QuerySet, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
-from django.utils.translation import gettext as _
 
 from labs.console.stage import console_stage
 from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab
 from labs.sizes import CPU_ALLOCATION_RATIO
-from portal.errors import NotFound
-from portal.models import STAFF_ROLES, Role, Tenant, User
+from portal.models import Role, Tenant, User
 from portal.selectors import courses_for_user
 
 # The attempt's timestamps in the payload, by key, with the model field each comes from.
@@ -32,69 +30,6 @@ PAYLOAD_TIMESTAMPS = {
     "ended": "ended_at",
 }
 STARTING_STATES = (AttemptState.REQUESTED, AttemptState.PROVISIONING, AttemptState.STARTING)
-
-
-def attempts_for_user(*, user: User) -> QuerySet[Attempt]:
-    """Attempts the user may see: their own, plus every attempt in courses where they are instructor or TA.
-    Always inside the user's tenant (superusers see all)."""
-    if not user.is_authenticated:
-        return Attempt.objects.none()
-    if user.is_superuser:
-        return Attempt.objects.all()
-    staff_courses = courses_for_user(user=user, roles=tuple(STAFF_ROLES))
-    return Attempt.objects.filter(tenant_id=user.tenant_id).filter(
-        Q(student=user) | Q(lab__course__in=staff_courses)
-    )
-
-
-def _attempt_rows(attempts: QuerySet[Attempt], *, attempt_id: int, related: bool,
-                  with_idle_stop: bool) -> QuerySet[Attempt]:
-    attempts = attempts.filter(id=attempt_id).order_by()  # one row at most: no ORDER BY
-    if with_idle_stop:
-        attempts = attempts.annotate(lab_idle_stop_minutes=F("lab__idle_stop_minutes"))
-    # Never select_related() without fields: that follows every foreign key, and their foreign keys.
-    return attempts.select_related("lab", "lab__course", "student", "tenant") if related else attempts
-
-
-def attempt_own(*, user: User, attempt_id: int, related: bool = False, with_idle_stop: bool = False) -> Attempt | None:
-    """The user's own attempt (they are its student, in their tenant), or None; as ``attempt_get_for_user`` reads it."""
-    if not user.is_authenticated or user.is_superuser or user.tenant_id is None:
-        return None
-    own = Attempt.objects.filter(student_id=user.pk, tenant_id=user.tenant_id)
-    return _attempt_rows(own, attempt_id=attempt_id, related=related, with_idle_stop=with_idle_stop).first()
-
-
-def attempt_get_for_user(*, user: User, attempt_id: int, related: bool = True,
-                         with_idle_stop: bool = False) -> Attempt:
-    """The attempt if the user is its student or staff of its course; the same NotFound otherwise. With
-    ``related`` its lab, course, student and tenant come in the same query (callers that only need the attempt's
-    own fields, like the events socket's handshake, skip that: the query is then far cheaper to build). With
-    ``with_idle_stop`` the lab's ``idle_stop_minutes`` comes along as ``lab_idle_stop_minutes``."""
-    # The common case first: the student's own attempt. Staff fall through to the query over the courses they teach.
-    attempt = attempt_own(user=user, attempt_id=attempt_id, related=related, with_idle_stop=with_idle_stop)
-    if attempt is None:
-        rows = _attempt_rows(attempts_for_user(user=user), attempt_id=attempt_id, related=related,
-                             with_idle_stop=with_idle_stop)
-        attempt = next(iter(rows), None)
-    if attempt is None:
-        raise NotFound(_("Attempt not found."))
-    return attempt
-
-
-def attempts_for_student(*, user: User, lab: Lab | None = None) -> QuerySet[Attempt]:
-    """The student's own attempts (newest first), optionally of one lab: the student dashboard's rows."""
-    attempts = Attempt.objects.filter(student=user, tenant_id=user.tenant_id).select_related("lab", "lab__course")
-    return attempts.filter(lab=lab) if lab is not None else attempts
-
-
-def attempts_for_course_staff(*, user: User, course_id: int) -> QuerySet[Attempt]:
-    """Attempts in one course, for its instructors and TAs (empty for anyone else)."""
-    courses = courses_for_user(user=user, roles=tuple(STAFF_ROLES)).filter(id=course_id)
-    return Attempt.objects.filter(lab__course__in=courses).select_related("lab", "student")
-
-
-def active_attempt_for(*, user: User, lab: Lab) -> Attempt | None:
-    return Attempt.objects.filter(student=user, lab=lab, state__in=ACTIVE_STATES).first()
 
 
 def attempts_counted_against_limit(*, student: User, lab: Lab) -> int:

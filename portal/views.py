@@ -16,7 +16,8 @@ from django.utils.translation import gettext as _
 from django.views.generic import TemplateView, UpdateView
 
 from grading.models import Grade
-from grading.selectors import attempts_visible_to, student_grades
+from grading.selectors import student_grades
+from labs.access import attempts_visible_to
 from labs.models import ACTIVE_STATES, Attempt, Lab
 from labs.services.attempts import attempt_stops_as_left_at
 from portal.forms import PersonalTimeZoneForm

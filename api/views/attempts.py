@@ -14,7 +14,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.selectors import lab_get_for_user
 from api.serializers import (
     AttemptSerializer,
     AttemptStartSerializer,
@@ -25,8 +24,8 @@ from api.serializers import (
 from api.views.common import PortalPagination, choice_param, int_param, ordered
 from grading import services as grading_services
 from labs import services as lab_services
+from labs.access import attempt_get_for_user, attempts_visible_to, lab_get_for_user
 from labs.models import AttemptState
-from labs.selectors import attempt_get_for_user, attempts_for_user
 from portal.models import User
 from portal.ratelimit import rate_limit_hit
 from portal.selectors import staff_courses_for_user
@@ -58,7 +57,7 @@ class AttemptListView(ListAPIView):
     pagination_class = PortalPagination
 
     def get_queryset(self):
-        attempts = attempts_for_user(user=self.request.user).select_related("lab", "student")
+        attempts = attempts_visible_to(user=self.request.user).select_related("lab", "student")
         for name, field in (("lab", "lab_id"), ("course", "lab__course_id"), ("student", "student_id")):
             value = int_param(self.request, name)
             if value is not None:

@@ -9,7 +9,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.selectors import lab_get_for_user, labs_for_user
 from api.serializers import (
     ErrorSerializer,
     LabReportSerializer,
@@ -19,6 +18,7 @@ from api.serializers import (
 )
 from api.views.common import PortalPagination, int_param, ordered
 from grading.selectors import lab_report
+from labs.access import lab_get_for_user, labs_visible_to
 from portal.errors import PermissionDenied
 from portal.models import STAFF_ROLES
 from portal.selectors import course_role
@@ -31,7 +31,7 @@ class LabListView(ListAPIView):
     pagination_class = PortalPagination
 
     def get_queryset(self):
-        labs = labs_for_user(user=self.request.user)
+        labs = labs_visible_to(user=self.request.user)
         course = int_param(self.request, "course")
         if course is not None:
             labs = labs.filter(course_id=course)

@@ -3,18 +3,7 @@
 Split by subject (``access``, ``attempts``, ``runs``, ``reports``); the names below are the public contract.
 """
 
-from grading.selectors.access import (
-    attempt_get_for_grading,
-    attempt_get_for_staff,
-    attempts_visible_to,
-    course_student_get,
-    lab_get_for_staff,
-    lab_get_for_student,
-    labs_for_staff,
-    run_get_for_user,
-    staff_course_get,
-    student_role_shown,
-)
+from grading.selectors.access import course_student_get, run_get_for_user, staff_course_get
 from grading.selectors.attempts import AttemptDetail, attempt_detail, attempt_timeline, student_lab_attempts
 from grading.selectors.reports import (
     Gradebook,
@@ -38,26 +27,19 @@ __all__ = [
     "Gradebook",
     "LabReport",
     "attempt_detail",
-    "attempt_get_for_grading",
-    "attempt_get_for_staff",
     "attempt_timeline",
-    "attempts_visible_to",
     "course_gradebook",
     "course_student_get",
     "csv_text",
     "grade_of_student",
     "gradebook_csv_rows",
     "grading_run_payload",
-    "lab_get_for_staff",
-    "lab_get_for_student",
     "lab_report",
-    "labs_for_staff",
     "result_feedback",
     "run_error_message",
     "run_get_for_user",
     "score_distribution",
     "staff_course_get",
-    "student_role_shown",
     "student_grades",
     "student_lab_attempts",
     "student_lab_runs",

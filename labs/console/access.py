@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils.translation import gettext as _
 
+from labs.access import attempt_get_for_user
 from labs.console.stage import console_stage
 from labs.console.upstream import ConsoleLocation
 from labs.models import Attempt
-from labs.selectors import attempt_get_for_user
 from portal.errors import NotFound
 from portal.models import STAFF_ROLES, Course, User
 from portal.selectors import course_role

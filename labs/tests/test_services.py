@@ -9,8 +9,9 @@ import pytest
 from django.utils import timezone
 
 from conftest import make_lab, make_person
+from labs.access import attempt_get_for_user, attempts_visible_to
 from labs.models import Attempt, AttemptState
-from labs.selectors import attempt_get_for_user, attempt_status_payload, attempts_for_user, tenant_capacity
+from labs.selectors import attempt_status_payload, tenant_capacity
 from labs.services import attempt_expire, attempt_extend, attempt_start, attempt_stop
 from portal.errors import Conflict, NotFound, PermissionDenied, Unavailable
 from portal.models import AuditEvent, Role
@@ -61,7 +62,7 @@ def test_a_start_whose_caller_read_the_students_role_with_the_lab_does_not_read_
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from grading.selectors import lab_get_for_student, student_role_shown
+    from labs.access import lab_get_for_student, student_role_shown
 
     lab = lab_get_for_student(user=student_a, lab_id=lab_a.id)
     with CaptureQueriesContext(connection) as queries:
@@ -229,7 +230,7 @@ def test_attempts_are_scoped_to_their_student_and_course_staff(student_a, ta_a, 
     for outsider in (classmate, instructor_b, student_b):
         with pytest.raises(NotFound):
             attempt_get_for_user(user=outsider, attempt_id=attempt.id)
-        assert not attempts_for_user(user=outsider).filter(id=attempt.id).exists()
+        assert not attempts_visible_to(user=outsider).filter(id=attempt.id).exists()
 
 
 def test_an_attempt_looked_up_without_its_relations_reads_its_own_row_only(student_a, ta_a, lab_a):

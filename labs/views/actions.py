@@ -17,10 +17,11 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views import View
 
-from grading.selectors import grading_run_payload, lab_get_for_student, student_role_shown
+from grading.selectors import grading_run_payload
 from grading.services import grading_run_request
+from labs.access import attempt_get_for_user, lab_get_for_student, student_role_shown
 from labs.models import Attempt
-from labs.selectors import attempt_get_for_user, attempt_status_payload
+from labs.selectors import attempt_status_payload
 from labs.services import attempt_extend, attempt_start_limited, attempt_stop
 from labs.views.pages import lab_start_fragments
 from portal.errors import ApplicationError

@@ -17,14 +17,9 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views import View
 
-from grading.selectors import lab_get_for_staff, lab_get_for_student
+from labs.access import attempt_get_for_user, attempts_for_student, lab_get_for_staff, lab_get_for_student
 from labs.models import ACTIVE_STATES, Attempt, Lab
-from labs.selectors import (
-    attempt_get_for_user,
-    attempt_status_payload,
-    attempts_counted_against_limit,
-    attempts_for_student,
-)
+from labs.selectors import attempt_status_payload, attempts_counted_against_limit
 from labs.services.attempts import per_student_cap_message
 from labs.views.instructions import render_instructions
 from labs.views.strings import PROGRESS_STEPS, attempt_page_strings

@@ -8,7 +8,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views import View
 
-from grading.selectors import attempt_get_for_staff
+from labs.access import attempt_get_for_staff
 from labs.console.recording import ASCIICAST_CONTENT_TYPE, recording_path
 from labs.models import Attempt
 from portal.errors import NotFound

@@ -1,0 +1,117 @@
+"""Which labs and attempts a person may see, for every persona: the tenant boundary, decided here only.
+
+A student sees the labs of the courses they take and their own attempts; a TA or instructor also the labs and
+attempts of the courses they teach; a superuser everything. An API token acts as its user. Everything stays inside
+the user's own tenant, and a missing row and a forbidden one raise the same ``NotFound``.
+"""
+
+from __future__ import annotations
+
+from django.db.models import F, Q, QuerySet
+from django.utils.translation import gettext as _
+
+from labs.models import Attempt, Lab
+from portal.errors import NotFound
+from portal.models import Role, User
+from portal.selectors import courses_for_user, staff_courses_for_user
+
+# ---- labs ----------------------------------------------------------------------------------------------------
+
+
+def labs_visible_to(*, user: User) -> QuerySet[Lab]:
+    """Labs of every course the user belongs to, in any role (every lab for a superuser)."""
+    return Lab.objects.filter(course__in=courses_for_user(user=user)).select_related("course")
+
+
+def lab_get_for_user(*, user: User, lab_id: int) -> Lab:
+    lab = labs_visible_to(user=user).filter(id=lab_id).first()
+    if lab is None:
+        raise NotFound(_("Lab not found."))
+    return lab
+
+
+def labs_for_staff(*, user: User) -> QuerySet[Lab]:
+    """Labs of the courses the user teaches (instructor or TA)."""
+    return Lab.objects.filter(course__in=staff_courses_for_user(user=user))
+
+
+def lab_get_for_staff(*, user: User, lab_id: int) -> Lab:
+    lab = labs_for_staff(user=user).filter(id=lab_id).select_related("course__tenant").first()
+    if lab is None:
+        raise NotFound(_("Lab not found."))
+    return lab
+
+
+def lab_get_for_student(*, user: User, lab_id: int) -> Lab:
+    """A lab of a course the user takes as a student (``student_role_shown``); any lab for a superuser."""
+    labs = Lab.objects.filter(course__in=courses_for_user(user=user, roles=(Role.STUDENT,)))
+    lab = labs.filter(id=lab_id).select_related("course__tenant").order_by().first()
+    if lab is None:
+        raise NotFound(_("Lab not found."))
+    return lab
+
+
+def student_role_shown(*, user: User) -> str | None:
+    """The user's role in the course of a lab ``lab_get_for_student`` found: a student's for everyone but
+    superusers, whose lab comes without one (None: the role is still to be read)."""
+    return None if user.is_superuser else Role.STUDENT
+
+
+# ---- attempts ------------------------------------------------------------------------------------------------
+
+
+def attempts_visible_to(*, user: User) -> QuerySet[Attempt]:
+    """Attempts the user may see: their own, plus every attempt in the courses they teach, inside their tenant
+    (every attempt for a superuser)."""
+    if not user.is_authenticated:
+        return Attempt.objects.none()
+    if user.is_superuser:
+        return Attempt.objects.all()
+    return Attempt.objects.filter(tenant_id=user.tenant_id).filter(
+        Q(student=user) | Q(lab__course__in=staff_courses_for_user(user=user))
+    )
+
+
+def _attempt_rows(attempts: QuerySet[Attempt], *, attempt_id: int, related: bool,
+                  with_idle_stop: bool) -> QuerySet[Attempt]:
+    attempts = attempts.filter(id=attempt_id).order_by()  # one row at most: no ORDER BY
+    if with_idle_stop:
+        attempts = attempts.annotate(lab_idle_stop_minutes=F("lab__idle_stop_minutes"))
+    # Never select_related() without fields: that follows every foreign key, and their foreign keys.
+    return attempts.select_related("lab", "lab__course", "student", "tenant") if related else attempts
+
+
+def attempt_get_for_user(*, user: User, attempt_id: int, related: bool = True,
+                         with_idle_stop: bool = False) -> Attempt:
+    """The attempt if the user is its student or staff of its course; the same NotFound otherwise. With
+    ``related`` its lab, course, student and tenant come in the same query. With ``with_idle_stop`` the lab's
+    ``idle_stop_minutes`` comes along as ``lab_idle_stop_minutes``."""
+    # The common case first, without the join over the courses the user teaches: the student's own attempt.
+    attempt = None
+    if user.is_authenticated and not user.is_superuser and user.tenant_id is not None:
+        own = Attempt.objects.filter(student_id=user.pk, tenant_id=user.tenant_id)
+        attempt = _attempt_rows(own, attempt_id=attempt_id, related=related, with_idle_stop=with_idle_stop).first()
+    if attempt is None:
+        attempt = _attempt_rows(attempts_visible_to(user=user), attempt_id=attempt_id, related=related,
+                                with_idle_stop=with_idle_stop).first()
+    if attempt is None:
+        raise NotFound(_("Attempt not found."))
+    return attempt
+
+
+def attempt_get_for_staff(*, user: User, attempt_id: int) -> Attempt:
+    """An attempt in a course the user teaches (the TA pages; not the student's own)."""
+    attempt = (
+        Attempt.objects.filter(id=attempt_id, lab__course__in=staff_courses_for_user(user=user))
+        .select_related("lab__course__tenant", "student")
+        .first()
+    )
+    if attempt is None:
+        raise NotFound(_("Attempt not found."))
+    return attempt
+
+
+def attempts_for_student(*, user: User, lab: Lab | None = None) -> QuerySet[Attempt]:
+    """The student's own attempts (newest first), optionally of one lab: the student dashboard's rows."""
+    attempts = Attempt.objects.filter(student=user, tenant_id=user.tenant_id).select_related("lab", "lab__course")
+    return attempts.filter(lab=lab) if lab is not None else attempts
