@@ -26,6 +26,7 @@ from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab
 from labs.selectors import STARTING_STATES
 from labs.services.events import attempt_push_on_commit, on_commit_logged
 from labs.sizes import guest_resources, launcher_requests
+from labs.states import attempt_transition
 from labs.wording import in_every_language, in_language
 from portal.errors import ApplicationError, Conflict, NotFound, PermissionDenied, Unavailable, database_busy
 from portal.models import Role, Tenant, User
@@ -223,7 +224,7 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
     try:
         with transaction.atomic():
             attempt = Attempt.objects.create(
-                lab=lab, student=actor, tenant=course.tenant, number=number, state=AttemptState.REQUESTED,
+                lab=lab, student=actor, tenant=course.tenant, number=number,  # ``requested``, the model's default
                 namespace=course.tenant.namespace, agent_token=secrets.token_urlsafe(32),
                 # The page's language (the request's): the workers' messages about this attempt are written in it.
                 language=translation.get_language() or "",
@@ -312,16 +313,11 @@ def _enqueue_provision(attempt_id: int) -> dict[str, bool]:
 def _fail_unqueued(attempt_id: int) -> None:
     """The task queue refused the provisioning: end the attempt now, in words, rather than leave it requested with
     nobody to serve it. It holds no VM yet, and a failed attempt does not count against the attempt limit."""
-    now = timezone.now()
     texts = in_every_language(lambda: _(
         "Your lab could not be queued for starting: the portal's task queue is not answering. Try again in a minute; "
         "this attempt does not count against your limit."))
-    with transaction.atomic():
-        if Attempt.objects.filter(id=attempt_id, state=AttemptState.REQUESTED).update(
-            state=AttemptState.FAILED, failure_reason=in_language(texts, "", translation.get_language()),
-            failure_reason_texts=texts, ended_at=now, updated_at=now,
-        ):
-            attempt_push_on_commit(attempt=Attempt.objects.get(id=attempt_id))
+    attempt_transition(attempt=attempt_id, to=AttemptState.FAILED, from_states=(AttemptState.REQUESTED,),
+                       failure_reason=in_language(texts, "", translation.get_language()), failure_reason_texts=texts)
 
 
 def enqueue_teardown(attempt_id: int) -> None:
@@ -363,11 +359,8 @@ def attempt_stop(*, actor: User, attempt: Attempt) -> Attempt:
 def _begin_stopping(locked: Attempt, *, reason: str, now: datetime) -> None:
     """Inside the caller's transaction, on the attempt row it locked: ``stopping`` from now, for ``reason``; the
     page hears of it and the teardown (grade once more, then delete the VM) is queued, both on commit."""
-    locked.state = AttemptState.STOPPING
-    locked.stopping_at = now
-    locked.stop_reason = reason
-    locked.save(update_fields=["state", "stopping_at", "stop_reason", "updated_at"])
-    attempt_push_on_commit(attempt=locked)
+    attempt_transition(attempt=locked, to=AttemptState.STOPPING, from_states=(locked.state,), now=now,
+                       stop_reason=reason)
     enqueue_teardown(locked.id)
 
 

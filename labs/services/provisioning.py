@@ -26,7 +26,7 @@ from labs.kubevirt import manifests, names, operations
 from labs.kubevirt.operations import ClusterError
 from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, TenantNamespace
 from labs.services.attempts import StopReason, enqueue_teardown
-from labs.services.events import attempt_push_on_commit
+from labs.states import attempt_transition
 from labs.wording import in_every_language
 from portal.models import Tenant
 
@@ -59,16 +59,13 @@ def attempt_fail(*, attempt_id: int, reason: Callable[[], str], from_states: tup
     # The text field keeps the student's own language (Attempt.language), picked in the update itself.
     in_attempt_language = Case(*(When(language=code, then=Value(text)) for code, text in texts.items()),
                                default=Value(default))
-    now = timezone.now()
     with transaction.atomic():
-        updated = Attempt.objects.filter(id=attempt_id, state__in=from_states).update(
-            state=AttemptState.FAILED, failure_reason=in_attempt_language, failure_reason_texts=texts,
-            status_message="", status_message_texts={}, ended_at=now, updated_at=now,
+        failed = attempt_transition(
+            attempt=attempt_id, to=AttemptState.FAILED, from_states=from_states, failure_reason=in_attempt_language,
+            failure_reason_texts=texts, status_message="", status_message_texts={},
         )
-        if not updated:
+        if failed is None:
             return False
-        attempt = Attempt.objects.get(id=attempt_id)
-        attempt_push_on_commit(attempt=attempt)
         enqueue_teardown(attempt_id)
     logger.info("attempt %s failed: %s", attempt_id, default)
     return True
@@ -76,40 +73,25 @@ def attempt_fail(*, attempt_id: int, reason: Callable[[], str], from_states: tup
 
 def attempt_end(*, attempt_id: int) -> bool:
     """A stopping attempt whose VM is gone ends: ``expired`` if its time ran out, ``stopped`` otherwise."""
-    now = timezone.now()
-    with transaction.atomic():
-        attempt = Attempt.objects.filter(id=attempt_id, state=AttemptState.STOPPING).first()
-        if attempt is None:
-            return False
-        final = AttemptState.EXPIRED if attempt.stop_reason == StopReason.EXPIRED else AttemptState.STOPPED
-        updated = Attempt.objects.filter(id=attempt_id, state=AttemptState.STOPPING).update(
-            state=final, ended_at=now, status_message="", status_message_texts={}, updated_at=now
-        )
-        if not updated:
-            return False
-        attempt.refresh_from_db()
-        attempt_push_on_commit(attempt=attempt)
-    return True
+    attempt = Attempt.objects.filter(id=attempt_id, state=AttemptState.STOPPING).first()
+    if attempt is None:
+        return False
+    final = AttemptState.EXPIRED if attempt.stop_reason == StopReason.EXPIRED else AttemptState.STOPPED
+    return attempt_transition(attempt=attempt, to=final, from_states=(AttemptState.STOPPING,), status_message="",
+                              status_message_texts={}) is not None
 
 
 def attempt_mark_running(*, attempt_id: int, now: datetime | None = None) -> bool:
     """The guest agent answered: the attempt is ``running`` and its time limit starts now."""
     now = now or timezone.now()
-    with transaction.atomic():
-        attempt = Attempt.objects.select_related("lab").filter(id=attempt_id, state=AttemptState.STARTING).first()
-        if attempt is None:
-            return False
-        attempt.state = AttemptState.RUNNING
-        attempt.agent_ready_at = now
-        attempt.expires_at = now + timedelta(minutes=attempt.lab.time_limit_minutes)
-        attempt.status_message, attempt.status_message_texts = "", {}
-        updated = Attempt.objects.filter(id=attempt_id, state=AttemptState.STARTING).update(
-            state=attempt.state, agent_ready_at=now, expires_at=attempt.expires_at, status_message="",
-            status_message_texts={}, updated_at=now,
-        )
-        if updated:
-            attempt_push_on_commit(attempt=attempt)
-    return bool(updated)
+    attempt = Attempt.objects.select_related("lab").filter(id=attempt_id, state=AttemptState.STARTING).first()
+    if attempt is None:
+        return False
+    return attempt_transition(
+        attempt=attempt, to=AttemptState.RUNNING, from_states=(AttemptState.STARTING,), now=now,
+        expires_at=now + timedelta(minutes=attempt.lab.time_limit_minutes), status_message="",
+        status_message_texts={},
+    ) is not None
 
 
 # ---- the tenant's namespace ---------------------------------------------------------------------------------
@@ -173,15 +155,15 @@ class ProvisionOutcome:
 def attempt_provision(*, attempt_id: int) -> str:
     """Create the attempt's cloud-init Secret and VM (and the namespace first if needed); the attempt becomes
     ``starting``. Raises ``ClusterError`` for the caller to retry or give up on."""
-    claimed = Attempt.objects.filter(id=attempt_id, state=AttemptState.REQUESTED).update(
-        state=AttemptState.PROVISIONING, updated_at=timezone.now())
     attempt = Attempt.objects.select_related("lab", "tenant").filter(id=attempt_id).first()
+    if attempt is not None and attempt.state == AttemptState.REQUESTED:
+        # The claim's push is held back: news only if making the VM takes a while (``starting``, or a failure,
+        # from here replaces it sooner).
+        if attempt_transition(attempt=attempt, to=AttemptState.PROVISIONING, from_states=(AttemptState.REQUESTED,),
+                              hold=PROVISIONING_PUSH_HOLD_SECONDS) is None:
+            attempt.refresh_from_db(fields=["state"])
     if attempt is None or attempt.state != AttemptState.PROVISIONING:
         return ProvisionOutcome.SKIPPED  # done by an earlier delivery, or stopped before it began
-    if claimed:
-        # The claim committed by itself: pushed at once, held back, and news only if making the VM takes a while
-        # (``starting``, or a failure, from here replaces it sooner).
-        attempt_push_on_commit(attempt=attempt, hold=PROVISIONING_PUSH_HOLD_SECONDS)
 
     from guest.cloud_init import render_user_data
 
@@ -224,16 +206,9 @@ def attempt_provision(*, attempt_id: int) -> str:
         namespace=attempt.namespace, name=secret_name, owner=manifests.owner_reference(created_vm)
     )
 
-    # One statement, committed by itself (no BEGIN and COMMIT round trips around it); the push follows its commit.
-    provisioned = timezone.now()
-    updated = Attempt.objects.filter(id=attempt_id, state=AttemptState.PROVISIONING).update(
-        state=AttemptState.STARTING, provisioned_at=provisioned, updated_at=provisioned)
-    if updated:
-        # Every other write to a provisioning attempt (a sync that saw its VMI, a stop) moves it out of
-        # provisioning, and then this update matches nothing: the row is what was read plus these fields.
-        attempt.state, attempt.provisioned_at, attempt.updated_at = AttemptState.STARTING, provisioned, provisioned
-        attempt_push_on_commit(attempt=attempt)
-    if not updated:
+    # Every other write to a provisioning attempt (a sync that saw its VMI, a stop) moves it out of provisioning,
+    # and then this transition matches nothing.
+    if attempt_transition(attempt=attempt, to=AttemptState.STARTING, from_states=(AttemptState.PROVISIONING,)) is None:
         return _after_lost_claim(attempt_id=attempt_id)
     _watch_new_vm(attempt.namespace)
     return ProvisionOutcome.CREATED

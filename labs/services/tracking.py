@@ -41,6 +41,7 @@ from labs.services.provisioning import (
     attempt_mark_running,
     namespace_list_soon,
 )
+from labs.states import attempt_transition
 from labs.wording import in_every_language, with_cluster_words
 
 logger = logging.getLogger(__name__)
@@ -304,12 +305,14 @@ def _observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> 
     if attempt.vmi_uid and observation.uid and observation.uid != attempt.vmi_uid and attempt.vmi_running_at:
         return _fail_restarted(attempt)
     changes = _observed_changes(attempt, observation)
+    to = None
     if attempt.state == AttemptState.PROVISIONING:
         # The VM exists but its provisioning never recorded it (a worker died after creating it).
-        changes.update(state=AttemptState.STARTING, provisioned_at=attempt.provisioned_at or now)
+        to = AttemptState.STARTING
+        changes["provisioned_at"] = attempt.provisioned_at or now
 
     if observation.failed:
-        _apply(attempt, changes)
+        _apply(attempt, changes, to=to)
         if attempt.state == AttemptState.RUNNING:
             def reason() -> str:
                 return _("The VM stopped unexpectedly.") + " " + _problem(vmi)
@@ -322,7 +325,7 @@ def _observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> 
         if observation.problem:
             since = observation.problem_since or now
             if (now - since).total_seconds() >= settings.ATTEMPT_FAILURE_GRACE_SECONDS:
-                _apply(attempt, changes)
+                _apply(attempt, changes, to=to)
                 return Outcome.FAILED if attempt_fail(
                     attempt_id=attempt.id, reason=lambda: _problem(vmi) + " " + start_again_hint(),
                 ) else Outcome.UNCHANGED
@@ -336,8 +339,8 @@ def _observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> 
             changes["status_message"] = worded
             changes["status_message_texts"] = in_every_language(lambda: message(vmi)) if message else {}
 
-    changed = _apply(attempt, changes)
-    if observation.running and (changes.get("state") or attempt.state) == AttemptState.STARTING:
+    changed = _apply(attempt, changes, to=to)
+    if observation.running and (to or attempt.state) == AttemptState.STARTING:
         return Outcome.AWAITING_AGENT
     return Outcome.CHANGED if changed else Outcome.UNCHANGED
 
@@ -346,8 +349,11 @@ def _waiting_for_agent(vmi: dict[str, Any]) -> str:
     return _("The VM is running; waiting for the lab agent inside it to start.")
 
 
-def _apply(attempt: Attempt, changes: dict[str, Any]) -> bool:
-    """Write ``changes`` if the attempt is still in the state it was read in; push the update on commit."""
+def _apply(attempt: Attempt, changes: dict[str, Any], *, to: str | None = None) -> bool:
+    """Write ``changes`` (and move the attempt ``to`` a new state, if given) if the attempt is still in the state it
+    was read in; push the update on commit."""
+    if to is not None:
+        return attempt_transition(attempt=attempt, to=to, from_states=(attempt.state,), **changes) is not None
     if not changes:
         return False
     updated = Attempt.objects.filter(id=attempt.id, state=attempt.state).update(

@@ -1,0 +1,75 @@
+"""The attempt's state machine: the transition table, and ``attempt_transition``, the one function that writes
+``Attempt.state`` (a conditional update on the expected from-states; the change pushed to the pages on commit).
+
+Flags and locks kept in the cache, none of them an attempt's state (each expires by itself):
+``labs:final-grading-done:<attempt>`` (a teardown's final grading returned; its retry does not grade again),
+``labs:follow-up:<namespace>:<delay>``, ``labs:agent-wait:<namespace>``, ``labs:sync:namespace:<namespace>``,
+``labs:sweep-soon:<namespace>``, ``labs:sweep-idle:<namespace>``, ``labs:sweep-secrets:<namespace>``,
+``labs:sync:lock`` and ``labs:sweep:lock`` (one list, sweep or agent check of a namespace at a time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from labs.models import Attempt, AttemptState
+
+S = AttemptState
+# to-state -> the states an attempt may reach it from. An attempt is created ``requested``; any active attempt may
+# be stopped or fail; a stopping one ends once its VM is gone.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    S.PROVISIONING: frozenset({S.REQUESTED}),
+    S.STARTING: frozenset({S.PROVISIONING}),
+    S.RUNNING: frozenset({S.STARTING}),
+    S.STOPPING: frozenset({S.REQUESTED, S.PROVISIONING, S.STARTING, S.RUNNING}),
+    S.STOPPED: frozenset({S.STOPPING}),
+    S.EXPIRED: frozenset({S.STOPPING}),
+    S.FAILED: frozenset({S.REQUESTED, S.PROVISIONING, S.STARTING, S.RUNNING, S.STOPPING}),
+}
+# The timestamp each state records on entry (unless the caller gives it).
+ENTERED_AT = {
+    S.STARTING: "provisioned_at",
+    S.RUNNING: "agent_ready_at",
+    S.STOPPING: "stopping_at",
+    S.STOPPED: "ended_at",
+    S.EXPIRED: "ended_at",
+    S.FAILED: "ended_at",
+}
+
+
+class IllegalTransition(ValueError):
+    """A transition the table does not allow: a programming error, never a person's."""
+
+
+def attempt_transition(*, attempt: Attempt | int, to: str, from_states: Iterable[str] | None = None,
+                       now: datetime | None = None, hold: float = 0.0, **fields: Any) -> Attempt | None:
+    """Move the attempt to ``to`` if it is still in one of ``from_states`` (default: every state the table allows),
+    writing ``fields``, ``to``'s timestamp and ``updated_at`` in the same update; the update is pushed to its pages
+    on commit (``hold``: see ``labs.services.events``). Returns the attempt as written, or None when it had moved on.
+
+    Given an ``Attempt``, it is updated in place (``fields`` must then be plain values); given an id, it is read
+    back after the update."""
+    from labs.services.events import attempt_push_on_commit
+
+    allowed = TRANSITIONS.get(to, frozenset())
+    sources = allowed if from_states is None else frozenset(from_states)
+    if not sources or not sources <= allowed:
+        raise IllegalTransition(f"{sorted(sources)} -> {to}")
+    now = now or timezone.now()
+    if to in ENTERED_AT:
+        fields.setdefault(ENTERED_AT[to], now)
+    attempt_id = attempt if isinstance(attempt, int) else attempt.pk
+    # Outside a caller's transaction the update commits by itself and the push follows at once.
+    if not Attempt.objects.filter(id=attempt_id, state__in=sources).update(state=to, updated_at=now, **fields):
+        return None
+    if isinstance(attempt, int):
+        attempt = Attempt.objects.get(id=attempt_id)
+    else:
+        for name, value in {**fields, "state": to, "updated_at": now}.items():
+            setattr(attempt, name, value)
+    attempt_push_on_commit(attempt=attempt, hold=hold)
+    return attempt
