@@ -63,10 +63,6 @@ def parse_version(text: str) -> tuple[int, int, int] | None:
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
 
 
-def _show(version: tuple[int, int, int]) -> str:
-    return ".".join(str(part) for part in version)
-
-
 def gather() -> ClusterFacts:
     """Read the server version, the KubeVirt CR and the nodes. Never raises for cluster trouble: it is a finding."""
     facts = ClusterFacts()
