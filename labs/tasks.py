@@ -29,7 +29,7 @@ from django.core.cache import cache
 from django.utils.translation import gettext as _
 
 from labs.kubevirt.operations import ClusterError
-from labs.services import provisioning, sweeping, tracking
+from labs.services import agents, provisioning, sweeping, tracking
 
 logger = logging.getLogger(__name__)
 
@@ -149,23 +149,23 @@ def await_agents(self, namespace: str, step: int = 0, waiting_before: int = 0, a
     """Ask the booting agents of a namespace for ``/healthz``; while some do not answer, ask again a little later
     (a countdown, never a sleep: no worker is held by a booting guest). More attempts waiting than last round
     means new VMs came up: back to the quick pace. Each round asks only the agents due a question
-    (``tracking.agent_ask_due``, from ``asked_at``, when the previous round began). Run eagerly (no broker timer) it
+    (``agents.agent_ask_due``, from ``asked_at``, when the previous round began). Run eagerly (no broker timer) it
     asks once and leaves the next round to the next sync."""
     began = time.time()
     since = None if asked_at is None else max(0.0, began - asked_at)
     try:
-        running, waiting = tracking.agents_check(namespace=namespace, since_last_round=since)
+        running, waiting = agents.agents_check(namespace=namespace, since_last_round=since)
     except Exception:
-        tracking.agent_wait_done(namespace=namespace)
+        agents.agent_wait_done(namespace=namespace)
         raise
     chained = not (self.request.is_eager or self.request.called_directly)
-    if waiting and chained and step < tracking.agent_wait_max_steps():
+    if waiting and chained and step < agents.agent_wait_max_steps():
         step = 0 if waiting > waiting_before else step + 1
-        tracking.agent_wait_refresh(namespace=namespace)
-        delay = tracking.agent_wait_delay(step)
+        agents.agent_wait_refresh(namespace=namespace)
+        delay = agents.agent_wait_delay(step)
         self.apply_async(args=[namespace, step, waiting, began], countdown=delay, expires=delay + 60)
     else:
-        tracking.agent_wait_done(namespace=namespace)
+        agents.agent_wait_done(namespace=namespace)
     return {"running": running, "waiting": waiting}
 
 

@@ -49,7 +49,7 @@ from prometheus_client.registry import Collector
 
 from grading.models import GradingRun, RunState
 from labs.models import Attempt, AttemptState
-from labs.services.attempts import StopReason
+from labs.services.stopping import StopReason
 from portal.models import Tenant
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from grading.models import Grade
 from grading.selectors import student_grades
 from labs.access import attempts_visible_to
 from labs.models import ACTIVE_STATES, Attempt, Lab
-from labs.services.attempts import attempt_stops_as_left_at
+from labs.services.presence import attempt_stops_as_left_at
 from portal.forms import PersonalTimeZoneForm
 from portal.models import Course
 from portal.selectors import staff_courses_for_user, user_tenant_ids

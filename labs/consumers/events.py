@@ -26,7 +26,7 @@ from grading.selectors import grading_run_payload
 from labs.access import attempt_get_for_user
 from labs.models import ACTIVE_STATES
 from labs.selectors import attempt_status_payload
-from labs.services.attempts import PRESENCE_STAMP_SECONDS, attempt_seen
+from labs.services.presence import PRESENCE_STAMP_SECONDS, attempt_seen
 from portal.errors import ApplicationError
 from portal.websocket_consumer import PortalConsumer
 from portal.websocket_language import scope_language

@@ -2,21 +2,16 @@
 
 Split by subject; the names below are the contract other apps import.
 
-- ``attempts``: ``attempt_start`` (``attempt_start_limited``: behind the per-person limit), ``attempt_stop``,
-  ``attempt_extend``, ``attempt_expire`` (people, time limit)
+- ``start``: ``attempt_start`` (``attempt_start_limited``: behind the per-person limit); ``quota``: the capacity
+  and per-student limits it checks
+- ``stopping``: ``attempt_stop``, ``attempt_extend``, ``attempt_expire``, the stop when left; ``presence``: whether
+  a page has the attempt open
 - ``provisioning``: VM and Secret on and off the cluster, the tenant namespace, the system's transitions
 - ``tracking``: the sync (one VMI list per namespace) mapping phases onto attempts
 - ``sweeping``: orphans both ways, vanished VMs, start timeouts, lost tasks
 - ``events``: ``attempt.update`` pushes on commit
 """
 
-from labs.services.attempts import (
-    attempt_expire,
-    attempt_extend,
-    attempt_start,
-    attempt_start_limited,
-    attempt_stop,
-)
 from labs.services.provisioning import (
     attempt_end,
     attempt_fail,
@@ -25,6 +20,8 @@ from labs.services.provisioning import (
     attempt_teardown,
     tenant_namespace_ensure,
 )
+from labs.services.start import attempt_start, attempt_start_limited
+from labs.services.stopping import attempt_expire, attempt_extend, attempt_stop
 from labs.services.sweeping import attempts_sweep
 from labs.services.tracking import attempts_sync, namespace_sync
 

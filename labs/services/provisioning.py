@@ -25,7 +25,7 @@ from django.utils.translation import gettext as _
 from labs.kubevirt import manifests, names, operations
 from labs.kubevirt.operations import ClusterError
 from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, TenantNamespace
-from labs.services.attempts import StopReason, enqueue_teardown
+from labs.services.stopping import StopReason, enqueue_teardown
 from labs.states import attempt_transition
 from labs.wording import in_every_language
 from portal.models import Tenant
@@ -232,9 +232,9 @@ FOLLOW_UP_PENDING_GRACE_SECONDS = 10
 
 def _watch_new_vm(namespace: str) -> None:
     """A VM was just made in ``namespace``: follow-up lists of the namespace, and the checks of its booting agents
-    (``labs.services.tracking.agent_wait_start``: one chain per namespace). Which are under way already is read in
+    (``labs.services.agents.agent_wait_start``: one chain per namespace). Which are under way already is read in
     one round trip; in a burst of starts, usually all of them."""
-    from labs.services.tracking import agent_wait_key, agent_wait_start
+    from labs.services.agents import agent_wait_key, agent_wait_start
 
     agent_key = agent_wait_key(namespace)
     waiting = _waiting([*_follow_up_keys(namespace), agent_key])

@@ -56,11 +56,11 @@ def wait_until(predicate: Callable[[], Any], *, timeout: float, interval: float 
 
 def drive_to(attempt: Attempt, wanted: str, *, timeout: float = 30.0) -> Attempt:
     """Do in this process what the beat's sync and the agent checks do, until the attempt is ``wanted``."""
-    from labs.services import tracking
+    from labs.services import agents, tracking
 
     def step() -> bool:
         tracking.namespace_sync(namespace=attempt.namespace)
-        tracking.agents_check(namespace=attempt.namespace)
+        agents.agents_check(namespace=attempt.namespace)
         attempt.refresh_from_db()
         return attempt.state == wanted
 

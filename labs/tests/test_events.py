@@ -58,18 +58,18 @@ def test_updates_are_pushed_on_change_and_never_when_nothing_changed(
 
 def test_a_start_pushes_nothing_since_nobody_can_follow_an_attempt_that_did_not_exist(
         student_a, lab_a, monkeypatch, django_capture_on_commit_callbacks):
-    from labs.services import attempts, events
+    from labs.services import events, start, stopping
 
     pushed, queued = [], []
     monkeypatch.setattr(events, "send_to_group", lambda group, message, **_how: pushed.append(group))
-    monkeypatch.setattr(attempts, "_enqueue_provision", lambda attempt_id: queued.append(attempt_id) or {})
-    monkeypatch.setattr(attempts, "enqueue_teardown", lambda attempt_id: None)
+    monkeypatch.setattr(start, "_enqueue_provision", lambda attempt_id: queued.append(attempt_id) or {})
+    monkeypatch.setattr(stopping, "enqueue_teardown", lambda attempt_id: None)
     with django_capture_on_commit_callbacks(execute=True):
         attempt = attempt_start(actor=student_a, lab=lab_a)
     assert queued == [attempt.id] and pushed == []
     # A change after it is pushed as ever.
     with django_capture_on_commit_callbacks(execute=True):
-        attempts.attempt_stop(actor=student_a, attempt=attempt)
+        stopping.attempt_stop(actor=student_a, attempt=attempt)
     assert pushed == [f"attempt-{attempt.id}"]
 
 

@@ -114,19 +114,19 @@ def test_a_vm_made_while_every_follow_up_waits_asks_the_cache_once(broker):
 def test_a_vm_made_while_its_namespaces_lists_and_agent_checks_are_under_way_asks_the_cache_once(broker, monkeypatch):
     from django.core.cache import cache
 
-    from labs.services import tracking
+    from labs.services import agents
 
     started = []
-    monkeypatch.setattr(tracking, "agent_wait_start", lambda namespace: started.append(namespace) or True)
+    monkeypatch.setattr(agents, "agent_wait_start", lambda namespace: started.append(namespace) or True)
     namespace = f"lab-{secrets.token_hex(4)}"
     provisioning._watch_new_vm(namespace)  # the first VM: everything is queued
     assert started == [namespace] and len(broker.queued) == len(DELAYS)
-    cache.set(tracking.agent_wait_key(namespace), "1")  # the agent checks are under way (agent_wait_start's key)
+    cache.set(agents.agent_wait_key(namespace), "1")  # the agent checks are under way (agent_wait_start's key)
     with mock.patch.object(cache, "add", wraps=cache.add) as add, \
             mock.patch.object(cache, "get_many", wraps=cache.get_many) as get_many:
         provisioning._watch_new_vm(namespace)
         assert (get_many.call_count, add.call_count) == (1, 0)
     assert started == [namespace] and len(broker.queued) == len(DELAYS)
-    cache.delete(tracking.agent_wait_key(namespace))  # the checks ended: the next VM starts them again
+    cache.delete(agents.agent_wait_key(namespace))  # the checks ended: the next VM starts them again
     provisioning._watch_new_vm(namespace)
     assert started == [namespace, namespace]

@@ -18,7 +18,7 @@ from labs import tasks
 from labs.consumers import events
 from labs.models import Attempt, AttemptState, Lab
 from labs.services import attempt_start, tracking
-from labs.services.attempts import attempt_seen
+from labs.services.presence import attempt_seen
 from labs.tests.conftest import sync_until, vm_names, wait_until
 from labs.tests.test_consumers import ORIGIN, session_cookie
 from portal.asgi import application
@@ -89,11 +89,11 @@ def test_an_attempt_nobody_had_open_for_the_labs_limit_is_stopped_and_the_rest_a
 
 
 def test_a_stamp_that_lands_after_the_candidates_were_read_keeps_the_attempt(student_a, lab_a, monkeypatch):
-    from labs.services import attempts
+    from labs.services import stopping
 
     leaves_after(lab_a, 20)
     attempt = running(student_a, lab_a, ready_minutes_ago=40, seen_minutes_ago=25)
-    real = attempts.attempt_stop_left
+    real = stopping.attempt_stop_left
 
     def page_reopened_first(**kwargs):
         attempt_seen(attempt_id=attempt.id)  # the student's page came back between the read and the lock
@@ -258,7 +258,7 @@ def test_the_handshake_reads_the_labs_rule_with_the_attempt(student_a, lab_a, dj
 # -- the warning on other pages -----------------------------------------------------------------------------------
 
 def test_when_a_left_attempt_stops_is_known_only_while_no_page_has_it_open(student_a, lab_a):
-    from labs.services.attempts import PRESENCE_LOST_AFTER_SECONDS, attempt_stops_as_left_at
+    from labs.services.presence import PRESENCE_LOST_AFTER_SECONDS, attempt_stops_as_left_at
 
     now = timezone.now()
     left = running(student_a, leaves_after(lab_a, 10), ready_minutes_ago=30, seen_minutes_ago=4)

@@ -10,7 +10,7 @@ from django.utils import timezone
 from labs import tasks
 from labs.kubevirt import client, manifests, names, operations
 from labs.models import Attempt, AttemptState, TenantNamespace
-from labs.services import attempt_start, attempt_stop, provisioning, tracking
+from labs.services import agents, attempt_start, attempt_stop, provisioning, tracking
 from labs.tests.conftest import sync_until, vm_names, wait_until
 from portal.models import AuditEvent
 
@@ -224,13 +224,13 @@ def test_an_agent_that_answers_before_any_list_gets_its_phase_times_from_a_promp
     monkeypatch.setattr(tasks.sync_namespace, "apply_async",
                         lambda *, args, kwargs, countdown, expires: listed.append(args[0]))
     asked: list[int] = []
-    monkeypatch.setattr(tracking, "_agent_answers", lambda attempt: asked.append(attempt.id) or True)
+    monkeypatch.setattr(agents, "_agent_answers", lambda attempt: asked.append(attempt.id) or True)
     # A VM made a moment ago is not asked yet (no guest can be up): only from AGENT_ASK_MIN_SECONDS on.
     Attempt.objects.filter(id=attempt.id).update(provisioned_at=timezone.now())
-    assert tracking.agents_check(namespace=attempt.namespace) == (0, 1) and asked == []
+    assert agents.agents_check(namespace=attempt.namespace) == (0, 1) and asked == []
     Attempt.objects.filter(id=attempt.id).update(
-        provisioned_at=timezone.now() - timedelta(seconds=tracking.AGENT_ASK_MIN_SECONDS))
-    assert tracking.agents_check(namespace=attempt.namespace) == (1, 0) and asked == [attempt.id]
+        provisioned_at=timezone.now() - timedelta(seconds=agents.AGENT_ASK_MIN_SECONDS))
+    assert agents.agents_check(namespace=attempt.namespace) == (1, 0) and asked == [attempt.id]
     attempt.refresh_from_db()
     assert attempt.state == AttemptState.RUNNING and attempt.vmi_running_at is None
     assert listed == [attempt.namespace]  # a list is queued at once, not left to the resync

@@ -13,7 +13,7 @@ from django.conf import settings
 from grading.models import GradingRun, RunState
 from labs import tasks
 from labs.models import ACTIVE_STATES, Attempt, AttemptState
-from labs.services import attempt_extend, attempt_start, sweeping, tracking
+from labs.services import agents, attempt_extend, attempt_start, sweeping, tracking
 from labs.tests.reliability import (
     clock_fixture,
     cluster_fixture,
@@ -141,7 +141,7 @@ def test_no_timer_waits_on_a_celery_countdown_past_the_visibility_timeout():
     asked.headers = {"Retry-After": str(10**6)}  # an API server asking for eleven days
     retry_after = operations.cluster_error(asked, doing="creating VM").retry_after
     countdowns = [tasks.backoff_seconds(n, retry_after) for n in range(tasks.MAX_RETRIES + 1)]
-    countdowns += [tracking.agent_wait_delay(step) for step in range(tracking.agent_wait_max_steps() + 1)]
+    countdowns += [agents.agent_wait_delay(step) for step in range(agents.agent_wait_max_steps() + 1)]
     countdowns += list(settings.ATTEMPT_FOLLOW_UP_SECONDS)
     countdowns += [entry["schedule"] for entry in settings.CELERY_BEAT_SCHEDULE.values()]
     assert max(countdowns) < visibility / 10, max(countdowns)

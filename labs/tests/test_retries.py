@@ -7,7 +7,7 @@ import pytest
 
 from labs import tasks
 from labs.models import AttemptState
-from labs.services import attempt_start, tracking
+from labs.services import agents, attempt_start, tracking
 from labs.tests.conftest import vm_names
 
 pytestmark = pytest.mark.django_db
@@ -82,18 +82,18 @@ def test_backoff_is_capped_and_honours_retry_after():
 
 def test_agent_checks_are_quick_at_first_then_at_the_sync_pace(settings):
     settings.ATTEMPT_SYNC_INTERVAL_SECONDS = 3
-    delays = [tracking.agent_wait_delay(step) for step in range(40)]
+    delays = [agents.agent_wait_delay(step) for step in range(40)]
     assert delays[0] == 0.2 and delays[14] == 0.2 and delays[15] == 0.5 and delays[21] == 1.0
     assert delays[-1] == 3.0 and max(delays) == 3.0
 
 
 def asked_rounds(*, round_seconds: float = 0.2, until: float = 120.0,
-                 min_gap: float = tracking.AGENT_ASK_MIN_SECONDS) -> list[float]:
+                 min_gap: float = agents.AGENT_ASK_MIN_SECONDS) -> list[float]:
     """The ages at which a chain of rounds every ``round_seconds`` asks an agent, up to ``until``."""
     asked, age, previous = [], 0.0, None
     while age <= until:
         since = None if previous is None else age - previous
-        if tracking.agent_ask_due(booting_for=age, since_last_round=since, min_gap=min_gap):
+        if agents.agent_ask_due(booting_for=age, since_last_round=since, min_gap=min_gap):
             asked.append(age)
         previous, age = age, round(age + round_seconds, 6)
     return asked
@@ -124,27 +124,27 @@ def test_a_chain_asks_only_the_agents_due_and_counts_the_rest_as_waiting(student
     Attempt.objects.filter(id=attempt.id).update(state=AttemptState.STARTING, phase="Running",
                                                  provisioned_at=booted, vmi_running_at=booted)
     asked = []
-    monkeypatch.setattr(tracking, "_agent_answers", lambda attempt: asked.append(attempt.id) or False)
+    monkeypatch.setattr(agents, "_agent_answers", lambda attempt: asked.append(attempt.id) or False)
     # Its last question was just now (30 s into the boot, the next one is about 7 s away): not asked again.
-    assert tracking.agents_check(namespace=attempt.namespace, since_last_round=0.2) == (0, 1)
+    assert agents.agents_check(namespace=attempt.namespace, since_last_round=0.2) == (0, 1)
     assert asked == []
     # A chain's first round asks every booting agent.
-    assert tracking.agents_check(namespace=attempt.namespace) == (0, 1)
+    assert agents.agents_check(namespace=attempt.namespace) == (0, 1)
     assert asked == [attempt.id]
 
 
 def test_the_more_agents_boot_together_the_further_apart_each_is_asked(settings):
     settings.ATTEMPT_SYNC_INTERVAL_SECONDS = 3
-    assert tracking.agent_ask_gap(1) == tracking.agent_ask_gap(8) == tracking.AGENT_ASK_MIN_SECONDS
-    gap = tracking.agent_ask_gap(100)
-    assert gap == 100 / tracking.AGENT_ASK_RATE_PER_SECOND == 2.5
+    assert agents.agent_ask_gap(1) == agents.agent_ask_gap(8) == agents.AGENT_ASK_MIN_SECONDS
+    gap = agents.agent_ask_gap(100)
+    assert gap == 100 / agents.AGENT_ASK_RATE_PER_SECOND == 2.5
     alone, in_a_class = asked_rounds(until=10.0), asked_rounds(until=10.0, min_gap=gap)
     assert len(alone) >= 12 and len(in_a_class) <= 5  # the first ten seconds of a guest that does not answer
     gaps = [later - earlier for earlier, later in zip(in_a_class, in_a_class[1:], strict=False)]
     assert min(gaps) >= 2.5 - 0.2 and max(gaps) <= 3.0 + 0.2  # give or take a round; still once per sync interval
     # The namespace's questions a second, 100 agents asked over their first minute: near the rate, not 500.
     per_agent = len(asked_rounds(until=60.0, min_gap=gap)) / 60.0
-    assert 100 * per_agent <= tracking.AGENT_ASK_RATE_PER_SECOND
+    assert 100 * per_agent <= agents.AGENT_ASK_RATE_PER_SECOND
 
 
 def test_a_round_asks_a_class_booting_together_less_often(student_a, lab_a, course_a, monkeypatch):
@@ -169,15 +169,15 @@ def test_a_round_asks_a_class_booting_together_less_often(student_a, lab_a, cour
                                    provisioned_at=booted, vmi_running_at=booted)
 
     asked = []
-    monkeypatch.setattr(tracking, "_agent_answers", lambda attempt: asked.append(attempt.id) or False)
+    monkeypatch.setattr(agents, "_agent_answers", lambda attempt: asked.append(attempt.id) or False)
     # One second into their boot, the previous round 0.2 s ago: a few agents are due (one every 0.2 s early on)...
     booting(4)
-    assert tracking.agents_check(namespace=namespace, since_last_round=0.2) == (0, 4)
+    assert agents.agents_check(namespace=namespace, since_last_round=0.2) == (0, 4)
     assert len(asked) == 4
     # ...a class of 100 was asked at 0 s and is next due at 2.5 s: none is asked this round.
     asked.clear()
     booting(100)
-    assert tracking.agents_check(namespace=namespace, since_last_round=0.2) == (0, 100)
+    assert agents.agents_check(namespace=namespace, since_last_round=0.2) == (0, 100)
     assert asked == []
 
 
@@ -202,8 +202,8 @@ def test_a_round_reads_the_waiting_attempts_in_one_query_with_all_it_asks_with(
     asked = []
     # What the agent client reads to reach the agent (grading.agent_client.agent_request): each a loaded field, so
     # asking a hundred agents costs no query each.
-    monkeypatch.setattr(tracking, "_agent_answers",
+    monkeypatch.setattr(agents, "_agent_answers",
                         lambda attempt: asked.append((attempt.namespace, attempt.vm_name, attempt.agent_token)))
     with django_assert_num_queries(1):
-        assert tracking.agents_check(namespace=namespace) == (0, 5)
+        assert agents.agents_check(namespace=namespace) == (0, 5)
     assert sorted(asked) == [(namespace, f"attempt-round-{index}", f"token-{index}") for index in range(5)]

@@ -96,7 +96,7 @@ def test_a_start_the_database_was_too_busy_for_does_not_use_up_the_limit(client,
     def busy(**kwargs):
         raise pool_timeout_error()
 
-    monkeypatch.setattr("labs.services.attempts.attempt_start", busy)
+    monkeypatch.setattr("labs.services.start.attempt_start", busy)
     for _try in range(4):
         refused = client.post(url, **headers)
         assert refused.status_code == 503 and refused.json()["code"] == "portal_busy"

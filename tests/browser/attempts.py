@@ -10,7 +10,7 @@ import time
 
 from labs.models import Attempt, AttemptState, Lab
 from labs.services import attempt_provision, attempt_start, namespace_sync
-from labs.services.tracking import agents_check
+from labs.services.agents import agents_check
 from portal.models import User
 
 

@@ -1,0 +1,170 @@
+"""Waiting for the guest agent of booting attempts: one chain of ``labs.tasks.await_agents`` per namespace, each
+booting agent asked at a pace that slows with its boot time and with how many boot at once; an agent that answers
+makes its attempt ``running``."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db.models import Q
+from django.utils import timezone
+
+from labs.models import Attempt, AttemptState
+from labs.services.provisioning import (
+    attempt_mark_running,
+    namespace_list_soon,
+)
+
+logger = logging.getLogger(__name__)
+
+AGENT_CHECK_TIMEOUT_SECONDS = 3.0
+AGENT_CHECK_CONCURRENCY = 8
+# While a chain of agent checks is under way for a namespace; a chain lost with its worker is restarted by a later
+# sync once this expires (each step renews it).
+AGENT_WAIT_KEY = "labs:agent-wait:{namespace}"
+AGENT_WAIT_TTL_SECONDS = 15
+# How long after its VM is created an attempt's agent is asked without waiting for a list to show it Running.
+AGENT_FAST_PATH_SECONDS = 5
+# Each booting agent is asked again after a quarter of the time it has had to come up, and never more often than
+# every AGENT_ASK_MIN_SECONDS: a guest is noticed within a quarter of its boot time (a fast one within 0.2 s), and a
+# class of guests that take a minute is not asked a few hundred times a second.
+AGENT_ASK_MIN_SECONDS = 0.2
+AGENT_ASK_FRACTION = 0.25
+# However many agents of a namespace boot at once, about this many questions a second in all: with a class starting
+# together each is asked less often (100 booting: every 2.5 s at most), where 100 agents asked every 0.2 s would
+# keep the worker and the API server busy with portforwards while the rest of the class's VMs are still being made.
+AGENT_ASK_RATE_PER_SECOND = 40
+
+
+def agent_wait_key(namespace: str) -> str:
+    return AGENT_WAIT_KEY.format(namespace=namespace)
+
+
+def agent_wait_start(*, namespace: str) -> bool:
+    """Start asking the namespace's booting agents whether they are up (``labs.tasks.await_agents``), unless that
+    is under way already: one chain per namespace, however many attempts boot in it."""
+    if not cache.add(agent_wait_key(namespace), "1", timeout=AGENT_WAIT_TTL_SECONDS):
+        return False
+    from labs.tasks import await_agents
+
+    try:
+        await_agents.delay(namespace, 0, 0)
+    except Exception:
+        cache.delete(agent_wait_key(namespace))
+        logger.warning("could not queue the agent checks of %s; the next sync retries", namespace, exc_info=True)
+        return False
+    return True
+
+
+def agent_wait_refresh(*, namespace: str) -> None:
+    cache.set(agent_wait_key(namespace), "1", timeout=AGENT_WAIT_TTL_SECONDS)
+
+
+def agent_wait_done(*, namespace: str) -> None:
+    cache.delete(agent_wait_key(namespace))
+
+
+def agent_wait_delay(step: int) -> float:
+    """Seconds before the next round of agent checks: quick while fast guests come up, then the sync's pace."""
+    if step < 15:  # about 3 s: a simulated or pre-baked guest answers within this
+        return 0.2
+    if step < 21:
+        return 0.5
+    if step < 27:
+        return 1.0
+    return float(max(1, settings.ATTEMPT_SYNC_INTERVAL_SECONDS))
+
+
+def agent_wait_max_steps() -> int:
+    return 27 + settings.ATTEMPT_START_TIMEOUT_SECONDS // max(1, settings.ATTEMPT_SYNC_INTERVAL_SECONDS)
+
+
+def _agent_answers(attempt: Attempt) -> bool:
+    from grading.agent_client import AgentError, healthz
+
+    try:
+        healthz(attempt, timeout_s=AGENT_CHECK_TIMEOUT_SECONDS)
+    except AgentError as error:
+        logger.debug("attempt %s: agent not ready yet (%s)", attempt.id, error.code)
+        return False
+    return True
+
+
+def agent_ask_gap(waiting: int) -> float:
+    """The least time between two questions to one agent while ``waiting`` agents of its namespace boot: keeps
+    the namespace's questions near AGENT_ASK_RATE_PER_SECOND."""
+    return max(AGENT_ASK_MIN_SECONDS, waiting / AGENT_ASK_RATE_PER_SECOND)
+
+
+def agent_ask_due(*, booting_for: float, since_last_round: float | None,
+                  min_gap: float = AGENT_ASK_MIN_SECONDS) -> bool:
+    """Is an agent that has had ``booting_for`` seconds to come up due for a question in this round, the previous
+    round of its namespace having been ``since_last_round`` seconds ago (None: there was none)? It is asked at ages
+    0, then every quarter of its age (at least ``min_gap``, at most the sync interval apart): due when one of
+    those moments fell since the previous round."""
+    if since_last_round is None or booting_for < since_last_round:  # new since the last round
+        return True
+    previous = booting_for - since_last_round
+    longest = float(max(1, settings.ATTEMPT_SYNC_INTERVAL_SECONDS))
+    slack = 1e-6  # the moments are sums of floats: one that lands on a round belongs to that round, not the next
+    age = 0.0
+    while age <= booting_for + slack:
+        if age > previous + slack:
+            return True
+        age += min(longest, max(min_gap, age * AGENT_ASK_FRACTION))
+    return False
+
+
+def _first_question_due(attempt: Attempt, *, now: datetime) -> bool:
+    """An agent whose VMI no list has shown Running is first asked AGENT_ASK_MIN_SECONDS after its VM was made: a
+    VM made a moment ago has no guest yet (its VMI is not even Running), and the question would be refused."""
+    if attempt.vmi_running_at is not None or attempt.provisioned_at is None:
+        return True
+    return (now - attempt.provisioned_at).total_seconds() >= AGENT_ASK_MIN_SECONDS
+
+
+# What agents_check reads of each waiting attempt: its id, what decides whether it is due, and its agent's address.
+AGENT_CHECK_FIELDS = ("id", "provisioned_at", "vmi_running_at", "namespace", "vm_name", "agent_token")
+
+
+def agents_check(*, namespace: str, since_last_round: float | None = None) -> tuple[int, int]:
+    """Ask the agent of every starting attempt in the namespace whose VMI runs for ``/healthz`` (through
+    portforward, in parallel) and mark those that answer running. Returns (now running, still waiting).
+
+    VMs created in the last few seconds are asked even before a list has shown their VMI Running (from
+    AGENT_ASK_MIN_SECONDS after they were made): on a fast cluster the guest is up before the next list, and an
+    agent that answers proves the VMI runs (portforward is refused before Running). The sync records the phase
+    times either way. With ``since_last_round`` (the chain of rounds in ``labs.tasks.await_agents``), only the
+    agents due a question are asked (``agent_ask_due``, the more agents wait the further apart: ``agent_ask_gap``):
+    the rest still count as waiting."""
+    now = timezone.now()
+    just_made = now - timedelta(seconds=AGENT_FAST_PATH_SECONDS)
+    # Only what deciding and asking need (the agent's address and token): a round runs every fraction of a second
+    # while a class boots, and whole rows of a hundred attempts cost the worker three times as much.
+    waiting = list(Attempt.objects.filter(namespace=namespace, state=AttemptState.STARTING).filter(
+        Q(phase="Running") | Q(provisioned_at__gte=just_made)
+    ).only(*AGENT_CHECK_FIELDS))
+    min_gap = agent_ask_gap(len(waiting))
+    attempts = [
+        attempt for attempt in waiting
+        if _first_question_due(attempt, now=now)
+        and agent_ask_due(booting_for=(now - (attempt.vmi_running_at or attempt.provisioned_at or now)).total_seconds(),
+                          since_last_round=since_last_round, min_gap=min_gap)
+    ]
+    if not attempts:
+        return 0, len(waiting)
+    if len(attempts) == 1:
+        answers = [_agent_answers(attempts[0])]
+    else:
+        with ThreadPoolExecutor(max_workers=min(AGENT_CHECK_CONCURRENCY, len(attempts))) as pool:
+            answers = list(pool.map(_agent_answers, attempts))
+    now_running = [attempt for attempt, ok in zip(attempts, answers, strict=True)
+                   if ok and attempt_mark_running(attempt_id=attempt.id)]
+    if any(attempt.vmi_running_at is None for attempt in now_running):
+        # Answered before a list showed the VMI Running (the fast path): its phase times come from a list.
+        namespace_list_soon(namespace)
+    return len(now_running), len(waiting) - sum(1 for ok in answers if ok)

@@ -1,0 +1,112 @@
+"""The tenant's capacity and the per-student limit, as the Start checks them under the tenant's lock, and the
+
+
+refusals (with a Retry-After hint when capacity is full, as JupyterHub answers 429 with a suggested wait)."""
+
+from __future__ import annotations
+
+import secrets
+from typing import NamedTuple
+
+from django.conf import settings
+from django.db.models import Count, Q, Sum
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
+
+from labs.models import ACTIVE_STATES, Attempt, AttemptState
+from labs.selectors import STARTING_STATES
+from portal.errors import Conflict, Unavailable
+from portal.models import Tenant, User
+
+# Suggested wait when capacity is full, in seconds (JupyterHub's spawn_throttle_retry_range).
+RETRY_AFTER_RANGE = (30, 60)
+
+
+def retry_after_seconds() -> int:
+    """A wait spread over the range so refused students do not all come back in the same second."""
+    low, high = RETRY_AFTER_RANGE
+    return low + secrets.randbelow(high - low + 1)
+
+
+def check_start_throttle() -> None:
+    limit = settings.ATTEMPT_CONCURRENT_START_LIMIT
+    if limit and Attempt.objects.filter(state__in=STARTING_STATES).count() >= limit:
+        raise Unavailable(
+            _("Many labs are starting right now. Try again in a minute."),
+            code="too_many_starts", retry_after=retry_after_seconds(),
+        )
+
+
+def per_student_refusal(*, running: int, stopping: int) -> Conflict:
+    """The student already has as many labs going as the institution lets one person have: one must stop first
+    (waiting alone would not help, so no Retry-After), or end, if it is stopping already."""
+    if stopping:
+        message = ngettext(
+            "You already have %(count)d lab going, as many as your institution allows one person at once, and it is "
+            "stopping: try again once it has ended.",
+            "You already have %(count)d labs going, as many as your institution allows one person at once, and one "
+            "of them is stopping: try again once it has ended.", running) % {"count": running}
+    else:
+        message = ngettext(
+            "You already have %(count)d lab going, as many as your institution allows one person at once. Stop it "
+            "to start this one.",
+            "You already have %(count)d labs going, as many as your institution allows one person at once. Stop one "
+            "of them to start this one.", running) % {"count": running}
+    return Conflict(message, code="too_many_running")
+
+
+def per_student_cap_message(*, student: User, tenant: Tenant) -> str:
+    """What the lab page says instead of offering Start when the student already has as many labs going as the
+    institution allows one person ('' when Start may be tried; ``attempt_start`` decides for real, under a lock)."""
+    if not tenant.max_vms_per_student:
+        return ""
+    going = Attempt.objects.filter(student=student, tenant=tenant, state__in=ACTIVE_STATES).aggregate(
+        running=Count("id"), stopping=Count("id", filter=Q(state=AttemptState.STOPPING)))
+    if going["running"] < tenant.max_vms_per_student:
+        return ""
+    return per_student_refusal(running=going["running"], stopping=going["stopping"]).message
+
+
+def quota_refusal(*, tenant: Tenant, used_vms: int, used_vcpus: int, used_memory: int, vcpus: int,
+                   memory_mib: int) -> Unavailable | None:
+    """The refusal when one more VM of this shape would pass any of the tenant's limits, else None."""
+    reasons = []
+    if used_vms + 1 > tenant.max_concurrent_vms:
+        reasons.append(_("all %(limit)d lab VMs are in use") % {"limit": tenant.max_concurrent_vms})
+    if used_vcpus + vcpus > tenant.max_vcpus:
+        reasons.append(_("%(used)d of %(limit)d vCPUs are in use") % {"used": used_vcpus, "limit": tenant.max_vcpus})
+    if used_memory + memory_mib > tenant.max_memory_mib:
+        reasons.append(_("%(used)d of %(limit)d MiB of memory are in use")
+                       % {"used": used_memory, "limit": tenant.max_memory_mib})
+    if not reasons:
+        return None
+    return Unavailable(
+        _("Your institution's lab capacity is full (%(reasons)s). Try again in a minute or two.")
+        % {"reasons": "; ".join(reasons)},
+        code="quota_full", retry_after=retry_after_seconds(),
+    )
+
+
+class TenantTotals(NamedTuple):
+    vms: int
+    vcpus: int
+    memory: int
+    students: int  # the student's own active attempts
+    stopping: int  # of which stopping
+
+
+def tenant_locked(tenant_id: int) -> Tenant:
+    """The tenant, its row locked until the transaction ends. FOR NO KEY UPDATE: rows that only reference the tenant
+    (a classmate's audit record, a new attempt) need not wait for it."""
+    return Tenant.objects.select_for_update(no_key=True).get(id=tenant_id)
+
+
+def tenant_totals(*, tenant_id: int, student: User) -> TenantTotals:
+    """The tenant's active attempts: how many, their vCPUs and launcher memory, and the student's own."""
+    totals = Attempt.objects.filter(tenant_id=tenant_id, state__in=ACTIVE_STATES).aggregate(
+        vms=Count("id"), vcpus=Sum("vcpus"), memory=Sum("launcher_memory_mib"),
+        students=Count("id", filter=Q(student=student)),
+        stopping=Count("id", filter=Q(student=student, state=AttemptState.STOPPING)),
+    )
+    return TenantTotals(vms=totals["vms"], vcpus=totals["vcpus"] or 0, memory=totals["memory"] or 0,
+                        students=totals["students"], stopping=totals["stopping"])

@@ -1,0 +1,220 @@
+"""Starting an attempt: the checks, the quota under the tenant's row lock (concurrent starts for the last slot are
+
+
+serialised and exactly one gets it; the one-active constraint backs the per-student rule), the row, and the
+provisioning queued on commit."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+
+from django.db import IntegrityError, OperationalError, transaction
+from django.db.models import Count, Max, Q
+from django.utils import formats, timezone, translation
+from django.utils.translation import gettext as _
+
+from labs.kubevirt import names
+from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab
+from labs.services.quota import (
+    check_start_throttle,
+    per_student_refusal,
+    quota_refusal,
+    retry_after_seconds,
+    tenant_locked,
+    tenant_totals,
+)
+from labs.sizes import guest_resources, launcher_requests
+from labs.states import attempt_transition
+from labs.wording import in_every_language, in_language
+from portal.errors import ApplicationError, Conflict, NotFound, PermissionDenied, Unavailable, database_busy
+from portal.models import Role, User
+from portal.ratelimit import rate_limit_hit, rate_limit_refund
+from portal.selectors import course_role
+from portal.services import audit_record
+from portal.timezones import person_time_zone
+
+logger = logging.getLogger(__name__)
+
+# labs.models.Attempt's constraint: one active attempt per student and lab.
+ONE_ACTIVE_CONSTRAINT = "attempt_one_active_per_student_lab"
+
+
+def _lab_closed_message(lab: Lab, now, *, actor) -> str:
+    if lab.opens_at and now < lab.opens_at:
+        # In the student's clock (their own, else the tenant's), even for an API client, whose requests are in UTC.
+        zone = person_time_zone(actor, lab.course.tenant)
+        return _("This lab opens on %(when)s.") % {"when": formats.date_format(
+            timezone.localtime(lab.opens_at, zone), "DATETIME_FORMAT")}
+    return _("This lab is closed.")
+
+
+def _check_extra_cloud_init(lab: Lab) -> None:
+    from guest.cloud_init import parse_extra_cloud_config
+
+    try:
+        parse_extra_cloud_config(lab.extra_cloud_init)
+    except ValueError as exc:
+        raise Conflict(
+            _("This lab's VM settings are invalid (%(error)s). Tell your instructor.") % {"error": exc},
+            code="lab_misconfigured",
+        ) from None
+
+
+def _my_attempts(*, student: User, lab: Lab) -> dict:
+    """The student's attempts of the lab: how many count against its limit (all but the failed), the highest
+    number so far, and the id of an active one."""
+    return Attempt.objects.filter(student=student, lab=lab).aggregate(
+        counted=Count("id", filter=~Q(state=AttemptState.FAILED)),
+        number=Max("number"),
+        active=Max("id", filter=Q(state__in=ACTIVE_STATES)),
+    )
+
+
+def _already_active(*, attempt_id: int | None) -> Conflict:
+    return Conflict(_("You already have an attempt of this lab in progress."), code="attempt_active",
+                    extra={"attempt_id": attempt_id} if attempt_id is not None else None)
+
+
+def _is_one_active_violation(error: IntegrityError) -> bool:
+    diag = getattr(error.__cause__, "diag", None)
+    constraint = getattr(diag, "constraint_name", None)
+    # Without the driver's diagnostics (not PostgreSQL), the attempt insert is the one statement that can clash.
+    return constraint is None or constraint == ONE_ACTIVE_CONSTRAINT
+
+
+def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
+    """Start an attempt of ``lab`` for the student ``actor``: checks, quota, the row, then provisioning on commit.
+
+    Every start in a tenant waits for the tenant's row lock, so the lock is held for as little as possible: the
+    attempt row, its VM name and the audit record are written first (an uncommitted row is invisible to the other
+    starts), then the lock is taken and one aggregate counts the tenant's active attempts, this one included, and
+    the transaction commits at once: two round trips under the lock. A start over the quota rolls back what it
+    wrote. Everything that does not depend on other starts (the student's standing and earlier attempts, the lab's
+    window and settings, the size arithmetic, the global start throttle) is decided before the transaction, and
+    the push and the queueing run after the commit.
+
+    ``role``: the actor's role in the lab's course when the caller has just read it with the lab (the lab page's
+    ``lab_get_for_student`` finds the lab through the student's membership); otherwise it is read here.
+    """
+    course = lab.course
+    if role is None:
+        role = course_role(user=actor, course=course)
+    if role is None:
+        raise NotFound(_("Lab not found."))
+    if role != Role.STUDENT:
+        raise PermissionDenied(_("Only students of the course can start this lab."))
+    now = timezone.now()
+    if not lab.is_open(now):
+        raise Conflict(_lab_closed_message(lab, now, actor=actor), code="lab_closed")
+    guest = guest_resources(lab.size)
+    launcher = launcher_requests(vcpus=guest.vcpus, memory_mib=guest.memory_mib)
+    _check_extra_cloud_init(lab)
+    # The student's own attempts of the lab, in one query. Two starts of the same student cannot both get past the
+    # one-active constraint, so counting outside the lock lets nobody past the attempt limit.
+    mine = _my_attempts(student=actor, lab=lab)
+    if mine["active"] is not None:
+        raise _already_active(attempt_id=mine["active"])
+    if lab.attempt_limit and mine["counted"] >= lab.attempt_limit:
+        raise Conflict(_("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit},
+                       code="attempt_limit")
+    check_start_throttle()
+    number = (mine["number"] or 0) + 1
+
+    try:
+        with transaction.atomic():
+            attempt = Attempt.objects.create(
+                lab=lab, student=actor, tenant=course.tenant, number=number,  # ``requested``, the model's default
+                namespace=course.tenant.namespace, agent_token=secrets.token_urlsafe(32),
+                # The page's language (the request's): the workers' messages about this attempt are written in it.
+                language=translation.get_language() or "",
+                vcpus=guest.vcpus, memory_mib=guest.memory_mib,
+                launcher_cpu_millicores=launcher.cpu_millicores, launcher_memory_mib=launcher.memory_mib,
+                requested_at=now,
+            )
+            attempt.vm_name = names.vm_name(attempt.id)
+            Attempt.objects.filter(id=attempt.id).update(vm_name=attempt.vm_name)
+            audit_record(actor=actor, action="attempt.start", target=attempt, tenant=course.tenant,
+                         course=course, data={"lab": lab.id, "size": lab.size, "number": number})
+            # Serialises the starts of the tenant: the totals below include every start that committed before
+            # this one got the lock.
+            tenant = tenant_locked(course.tenant_id)
+            totals = tenant_totals(tenant_id=course.tenant_id, student=actor)
+            if tenant.max_vms_per_student and totals.students > tenant.max_vms_per_student:
+                raise per_student_refusal(running=totals.students - 1, stopping=totals.stopping)
+            refusal = quota_refusal(
+                tenant=tenant, used_vms=totals.vms - 1, used_vcpus=totals.vcpus - guest.vcpus,
+                used_memory=totals.memory - launcher.memory_mib, vcpus=guest.vcpus,
+                memory_mib=launcher.memory_mib,
+            )
+            if refusal is not None:
+                raise refusal
+    except IntegrityError as error:
+        if not _is_one_active_violation(error):
+            raise
+        active = Attempt.objects.filter(student=actor, lab=lab, state__in=ACTIVE_STATES).values_list(
+            "id", flat=True).first()
+        raise _already_active(attempt_id=active) from None
+    # After the commit (or, inside a caller's transaction, on its commit): the task. No update is pushed: nobody can
+    # be listening to the group of an attempt that did not exist, and the answer carries its status.
+    queued = _enqueue_provision(attempt.id)
+    if not transaction.get_connection().in_atomic_block and not queued.get("sent", True):
+        # The provisioning could not be handed to the broker: the attempt was failed in words.
+        attempt.refresh_from_db(fields=["state", "failure_reason", "ended_at", "updated_at"])
+        if attempt.state == AttemptState.FAILED:
+            raise Unavailable(attempt.failure_reason, code="queue_unavailable", retry_after=retry_after_seconds())
+    return attempt
+
+
+def attempt_start_limited(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
+    """``attempt_start`` behind the per-person start limit (``RATE_LIMITS["attempt_start"]``), the same for the lab
+    page's Start and the API's. A refusal that asks to come back later (full capacity, many starts at once: it
+    carries Retry-After) started nothing and is not counted, nor is a database too busy to answer, so a page that
+    waits and retries by itself (``static/js/start.js``) does not use up the limit; every other refusal counts, as a
+    start does."""
+    counted = rate_limit_hit(
+        scope="attempt_start", key=f"user:{actor.pk}",
+        message=_("You have started too many labs in a short time. Wait a little before starting another."),
+    )
+    try:
+        return attempt_start(actor=actor, lab=lab, role=role)
+    except ApplicationError as error:
+        if error.retry_after:
+            rate_limit_refund(counted)
+        raise
+    except OperationalError as error:
+        # No database connection came free in time: answered 503 with Retry-After (portal.server_errors), and the
+        # page tries again by itself, as for full capacity. Nothing was started.
+        if database_busy(error):
+            rate_limit_refund(counted)
+        raise
+
+
+def _enqueue_provision(attempt_id: int) -> dict[str, bool]:
+    """Queue the provisioning on commit. The returned dict gets ``sent`` once that was tried (False: refused)."""
+    from labs.tasks import provision_attempt
+
+    outcome: dict[str, bool] = {}
+
+    def send() -> None:
+        try:
+            provision_attempt.delay(attempt_id)
+        except Exception:
+            outcome["sent"] = False
+            logger.exception("could not queue the provisioning of attempt %s", attempt_id)
+            _fail_unqueued(attempt_id)
+        else:
+            outcome["sent"] = True
+
+    transaction.on_commit(send)
+    return outcome
+
+
+def _fail_unqueued(attempt_id: int) -> None:
+    """The task queue refused the provisioning: end the attempt now, in words, rather than leave it requested with
+    nobody to serve it. It holds no VM yet, and a failed attempt does not count against the attempt limit."""
+    texts = in_every_language(lambda: _(
+        "Your lab could not be queued for starting: the portal's task queue is not answering. Try again in a minute; "
+        "this attempt does not count against your limit."))
+    attempt_transition(attempt=attempt_id, to=AttemptState.FAILED, from_states=(AttemptState.REQUESTED,),
+                       failure_reason=in_language(texts, "", translation.get_language()), failure_reason_texts=texts)
