@@ -43,10 +43,10 @@ def test_updates_are_pushed_on_change_and_never_when_nothing_changed(
     assert messages, "no attempt.update was pushed"
     assert all(m["type"] == "attempt.update" and m["attempt"]["id"] == attempt.id for m in messages)
     states = [m["attempt"]["state"] for m in messages]
-    # "provisioning" was held, and "starting" (the VM made at once) replaced it: the page hears of it only when
-    # making the VM takes a while.
-    assert states[0] == "starting" and states[-1] == "running"
-    assert "provisioning" not in states
+    # In order, ending running. Whether the held "provisioning" was replaced by "starting" in time depends on how
+    # fast the VM was made (the hold itself is tested below, on its own).
+    order = ["provisioning", "starting", "running"]
+    assert states == sorted(states, key=order.index) and "starting" in states and states[-1] == "running"
     assert messages[-1]["attempt"]["timestamps"]["agent_ready"] is not None
 
     # Nothing changes on the cluster: the sync lists, finds the same, and says nothing.
