@@ -142,7 +142,7 @@ def record_cluster_api_error(*, operation: str, reason: str) -> None:
 
 
 def record_request_failure(*, reason: str) -> None:
-    """Count one request that failed inside the portal (an HTTP request, or a Start on the lab page's socket):
+    """Count one HTTP request that failed inside the portal:
     ``portal_busy`` (no database connection came free in time, answered 503) or ``server_error`` (500)."""
     _count_safely(REQUEST_FAILURES_KEY, reason)
 

@@ -46,7 +46,7 @@ def _is_api(request: HttpRequest) -> bool:
 
 @dataclass(frozen=True)
 class FailureAnswer:
-    """What a person is told of a failure they did not cause, over HTTP or the lab page's socket."""
+    """What a person is told of a failure they did not cause."""
 
     status: int
     code: str

@@ -231,7 +231,6 @@ ADMIN_PROBES: list[tuple[str, Probe]] = [
 # WebSocket routes: "accept", or the close code the consumer refuses with before accepting.
 ACCEPT = "accept"
 WS_MATRIX: dict[str, dict[str, Any]] = {
-    # The lab page's socket, over which Start is pressed: the lab's students only (staff have no Start).
     "ws/attempts/<int:attempt_id>/events/": answers(4401, ACCEPT, 4404, ACCEPT, 4404),
     "ws/attempts/<int:attempt_id>/console/": answers(4401, ACCEPT, 4404, ACCEPT, 4404),
 }

@@ -262,7 +262,6 @@
     }
 
     let failures = 0;
-    // ``adopted``: a socket open already, that has joined the attempt's updates (the lab socket Start was sent on).
     function connectEvents() {
       const socket = new WebSocket(socketUrl(config.urls.events));
       const indicator = byId("live-indicator");
