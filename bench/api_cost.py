@@ -34,7 +34,7 @@ def running_attempts(*, tenants: int, per_tenant: int) -> list:
     from guest.cloud_init import render_user_data
     from labs.kubevirt import manifests, names, operations
     from labs.models import Attempt, AttemptState
-    from labs.services.provisioning import tenant_namespace_ensure
+    from labs.services.namespaces import tenant_namespace_ensure
     from labs.sizes import launcher_requests
 
     now = timezone.now()

@@ -6,19 +6,20 @@ Split by subject; the names below are the contract other apps import.
   and per-student limits it checks
 - ``stopping``: ``attempt_stop``, ``attempt_extend``, ``attempt_expire``, the stop when left; ``presence``: whether
   a page has the attempt open
-- ``provisioning``: VM and Secret on and off the cluster, the tenant namespace, the system's transitions
+- ``provisioning``: VM and Secret on and off the cluster, the system's transitions; ``namespaces``: the tenant's
+  namespace
 - ``tracking``: the sync (one VMI list per namespace) mapping phases onto attempts
 - ``sweeping``: orphans both ways, vanished VMs, start timeouts, lost tasks
 - ``events``: ``attempt.update`` pushes on commit
 """
 
+from labs.services.namespaces import tenant_namespace_ensure
 from labs.services.provisioning import (
     attempt_end,
     attempt_fail,
     attempt_mark_running,
     attempt_provision,
     attempt_teardown,
-    tenant_namespace_ensure,
 )
 from labs.services.start import attempt_start, attempt_start_limited
 from labs.services.stopping import attempt_expire, attempt_extend, attempt_stop

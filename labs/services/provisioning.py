@@ -7,9 +7,7 @@ the cluster calls treat "already exists" and "not found" as done (``labs.kubevir
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 import logging
 import math
 from collections.abc import Callable
@@ -17,18 +15,18 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Case, Value, When
 from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
 from labs.kubevirt import manifests, names, operations
 from labs.kubevirt.operations import ClusterError
-from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, TenantNamespace
+from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState
+from labs.services.namespaces import tenant_namespace_ensure
 from labs.services.stopping import StopReason, enqueue_teardown
 from labs.states import attempt_transition
 from labs.wording import in_every_language
-from portal.models import Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -92,54 +90,6 @@ def attempt_mark_running(*, attempt_id: int, now: datetime | None = None) -> boo
         expires_at=now + timedelta(minutes=attempt.lab.time_limit_minutes), status_message="",
         status_message_texts={},
     ) is not None
-
-
-# ---- the tenant's namespace ---------------------------------------------------------------------------------
-
-
-def _namespace_objects(tenant: Tenant) -> tuple[dict, list[dict], dict]:
-    namespace = manifests.namespace(name=tenant.namespace, tenant_id=tenant.id)
-    policies = manifests.network_policies(
-        namespace=tenant.namespace, tenant_id=tenant.id, agent_port=settings.AGENT_PORT,
-        kubevirt_namespace=settings.KUBEVIRT_NAMESPACE, portal_namespace=settings.PORTAL_NAMESPACE,
-    )
-    quota = manifests.resource_quota(
-        namespace=tenant.namespace, tenant_id=tenant.id, max_vms=tenant.max_concurrent_vms,
-        max_vcpus=tenant.max_vcpus, max_memory_mib=tenant.max_memory_mib,
-    )
-    return namespace, policies, quota
-
-
-def _tenant_namespace_row(tenant: Tenant) -> TenantNamespace:
-    try:
-        row, _created = TenantNamespace.objects.get_or_create(tenant=tenant, defaults={"namespace": tenant.namespace})
-    except IntegrityError:  # two provisions of the same tenant's first attempts raced to create it
-        row = TenantNamespace.objects.get(tenant=tenant)
-    return row
-
-
-# Tenant id -> digest of the objects this process saw applied: every provision ensures the namespace, and after the
-# first it needs no database row to know. A namespace deleted behind the portal's back fails the next create with
-# 404, which forces the objects again.
-_applied_digests: dict[int, str] = {}
-
-
-def tenant_namespace_ensure(*, tenant: Tenant, force: bool = False) -> bool:
-    """Create the tenant's namespace, NetworkPolicies and ResourceQuota unless the same objects were applied
-    already. Returns True when it talked to the cluster."""
-    namespace, policies, quota = _namespace_objects(tenant)
-    digest = hashlib.sha256(json.dumps([namespace, policies, quota], sort_keys=True).encode()).hexdigest()
-    if not force and _applied_digests.get(tenant.id) == digest:
-        return False
-    row = _tenant_namespace_row(tenant)
-    if not force and row.bootstrapped_at is not None and row.bootstrap_digest == digest:
-        _applied_digests[tenant.id] = digest
-        return False
-    _applied_digests.pop(tenant.id, None)
-    operations.namespace_bootstrap(namespace=namespace, policies=policies, quota=quota)
-    TenantNamespace.objects.filter(pk=row.pk).update(bootstrapped_at=timezone.now(), bootstrap_digest=digest)
-    _applied_digests[tenant.id] = digest
-    return True
 
 
 # ---- provisioning -------------------------------------------------------------------------------------------

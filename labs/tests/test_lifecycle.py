@@ -10,7 +10,7 @@ from django.utils import timezone
 from labs import tasks
 from labs.kubevirt import client, manifests, names, operations
 from labs.models import Attempt, AttemptState, TenantNamespace
-from labs.services import agents, attempt_start, attempt_stop, provisioning, tracking
+from labs.services import agents, attempt_start, attempt_stop, namespaces, provisioning, tracking
 from labs.tests.conftest import sync_until, vm_names, wait_until
 from portal.models import AuditEvent
 
@@ -156,7 +156,7 @@ def test_a_worker_killed_mid_provision_converges_on_rerun(lifecycle, student_a, 
     attempt = attempt_start(actor=student_a, lab=lab_a)
     # The first worker claimed the attempt and created the Secret, then died before the VM.
     Attempt.objects.filter(id=attempt.id).update(state=AttemptState.PROVISIONING)
-    provisioning.tenant_namespace_ensure(tenant=lab_a.course.tenant)
+    namespaces.tenant_namespace_ensure(tenant=lab_a.course.tenant)
     from guest.cloud_init import render_user_data
 
     labels = names.attempt_labels(tenant_id=attempt.tenant_id, course_id=lab_a.course_id, lab_id=lab_a.id,
@@ -174,20 +174,20 @@ def test_a_worker_killed_mid_provision_converges_on_rerun(lifecycle, student_a, 
 def test_the_tenant_namespace_is_applied_once_until_its_objects_or_the_namespace_change(
         lifecycle, lab_a, django_assert_num_queries):
     tenant = lab_a.course.tenant
-    assert provisioning.tenant_namespace_ensure(tenant=tenant)
+    assert namespaces.tenant_namespace_ensure(tenant=tenant)
     with django_assert_num_queries(0):  # every later provision in this process: neither database nor cluster
-        assert not provisioning.tenant_namespace_ensure(tenant=tenant)
+        assert not namespaces.tenant_namespace_ensure(tenant=tenant)
     tenant.max_vcpus += 4  # the quota changed: applied again
-    assert provisioning.tenant_namespace_ensure(tenant=tenant)
+    assert namespaces.tenant_namespace_ensure(tenant=tenant)
     quota = client.core_v1().read_namespaced_resource_quota(names.RESOURCE_QUOTA, tenant.namespace)
     assert quota.spec.hard["requests.cpu"] == manifests.quota_hard(
         max_vms=tenant.max_concurrent_vms, max_vcpus=tenant.max_vcpus, max_memory_mib=tenant.max_memory_mib,
     )["requests.cpu"]
-    assert not provisioning.tenant_namespace_ensure(tenant=tenant)
+    assert not namespaces.tenant_namespace_ensure(tenant=tenant)
     # Deleted behind the portal's back: a create answers 404 and provisioning forces the objects again.
     client.core_v1().delete_namespace(tenant.namespace)
     wait_until(lambda: tenant.namespace not in {ns.metadata.name for ns in client.core_v1().list_namespace().items})
-    assert provisioning.tenant_namespace_ensure(tenant=tenant, force=True)
+    assert namespaces.tenant_namespace_ensure(tenant=tenant, force=True)
     assert client.core_v1().read_namespace(tenant.namespace).metadata.name == tenant.namespace
 
 

@@ -1,0 +1,60 @@
+"""The tenant's namespace on the cluster (namespace, NetworkPolicies, ResourceQuota): made once, and again when
+the tenant's settings change or the namespace was deleted behind the portal's back."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from django.conf import settings
+from django.db import IntegrityError
+from django.utils import timezone
+
+from labs.kubevirt import manifests, operations
+from labs.models import TenantNamespace
+from portal.models import Tenant
+
+
+def _namespace_objects(tenant: Tenant) -> tuple[dict, list[dict], dict]:
+    namespace = manifests.namespace(name=tenant.namespace, tenant_id=tenant.id)
+    policies = manifests.network_policies(
+        namespace=tenant.namespace, tenant_id=tenant.id, agent_port=settings.AGENT_PORT,
+        kubevirt_namespace=settings.KUBEVIRT_NAMESPACE, portal_namespace=settings.PORTAL_NAMESPACE,
+    )
+    quota = manifests.resource_quota(
+        namespace=tenant.namespace, tenant_id=tenant.id, max_vms=tenant.max_concurrent_vms,
+        max_vcpus=tenant.max_vcpus, max_memory_mib=tenant.max_memory_mib,
+    )
+    return namespace, policies, quota
+
+
+def _tenant_namespace_row(tenant: Tenant) -> TenantNamespace:
+    try:
+        row, _created = TenantNamespace.objects.get_or_create(tenant=tenant, defaults={"namespace": tenant.namespace})
+    except IntegrityError:  # two provisions of the same tenant's first attempts raced to create it
+        row = TenantNamespace.objects.get(tenant=tenant)
+    return row
+
+
+# Tenant id -> digest of the objects this process saw applied: every provision ensures the namespace, and after the
+# first it needs no database row to know. A namespace deleted behind the portal's back fails the next create with
+# 404, which forces the objects again.
+_applied_digests: dict[int, str] = {}
+
+
+def tenant_namespace_ensure(*, tenant: Tenant, force: bool = False) -> bool:
+    """Create the tenant's namespace, NetworkPolicies and ResourceQuota unless the same objects were applied
+    already. Returns True when it talked to the cluster."""
+    namespace, policies, quota = _namespace_objects(tenant)
+    digest = hashlib.sha256(json.dumps([namespace, policies, quota], sort_keys=True).encode()).hexdigest()
+    if not force and _applied_digests.get(tenant.id) == digest:
+        return False
+    row = _tenant_namespace_row(tenant)
+    if not force and row.bootstrapped_at is not None and row.bootstrap_digest == digest:
+        _applied_digests[tenant.id] = digest
+        return False
+    _applied_digests.pop(tenant.id, None)
+    operations.namespace_bootstrap(namespace=namespace, policies=policies, quota=quota)
+    TenantNamespace.objects.filter(pk=row.pk).update(bootstrapped_at=timezone.now(), bootstrap_digest=digest)
+    _applied_digests[tenant.id] = digest
+    return True
