@@ -106,14 +106,14 @@ class _CounterStore:
                 bucket = self._local.setdefault(key, {})
                 bucket[field] = bucket.get(field, 0) + amount
             return
-        client.hincrby(key, field, amount)
+        client.hincrby(settings.REDIS_KEY_PREFIX + key, field, amount)
 
     def read(self, key: str) -> dict[str, int]:
         client = self._redis()
         if client is None:
             with self._lock:
                 return dict(self._local.get(key, {}))
-        return {name.decode(): int(value) for name, value in client.hgetall(key).items()}
+        return {name.decode(): int(value) for name, value in client.hgetall(settings.REDIS_KEY_PREFIX + key).items()}
 
     def clear(self, key: str) -> None:
         client = self._redis()
@@ -121,7 +121,7 @@ class _CounterStore:
             with self._lock:
                 self._local.pop(key, None)
             return
-        client.delete(key)
+        client.delete(settings.REDIS_KEY_PREFIX + key)
 
 
 counters = _CounterStore()

@@ -235,6 +235,9 @@ REDIS_URL = env_str("REDIS_URL")
 # SETINFO on each new connection (two more round trips) nor reads its own package metadata from disk for it, which
 # it does again for every connection: a class's sockets opening together grow the pools by a hundred.
 REDIS_CONNECTION_OPTIONS = {"driver_info": None}
+# Every Redis key of the portal (cache and sessions, channel layer, Celery's queues, console and metrics keys)
+# begins with this, so that several portals, or test runs (tests/run_isolation.py), can share one database.
+REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "") or ""
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -250,7 +253,7 @@ if REDIS_URL:
             "CONFIG": {"hosts": [pool_options(REDIS_URL, socket_timeout=30,
                                               max_connections=env_int("CHANNEL_LAYER_MAX_CONNECTIONS", 32),
                                               **REDIS_CONNECTION_OPTIONS)],
-                       "capacity": 1500, "expiry": 30},
+                       "capacity": 1500, "expiry": 30, "prefix": f"{REDIS_KEY_PREFIX}asgi"},
         }
     }
     CELERY_BROKER_URL = REDIS_URL
@@ -264,6 +267,7 @@ else:
 # for a new Redis connection.
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL,
+                          "KEY_PREFIX": REDIS_KEY_PREFIX,
                           "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 5, "SOCKET_TIMEOUT": 5,
                                       "CONNECTION_POOL_KWARGS": REDIS_CONNECTION_OPTIONS}}}
 else:
@@ -281,7 +285,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Socket timeouts: a broker that accepts connections but never answers would otherwise hang the request that
 # queues a task (a student's Start) for good. They stay above the worker's 1 s BRPOP.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "socket_timeout": 5, "socket_connect_timeout": 5}
-if not REDIS_URL:
+if REDIS_URL:
+    CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = REDIS_KEY_PREFIX
+else:
     # The in-memory transport polls its queues; its default of 1 s would add up to a second to every start.
     CELERY_BROKER_TRANSPORT_OPTIONS["polling_interval"] = 0.05
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 300)

@@ -19,6 +19,11 @@ CONNECTION_WAIT_SECONDS = 10.0
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, redis_asyncio.Redis] = weakref.WeakKeyDictionary()
 
 
+def console_key(kind: str, attempt_id: int) -> str:
+    """The Redis key of one attempt's console ``kind`` (lease, viewers, scrollback, offset)."""
+    return f"{settings.REDIS_KEY_PREFIX}portal:console:{kind}:{attempt_id}"
+
+
 def shared_redis() -> redis_asyncio.Redis | None:
     """The client for the running loop; the connection pool is shared by every console in this process.
 

@@ -210,7 +210,8 @@ def test_counters_live_in_redis_so_every_process_sees_them(settings):
 
     metrics.record_cluster_api_error(operation="watch_vmis", reason="connection")
     other_process_view = redis.Redis.from_url(settings.REDIS_URL)
-    assert other_process_view.hget(metrics.CLUSTER_API_ERRORS_KEY, "watch_vmis|connection") == b"1"
+    key = settings.REDIS_KEY_PREFIX + metrics.CLUSTER_API_ERRORS_KEY
+    assert other_process_view.hget(key, "watch_vmis|connection") == b"1"
 
 
 @pytest.mark.django_db
