@@ -1,10 +1,11 @@
 """Tenant- and role-scoped querysets the API lists from, where the apps' own selectors offer no such list.
 
-Attempts come from ``labs.selectors`` and single grading runs from ``grading.selectors``; the lists of labs,
-grading runs and grades, the staff check on a course and the audit log are here. Each one starts from
-``portal.selectors.courses_for_user`` / ``staff_courses_for_user`` or ``labs.selectors.attempts_for_user``
-(which keep to the user's tenant), so a row of another tenant can never appear. Single objects are fetched
-through these same querysets, and a missing row and a forbidden one raise the same ``NotFound``.
+Attempts come from ``labs.selectors``, single grading runs from ``grading.selectors`` and the audit log from
+``portal.selectors``; the lists of labs, grading runs and grades and the staff check on a course are here.
+Each one starts from ``portal.selectors.courses_for_user`` / ``staff_courses_for_user`` or
+``labs.selectors.attempts_for_user`` (which keep to the user's tenant), so a row of another tenant can never
+appear. Single objects are fetched through these same querysets, and a missing row and a forbidden one raise
+the same ``NotFound``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from grading.models import Grade, GradingRun
 from labs.models import Lab
 from labs.selectors import attempts_for_user
 from portal.errors import NotFound, PermissionDenied
-from portal.models import AuditEvent, Course, Role, User
+from portal.models import Course, Role, User
 from portal.selectors import course_get_for_user, course_role, courses_for_user, staff_courses_for_user
 
 
@@ -64,17 +65,5 @@ def staff_course_get_for_user(*, user: User, course_id: int) -> Course:
     if course_role(user=user, course=course) not in (Role.INSTRUCTOR, Role.TA):
         raise PermissionDenied(_("Only the course's staff may see this."))
     return course
-
-
-def audit_events_for_course(*, user: User, course_id: int) -> QuerySet[AuditEvent]:
-    """The course's audit log, for its instructors only (TAs and students of the course get 403)."""
-    course = course_get_for_user(user=user, course_id=course_id)
-    if course_role(user=user, course=course) != Role.INSTRUCTOR:
-        raise PermissionDenied(_("Only the course's instructors may read its audit log."))
-    return (
-        AuditEvent.objects.filter(course=course)
-        .select_related("actor")
-        .order_by("-created_at", "-id")
-    )
 
 

@@ -110,6 +110,7 @@ INSTALLED_APPS = [
     "labs",
     "grading",
     "api",
+    "ops",
     "drf_spectacular_sidecar",
     "csp",
 ]
@@ -129,7 +130,7 @@ MIDDLEWARE = [
     "api.login_guard.LoginThrottleMiddleware",
 ]
 
-ROOT_URLCONF = "portal.urls"
+ROOT_URLCONF = "ops.urls"
 ASGI_APPLICATION = "portal.asgi.application"
 WSGI_APPLICATION = "portal.wsgi.application"
 

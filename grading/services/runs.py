@@ -20,10 +20,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from grading import agent_client
 from grading.evaluation import evaluate_check, late_penalty_percent
 from grading.models import CheckResult, GradingRun, RunState, RunTrigger
 from grading.services.push import push_run_on_commit
+from labs import agent_client
 from labs.models import Attempt, AttemptState, Check
 from portal.errors import ApplicationError, Conflict, NotFound, Unavailable
 from portal.models import STAFF_ROLES, User

@@ -87,7 +87,7 @@ def start_kubesim(directory: Path, **options: Any):
 @contextlib.contextmanager
 def portal_pointed_at(server, django_settings) -> Iterator[Any]:
     """The portal's cluster client (and its readiness probe) talk to ``server`` for the duration."""
-    from portal import health
+    from labs import health
 
     django_settings.KUBECONFIG = str(server.kubeconfig)
     os.environ.pop("KUBERNETES_SERVICE_HOST", None)

@@ -18,6 +18,7 @@ from django.utils.translation import gettext as _
 from django.views import View
 
 from grading.selectors import lab_get_for_staff, lab_get_for_student
+from labs.health import cluster_health_summary
 from labs.models import ACTIVE_STATES, Attempt, Lab
 from labs.selectors import (
     attempt_get_for_user,
@@ -29,7 +30,6 @@ from labs.services.attempts import per_student_cap_message
 from labs.views.instructions import render_instructions
 from labs.views.strings import PROGRESS_STEPS, attempt_page_strings
 from portal.errors import NotFound
-from portal.health import cluster_health_summary
 from portal.models import STAFF_ROLES
 from portal.selectors import course_role
 

@@ -1,4 +1,4 @@
-"""HTML pages of the API's subject area: the course audit log for the course's instructors."""
+"""The course audit log page, for the course's instructors."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from django.shortcuts import render
 from django.utils.translation import gettext_lazy as _
 from django.views import View
 
-from api.selectors import audit_events_for_course
 from portal.errors import NotFound, PermissionDenied
-from portal.selectors import course_get_for_user
+from portal.selectors import audit_events_for_course, course_get_for_user
 
 AUDIT_PAGE_SIZE = 50
 # How the audit log names the actions people take; an action missing here is shown by its code.

@@ -16,11 +16,12 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from labs import health
 from labs.models import ACTIVE_STATES, Attempt, AttemptState
 from labs.sizes import launcher_requests
-from portal import health
+from ops import health as ops_health
+from ops.metrics import START_PHASES
 from portal.errors import PermissionDenied
-from portal.metrics import START_PHASES
 from portal.models import Role, Tenant, User
 from portal.selectors import courses_for_user
 
@@ -178,7 +179,7 @@ def ops_dashboard_view(request: HttpRequest) -> HttpResponse:
         overview = ops_overview_for_user(user=request.user)
     except PermissionDenied as exc:
         raise DjangoPermissionDenied(str(exc)) from exc
-    components = health.readiness(exclude=("database",))
+    components = ops_health.readiness(exclude=("database",))
     heartbeat = None
     if request.user.is_superuser:  # the sync error text may name any tenant's namespace
         try:
