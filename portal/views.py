@@ -11,6 +11,7 @@ from django.utils.translation import gettext as _
 from django.views.generic import UpdateView
 
 from portal.forms import PersonalTimeZoneForm
+from portal.services import user_time_zone_set
 from portal.timezones import tenant_time_zone
 
 
@@ -38,8 +39,8 @@ class TimeZoneView(LoginRequiredMixin, UpdateView):
         return context
 
     def form_valid(self, form):
-        person = form.save(commit=False)
-        person.save(update_fields=["time_zone"])  # nothing else of the row, which another request may be changing
+        person = user_time_zone_set(actor=self.request.user, user=self.request.user,
+                                    time_zone=form.cleaned_data["time_zone"])
         zone = person.time_zone or str(tenant_time_zone(person.tenant))
         messages.success(self.request, _("Dates and times are now shown in %(zone)s.") % {"zone": zone})
         return redirect(self.next_url())
