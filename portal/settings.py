@@ -351,11 +351,27 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 GRADING_MIN_INTERVAL_SECONDS = env_int("GRADING_MIN_INTERVAL_SECONDS", 10)
+# A grading run no worker picked up within this long is failed (a regrade: at least twice the task time limit).
+GRADING_QUEUED_STALE_SECONDS = 300
 # How long one check's output pattern may take to match (labs.patterns); past it the check fails, saying why.
 GRADING_PATTERN_TIMEOUT_MS = env_int("GRADING_PATTERN_TIMEOUT_MS", 1000)
 AGENT_PORT = 8787
 
 CONSOLE_SCROLLBACK_BYTES = env_int("CONSOLE_SCROLLBACK_BYTES", 64 * 1024)
+# Output sent to a browser but not yet acknowledged as drawn; past it the viewer is lagging (labs.console.limits).
+CONSOLE_OUTPUT_WINDOW_BYTES = 1024 * 1024
+CONSOLE_LAG_CLOSE_SECONDS = 60.0
+CONSOLE_INPUT_FRAME_MAX_BYTES = 16 * 1024
+CONSOLE_INPUT_RATE_BYTES_PER_SECOND = 32 * 1024
+CONSOLE_INPUT_BURST_BYTES = 64 * 1024
+CONSOLE_LEASE_TTL_SECONDS = 6.0
+CONSOLE_UPSTREAM_RETRY_SECONDS = 1.0
+CONSOLE_UPSTREAM_MAX_BACKOFF_SECONDS = 5.0
+CONSOLE_UPSTREAM_MAX_MESSAGE_BYTES = 1024 * 1024
+CONSOLE_RECORDING_MAX_BYTES = 32 * 1024 * 1024
+CONSOLE_RECORDING_FLUSH_SECONDS = 0.5
+# Connections one process's consoles share: each command is one short round trip, so a few dozen carry hundreds.
+CONSOLE_REDIS_MAX_CONNECTIONS = 64
 CONSOLE_RECORDINGS_DIR = Path(env_str("CONSOLE_RECORDINGS_DIR", str(VAR_DIR / "recordings")))
 
 # Health probes and metrics (README, "Operations"). /metrics accepts `Authorization: Bearer $METRICS_TOKEN`

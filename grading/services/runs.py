@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 UNFINISHED_STATES = (RunState.QUEUED, RunState.RUNNING)
 # A queued run no worker picked up within this long is failed, so that it no longer blocks the attempt.
-QUEUED_STALE_SECONDS = getattr(settings, "GRADING_QUEUED_STALE_SECONDS", 300)
+QUEUED_STALE_SECONDS = settings.GRADING_QUEUED_STALE_SECONDS
 # Beyond a running run's own deadline, before it is taken for a run whose worker died.
 RUNNING_STALE_SLACK_SECONDS = 60
 FINAL_RUN_POLL_SECONDS = 0.25
