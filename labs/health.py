@@ -45,7 +45,7 @@ def _translated(message: str, params: dict[str, object]) -> str:
 _lazy_translated = lazy(_translated, str)
 
 
-def say(message: str, **params: object) -> Promise:
+def say(message: str, **params: object) -> str | Promise:
     """``message`` (marked with ``gettext_noop``) with ``params``, translated whenever it is turned into text."""
     return _lazy_translated(message, params)
 
@@ -245,9 +245,10 @@ def check_sync(*, now: datetime | None = None) -> ComponentStatus:
             gettext_noop("The attempt sync loop has not run yet (is the Celery worker and beat running?).")
         ))
     age = (now - beat.last_success).total_seconds()
-    failed_since = beat.last_error_at is not None and beat.last_error_at > beat.last_success
+    error_at = beat.last_error_at
+    failed_since = error_at is not None and error_at > beat.last_success
     succeeded = _seconds_ago(now, beat.last_success)
-    failed = _seconds_ago(now, beat.last_error_at) if failed_since else None
+    failed = _seconds_ago(now, error_at) if error_at is not None and failed_since else None
     if age > max_age:
         if failed_since:
             return ComponentStatus("sync", False, say(

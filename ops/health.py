@@ -109,12 +109,13 @@ def readyz_view(request: HttpRequest) -> JsonResponse:
         )
     statuses = readiness(exclude=tuple(requested))
     failing = [status for status in statuses if not status.ok]
+    components = {status.name: asdict(status) for status in statuses}
+    for component in components.values():
+        del component["name"]
     body = {
         "status": "ready" if not failing else "not ready",
         "failing": [status.name for status in failing],
         "problems": [status.message for status in failing],
-        "components": {status.name: asdict(status) for status in statuses},
+        "components": components,
     }
-    for status in body["components"].values():
-        del status["name"]
     return JsonResponse(body, status=503 if failing else 200)

@@ -14,6 +14,7 @@ from grading.models import Grade
 from grading.selectors import attempts_visible_to, student_grades
 from labs.models import ACTIVE_STATES, Attempt, Lab
 from labs.services.attempts import attempt_stops_as_left_at
+from portal.http import AuthenticatedRequest
 from portal.models import Course
 from portal.selectors import staff_courses_for_user, user_tenant_ids
 
@@ -77,6 +78,7 @@ def staff_dashboard(*, user) -> list[StaffCourse]:
 
 class DashboardView(LoginRequiredMixin, TemplateView):
     template_name = "portal/dashboard.html"
+    request: AuthenticatedRequest
 
     def get_context_data(self, **kwargs):
         context = super().get_context_data(**kwargs)

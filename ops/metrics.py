@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Case, Count, DurationField, ExpressionWrapper, F, Q, QuerySet, Sum, Value, When
+from django.db.models import Aggregate, Case, Count, DurationField, ExpressionWrapper, F, Q, QuerySet, Sum, Value, When
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -96,7 +96,7 @@ def _duration_histograms(
     """
     buckets = tuple(buckets)
     aliases = {label: _span(start, end) for label, (start, end) in spans.items()}
-    aggregates = {}
+    aggregates: dict[str, Aggregate] = {}
     for label in spans:
         alias = f"d_{label}"
         aggregates[f"{label}__count"] = Count("pk", filter=Q(**{f"{alias}__isnull": False}))
@@ -268,9 +268,10 @@ def metrics_authorized(request: HttpRequest) -> bool:
     if user is not None and user.is_authenticated and user.is_active and user.is_superuser:
         return True
     token = settings.METRICS_TOKEN
-    header = request.headers.get("Authorization", "")
-    scheme, _sep, presented = header.partition(" ")
-    return bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(presented.encode(), token.encode())
+    if not token:
+        return False
+    scheme, _sep, presented = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(presented.encode(), token.encode())
 
 
 @require_GET

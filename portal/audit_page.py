@@ -5,12 +5,13 @@ from __future__ import annotations
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.utils.translation import gettext_lazy as _
 from django.views import View
 
 from portal.errors import NotFound, PermissionDenied
+from portal.http import AuthenticatedRequest
 from portal.selectors import audit_events_for_course, course_get_for_user
 
 AUDIT_PAGE_SIZE = 50
@@ -39,7 +40,7 @@ ACTION_LABELS = {
 class CourseAuditPage(LoginRequiredMixin, View):
     """Who started, stopped, extended, checked or overrode what in the course, and when; newest first."""
 
-    def get(self, request: HttpRequest, course_id: int) -> HttpResponse:
+    def get(self, request: AuthenticatedRequest, course_id: int) -> HttpResponse:
         try:
             events = audit_events_for_course(user=request.user, course_id=course_id)
             course = course_get_for_user(user=request.user, course_id=course_id)

@@ -54,7 +54,8 @@ class _CounterStore:
         if client is None:
             with self._lock:
                 return dict(self._local.get(key, {}))
-        return {name.decode(): int(value) for name, value in client.hgetall(settings.REDIS_KEY_PREFIX + key).items()}
+        fields = client.hgetall(settings.REDIS_KEY_PREFIX + key).items()
+        return {name.decode() if isinstance(name, bytes) else name: int(value) for name, value in fields}
 
     def clear(self, key: str) -> None:
         client = self._redis()

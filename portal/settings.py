@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, overload
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -20,6 +21,10 @@ from portal.redis_async import pool_options
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
+@overload
+def env_str(name: str) -> str | None: ...
+@overload
+def env_str(name: str, default: str) -> str: ...
 def env_str(name: str, default: str | None = None) -> str | None:
     value = os.environ.get(name)
     return value if value not in (None, "") else default
@@ -176,14 +181,14 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": VAR_DIR / "portal.sqlite3",
+            "NAME": str(VAR_DIR / "portal.sqlite3"),
             # WAL: a read under way (a report streaming its rows, a page's queries) no longer holds up the commits
             # of the web's, worker's and beat's writers, nor they the readers; the mode stays with the file.
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL"},
             # Tests get a file of their own, not Django's default in-memory database: that one is opened with a
             # shared cache, where a thread's connection meeting another's uncommitted write fails at once ("database
             # table is locked") instead of waiting out the timeout as the portal's connections to its file do.
-            "TEST": {"NAME": VAR_DIR / "test_portal.sqlite3"},
+            "TEST": {"NAME": str(VAR_DIR / "test_portal.sqlite3")},
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -238,7 +243,7 @@ REDIS_URL = env_str("REDIS_URL")
 REDIS_CONNECTION_OPTIONS = {"driver_info": None}
 # Every Redis key of the portal (cache and sessions, channel layer, Celery's queues, console and metrics keys)
 # begins with this, so that several portals, or test runs (tests/run_isolation.py), can share one database.
-REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "") or ""
+REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -285,7 +290,9 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Socket timeouts: a broker that accepts connections but never answers would otherwise hang the request that
 # queues a task (a student's Start) for good. They stay above the worker's 1 s BRPOP.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "socket_timeout": 5, "socket_connect_timeout": 5}
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
+    "visibility_timeout": 3600, "socket_timeout": 5, "socket_connect_timeout": 5,
+}
 if REDIS_URL:
     CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = REDIS_KEY_PREFIX
 else:

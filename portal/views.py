@@ -11,6 +11,7 @@ from django.utils.translation import gettext as _
 from django.views.generic import UpdateView
 
 from portal.forms import PersonalTimeZoneForm
+from portal.http import AuthenticatedRequest
 from portal.services import user_time_zone_set
 from portal.timezones import tenant_time_zone
 
@@ -18,6 +19,8 @@ from portal.timezones import tenant_time_zone
 class TimeZoneView(LoginRequiredMixin, UpdateView):
     """The signed-in person's own clock: their institution's (the default) or a zone they choose, for a student
     abroad or an instructor teaching from elsewhere. Every page, and the times they type in admin, follow it."""
+
+    request: AuthenticatedRequest
 
     form_class = PersonalTimeZoneForm
     template_name = "portal/time_zone.html"
