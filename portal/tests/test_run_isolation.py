@@ -52,3 +52,10 @@ def test_cache_channel_layer_console_and_metrics_keys_carry_the_prefix(redis_cli
     assert prefix + metrics.REQUEST_FAILURES_KEY.encode() in keys
     assert prefix + b"portal:console:lease:1" in keys
     metrics.counters.clear(metrics.REQUEST_FAILURES_KEY)
+
+
+def test_a_test_own_cache_prefix_stays_under_the_run_prefix():
+    from api.tests.world import fresh_cache_settings
+
+    prefix = fresh_cache_settings()["default"].get("KEY_PREFIX", "")
+    assert prefix.startswith(settings.REDIS_KEY_PREFIX) and prefix != settings.REDIS_KEY_PREFIX
