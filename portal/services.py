@@ -180,10 +180,10 @@ def _enrollment_errors_against_database(*, course: Course, rows: list[Enrollment
                                         ) -> tuple[list[RowError], dict[str, User], dict[int, str]]:
     """Problems only the database can reveal, and the existing accounts and roles the import will reuse."""
     by_lower: dict[str, list[User]] = {}
-    for user in User.objects.annotate(username_lower=Lower("username")).filter(
+    for found in User.objects.annotate(username_lower=Lower("username")).filter(
         username_lower__in={row.username.lower() for row in rows}
     ):
-        by_lower.setdefault(user.username.lower(), []).append(user)
+        by_lower.setdefault(found.username.lower(), []).append(found)
     existing = {user.username: user for users in by_lower.values() for user in users}
     roles = dict(Membership.objects.filter(course=course, user__in=existing.values()).values_list("user_id", "role"))
 
