@@ -9,6 +9,9 @@ test:
 
 lint:
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/lint-imports
+	PORTAL_ENV=test .venv/bin/mypy
 
 bench:
 	bin/setup && .venv/bin/python -m bench

@@ -13,7 +13,7 @@ from django.utils.translation import gettext as _
 from grading.models import Grade, GradingRun
 from labs.access import attempts_visible_to
 from portal.errors import NotFound, PermissionDenied
-from portal.models import AuditEvent, Course, Role, User
+from portal.models import Course, Role, User
 from portal.selectors import course_get_for_user, course_role, courses_for_user, staff_courses_for_user
 
 
@@ -49,17 +49,5 @@ def staff_course_get_for_user(*, user: User, course_id: int) -> Course:
     if course_role(user=user, course=course) not in (Role.INSTRUCTOR, Role.TA):
         raise PermissionDenied(_("Only the course's staff may see this."))
     return course
-
-
-def audit_events_for_course(*, user: User, course_id: int) -> QuerySet[AuditEvent]:
-    """The course's audit log, for its instructors only (TAs and students of the course get 403)."""
-    course = course_get_for_user(user=user, course_id=course_id)
-    if course_role(user=user, course=course) != Role.INSTRUCTOR:
-        raise PermissionDenied(_("Only the course's instructors may read its audit log."))
-    return (
-        AuditEvent.objects.filter(course=course)
-        .select_related("actor")
-        .order_by("-created_at", "-id")
-    )
 
 

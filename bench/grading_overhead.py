@@ -3,7 +3,7 @@
 One kubesim guest runs the real agent; the same ten checks are timed, interleaved, in four ways:
 
 - ``direct``: an HTTP POST to the agent's own TCP port (what the guest costs by itself, the floor);
-- ``portforward``: ``grading.agent_client.run_checks`` through the VMI ``portforward/8787/tcp`` subresource
+- ``portforward``: ``labs.agent_client.run_checks`` through the VMI ``portforward/8787/tcp`` subresource
   (the transport the portal uses: WebSocket handshake, raw TCP in binary frames);
 - ``service``: ``grading.services.grading_run_execute`` in this process (claim, portforward, evaluation, results
   and grade stored), with no HTTP and no queue;
@@ -74,8 +74,8 @@ def provision(seeded, server) -> Any:
     from django.utils import timezone
     from kubernetes.client.exceptions import ApiException
 
-    from grading import agent_client
     from guest.cloud_init import render_user_data
+    from labs import agent_client
     from labs.kubevirt import client as kube_client
     from labs.kubevirt import manifests, names, operations
     from labs.models import Attempt, AttemptState
@@ -136,7 +136,7 @@ def direct_run(*, port: int, token: str, checks) -> float:
 
 
 def portforward_run(*, attempt, checks) -> float:
-    from grading import agent_client
+    from labs import agent_client
 
     started = time.perf_counter()
     results = agent_client.run_checks(attempt, checks)

@@ -124,8 +124,8 @@ def direct_start(index: int) -> float:
     """The baseline: Secret and VM created directly, then ``/healthz`` polled until the agent answers."""
     from types import SimpleNamespace
 
-    from grading.agent_client import AgentError, healthz
     from guest.cloud_init import render_user_data
+    from labs.agent_client import AgentError, healthz
     from labs.kubevirt import manifests, names, operations
 
     namespace, name, token = BASELINE_NAMESPACE, names.vm_name(900_000 + index), f"baseline-token-{index:08d}"

@@ -557,8 +557,8 @@ def direct_start(*, api_client, running: VmiRunningWatch, index: int, tag: str, 
     """Create the same Secret and VM the portal would, wait for Running, then (``agent``) for the agent to answer."""
     from kubernetes import client
 
-    from grading.agent_client import AgentError, healthz
     from guest.cloud_init import render_user_data
+    from labs.agent_client import AgentError, healthz
     from labs.kubevirt import manifests
 
     name = f"direct-{tag}-{index}"

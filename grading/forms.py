@@ -38,7 +38,7 @@ class GradeOverrideForm(forms.Form):
         return reason
 
     def clean(self) -> dict:
-        cleaned = super().clean()
+        cleaned = super().clean() or {}
         if not cleaned.get("remove") and cleaned.get("score") is None and "score" not in self.errors:
             self.add_error("score", _("Give the score, or choose to remove the override."))
         return cleaned

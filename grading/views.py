@@ -12,7 +12,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.html import escape, format_html
@@ -26,7 +26,9 @@ from django.views import View
 from grading import selectors, services
 from grading.forms import GradeOverrideForm
 from labs import access
+from grading.selectors.reports import GradebookRow
 from portal.errors import ApplicationError, NotFound, PermissionDenied
+from portal.http import AuthenticatedRequest
 from portal.selectors import staff_courses_for_user
 
 
@@ -34,7 +36,7 @@ class GradingView(LoginRequiredMixin, View):
     """Sign-in required; ``NotFound`` from a selector or service becomes the 404 page, ``PermissionDenied`` a
     403."""
 
-    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         try:
             return super().dispatch(request, *args, **kwargs)
         except NotFound as exc:
@@ -48,13 +50,13 @@ class GradingView(LoginRequiredMixin, View):
 
 
 class MyGradesView(GradingView):
-    def get(self, request: HttpRequest) -> HttpResponse:
+    def get(self, request: AuthenticatedRequest) -> HttpResponse:
         courses = selectors.student_grades(user=request.user)
         return render(request, "grading/my_grades.html", {"courses": courses})
 
 
 class MyLabRunsView(GradingView):
-    def get(self, request: HttpRequest, lab_id: int) -> HttpResponse:
+    def get(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
         lab = access.lab_get_for_student(user=request.user, lab_id=lab_id)
         report = selectors.student_lab_runs(user=request.user, lab=lab)
         return render(request, "grading/my_lab.html", {"report": report, "lab": lab})
@@ -68,7 +70,7 @@ class StaffIndexView(GradingView):
     """The courses the user teaches, each linking to its gradebook. Somebody who teaches none (a student) has
     nothing here but their own grades: the header's Grades link takes them straight there."""
 
-    def get(self, request: HttpRequest) -> HttpResponse:
+    def get(self, request: AuthenticatedRequest) -> HttpResponse:
         courses = list(staff_courses_for_user(user=request.user).select_related("tenant").order_by("code", "term"))
         if not courses:
             return redirect("grading:my_grades")
@@ -92,7 +94,7 @@ def student_lab_url_parts(*, lab_id: int) -> tuple[str, str]:
     return escape(head), escape(tail)
 
 
-def gradebook_cells_html(book: selectors.Gradebook) -> list[tuple[selectors.GradebookRow, SafeString, str]]:
+def gradebook_cells_html(book: selectors.Gradebook) -> list[tuple[GradebookRow, SafeString, str]]:
     """Each row with its cells as HTML and its total. Built here rather than in the template: a template loop
     over 500 students × 10 labs costs seconds (variable lookups and ``floatformat`` per cell), this costs
     milliseconds. Each cell links to the student's grade and attempts for its lab; the link's name says whose
@@ -130,7 +132,7 @@ def gradebook_cells_html(book: selectors.Gradebook) -> list[tuple[selectors.Grad
 
 
 class GradebookView(GradingView):
-    def get(self, request: HttpRequest, course_id: int) -> HttpResponse:
+    def get(self, request: AuthenticatedRequest, course_id: int) -> HttpResponse:
         course = selectors.staff_course_get(user=request.user, course_id=course_id)
         book = selectors.course_gradebook(course=course)
         context = {"book": book, "rows": gradebook_cells_html(book)}
@@ -152,7 +154,7 @@ def csv_stream(rows: Iterable[list[str]]) -> Iterator[str]:
 
 
 class GradebookExportView(GradingView):
-    def get(self, request: HttpRequest, course_id: int) -> StreamingHttpResponse:
+    def get(self, request: AuthenticatedRequest, course_id: int) -> StreamingHttpResponse:
         course = selectors.staff_course_get(user=request.user, course_id=course_id)
         response = StreamingHttpResponse(
             csv_stream(selectors.gradebook_csv_rows(course=course)), content_type="text/csv; charset=utf-8"
@@ -164,13 +166,13 @@ class GradebookExportView(GradingView):
 
 
 class LabReportView(GradingView):
-    def get(self, request: HttpRequest, lab_id: int) -> HttpResponse:
+    def get(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
         lab = access.lab_get_for_staff(user=request.user, lab_id=lab_id)
         return render(request, "grading/lab_report.html", {"report": selectors.lab_report(lab=lab)})
 
 
 class LabRegradeView(GradingView):
-    def post(self, request: HttpRequest, lab_id: int) -> HttpResponse:
+    def post(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
         lab = access.lab_get_for_staff(user=request.user, lab_id=lab_id)
         regrade, created = services.lab_regrade_request(actor=request.user, lab=lab)
         if created:
@@ -188,13 +190,13 @@ class LabRegradeView(GradingView):
 
 
 class AttemptDetailView(GradingView):
-    def get(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
+    def get(self, request: AuthenticatedRequest, attempt_id: int) -> HttpResponse:
         attempt = access.attempt_get_for_staff(user=request.user, attempt_id=attempt_id)
         return render(request, "grading/attempt_detail.html", {"detail": selectors.attempt_detail(attempt=attempt)})
 
 
 class AttemptRegradeView(GradingView):
-    def post(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
+    def post(self, request: AuthenticatedRequest, attempt_id: int) -> HttpResponse:
         attempt = access.attempt_get_for_staff(user=request.user, attempt_id=attempt_id)
         outcome = services.grading_regrade(actor=request.user, attempt=attempt)
         messages.success(request, _("Regraded %(runs)d runs.") % {"runs": len(outcome.reevaluated)})
@@ -212,25 +214,25 @@ class StudentLabGradeView(GradingView):
 
     template_name = "grading/override.html"
 
-    def _context(self, request: HttpRequest, lab_id: int, student_id: int) -> dict[str, Any]:
+    def _context(self, request: AuthenticatedRequest, lab_id: int, student_id: int) -> dict[str, Any]:
         lab = access.lab_get_for_staff(user=request.user, lab_id=lab_id)
         student = selectors.course_student_get(course=lab.course, student_id=student_id)
         grade = selectors.grade_of_student(lab=lab, student=student)
         return {"lab": lab, "student": student, "grade": grade, "max_score": services.lab_max_points(lab=lab)}
 
-    def _render(self, request: HttpRequest, context: dict[str, Any], *, status: int = 200) -> HttpResponse:
+    def _render(self, request: AuthenticatedRequest, context: dict[str, Any], *, status: int = 200) -> HttpResponse:
         # Read only when the page is shown: a saved override redirects without them.
         context["attempts"] = selectors.student_lab_attempts(lab=context["lab"], student=context["student"])
         return render(request, self.template_name, context, status=status)
 
-    def get(self, request: HttpRequest, lab_id: int, student_id: int) -> HttpResponse:
+    def get(self, request: AuthenticatedRequest, lab_id: int, student_id: int) -> HttpResponse:
         context = self._context(request, lab_id, student_id)
         grade = context["grade"]
         initial = {"score": grade.override_score} if grade is not None and grade.is_overridden else {}
         context["form"] = GradeOverrideForm(initial=initial, max_score=context["max_score"])
         return self._render(request, context)
 
-    def post(self, request: HttpRequest, lab_id: int, student_id: int) -> HttpResponse:
+    def post(self, request: AuthenticatedRequest, lab_id: int, student_id: int) -> HttpResponse:
         context = self._context(request, lab_id, student_id)
         form = GradeOverrideForm(request.POST, max_score=context["max_score"])
         context["form"] = form

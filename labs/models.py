@@ -10,6 +10,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
 from labs.patterns import pattern_problem
@@ -78,7 +79,7 @@ class Lab(models.Model):
         return self.title
 
     def clean(self) -> None:
-        errors = {}
+        errors: dict[str, str | Promise] = {}
         if self.opens_at and self.due_at and self.due_at < self.opens_at:
             errors["due_at"] = _("The due date must come after the opening date.")
         if self.late_cutoff_at and self.due_at and self.late_cutoff_at < self.due_at:

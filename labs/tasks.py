@@ -17,7 +17,6 @@ directly (``provision_attempt(42)``) they are plain functions, which is how the 
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import secrets
 import time
@@ -100,10 +99,8 @@ def teardown_attempt(self, attempt_id: int) -> str:
 
 
 def _record_heartbeat(errors: list[str]) -> None:
-    """Tell the readiness probe (``portal.health``) whether the sync loop can see the cluster."""
-    if importlib.util.find_spec("portal.health") is None:
-        return
-    from portal import health
+    """Tell the readiness probe (``ops.health``) whether the sync loop can see the cluster."""
+    from labs import health
 
     if errors:
         health.record_sync_error(message="; ".join(errors))

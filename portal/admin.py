@@ -121,11 +121,9 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
         if change:
             super().save_model(request, obj, form, change)
             return
-        tenant = obj.tenant if admin_access(request).is_superuser else request.user.tenant
-        created = course_create(actor=request.user, tenant=tenant, code=obj.code, title=obj.title, term=obj.term)
-        # The admin goes on with ``obj`` (log entry, redirect); give it the saved row's identity.
-        obj.pk, obj.tenant, obj.created_at = created.pk, created.tenant, created.created_at
-        obj._state.adding = False
+        if not admin_access(request).is_superuser:
+            obj.tenant = request.user.tenant
+        course_create(actor=request.user, course=obj)
         forget_admin_access(request)
 
     def audit_scope(self, obj: Course) -> dict:
@@ -212,9 +210,7 @@ class MembershipAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmi
             stored = Membership.objects.select_related("user", "course__tenant").get(pk=obj.pk)
             membership_set_role(actor=request.user, membership=stored, role=obj.role)
             return
-        created = membership_create(actor=request.user, course=obj.course, user=obj.user, role=obj.role)
-        obj.pk, obj.created_at = created.pk, created.created_at
-        obj._state.adding = False
+        membership_create(actor=request.user, membership=obj)
         if obj.user_id == request.user.pk:
             forget_admin_access(request)
 

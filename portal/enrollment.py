@@ -172,7 +172,7 @@ def _check_row(values: dict[str, str], *, line: int, errors: list[RowError]) -> 
     elif role is None:
         problems.append(_("the role “%(role)s” is not one of instructor, ta, student") % {"role": role_text})
 
-    if problems:
+    if problems or role is None:  # a row without a known role has a problem saying so
         errors.append(RowError(line, "; ".join(problems)))
         return None
     return EnrollmentRow(line=line, username=username, email=email, full_name=full_name, role=role)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django import forms
 from django.conf import settings
 from django.contrib.auth.forms import AdminUserCreationForm, SetUnusablePasswordMixin, UserChangeForm
+from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
 from portal.enrollment import MAX_FILE_BYTES
@@ -12,12 +13,12 @@ from portal.models import Course, Membership, Tenant, User
 from portal.timezones import tenant_time_zone, time_zone_names
 
 
-def time_zone_choices(blank_label: str | None = None) -> list[tuple[str, str]]:
+def time_zone_choices(blank_label: str | Promise | None = None) -> list[tuple[str, str | Promise]]:
     default = blank_label or _("The portal's default (%(zone)s)") % {"zone": settings.TIME_ZONE}
     return [("", default), *((name, name) for name in time_zone_names())]
 
 
-def zone_choice_field(form: forms.ModelForm, *, current: str, blank_label: str | None = None) -> None:
+def zone_choice_field(form: forms.ModelForm, *, current: str, blank_label: str | Promise | None = None) -> None:
     """Make ``form``'s ``time_zone`` a choice among the zones this installation knows, rather than typed. A stored
     zone a tzdata update dropped stays visible, to be changed."""
     field = form.fields["time_zone"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from django.db.models import QuerySet
 from django.utils.translation import gettext as _
 
-from portal.errors import NotFound
-from portal.models import STAFF_ROLES, Course, Membership, Role, Tenant, User
+from portal.errors import NotFound, PermissionDenied
+from portal.models import STAFF_ROLES, AuditEvent, Course, Membership, Role, Tenant, User
 
 
 def user_tenant_ids(*, user: User) -> list[int]:
@@ -53,3 +53,15 @@ def course_get_for_user(*, user: User, course_id: int, roles: tuple[str, ...] | 
     if course is None:
         raise NotFound(_("Course not found."))
     return course
+
+
+def audit_events_for_course(*, user: User, course_id: int) -> QuerySet[AuditEvent]:
+    """The course's audit log, for its instructors only (TAs and students of the course get 403)."""
+    course = course_get_for_user(user=user, course_id=course_id)
+    if course_role(user=user, course=course) != Role.INSTRUCTOR:
+        raise PermissionDenied(_("Only the course's instructors may read its audit log."))
+    return (
+        AuditEvent.objects.filter(course=course)
+        .select_related("actor")
+        .order_by("-created_at", "-id")
+    )

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from django.contrib.auth.tokens import default_token_generator
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models.functions import Lower
 from django.utils.encoding import force_bytes
@@ -16,6 +17,7 @@ from django.utils.translation import ngettext
 from portal.enrollment import EnrollmentFileInvalid, EnrollmentRow, RowError, enrollment_rows_read
 from portal.errors import ApplicationError, Conflict
 from portal.models import AuditEvent, Course, Membership, Role, Tenant, User
+from portal.timezones import validate_time_zone
 
 
 def audit_record(
@@ -41,12 +43,13 @@ def audit_record(
 
 
 @transaction.atomic
-def course_create(*, actor: User, tenant: Tenant, code: str, title: str, term: str = "") -> Course:
-    """A new course in ``tenant``. An instructor who creates it becomes its instructor, so they can run it."""
-    course = Course.objects.create(tenant=tenant, code=code, title=title, term=term)
+def course_create(*, actor: User, course: Course) -> Course:
+    """Save the new ``course`` (its tenant set). An instructor who creates it becomes its instructor, so they can
+    run it."""
+    course.save()
     if not actor.is_superuser:
         Membership.objects.create(user=actor, course=course, role=Role.INSTRUCTOR)
-    audit_record(actor=actor, action="course.create", target=course, tenant=tenant, course=course)
+    audit_record(actor=actor, action="course.create", target=course, tenant=course.tenant, course=course)
     return course
 
 
@@ -59,17 +62,35 @@ def _grant_admin_access(user: User) -> None:
 
 
 @transaction.atomic
-def membership_create(*, actor: User, course: Course, user: User, role: str) -> Membership:
+def membership_create(*, actor: User, membership: Membership) -> Membership:
+    """Save the new ``membership`` of a person in a course of their own institution."""
+    user, course, role = membership.user, membership.course, membership.role
     if user.tenant_id != course.tenant_id:
         raise ApplicationError(_("%(user)s belongs to another institution than the course.") % {"user": user})
     if Membership.objects.filter(user=user, course=course).exists():
         raise Conflict(_("%(user)s is already a member of this course.") % {"user": user})
-    membership = Membership.objects.create(user=user, course=course, role=role)
+    membership.save()
     if role == Role.INSTRUCTOR:
         _grant_admin_access(user)
     audit_record(actor=actor, action="membership.create", target=membership, tenant=course.tenant, course=course,
                  data={"user": user.username, "role": role})
     return membership
+
+
+@transaction.atomic
+def user_time_zone_set(*, actor: User, user: User, time_zone: str) -> User:
+    """The clock ``user``'s pages use: an IANA zone name, or "" for their institution's."""
+    try:
+        validate_time_zone(time_zone)
+    except ValidationError as exc:
+        raise ApplicationError(" ".join(exc.messages)) from exc
+    # The stored zone: a model form has already put the new one on ``user``.
+    previous = User.objects.values_list("time_zone", flat=True).get(pk=user.pk)
+    user.time_zone = time_zone
+    user.save(update_fields=["time_zone"])  # nothing else of the row, which another request may be changing
+    audit_record(actor=actor, action="user.time_zone", target=user, tenant=user.tenant,
+                 data={"from": previous, "to": time_zone})
+    return user
 
 
 @transaction.atomic
@@ -159,10 +180,10 @@ def _enrollment_errors_against_database(*, course: Course, rows: list[Enrollment
                                         ) -> tuple[list[RowError], dict[str, User], dict[int, str]]:
     """Problems only the database can reveal, and the existing accounts and roles the import will reuse."""
     by_lower: dict[str, list[User]] = {}
-    for user in User.objects.annotate(username_lower=Lower("username")).filter(
+    for found in User.objects.annotate(username_lower=Lower("username")).filter(
         username_lower__in={row.username.lower() for row in rows}
     ):
-        by_lower.setdefault(user.username.lower(), []).append(user)
+        by_lower.setdefault(found.username.lower(), []).append(found)
     existing = {user.username: user for users in by_lower.values() for user in users}
     roles = dict(Membership.objects.filter(course=course, user__in=existing.values()).values_list("user_id", "role"))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, overload
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -20,6 +21,10 @@ from portal.redis_async import pool_options
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
+@overload
+def env_str(name: str) -> str | None: ...
+@overload
+def env_str(name: str, default: str) -> str: ...
 def env_str(name: str, default: str | None = None) -> str | None:
     value = os.environ.get(name)
     return value if value not in (None, "") else default
@@ -110,6 +115,7 @@ INSTALLED_APPS = [
     "labs",
     "grading",
     "api",
+    "ops",
     "drf_spectacular_sidecar",
     "csp",
 ]
@@ -129,7 +135,7 @@ MIDDLEWARE = [
     "api.login_guard.LoginThrottleMiddleware",
 ]
 
-ROOT_URLCONF = "portal.urls"
+ROOT_URLCONF = "ops.urls"
 ASGI_APPLICATION = "portal.asgi.application"
 WSGI_APPLICATION = "portal.wsgi.application"
 
@@ -175,14 +181,14 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": VAR_DIR / "portal.sqlite3",
+            "NAME": str(VAR_DIR / "portal.sqlite3"),
             # WAL: a read under way (a report streaming its rows, a page's queries) no longer holds up the commits
             # of the web's, worker's and beat's writers, nor they the readers; the mode stays with the file.
             "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL"},
             # Tests get a file of their own, not Django's default in-memory database: that one is opened with a
             # shared cache, where a thread's connection meeting another's uncommitted write fails at once ("database
             # table is locked") instead of waiting out the timeout as the portal's connections to its file do.
-            "TEST": {"NAME": VAR_DIR / "test_portal.sqlite3"},
+            "TEST": {"NAME": str(VAR_DIR / "test_portal.sqlite3")},
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -235,6 +241,9 @@ REDIS_URL = env_str("REDIS_URL")
 # SETINFO on each new connection (two more round trips) nor reads its own package metadata from disk for it, which
 # it does again for every connection: a class's sockets opening together grow the pools by a hundred.
 REDIS_CONNECTION_OPTIONS = {"driver_info": None}
+# Every Redis key of the portal (cache and sessions, channel layer, Celery's queues, console and metrics keys)
+# begins with this, so that several portals, or test runs (tests/run_isolation.py), can share one database.
+REDIS_KEY_PREFIX = env_str("REDIS_KEY_PREFIX", "")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -250,7 +259,7 @@ if REDIS_URL:
             "CONFIG": {"hosts": [pool_options(REDIS_URL, socket_timeout=30,
                                               max_connections=env_int("CHANNEL_LAYER_MAX_CONNECTIONS", 32),
                                               **REDIS_CONNECTION_OPTIONS)],
-                       "capacity": 1500, "expiry": 30},
+                       "capacity": 1500, "expiry": 30, "prefix": f"{REDIS_KEY_PREFIX}asgi"},
         }
     }
     CELERY_BROKER_URL = REDIS_URL
@@ -264,6 +273,7 @@ else:
 # for a new Redis connection.
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL,
+                          "KEY_PREFIX": REDIS_KEY_PREFIX,
                           "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 5, "SOCKET_TIMEOUT": 5,
                                       "CONNECTION_POOL_KWARGS": REDIS_CONNECTION_OPTIONS}}}
 else:
@@ -280,8 +290,12 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Socket timeouts: a broker that accepts connections but never answers would otherwise hang the request that
 # queues a task (a student's Start) for good. They stay above the worker's 1 s BRPOP.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "socket_timeout": 5, "socket_connect_timeout": 5}
-if not REDIS_URL:
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
+    "visibility_timeout": 3600, "socket_timeout": 5, "socket_connect_timeout": 5,
+}
+if REDIS_URL:
+    CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = REDIS_KEY_PREFIX
+else:
     # The in-memory transport polls its queues; its default of 1 s would add up to a second to every start.
     CELERY_BROKER_TRANSPORT_OPTIONS["polling_interval"] = 0.05
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 300)
@@ -344,11 +358,27 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 GRADING_MIN_INTERVAL_SECONDS = env_int("GRADING_MIN_INTERVAL_SECONDS", 10)
+# A grading run no worker picked up within this long is failed (a regrade: at least twice the task time limit).
+GRADING_QUEUED_STALE_SECONDS = 300
 # How long one check's output pattern may take to match (labs.patterns); past it the check fails, saying why.
 GRADING_PATTERN_TIMEOUT_MS = env_int("GRADING_PATTERN_TIMEOUT_MS", 1000)
 AGENT_PORT = 8787
 
 CONSOLE_SCROLLBACK_BYTES = env_int("CONSOLE_SCROLLBACK_BYTES", 64 * 1024)
+# Output sent to a browser but not yet acknowledged as drawn; past it the viewer is lagging (labs.console.limits).
+CONSOLE_OUTPUT_WINDOW_BYTES = 1024 * 1024
+CONSOLE_LAG_CLOSE_SECONDS = 60.0
+CONSOLE_INPUT_FRAME_MAX_BYTES = 16 * 1024
+CONSOLE_INPUT_RATE_BYTES_PER_SECOND = 32 * 1024
+CONSOLE_INPUT_BURST_BYTES = 64 * 1024
+CONSOLE_LEASE_TTL_SECONDS = 6.0
+CONSOLE_UPSTREAM_RETRY_SECONDS = 1.0
+CONSOLE_UPSTREAM_MAX_BACKOFF_SECONDS = 5.0
+CONSOLE_UPSTREAM_MAX_MESSAGE_BYTES = 1024 * 1024
+CONSOLE_RECORDING_MAX_BYTES = 32 * 1024 * 1024
+CONSOLE_RECORDING_FLUSH_SECONDS = 0.5
+# Connections one process's consoles share: each command is one short round trip, so a few dozen carry hundreds.
+CONSOLE_REDIS_MAX_CONNECTIONS = 64
 CONSOLE_RECORDINGS_DIR = Path(env_str("CONSOLE_RECORDINGS_DIR", str(VAR_DIR / "recordings")))
 
 # Health probes and metrics (README, "Operations"). /metrics accepts `Authorization: Bearer $METRICS_TOKEN`

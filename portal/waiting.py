@@ -41,5 +41,6 @@ async def cancel_and_wait(task: asyncio.Task) -> None:
     while not task.done():
         task.cancel()
         await asyncio.wait([task], timeout=CANCEL_RETRY_SECONDS)
-    if not task.cancelled() and task.exception() is not None:
-        raise task.exception()
+    error = None if task.cancelled() else task.exception()
+    if error is not None:
+        raise error

@@ -54,7 +54,8 @@ def build_world(*, lab_a: Lab, lab_b: Lab, student_a: User, student_b: User, ins
 
 
 def fresh_cache_settings() -> dict:
-    """CACHES with a key prefix of its own, so rate-limit counters never carry over from another test."""
+    """CACHES with a key prefix of its own (under the run's), so rate-limit counters never carry over from another
+    test and the run's clean-up still finds them."""
     caches = copy.deepcopy(settings.CACHES)
-    caches["default"]["KEY_PREFIX"] = f"test-{uuid.uuid4().hex}"
+    caches["default"]["KEY_PREFIX"] = f"{settings.REDIS_KEY_PREFIX}test-{uuid.uuid4().hex}"
     return caches

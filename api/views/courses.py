@@ -14,12 +14,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.selectors import audit_events_for_course, staff_course_get_for_user
+from api.selectors import staff_course_get_for_user
 from api.serializers import AuditEventSerializer, CourseReportSerializer, CourseSerializer, ErrorSerializer
 from api.views.common import PortalPagination, int_param, ordered
 from grading.selectors import Gradebook, course_gradebook, gradebook_csv_rows
 from portal.models import Membership, Role, User
-from portal.selectors import course_get_for_user, courses_for_user
+from portal.selectors import audit_events_for_course, course_get_for_user, courses_for_user
 
 COURSE_ORDERING = {"id": "id", "code": "code", "title": "title", "term": "term"}
 

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 # A regrade still queued after this long lost its task message (broker restarted, worker gone for good); twice
 # the task's hard time limit, so one being carried out (its row locked) or waiting behind another is left alone.
-QUEUED_STALE_SECONDS = max(getattr(settings, "GRADING_QUEUED_STALE_SECONDS", 300), 2 * settings.CELERY_TASK_TIME_LIMIT)
+QUEUED_STALE_SECONDS = max(settings.GRADING_QUEUED_STALE_SECONDS, 2 * settings.CELERY_TASK_TIME_LIMIT)
 
 
 def lab_regrade_attempts(*, lab: Lab) -> int:

@@ -20,10 +20,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from grading import agent_client
 from grading.evaluation import evaluate_check, late_penalty_percent
 from grading.models import CheckResult, GradingRun, RunState, RunTrigger
 from grading.services.push import push_run_on_commit
+from labs import agent_client
 from labs.models import Attempt, AttemptState, Check
 from portal.errors import ApplicationError, Conflict, NotFound, Unavailable
 from portal.models import STAFF_ROLES, User
@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 UNFINISHED_STATES = (RunState.QUEUED, RunState.RUNNING)
 # A queued run no worker picked up within this long is failed, so that it no longer blocks the attempt.
-QUEUED_STALE_SECONDS = getattr(settings, "GRADING_QUEUED_STALE_SECONDS", 300)
+QUEUED_STALE_SECONDS = settings.GRADING_QUEUED_STALE_SECONDS
 # Beyond a running run's own deadline, before it is taken for a run whose worker died.
 RUNNING_STALE_SLACK_SECONDS = 60
 FINAL_RUN_POLL_SECONDS = 0.25

@@ -10,8 +10,8 @@ from typing import Any
 import websocket
 from django.utils import timezone
 
-from grading import agent_client
 from guest.cloud_init import render_user_data
+from labs import agent_client
 from labs.kubevirt import client as kube_client
 from labs.kubevirt import manifests, names, operations
 from labs.models import Attempt, AttemptState, Lab

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from grading import agent_client
-from grading.agent_client import HTTPResponseParser, build_request, run_deadline_s
 from grading.tests.guests import delete_vm, new_attempt_on_cluster
+from labs import agent_client
+from labs.agent_client import HTTPResponseParser, build_request, run_deadline_s
 
 pytestmark = pytest.mark.django_db
 

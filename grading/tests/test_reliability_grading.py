@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from grading import agent_client
 from grading.models import CheckResult, Grade, GradingRun, RunState
 from grading.services import grading_run_request, grading_runs_fail_stale
 from grading.tasks import grading_run_execute
-from labs import tasks
+from labs import agent_client, tasks
 from labs.models import Attempt, AttemptState, Check
 from labs.services import attempt_start, attempt_stop
 from labs.tests.reliability import (

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from labs.console.redis_client import shared_redis
+from labs.console.redis_client import console_key, shared_redis
 
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -27,7 +27,7 @@ return 0
 
 
 def lease_key(attempt_id: int) -> str:
-    return f"portal:console:lease:{attempt_id}"
+    return console_key("lease", attempt_id)
 
 
 class ConsoleLease(Protocol):

@@ -1,4 +1,4 @@
-"""Console bridge limits, read from settings with defaults sized for a serial terminal."""
+"""Console bridge limits, read from settings (sized there for a serial terminal)."""
 
 from __future__ import annotations
 
@@ -28,18 +28,18 @@ class ConsoleLimits:
 def console_limits() -> ConsoleLimits:
     return ConsoleLimits(
         scrollback_bytes=settings.CONSOLE_SCROLLBACK_BYTES,
-        output_window_bytes=getattr(settings, "CONSOLE_OUTPUT_WINDOW_BYTES", 1024 * 1024),
-        lag_close_seconds=getattr(settings, "CONSOLE_LAG_CLOSE_SECONDS", 60.0),
-        input_frame_max_bytes=getattr(settings, "CONSOLE_INPUT_FRAME_MAX_BYTES", 16 * 1024),
-        input_rate_bytes_per_second=getattr(settings, "CONSOLE_INPUT_RATE_BYTES_PER_SECOND", 32 * 1024),
-        input_burst_bytes=getattr(settings, "CONSOLE_INPUT_BURST_BYTES", 64 * 1024),
-        lease_ttl_seconds=getattr(settings, "CONSOLE_LEASE_TTL_SECONDS", 6.0),
+        output_window_bytes=settings.CONSOLE_OUTPUT_WINDOW_BYTES,
+        lag_close_seconds=settings.CONSOLE_LAG_CLOSE_SECONDS,
+        input_frame_max_bytes=settings.CONSOLE_INPUT_FRAME_MAX_BYTES,
+        input_rate_bytes_per_second=settings.CONSOLE_INPUT_RATE_BYTES_PER_SECOND,
+        input_burst_bytes=settings.CONSOLE_INPUT_BURST_BYTES,
+        lease_ttl_seconds=settings.CONSOLE_LEASE_TTL_SECONDS,
         # virtctl retries every second while the VMI is not running yet (400).
-        upstream_retry_seconds=getattr(settings, "CONSOLE_UPSTREAM_RETRY_SECONDS", 1.0),
-        upstream_max_backoff_seconds=getattr(settings, "CONSOLE_UPSTREAM_MAX_BACKOFF_SECONDS", 5.0),
-        upstream_max_message_bytes=getattr(settings, "CONSOLE_UPSTREAM_MAX_MESSAGE_BYTES", 1024 * 1024),
-        recording_max_bytes=getattr(settings, "CONSOLE_RECORDING_MAX_BYTES", 32 * 1024 * 1024),
+        upstream_retry_seconds=settings.CONSOLE_UPSTREAM_RETRY_SECONDS,
+        upstream_max_backoff_seconds=settings.CONSOLE_UPSTREAM_MAX_BACKOFF_SECONDS,
+        upstream_max_message_bytes=settings.CONSOLE_UPSTREAM_MAX_MESSAGE_BYTES,
+        recording_max_bytes=settings.CONSOLE_RECORDING_MAX_BYTES,
         # Each flush is a hop to a worker thread; large output is written sooner (recording.FLUSH_AT_BYTES). Half a
         # second keeps a TA's replay, opened while the student types, close to what the student sees.
-        recording_flush_seconds=getattr(settings, "CONSOLE_RECORDING_FLUSH_SECONDS", 0.5),
+        recording_flush_seconds=settings.CONSOLE_RECORDING_FLUSH_SECONDS,
     )

@@ -10,13 +10,16 @@ from django.conf import settings
 
 from portal.redis_async import pool_options
 
-# Connections one process's consoles share. Every command is a single short round trip, so a few dozen carry
-# hundreds of consoles; past the cap a command waits for a free connection (up to the timeout) instead of
-# failing, which redis-py's default pool does at once from its 101st simultaneous command.
-DEFAULT_MAX_CONNECTIONS = 64
+# Past CONSOLE_REDIS_MAX_CONNECTIONS a command waits for a free connection (up to the timeout) instead of failing,
+# which redis-py's default pool does at once from its 101st simultaneous command.
 CONNECTION_WAIT_SECONDS = 10.0
 
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, redis_asyncio.Redis] = weakref.WeakKeyDictionary()
+
+
+def console_key(kind: str, attempt_id: int) -> str:
+    """The Redis key of one attempt's console ``kind`` (lease, viewers, scrollback, offset)."""
+    return f"{settings.REDIS_KEY_PREFIX}portal:console:{kind}:{attempt_id}"
 
 
 def shared_redis() -> redis_asyncio.Redis | None:
@@ -33,7 +36,7 @@ def shared_redis() -> redis_asyncio.Redis | None:
         # closes.
         pool = redis_asyncio.BlockingConnectionPool(**pool_options(
             settings.REDIS_URL, health_check_interval=30, timeout=CONNECTION_WAIT_SECONDS,
-            max_connections=getattr(settings, "CONSOLE_REDIS_MAX_CONNECTIONS", DEFAULT_MAX_CONNECTIONS),
+            max_connections=settings.CONSOLE_REDIS_MAX_CONNECTIONS,
             **settings.REDIS_CONNECTION_OPTIONS,
         ))
         client = redis_asyncio.Redis(connection_pool=pool)

@@ -12,7 +12,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from labs.console.redis_client import shared_redis
+from labs.console.redis_client import console_key, shared_redis
 
 # Keys expire a day after the last output: long enough for a student to come back, short enough to clean up.
 SCROLLBACK_EXPIRY_SECONDS = 24 * 3600
@@ -62,7 +62,7 @@ class Scrollback(Protocol):
 
 
 def _keys(attempt_id: int) -> tuple[str, str]:
-    return f"portal:console:scrollback:{attempt_id}", f"portal:console:offset:{attempt_id}"
+    return console_key("scrollback", attempt_id), console_key("offset", attempt_id)
 
 
 class ScrollbackAppends:

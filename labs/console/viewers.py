@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from labs.console.redis_client import shared_redis
+from labs.console.redis_client import console_key, shared_redis
 
 VIEWER_TTL_SECONDS = 10.0
 
 
 def viewers_key(attempt_id: int) -> str:
-    return f"portal:console:viewers:{attempt_id}"
+    return console_key("viewers", attempt_id)
 
 
 class ConsoleViewers(Protocol):

@@ -84,7 +84,7 @@ def agent_wait_max_steps() -> int:
 
 
 def _agent_answers(attempt: Attempt) -> bool:
-    from grading.agent_client import AgentError, healthz
+    from labs.agent_client import AgentError, healthz
 
     try:
         healthz(attempt, timeout_s=AGENT_CHECK_TIMEOUT_SECONDS)

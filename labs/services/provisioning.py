@@ -7,7 +7,6 @@ the cluster calls treat "already exists" and "not found" as done (``labs.kubevir
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState
 from labs.services.namespaces import tenant_namespace_ensure
 from labs.services.stopping import StopReason, enqueue_teardown
 from labs.states import attempt_transition
+from labs.signals import attempt_final_grading
 from labs.wording import in_every_language
 
 logger = logging.getLogger(__name__)
@@ -266,17 +266,12 @@ def follow_up_begins(*, namespace: str, delay: float) -> None:
 
 
 def grade_final(*, attempt: Attempt, trigger: str) -> None:
-    """The grading app's last run before the VM goes (``grading.services.grading_run_final``). Never raises:
+    """The grading app's last run before the VM goes (its receiver of ``attempt_final_grading``). Never raises:
     a grading failure must not keep a VM alive."""
-    if importlib.util.find_spec("grading.services") is None:
-        logger.info("attempt %s: no grading app, skipping the final run", attempt.id)
-        return
-    from grading.services import grading_run_final
-
-    try:
-        grading_run_final(attempt=attempt, trigger=trigger)
-    except Exception:
-        logger.exception("attempt %s: the final grading run failed; deleting its VM anyway", attempt.id)
+    for _receiver, outcome in attempt_final_grading.send_robust(sender=Attempt, attempt=attempt, trigger=trigger):
+        if isinstance(outcome, Exception):
+            logger.error("attempt %s: the final grading run failed; deleting its VM anyway", attempt.id,
+                         exc_info=outcome)
 
 
 def attempt_teardown(*, attempt_id: int) -> str:

@@ -32,6 +32,7 @@ from labs.kubevirt import client as kube_client
 from labs.kubevirt import names, operations
 from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, Check, Lab, StdoutMatch
 from portal.models import Course, Membership, Role, Tenant, User
+from tests.run_isolation import delete_run_keys
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "correct-horse-battery-staple"
@@ -86,7 +87,7 @@ def start_kubesim(directory: Path, **options: Any):
 @contextlib.contextmanager
 def portal_pointed_at(server, django_settings) -> Iterator[Any]:
     """The portal's cluster client (and its readiness probe) talk to ``server`` for the duration."""
-    from portal import health
+    from labs import health
 
     django_settings.KUBECONFIG = str(server.kubeconfig)
     os.environ.pop("KUBERNETES_SERVICE_HOST", None)
@@ -272,14 +273,8 @@ def test_database_url() -> str:
 
 
 def flush_redis() -> None:
-    """Empty this run's Redis database: no task message, lease or heartbeat left by an earlier test."""
-    import redis
-
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    try:
-        client.flushdb()
-    finally:
-        client.close()
+    """Delete this test process's Redis keys: no task message, lease or heartbeat left by an earlier test."""
+    delete_run_keys()
 
 
 def queued_messages(queue: str = "celery") -> int:
@@ -287,7 +282,7 @@ def queued_messages(queue: str = "celery") -> int:
 
     client = redis.Redis.from_url(settings.REDIS_URL)
     try:
-        return int(client.llen(queue))
+        return int(client.llen(settings.REDIS_KEY_PREFIX + queue))
     finally:
         client.close()
 

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import connection
 
 from tests.browser.live import REPO_ROOT, LivePortal, subprocess_database_url
+from tests.run_isolation import delete_run_keys
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -28,12 +29,8 @@ ARTIFACTS = REPO_ROOT / "artifacts"
 def start_live_portal(kubesim_server, workdir, extra_env: dict[str, str] | None = None) -> LivePortal:
     if not settings.REDIS_URL or connection.vendor != "postgresql":
         pytest.fail("The browser test needs the production wiring: DATABASE_URL (PostgreSQL) and REDIS_URL.")
-    import redis
-
-    # Tasks queued by earlier runs against this Redis database must not reach this run's worker.
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    client.flushdb()
-    client.close()
+    # Tasks queued by earlier tests must not reach this test's worker.
+    delete_run_keys()
     return LivePortal(database_url=subprocess_database_url(), redis_url=settings.REDIS_URL,
                       kubeconfig=kubesim_server.kubeconfig, workdir=workdir, extra_env=extra_env).start()
 

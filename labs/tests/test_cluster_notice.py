@@ -5,8 +5,8 @@ from django.core.cache import cache
 from django.urls import reverse
 
 from conftest import PASSWORD
+from labs.health import record_sync_success
 from labs.kubevirt import client as kube_client
-from portal.health import record_sync_success
 
 NOTICE = "The cluster is not answering; your lab may be slow to start."
 

@@ -9,6 +9,7 @@ import time
 
 import pytest
 from channels.layers import InMemoryChannelLayer
+from django.conf import settings
 
 from labs.console import recording
 from labs.console.fanout import OutputFanout
@@ -26,7 +27,7 @@ from labs.consumers.console import AttemptConsoleConsumer
 
 
 async def clear_console_keys(client) -> None:
-    keys = [key async for key in client.scan_iter("portal:console:*")]
+    keys = [key async for key in client.scan_iter(f"{settings.REDIS_KEY_PREFIX}portal:console:*")]
     if keys:
         await client.delete(*keys)
 
@@ -237,7 +238,8 @@ async def test_hundreds_of_simultaneous_console_commands_wait_for_a_connection_i
     await clear_console_keys(client)
     # redis-py's default pool refuses the 101st simultaneous command (MaxConnectionsError): a daphne with 200
     # consoles lost scrollback appends and lease renewals that way.
-    results = await asyncio.gather(*(client.incr("portal:console:test-counter") for _ in range(300)))
+    counter = f"{settings.REDIS_KEY_PREFIX}portal:console:test-counter"
+    results = await asyncio.gather(*(client.incr(counter) for _ in range(300)))
     assert sorted(results) == list(range(1, 301))
     pool = client.connection_pool
     assert len(pool._available_connections) + len(pool._in_use_connections) <= 8

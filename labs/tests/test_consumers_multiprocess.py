@@ -32,7 +32,7 @@ def two_portals(attempt, kubesim_server, tmp_path):
     import redis
 
     client = redis.Redis.from_url(settings.REDIS_URL)
-    keys = list(client.scan_iter("portal:console:*"))
+    keys = list(client.scan_iter(f"{settings.REDIS_KEY_PREFIX}portal:console:*"))
     if keys:
         client.delete(*keys)
     client.close()

@@ -96,7 +96,7 @@ def queued_tasks() -> list[tuple[str, str]]:
     """(task name, argsrepr) of every message waiting in the default queue of this run's Redis."""
     client = redis.Redis.from_url(settings.REDIS_URL)
     try:
-        raw = client.lrange("celery", 0, -1)
+        raw = client.lrange(settings.REDIS_KEY_PREFIX + "celery", 0, -1)
     finally:
         client.close()
     messages = [json.loads(item) for item in raw]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 from django.test import Client
 
-from labs import tasks
+from labs import health, tasks
 from labs.kubevirt import operations
 from labs.models import Attempt, AttemptState
 from labs.services import attempt_start, attempt_stop
@@ -31,7 +31,6 @@ from labs.tests.reliability import (
     make_tenant,
     wait_until,
 )
-from portal import health
 
 pytestmark = [pytest.mark.reliability, pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 

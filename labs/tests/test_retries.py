@@ -200,7 +200,7 @@ def test_a_round_reads_the_waiting_attempts_in_one_query_with_all_it_asks_with(
                                state=AttemptState.STARTING, phase="Running", provisioned_at=booted,
                                vmi_running_at=booted)
     asked = []
-    # What the agent client reads to reach the agent (grading.agent_client.agent_request): each a loaded field, so
+    # What the agent client reads to reach the agent (labs.agent_client.agent_request): each a loaded field, so
     # asking a hundred agents costs no query each.
     monkeypatch.setattr(agents, "_agent_answers",
                         lambda attempt: asked.append((attempt.namespace, attempt.vm_name, attempt.agent_token)))

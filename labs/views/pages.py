@@ -18,13 +18,13 @@ from django.utils.translation import gettext as _
 from django.views import View
 
 from labs.access import attempt_get_for_user, attempts_for_student, lab_get_for_staff, lab_get_for_student
+from labs.health import cluster_health_summary
 from labs.models import ACTIVE_STATES, Attempt, Lab
 from labs.selectors import attempt_status_payload, attempts_counted_against_limit
 from labs.services.quota import per_student_cap_message
 from labs.views.instructions import render_instructions
 from labs.views.strings import PROGRESS_STEPS, attempt_page_strings
 from portal.errors import NotFound
-from portal.health import cluster_health_summary
 from portal.models import STAFF_ROLES
 from portal.selectors import course_role
 

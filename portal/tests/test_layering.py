@@ -37,3 +37,14 @@ def test_the_scan_sees_an_api_import(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("import os\nfrom api.ratelimit import rate_limit_hit\n", encoding="utf-8")
     assert "api.ratelimit" in imported_modules(module)
+
+
+def test_the_import_linter_contracts_hold():
+    """pyproject.toml's [tool.importlinter]: portal below labs below grading below ops and api; kubesim and guest
+    apart."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([str(Path(sys.executable).with_name("lint-imports")), "--no-cache"],
+                            cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:]

@@ -14,9 +14,10 @@ from django.utils import timezone
 from labs.models import Lab
 from labs.services import attempt_start
 from portal.auth_backends import TenantModelBackend
-from portal.errors import Conflict
+from portal.errors import ApplicationError, Conflict
 from portal.forms import TenantAdminForm
-from portal.models import Tenant
+from portal.models import AuditEvent, Tenant
+from portal.services import user_time_zone_set
 from portal.timezones import validate_time_zone
 
 pytestmark = pytest.mark.django_db
@@ -364,3 +365,18 @@ def test_api_clients_choose_the_persons_clock_with_a_known_zone_only(student_a):
     session = Client(enforce_csrf_checks=True)
     session.force_login(student_a)
     assert session.patch(url, data={"time_zone": "Europe/Berlin"}, content_type="application/json").status_code == 403
+
+
+def test_a_person_changing_their_time_zone_is_audited(student_a):
+    client = logged_in(student_a)
+    assert client.post(reverse("time_zone"), {"time_zone": "Europe/Berlin"}).status_code == 302
+    event = AuditEvent.objects.get(action="user.time_zone")
+    assert (event.actor, event.tenant, event.target_id) == (student_a, student_a.tenant, str(student_a.pk))
+    assert event.data == {"from": "", "to": "Europe/Berlin"}
+
+
+def test_the_time_zone_service_refuses_an_unknown_zone_and_changes_nothing(student_a):
+    with pytest.raises(ApplicationError):
+        user_time_zone_set(actor=student_a, user=student_a, time_zone="Mars/Olympus_Mons")
+    student_a.refresh_from_db()
+    assert student_a.time_zone == "" and not AuditEvent.objects.filter(action="user.time_zone").exists()

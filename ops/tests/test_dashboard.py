@@ -11,7 +11,7 @@ from django.utils import timezone
 from conftest import PASSWORD, make_person
 from labs.models import Attempt, AttemptState
 from labs.sizes import launcher_requests
-from portal.dashboard import ops_overview_for_user, percentile
+from ops.dashboard import ops_overview_for_user, percentile
 from portal.models import Role
 
 URL = "/admin/ops/"
@@ -116,7 +116,7 @@ def test_admin_index_links_to_the_dashboard(client, instructor_a):
 
 @pytest.mark.django_db
 def test_only_superusers_see_the_sync_error_text(client, instructor_a, superuser):
-    from portal import health
+    from labs import health
 
     health.record_sync_error(message="listing VMIs in lab-other-tenant failed")
     try:

@@ -15,7 +15,7 @@ from django.core.management import CommandError, call_command
 from grading.evaluation import evaluate_check
 from guest.agent import ProcessGroups, run_check
 from labs.models import Check, Lab
-from portal import demo
+from ops import demo
 from portal.models import AuditEvent, Course, Membership, Role, Tenant, User
 
 

@@ -1,12 +1,14 @@
-"""The portal's URLconf: student pages, staff reports, admin, API, health and metrics."""
+"""The site's URLconf (ROOT_URLCONF): every app's pages and API, admin, health, metrics and dashboards."""
 
 from django.contrib import admin
 from django.urls import include, path
 
-from portal.dashboard import ops_dashboard_view
-from portal.health import healthz_view, readyz_view
-from portal.metrics import metrics_view
-from portal.views import DashboardView, TimeZoneView
+from ops.dashboard import ops_dashboard_view
+from ops.health import healthz_view, readyz_view
+from ops.home import DashboardView
+from ops.metrics import metrics_view
+from portal.audit_page import CourseAuditPage
+from portal.views import TimeZoneView
 
 urlpatterns = [
     path("", DashboardView.as_view(), name="dashboard"),
@@ -20,7 +22,7 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("i18n/", include("django.conf.urls.i18n")),
     path("api/", include("api.urls")),
-    path("", include("api.page_urls")),
+    path("courses/<int:course_id>/audit/", CourseAuditPage.as_view(), name="course-audit"),
     path("grades/", include("grading.urls")),
 ]
 

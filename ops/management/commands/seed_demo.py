@@ -6,7 +6,7 @@ import os
 
 from django.core.management.base import BaseCommand, CommandError
 
-from portal.demo import demo_seed
+from ops.demo import demo_seed
 from portal.errors import ApplicationError
 
 

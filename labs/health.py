@@ -1,37 +1,21 @@
-"""Liveness and readiness probes (``/healthz``, ``/readyz``), the sync loop's heartbeat, and the cluster notice
-shown to students.
-
-``/healthz`` answers as long as the process can serve a request and does no I/O. ``/readyz`` checks what a
-request needs: every configured database, Redis (when ``REDIS_URL`` is set), the cluster API (a ``GET /version``
-with a short timeout, remembered for a few seconds per process so probes do not hammer the API server), and the
-attempt sync loop's heartbeat, which the sync task writes to the shared cache. It answers 503 with a JSON body
-naming each failing component in plain words. Both are unauthenticated, so their bodies carry no host names,
-credentials or exception texts: those go to the log.
-
-Component messages are translated when they are read, not when they are made (``_say``): the cluster probe's
-result is remembered across requests, and the operations dashboard shows it in each reader's language, while a
-probe without ``Accept-Language`` gets English.
-"""
+"""The sync loop's heartbeat and the cluster probe (``GET /version``, remembered a few seconds per process), which
+the readiness probe (``ops.health``) and the student's cluster notice read. Messages are translated when read
+(``say``): a remembered probe is shown in each reader's language."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import redis
 import urllib3
 from django.conf import settings
 from django.core.cache import cache
-from django.db import connections
-from django.http import HttpRequest, JsonResponse
 from django.utils.functional import Promise, lazy
 from django.utils.translation import gettext, gettext_noop
 from django.utils.translation import gettext as _
-from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +27,6 @@ SYNC_LAST_SUCCESS_KEY = "labs:sync:last_success"
 SYNC_LAST_ERROR_KEY = "labs:sync:last_error"
 # Kept well past any sensible staleness limit, so that "stale" and "never ran" stay distinguishable.
 SYNC_HEARTBEAT_TTL_SECONDS = 7 * 24 * 3600
-
-COMPONENTS = ("database", "redis", "cluster", "sync")
-
 
 @dataclass(frozen=True)
 class ComponentStatus:
@@ -64,7 +45,7 @@ def _translated(message: str, params: dict[str, object]) -> str:
 _lazy_translated = lazy(_translated, str)
 
 
-def _say(message: str, **params: object) -> Promise:
+def say(message: str, **params: object) -> str | Promise:
     """``message`` (marked with ``gettext_noop``) with ``params``, translated whenever it is turned into text."""
     return _lazy_translated(message, params)
 
@@ -130,57 +111,8 @@ def sync_heartbeat() -> SyncHeartbeat:
     )
 
 
-def _elapsed_ms(started: float) -> float:
+def elapsed_ms(started: float) -> float:
     return round((time.monotonic() - started) * 1000, 1)
-
-
-def check_databases() -> list[ComponentStatus]:
-    """A ``SELECT 1`` on every configured database connection."""
-    statuses = []
-    for alias in connections:
-        name = "database" if alias == "default" else f"database:{alias}"
-        started = time.monotonic()
-        try:
-            with connections[alias].cursor() as cursor:
-                cursor.execute("SELECT 1")
-                cursor.fetchone()
-        except Exception as exc:  # any driver error means "not usable"; the detail goes to the log only
-            logger.warning("Readiness: database %s failed: %s", alias, exc)
-            # A broken connection would otherwise be reused by the next request in this thread.
-            connections[alias].close_if_unusable_or_obsolete()
-            statuses.append(ComponentStatus(
-                name, False,
-                _say(gettext_noop("The database is not answering (%(error)s)."), error=type(exc).__name__),
-                _elapsed_ms(started),
-            ))
-        else:
-            statuses.append(ComponentStatus(
-                name, True, _say(gettext_noop("The database answered.")), _elapsed_ms(started)
-            ))
-    return statuses
-
-
-def check_redis() -> ComponentStatus | None:
-    """A PING to Redis (Celery broker, channel layer, shared cache); None when the portal runs without Redis."""
-    if not settings.REDIS_URL:
-        return None
-    started = time.monotonic()
-    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1,
-                                  **settings.REDIS_CONNECTION_OPTIONS)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        logger.warning("Readiness: Redis failed: %s", exc)
-        return ComponentStatus(
-            "redis", False,
-            _say(gettext_noop(
-                "Redis is not answering: tasks cannot be queued and live updates cannot be delivered."
-            )),
-            _elapsed_ms(started),
-        )
-    finally:
-        client.close()
-    return ComponentStatus("redis", True, _say(gettext_noop("Redis answered.")), _elapsed_ms(started))
 
 
 _cluster_lock = threading.Lock()
@@ -205,7 +137,7 @@ def _probe_cluster(*, timeout: float) -> tuple[str, ComponentStatus]:
         logger.warning("Readiness: %s", exc)
         return "", ComponentStatus(
             "cluster", False,
-            _say(gettext_noop("No cluster is configured (no in-cluster account and no readable kubeconfig).")),
+            say(gettext_noop("No cluster is configured (no in-cluster account and no readable kubeconfig).")),
         )
     cfg = api.configuration
     if cfg.refresh_api_key_hook is not None:  # bound service-account tokens rotate
@@ -224,30 +156,30 @@ def _probe_cluster(*, timeout: float) -> tuple[str, ComponentStatus]:
         _count_cluster_error(reason="connection")
         logger.warning("Readiness: cluster /version failed: %s", exc)
         return host, ComponentStatus(
-            "cluster", False, _say(gettext_noop("The cluster API is not reachable (the connection failed).")),
-            _elapsed_ms(started),
+            "cluster", False, say(gettext_noop("The cluster API is not reachable (the connection failed).")),
+            elapsed_ms(started),
         )
     except urllib3.exceptions.TimeoutError as exc:
         _count_cluster_error(reason="timeout")
         logger.warning("Readiness: cluster /version timed out: %s", exc)
         return host, ComponentStatus(
             "cluster", False,
-            _say(gettext_noop("The cluster API did not answer within %(seconds)s seconds."), seconds=f"{timeout:g}"),
-            _elapsed_ms(started),
+            say(gettext_noop("The cluster API did not answer within %(seconds)s seconds."), seconds=f"{timeout:g}"),
+            elapsed_ms(started),
         )
     except urllib3.exceptions.HTTPError as exc:
         _count_cluster_error(reason="connection")
         logger.warning("Readiness: cluster /version failed: %s", exc)
         return host, ComponentStatus(
-            "cluster", False, _say(gettext_noop("The cluster API is not reachable (the connection failed).")),
-            _elapsed_ms(started),
+            "cluster", False, say(gettext_noop("The cluster API is not reachable (the connection failed).")),
+            elapsed_ms(started),
         )
-    elapsed = _elapsed_ms(started)
+    elapsed = elapsed_ms(started)
     if response.status in (401, 403):
         _count_cluster_error(reason=str(response.status))
         return host, ComponentStatus(
             "cluster", False,
-            _say(gettext_noop("The cluster API refused the portal's credentials (HTTP %(status)s)."),
+            say(gettext_noop("The cluster API refused the portal's credentials (HTTP %(status)s)."),
                  status=response.status),
             elapsed,
         )
@@ -255,10 +187,10 @@ def _probe_cluster(*, timeout: float) -> tuple[str, ComponentStatus]:
         _count_cluster_error(reason=str(response.status))
         return host, ComponentStatus(
             "cluster", False,
-            _say(gettext_noop("The cluster API answered with an error (HTTP %(status)s)."), status=response.status),
+            say(gettext_noop("The cluster API answered with an error (HTTP %(status)s)."), status=response.status),
             elapsed,
         )
-    return host, ComponentStatus("cluster", True, _say(gettext_noop("The cluster API answered.")), elapsed)
+    return host, ComponentStatus("cluster", True, say(gettext_noop("The cluster API answered.")), elapsed)
 
 
 def _count_cluster_error(*, reason: str) -> None:
@@ -301,60 +233,45 @@ def check_sync(*, now: datetime | None = None) -> ComponentStatus:
     except Exception as exc:  # the cache backend's connection errors have no common base class
         logger.warning("Readiness: cannot read the sync heartbeat: %s", exc)
         return ComponentStatus(
-            "sync", False, _say(gettext_noop("Cannot read the sync loop's heartbeat: the cache is not answering."))
+            "sync", False, say(gettext_noop("Cannot read the sync loop's heartbeat: the cache is not answering."))
         )
     if beat.last_success is None:
         if beat.last_error_at is not None:
-            return ComponentStatus("sync", False, _say(
+            return ComponentStatus("sync", False, say(
                 gettext_noop("The attempt sync loop has never succeeded; its last pass failed %(failed)s s ago."),
                 failed=_seconds_ago(now, beat.last_error_at),
             ))
-        return ComponentStatus("sync", False, _say(
+        return ComponentStatus("sync", False, say(
             gettext_noop("The attempt sync loop has not run yet (is the Celery worker and beat running?).")
         ))
     age = (now - beat.last_success).total_seconds()
-    failed_since = beat.last_error_at is not None and beat.last_error_at > beat.last_success
+    error_at = beat.last_error_at
+    failed_since = error_at is not None and error_at > beat.last_success
     succeeded = _seconds_ago(now, beat.last_success)
-    failed = _seconds_ago(now, beat.last_error_at) if failed_since else None
+    failed = _seconds_ago(now, error_at) if error_at is not None and failed_since else None
     if age > max_age:
         if failed_since:
-            return ComponentStatus("sync", False, _say(
+            return ComponentStatus("sync", False, say(
                 gettext_noop("The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s); its "
                              "last pass failed %(failed)s s ago."),
                 succeeded=succeeded, limit=max_age, failed=failed,
             ))
-        return ComponentStatus("sync", False, _say(
+        return ComponentStatus("sync", False, say(
             gettext_noop("The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s)."),
             succeeded=succeeded, limit=max_age,
         ))
     if failed_since:
-        return ComponentStatus("sync", True, _say(
+        return ComponentStatus("sync", True, say(
             gettext_noop("The attempt sync loop succeeded %(succeeded)s s ago. Its last pass failed %(failed)s s ago."),
             succeeded=succeeded, failed=failed,
         ))
     return ComponentStatus(
-        "sync", True, _say(gettext_noop("The attempt sync loop succeeded %(succeeded)s s ago."), succeeded=succeeded)
+        "sync", True, say(gettext_noop("The attempt sync loop succeeded %(succeeded)s s ago."), succeeded=succeeded)
     )
 
 
 def _seconds_ago(now: datetime, then: datetime) -> int:
     return max(0, int((now - then).total_seconds()))
-
-
-def readiness(*, exclude: tuple[str, ...] = ()) -> list[ComponentStatus]:
-    """Every readiness component's status, skipping the names in ``exclude``."""
-    statuses: list[ComponentStatus] = []
-    if "database" not in exclude:
-        statuses.extend(check_databases())
-    if "redis" not in exclude:
-        redis_status = check_redis()
-        if redis_status is not None:
-            statuses.append(redis_status)
-    if "cluster" not in exclude:
-        statuses.append(check_cluster())
-    if "sync" not in exclude:
-        statuses.append(check_sync())
-    return statuses
 
 
 def cluster_health_summary() -> str | None:
@@ -368,35 +285,3 @@ def cluster_health_summary() -> str | None:
     if not check_sync().ok:
         return _("Lab status updates are delayed; what you see here may be out of date for a while.")
     return None
-
-
-@require_GET
-@never_cache
-def healthz_view(request: HttpRequest) -> JsonResponse:
-    """Liveness: the process serves requests. No I/O, so a slow dependency never gets the process restarted."""
-    return JsonResponse({"status": "alive"})
-
-
-@require_GET
-@never_cache
-def readyz_view(request: HttpRequest) -> JsonResponse:
-    """Readiness: 200 when every component is usable, 503 naming each failing one (``?exclude=sync,cluster``)."""
-    requested = {part.strip() for part in request.GET.get("exclude", "").split(",") if part.strip()}
-    unknown = sorted(requested - set(COMPONENTS))
-    if unknown:
-        return JsonResponse(
-            {"error": _("Unknown component(s) in exclude: %(unknown)s; known: %(known)s.")
-             % {"unknown": ", ".join(unknown), "known": ", ".join(COMPONENTS)}},
-            status=400,
-        )
-    statuses = readiness(exclude=tuple(requested))
-    failing = [status for status in statuses if not status.ok]
-    body = {
-        "status": "ready" if not failing else "not ready",
-        "failing": [status.name for status in failing],
-        "problems": [status.message for status in failing],
-        "components": {status.name: asdict(status) for status in statuses},
-    }
-    for status in body["components"].values():
-        del status["name"]
-    return JsonResponse(body, status=503 if failing else 200)

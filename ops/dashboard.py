@@ -11,16 +11,18 @@ from datetime import datetime, timedelta
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db.models import Count, Q, Sum
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from labs import health
 from labs.models import ACTIVE_STATES, Attempt, AttemptState
 from labs.sizes import launcher_requests
-from portal import health
+from ops import health as ops_health
+from ops.metrics import START_PHASES
 from portal.errors import PermissionDenied
-from portal.metrics import START_PHASES
+from portal.http import AuthenticatedRequest
 from portal.models import Role, Tenant, User
 from portal.selectors import courses_for_user
 
@@ -139,11 +141,11 @@ def ops_overview_for_user(*, user: User, now: datetime | None = None) -> OpsOver
             capacity.memory_mib += computed.memory_mib * row["unrecorded"]
 
     since = now - LATENCY_WINDOW
-    for row in (
+    for failed in (
         attempts.filter(state=AttemptState.FAILED, updated_at__gte=since)
         .values("tenant_id").annotate(n=Count("id")).order_by()
     ):
-        tenants[row["tenant_id"]].failed_last_hour = row["n"]
+        tenants[failed["tenant_id"]].failed_last_hour = failed["n"]
 
     # Attempts that became ready in the last hour: a few hundred rows at most, so percentiles are computed here
     # rather than with database-specific percentile functions (SQLite has none).
@@ -156,7 +158,9 @@ def ops_overview_for_user(*, user: User, now: datetime | None = None) -> OpsOver
             value = _seconds(row[start], row[end])
             if value is not None:
                 per_phase[phase].append(value)
-        per_tenant.setdefault(row["tenant_id"], []).append(_seconds(row["requested_at"], row["agent_ready_at"]))
+        total = _seconds(row["requested_at"], row["agent_ready_at"])
+        if total is not None:
+            per_tenant.setdefault(row["tenant_id"], []).append(total)
     for tenant_id, values in per_tenant.items():
         tenants[tenant_id].start = _summary(values)
 
@@ -172,13 +176,13 @@ def _summary(values: list[float]) -> LatencySummary:
     return LatencySummary(count=len(values), p50=percentile(values, 50), p95=percentile(values, 95))
 
 
-def ops_dashboard_view(request: HttpRequest) -> HttpResponse:
+def ops_dashboard_view(request: AuthenticatedRequest) -> HttpResponse:
     """The admin page (wrapped in ``admin.site.admin_view`` in the URLconf, so staff only)."""
     try:
         overview = ops_overview_for_user(user=request.user)
     except PermissionDenied as exc:
         raise DjangoPermissionDenied(str(exc)) from exc
-    components = health.readiness(exclude=("database",))
+    components = ops_health.readiness(exclude=("database",))
     heartbeat = None
     if request.user.is_superuser:  # the sync error text may name any tenant's namespace
         try:

@@ -12,7 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import PASSWORD, make_person
 from grading.models import GradingRun, RunState, RunTrigger
 from labs.models import Attempt, AttemptState
-from portal import metrics
+from ops import metrics
+from portal import metrics as event_counters
 from portal.models import Role
 
 TOKEN = "metrics-token-for-tests"
@@ -183,12 +184,12 @@ def test_grading_outcomes_and_durations_come_from_runs(client, lab_a, student_a)
 
 @pytest.mark.django_db
 def test_shared_counters_for_cluster_errors_and_console_sessions(client):
-    metrics.record_cluster_api_error(operation="list_vmis", reason="503")
-    metrics.record_cluster_api_error(operation="list_vmis", reason="503")
-    metrics.record_cluster_api_error(operation="create_vm", reason="timeout")
+    event_counters.record_cluster_api_error(operation="list_vmis", reason="503")
+    event_counters.record_cluster_api_error(operation="list_vmis", reason="503")
+    event_counters.record_cluster_api_error(operation="create_vm", reason="timeout")
     for _ in range(3):
-        metrics.console_session_opened()
-    metrics.console_session_closed()
+        event_counters.console_session_opened()
+    event_counters.console_session_closed()
 
     samples = scrape(client)
     assert samples[("portal_cluster_api_errors_total", (("operation", "list_vmis"), ("reason", "503")))] == 2
@@ -199,8 +200,8 @@ def test_shared_counters_for_cluster_errors_and_console_sessions(client):
 
 @pytest.mark.django_db
 async def test_async_console_counters_for_consumers(client):
-    await metrics.aconsole_session_opened()
-    await metrics.aconsole_session_closed()
+    await event_counters.aconsole_session_opened()
+    await event_counters.aconsole_session_closed()
     assert metrics.counters.read(metrics.CONSOLE_SESSIONS_KEY) == {"opened": 1, "closed": 1}
 
 
@@ -208,9 +209,10 @@ async def test_async_console_counters_for_consumers(client):
 def test_counters_live_in_redis_so_every_process_sees_them(settings):
     import redis
 
-    metrics.record_cluster_api_error(operation="watch_vmis", reason="connection")
+    event_counters.record_cluster_api_error(operation="watch_vmis", reason="connection")
     other_process_view = redis.Redis.from_url(settings.REDIS_URL)
-    assert other_process_view.hget(metrics.CLUSTER_API_ERRORS_KEY, "watch_vmis|connection") == b"1"
+    key = settings.REDIS_KEY_PREFIX + metrics.CLUSTER_API_ERRORS_KEY
+    assert other_process_view.hget(key, "watch_vmis|connection") == b"1"
 
 
 @pytest.mark.django_db

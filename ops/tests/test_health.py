@@ -13,8 +13,8 @@ from django.core.cache import cache
 from django.db import connections
 from django.test import override_settings
 
+from labs import health
 from labs.kubevirt import client as kube_client
-from portal import health
 from portal.metrics import CLUSTER_API_ERRORS_KEY, counters
 
 

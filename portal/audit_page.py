@@ -1,18 +1,18 @@
-"""HTML pages of the API's subject area: the course audit log for the course's instructors."""
+"""The course audit log page, for the course's instructors."""
 
 from __future__ import annotations
 
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import render
 from django.utils.translation import gettext_lazy as _
 from django.views import View
 
-from api.selectors import audit_events_for_course
 from portal.errors import NotFound, PermissionDenied
-from portal.selectors import course_get_for_user
+from portal.http import AuthenticatedRequest
+from portal.selectors import audit_events_for_course, course_get_for_user
 
 AUDIT_PAGE_SIZE = 50
 # How the audit log names the actions people take; an action missing here is shown by its code.
@@ -40,7 +40,7 @@ ACTION_LABELS = {
 class CourseAuditPage(LoginRequiredMixin, View):
     """Who started, stopped, extended, checked or overrode what in the course, and when; newest first."""
 
-    def get(self, request: HttpRequest, course_id: int) -> HttpResponse:
+    def get(self, request: AuthenticatedRequest, course_id: int) -> HttpResponse:
         try:
             events = audit_events_for_course(user=request.user, course_id=course_id)
             course = course_get_for_user(user=request.user, course_id=course_id)
