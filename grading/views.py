@@ -25,8 +25,8 @@ from django.views import View
 
 from grading import selectors, services
 from grading.forms import GradeOverrideForm
-from labs import access
 from grading.selectors.reports import GradebookRow
+from labs import access
 from portal.errors import ApplicationError, NotFound, PermissionDenied
 from portal.http import AuthenticatedRequest
 from portal.selectors import staff_courses_for_user

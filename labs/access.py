@@ -67,6 +67,8 @@ def attempts_visible_to(*, user: User) -> QuerySet[Attempt]:
         return Attempt.objects.none()
     if user.is_superuser:
         return Attempt.objects.all()
+    if user.tenant_id is None:
+        return Attempt.objects.none()
     return Attempt.objects.filter(tenant_id=user.tenant_id).filter(
         Q(student=user) | Q(lab__course__in=staff_courses_for_user(user=user))
     )
@@ -113,5 +115,7 @@ def attempt_get_for_staff(*, user: User, attempt_id: int) -> Attempt:
 
 def attempts_for_student(*, user: User, lab: Lab | None = None) -> QuerySet[Attempt]:
     """The student's own attempts (newest first), optionally of one lab: the student dashboard's rows."""
+    if user.tenant_id is None:
+        return Attempt.objects.none()
     attempts = Attempt.objects.filter(student=user, tenant_id=user.tenant_id).select_related("lab", "lab__course")
     return attempts.filter(lab=lab) if lab is not None else attempts

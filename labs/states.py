@@ -31,7 +31,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
     S.FAILED: frozenset({S.REQUESTED, S.PROVISIONING, S.STARTING, S.RUNNING, S.STOPPING}),
 }
 # The timestamp each state records on entry (unless the caller gives it).
-ENTERED_AT = {
+ENTERED_AT: dict[str, str] = {
     S.STARTING: "provisioned_at",
     S.RUNNING: "agent_ready_at",
     S.STOPPING: "stopping_at",

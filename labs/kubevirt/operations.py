@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -255,7 +255,7 @@ def _metadata_list(doing: str, path: str, *, namespace: str) -> list[dict[str, A
 
 
 def namespace_bootstrap(
-    *, namespace: Mapping[str, Any], policies: list[Mapping[str, Any]], quota: Mapping[str, Any]
+    *, namespace: Mapping[str, Any], policies: Sequence[Mapping[str, Any]], quota: Mapping[str, Any]
 ) -> None:
     """Create the tenant's namespace, its NetworkPolicies and its ResourceQuota; bring the quota's limits up to
     date when it exists. Existing objects are left as they are otherwise (an operator may have added to them)."""

@@ -24,8 +24,8 @@ from labs.kubevirt.operations import ClusterError
 from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState
 from labs.services.namespaces import tenant_namespace_ensure
 from labs.services.stopping import StopReason, enqueue_teardown
-from labs.states import attempt_transition
 from labs.signals import attempt_final_grading
+from labs.states import attempt_transition
 from labs.wording import in_every_language
 
 logger = logging.getLogger(__name__)
