@@ -255,7 +255,8 @@ if REDIS_URL:
     }
     CELERY_BROKER_URL = REDIS_URL
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # Channels' own, forgetting the channels of consumers that ended (portal.memory_channel_layer).
+    CHANNEL_LAYERS = {"default": {"BACKEND": "portal.memory_channel_layer.InMemoryChannelLayer"}}
     CELERY_BROKER_URL = "memory://localhost/"  # with a host: kombu warns at start without one
 # The cache is shared by web, worker and beat through Redis (the sync loop's heartbeat read by /readyz, probe
 # results); the embedded default runs everything in one process, so process memory is enough there.
