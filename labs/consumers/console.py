@@ -39,7 +39,7 @@ from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamStat
 from labs.console.viewers import console_viewers
 from labs.consumers.events import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, attempt_group
 from portal.errors import ApplicationError
-from portal.metrics import aconsole_session_closed, aconsole_session_opened
+from portal.metrics import aconsole_session_closed, console_session_opened
 from portal.waiting import cancel_and_wait, wait_event
 from portal.websocket_consumer import PortalConsumer
 
@@ -60,7 +60,9 @@ def console_handshake(*, user, attempt_id: int) -> ConsoleAccess | None:
     (portal.websocket_auth): it is resolved here, in sync code."""
     if user is None or not user.is_authenticated:
         return None
-    return console_access(user=user, attempt_id=attempt_id)
+    access = console_access(user=user, attempt_id=attempt_id)
+    console_session_opened()  # counted here, in the handshake's thread call, rather than in one more of its own
+    return access
 
 
 def console_group(attempt_id: int) -> str:
@@ -81,7 +83,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
     # cancellation can land after Redis did the work but before its answer arrived.
     lease_claimed = False
     in_input_group = False
-    session_counted = False
+    status_seen = False
 
     # -- connection ---------------------------------------------------------------------------------------
 
@@ -145,14 +147,10 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
             # tab) there is nobody to hear the announcement. Registered before the announcement, and in the output
             # group before registering: of two viewers arriving together, the later one sees the earlier and
             # announces itself to it.
-            await self.channel_layer.group_send(
-                self.output_group, {"type": "console.viewer_joined", "reply_to": self.channel_name}
-            )
+            await self._announce()
         if access.is_staff and not access.is_student:
             await self._broadcast_notice("staff_watching", who=access.viewer_name)
         self.ownership_task = asyncio.create_task(self._ownership_loop(), name=f"console-{self.attempt_id}-lease")
-        self.session_counted = True  # before the call: a cancellation lands after the count is under way
-        await aconsole_session_opened()
 
     async def __call__(self, scope, receive, send) -> None:
         try:
@@ -176,17 +174,27 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
         await asyncio.shield(self.leaving)
 
     async def _leave(self) -> None:
+        self.heartbeat.unwatch(attempt_id=self.attempt_id, viewer=self.channel_name)
+        steps = (
+            # Whatever the ownership loop was doing when cancelled (taking the lease, handing it over), the second
+            # step finishes handing back what it took.
+            self._end_ownership_loop,
+            lambda: self._stop_owning(release=True),
+            lambda: self.viewers.remove(attempt_id=self.attempt_id, viewer=self.channel_name),
+            lambda: self.channel_layer.group_discard(self.output_group, self.channel_name),
+            lambda: self.channel_layer.group_discard(self.events_group, self.channel_name),
+        )
+        for step in steps:
+            # One step failing (Redis briefly unreachable, say) does not keep the others from handing back theirs.
+            try:
+                await step()
+            except Exception:
+                logger.exception("Console %s: leaving failed in part", self.attempt_id)
+        await aconsole_session_closed()  # opened was counted with the handshake that granted access
+
+    async def _end_ownership_loop(self) -> None:
         if self.ownership_task is not None:
             await cancel_and_wait(self.ownership_task)
-        # Whatever the ownership loop was doing when cancelled (taking the lease, handing it over), this finishes
-        # handing back what it took.
-        await self._stop_owning(release=True)
-        self.heartbeat.unwatch(attempt_id=self.attempt_id, viewer=self.channel_name)
-        await self.viewers.remove(attempt_id=self.attempt_id, viewer=self.channel_name)
-        await self.channel_layer.group_discard(self.output_group, self.channel_name)
-        await self.channel_layer.group_discard(self.events_group, self.channel_name)
-        if self.session_counted:
-            await aconsole_session_closed()
 
     # -- browser → bridge ---------------------------------------------------------------------------------
 
@@ -319,7 +327,13 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
             await self.send(bytes_data=snapshot.data)
         self.delivered_end = snapshot.end
 
+    async def _announce(self) -> None:
+        """Ask the holder for the upstream's state and where the output stands (``console_viewer_joined``)."""
+        await self.channel_layer.group_send(
+            self.output_group, {"type": "console.viewer_joined", "reply_to": self.channel_name})
+
     async def _send_status(self, state: str, detail: str = "") -> None:
+        self.status_seen = True
         await self._send_json({"type": "status", "state": state, "detail": detail})
 
     # -- channel layer handlers ---------------------------------------------------------------------------
@@ -386,13 +400,21 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
                 if self.upstream_task is None:
                     self.lease_claimed = True
                     if await self.lease.acquire(attempt_id=self.attempt_id, holder=self.channel_name, ttl=ttl):
-                        await self._start_owning()
+                        try:
+                            await self._start_owning()
+                        except Exception:
+                            # Redis or the disk failed half-way: hand back what was taken, then try again.
+                            await self._stop_owning(release=True)
+                            raise
                         continue
                     self.lease_claimed = False
                     # A holder leaving says so (owner_gone); the timeout only covers one that died silently,
                     # whose lease then runs out.
                     self.owner_gone.clear()
-                    await wait_event(self.owner_gone, ttl / 3)
+                    if not await wait_event(self.owner_gone, ttl / 3) and not self.status_seen:
+                        # The holder lives on but never answered (the announcement fell off a full channel, or
+                        # reached it as it handed over, or there was none to make yet): announce again.
+                        await self._announce()
                 elif self.held is not None and self.held.lost:
                     # The lease expired while this process was too busy to renew it, and somebody took it.
                     await self._stop_owning(release=False)

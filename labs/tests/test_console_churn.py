@@ -62,7 +62,8 @@ def attempt(cluster, student_a, lab_a):
 def channel_layer_kind(request, settings):
     if request.param == "memory":
         settings.REDIS_URL = None
-        settings.CHANNEL_LAYERS = {"default": {"BACKEND": "portal.memory_channel_layer.InMemoryChannelLayer"}}
+        settings.CHANNEL_LAYERS = {"default": {"BACKEND": "portal.memory_channel_layer.InMemoryChannelLayer",
+                                              "CONFIG": {"capacity": 1500}}}
     elif not settings.REDIS_URL:
         pytest.fail("The Redis channel layer needs REDIS_URL.")
     return request.param

@@ -107,6 +107,57 @@ async def test_a_tab_closed_while_taking_the_console_leaves_nothing_behind(point
     assert heartbeat.held == set()
 
 
+async def test_a_start_that_fails_half_way_hands_back_and_tries_again(attempt, cluster, student_a, monkeypatch):
+    """Redis or the disk fails while the viewer takes the console (here: opening the recording): what it took is
+    handed back, and its next try holds the console, instead of a lease renewed for a holder without upstream."""
+    from labs.console.recording import AsciicastRecorder
+
+    opening = AsciicastRecorder.open
+    failures = []
+
+    async def fails_once(self):
+        if not failures:
+            failures.append(self)
+            raise ConnectionError("Redis went away")
+        await opening(self)
+
+    monkeypatch.setattr(AsciicastRecorder, "open", fails_once)
+    viewer = await open_console(student_a, attempt.id)
+    await viewer.read_until(lambda v: "connected" in v.statuses(), within=5)
+    heartbeat = console_heartbeat(ttl=console_limits().lease_ttl_seconds)
+    assert len(heartbeat.held) == 1
+    assert len([task for task in console_tasks(attempt.id) if task.get_name().endswith("-fanout")]) == 1
+    await viewer.type(b"echo retried-$((40+2))\r")
+    await viewer.read_until(lambda v: v.has_output(b"retried-42"))
+    await viewer.close()
+    assert heartbeat.held == set()
+
+
+async def test_a_tab_whose_announcement_was_lost_asks_again_and_gets_a_status(attempt, cluster, student_a,
+                                                                              monkeypatch):
+    """The holder never hears a newcomer (its announcement fell off a full channel): the newcomer announces itself
+    again, rather than showing the scrollback without a status for good."""
+    from channels.layers import get_channel_layer
+
+    holder = await connected_student(student_a, attempt.id)
+    layer_class = type(get_channel_layer())
+    group_send = layer_class.group_send
+    dropped = []
+
+    async def dropping_the_first_announcement(self, group, message):
+        if message["type"] == "console.viewer_joined" and not dropped:
+            dropped.append(message)
+            return
+        await group_send(self, group, message)
+
+    monkeypatch.setattr(layer_class, "group_send", dropping_the_first_announcement)
+    newcomer = await open_console(student_a, attempt.id)
+    await newcomer.read_until(lambda v: v.statuses(), within=console_limits().lease_ttl_seconds)
+    assert dropped and newcomer.statuses() == ["connected"]
+    await newcomer.close()
+    await holder.close()
+
+
 async def test_a_consumer_that_ends_without_disconnect_still_hands_the_console_back(attempt, cluster, student_a):
     """The server cancels a consumer outright (daphne gives up on one, a test communicator times out): the
     upstream, the lease and its tasks go with it."""
