@@ -173,6 +173,23 @@ async def test_fanout_publishes_in_order_with_scrollback_offsets_and_batches_a_b
     assert (await scrollback.snapshot(attempt_id=900)).end == 160
 
 
+async def test_a_flush_asked_for_as_the_fanout_closes_returns():
+    """A newcomer's announcement reaches a holder handing over: its flush must not wait for a fan-out that will
+    publish nothing more (the scrollback here never answers, as Redis under a network fault)."""
+
+    class SilentScrollback(LocalScrollback):
+        async def append(self, *, attempt_id: int, data: bytes) -> int:
+            await asyncio.sleep(60)
+            return 0
+
+    fanout = OutputFanout(attempt_id=904, scrollback=SilentScrollback(limit=1024), channel_layer=InMemoryChannelLayer(),
+                          group="console-904", origin="holder", start_end=0, others=True)
+    fanout.claim(5)
+    await fanout.put(b"hello")
+    await fanout.close(within=0.1)
+    await asyncio.wait_for(fanout.flush(), 2)
+
+
 async def test_a_holder_alone_keeps_the_scrollback_but_publishes_nothing_until_a_viewer_joins():
     layer = InMemoryChannelLayer()
     listener = await layer.new_channel()
