@@ -332,6 +332,16 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
         await self.channel_layer.group_send(
             self.output_group, {"type": "console.viewer_joined", "reply_to": self.channel_name})
 
+    async def _announce_to_holder(self) -> None:
+        """The same, to the holder alone: the lease names its channel."""
+        holder = await self.lease.holder(attempt_id=self.attempt_id)
+        if holder is None or holder == self.channel_name:
+            return
+        try:
+            await self.channel_layer.send(holder, {"type": "console.viewer_joined", "reply_to": self.channel_name})
+        except ChannelFull:
+            logger.info("Console %s: the holder's channel is full; asking again later", self.attempt_id)
+
     async def _send_status(self, state: str, detail: str = "") -> None:
         self.status_seen = True
         await self._send_json({"type": "status", "state": state, "detail": detail})
@@ -413,8 +423,8 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
                     self.owner_gone.clear()
                     if not await wait_event(self.owner_gone, ttl / 3) and not self.status_seen:
                         # The holder lives on but never answered (the announcement fell off a full channel, or
-                        # reached it as it handed over, or there was none to make yet): announce again.
-                        await self._announce()
+                        # reached it as it handed over, or there was none to make yet): ask it again.
+                        await self._announce_to_holder()
                 elif self.held is not None and self.held.lost:
                     # The lease expired while this process was too busy to renew it, and somebody took it.
                     await self._stop_owning(release=False)
