@@ -5,10 +5,10 @@ default; ``--layer memory`` runs the embedded default's one daphne on the in-mem
 drawn in turn from: during the handshake, at ``hello``, between ``hello`` and ``status``, after ``status``, after
 typing. After every round a new socket must get a ``status`` within 2 s and the echo of what it types; then, with
 every socket closed, the lease must be handed back and nobody registered (Redis), and kubesim must have no console
-open. Prints one JSON object: rounds, sockets per round, each daphne's RSS before the run and after each round (and
-after a quiet pause at the end), time to first ``status`` (p50/p99) of the round sockets that waited for it and of
-the checks (and to ``hello``, for comparison: the handshakes of a whole round queue on the same processes), and
-failures.
+open (and again after the run's quiet pause). Prints one JSON object: rounds, sockets per round, each daphne's RSS
+before the run and after each round (and after a quiet pause at the end), time to first ``status`` (p50/p99) of the
+round sockets that waited for it and of the checks (and to ``hello``, for comparison: the handshakes of a whole
+round queue on the same processes), and failures.
 """
 
 from __future__ import annotations
@@ -160,7 +160,10 @@ async def churn(args, portals, attempt_id: int, cookie: str, cluster) -> dict[st
             log(f"round {number + 1}: {outcome}, RSS {rss['after_round'][-1]} MB, failures {dict(failures)}")
     await asyncio.sleep(args.pause)
     rss["after_pause"] = [rss_mb(pid) for pid in pids]
-    return {"rss_mb": rss, "times": times, "checks": checks, "failures": dict(failures)}
+    # A round's leavings may outlast its check on a loaded machine; by now they must all be handed back.
+    settled_at_end = await settled(cluster, attempt_id, redis=args.layer == "redis", within=30)
+    return {"rss_mb": rss, "times": times, "checks": checks, "settled_at_end": settled_at_end,
+            "failures": dict(failures)}
 
 
 def main() -> None:
