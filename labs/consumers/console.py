@@ -144,9 +144,9 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
         self.delivered_end = snapshot.end
         if others:
             # Whoever holds the console is a registered viewer, so with nobody else registered (the usual single
-            # tab) there is nobody to hear the announcement. Registered before the announcement, and in the output
-            # group before registering: of two viewers arriving together, the later one sees the earlier and
-            # announces itself to it.
+            # tab) there is nobody to hear the announcement. In the output group before registering, and
+            # registered before reading who holds the lease: a holder that takes it meanwhile sees this viewer
+            # among the others when it starts, and tells the group its state.
             await self._announce()
         if access.is_staff and not access.is_student:
             await self._broadcast_notice("staff_watching", who=access.viewer_name)
@@ -328,12 +328,9 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
         self.delivered_end = snapshot.end
 
     async def _announce(self) -> None:
-        """Ask the holder for the upstream's state and where the output stands (``console_viewer_joined``)."""
-        await self.channel_layer.group_send(
-            self.output_group, {"type": "console.viewer_joined", "reply_to": self.channel_name})
-
-    async def _announce_to_holder(self) -> None:
-        """The same, to the holder alone: the lease names its channel."""
+        """Ask the holder for the upstream's state and where the output stands (``console_viewer_joined``). Only
+        the holder answers, and the lease names its channel: a class's tabs opening together send one message
+        each, not one to every tab already there."""
         holder = await self.lease.holder(attempt_id=self.attempt_id)
         if holder is None or holder == self.channel_name:
             return
@@ -424,7 +421,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
                     if not await wait_event(self.owner_gone, ttl / 3) and not self.status_seen:
                         # The holder lives on but never answered (the announcement fell off a full channel, or
                         # reached it as it handed over, or there was none to make yet): ask it again.
-                        await self._announce_to_holder()
+                        await self._announce()
                 elif self.held is not None and self.held.lost:
                     # The lease expired while this process was too busy to renew it, and somebody took it.
                     await self._stop_owning(release=False)

@@ -141,16 +141,16 @@ async def test_a_tab_whose_announcement_was_lost_asks_again_and_gets_a_status(at
 
     holder = await connected_student(student_a, attempt.id)
     layer_class = type(get_channel_layer())
-    group_send = layer_class.group_send
+    send = layer_class.send
     dropped = []
 
-    async def dropping_the_first_announcement(self, group, message):
+    async def dropping_the_first_announcement(self, channel, message):
         if message["type"] == "console.viewer_joined" and not dropped:
             dropped.append(message)
             return
-        await group_send(self, group, message)
+        await send(self, channel, message)
 
-    monkeypatch.setattr(layer_class, "group_send", dropping_the_first_announcement)
+    monkeypatch.setattr(layer_class, "send", dropping_the_first_announcement)
     newcomer = await open_console(student_a, attempt.id)
     await newcomer.read_until(lambda v: v.statuses(), within=console_limits().lease_ttl_seconds)
     assert dropped and newcomer.statuses() == ["connected"]
