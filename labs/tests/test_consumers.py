@@ -43,8 +43,12 @@ def fast_password_hasher(settings):
 
 @pytest.fixture(autouse=True)
 def isolated_console_state(settings, tmp_path):
-    """Fresh recordings directory, and no lease or scrollback left in Redis by an earlier run's attempt ids."""
+    """Fresh recordings directory and channel layer, and no lease or scrollback left in Redis by an earlier run's
+    attempt ids."""
     settings.CONSOLE_RECORDINGS_DIR = tmp_path / "recordings"
+    # A channel layer of its own (setting it makes channels build a new one): channels_redis keeps its receive state
+    # per layer, bound to the event loop that started receiving, and each test runs a loop of its own.
+    settings.CHANNEL_LAYERS = settings.CHANNEL_LAYERS
     if settings.REDIS_URL:
         import redis
 
