@@ -264,7 +264,11 @@ if REDIS_URL:
     }
     CELERY_BROKER_URL = REDIS_URL
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # Channels' own, forgetting the channels of consumers that ended (portal.memory_channel_layer).
+    # Room for as many messages per channel as channels_redis is given above: a class's tabs announcing themselves
+    # to a console's holder at once overflowed channels' default of 100, and the overflow is dropped.
+    CHANNEL_LAYERS = {"default": {"BACKEND": "portal.memory_channel_layer.InMemoryChannelLayer",
+                                  "CONFIG": {"capacity": 1500}}}
     CELERY_BROKER_URL = "memory://localhost/"  # with a host: kombu warns at start without one
 # The cache is shared by web, worker and beat through Redis (the sync loop's heartbeat read by /readyz, probe
 # results); the embedded default runs everything in one process, so process memory is enough there.

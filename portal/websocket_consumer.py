@@ -31,6 +31,15 @@ class PortalConsumer(AsyncConsumer):
     it comes right before ``AsyncConsumer``: every message the consumer sends (text, bytes, JSON, close) and every
     message it is given passes through it."""
 
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # The embedded default's in-memory layer would otherwise keep what is sent to the gone consumer.
+            layer = getattr(self, "channel_layer", None)
+            if layer is not None and "discard_channel" in layer.extensions and hasattr(self, "channel_name"):
+                await layer.discard_channel(self.channel_name)
+
     async def send(self, message: dict) -> None:
         try:
             await super().send(message)

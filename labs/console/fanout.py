@@ -145,7 +145,8 @@ class OutputFanout:
         target = self.put_count
         if self.done_count < target:
             self.urgent.set()
-        while self.done_count < target:
+        # A closed fan-out publishes nothing more: nobody would wake the wait.
+        while self.done_count < target and not self.task.done():
             self.progress.clear()
             await self.progress.wait()
 
@@ -154,3 +155,4 @@ class OutputFanout:
         self.urgent.set()
         await wait_event(self.idle, within)
         await cancel_and_wait(self.task)
+        self.progress.set()  # a flush() waiting for output that will never be published returns

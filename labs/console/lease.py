@@ -1,8 +1,9 @@
 """Which viewer holds an attempt's upstream console connection: a lease that expires unless renewed.
 
-With Redis (every portal process shares it) the lease is a key holding the holder's channel name, set with
-``NX`` and a TTL that the holder renews; a process that dies stops renewing and another viewer takes over
-when the key expires. Without Redis (the embedded single-process mode) a process-local table does the same.
+With Redis (every portal process shares it) the lease is a key holding the holder's channel name, set when
+free (or already the caller's) with a TTL that the holder renews; a process that dies stops renewing and another
+viewer takes over when the key expires. Without Redis (the embedded single-process mode) a process-local table
+does the same.
 """
 
 from __future__ import annotations
@@ -17,6 +18,18 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
+"""
+# Taken, or already ours: an acquire whose answer was lost on the way (a cancelled or failed call) is repeated.
+_ACQUIRE = """
+local current = redis.call('GET', KEYS[1])
+if current == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+if current then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
 """
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -42,7 +55,7 @@ class RedisConsoleLease:
         self.client = client
 
     async def acquire(self, *, attempt_id: int, holder: str, ttl: float) -> bool:
-        return bool(await self.client.set(lease_key(attempt_id), holder, nx=True, px=int(ttl * 1000)))
+        return bool(await self.client.eval(_ACQUIRE, 1, lease_key(attempt_id), holder, int(ttl * 1000)))
 
     async def renew(self, *, attempt_id: int, holder: str, ttl: float) -> bool:
         return bool(await self.client.eval(_RENEW, 1, lease_key(attempt_id), holder, int(ttl * 1000)))
@@ -71,7 +84,7 @@ class LocalConsoleLease:
         return holder
 
     async def acquire(self, *, attempt_id: int, holder: str, ttl: float) -> bool:
-        if self._current(attempt_id) is not None:
+        if self._current(attempt_id) not in (None, holder):
             return False
         self._table[attempt_id] = (holder, time.monotonic() + ttl)
         return True

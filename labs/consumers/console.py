@@ -23,6 +23,7 @@ import logging
 import time
 
 from channels.db import database_sync_to_async
+from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from labs.console.access import ConsoleAccess, console_access, console_control_record, console_location
@@ -38,6 +39,7 @@ from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamStat
 from labs.console.viewers import console_viewers
 from labs.consumers.events import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, attempt_group
 from portal.errors import ApplicationError
+from portal.metrics import aconsole_session_closed, console_session_opened
 from portal.waiting import cancel_and_wait, wait_event
 from portal.websocket_consumer import PortalConsumer
 
@@ -58,7 +60,9 @@ def console_handshake(*, user, attempt_id: int) -> ConsoleAccess | None:
     (portal.websocket_auth): it is resolved here, in sync code."""
     if user is None or not user.is_authenticated:
         return None
-    return console_access(user=user, attempt_id=attempt_id)
+    access = console_access(user=user, attempt_id=attempt_id)
+    console_session_opened()  # counted here, in the handshake's thread call, rather than in one more of its own
+    return access
 
 
 def console_group(attempt_id: int) -> str:
@@ -75,6 +79,11 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
     held: HeldLease | None = None
     handshake_location: tuple[ConsoleLocation, float] | None = None
     leaving: asyncio.Future | None = None
+    # What this viewer may have taken as holder and must hand back: set before the step that takes it, since a
+    # cancellation can land after Redis did the work but before its answer arrived.
+    lease_claimed = False
+    in_input_group = False
+    status_seen = False
 
     # -- connection ---------------------------------------------------------------------------------------
 
@@ -135,34 +144,57 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
         self.delivered_end = snapshot.end
         if others:
             # Whoever holds the console is a registered viewer, so with nobody else registered (the usual single
-            # tab) there is nobody to hear the announcement. Registered before the announcement, and in the output
-            # group before registering: of two viewers arriving together, the later one sees the earlier and
-            # announces itself to it.
-            await self.channel_layer.group_send(
-                self.output_group, {"type": "console.viewer_joined", "reply_to": self.channel_name}
-            )
+            # tab) there is nobody to hear the announcement. In the output group before registering, and
+            # registered before reading who holds the lease: a holder that takes it meanwhile sees this viewer
+            # among the others when it starts, and tells the group its state.
+            await self._announce()
         if access.is_staff and not access.is_student:
             await self._broadcast_notice("staff_watching", who=access.viewer_name)
         self.ownership_task = asyncio.create_task(self._ownership_loop(), name=f"console-{self.attempt_id}-lease")
 
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # A consumer can end without disconnect(): cancelled by the server, or failed in a handler. What it
+            # holds is handed back all the same.
+            await self._leave_once()
+
     async def disconnect(self, code: int) -> None:
+        await self._leave_once()
+
+    async def _leave_once(self) -> None:
         if self.access is None:
             return  # refused before accept: nothing was set up
         # Shielded: the consumer may be cancelled meanwhile (daphne gives up on one that takes 10 s, a test
         # communicator after 1 s), and the upstream, lease and registration must be handed back all the same. Kept
         # on the consumer: once the shield's waiter is cancelled, nothing else holds the task while it runs.
-        self.leaving = asyncio.ensure_future(self._leave())
+        if self.leaving is None:
+            self.leaving = asyncio.ensure_future(self._leave())
         await asyncio.shield(self.leaving)
 
     async def _leave(self) -> None:
+        self.heartbeat.unwatch(attempt_id=self.attempt_id, viewer=self.channel_name)
+        steps = (
+            # Whatever the ownership loop was doing when cancelled (taking the lease, handing it over), the second
+            # step finishes handing back what it took.
+            self._end_ownership_loop,
+            lambda: self._stop_owning(release=True),
+            lambda: self.viewers.remove(attempt_id=self.attempt_id, viewer=self.channel_name),
+            lambda: self.channel_layer.group_discard(self.output_group, self.channel_name),
+            lambda: self.channel_layer.group_discard(self.events_group, self.channel_name),
+        )
+        for step in steps:
+            # One step failing (Redis briefly unreachable, say) does not keep the others from handing back theirs.
+            try:
+                await step()
+            except Exception:
+                logger.exception("Console %s: leaving failed in part", self.attempt_id)
+        await aconsole_session_closed()  # opened was counted with the handshake that granted access
+
+    async def _end_ownership_loop(self) -> None:
         if self.ownership_task is not None:
             await cancel_and_wait(self.ownership_task)
-        if self.upstream_task is not None:
-            await self._stop_owning(release=True)
-        self.heartbeat.unwatch(attempt_id=self.attempt_id, viewer=self.channel_name)
-        await self.viewers.remove(attempt_id=self.attempt_id, viewer=self.channel_name)
-        await self.channel_layer.group_discard(self.output_group, self.channel_name)
-        await self.channel_layer.group_discard(self.events_group, self.channel_name)
 
     # -- browser → bridge ---------------------------------------------------------------------------------
 
@@ -295,7 +327,20 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
             await self.send(bytes_data=snapshot.data)
         self.delivered_end = snapshot.end
 
+    async def _announce(self) -> None:
+        """Ask the holder for the upstream's state and where the output stands (``console_viewer_joined``). Only
+        the holder answers, and the lease names its channel: a class's tabs opening together send one message
+        each, not one to every tab already there."""
+        holder = await self.lease.holder(attempt_id=self.attempt_id)
+        if holder is None or holder == self.channel_name:
+            return
+        try:
+            await self.channel_layer.send(holder, {"type": "console.viewer_joined", "reply_to": self.channel_name})
+        except ChannelFull:
+            logger.info("Console %s: the holder's channel is full; asking again later", self.attempt_id)
+
     async def _send_status(self, state: str, detail: str = "") -> None:
+        self.status_seen = True
         await self._send_json({"type": "status", "state": state, "detail": detail})
 
     # -- channel layer handlers ---------------------------------------------------------------------------
@@ -316,17 +361,22 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
         self.owner_gone.set()
 
     async def console_viewer_joined(self, event: dict) -> None:
-        if event["reply_to"] == self.channel_name or self.fanout is None:
+        fanout, upstream = self.fanout, self.upstream
+        if event["reply_to"] == self.channel_name or fanout is None:
             return
         # Publish from now on, then tell the newcomer where the output stands: whatever it missed between its
         # snapshot and now (published to nobody while this holder was alone) it redraws from the scrollback.
-        self.fanout.viewer_joined()
-        await self.fanout.flush()
-        await self.channel_layer.send(event["reply_to"], {"type": "console.sync", "end": self.fanout.published_end})
-        if self.upstream is not None and self.upstream.state is not None:
-            await self.channel_layer.send(
-                event["reply_to"], {"type": "console.status", "state": self.upstream.state.value, "origin": "holder"}
-            )
+        fanout.viewer_joined()
+        await fanout.flush()
+        try:
+            await self.channel_layer.send(event["reply_to"], {"type": "console.sync", "end": fanout.published_end})
+            if upstream is not None and upstream.state is not None:
+                await self.channel_layer.send(
+                    event["reply_to"], {"type": "console.status", "state": upstream.state.value, "origin": "holder"}
+                )
+        except ChannelFull:
+            # The newcomer is gone already, or too far behind to read: it resynchronises when it reads again.
+            logger.info("Console %s: a newcomer's channel is full; not answered", self.attempt_id)
 
     async def console_sync(self, event: dict) -> None:
         if event["end"] > self.delivered_end:
@@ -355,13 +405,23 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
         while True:
             try:
                 if self.upstream_task is None:
+                    self.lease_claimed = True
                     if await self.lease.acquire(attempt_id=self.attempt_id, holder=self.channel_name, ttl=ttl):
-                        await self._start_owning()
+                        try:
+                            await self._start_owning()
+                        except Exception:
+                            # Redis or the disk failed half-way: hand back what was taken, then try again.
+                            await self._stop_owning(release=True)
+                            raise
                         continue
+                    self.lease_claimed = False
                     # A holder leaving says so (owner_gone); the timeout only covers one that died silently,
                     # whose lease then runs out.
                     self.owner_gone.clear()
-                    await wait_event(self.owner_gone, ttl / 3)
+                    if not await wait_event(self.owner_gone, ttl / 3) and not self.status_seen:
+                        # The holder lives on but never answered (the announcement fell off a full channel, or
+                        # reached it as it handed over, or there was none to make yet): ask it again.
+                        await self._announce()
                 elif self.held is not None and self.held.lost:
                     # The lease expired while this process was too busy to renew it, and somebody took it.
                     await self._stop_owning(release=False)
@@ -401,6 +461,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
             locate=self._locate, on_output=self._upstream_output, on_state=self._upstream_state,
             attempt_changed=self.attempt_changed, limits=self.limits,
         )
+        self.in_input_group = True
         await self.channel_layer.group_add(self.input_group, self.channel_name)
         self.upstream_task = asyncio.create_task(self._run_upstream(), name=f"console-{self.attempt_id}-upstream")
         self.upstream_task.add_done_callback(lambda _: self.ownership_changed.set())
@@ -416,23 +477,30 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
             await self._upstream_state(UpstreamState.LOST, "bridge error")
 
     async def _stop_owning(self, *, release: bool) -> None:
-        task, self.upstream_task = self.upstream_task, None
+        """Hand back what this viewer holds, whichever step of taking or handing it over was cut short: each
+        resource is let go of before it is forgotten, so a second call (``_leave`` after a cancelled one)
+        finishes the job. With ``release`` the lease goes too; without, somebody else holds it already."""
         self.upstream = None
         if self.held is not None:
             self.heartbeat.release(self.held)
             self.held = None
-        if task is not None:
-            await cancel_and_wait(task)
+        if self.upstream_task is not None:
+            await cancel_and_wait(self.upstream_task)
+            self.upstream_task = None
         if self.fanout is not None:
             await self.fanout.close()
             self.fanout = None
         if self.recorder is not None:
             await self.recorder.close()
             self.recorder = None
-        await self.channel_layer.group_discard(self.input_group, self.channel_name)
-        if release:
-            await self.lease.release(attempt_id=self.attempt_id, holder=self.channel_name)
-            await self.channel_layer.group_send(self.output_group, {"type": "console.owner_gone"})
+        if self.in_input_group:
+            await self.channel_layer.group_discard(self.input_group, self.channel_name)
+            self.in_input_group = False
+        if self.lease_claimed:
+            if release:
+                await self.lease.release(attempt_id=self.attempt_id, holder=self.channel_name)
+                await self.channel_layer.group_send(self.output_group, {"type": "console.owner_gone"})
+            self.lease_claimed = False
 
     async def _locate(self) -> ConsoleLocation:
         # The location read with the handshake serves the first dial, while it is fresh and ready: a page opens its

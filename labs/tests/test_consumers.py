@@ -21,6 +21,7 @@ from django.utils import translation
 from django.utils.translation import gettext
 
 from conftest import make_person
+from labs.console.lease import console_lease
 from labs.console.recording import recording_path
 from labs.consumers import console as console_consumer
 from labs.models import Attempt, AttemptState
@@ -42,8 +43,12 @@ def fast_password_hasher(settings):
 
 @pytest.fixture(autouse=True)
 def isolated_console_state(settings, tmp_path):
-    """Fresh recordings directory, and no lease or scrollback left in Redis by an earlier run's attempt ids."""
+    """Fresh recordings directory and channel layer, and no lease or scrollback left in Redis by an earlier run's
+    attempt ids."""
     settings.CONSOLE_RECORDINGS_DIR = tmp_path / "recordings"
+    # A channel layer of its own (setting it makes channels build a new one): channels_redis keeps its receive state
+    # per layer, bound to the event loop that started receiving, and each test runs a loop of its own.
+    settings.CHANNEL_LAYERS = settings.CHANNEL_LAYERS
     if settings.REDIS_URL:
         import redis
 
@@ -245,22 +250,28 @@ async def test_student_types_and_sees_the_echo_and_a_ta_watches_read_only(attemp
 
 
 async def test_a_viewer_announces_itself_only_when_somebody_else_watches(attempt, cluster, student_a, monkeypatch):
-    announced: list[str] = []
+    announced: list[tuple[str, str]] = []
     layer_class = type(get_channel_layer())
-    group_send = layer_class.group_send
+    send, group_send = layer_class.send, layer_class.group_send
+
+    async def recording_send(self, channel, message):
+        if message.get("type") == "console.viewer_joined":
+            announced.append((channel, message["reply_to"]))
+        return await send(self, channel, message)
 
     async def recording_group_send(self, group, message):
-        if message.get("type") == "console.viewer_joined":
-            announced.append(message["reply_to"])
+        assert message.get("type") != "console.viewer_joined", "announced to every tab, not to the holder"
         return await group_send(self, group, message)
 
+    monkeypatch.setattr(layer_class, "send", recording_send)
     monkeypatch.setattr(layer_class, "group_send", recording_group_send)
     first = await connected_student(student_a, attempt.id)
     assert announced == []  # alone: nobody to tell, not even a holder
     await first.type(b"echo before-second-$((30+3))\r")
     await first.read_until(lambda v: v.has_output(b"before-second-33"))
     second = await connected_student(student_a, attempt.id)
-    assert len(announced) == 1
+    assert len(announced) == 1  # to the holder alone, whose channel the lease names
+    assert announced[0][0] == await console_lease().holder(attempt_id=attempt.id)
     # The holder heard it: the newcomer is brought up to date and sees what is typed from now on.
     await second.read_until(lambda v: v.has_output(b"before-second-33"))
     await first.type(b"echo after-second-$((40+4))\r")

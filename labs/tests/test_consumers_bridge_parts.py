@@ -55,6 +55,9 @@ async def test_lease_has_one_holder_until_released_or_expired(backend, settings)
     await asyncio.sleep(0.5)  # tab-2's process died: it stops renewing and the lease runs out
     assert await lease.holder(attempt_id=attempt_id) is None
     assert await lease.acquire(attempt_id=attempt_id, holder="tab-3", ttl=0.5)
+    # tab-3's first answer was lost (its call cancelled or failed after Redis did the work): asking again is fine.
+    assert await lease.acquire(attempt_id=attempt_id, holder="tab-3", ttl=0.5)
+    assert not await lease.acquire(attempt_id=attempt_id, holder="tab-4", ttl=0.5)
     await lease.release(attempt_id=attempt_id, holder="tab-3")
 
 
@@ -169,6 +172,23 @@ async def test_fanout_publishes_in_order_with_scrollback_offsets_and_batches_a_b
         received, last_end = received + message["data"], message["end"]
     assert received == b"".join(chunks) and last_end == 160
     assert (await scrollback.snapshot(attempt_id=900)).end == 160
+
+
+async def test_a_flush_asked_for_as_the_fanout_closes_returns():
+    """A newcomer's announcement reaches a holder handing over: its flush must not wait for a fan-out that will
+    publish nothing more (the scrollback here never answers, as Redis under a network fault)."""
+
+    class SilentScrollback(LocalScrollback):
+        async def append(self, *, attempt_id: int, data: bytes) -> int:
+            await asyncio.sleep(60)
+            return 0
+
+    fanout = OutputFanout(attempt_id=904, scrollback=SilentScrollback(limit=1024), channel_layer=InMemoryChannelLayer(),
+                          group="console-904", origin="holder", start_end=0, others=True)
+    fanout.claim(5)
+    await fanout.put(b"hello")
+    await fanout.close(within=0.1)
+    await asyncio.wait_for(fanout.flush(), 2)
 
 
 async def test_a_holder_alone_keeps_the_scrollback_but_publishes_nothing_until_a_viewer_joins():

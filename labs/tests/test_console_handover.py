@@ -1,0 +1,208 @@
+"""Taking and handing back the console's upstream when a tab closes at any moment of the hand-over.
+
+A tab that closes while its consumer is taking the lease (acquiring it, reading the viewers, opening the
+recording, joining the input group) must leave nothing behind: no lease renewed for it, no task of its own still
+running, and the next tab holds the console at once. Also the session metrics, counted through real sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from labs.console.heartbeat import console_heartbeat
+from labs.console.lease import console_lease
+from labs.console.limits import console_limits
+from labs.tests.test_consumers import (  # noqa: F401 - the autouse fixtures apply here too
+    ORIGIN,
+    Viewer,
+    connected_student,
+    fast_password_hasher,
+    isolated_console_state,
+    open_console,
+    open_consoles,
+    session_cookie,
+    wait_for,
+)
+from portal import metrics
+from tests.browser.attempts import running_attempt
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def attempt(cluster, student_a, lab_a):
+    return running_attempt(student=student_a, lab=lab_a)
+
+
+def console_tasks(attempt_id: int) -> list[asyncio.Task]:
+    """This loop's tasks that belong to the attempt's console (named ``console-<id>-...``)."""
+    return [task for task in asyncio.all_tasks()
+            if task.get_name().startswith(f"console-{attempt_id}-") and not task.done()]
+
+
+def stalled_once(original, reached: asyncio.Event, *, when=lambda *args, **kwargs: True):
+    """``original``, except that its first call matching ``when`` does its work, then stalls until cancelled
+    (a Redis reply or a disk write still on its way as the tab closes)."""
+    stalled = False
+
+    async def stall(*args, **kwargs):
+        nonlocal stalled
+        result = await original(*args, **kwargs)
+        if not stalled and when(*args, **kwargs):
+            stalled = True
+            reached.set()
+            await asyncio.sleep(60)
+        return result
+
+    return stall
+
+
+def stall_point(point: str, monkeypatch, reached: asyncio.Event) -> None:
+    from channels.layers import get_channel_layer
+
+    from labs.console.lease import LocalConsoleLease, RedisConsoleLease
+    from labs.console.recording import AsciicastRecorder
+    from labs.console.viewers import LocalConsoleViewers, RedisConsoleViewers
+
+    if point == "lease_acquire":
+        for cls in (RedisConsoleLease, LocalConsoleLease):
+            monkeypatch.setattr(cls, "acquire", stalled_once(cls.acquire, reached))
+    elif point == "viewers_look":
+        for cls in (RedisConsoleViewers, LocalConsoleViewers):
+            monkeypatch.setattr(cls, "others", stalled_once(cls.others, reached))
+    elif point == "recording_open":
+        monkeypatch.setattr(AsciicastRecorder, "open", stalled_once(AsciicastRecorder.open, reached))
+    elif point == "input_group_join":
+        layer_class = type(get_channel_layer())
+        monkeypatch.setattr(layer_class, "group_add", stalled_once(
+            layer_class.group_add, reached, when=lambda self, group, channel: group.startswith("console-input-")))
+    else:
+        raise AssertionError(point)
+
+
+@pytest.mark.parametrize("point", ["lease_acquire", "viewers_look", "recording_open", "input_group_join"])
+async def test_a_tab_closed_while_taking_the_console_leaves_nothing_behind(point, attempt, cluster, student_a,
+                                                                           monkeypatch):
+    reached = asyncio.Event()
+    stall_point(point, monkeypatch, reached)
+    leaving = await open_console(student_a, attempt.id)
+    await asyncio.wait_for(reached.wait(), 10)
+    await leaving.close()
+
+    heartbeat = console_heartbeat(ttl=console_limits().lease_ttl_seconds)
+    assert [held.attempt_id for held in heartbeat.held] == [], "the heartbeat renews a lease for a gone tab"
+    assert await console_lease().holder(attempt_id=attempt.id) is None
+    assert console_tasks(attempt.id) == []
+
+    successor = await open_console(student_a, attempt.id)
+    await successor.read_until(lambda v: "connected" in v.statuses(), within=2)
+    await successor.type(b"echo after-$((40+2))\r")
+    await successor.read_until(lambda v: v.has_output(b"after-42"))
+    await successor.close()
+    await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to close")
+    assert console_tasks(attempt.id) == []
+    assert heartbeat.held == set()
+
+
+async def test_a_start_that_fails_half_way_hands_back_and_tries_again(attempt, cluster, student_a, monkeypatch):
+    """Redis or the disk fails while the viewer takes the console (here: opening the recording): what it took is
+    handed back, and its next try holds the console, instead of a lease renewed for a holder without upstream."""
+    from labs.console.recording import AsciicastRecorder
+
+    opening = AsciicastRecorder.open
+    failures = []
+
+    async def fails_once(self):
+        if not failures:
+            failures.append(self)
+            raise ConnectionError("Redis went away")
+        await opening(self)
+
+    monkeypatch.setattr(AsciicastRecorder, "open", fails_once)
+    viewer = await open_console(student_a, attempt.id)
+    await viewer.read_until(lambda v: "connected" in v.statuses(), within=5)
+    heartbeat = console_heartbeat(ttl=console_limits().lease_ttl_seconds)
+    assert len(heartbeat.held) == 1
+    assert len([task for task in console_tasks(attempt.id) if task.get_name().endswith("-fanout")]) == 1
+    await viewer.type(b"echo retried-$((40+2))\r")
+    await viewer.read_until(lambda v: v.has_output(b"retried-42"))
+    await viewer.close()
+    assert heartbeat.held == set()
+
+
+async def test_a_tab_whose_announcement_was_lost_asks_again_and_gets_a_status(attempt, cluster, student_a,
+                                                                              monkeypatch):
+    """The holder never hears a newcomer (its announcement fell off a full channel): the newcomer announces itself
+    again, rather than showing the scrollback without a status for good."""
+    from channels.layers import get_channel_layer
+
+    holder = await connected_student(student_a, attempt.id)
+    layer_class = type(get_channel_layer())
+    send = layer_class.send
+    dropped = []
+
+    async def dropping_the_first_announcement(self, channel, message):
+        if message["type"] == "console.viewer_joined" and not dropped:
+            dropped.append(message)
+            return
+        await send(self, channel, message)
+
+    monkeypatch.setattr(layer_class, "send", dropping_the_first_announcement)
+    newcomer = await open_console(student_a, attempt.id)
+    await newcomer.read_until(lambda v: v.statuses(), within=console_limits().lease_ttl_seconds)
+    assert dropped and newcomer.statuses() == ["connected"]
+    await newcomer.close()
+    await holder.close()
+
+
+async def test_a_consumer_that_ends_without_disconnect_still_hands_the_console_back(attempt, cluster, student_a):
+    """The server cancels a consumer outright (daphne gives up on one, a test communicator times out): the
+    upstream, the lease and its tasks go with it."""
+    holder = await connected_student(student_a, attempt.id)
+    holder.communicator.future.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await holder.communicator.future  # its clean-up runs to the end, shielded from the cancellation
+    await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to close")
+    assert await console_lease().holder(attempt_id=attempt.id) is None
+    assert console_tasks(attempt.id) == []
+    successor = await open_console(student_a, attempt.id)
+    await successor.read_until(lambda v: "connected" in v.statuses(), within=2)
+    await successor.close()
+
+
+def console_session_figures(settings) -> tuple[float, float]:
+    """``portal_console_sessions_opened_total`` and ``portal_console_sessions_active`` as /metrics serves them."""
+    from django.test import Client
+    from prometheus_client.parser import text_string_to_metric_families
+
+    settings.METRICS_TOKEN = "console-metrics-token"
+    response = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer console-metrics-token")
+    assert response.status_code == 200
+    samples = {sample.name: sample.value for family in text_string_to_metric_families(response.content.decode())
+               for sample in family.samples}
+    return samples["portal_console_sessions_opened_total"], samples["portal_console_sessions_active"]
+
+
+async def test_console_sessions_are_counted_as_sockets_open_and_close(attempt, cluster, student_a, ta_a, settings):
+    await sync_to_async(metrics.counters.clear)(metrics.CONSOLE_SESSIONS_KEY)
+    student = await connected_student(student_a, attempt.id)
+    ta = await open_console(ta_a, attempt.id)
+    assert await sync_to_async(console_session_figures)(settings) == (2, 2)
+    await ta.close()
+    assert await sync_to_async(console_session_figures)(settings) == (2, 1)
+    await student.close()
+    assert await sync_to_async(console_session_figures)(settings) == (2, 0)
+
+
+async def test_a_refused_console_socket_is_not_counted(attempt, cluster, student_b, settings):
+    await sync_to_async(metrics.counters.clear)(metrics.CONSOLE_SESSIONS_KEY)
+    viewer = Viewer(f"/ws/attempts/{attempt.id}/console/",
+                    [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(student_b))])
+    connected, _ = await viewer.connect()
+    assert not connected
+    await viewer.communicator.disconnect()  # the consumer ends when its connection does, as under daphne
+    assert await sync_to_async(console_session_figures)(settings) == (0, 0)
