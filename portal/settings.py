@@ -94,6 +94,13 @@ else:
 
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
+# Request bodies past these sizes are refused with 413 before they are read (portal.request_bounds): uploads
+# (multipart/form-data, such as the enrollment CSV of at most 2 MiB) and everything else.
+REQUEST_BODY_MAX_BYTES = env_int("REQUEST_BODY_MAX_BYTES", 1024 * 1024)
+REQUEST_UPLOAD_MAX_BYTES = env_int("REQUEST_UPLOAD_MAX_BYTES", 4 * 1024 * 1024)
+# Django's own check on the bodies it reads into memory (forms, request.body) at the same size.
+DATA_UPLOAD_MAX_MEMORY_SIZE = REQUEST_BODY_MAX_BYTES
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
