@@ -5,5 +5,5 @@ from django.urls import path
 from api.pages import CourseAuditPage
 
 urlpatterns = [
-    path("courses/<int:course_id>/audit/", CourseAuditPage.as_view(), name="course-audit"),
+    path("courses/<id:course_id>/audit/", CourseAuditPage.as_view(), name="course-audit"),
 ]

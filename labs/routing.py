@@ -5,7 +5,7 @@ from django.urls import path
 from labs.consumers import AttemptConsoleConsumer, AttemptEventsConsumer, LabEventsConsumer
 
 websocket_urlpatterns = [
-    path("ws/labs/<int:lab_id>/events/", LabEventsConsumer.as_asgi()),
-    path("ws/attempts/<int:attempt_id>/events/", AttemptEventsConsumer.as_asgi()),
-    path("ws/attempts/<int:attempt_id>/console/", AttemptConsoleConsumer.as_asgi()),
+    path("ws/labs/<id:lab_id>/events/", LabEventsConsumer.as_asgi()),
+    path("ws/attempts/<id:attempt_id>/events/", AttemptEventsConsumer.as_asgi()),
+    path("ws/attempts/<id:attempt_id>/console/", AttemptConsoleConsumer.as_asgi()),
 ]

@@ -12,7 +12,9 @@ class PortalConfig(AppConfig):
     def ready(self) -> None:
         from django.db.backends.signals import connection_created
 
-        from portal import pg_timestamps, prepared
+        from portal import converters, pg_timestamps, prepared
+
+        converters.register()  # before any URLconf is loaded
 
         connection_created.connect(prepared.install, dispatch_uid="portal.prepared")
         connection_created.connect(pg_timestamps.install, dispatch_uid="portal.pg_timestamps")
