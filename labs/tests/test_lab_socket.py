@@ -20,7 +20,7 @@ from api.tests.world import fresh_cache_settings
 from labs.consumers import lab as lab_socket
 from labs.models import Attempt, AttemptState
 from labs.tests.conftest import sync_until
-from labs.tests.test_consumers import ORIGIN, Viewer, session_cookie
+from labs.tests.test_consumers import HOST, ORIGIN, Viewer, session_cookie
 from portal import metrics
 from portal.models import AuditEvent
 from portal.server_errors import BUSY_RETRY_AFTER_RANGE
@@ -39,7 +39,7 @@ async def open_lab_socket(user, lab_id: int, *, csrf_secret: str | None = None,
     cookie = await sync_to_async(session_cookie)(user)
     if csrf_secret:
         cookie += f"; {settings.CSRF_COOKIE_NAME}={csrf_secret}".encode()
-    headers = [ORIGIN, (b"cookie", cookie)]
+    headers = [ORIGIN, HOST, (b"cookie", cookie)]
     if language:
         headers.append((b"accept-language", language.encode()))
     viewer = Viewer(f"/ws/labs/{lab_id}/events/", headers)
@@ -193,7 +193,7 @@ async def test_a_busy_database_is_answered_portal_busy_in_the_pages_language(lif
 async def test_only_the_labs_students_may_open_it(who, cluster, student_a, ta_a, student_b, lab_a):
     lab_id = 999999 if who == "unknown_lab" else lab_a.id
     user = {"ta": ta_a, "other_tenant_student": student_b}.get(who, student_a)
-    headers = [(b"origin", b"http://evil.example")] if who == "bad_origin" else [ORIGIN]
+    headers = [HOST, (b"origin", b"http://evil.example") if who == "bad_origin" else ORIGIN]
     if who != "anonymous":
         headers.append((b"cookie", await sync_to_async(session_cookie)(user)))
     viewer = Viewer(f"/ws/labs/{lab_id}/events/", headers)

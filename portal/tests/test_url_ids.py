@@ -66,7 +66,7 @@ async def test_websocket_ids_too_large_are_refused():
 
     for path in ("/ws/labs/{}/events/", "/ws/attempts/{}/events/", "/ws/attempts/{}/console/"):
         communicator = WebsocketCommunicator(application, path.format(2**64),
-                                             headers=[(b"origin", b"http://testserver")])
+                                             headers=[(b"origin", b"http://testserver"), (b"host", b"testserver")])
         connected, _code = await communicator.connect(timeout=10)
         assert not connected
         await communicator.disconnect(timeout=10)
