@@ -13,11 +13,12 @@ class PortalConfig(AppConfig):
         from django.db.backends.signals import connection_created
         from django.db.models.signals import pre_save
 
-        from portal import api_tokens, converters, pg_timestamps, prepared
+        from portal import api_tokens, converters, login_throttle, pg_timestamps, prepared
         from portal.models import User
 
         converters.register()  # before any URLconf is loaded
 
         connection_created.connect(prepared.install, dispatch_uid="portal.prepared")
         connection_created.connect(pg_timestamps.install, dispatch_uid="portal.pg_timestamps")
+        login_throttle.connect_signals()
         pre_save.connect(api_tokens.revoke_on_credentials_change, sender=User, dispatch_uid="portal.api_tokens")

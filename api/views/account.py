@@ -11,11 +11,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.login_guard import USERNAME_SCOPE, login_retry_after, throttled_message
 from api.serializers import ErrorSerializer, MeSerializer, MeUpdateSerializer, TokenRequestSerializer, TokenSerializer
 from portal.api_tokens import api_token_create, api_token_revoke
 from portal.errors import ApplicationError
-from portal.ratelimit import RateLimited, rate_limit_reset
+from portal.login_throttle import login_failures_forget, login_retry_after, throttled_message
+from portal.ratelimit import RateLimited
 
 
 class MeView(APIView):
@@ -56,13 +56,13 @@ class TokenObtainView(APIView):
         retry_after = login_retry_after(request=request._request, username=username)
         if retry_after is not None:
             raise RateLimited(throttled_message(retry_after), retry_after=retry_after)
-        # authenticate() sends user_login_failed on a wrong password, which the login guard counts.
+        # authenticate() sends user_login_failed on a wrong password, which the login throttle counts.
         user = authenticate(request._request, username=username, password=serializer.validated_data["password"])
         if user is None:
             raise ApplicationError(
                 _("Wrong username or password."), code="authentication_failed", status_code=400
             )
-        rate_limit_reset(scope=USERNAME_SCOPE, key=username.strip().lower())
+        login_failures_forget(request=request._request, username=username)
         token = api_token_create(actor=user, user=user)
         return Response({"token": token.key})
 
