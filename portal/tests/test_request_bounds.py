@@ -16,8 +16,8 @@ CHUNK = 64 * 1024
 
 
 async def call(path: str, *, body_chunks: int, declare_length: bool, content_type: bytes = b"application/json",
-               chunk: bytes = b" " * CHUNK) -> tuple[int, bytes, int]:
-    """POST ``body_chunks`` chunks to ``path``; the status, the body and how many chunks the portal read."""
+               chunk: bytes = b" " * CHUNK, method: str = "POST") -> tuple[int, bytes, int]:
+    """Send ``body_chunks`` chunks to ``path``; the status, the body and how many chunks the portal read."""
     headers = [(b"host", b"testserver"), (b"content-type", content_type)]
     if declare_length:
         headers.append((b"content-length", str(body_chunks * len(chunk)).encode()))
@@ -34,7 +34,7 @@ async def call(path: str, *, body_chunks: int, declare_length: bool, content_typ
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "http_version": "1.1", "method": "POST", "path": path, "raw_path": path.encode(),
+    scope = {"type": "http", "http_version": "1.1", "method": method, "path": path, "raw_path": path.encode(),
              "root_path": "", "scheme": "http", "query_string": b"", "headers": headers,
              "client": ("127.0.0.1", 50000), "server": ("testserver", 80)}
     await application(scope, receive, send)
