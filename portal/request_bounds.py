@@ -13,9 +13,12 @@ from __future__ import annotations
 import json
 
 from django.conf import settings
+from django.http.cookie import parse_cookie
+from django.utils import translation
 from django.utils.translation import gettext as _
 
 from portal.errors import error_body
+from portal.websocket_language import scope_language
 
 
 class BodyTooLarge(Exception):
@@ -38,8 +41,11 @@ def _declared_length(headers: dict[bytes, bytes]) -> int | None:
 
 
 async def _refuse(scope, send, limit: int) -> None:
-    message = _("The request is too large: at most %(size)s bytes may be sent.") % {"size": limit}
     headers = dict(scope.get("headers", []))
+    # Refused before LocaleMiddleware runs: the language is chosen here by the same rules (cookie, Accept-Language).
+    cookies = parse_cookie(headers.get(b"cookie", b"").decode("latin-1"))
+    with translation.override(scope_language({**scope, "cookies": cookies})):
+        message = _("The request is too large: at most %(size)s bytes may be sent.") % {"size": limit}
     wants_json = scope["path"].startswith("/api/") or b"application/json" in headers.get(b"accept", b"")
     if wants_json:
         body = json.dumps(error_body(code="request_too_large", message=message)).encode()

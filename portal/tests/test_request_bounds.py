@@ -16,9 +16,10 @@ CHUNK = 64 * 1024
 
 
 async def call(path: str, *, body_chunks: int, declare_length: bool, content_type: bytes = b"application/json",
-               chunk: bytes = b" " * CHUNK, method: str = "POST") -> tuple[int, bytes, int]:
+               chunk: bytes = b" " * CHUNK, method: str = "POST",
+               extra_headers: tuple = ()) -> tuple[int, bytes, int]:
     """Send ``body_chunks`` chunks to ``path``; the status, the body and how many chunks the portal read."""
-    headers = [(b"host", b"testserver"), (b"content-type", content_type)]
+    headers = [(b"host", b"testserver"), (b"content-type", content_type), *extra_headers]
     if declare_length:
         headers.append((b"content-length", str(body_chunks * len(chunk)).encode()))
     read = 0
@@ -79,3 +80,13 @@ async def test_uploads_have_their_own_larger_bound(settings):
     assert status != 413
     status, _body, read = await call("/admin/login/", body_chunks=9, declare_length=True, content_type=multipart)
     assert (status, read) == (413, 0)
+
+
+async def test_the_refusal_speaks_the_persons_language(settings):
+    settings.REQUEST_BODY_MAX_BYTES = CHUNK
+    _status, body, _read = await call("/accounts/login/", body_chunks=2, declare_length=True,
+                                      extra_headers=((b"accept-language", b"ja,en;q=0.5"),))
+    assert "リクエストが大きすぎます" in body.decode()
+    _status, body, _read = await call("/api/v1/me/", body_chunks=2, declare_length=True,
+                                      extra_headers=((b"cookie", f"{settings.LANGUAGE_COOKIE_NAME}=ja".encode()),))
+    assert "リクエストが大きすぎます" in json.loads(body)["error"]["message"]
