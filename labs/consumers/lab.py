@@ -118,7 +118,7 @@ class LabEventsConsumer(AttemptEventsConsumer):
         if self.group is None and text_data is not None:
             try:
                 content = await self.decode_json(text_data)
-            except ValueError:
+            except (ValueError, RecursionError):
                 content = None
             if isinstance(content, dict) and content.get("type") == "start":
                 await self.start()

@@ -401,6 +401,9 @@ async def test_students_cannot_take_control_messages(attempt, cluster, student_a
     await student.read_until(lambda v: "not_allowed" in v.notices())
     await student.send_json({"type": "something-else"})
     await student.read_until(lambda v: "bad_message" in v.notices())
+    await student.communicator.send_to(text_data="[" * 100_000)  # nested deeper than the JSON parser follows
+    await student.send_json({"type": "ping"})  # answered: the consumer lived through it
+    await student.read_until(lambda v: {"type": "pong"} in v.messages)
     assert not await sync_to_async(AuditEvent.objects.filter(action="console.take_control").exists)()
     await student.close()
 
@@ -711,9 +714,10 @@ async def test_the_events_socket_answers_what_it_does_not_understand_and_goes_on
     await viewer.communicator.send_to(text_data="not json")
     await viewer.communicator.send_to(bytes_data=b"\x00\x01")
     await viewer.send_json({"type": "subscribe", "attempt": attempt.id + 1})
+    await viewer.communicator.send_to(text_data="[" * 100_000)  # nested deeper than the JSON parser follows
     await viewer.send_json({"type": "ping"})
     await viewer.read_until(lambda v: {"type": "pong"} in v.messages)
-    assert viewer.messages[1:] == [{"type": "error", "code": "bad_message"}] * 3 + [{"type": "pong"}]
+    assert viewer.messages[1:] == [{"type": "error", "code": "bad_message"}] * 4 + [{"type": "pong"}]
     await get_channel_layer().group_send(f"attempt-{attempt.id}", {"type": "grading.update", "run": {"id": 7}})
     await viewer.read_until(lambda v: {"type": "grading.update", "run": {"id": 7}} in v.messages)
     await viewer.close()

@@ -95,6 +95,15 @@ async def test_start_over_the_socket_brings_the_panel_then_the_attempts_updates(
     assert await sync_to_async(stop)(token) == 200
 
 
+async def test_json_nested_too_deep_is_a_bad_message_and_the_socket_goes_on(cluster, student_a, lab_a):
+    viewer = await open_lab_socket(student_a, lab_a.id)
+    await viewer.communicator.send_to(text_data="[" * 100_000)
+    await viewer.send_json({"type": "ping"})
+    await viewer.read_until(lambda v: of_type(v, "pong"))
+    assert of_type(viewer, "error")[0]["code"] == "bad_message"
+    await viewer.close()
+
+
 async def test_an_attempt_unchanged_since_its_answer_is_not_sent_again_and_its_updates_follow(
         lifecycle, student_a, lab_a, monkeypatch):
     from labs.services import attempts
