@@ -14,9 +14,9 @@ from typing import Any
 
 from django.contrib import admin
 from django.db import models
-from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest
 
+from portal.admin_secrets import SecretFieldsHiddenMixin
 from portal.models import Membership, Role, User
 from portal.selectors import courses_for_user
 from portal.services import audit_record
@@ -74,21 +74,6 @@ def scoped_choices(*, admin_site: admin.AdminSite, request: HttpRequest, model: 
     if isinstance(related_admin, (TenantScopedAdminMixin, SuperuserOnlyAdminMixin)):
         return related_admin.get_queryset(request)
     return model._default_manager.none()
-
-
-# Fields that hold a secret (an attempt's agent token, a password hash, an API token's key): no admin lists,
-# searches or filters on them, and a filter on one in the address is refused (400).
-SECRET_FIELDS = frozenset({"agent_token", "password", "key"})
-
-
-class SecretFieldsHiddenMixin:
-    """Refuses any changelist lookup that goes through a secret field, however it is spelled
-    (``?agent_token__startswith=K`` would give a token away one character at a time)."""
-
-    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
-        if SECRET_FIELDS.intersection(lookup.split(LOOKUP_SEP)):
-            return False
-        return super().lookup_allowed(lookup, value, request)
 
 
 class ScopedFormFieldsMixin(SecretFieldsHiddenMixin):
