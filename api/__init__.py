@@ -1,1 +1,1 @@
-"""The portal's REST API (``/api/v1/``), its error format, rate limits and the login guard."""
+"""The portal's REST API (``/api/v1/``), its error format and rate limits."""

@@ -9,19 +9,19 @@ app_name = "grading"
 urlpatterns = [
     path("", views.StaffIndexView.as_view(), name="index"),
     path("mine/", views.MyGradesView.as_view(), name="my_grades"),
-    path("mine/labs/<int:lab_id>/", views.MyLabRunsView.as_view(), name="my_lab"),
-    path("courses/<int:course_id>/", views.GradebookView.as_view(), name="gradebook"),
-    path("courses/<int:course_id>/export.csv", views.GradebookExportView.as_view(), name="gradebook_export"),
-    path("labs/<int:lab_id>/", views.LabReportView.as_view(), name="lab_report"),
-    path("labs/<int:lab_id>/regrade/", views.LabRegradeView.as_view(), name="lab_regrade"),
+    path("mine/labs/<id:lab_id>/", views.MyLabRunsView.as_view(), name="my_lab"),
+    path("courses/<id:course_id>/", views.GradebookView.as_view(), name="gradebook"),
+    path("courses/<id:course_id>/export.csv", views.GradebookExportView.as_view(), name="gradebook_export"),
+    path("labs/<id:lab_id>/", views.LabReportView.as_view(), name="lab_report"),
+    path("labs/<id:lab_id>/regrade/", views.LabRegradeView.as_view(), name="lab_regrade"),
     # One student's grade for one lab, with their attempts and the override form; ``grade_override`` is the same
     # page at its older address.
-    path("labs/<int:lab_id>/students/<int:student_id>/", views.StudentLabGradeView.as_view(), name="student_lab"),
+    path("labs/<id:lab_id>/students/<id:student_id>/", views.StudentLabGradeView.as_view(), name="student_lab"),
     path(
-        "labs/<int:lab_id>/students/<int:student_id>/override/",
+        "labs/<id:lab_id>/students/<id:student_id>/override/",
         views.StudentLabGradeView.as_view(),
         name="grade_override",
     ),
-    path("attempts/<int:attempt_id>/", views.AttemptDetailView.as_view(), name="attempt_detail"),
-    path("attempts/<int:attempt_id>/regrade/", views.AttemptRegradeView.as_view(), name="attempt_regrade"),
+    path("attempts/<id:attempt_id>/", views.AttemptDetailView.as_view(), name="attempt_detail"),
+    path("attempts/<id:attempt_id>/regrade/", views.AttemptRegradeView.as_view(), name="attempt_regrade"),
 ]

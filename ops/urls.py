@@ -22,7 +22,7 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("i18n/", include("django.conf.urls.i18n")),
     path("api/", include("api.urls")),
-    path("courses/<int:course_id>/audit/", CourseAuditPage.as_view(), name="course-audit"),
+    path("courses/<id:course_id>/audit/", CourseAuditPage.as_view(), name="course-audit"),
     path("grades/", include("grading.urls")),
 ]
 

@@ -18,6 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
+from rest_framework.authtoken.models import TokenProxy
 
 from portal.admin_scoping import (
     AuditedAdminMixin,
@@ -49,6 +50,10 @@ from portal.services import (
 admin.site.site_header = _("Lab portal administration")
 admin.site.site_title = _("Lab portal")
 admin.site.index_title = _("Courses, labs and people")
+# The admin DRF ships for API tokens lists every key in the clear. Tokens end with their owner's revocation, a
+# password change or reset, or deactivation (portal.services).
+if admin.site.is_registered(TokenProxy):
+    admin.site.unregister(TokenProxy)
 
 
 def password_setup_url(request: HttpRequest, token: PasswordSetupToken) -> str:

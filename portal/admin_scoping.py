@@ -16,6 +16,7 @@ from django.contrib import admin
 from django.db import models
 from django.http import HttpRequest
 
+from portal.admin_secrets import SecretFieldsHiddenMixin
 from portal.models import Membership, Role, User
 from portal.selectors import courses_for_user
 from portal.services import audit_record
@@ -75,7 +76,7 @@ def scoped_choices(*, admin_site: admin.AdminSite, request: HttpRequest, model: 
     return model._default_manager.none()
 
 
-class ScopedFormFieldsMixin:
+class ScopedFormFieldsMixin(SecretFieldsHiddenMixin):
     """Foreign-key and many-to-many choices drawn from the related model's scoped admin queryset."""
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):

@@ -11,7 +11,13 @@ class PortalConfig(AppConfig):
 
     def ready(self) -> None:
         from django.db.backends.signals import connection_created
+        from django.db.models.signals import pre_save
 
-        from portal import prepared
+        from portal import api_tokens, converters, login_throttle, prepared
+        from portal.models import User
+
+        converters.register()  # before any URLconf is loaded
 
         connection_created.connect(prepared.install, dispatch_uid="portal.prepared")
+        login_throttle.connect_signals()
+        pre_save.connect(api_tokens.revoke_on_credentials_change, sender=User, dispatch_uid="portal.api_tokens")

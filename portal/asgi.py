@@ -1,5 +1,5 @@
-"""ASGI entry point: Django views over HTTP and the portal's WebSocket consumers, behind session auth and an
-Origin check."""
+"""ASGI entry point: Django views over HTTP behind the request body bound, and the portal's WebSocket consumers
+behind session auth and an Origin check."""
 
 import os
 
@@ -12,12 +12,13 @@ from channels.routing import ProtocolTypeRouter  # noqa: E402
 
 from labs.routing import websocket_urlpatterns  # noqa: E402
 from portal.heap import freeze_startup_objects  # noqa: E402
+from portal.request_bounds import RequestBodyLimit  # noqa: E402
 from portal.websocket_auth import LazySessionAuthMiddlewareStack  # noqa: E402
 from portal.websocket_gate import websocket_gate  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": RequestBodyLimit(django_asgi_app),
         "websocket": websocket_gate(websocket_urlpatterns, middleware=LazySessionAuthMiddlewareStack),
     }
 )

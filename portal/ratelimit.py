@@ -1,4 +1,4 @@
-"""Cache-backed rate limits: lab starts per user, checks per attempt, failed logins per username and address.
+"""Cache-backed rate limits: lab starts per user, checks per attempt, failed logins per address.
 
 Limits live in ``settings.RATE_LIMITS`` as ``scope -> (limit, window_seconds)``. Counters are fixed windows in
 the shared cache (Redis in production, so every web process counts together). A refusal is an
@@ -107,9 +107,3 @@ def rate_limit_exceeded(*, scope: str, key: str) -> int | None:
     limit, _seconds = _rate(scope)
     window = _window(scope, key, increment=False)
     return window.retry_after if window.count >= limit else None
-
-
-def rate_limit_reset(*, scope: str, key: str) -> None:
-    """Forget the current window of ``key`` (a successful login clears that username's failures)."""
-    _limit, seconds = _rate(scope)
-    cache.delete(_cache_key(scope, key, int(time.time() // seconds)))

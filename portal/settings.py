@@ -99,6 +99,13 @@ else:
 
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
+# Request bodies past these sizes are refused with 413 before they are read (portal.request_bounds): uploads
+# (multipart/form-data, such as the enrollment CSV of at most 2 MiB) and everything else.
+REQUEST_BODY_MAX_BYTES = env_int("REQUEST_BODY_MAX_BYTES", 1024 * 1024)
+REQUEST_UPLOAD_MAX_BYTES = env_int("REQUEST_UPLOAD_MAX_BYTES", 4 * 1024 * 1024)
+# Django's own check on the bodies it reads into memory (forms, request.body) at the same size.
+DATA_UPLOAD_MAX_MEMORY_SIZE = REQUEST_BODY_MAX_BYTES
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -132,7 +139,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
-    "api.login_guard.LoginThrottleMiddleware",
+    "portal.login_throttle.LoginThrottleMiddleware",
 ]
 
 ROOT_URLCONF = "ops.urls"
@@ -399,6 +406,11 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": [
+        "api.parsers.JSONParserBoundedDepth",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_PAGINATION_CLASS": "api.views.common.PortalPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -426,12 +438,17 @@ RATE_LIMITS = {
     "attempt_start": (env_int("RATE_LIMIT_STARTS", 10), env_int("RATE_LIMIT_STARTS_WINDOW_SECONDS", 600)),
     # Check presses per attempt (grading also enforces GRADING_MIN_INTERVAL_SECONDS between two runs)
     "attempt_check": (env_int("RATE_LIMIT_CHECKS", 30), env_int("RATE_LIMIT_CHECKS_WINDOW_SECONDS", 600)),
-    # failed sign-ins (HTML form and API token) per username, and per client address
-    "login_username": (env_int("RATE_LIMIT_LOGIN_FAILURES", 10), env_int("RATE_LIMIT_LOGIN_WINDOW_SECONDS", 900)),
+    # failed sign-ins (HTML form, admin and API token) per client address, whatever the accounts
     "login_address": (
         env_int("RATE_LIMIT_LOGIN_FAILURES_PER_ADDRESS", 50), env_int("RATE_LIMIT_LOGIN_WINDOW_SECONDS", 900)
     ),
 }
+# Failed sign-ins per (account, address) (portal.login_throttle): after LOGIN_FAILURES_BEFORE_DELAY of them, each
+# further try for that account from that address waits LOGIN_DELAY_SECONDS, doubled with every failure, at most
+# LOGIN_DELAY_MAX_SECONDS. Other addresses are not held up, so nobody can lock someone else out.
+LOGIN_FAILURES_BEFORE_DELAY = env_int("LOGIN_FAILURES_BEFORE_DELAY", 5)
+LOGIN_DELAY_SECONDS = env_int("LOGIN_DELAY_SECONDS", 2)
+LOGIN_DELAY_MAX_SECONDS = env_int("LOGIN_DELAY_MAX_SECONDS", 900)
 # Behind a proxy, the META key carrying the client's address (e.g. HTTP_X_REAL_IP); REMOTE_ADDR otherwise.
 RATE_LIMIT_CLIENT_ADDRESS_HEADER = env_str("RATE_LIMIT_CLIENT_ADDRESS_HEADER", "REMOTE_ADDR")
 

@@ -1,21 +1,23 @@
 """What every WebSocket passes before it reaches a consumer: the Origin check, and the refusal of any path the
 portal does not serve.
 
-A refused socket is closed at the handshake (daphne answers 403) by a consumer without a channel layer. channels'
-own refusal (``WebsocketDenier``) opened a channel-layer receive first, and its pending Redis read kept the refused
-connection's application alive for 5-10 s after the refusal, holding a connection of the channel layer's
-pool all the while: a page of another origin opening sockets in a loop could drain that pool. A path no route
-matched raised ``URLRouter``'s "No route found", which daphne logged with a traceback for every such request.
+The Origin must be the page's own, compared as Django's CSRF check compares it: scheme, host and port exactly
+against the Host the socket was addressed to (which must be in ``ALLOWED_HOSTS``), or one of
+``CSRF_TRUSTED_ORIGINS``. A refused socket is closed at the handshake (daphne answers 403) by a consumer without a
+channel layer, so it holds no channel-layer connection while it ends; a path no route matched is refused the same
+way instead of raising ``URLRouter``'s "No route found".
 """
 
 from __future__ import annotations
 
-from urllib.parse import urlparse
+from urllib.parse import urlsplit
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.routing import URLRouter
-from channels.security.websocket import AllowedHostsOriginValidator, OriginValidator
+from django.conf import settings
+from django.http.request import split_domain_port, validate_host
 from django.urls import re_path
+from django.utils.http import is_same_domain
 
 
 class RefusedWebSocket(AsyncWebsocketConsumer):
@@ -27,23 +29,59 @@ class RefusedWebSocket(AsyncWebsocketConsumer):
         await self.close()
 
 
-class RefusingOriginValidator(OriginValidator):
-    """channels' Origin check (the same rules: ``ALLOWED_HOSTS``; the last Origin header counts), refusing with
-    ``RefusedWebSocket``, and refusing an Origin the URL parser rejects, which raised out of channels' check."""
+def _last_header(scope, name: bytes) -> str | None:
+    values = [value for key, value in scope.get("headers", []) if key == name]
+    return values[-1].decode("latin1") if values else None
+
+
+def _is_secure(scope) -> bool:
+    """As ``HttpRequest.is_secure``: the proxy's header when ``SECURE_PROXY_SSL_HEADER`` names one and it is
+    present, else the socket's own scheme."""
+    if settings.SECURE_PROXY_SSL_HEADER:
+        meta_name, secure_value = settings.SECURE_PROXY_SSL_HEADER
+        header = meta_name.removeprefix("HTTP_").lower().replace("_", "-").encode()
+        value = _last_header(scope, header)
+        if value is not None:
+            return value.split(",")[0].strip() == secure_value
+    return scope.get("scheme") in ("wss", "https")
+
+
+def origin_allowed(scope) -> bool:
+    """Is the socket's Origin the page's own (or a trusted one), as ``CsrfViewMiddleware`` decides for a POST?"""
+    origin, host = _last_header(scope, b"origin"), _last_header(scope, b"host")
+    if not origin or not host:
+        return False
+    domain, _port = split_domain_port(host)
+    if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
+        return False
+    if origin == f"{'https' if _is_secure(scope) else 'http'}://{host}":
+        return True
+    trusted = settings.CSRF_TRUSTED_ORIGINS
+    if origin in [candidate for candidate in trusted if "*" not in candidate]:
+        return True
+    try:
+        parsed = urlsplit(origin)
+    except ValueError:  # not a URL the parser can take apart (a broken IPv6 host, say): refused, not a crash
+        return False
+    return any(
+        is_same_domain(parsed.netloc, urlsplit(candidate).netloc.lstrip("*"))
+        for candidate in trusted if "*" in candidate and urlsplit(candidate).scheme == parsed.scheme
+    )
+
+
+class SameOriginGate:
+    """Passes a socket whose Origin is allowed on to ``application``; refuses any other with ``RefusedWebSocket``."""
+
+    def __init__(self, application) -> None:
+        self.application = application
 
     async def __call__(self, scope, receive, send):
-        origins = [value for name, value in scope.get("headers", []) if name == b"origin"]
-        try:
-            valid = self.valid_origin(urlparse(origins[-1].decode("latin1")) if origins else None)
-        except ValueError:  # not a URL the parser can take apart (a broken IPv6 host, say): refused, not a crash
-            valid = False
-        if valid:
+        if origin_allowed(scope):
             return await self.application(scope, receive, send)
         return await RefusedWebSocket()(scope, receive, send)
 
 
-def websocket_gate(routes: list, *, middleware) -> RefusingOriginValidator:
+def websocket_gate(routes: list, *, middleware) -> SameOriginGate:
     """``routes`` behind ``middleware`` (session and user) and the Origin check; any other path is refused."""
-    allowed = AllowedHostsOriginValidator(None).allowed_origins  # ALLOWED_HOSTS, as channels reads it
     router = URLRouter([*routes, re_path(r"", RefusedWebSocket.as_asgi())])
-    return RefusingOriginValidator(middleware(router), allowed)
+    return SameOriginGate(middleware(router))

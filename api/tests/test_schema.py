@@ -1,5 +1,6 @@
 """The OpenAPI schema and its docs page, and schemathesis against the schema: no request that the schema allows,
-nor any it forbids, makes the API fail with a server error or answer outside the error format."""
+nor any it forbids, nor ids too large for the database, JSON nested too deep or bodies past the bound, makes the
+API fail with a server error or answer outside the error format."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import schemathesis
+from asgiref.sync import async_to_sync
 from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
@@ -15,7 +17,10 @@ from django.test import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
 from schemathesis import GenerationMode
+
+from portal.tests.test_request_bounds import call as asgi_post
 
 pytestmark = pytest.mark.django_db
 
@@ -23,6 +28,9 @@ pytestmark = pytest.mark.django_db
 EXAMPLES_PER_OPERATION = 8
 # Revoking the token would sign the fuzzer out halfway; it has its own test.
 NOT_FUZZED = {("DELETE", "/api/v1/me/token/")}
+# Numbers no database id can hold (SQLite raised OverflowError on them).
+OVERSIZED_IDS = (2**63, 10**20)
+DEEP_JSON = "[" * 100_000 + "]" * 100_000
 
 
 def test_schema_is_served_and_lists_every_endpoint():
@@ -118,9 +126,39 @@ def test_fuzzed_requests_never_cause_server_errors(world, student_a, ta_a, wsgi_
         fuzz(operation.as_strategy(GenerationMode.POSITIVE), token=users[0], problems=problems)
         fuzz(operation.as_strategy(GenerationMode.NEGATIVE), token=users[1], problems=problems,
              allow_unsatisfiable=True)
+        names = re.findall(r"{(\w+)}", operation.path)
+        for number in OVERSIZED_IDS if names else ():
+            fuzz(operation.as_strategy(GenerationMode.POSITIVE, path_parameters=dict.fromkeys(names, number)),
+                 token=users[1], problems=problems)
         if known:
             # Real objects of tenant A, so the handlers behind the 404s run too, as a student and as staff.
             for token in users:
                 fuzz(operation.as_strategy(GenerationMode.POSITIVE, path_parameters=known), token=token,
                      problems=problems)
     assert problems == [], "\n".join(problems[:20])
+
+
+def test_every_operation_answers_deep_json_and_oversized_bodies_with_a_clear_refusal(world, ta_a, settings):
+    schema = schemathesis.openapi.from_dict(
+        Client().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json())
+    ids = {"course_id": world.course_a.id, "lab_id": world.lab_a.id, "attempt_id": world.attempt_a.id,
+           "run_id": world.run_a.id, "grade_id": world.grade_a.id}
+    client = APIClient(raise_request_exception=False)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=ta_a).key}")
+    settings.REQUEST_BODY_MAX_BYTES = 64 * 1024
+    problems = []
+    operations = [result.ok() for result in schema.get_all_operations()]
+    for operation in operations:
+        method, url = operation.method.upper(), operation.path.format(**ids)
+        if (method, operation.path) in NOT_FUZZED or method == "GET":
+            continue
+        response = client.generic(method, url, DEEP_JSON, content_type="application/json")
+        if response.status_code >= 500 or not _error_format_ok(response) or response.status_code < 400:
+            problems.append(f"deep JSON: {method} {url} -> {response.status_code} {response.content[:200]}")
+        for declare_length in (True, False):
+            status, body, _read = async_to_sync(asgi_post)(url, body_chunks=4, declare_length=declare_length,
+                                                         method=method)
+            if status != 413:
+                problems.append(f"oversized body: {method} {url} -> {status} {body[:200]}")
+    assert len(operations) >= 20
+    assert problems == [], "\n".join(problems)

@@ -6,16 +6,16 @@ from django.contrib.auth import authenticate
 from django.utils.translation import gettext as _
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.authtoken.models import Token
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.login_guard import USERNAME_SCOPE, login_retry_after, throttled_message
 from api.serializers import ErrorSerializer, MeSerializer, MeUpdateSerializer, TokenRequestSerializer, TokenSerializer
+from portal.api_tokens import api_token_create, api_token_revoke
 from portal.errors import ApplicationError
-from portal.ratelimit import RateLimited, rate_limit_reset
+from portal.login_throttle import login_failures_forget, login_retry_after, throttled_message
+from portal.ratelimit import RateLimited
 
 
 class MeView(APIView):
@@ -56,14 +56,14 @@ class TokenObtainView(APIView):
         retry_after = login_retry_after(request=request._request, username=username)
         if retry_after is not None:
             raise RateLimited(throttled_message(retry_after), retry_after=retry_after)
-        # authenticate() sends user_login_failed on a wrong password, which the login guard counts.
+        # authenticate() sends user_login_failed on a wrong password, which the login throttle counts.
         user = authenticate(request._request, username=username, password=serializer.validated_data["password"])
         if user is None:
             raise ApplicationError(
                 _("Wrong username or password."), code="authentication_failed", status_code=400
             )
-        rate_limit_reset(scope=USERNAME_SCOPE, key=username.strip().lower())
-        token, _created = Token.objects.get_or_create(user=user)
+        login_failures_forget(request=request._request, username=username)
+        token = api_token_create(actor=user, user=user)
         return Response({"token": token.key})
 
 
@@ -72,5 +72,5 @@ class TokenRevokeView(APIView):
 
     @extend_schema(request=None, responses={204: None}, summary="Revoke your API token")
     def delete(self, request: Request) -> Response:
-        Token.objects.filter(user=request.user).delete()
+        api_token_revoke(actor=request.user, user=request.user, reason="owner")
         return Response(status=status.HTTP_204_NO_CONTENT)

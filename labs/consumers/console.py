@@ -204,7 +204,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
             return
         try:
             message = json.loads(text_data or "")
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser follows
             await self._notice("bad_message")
             return
         kind = message.get("type") if isinstance(message, dict) else None

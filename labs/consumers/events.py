@@ -150,7 +150,7 @@ class AttemptEventsConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):
         would skip its cleanup."""
         try:
             content = await self.decode_json(text_data) if text_data is not None else None
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser follows
             content = None
         if isinstance(content, dict) and content.get("type") == "ping":
             await self.send_json({"type": "pong"})

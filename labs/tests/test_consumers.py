@@ -33,6 +33,7 @@ from tests.browser.attempts import running_attempt
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
 ORIGIN = (b"origin", b"http://testserver")
+HOST = (b"host", b"testserver")  # what a browser sends with the Origin it is compared with
 CONSOLE_RESOURCE = "virtualmachineinstances/console"
 
 
@@ -149,7 +150,7 @@ class Viewer:
 
 async def open_console(user, attempt_id: int, *, origin: tuple[bytes, bytes] | None = ORIGIN,
                        app=application) -> Viewer:
-    headers = [origin] if origin else []
+    headers = [HOST, origin] if origin else [HOST]
     if user is not None:
         headers.append((b"cookie", await sync_to_async(session_cookie)(user)))
     viewer = Viewer(f"/ws/attempts/{attempt_id}/console/", headers, app=app)
@@ -177,7 +178,7 @@ async def wait_for(condition, *, within: float = 10.0, what: str = "condition") 
 async def open_events(user, attempt_id: int, *, app=application) -> Viewer:
     """The attempt's events socket, open, with its first message (the current status) read."""
     viewer = Viewer(f"/ws/attempts/{attempt_id}/events/",
-                    [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(user))], app=app)
+                    [ORIGIN, HOST, (b"cookie", await sync_to_async(session_cookie)(user))], app=app)
     assert (await viewer.connect())[0]
     await viewer.read_until(lambda v: len(v.messages) >= 1)
     return viewer
@@ -207,7 +208,7 @@ async def test_refused_before_kubesim_sees_a_console_request(who, attempt, clust
     }[who]
     before = await sync_to_async(console_requests)(cluster)
     for path in (f"/ws/attempts/{attempt.id}/console/", f"/ws/attempts/{attempt.id}/events/"):
-        headers = [origin] if origin else []
+        headers = [HOST, origin] if origin else [HOST]
         if user is not None:
             headers.append((b"cookie", await sync_to_async(session_cookie)(user)))
         communicator = WebsocketCommunicator(application, path, headers=headers)
@@ -220,7 +221,8 @@ async def test_refused_before_kubesim_sees_a_console_request(who, attempt, clust
 
 async def test_refused_for_an_unknown_attempt(cluster, student_a):
     communicator = WebsocketCommunicator(application, "/ws/attempts/999999/console/",
-                                         headers=[ORIGIN, (b"cookie", await sync_to_async(session_cookie)(student_a))])
+                                         headers=[ORIGIN, HOST,
+                                                  (b"cookie", await sync_to_async(session_cookie)(student_a))])
     connected, code = await communicator.connect(timeout=10)
     assert not connected and code == 4404
 
@@ -410,6 +412,9 @@ async def test_students_cannot_take_control_messages(attempt, cluster, student_a
     await student.read_until(lambda v: "not_allowed" in v.notices())
     await student.send_json({"type": "something-else"})
     await student.read_until(lambda v: "bad_message" in v.notices())
+    await student.communicator.send_to(text_data="[" * 100_000)  # nested deeper than the JSON parser follows
+    await student.send_json({"type": "ping"})  # answered: the consumer lived through it
+    await student.read_until(lambda v: {"type": "pong"} in v.messages)
     assert not await sync_to_async(AuditEvent.objects.filter(action="console.take_control").exists)()
     await student.close()
 
@@ -720,9 +725,10 @@ async def test_the_events_socket_answers_what_it_does_not_understand_and_goes_on
     await viewer.communicator.send_to(text_data="not json")
     await viewer.communicator.send_to(bytes_data=b"\x00\x01")
     await viewer.send_json({"type": "subscribe", "attempt": attempt.id + 1})
+    await viewer.communicator.send_to(text_data="[" * 100_000)  # nested deeper than the JSON parser follows
     await viewer.send_json({"type": "ping"})
     await viewer.read_until(lambda v: {"type": "pong"} in v.messages)
-    assert viewer.messages[1:] == [{"type": "error", "code": "bad_message"}] * 3 + [{"type": "pong"}]
+    assert viewer.messages[1:] == [{"type": "error", "code": "bad_message"}] * 4 + [{"type": "pong"}]
     await get_channel_layer().group_send(f"attempt-{attempt.id}", {"type": "grading.update", "run": {"id": 7}})
     await viewer.read_until(lambda v: {"type": "grading.update", "run": {"id": 7}} in v.messages)
     await viewer.close()
@@ -744,8 +750,8 @@ async def test_events_socket_speaks_the_language_of_its_page(attempt, cluster, s
     run = await sync_to_async(finished_run_with_a_pattern_timeout)(attempt)
     cookie = await sync_to_async(session_cookie)(student_a)
     path = f"/ws/attempts/{attempt.id}/events/"
-    japanese = Viewer(path, [ORIGIN, (b"cookie", cookie), (b"accept-language", b"ja,en;q=0.5")])
-    chosen_english = Viewer(path, [ORIGIN, (b"cookie", cookie + f"; {settings.LANGUAGE_COOKIE_NAME}=en".encode()),
+    japanese = Viewer(path, [ORIGIN, HOST, (b"cookie", cookie), (b"accept-language", b"ja,en;q=0.5")])
+    chosen_english = Viewer(path, [ORIGIN, HOST, (b"cookie", cookie + f"; {settings.LANGUAGE_COOKIE_NAME}=en".encode()),
                                    (b"accept-language", b"ja")])
     viewers = (japanese, chosen_english)
     for viewer in viewers:
@@ -779,9 +785,10 @@ async def test_why_an_attempt_failed_reaches_each_socket_in_its_own_language(att
     monkeypatch.setattr(provisioning, "enqueue_teardown", lambda attempt_id: None)  # the VM is not the point here
     await sync_to_async(Attempt.objects.filter(id=attempt.id).update)(language="ja")
     path = f"/ws/attempts/{attempt.id}/events/"
-    student = Viewer(path, [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(student_a)),
+    student = Viewer(path, [ORIGIN, HOST, (b"cookie", await sync_to_async(session_cookie)(student_a)),
                             (b"accept-language", b"ja")])
-    ta = Viewer(path, [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(ta_a)), (b"accept-language", b"en")])
+    ta = Viewer(path, [ORIGIN, HOST, (b"cookie", await sync_to_async(session_cookie)(ta_a)),
+                       (b"accept-language", b"en")])
     for viewer in (student, ta):
         assert (await viewer.connect())[0]
         await viewer.read_until(lambda v: len(v.messages) >= 1)

@@ -20,7 +20,7 @@ from labs.models import Attempt, AttemptState, Lab
 from labs.services import attempt_start, tracking
 from labs.services.presence import attempt_seen
 from labs.tests.conftest import sync_until, vm_names, wait_until
-from labs.tests.test_consumers import ORIGIN, session_cookie
+from labs.tests.test_consumers import HOST, ORIGIN, session_cookie
 from portal.asgi import application
 
 pytestmark = pytest.mark.django_db
@@ -184,7 +184,7 @@ def test_instructors_set_the_limit_in_admin(instructor_a, lab_a):
 async def open_events(user, attempt_id: int) -> WebsocketCommunicator:
     cookie = await sync_to_async(session_cookie)(user)
     communicator = WebsocketCommunicator(application, f"/ws/attempts/{attempt_id}/events/",
-                                         headers=[ORIGIN, (b"cookie", cookie)])
+                                         headers=[ORIGIN, HOST, (b"cookie", cookie)])
     connected, _code = await communicator.connect(timeout=10)
     assert connected
     await communicator.receive_json_from(timeout=10)  # the snapshot

@@ -35,6 +35,7 @@ from portal.asgi import application
 pytestmark = [pytest.mark.reliability, pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
 ORIGIN = (b"origin", b"http://testserver")
+HOST = (b"host", b"testserver")
 CONSOLE = "virtualmachineinstances/console"
 
 
@@ -120,7 +121,7 @@ def cookie_for(user) -> bytes:
 async def connected(attempt: Attempt) -> Viewer:
     cookie = await sync_to_async(cookie_for)(attempt.student)
     viewer = Viewer(WebsocketCommunicator(application, f"/ws/attempts/{attempt.id}/console/",
-                                          headers=[ORIGIN, (b"cookie", cookie)]))
+                                          headers=[ORIGIN, HOST, (b"cookie", cookie)]))
     accepted, code = await viewer.communicator.connect(timeout=10)
     assert accepted, code
     await viewer.read_until(lambda v: "connected" in v.statuses(), what="to connect")

@@ -129,40 +129,40 @@ MATRIX: dict[str, list[Probe]] = {
                                       tenant_a_object=False)],
     "i18n/setlang/": [form_post(answers(302, 302, 302, 302, 302), data={"language": "ja"}, tenant_a_object=False)],
     # ---- labs: student pages and buttons --------------------------------------------------------------------
-    "labs/<int:lab_id>/": [page(answers(LOGIN, 200, 404, 200, 404))],
+    "labs/<id:lab_id>/": [page(answers(LOGIN, 200, 404, 200, 404))],
     # student_a has a running attempt already (409); the page's start is for the course's students only.
-    "labs/<int:lab_id>/start/": [button(answers(LOGIN, 409, 404, 404, 404))],
-    "attempts/<int:attempt_id>/": [page(STUDENT_A_OWN)],
+    "labs/<id:lab_id>/start/": [button(answers(LOGIN, 409, 404, 404, 404))],
+    "attempts/<id:attempt_id>/": [page(STUDENT_A_OWN)],
     # Stopping is for the student and the course's instructors, not TAs.
-    "attempts/<int:attempt_id>/stop/": [button(answers(LOGIN, 200, 404, 403, 404))],
+    "attempts/<id:attempt_id>/stop/": [button(answers(LOGIN, 200, 404, 403, 404))],
     # The running attempt has no time limit set, so there is nothing to extend.
-    "attempts/<int:attempt_id>/extend/": [button(answers(LOGIN, 409, 404, 403, 404))],
+    "attempts/<id:attempt_id>/extend/": [button(answers(LOGIN, 409, 404, 403, 404))],
     # The world's attempt was checked a moment ago and GRADING_MIN_INTERVAL_SECONDS is an hour.
-    "attempts/<int:attempt_id>/check/": [button(answers(LOGIN, 429, 404, 429, 404))],
-    "attempts/<int:attempt_id>/recording/": [page(STAFF_ONLY_PAGE)],
-    "attempts/<int:attempt_id>/recording.cast": [page(STAFF_ONLY_PAGE)],
+    "attempts/<id:attempt_id>/check/": [button(answers(LOGIN, 429, 404, 429, 404))],
+    "attempts/<id:attempt_id>/recording/": [page(STAFF_ONLY_PAGE)],
+    "attempts/<id:attempt_id>/recording.cast": [page(STAFF_ONLY_PAGE)],
     # ---- grading pages ----------------------------------------------------------------------------------------
     # Students teach nothing: the grades link takes them on to their own grades.
     "grades/": [page(answers(LOGIN, 302, 302, 200, 200), tenant_a_object=False)],
     "grades/mine/": [page(SIGNED_IN_PAGE, tenant_a_object=False)],
-    "grades/mine/labs/<int:lab_id>/": [page(answers(LOGIN, 200, 404, 404, 404))],
-    "grades/courses/<int:course_id>/": [page(STAFF_ONLY_PAGE)],
-    "grades/courses/<int:course_id>/export.csv": [page(STAFF_ONLY_PAGE)],
-    "grades/labs/<int:lab_id>/": [page(STAFF_ONLY_PAGE)],
-    "grades/labs/<int:lab_id>/regrade/": [form_post(answers(LOGIN, 404, 404, 302, 404))],
+    "grades/mine/labs/<id:lab_id>/": [page(answers(LOGIN, 200, 404, 404, 404))],
+    "grades/courses/<id:course_id>/": [page(STAFF_ONLY_PAGE)],
+    "grades/courses/<id:course_id>/export.csv": [page(STAFF_ONLY_PAGE)],
+    "grades/labs/<id:lab_id>/": [page(STAFF_ONLY_PAGE)],
+    "grades/labs/<id:lab_id>/regrade/": [form_post(answers(LOGIN, 404, 404, 302, 404))],
     # One page at two addresses: the student's grade and attempts for the lab, with the override form.
-    "grades/labs/<int:lab_id>/students/<int:student_id>/": [
+    "grades/labs/<id:lab_id>/students/<id:student_id>/": [
         page(STAFF_ONLY_PAGE),
         form_post(answers(LOGIN, 404, 404, 302, 404), data={"score": "2", "reason": "Partial credit"}),
     ],
-    "grades/labs/<int:lab_id>/students/<int:student_id>/override/": [
+    "grades/labs/<id:lab_id>/students/<id:student_id>/override/": [
         page(STAFF_ONLY_PAGE),
         form_post(answers(LOGIN, 404, 404, 302, 404), data={"score": "2", "reason": "Partial credit"}),
     ],
-    "grades/attempts/<int:attempt_id>/": [page(STAFF_ONLY_PAGE)],
-    "grades/attempts/<int:attempt_id>/regrade/": [form_post(answers(LOGIN, 404, 404, 302, 404))],
+    "grades/attempts/<id:attempt_id>/": [page(STAFF_ONLY_PAGE)],
+    "grades/attempts/<id:attempt_id>/regrade/": [form_post(answers(LOGIN, 404, 404, 302, 404))],
     # ---- course audit page (instructors of the course) ------------------------------------------------------
-    "courses/<int:course_id>/audit/": [page(answers(LOGIN, 403, 404, 403, 404))],
+    "courses/<id:course_id>/audit/": [page(answers(LOGIN, 403, 404, 403, 404))],
     # ---- API --------------------------------------------------------------------------------------------------
     "api/schema/": [page(PUBLIC_PAGE, tenant_a_object=False)],
     "api/docs/": [page(PUBLIC_PAGE, tenant_a_object=False)],
@@ -177,30 +177,30 @@ MATRIX: dict[str, list[Probe]] = {
                                tenant_a_object=False)],
     "api/v1/courses/": [api_get(API_LIST, tenant_a_object=False),
                         api_get(API_LIST, query="?ordering=-title&page_size=1", tenant_a_object=False)],
-    "api/v1/courses/<int:course_id>/": [api_get(API_OWN)],
-    "api/v1/courses/<int:course_id>/report/": [api_get(API_STAFF)],
-    "api/v1/courses/<int:course_id>/report.csv": [api_get(API_STAFF)],
-    "api/v1/courses/<int:course_id>/audit/": [api_get(answers(401, 403, 404, 403, 404))],
+    "api/v1/courses/<id:course_id>/": [api_get(API_OWN)],
+    "api/v1/courses/<id:course_id>/report/": [api_get(API_STAFF)],
+    "api/v1/courses/<id:course_id>/report.csv": [api_get(API_STAFF)],
+    "api/v1/courses/<id:course_id>/audit/": [api_get(answers(401, 403, 404, 403, 404))],
     "api/v1/labs/": [api_get(API_LIST, tenant_a_object=False),
                      api_get(API_LIST, query="?course={course_b}", tenant_a_object=False)],
-    "api/v1/labs/<int:lab_id>/": [api_get(API_OWN)],
-    "api/v1/labs/<int:lab_id>/report/": [api_get(API_STAFF)],
+    "api/v1/labs/<id:lab_id>/": [api_get(API_OWN)],
+    "api/v1/labs/<id:lab_id>/report/": [api_get(API_STAFF)],
     "api/v1/attempts/": [
         api_get(API_LIST, tenant_a_object=False),
         api_get(API_LIST, query="?course={course_a}&ordering=-requested_at", tenant_a_object=False),
         api_post(answers(401, 409, 404, 403, 404), data={"lab": "{lab_a}"}),
     ],
-    "api/v1/attempts/<int:attempt_id>/": [api_get(API_OWN)],
-    "api/v1/attempts/<int:attempt_id>/stop/": [api_post(answers(401, 200, 404, 403, 404))],
-    "api/v1/attempts/<int:attempt_id>/extend/": [api_post(answers(401, 409, 404, 403, 404))],
-    "api/v1/attempts/<int:attempt_id>/check/": [api_post(answers(401, 429, 404, 429, 404))],
+    "api/v1/attempts/<id:attempt_id>/": [api_get(API_OWN)],
+    "api/v1/attempts/<id:attempt_id>/stop/": [api_post(answers(401, 200, 404, 403, 404))],
+    "api/v1/attempts/<id:attempt_id>/extend/": [api_post(answers(401, 409, 404, 403, 404))],
+    "api/v1/attempts/<id:attempt_id>/check/": [api_post(answers(401, 429, 404, 429, 404))],
     "api/v1/grading-runs/": [api_get(API_LIST, tenant_a_object=False),
                              api_get(API_LIST, query="?lab={lab_a}", tenant_a_object=False)],
-    "api/v1/grading-runs/<int:run_id>/": [api_get(API_OWN)],
+    "api/v1/grading-runs/<id:run_id>/": [api_get(API_OWN)],
     "api/v1/grades/": [api_get(API_LIST, tenant_a_object=False),
                        api_get(API_LIST, query="?course={course_a}&ordering=-score", tenant_a_object=False)],
-    "api/v1/grades/<int:grade_id>/": [api_get(API_OWN)],
-    "api/v1/grades/<int:grade_id>/override/": [
+    "api/v1/grades/<id:grade_id>/": [api_get(API_OWN)],
+    "api/v1/grades/<id:grade_id>/override/": [
         api_post(answers(401, 403, 404, 200, 404), data={"score": "2.00", "reason": "Partial credit"}),
     ],
 }
@@ -231,8 +231,8 @@ ADMIN_PROBES: list[tuple[str, Probe]] = [
 # WebSocket routes: "accept", or the close code the consumer refuses with before accepting.
 ACCEPT = "accept"
 WS_MATRIX: dict[str, dict[str, Any]] = {
-    "ws/attempts/<int:attempt_id>/events/": answers(4401, ACCEPT, 4404, ACCEPT, 4404),
-    "ws/attempts/<int:attempt_id>/console/": answers(4401, ACCEPT, 4404, ACCEPT, 4404),
+    "ws/attempts/<id:attempt_id>/events/": answers(4401, ACCEPT, 4404, ACCEPT, 4404),
+    "ws/attempts/<id:attempt_id>/console/": answers(4401, ACCEPT, 4404, ACCEPT, 4404),
 }
 
 
@@ -325,7 +325,7 @@ def url_for(route: str, probe: Probe, world: World, pattern: URLPattern | None) 
     if pattern is not None:
         for name in pattern.pattern.converters:
             value = probe.kwargs.get(name, DEFAULT_KWARGS[name])(world)
-            path = path.replace(f"<int:{name}>", str(value)).replace(f"<{name}>", str(value))
+            path = path.replace(f"<id:{name}>", str(value)).replace(f"<{name}>", str(value))
     return path + fill(probe.query, world)
 
 
@@ -468,7 +468,7 @@ async def ws_answer(path: str, cookie: str | None) -> Any:
 @pytest.mark.parametrize("route", sorted(WS_MATRIX))
 async def test_websocket_route_answers_each_persona_as_the_matrix_says(route, world, users, cluster):
     problems = []
-    path = "/" + route.replace("<int:attempt_id>", str(world.attempt_a.id)).replace("<int:lab_id>", str(world.lab_a.id))
+    path = "/" + route.replace("<id:attempt_id>", str(world.attempt_a.id)).replace("<id:lab_id>", str(world.lab_a.id))
     for persona in PERSONAS:
         counts_before = await database_sync_to_async(row_counts)()
         state_before = await database_sync_to_async(tenant_a_state)(world)
@@ -529,9 +529,9 @@ def _calls_cluster_before_refusing(request, attempt_id: int):
 
 urlpatterns = [
     path("leaky/", _leaky_list),
-    path("oracle/<int:attempt_id>/", _forbidden_not_missing),
-    path("writes/<int:attempt_id>/", _writes_before_refusing),
-    path("calls/<int:attempt_id>/", _calls_cluster_before_refusing),
+    path("oracle/<id:attempt_id>/", _forbidden_not_missing),
+    path("writes/<id:attempt_id>/", _writes_before_refusing),
+    path("calls/<id:attempt_id>/", _calls_cluster_before_refusing),
 ]
 
 
@@ -539,9 +539,9 @@ urlpatterns = [
 @pytest.mark.urls(__name__)
 @pytest.mark.parametrize(("route", "expect", "problem"), [
     ("leaky/", answers(200, 200, 200, 200, 200), "contains"),
-    ("oracle/<int:attempt_id>/", answers(200, 200, 404, 200, 404), "got 403, expected 404"),
-    ("writes/<int:attempt_id>/", answers(404, 404, 404, 404, 404), "changed the database"),
-    ("calls/<int:attempt_id>/", answers(404, 404, 404, 404, 404), "called the cluster"),
+    ("oracle/<id:attempt_id>/", answers(200, 200, 404, 200, 404), "got 403, expected 404"),
+    ("writes/<id:attempt_id>/", answers(404, 404, 404, 404, 404), "changed the database"),
+    ("calls/<id:attempt_id>/", answers(404, 404, 404, 404, 404), "called the cluster"),
 ])
 def test_the_matrix_checks_catch_broken_views(route, expect, problem, world, users, cluster):
     patterns = dict(walk(get_resolver().url_patterns))

@@ -1,0 +1,148 @@
+"""Throttling of password guessing, for the portal's sign-in page, the admin's and the API's token endpoint.
+
+Failures are counted per (account, address). After ``LOGIN_FAILURES_BEFORE_DELAY`` of them, each further try for
+that account from that address must wait a delay that doubles with every failure (``LOGIN_DELAY_SECONDS`` up to
+``LOGIN_DELAY_MAX_SECONDS``); a try within it is refused with 429 and Retry-After before any password is checked.
+Nobody can lock an account out from elsewhere: the right password from another address goes through. Each
+address also has a limit on failures across all accounts (``RATE_LIMITS["login_address"]``). A successful
+sign-in forgets that (account, address)'s failures. Counters live in the shared cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.signals import user_logged_in, user_login_failed
+from django.core.cache import cache
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.urls import NoReverseMatch, reverse
+from django.utils.translation import gettext as _
+
+from portal.ratelimit import rate_limit_count, rate_limit_exceeded
+
+ADDRESS_SCOPE = "login_address"
+# The clock the delays are measured with (tests move it).
+clock: Callable[[], float] = time.time
+
+
+def client_address(request: HttpRequest) -> str:
+    """The client's address: REMOTE_ADDR, or the header the trusted proxy in front sets (settings)."""
+    header = getattr(settings, "RATE_LIMIT_CLIENT_ADDRESS_HEADER", None) or "REMOTE_ADDR"
+    value = request.META.get(header, "") or request.META.get("REMOTE_ADDR", "")
+    # X-Forwarded-For style lists: the proxy appends the address it saw last.
+    return value.split(",")[-1].strip() or "unknown"
+
+
+def _pair_keys(*, request: HttpRequest, username: str) -> tuple[str, str]:
+    # Hashed so that usernames and addresses never become cache key syntax.
+    pair = f"{username.strip().lower()}\n{client_address(request)}"
+    digest = hashlib.sha256(pair.encode()).hexdigest()[:32]
+    return f"login_failures:{digest}:count", f"login_failures:{digest}:last"
+
+
+def _memory_seconds() -> int:
+    """How long failures are remembered after the last one: at least as long as the longest delay."""
+    return max(settings.LOGIN_DELAY_MAX_SECONDS, settings.RATE_LIMITS[ADDRESS_SCOPE][1])
+
+
+def login_delay(failures: int) -> int:
+    """Seconds to wait after the ``failures``-th failure for one account from one address (0: none)."""
+    over = failures - settings.LOGIN_FAILURES_BEFORE_DELAY
+    if over < 0:
+        return 0
+    return min(settings.LOGIN_DELAY_MAX_SECONDS, settings.LOGIN_DELAY_SECONDS * 2 ** min(over, 32))
+
+
+def login_retry_after(*, request: HttpRequest, username: str | None) -> int | None:
+    """Seconds to wait before this address may try this account (or any account) again, else None."""
+    waits = [rate_limit_exceeded(scope=ADDRESS_SCOPE, key=client_address(request))]
+    if username:
+        count_key, last_key = _pair_keys(request=request, username=username)
+        failures, last = int(cache.get(count_key, 0)), cache.get(last_key)
+        if failures and last is not None:
+            left = last + login_delay(failures) - clock()
+            waits.append(math.ceil(left) if left > 0 else None)
+    due = [wait for wait in waits if wait is not None]
+    return max(due) if due else None
+
+
+def login_failure_record(*, request: HttpRequest | None, username: str | None) -> None:
+    """Count a failed sign-in against the (account, address) and against the address."""
+    if request is None:
+        return
+    rate_limit_count(scope=ADDRESS_SCOPE, key=client_address(request))
+    if username:
+        count_key, last_key = _pair_keys(request=request, username=username)
+        memory = _memory_seconds()
+        cache.add(count_key, 0, timeout=memory)
+        try:
+            cache.incr(count_key)
+        except ValueError:  # expired between add and incr
+            cache.set(count_key, 1, timeout=memory)
+        cache.touch(count_key, timeout=memory)
+        cache.set(last_key, clock(), timeout=memory)
+
+
+def login_failures_forget(*, request: HttpRequest, username: str) -> None:
+    """A successful sign-in: that account's failures from that address no longer count."""
+    cache.delete_many(list(_pair_keys(request=request, username=username)))
+
+
+def _on_login_failed(sender: Any, credentials: dict[str, Any], request: HttpRequest | None = None,
+                     **kwargs: Any) -> None:
+    login_failure_record(request=request, username=credentials.get("username"))
+
+
+def _on_logged_in(sender: Any, request: HttpRequest | None, user: Any, **kwargs: Any) -> None:
+    if request is not None:
+        login_failures_forget(request=request, username=user.get_username())
+
+
+def connect_signals() -> None:
+    user_login_failed.connect(_on_login_failed, dispatch_uid="portal.login_throttle.failed")
+    user_logged_in.connect(_on_logged_in, dispatch_uid="portal.login_throttle.logged_in")
+
+
+def throttled_message(retry_after: int) -> str:
+    return _(
+        "Too many failed sign-in attempts. Wait %(seconds)s seconds before trying again."
+    ) % {"seconds": retry_after}
+
+
+class LoginThrottleMiddleware:
+    """Refuses POSTs to the sign-in pages (the portal's and the admin's) while the account is delayed for this
+    address, or the address is over its failure limit."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+        self._login_paths: set[str] | None = None
+
+    def login_paths(self) -> set[str]:
+        if self._login_paths is None:
+            paths = set()
+            for name in (settings.LOGIN_URL, "admin:login"):
+                try:
+                    paths.add(reverse(name))
+                except NoReverseMatch:
+                    if str(name).startswith("/"):
+                        paths.add(str(name))
+            self._login_paths = paths
+        return self._login_paths
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.method == "POST" and request.path in self.login_paths():
+            retry_after = login_retry_after(request=request, username=request.POST.get("username"))
+            if retry_after is not None:
+                response = render(
+                    request, "portal/login_throttled.html",
+                    {"retry_after": retry_after, "message": throttled_message(retry_after)}, status=429,
+                )
+                response["Retry-After"] = str(retry_after)
+                return response
+        return self.get_response(request)

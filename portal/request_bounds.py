@@ -1,0 +1,91 @@
+"""The bound on request bodies, for every HTTP request the portal serves (API, forms, admin): 413 past it.
+
+What it protects: Twisted spools a body to a temporary file as it arrives, and daphne then hands the whole of it to
+the application in 8 KB ``http.request`` messages queued at once; Django's ``ASGIHandler`` reads them all before
+any view runs, and the API's parsers read the body whole and build its objects (a 200 MB JSON document grew the
+process by more than a gigabyte, which it kept). Here a body whose ``Content-Length`` is past the bound is refused
+before any of it is read, and one without (chunked) is refused as soon as the bytes read pass it. The spooled file
+and daphne's queue hold the body briefly regardless: a proxy in front should bound it too (deploy/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.conf import settings
+from django.http.cookie import parse_cookie
+from django.utils import translation
+from django.utils.translation import gettext as _
+
+from portal.errors import error_body
+from portal.websocket_language import scope_language
+
+
+class BodyTooLarge(Exception):
+    """The body read so far is past the bound (a body sent without ``Content-Length``)."""
+
+
+def body_limit(headers: dict[bytes, bytes]) -> int:
+    """Bytes a request with these headers may send: uploads (``multipart/form-data``) get the larger bound."""
+    content_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+    if content_type == b"multipart/form-data":
+        return settings.REQUEST_UPLOAD_MAX_BYTES
+    return settings.REQUEST_BODY_MAX_BYTES
+
+
+def _declared_length(headers: dict[bytes, bytes]) -> int | None:
+    try:
+        return int(headers[b"content-length"])
+    except (KeyError, ValueError):
+        return None
+
+
+async def _refuse(scope, send, limit: int) -> None:
+    headers = dict(scope.get("headers", []))
+    # Refused before LocaleMiddleware runs: the language is chosen here by the same rules (cookie, Accept-Language).
+    cookies = parse_cookie(headers.get(b"cookie", b"").decode("latin-1"))
+    with translation.override(scope_language({**scope, "cookies": cookies})):
+        message = _("The request is too large: at most %(size)s bytes may be sent.") % {"size": limit}
+    wants_json = scope["path"].startswith("/api/") or b"application/json" in headers.get(b"accept", b"")
+    if wants_json:
+        body = json.dumps(error_body(code="request_too_large", message=message)).encode()
+        content_type = b"application/json"
+    else:
+        body = message.encode()
+        content_type = b"text/plain; charset=utf-8"
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class RequestBodyLimit:
+    """ASGI middleware: answers 413 to a request whose body is past ``body_limit``, reading no more of it."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers", []))
+        limit = body_limit(headers)
+        declared = _declared_length(headers)
+        if declared is not None and declared > limit:
+            return await _refuse(scope, send, limit)
+        received = 0
+
+        async def bounded_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge
+            return message
+
+        try:
+            return await self.app(scope, bounded_receive, send)
+        except BodyTooLarge:
+            # Django reads the whole body before it starts a response, so none has been sent yet.
+            return await _refuse(scope, send, limit)
