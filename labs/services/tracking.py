@@ -40,6 +40,7 @@ from labs.services.provisioning import (
     attempt_language,
     attempt_mark_running,
     namespace_list_soon,
+    teardowns_resume,
 )
 from labs.wording import in_every_language, with_cluster_words
 from portal.compiled import FieldsUpdate
@@ -191,7 +192,13 @@ def _namespace_sync(*, namespace: str, report: SyncReport) -> SyncReport:
     now = timezone.now()
     # Attempts are read after the list, so none is judged on a list older than its own last change.
     attempts = list(Attempt.objects.filter(namespace=namespace, state__in=TRACKED_STATES))
-    TenantNamespace.objects.filter(namespace=namespace).update(listed_at=now, last_error="")
+    # A namespace whose last list failed is answering again: teardowns cut off meanwhile go on now.
+    recovered = TenantNamespace.objects.filter(namespace=namespace).exclude(last_error="").update(
+        listed_at=now, last_error="")
+    if recovered:
+        teardowns_resume(namespace=namespace)
+    else:
+        TenantNamespace.objects.filter(namespace=namespace).update(listed_at=now, last_error="")
     by_name = {(vmi.get("metadata") or {}).get("name"): vmi for vmi in vmis}
     for attempt in attempts:
         outcome = attempt_observe(attempt=attempt, vmi=by_name.get(attempt.vm_name), now=now)
