@@ -62,6 +62,7 @@ class KubesimSupervisor:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
+        self._ports: list[int | None] = []
         self.gave_up: str | None = None
 
     def run(self) -> None:
@@ -73,9 +74,14 @@ class KubesimSupervisor:
     def stop(self, *, timeout: float = 5.0) -> None:
         """Stop kubesim for good (the portal is shutting down)."""
         self._stopping.set()
-        with self._lock:
+        # A restart under way holds the lock while kubesim comes up; it stops what it started once it sees this.
+        locked = self._lock.acquire(timeout=timeout)
+        try:
             if self._process is not None:
                 stop_child(self._process, timeout=timeout)
+        finally:
+            if locked:
+                self._lock.release()
 
     def _same_ports(self) -> list[str]:
         http_port, https_port = (self._ports + [None, None])[:2]
@@ -92,7 +98,7 @@ class KubesimSupervisor:
             now = time.monotonic()
             exits = [at for at in exits if at > now - self._window_seconds] + [now]
             if status is None:
-                how = "at its start"
+                how = "before it served"
             else:
                 how = f"with status {status}" if status >= 0 else f"on signal {-status}"
             if len(exits) > self._max_restarts:
@@ -108,6 +114,9 @@ class KubesimSupervisor:
                     if self._stopping.is_set():
                         return
                     self._process = self._start(self._same_ports())
+                    if self._stopping.is_set():
+                        stop_child(self._process, timeout=3)
+                        return
             except Exception as exc:
                 logger.error("kubesim could not be started again: %s", exc)
                 self._process = None

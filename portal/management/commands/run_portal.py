@@ -97,6 +97,8 @@ class Command(BaseCommand):
         from daphne.cli import CommandLineInterface
         from twisted.internet import reactor
 
+        if shutdown_grace < 0:
+            raise CommandError(f"--shutdown-grace must be 0 seconds or more, not {shutdown_grace:g}.")
         settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
         in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
         supervisor = None
