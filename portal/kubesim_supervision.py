@@ -20,6 +20,7 @@ logger = logging.getLogger(__name__)
 # restart does not mend (a port taken, a broken install), and the portal stops rather than run without a cluster.
 MAX_RESTARTS = 3
 RESTART_WINDOW_SECONDS = 60.0
+SHUTDOWN_NOTICE_SECONDS = 1.0
 
 
 def served_port(kubeconfig: Path) -> int | None:
@@ -71,6 +72,10 @@ class KubesimSupervisor:
         self._ports = [served_port(path) for path in self._kubeconfigs]
         threading.Thread(target=self._watch, name="kubesim-supervisor", daemon=True).start()
 
+    def shutting_down(self) -> None:
+        """The portal is stopping: kubesim is not started again if it exits now (a Ctrl-C reaches it as well)."""
+        self._stopping.set()
+
     def stop(self, *, timeout: float = 5.0) -> None:
         """Stop kubesim for good (the portal is shutting down)."""
         self._stopping.set()
@@ -93,7 +98,9 @@ class KubesimSupervisor:
         while not self._stopping.is_set():
             process = self._process
             status = process.wait() if process is not None else None
-            if self._stopping.is_set():
+            # A Ctrl-C in the terminal reaches kubesim and the portal together: give the portal's shutdown a moment
+            # to say so before taking the exit for a crash.
+            if self._stopping.wait(SHUTDOWN_NOTICE_SECONDS):
                 return
             now = time.monotonic()
             exits = [at for at in exits if at > now - self._window_seconds] + [now]

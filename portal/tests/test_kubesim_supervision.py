@@ -7,6 +7,7 @@ import logging
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from portal.kubesim_supervision import KubesimSupervisor, served_port
@@ -59,3 +60,19 @@ def test_a_restart_reuses_the_ports_and_tells_the_portal(tmp_path):
     finally:
         supervisor.stop(timeout=5)
     assert served_port(kubeconfig) == 41234 and served_port(tmp_path / "missing") is None
+
+
+def test_an_exit_while_the_portal_shuts_down_is_not_taken_for_a_crash(tmp_path):
+    calls: list[list[str]] = []
+
+    def start(extra_args: list[str]) -> subprocess.Popen:
+        calls.append(extra_args)
+        return child("pass")  # a Ctrl-C in the terminal ends kubesim a moment before the portal hears of it
+
+    supervisor = KubesimSupervisor(start=start, restarted=lambda: None, give_up=lambda message: None,
+                                   kubeconfigs=(), log_path=tmp_path / "kubesim.log")
+    supervisor.run()
+    time.sleep(0.3)
+    supervisor.shutting_down()
+    time.sleep(2)
+    assert len(calls) == 1 and supervisor.gave_up is None

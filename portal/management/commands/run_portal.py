@@ -113,6 +113,8 @@ class Command(BaseCommand):
             cleanup=(lambda: supervisor.stop(timeout=3)) if supervisor is not None else (lambda: None),
         )
         reactor.addSystemEventTrigger("before", "shutdown", shutdown.begin)
+        if supervisor is not None:
+            reactor.addSystemEventTrigger("before", "shutdown", supervisor.shutting_down)
         CommandLineInterface().run(["--bind", host, "--port", str(port), "portal.asgi:application"])
         if supervisor is not None:
             supervisor.stop()
