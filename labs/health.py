@@ -274,14 +274,34 @@ def _seconds_ago(now: datetime, then: datetime) -> int:
     return max(0, int((now - then).total_seconds()))
 
 
-def cluster_health_summary() -> str | None:
-    """A sentence for the student's page when the cluster is in trouble, or None when all is well.
+CLUSTER_NOT_ANSWERING = "cluster"
+SYNC_DELAYED = "sync"
+
+
+def cluster_trouble() -> str | None:
+    """``CLUSTER_NOT_ANSWERING``, ``SYNC_DELAYED`` or None when all is well.
 
     Reads only the remembered cluster probe (refreshed at most every few seconds) and the sync heartbeat, so a
     page can call it on every render.
     """
     if not check_cluster().ok:
-        return _("The cluster is not answering; your lab may be slow to start.")
+        return CLUSTER_NOT_ANSWERING
     if not check_sync().ok:
-        return _("Lab status updates are delayed; what you see here may be out of date for a while.")
+        return SYNC_DELAYED
     return None
+
+
+def cluster_health_summary() -> str | None:
+    """A sentence for a page with no attempt in it when the cluster is in trouble, or None when all is well (a
+    student's attempt has its own words: ``labs.wording.cluster_notice``)."""
+    trouble = cluster_trouble()
+    if trouble == CLUSTER_NOT_ANSWERING:
+        return _("The cluster is not answering; your lab may be slow to start.")
+    if trouble == SYNC_DELAYED:
+        return sync_delayed_notice()
+    return None
+
+
+def sync_delayed_notice() -> str:
+    return _("Lab status updates are delayed; what you see here may be out of date for a while.")
+

@@ -16,6 +16,8 @@ from django.conf import settings
 from django.utils import translation
 from django.utils.translation import gettext as _
 
+from labs.health import CLUSTER_NOT_ANSWERING, cluster_trouble, sync_delayed_notice
+
 
 def in_every_language(build: Callable[[], str]) -> dict[str, str]:
     """``build()`` under each of the portal's languages: ``{code: text}``. ``build`` must only translate and
@@ -38,3 +40,21 @@ def in_language(texts: Mapping[str, str] | None, fallback: str, language: str | 
 def with_cluster_words(words: str, said: str) -> str:
     """``words``, then what the cluster said about it (left in the cluster's words), when it said anything."""
     return f"{words} " + _("The cluster says: %(detail)s") % {"detail": said} if said else words
+
+
+def cluster_notice(*, state: str | None) -> str | None:
+    """What a student's page says while the cluster is in trouble, true for the state of the attempt it shows
+    (``state``; None without one), or None when all is well."""
+    from labs.models import AttemptState  # labs.models reads its texts through this module
+
+    trouble = cluster_trouble()
+    if trouble is None:
+        return None
+    if trouble != CLUSTER_NOT_ANSWERING:
+        return sync_delayed_notice()
+    if state == AttemptState.RUNNING:
+        return _("The cluster is not answering. Your VM may still be running; Check and Stop will work when it is "
+                 "back.")
+    if state == AttemptState.STOPPING:
+        return _("The cluster is not answering; your lab will finish stopping when it is back.")
+    return _("The cluster is not answering; your lab may be slow to start.")

@@ -304,6 +304,18 @@ def attempt_teardown(*, attempt_id: int) -> str:
     return "skipped"
 
 
+def teardowns_resume(*, namespace: str) -> int:
+    """The namespace answers a list again after failing: queue the teardown of each of its stopping attempts whose
+    VM is still there now, rather than at its next backed-off retry (up to a minute away) or at the sweep."""
+    ids = list(Attempt.objects.filter(namespace=namespace, state=AttemptState.STOPPING, vm_deleted_at__isnull=True)
+               .values_list("id", flat=True))
+    for attempt_id in ids:
+        enqueue_teardown(attempt_id)
+    if ids:
+        logger.info("cluster answers again in %s: teardown of %s resumed", namespace, ids)
+    return len(ids)
+
+
 def _final_grading_elsewhere(attempt_id: int) -> bool:
     """Whether another teardown is running the final grading right now: it claimed it recently (a claim older than
     the task time limit belongs to a worker that died) and has not said it finished. A retry of the teardown that

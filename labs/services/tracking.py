@@ -38,6 +38,7 @@ from labs.services.provisioning import (
     attempt_end,
     attempt_fail,
     attempt_language,
+    teardowns_resume,
 )
 from labs.services.stopping import attempt_expire, attempt_stop_left
 from labs.states import attempt_transition
@@ -173,7 +174,13 @@ def _namespace_sync(*, namespace: str, report: SyncReport) -> SyncReport:
     now = timezone.now()
     # Attempts are read after the list, so none is judged on a list older than its own last change.
     attempts = list(Attempt.objects.filter(namespace=namespace, state__in=TRACKED_STATES))
-    TenantNamespace.objects.filter(namespace=namespace).update(listed_at=now, last_error="")
+    # A namespace whose last list failed is answering again: teardowns cut off meanwhile go on now.
+    recovered = TenantNamespace.objects.filter(namespace=namespace).exclude(last_error="").update(
+        listed_at=now, last_error="")
+    if recovered:
+        teardowns_resume(namespace=namespace)
+    else:
+        TenantNamespace.objects.filter(namespace=namespace).update(listed_at=now, last_error="")
     by_name = {(vmi.get("metadata") or {}).get("name"): vmi for vmi in vmis}
     for attempt in attempts:
         outcome = attempt_observe(attempt=attempt, vmi=by_name.get(attempt.vm_name), now=now)

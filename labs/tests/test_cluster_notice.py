@@ -3,10 +3,13 @@
 import pytest
 from django.core.cache import cache
 from django.urls import reverse
+from django.utils import translation
+from django.utils.translation import gettext
 
 from conftest import PASSWORD
 from labs.health import record_sync_success
 from labs.kubevirt import client as kube_client
+from labs.models import Attempt, AttemptState
 
 NOTICE = "The cluster is not answering; your lab may be slow to start."
 
@@ -34,3 +37,46 @@ def test_healthy_cluster_shows_no_notice(client, cluster, lab_a, student_a):
     page = client.get(reverse("labs:lab_detail", args=[lab_a.id]))
     assert page.status_code == 200
     assert 'id="cluster-notice"' not in page.content.decode()
+
+
+@pytest.fixture
+def unreachable_cluster(settings, tmp_path):
+    settings.KUBECONFIG = str(tmp_path / "missing-kubeconfig")
+    kube_client.reset()
+    cache.clear()
+    yield
+    kube_client.reset()
+    cache.clear()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("state", "says", "never"), [
+    (AttemptState.RUNNING,
+     "The cluster is not answering. Your VM may still be running; Check and Stop will work when it is back.",
+     "slow to start"),
+    (AttemptState.STOPPING,
+     "The cluster is not answering; your lab will finish stopping when it is back.", "slow to start"),
+    (AttemptState.STARTING, NOTICE, "Check and Stop"),
+])
+def test_unreachable_cluster_notice_says_what_is_true_for_the_attempt(
+        client, unreachable_cluster, lab_a, student_a, state, says, never):
+    attempt = Attempt.objects.create(lab=lab_a, student=student_a, tenant=lab_a.course.tenant, state=state)
+    client.login(username=student_a.username, password=PASSWORD)
+    pages = [client.get(reverse("labs:lab_detail", args=[lab_a.id])),
+             client.get(reverse("labs:attempt_detail", args=[attempt.id]))]
+    for page in pages:
+        assert page.status_code == 200
+        text = page.content.decode()
+        assert 'id="cluster-notice"' in text and says in text and never not in text
+
+
+@pytest.mark.django_db
+def test_running_attempt_notice_is_in_japanese_too(client, unreachable_cluster, lab_a, student_a):
+    Attempt.objects.create(lab=lab_a, student=student_a, tenant=lab_a.course.tenant, state=AttemptState.RUNNING)
+    client.login(username=student_a.username, password=PASSWORD)
+    page = client.get(reverse("labs:lab_detail", args=[lab_a.id]), HTTP_ACCEPT_LANGUAGE="ja")
+    english = "The cluster is not answering. Your VM may still be running; Check and Stop will work when it is back."
+    with translation.override("ja"):
+        japanese = gettext(english)
+    assert japanese != english
+    assert japanese in page.content.decode()

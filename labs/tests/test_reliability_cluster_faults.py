@@ -219,3 +219,22 @@ def _rate_limited(*, retry_after: str):
     exc.headers = {"Retry-After": retry_after}
     exc.body = '{"message": "Too many requests, please try again later."}'
     return exc
+
+
+def test_a_stop_during_an_outage_finishes_as_soon_as_the_cluster_answers(portal, cluster):
+    (attempts,) = running_attempts(1, portal, "Outage Stop")
+    (attempt,) = attempts
+    cluster.admin.inject_fault(code=503)
+    attempt_stop(actor=attempt.student, attempt=attempt)
+    # Long enough for the teardown's backed-off retries to space out (1, 2, 4, 8, 16 s ...).
+    time.sleep(20)
+    assert state(attempt) == AttemptState.STOPPING
+
+    cluster.admin.clear_faults()
+    cleared = time.monotonic()
+    wait_until(lambda: state(attempt) == AttemptState.STOPPED, timeout=60, what="the stop to finish",
+               describe=portal.log_tail)
+    # The first sync that reaches the cluster resumes the teardown: not its next retry, not the sweep.
+    assert time.monotonic() - cleared < 6
+    again = attempt_start(actor=attempt.student, lab=attempt.lab)  # no 409: the student starts again at once
+    assert again.state == AttemptState.REQUESTED

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from labs import tasks
-from labs.models import AttemptState
-from labs.services import agents, attempt_start, tracking
-from labs.tests.conftest import vm_names
+from labs.models import Attempt, AttemptState
+from labs.services import agents, attempt_start, attempt_stop, tracking
+from labs.tests.conftest import sync_until, vm_names
 
 pytestmark = pytest.mark.django_db
 
@@ -207,3 +207,27 @@ def test_a_round_reads_the_waiting_attempts_in_one_query_with_all_it_asks_with(
     with django_assert_num_queries(1):
         assert agents.agents_check(namespace=namespace) == (0, 5)
     assert sorted(asked) == [(namespace, f"attempt-round-{index}", f"token-{index}") for index in range(5)]
+
+
+def test_a_teardown_cut_off_by_an_outage_resumes_on_the_first_sync_that_reaches_the_cluster(
+        faults, student_a, lab_a, django_capture_on_commit_callbacks):
+    attempt = attempt_start(actor=student_a, lab=lab_a)
+    tasks.provision_attempt(attempt.id)
+    faults.inject_fault(code=503)  # the cluster stops answering anything
+    with django_capture_on_commit_callbacks(execute=True) as queued:
+        attempt_stop(actor=student_a, attempt=Attempt.objects.get(pk=attempt.pk))  # eager teardown: retries fail
+    assert len(queued) >= 1
+    assert tracking.attempts_sync().errors  # the outage lasts a sync or two
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.STOPPING and attempt.vm_deleted_at is None
+
+    faults.clear_faults()
+    with django_capture_on_commit_callbacks(execute=True):
+        tracking.attempts_sync()  # the cluster answers: the teardown goes on now, not at a later retry or sweep
+    attempt.refresh_from_db()
+    assert attempt.vm_deleted_at is not None
+    assert vm_names(attempt.namespace) == []
+    sync_until(attempt, AttemptState.STOPPED, timeout=10)
+    with django_capture_on_commit_callbacks(execute=True) as queued:
+        tracking.attempts_sync()
+    assert queued == []  # only the pass that found the cluster back resumes anything

@@ -18,12 +18,12 @@ from django.utils.translation import gettext as _
 from django.views import View
 
 from labs.access import attempt_get_for_user, attempts_for_student, lab_get_for_staff, lab_get_for_student
-from labs.health import cluster_health_summary
 from labs.models import ACTIVE_STATES, Attempt, Lab
 from labs.selectors import attempt_status_payload, attempts_counted_against_limit
 from labs.services.quota import per_student_cap_message
 from labs.views.instructions import render_instructions
 from labs.views.strings import PROGRESS_STEPS, attempt_page_strings
+from labs.wording import cluster_notice
 from portal.errors import NotFound
 from portal.models import STAFF_ROLES
 from portal.selectors import course_role
@@ -127,7 +127,7 @@ class LabDetailView(LoginRequiredMixin, View):
             "page_config": attempt_page_config(request=request, attempt=current, is_student=True, is_staff=False)
             if current is not None else None,
             # A degraded cluster is said in plain words, never left to look like a stuck progress bar.
-            "cluster_notice": cluster_health_summary(),
+            "cluster_notice": cluster_notice(state=current.state if current is not None else None),
         }
         return render(request, "labs/lab_detail.html", context)
 
@@ -161,9 +161,12 @@ class AttemptDetailView(LoginRequiredMixin, View):
             "lab": lab,
             "attempt": attempt,
             "slow_start_seconds": settings.ATTEMPT_SLOW_START_NOTICE_SECONDS,
-        "is_student": is_student,
+            "is_student": is_student,
             "is_staff": is_staff,
             "active": attempt.state in ACTIVE_STATES,
+            # In the student's words ("your VM"): course staff read the cluster's state on the operations pages.
+            "cluster_notice": cluster_notice(state=attempt.state)
+            if is_student and attempt.state in ACTIVE_STATES else None,
             "progress_steps": PROGRESS_STEPS,
             "page_config": attempt_page_config(request=request, attempt=attempt, is_student=is_student,
                                                is_staff=is_staff),

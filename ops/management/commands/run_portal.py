@@ -3,7 +3,8 @@
 In the embedded default it also starts kubesim (the cluster) as a child process and runs the Celery worker and
 beat inside this process on the in-memory transport, so nothing needs installing. With ``REDIS_URL`` set the
 worker and beat are expected as separate processes (docker-compose.yml); with ``KUBECONFIG`` set, or inside a
-cluster, kubesim is not started.
+cluster, kubesim is not started. kubesim is started again if it exits (``portal.kubesim_supervision``), and a
+SIGTERM ends the process within ``--shutdown-grace`` seconds whatever is in flight (``portal.shutdown``).
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+
+from portal.kubesim_supervision import KubesimSupervisor
+from portal.shutdown import BoundedShutdown
 
 
 def start_kubesim(*, kubeconfig: Path, log_path: Path, extra_args: list[str]) -> subprocess.Popen:
@@ -82,20 +87,59 @@ class Command(BaseCommand):
             help="Extra argument for kubesim (repeatable), e.g. --kubesim-arg=--phase-delay=1",
         )
         parser.add_argument("--no-kubesim", action="store_true", help="Do not start kubesim.")
+        parser.add_argument(
+            "--shutdown-grace", type=float, default=float(os.environ.get("PORTAL_SHUTDOWN_GRACE_SECONDS", "10")),
+            help="Seconds that requests and tasks in flight get after SIGTERM before the process exits anyway.",
+        )
 
-    def handle(self, *args, host: str, port: int, kubesim_arg: list[str], no_kubesim: bool, **options) -> None:
+    def handle(self, *args, host: str, port: int, kubesim_arg: list[str], no_kubesim: bool, shutdown_grace: float,
+               **options) -> None:
+        # First: importing daphne installs its asyncio Twisted reactor, which the supervisor and shutdown hook use.
+        from daphne.cli import CommandLineInterface
+        from twisted.internet import reactor as twisted_reactor
+
+        # Twisted types its reactor through zope interfaces, which mypy reads as unbound methods.
+        reactor: Any = twisted_reactor
+
+        if shutdown_grace < 0:
+            raise CommandError(f"--shutdown-grace must be 0 seconds or more, not {shutdown_grace:g}.")
         settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
         in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+        supervisor = None
         if not (no_kubesim or settings.KUBECONFIG or in_cluster):
-            start_kubesim(
-                kubeconfig=Path(settings.EMBEDDED_KUBECONFIG),
-                log_path=settings.VAR_DIR / "kubesim.log",
-                extra_args=kubesim_arg,
-            )
+            supervisor = self._supervise_kubesim(kubesim_arg)
         if settings.CELERY_EMBEDDED_WORKER:
             start_embedded_celery()
             self.stdout.write("celery: worker and beat running in this process (in-memory transport)")
         self.stdout.write(self.style.SUCCESS(f"Portal: http://{host}:{port}/  (admin: http://{host}:{port}/admin/)"))
-        from daphne.cli import CommandLineInterface
-
+        shutdown = BoundedShutdown(
+            grace_seconds=shutdown_grace,
+            cleanup=(lambda: supervisor.stop(timeout=3)) if supervisor is not None else (lambda: None),
+        )
+        reactor.addSystemEventTrigger("before", "shutdown", shutdown.begin)
+        if supervisor is not None:
+            reactor.addSystemEventTrigger("before", "shutdown", supervisor.shutting_down)
         CommandLineInterface().run(["--bind", host, "--port", str(port), "portal.asgi:application"])
+        if supervisor is not None:
+            supervisor.stop()
+            if supervisor.gave_up:
+                raise CommandError(supervisor.gave_up)
+
+    def _supervise_kubesim(self, extra_args: list[str]) -> KubesimSupervisor:
+        from twisted.internet import reactor as twisted_reactor
+
+        # Twisted types its reactor through zope interfaces, which mypy reads as unbound methods.
+        reactor: Any = twisted_reactor
+
+        from labs.kubevirt import client as kube_client
+
+        kubeconfig = Path(settings.EMBEDDED_KUBECONFIG)
+        log_path = settings.VAR_DIR / "kubesim.log"
+        supervisor = KubesimSupervisor(
+            start=lambda more: start_kubesim(kubeconfig=kubeconfig, log_path=log_path, extra_args=[*extra_args, *more]),
+            restarted=kube_client.reset,  # the new kubesim has a new token
+            give_up=lambda _message: reactor.callFromThread(reactor.stop),
+            kubeconfigs=(kubeconfig, kubeconfig.with_name("kubeconfig-kubectl")), log_path=log_path,
+        )
+        supervisor.run()
+        return supervisor
