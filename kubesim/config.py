@@ -34,7 +34,9 @@ class SimConfig:
     watch_history: int = 10_000
     bookmark_interval: float = 60.0
     watch_timeout: float = 1800.0
-    launcher_fixed_overhead: str = "212Mi"
+    # v1.9.0's fixed overhead: virt-launcher-monitor 25Mi, virt-launcher 100Mi, virtlogd 25Mi, virtqemud 40Mi,
+    # qemu 30Mi (pkg/hypervisor/kvm/hypervisorbackend.go).
+    launcher_fixed_overhead: str = "220Mi"
     event_limit: int = 50_000
     seed: int | None = None
 

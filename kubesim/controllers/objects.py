@@ -108,6 +108,7 @@ class VmiRuntime:
     stop_at: float | None = None
     pulled: bool = False
     image_error_reported: bool = False
+    create_refused: bool = False
 
 
 def format_quantity(resource: str, value: Decimal) -> str:

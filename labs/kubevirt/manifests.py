@@ -20,7 +20,7 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
-from labs.kubevirt import names
+from labs.kubevirt import names, podsecurity
 from labs.sizes import CPU_ALLOCATION_RATIO
 
 KUBEVIRT_API_VERSION = "kubevirt.io/v1"
@@ -32,7 +32,6 @@ CLOUD_INIT_DISK = "cloudinitdisk"
 POD_NETWORK = "default"
 # KubeVirt's cloudInitNoCloud reads these keys from the Secret named by secretRef.
 USER_DATA_KEY = "userdata"
-POD_SECURITY_LEVEL = "restricted"
 
 
 def virtual_machine(
@@ -114,10 +113,13 @@ def owner_reference(vm: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def namespace(*, name: str, tenant_id: int) -> dict[str, Any]:
-    """A tenant's namespace, enforcing the restricted Pod Security level (KubeVirt's launcher pods comply)."""
+    """A tenant's namespace. Pod Security enforces ``privileged``: KubeVirt's launcher pods carry no seccomp profile
+    unless the KubeVirt CR sets one, and ``restricted`` refuses them (``labs.kubevirt.podsecurity``); audit and warn
+    stay at ``restricted`` so what a stricter level would refuse remains visible."""
     labels = names.namespace_labels(tenant_id=tenant_id)
-    for mode in ("enforce", "audit", "warn"):
-        labels[f"pod-security.kubernetes.io/{mode}"] = POD_SECURITY_LEVEL
+    labels["pod-security.kubernetes.io/enforce"] = podsecurity.ENFORCE_LEVEL
+    for mode in ("audit", "warn"):
+        labels[f"pod-security.kubernetes.io/{mode}"] = podsecurity.AUDIT_LEVEL
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
 
 

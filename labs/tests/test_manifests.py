@@ -124,12 +124,12 @@ def test_owner_reference_points_at_the_vm():
     assert core_errors(reference, "V1OwnerReference") == []
 
 
-def test_namespace_enforces_restricted_pod_security():
+def test_namespace_enforces_the_pod_security_level_launcher_pods_need():
     namespace = manifests.namespace(name="lab-x-1", tenant_id=3)
     assert namespace["metadata"]["labels"] == {
         "app.kubernetes.io/managed-by": "lab-portal",
         "labs.portal/tenant": "3",
-        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce": "privileged",
         "pod-security.kubernetes.io/audit": "restricted",
         "pod-security.kubernetes.io/warn": "restricted",
     }
