@@ -38,3 +38,24 @@ def in_language(texts: Mapping[str, str] | None, fallback: str, language: str | 
 def with_cluster_words(words: str, said: str) -> str:
     """``words``, then what the cluster said about it (left in the cluster's words), when it said anything."""
     return f"{words} " + _("The cluster says: %(detail)s") % {"detail": said} if said else words
+
+
+# ---- why a VM's launcher pod was not made (labs.kubevirt.status) ---------------------------------------------
+
+
+def pod_refused(said: str) -> str:
+    """The cluster refused the VM's pod for good (e.g. the namespace's Pod Security level)."""
+    if "PodSecurity" in said:
+        words = _("The cluster refused to start this VM: the course's namespace enforces a Pod Security level that "
+                  "does not allow KubeVirt's VM pods. Tell your instructor; an operator can fix it (run `python "
+                  "manage.py cluster_check`).")
+    else:
+        words = _("The cluster refused to start this VM. Tell your instructor.")
+    return with_cluster_words(words, said)
+
+
+def pod_waiting(said: str) -> str:
+    """The VM's pod waits for room in the course's quota (another VM of the course is still going away)."""
+    return with_cluster_words(
+        _("The course's cluster quota is full for now; the VM starts as soon as another VM of the course has "
+          "stopped."), said)

@@ -17,6 +17,8 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext as _
 
+from labs import wording
+
 # VMI phases the attempt records a time for, in order, with the Attempt field each one fills.
 PHASE_FIELDS = {
     "Pending": "pending_at",
@@ -30,9 +32,19 @@ IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 CONTAINER_DISK_SIGNATURE = "container-disk"
 
 
+# Synchronized=False reasons of virt-controller (pkg/virt-controller/watch/vmi/lifecycle.go) that no retry mends:
+# the launcher pod cannot be made as the VM is, so the attempt ends at once with KubeVirt's message. A pod refused
+# by a ResourceQuota is the exception: it fits once another VM of the namespace has gone.
+POD_NOT_CREATED_REASONS = ("FailedCreate", "FailedCreateValidation", "FailedPvcNotFound",
+                           "ContainerPathVolumesDisabled")
+QUOTA_SIGNATURE = "exceeded quota"
+
+
 class Problem:
     """Stable codes for what can keep a VM from running, stored with the attempt's message."""
 
+    POD_REFUSED = "pod_refused"
+    POD_WAITING = "pod_waiting"
     UNSCHEDULABLE = "unschedulable"
     IMAGE_PULL = "image_pull"
     VMI_FAILED = "vmi_failed"
@@ -49,6 +61,8 @@ class VmiObservation:
     problem: str = ""
     problem_code: str = ""
     problem_since: datetime | None = None
+    # The problem cannot mend by itself: the attempt ends now rather than after the grace.
+    problem_final: bool = False
 
     @property
     def failed(self) -> bool:
@@ -120,6 +134,17 @@ def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
         )
 
     synchronized = conditions.get("Synchronized") or {}
+    if synchronized.get("status") == "False" and synchronized.get("reason") in POD_NOT_CREATED_REASONS:
+        message = synchronized.get("message") or synchronized.get("reason") or ""
+        waiting = QUOTA_SIGNATURE in message
+        return VmiObservation(
+            phase=phase, uid=uid, phase_times=times, node_name=node,
+            problem_code=Problem.POD_WAITING if waiting else Problem.POD_REFUSED,
+            problem=wording.pod_waiting(message) if waiting else wording.pod_refused(message),
+            problem_since=_time(synchronized.get("lastTransitionTime")) or times.get("Pending"),
+            problem_final=not waiting,
+        )
+
     if synchronized.get("status") == "False" and synchronized.get("reason") in IMAGE_PULL_REASONS:
         return VmiObservation(
             phase=phase, uid=uid, phase_times=times, node_name=node, problem_code=Problem.IMAGE_PULL,

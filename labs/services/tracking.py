@@ -322,7 +322,7 @@ def _observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> 
     if attempt.state != AttemptState.RUNNING:
         if observation.problem:
             since = observation.problem_since or now
-            if (now - since).total_seconds() >= settings.ATTEMPT_FAILURE_GRACE_SECONDS:
+            if observation.problem_final or (now - since).total_seconds() >= settings.ATTEMPT_FAILURE_GRACE_SECONDS:
                 _apply(attempt, changes)
                 return Outcome.FAILED if attempt_fail(
                     attempt_id=attempt.id, reason=lambda: _problem(vmi) + " " + start_again_hint(),

@@ -156,3 +156,55 @@ def test_image_volume_without_runtime_support_explains_the_fix(
         sync_until(attempt, AttemptState.FAILED)
     assert "container-disk" in attempt.failure_reason
     assert "disabledFeatureGates" in attempt.failure_reason
+
+
+def test_a_namespace_that_refuses_launcher_pods_ends_the_start_within_seconds_with_kubevirts_message(
+        tight_cluster, student_a, lab_a, tenant_a, django_capture_on_commit_callbacks):
+    import time
+
+    from kubernetes import client as k8s
+
+    from labs.services import tenant_namespace_ensure
+
+    tenant_namespace_ensure(tenant=tenant_a)
+    namespace = tenant_a.cluster_namespace.namespace
+    core = k8s.CoreV1Api(tight_cluster.api_client())
+    label = "pod-security.kubernetes.io/enforce"
+    core.patch_namespace(namespace, {"metadata": {"labels": {label: "restricted"}}})
+    try:
+        begun = time.monotonic()
+        attempt = started(student_a, lab_a, django_capture_on_commit_callbacks)
+        with django_capture_on_commit_callbacks(execute=True):
+            sync_until(attempt, AttemptState.FAILED, timeout=10)
+        assert time.monotonic() - begun < 10
+    finally:
+        core.patch_namespace(namespace, {"metadata": {"labels": {label: "privileged"}}})
+    assert "it needs a privileged namespace to run" in attempt.failure_reason
+    assert 'violates PodSecurity "restricted:latest"' in attempt.failure_reason
+    assert "Pod Security" in attempt.failure_reason_texts["en"] and attempt.failure_reason_texts["ja"]
+    wait_until(lambda: vm_names(attempt.namespace) == [], what="the refused VM to be deleted")
+
+
+def test_a_quota_refusal_holds_the_attempt_with_kubevirts_message(
+        tight_cluster, settings, student_a, lab_a, tenant_a, django_capture_on_commit_callbacks):
+    from kubernetes import client as k8s
+
+    from labs.services import tenant_namespace_ensure, tracking
+
+    settings.ATTEMPT_FAILURE_GRACE_SECONDS = 300
+    tenant_namespace_ensure(tenant=tenant_a)
+    namespace = tenant_a.cluster_namespace.namespace
+    core = k8s.CoreV1Api(tight_cluster.api_client())
+    core.create_namespaced_resource_quota(namespace, {"metadata": {"name": "tiny"},
+                                                      "spec": {"hard": {"requests.memory": "100Mi"}}})
+    try:
+        attempt = started(student_a, lab_a, django_capture_on_commit_callbacks)
+
+        def held() -> bool:
+            attempt.refresh_from_db()
+            return "exceeded quota: tiny" in attempt.status_message
+
+        wait_until(held, step=lambda: tracking.namespace_sync(namespace=namespace), what="the quota message")
+        assert attempt.state == AttemptState.STARTING and attempt.failure_reason == ""
+    finally:
+        core.delete_namespaced_resource_quota("tiny", namespace)
