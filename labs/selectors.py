@@ -14,7 +14,7 @@ from django.utils.translation import gettext as _
 
 from labs.console.stage import console_stage
 from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab
-from labs.sizes import CPU_ALLOCATION_RATIO
+from labs.sizes import namespace_cpu_millicores
 from portal.compiled import CompiledQuery
 from portal.errors import NotFound
 from portal.models import STAFF_ROLES, Role, Tenant, User
@@ -171,7 +171,7 @@ class TenantCapacity:
 
     @property
     def max_cpu_millicores(self) -> int:
-        return -(-self.tenant.max_vcpus * 1000 // CPU_ALLOCATION_RATIO)
+        return namespace_cpu_millicores(max_vcpus=self.tenant.max_vcpus, max_vms=self.tenant.max_concurrent_vms)
 
     def percent(self, used: int, limit: int) -> int:
         return round(100 * used / limit) if limit else 0

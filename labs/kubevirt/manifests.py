@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from labs.kubevirt import names, podsecurity
-from labs.sizes import CPU_ALLOCATION_RATIO
+from labs.sizes import namespace_cpu_millicores
 
 KUBEVIRT_API_VERSION = "kubevirt.io/v1"
 # The guest's disk is thrown away with the VM, so a long shutdown protects nothing; a short one frees the
@@ -173,10 +173,10 @@ def network_policies(
 def quota_hard(*, max_vms: int, max_vcpus: int, max_memory_mib: int) -> dict[str, str]:
     """The namespace's hard limits: the same numbers the portal admits attempts against.
 
-    CPU is what the virt-launcher pods request (vCPUs / cpuAllocationRatio), memory what they request (guest plus
-    overhead, which the tenant's memory quota already counts).
+    CPU is what the virt-launcher pods request (vCPUs / cpuAllocationRatio, and 5m per VM for the serial console log
+    sidecar), memory what they request (guest, overhead and sidecar, which the tenant's memory quota already counts).
     """
-    cpu_millicores = -(-max_vcpus * 1000 // CPU_ALLOCATION_RATIO)
+    cpu_millicores = namespace_cpu_millicores(max_vcpus=max_vcpus, max_vms=max_vms)
     return {
         "requests.cpu": f"{cpu_millicores}m",
         "requests.memory": f"{max_memory_mib}Mi",

@@ -168,10 +168,10 @@ def test_network_policy_admits_the_portal_namespace_when_it_runs_in_cluster():
     assert core_errors(agent, "V1NetworkPolicy") == []
 
 
-def test_resource_quota_uses_launcher_arithmetic_for_cpu():
+def test_resource_quota_uses_launcher_arithmetic_for_cpu_with_the_console_log_sidecar():
     quota = manifests.resource_quota(namespace="ns", tenant_id=3, max_vms=10, max_vcpus=20, max_memory_mib=40960)
     assert quota["spec"]["hard"] == {
-        "requests.cpu": "2000m",  # 20 vCPUs / cpuAllocationRatio 10
+        "requests.cpu": "2050m",  # 20 vCPUs / cpuAllocationRatio 10, and 5m per VM for the console log sidecar
         "requests.memory": "40960Mi",
         "count/virtualmachines.kubevirt.io": "10",
     }

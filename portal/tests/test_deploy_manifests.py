@@ -21,7 +21,7 @@ SAMPLE = {
     "TENANT_NAMESPACE": "lab-tenant-a-1a2b3c",
     "TENANT_ID": "7",
     "QUOTA_VMS": "10",
-    "QUOTA_REQUESTS_CPU": "2000m",
+    "QUOTA_REQUESTS_CPU": "2050m",
     "QUOTA_REQUESTS_MEMORY": "40960Mi",
     "PORTAL_NAMESPACE": "lab-portal",
     "KUBEVIRT_NAMESPACE": "kubevirt",
