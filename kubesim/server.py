@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from kubesim import __version__, admission, openapi
+from kubesim import __version__, admission, openapi, protobuf
 from kubesim.apiserver import ApiServer
 from kubesim.bodies import (
     int_param,
@@ -352,6 +352,8 @@ class KubeSim:
         if not raw:
             raise ApiError(400, "the request body is empty")
         content_type = request.headers.get("Content-Type", _JSON)
+        if content_type.startswith(protobuf.MEDIA_TYPE):
+            return protobuf.decode(raw)
         try:
             if "yaml" in content_type and "apply-patch" not in content_type:
                 return yaml.safe_load(raw)

@@ -315,3 +315,21 @@ def test_a_serving_kubesim_freezes_its_startup_objects_and_collects_young_ones_l
     before, after = ([int(n) for n in line.split()] for line in result.stdout.strip().splitlines()[-2:])
     assert before == [0, 700, 10, 10]
     assert after[0] > 10_000 and tuple(after[1:]) == SERVER_GC_THRESHOLDS
+
+
+def test_protobuf_bodies_of_unknown_kinds_are_415_and_malformed_ones_400():
+    from kubesim import protobuf
+    from kubesim.errors import ApiError
+
+    def field(number: int, payload: bytes) -> bytes:
+        return bytes([number << 3 | 2, len(payload)]) + payload
+
+    pod = protobuf.MAGIC + field(1, field(1, b"v1") + field(2, b"Pod")) + field(2, b"")
+    with pytest.raises(ApiError) as refused:
+        protobuf.decode(pod)
+    assert refused.value.code == 415
+    with pytest.raises(ApiError) as broken:
+        protobuf.decode(protobuf.MAGIC + b"\x0a\x7f")
+    assert broken.value.code == 400
+    namespace = protobuf.MAGIC + field(1, field(1, b"v1") + field(2, b"Namespace")) + field(2, field(1, field(1, b"x")))
+    assert protobuf.decode(namespace) == {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}
