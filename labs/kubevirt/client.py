@@ -33,6 +33,10 @@ REQUEST_RETRIES = urllib3.Retry(
 _lock = threading.Lock()
 _configuration: client.Configuration | None = None
 _api_client: client.ApiClient | None = None
+_metadata_client: client.ApiClient | None = None
+# Metadata only, as client-go's metadata informers list: the apiserver answers a PartialObjectMetadataList. A
+# server that does not offer it answers whole objects (the second media type), whose metadata reads the same.
+METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
 _stream_ssl: tuple[client.Configuration, ssl.SSLContext | None] | None = None
 
 
@@ -80,12 +84,25 @@ def api_client() -> client.ApiClient:
         return _api_client
 
 
+def metadata_api_client() -> client.ApiClient:
+    """A client whose every request asks for metadata only: the generated methods set their own Accept header,
+    and a client's default headers are the public way to replace it."""
+    global _metadata_client
+    cfg = configuration()
+    with _lock:
+        if _metadata_client is None:
+            _metadata_client = client.ApiClient(configuration=cfg)
+            _metadata_client.set_default_header("Accept", METADATA_LIST_ACCEPT)
+        return _metadata_client
+
+
 def reset() -> None:
     """Forget the loaded configuration (tests point the portal at a fresh kubesim; settings changed)."""
-    global _configuration, _api_client, _stream_ssl
+    global _configuration, _api_client, _metadata_client, _stream_ssl
     with _lock:
         _configuration = None
         _api_client = None
+        _metadata_client = None
         _stream_ssl = None
 
 
@@ -95,6 +112,14 @@ def custom_objects() -> client.CustomObjectsApi:
 
 def core_v1() -> client.CoreV1Api:
     return client.CoreV1Api(api_client())
+
+
+def metadata_custom_objects() -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(metadata_api_client())
+
+
+def metadata_core_v1() -> client.CoreV1Api:
+    return client.CoreV1Api(metadata_api_client())
 
 
 def networking_v1() -> client.NetworkingV1Api:

@@ -42,3 +42,36 @@ def test_the_streams_tls_context_is_made_once_and_trusts_the_clusters_ca(tls_clu
 
 def test_a_plain_http_cluster_has_no_tls_context(cluster):
     assert kube_client.stream_target("/version").ssl is None
+
+
+def test_the_portal_uses_only_the_clients_public_signatures():
+    # call_api's auth_settings and _return_http_data_only are the generator's internals: they changed shape with
+    # the client's new generator, and a pinned client that cannot be upgraded is a security liability.
+    import ast
+    from pathlib import Path
+
+    private = {"auth_settings", "_return_http_data_only", "response_types_map", "collection_formats"}
+    for path in Path(__file__).resolve().parents[1].joinpath("kubevirt").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+                assert name != "call_api", f"{path.name}:{node.lineno} calls ApiClient.call_api"
+                used = {k.arg for k in node.keywords} & private
+                assert not used, f"{path.name}:{node.lineno} passes {used}"
+
+
+def test_metadata_lists_ask_for_partial_objects_through_the_public_api(cluster):
+    from labs.kubevirt import operations
+
+    namespace = "meta-lists"
+    core = kube_client.core_v1()
+    core.create_namespace({"metadata": {"name": namespace}})
+    try:
+        core.create_namespaced_secret(namespace, {"metadata": {"name": "s", "labels": {
+            "app.kubernetes.io/managed-by": "lab-portal"}}, "stringData": {"userdata": "x" * 1000}})
+        (secret,) = operations.secrets_list(namespace=namespace)
+        assert secret["kind"] == "PartialObjectMetadata" and "data" not in secret
+        assert secret["metadata"]["name"] == "s"
+        assert operations.vms_list(namespace=namespace) == []
+    finally:
+        core.delete_namespace(namespace)
