@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                             ("agent-delay", "seconds from Running to AgentConnected"),
                             ("stop-delay", "seconds a deleted running VMI takes to shut down"),
                             ("jitter", "up to this many seconds added at random to each delay"),
-                            ("restart-backoff", "first CrashLoopBackOff delay (doubles, max 300 s)")):
+                            ("restart-backoff", "first CrashLoopBackOff delay (doubles, max 300 s)"),
+                            ("image-pull-backoff", "first ImagePullBackOff delay (doubles, max 300 s)")):
         attribute = name.replace("-", "_")
         serve.add_argument(f"--{name}", type=float, default=getattr(defaults, attribute),
                            help=f"{help_text} (default {getattr(defaults, attribute)})")
@@ -105,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     config = SimConfig()
     for field in ("pending_delay", "scheduling_delay", "scheduled_delay", "agent_delay", "stop_delay", "jitter",
-                  "restart_backoff", "nodes", "node_cpu", "node_memory", "node_pods", "guest", "guest_python",
+                  "restart_backoff", "image_pull_backoff", "nodes", "node_cpu", "node_memory", "node_pods", "guest",
+                  "guest_python",
                   "kubernetes_version", "kubevirt_version", "feature_gates", "disabled_feature_gates",
                   "image_volume_supported", "bad_image_pattern", "watch_history", "bookmark_interval",
                   "watch_timeout", "launcher_fixed_overhead", "seed"):

@@ -18,6 +18,7 @@ class SimConfig:
     stop_delay: float = 0.5         # a deleted VMI's guest shutting down before the VMI goes
     jitter: float = 0.0
     restart_backoff: float = 10.0   # first start-failure backoff; doubles per consecutive failure, max 300 s
+    image_pull_backoff: float = 10.0  # kubelet's first image pull back-off; doubles per failed pull, max 300 s
     nodes: int = 3
     node_cpu: str = "16"
     node_memory: str = "64Gi"

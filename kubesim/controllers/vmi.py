@@ -291,32 +291,7 @@ class VirtualMachineInstanceController:
         images = self._container_disk_images(vmi)
         bad = [image for image in images if self.config.bad_image(image)]
         if bad:
-            if not runtime.image_error_reported:
-                runtime.image_error_reported = True
-                image = bad[0]
-                message = (f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": '
-                           f'failed to resolve reference "{image}": {image}: not found')
-                self.record(pod, "Normal", "Pulling", f'Pulling image "{image}"', "kubelet", node)
-                self.record(pod, "Warning", "Failed", f'Failed to pull image "{image}": {message}', "kubelet", node)
-                self.record(pod, "Warning", "Failed", "Error: ErrImagePull", "kubelet", node)
-                container = next((c["name"] for c in pod["spec"]["containers"] if c.get("image") == image),
-                                 "compute")
-
-                def waiting(o: dict[str, Any]) -> None:
-                    o["status"]["containerStatuses"] = [
-                        {"name": c["name"], "image": c["image"], "imageID": "", "ready": False, "restartCount": 0,
-                         "started": False, "state": {"waiting": {"reason": "ErrImagePull", "message": message}
-                                                     if c["name"] == container else
-                                                     {"reason": "PodInitializing"}}}
-                        for c in o["spec"]["containers"]]
-                self.api.mutate(POD, namespace, pod["metadata"]["name"], waiting)
-
-                def vmi_waiting(o: dict[str, Any]) -> None:
-                    set_condition(o, new_condition("Synchronized", "False", "ErrImagePull",
-                                                 f'failed to pull image "{image}": {message}'))
-                self.api.mutate(VMI, namespace, name, vmi_waiting)
-                self.record(vmi, "Warning", "ErrImagePull", f'Failed to pull image "{image}"',
-                            "virtualmachineinstance-controller")
+            self._image_pull_failure(vmi, runtime, pod, bad[0])
             return
         missing = self._missing_secrets(vmi)
         if missing:
@@ -482,7 +457,10 @@ class VirtualMachineInstanceController:
 
         def failed(o: dict[str, Any]) -> None:
             set_phase(o, "Failed")
-            o["status"]["reason"] = reason
+            if reason == "NodeUnresponsive":
+                # The only status.reason v1.9 writes (pkg/virt-controller/watch/node/node.go); every other failure
+                # is told by conditions, the VM's printableStatus and Events.
+                o["status"]["reason"] = reason
             set_condition(o, new_condition("Ready", "False", "GuestNotRunning", "Guest VM is not reported as running"))
             drop_condition(o, "AgentConnected")
             if message:

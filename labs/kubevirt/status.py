@@ -63,6 +63,8 @@ class VmiObservation:
     problem_since: datetime | None = None
     # The problem cannot mend by itself: the attempt ends now rather than after the grace.
     problem_final: bool = False
+    # False when the VMI itself names no reason: the cluster's Events are to be read for one.
+    explained: bool = True
 
     @property
     def failed(self) -> bool:
@@ -103,6 +105,23 @@ def image_volume_hint(message: str) -> str:
     return ""
 
 
+def _failure_words(vmi: Mapping[str, Any]) -> str:
+    """What a Failed VMI says about why: ``status.reason`` (v1.9 sets it only for a lost node), else the
+    ``Synchronized=False`` condition's reason and message."""
+    reason = (vmi.get("status") or {}).get("reason") or ""
+    synchronized = _conditions(vmi).get("Synchronized") or {}
+    if synchronized.get("status") == "False":
+        reason = reason or synchronized.get("reason") or ""
+    return ": ".join(part for part in (reason, synchronized.get("message") or "") if part)
+
+
+def failed_problem(vmi: Mapping[str, Any], events: str = "") -> str:
+    """A Failed VMI's reason in plain words, from the VMI, else from the Events about it (``events_problem``)."""
+    detail = ((_conditions(vmi).get("Synchronized") or {}).get("message")) or ""
+    words = _failure_words(vmi) or events or _("no reason given")
+    return _("The VM failed (%(reason)s).") % {"reason": words} + image_volume_hint(detail)
+
+
 def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
     """What one VMI says about its attempt."""
     status = vmi.get("status") or {}
@@ -113,15 +132,14 @@ def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
     uid = (vmi.get("metadata") or {}).get("uid") or ""
 
     if phase == "Failed":
-        reason = status.get("reason") or ""
         synchronized = conditions.get("Synchronized") or {}
         detail = synchronized.get("message") or ""
-        words = ": ".join(part for part in (reason, detail) if part) or _("no reason given")
         code = Problem.IMAGE_VOLUME if image_volume_hint(detail) else Problem.VMI_FAILED
         return VmiObservation(
             phase=phase, uid=uid, phase_times=times, node_name=node, problem_code=code,
-            problem=_("The VM failed (%(reason)s).") % {"reason": words} + image_volume_hint(detail),
-            problem_since=times.get("Failed") or _time(synchronized.get("lastTransitionTime")),
+            problem=failed_problem(vmi), problem_since=times.get("Failed") or _time(
+                synchronized.get("lastTransitionTime")),
+            explained=bool(_failure_words(vmi)),
         )
 
     scheduled = conditions.get("PodScheduled") or {}
@@ -151,7 +169,9 @@ def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
             problem=_("The lab's disk image could not be downloaded (%(reason)s: %(message)s). Ask your instructor "
                       "to check the lab's VM image.")
             % {"reason": synchronized.get("reason"), "message": synchronized.get("message") or ""},
-            problem_since=_time(synchronized.get("lastTransitionTime")) or times.get("Pending"),
+            # kubelet flips ErrImagePull ↔ ImagePullBackOff and each flip renews the condition's time: the problem
+            # is as old as the phase it keeps the VMI in.
+            problem_since=times.get(phase) or times.get("Pending") or _time(synchronized.get("lastTransitionTime")),
         )
 
     return VmiObservation(phase=phase, uid=uid, phase_times=times, node_name=node)

@@ -29,7 +29,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from labs.kubevirt import operations, status
+from labs.kubevirt import explain, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import IDLE_STOP_MIN_MINUTES, Attempt, AttemptState, TenantNamespace
 from labs.services.attempts import attempt_expire, attempt_left_since, attempt_stop_left
@@ -311,12 +311,13 @@ def _observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> 
 
     if observation.failed:
         _apply(attempt, changes)
+        failure = explain.failed_vmi_words(vmi)
         if attempt.state == AttemptState.RUNNING:
             def reason() -> str:
-                return _("The VM stopped unexpectedly.") + " " + _problem(vmi)
+                return _("The VM stopped unexpectedly.") + " " + failure()
         else:
             def reason() -> str:
-                return _problem(vmi) + " " + start_again_hint()
+                return failure() + " " + start_again_hint()
         return Outcome.FAILED if attempt_fail(attempt_id=attempt.id, reason=reason) else Outcome.UNCHANGED
 
     if attempt.state != AttemptState.RUNNING:

@@ -208,3 +208,52 @@ def test_a_quota_refusal_holds_the_attempt_with_kubevirts_message(
         assert attempt.state == AttemptState.STARTING and attempt.failure_reason == ""
     finally:
         core.delete_namespaced_resource_quota("tiny", namespace)
+
+
+def test_image_pull_back_off_flips_do_not_restart_the_grace(
+        tight_cluster, settings, student_a, course_a, django_capture_on_commit_callbacks):
+    import time
+
+    from conftest import make_lab
+
+    # kubelet flips ErrImagePull ↔ ImagePullBackOff (back-off 1, 2, 4 s here), each flip a new lastTransitionTime:
+    # timed from the last flip, a 4 s grace would first run out about 10 s in.
+    tight_cluster.admin.configure(image_pull_backoff=1.0)
+    settings.ATTEMPT_FAILURE_GRACE_SECONDS = 4
+    lab = make_lab(course_a, title="Typo again")
+    lab.image = "quay.io/containerdisks/missing-debian:12"
+    lab.save(update_fields=["image"])
+    try:
+        begun = time.monotonic()
+        attempt = started(student_a, lab, django_capture_on_commit_callbacks)
+        with django_capture_on_commit_callbacks(execute=True):
+            sync_until(attempt, AttemptState.FAILED, timeout=15)
+        assert time.monotonic() - begun < 8
+    finally:
+        tight_cluster.admin.configure(image_pull_backoff=10.0)
+    assert "disk image could not be downloaded" in attempt.failure_reason
+    assert "missing-debian" in attempt.failure_reason
+
+
+def test_a_vmi_that_fails_without_a_status_reason_is_explained_from_conditions_and_events(
+        tight_cluster, student_a, lab_a, django_capture_on_commit_callbacks):
+    from labs.services import tracking
+
+    tight_cluster.admin.configure(scheduling_delay=30)
+    try:
+        attempt = started(student_a, lab_a, django_capture_on_commit_callbacks)
+
+        def scheduling() -> bool:
+            attempt.refresh_from_db()
+            return attempt.scheduling_at is not None
+
+        wait_until(scheduling, step=lambda: tracking.namespace_sync(namespace=attempt.namespace),
+                   what="the VMI to be scheduling")
+        # No message: KubeVirt v1.9 leaves status.reason empty, and only the Event names what happened.
+        tight_cluster.admin.fail_vmi(attempt.namespace, attempt.vm_name, reason="GuestPanicked")
+        with django_capture_on_commit_callbacks(execute=True):
+            sync_until(attempt, AttemptState.FAILED)
+    finally:
+        tight_cluster.admin.configure(scheduling_delay=0)
+    assert "no reason given" not in attempt.failure_reason
+    assert "GuestPanicked" in attempt.failure_reason
