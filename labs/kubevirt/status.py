@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext as _
 
@@ -82,6 +83,13 @@ def _time(value: Any) -> datetime | None:
 def _conditions(obj: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
     status = (obj or {}).get("status") or {}
     return {c.get("type", ""): c for c in status.get("conditions") or () if isinstance(c, Mapping)}
+
+
+def grace_seconds(observation: VmiObservation) -> int:
+    """How long the attempt may wait on this problem: minutes for room (an autoscaler adds nodes), less else."""
+    if observation.problem_code == Problem.UNSCHEDULABLE:
+        return settings.ATTEMPT_UNSCHEDULABLE_GRACE_SECONDS
+    return settings.ATTEMPT_FAILURE_GRACE_SECONDS
 
 
 def phase_times(vmi: Mapping[str, Any]) -> dict[str, datetime]:

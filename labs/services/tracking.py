@@ -9,7 +9,8 @@ so neither the sync nor provisioning ever waits on a guest.
 
 Status derivation follows the cluster: no VMI yet means still starting; a stopping attempt ends when its VMI is
 gone; a VMI that is Failed fails the attempt with the cluster's reason; a VM that cannot be scheduled or cannot pull
-its image fails the attempt once that has lasted ``ATTEMPT_FAILURE_GRACE_SECONDS``.
+its image fails the attempt once that has lasted its grace (``ATTEMPT_UNSCHEDULABLE_GRACE_SECONDS``, sized for an
+autoscaler, or ``ATTEMPT_FAILURE_GRACE_SECONDS``); a launcher pod the cluster refuses for good fails it at once.
 """
 
 from __future__ import annotations
@@ -323,7 +324,7 @@ def _observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> 
     if attempt.state != AttemptState.RUNNING:
         if observation.problem:
             since = observation.problem_since or now
-            if observation.problem_final or (now - since).total_seconds() >= settings.ATTEMPT_FAILURE_GRACE_SECONDS:
+            if observation.problem_final or (now - since).total_seconds() >= status.grace_seconds(observation):
                 _apply(attempt, changes)
                 return Outcome.FAILED if attempt_fail(
                     attempt_id=attempt.id, reason=lambda: _problem(vmi) + " " + start_again_hint(),
