@@ -64,6 +64,9 @@ def virtual_machine(
                 "metadata": {"labels": dict(labels)},
                 "spec": {
                     "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+                    # Explicit, not the cluster's default (None unless configured): a drain migrates the VM when
+                    # it can; a host-passthrough CPU cannot live-migrate, so such a VM is shut down instead.
+                    "evictionStrategy": "None" if host_passthrough else "LiveMigrateIfPossible",
                     "domain": {
                         "cpu": cpu,
                         "memory": {"guest": memory},

@@ -42,6 +42,7 @@ def test_vm_manifest_is_exactly_what_design_section_4_describes():
                 "metadata": {"labels": LABELS},
                 "spec": {
                     "terminationGracePeriodSeconds": 5,
+                    "evictionStrategy": "LiveMigrateIfPossible",
                     "domain": {
                         "cpu": {"cores": 1, "sockets": 1, "threads": 1},
                         "memory": {"guest": "2048Mi"},
@@ -181,3 +182,12 @@ def test_resource_quota_uses_launcher_arithmetic_for_cpu_with_the_console_log_si
 
 def test_core_validator_catches_unknown_fields():
     assert core_errors({"apiVersion": "v1", "kind": "Secret", "metadata": {"nmae": "x"}}, "V1Secret")
+
+
+def test_eviction_strategy_is_explicit_and_host_passthrough_vms_are_not_migrated():
+    # The cluster default is None unless configured (pkg/virt-config): a lab never depends on it. A drain migrates
+    # an ordinary lab VM when it can; a host-passthrough VM cannot live-migrate and is shut down (runStrategy
+    # Always then starts it afresh elsewhere, and the portal ends the attempt).
+    assert small_vm()["spec"]["template"]["spec"]["evictionStrategy"] == "LiveMigrateIfPossible"
+    nested = small_vm(host_passthrough=True)
+    assert nested["spec"]["template"]["spec"]["evictionStrategy"] == "None"
