@@ -176,6 +176,8 @@ class KubesimServer:
         self.token = token or secrets.token_urlsafe(24)
         self.kubeconfig = self.directory / "kubeconfig"
         self.tls_kubeconfig = self.directory / "kubeconfig-tls" if tls else None
+        # The same HTTPS cluster with a client certificate and tls-server-name instead of a token (kind, k3s).
+        self.cert_kubeconfig = self.directory / "kubeconfig-tls-cert" if tls else None
         self.log_path = self.directory / "kubesim.log"
         if not _DELAY_OPTIONS & options.keys():
             options["zero_delays"] = True

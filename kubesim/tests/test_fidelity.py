@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+import pytest
+
 from kubesim.tests.support import GROUP, VERSION, condition, get_or_none, vm_manifest, wait_for
 
 MI = 2**20
@@ -110,3 +112,22 @@ def test_disable_serial_console_log_removes_the_sidecar(custom, core, namespace)
         assert not pod.spec.init_containers
     finally:
         _kubevirt_configuration(custom, {"virtualMachineOptions": None})
+
+
+def test_client_certificate_kubeconfig_with_tls_server_name_authenticates(sim):
+    import yaml
+    from kubernetes import client, config
+
+    document = yaml.safe_load(sim.cert_kubeconfig.read_text())
+    assert "token" not in document["users"][0]["user"]
+    assert document["clusters"][0]["cluster"]["tls-server-name"] == "kubesim.cluster.local"
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(sim.cert_kubeconfig), client_configuration=configuration)
+    with client.ApiClient(configuration) as api:
+        names = [n.metadata.name for n in client.CoreV1Api(api).list_namespace().items]
+    assert "kubevirt" in names
+    # Without a certificate or a token the same listener answers 401.
+    configuration.cert_file = configuration.key_file = None
+    with client.ApiClient(configuration) as api, pytest.raises(client.ApiException) as refused:
+        client.CoreV1Api(api).list_namespace()
+    assert refused.value.status == 401
