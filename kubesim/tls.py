@@ -14,7 +14,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-
 SERVER_NAME = "kubesim.cluster.local"  # also in the certificate, for kubeconfigs that set tls-server-name
 
 

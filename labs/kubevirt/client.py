@@ -15,6 +15,7 @@ from pathlib import Path
 import urllib3
 from django.conf import settings
 from kubernetes import client, config
+from kubernetes.client.rest import should_bypass_proxies
 from kubernetes.config.config_exception import ConfigException
 
 KUBEVIRT_GROUP = "kubevirt.io"
@@ -137,6 +138,10 @@ class StreamTarget:
     url: str
     headers: dict[str, str]
     ssl: ssl.SSLContext | None
+    # The kubeconfig's tls-server-name: the name the server's certificate is checked against, and sent as SNI.
+    server_hostname: str | None = None
+    # An HTTP(S) proxy the REST client also uses (HTTPS_PROXY, unless NO_PROXY exempts the server).
+    proxy: str | None = None
 
 
 def _ssl_context(cfg: client.Configuration) -> ssl.SSLContext | None:
@@ -177,7 +182,10 @@ def stream_target(path: str) -> StreamTarget:
         url = "ws://" + host[len("http://"):] + path
     else:
         raise ClusterNotConfigured(f"Unsupported API server address {cfg.host!r}.")
-    return StreamTarget(url=url, headers=headers, ssl=_ssl_context(cfg))
+    proxy = cfg.proxy if cfg.proxy and not should_bypass_proxies(cfg.host, no_proxy=cfg.no_proxy or "") else None
+    return StreamTarget(url=url, headers=headers, ssl=_ssl_context(cfg),
+                        server_hostname=(cfg.tls_server_name or None) if url.startswith("wss://") else None,
+                        proxy=proxy)
 
 
 def vmi_subresource_path(*, namespace: str, name: str, subresource: str) -> str:

@@ -75,3 +75,40 @@ def test_metadata_lists_ask_for_partial_objects_through_the_public_api(cluster):
         assert operations.vms_list(namespace=namespace) == []
     finally:
         core.delete_namespace(namespace)
+
+
+def test_streams_follow_the_whole_kubeconfig_server_name_proxy_and_client_certificate(
+        kubesim_server, settings, monkeypatch):
+    settings.KUBECONFIG = str(kubesim_server.cert_kubeconfig)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    kube_client.reset()
+    try:
+        target = kube_client.stream_target("/apis/subresources.kubevirt.io/v1/version")
+    finally:
+        kube_client.reset()
+    assert target.url.startswith("wss://") and "Authorization" not in target.headers
+    assert target.server_hostname == "kubesim.cluster.local"
+    assert target.proxy == "http://proxy.example:3128"
+    assert target.ssl is not None and target.ssl.verify_mode == ssl.CERT_REQUIRED
+
+
+@pytest.mark.django_db
+def test_the_whole_flow_with_a_client_certificate_kubeconfig(
+        kubesim_server, lifecycle, settings, student_a, lab_a, django_capture_on_commit_callbacks):
+    # kind and k3s write kubeconfigs with a client certificate and no token; the REST client and the portforward
+    # stream to the grading agent (running means the agent answered through it) authenticate with it.
+    from labs.models import AttemptState
+    from labs.services import attempt_start
+    from labs.tests.conftest import sync_until
+
+    settings.KUBECONFIG = str(kubesim_server.cert_kubeconfig)
+    kube_client.reset()
+    try:
+        with django_capture_on_commit_callbacks(execute=True):
+            attempt = attempt_start(actor=student_a, lab=lab_a)
+        sync_until(attempt, AttemptState.RUNNING)
+        assert attempt.agent_ready_at is not None
+    finally:
+        kube_client.reset()
