@@ -232,7 +232,8 @@ class KubeSim:
             delay = self.faults.latency_for(route.verb, route.resource)
             if delay > 0:
                 await asyncio.sleep(delay)
-            injected = self.faults.error_for(route.verb, route.resource)
+            injected = self.faults.error_for(route.verb, route.resource, group=route.rt.group if route.rt else "",
+                                             namespace=route.namespace, name=route.name)
             if injected is not None:
                 return error_response(injected)
         try:

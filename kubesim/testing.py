@@ -69,9 +69,10 @@ class AdminClient:
                      retry_after: int | None = None,
                      count: int | None = None, watch_drop_after: float | None = None,
                      console_drop_after: float | None = None) -> dict[str, Any]:
-        """Add faults. ``latency`` maps ``verb``, ``verb:resource`` or ``*`` to seconds; ``code`` (500, 503 or
-        429 with Retry-After, 1 s unless ``retry_after`` says otherwise; 503 carries Retry-After only when
-        ``retry_after`` is given) answers ``rate`` of the matching requests, at most ``count`` times.
+        """Add faults. ``latency`` maps ``verb``, ``verb:resource`` or ``*`` to seconds; ``code`` (403 worded as
+        RBAC's refusal, 500, 503 or 429 with Retry-After, 1 s unless ``retry_after`` says otherwise; 503 carries
+        Retry-After only when ``retry_after`` is given) answers ``rate`` of the matching requests, at most
+        ``count`` times.
         Note that urllib3, under the kubernetes client, honours Retry-After on 429 and 503 by retrying."""
         spec: dict[str, Any] = {}
         if latency:

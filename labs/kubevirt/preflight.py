@@ -27,7 +27,7 @@ from django.conf import settings
 from django.utils.translation import gettext as _
 from kubernetes.utils import parse_quantity
 
-from labs.kubevirt import client, podsecurity
+from labs.kubevirt import client, podsecurity, tenant_namespaces
 from labs.kubevirt.operations import REQUEST_TIMEOUT, ClusterError, cluster_error
 
 ERROR = "error"
@@ -55,8 +55,10 @@ class ClusterFacts:
     server_version: str = ""
     kubevirt: dict[str, Any] | None = None
     nodes: list[dict[str, Any]] = field(default_factory=list)
-    # The tenant namespaces the portal knows of, as the cluster has them.
+    # The tenant namespaces the portal knows of, as the cluster has them, and those whose objects it may not manage
+    # (namespace, tenant name, what the cluster said).
     namespaces: list[dict[str, Any]] = field(default_factory=list)
+    forbidden: list[tuple[str, str, str]] = field(default_factory=list)
     # Problems met while reading (unreachable API, missing permission), already as findings.
     problems: list[Finding] = field(default_factory=list)
 
@@ -103,32 +105,16 @@ def gather() -> ClusterFacts:
               "%(error)s") % {"error": error.message},
             _("Grant the portal's service account list on nodes to enable these checks."),
         ))
-    facts.namespaces = _read_tenant_namespaces(facts)
+    tenants = tenant_namespaces.read()
+    facts.namespaces = tenants.namespaces
+    facts.forbidden = tenants.forbidden
+    facts.problems.extend(Finding(
+        WARNING, "namespace_unreadable",
+        _("Cannot read tenant namespace %(namespace)s, so its Pod Security level is not checked: %(error)s")
+        % {"namespace": name, "error": said},
+        _("Grant the portal's service account get on namespaces."),
+    ) for name, said in tenants.unreadable)
     return facts
-
-
-def _read_tenant_namespaces(facts: ClusterFacts) -> list[dict[str, Any]]:
-    """Each tenant namespace the portal has recorded, read from the cluster (one that does not exist yet is
-    skipped: the portal creates it with the right labels)."""
-    from labs.models import TenantNamespace
-
-    namespaces = []
-    for name in TenantNamespace.objects.values_list("namespace", flat=True):
-        try:
-            response = client.core_v1().read_namespace(name, _preload_content=False,
-                                                        _request_timeout=REQUEST_TIMEOUT)
-        except Exception as exc:
-            error = _as_cluster_error(exc, doing=f"reading namespace {name}")
-            if error.status != 404:
-                facts.problems.append(Finding(
-                    WARNING, "namespace_unreadable",
-                    _("Cannot read tenant namespace %(namespace)s, so its Pod Security level is not checked: "
-                      "%(error)s") % {"namespace": name, "error": error.message},
-                    _("Grant the portal's service account get on namespaces."),
-                ))
-            continue
-        namespaces.append(json.loads(response.data))
-    return namespaces
 
 
 def _as_cluster_error(exc: Exception, *, doing: str) -> ClusterError:
@@ -245,6 +231,14 @@ def assess(facts: ClusterFacts) -> list[Finding]:
         kvm_nodes = []
 
     findings.extend(_pod_security_findings(facts.namespaces, kubevirt))
+    findings.extend(Finding(
+        ERROR, "tenant_role_missing",
+        _("The portal may not manage tenant namespace %(namespace)s (tenant %(tenant)s): its Role and RoleBinding are "
+          "not applied, so no lab of that tenant can start. The cluster says: %(error)s")
+        % {"namespace": namespace, "tenant": tenant, "error": said},
+        _("As a cluster admin, run: python manage.py tenant_manifests \"%(tenant)s\" | kubectl apply -f -")
+        % {"tenant": tenant},
+    ) for namespace, tenant, said in facts.forbidden)
 
     if kubevirt is not None and image_volume_enabled(kubevirt):
         findings.extend(_image_volume_findings(facts, kvm_nodes or facts.nodes, version_text))

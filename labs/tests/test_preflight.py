@@ -213,3 +213,22 @@ def test_cluster_check_names_a_restricted_tenant_namespace_and_the_fix(kubevirt_
     assert code == 1
     assert f"Tenant namespace {name} enforces Pod Security" in output
     assert f"kubectl label --overwrite namespace {name} pod-security.kubernetes.io/enforce=privileged" in output
+
+
+def test_cluster_check_names_a_tenant_namespace_without_the_portals_role_and_what_to_apply(
+        kubevirt_config, cluster, tenant_a):
+    from labs.models import TenantNamespace
+    from labs.services import tenant_namespace_ensure
+
+    tenant_namespace_ensure(tenant=tenant_a)
+    namespace = TenantNamespace.objects.get(tenant=tenant_a).namespace
+    # As the API server answers a service account that no Role in the namespace grants anything.
+    cluster.admin.inject_fault(code=403, verbs=["get"], resources=["resourcequotas"])
+    try:
+        code, output = run_cluster_check()
+    finally:
+        cluster.admin.clear_faults()
+    assert code == 1
+    assert f"The portal may not manage tenant namespace {namespace} (tenant {tenant_a.name})" in output
+    assert f'python manage.py tenant_manifests "{tenant_a.name}" | kubectl apply -f -' in output
+    assert 'cannot get resource "resourcequotas"' in output
