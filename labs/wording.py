@@ -59,3 +59,10 @@ def pod_waiting(said: str) -> str:
     return with_cluster_words(
         _("The course's cluster quota is full for now; the VM starts as soon as another VM of the course has "
           "stopped."), said)
+
+
+def course_not_ready(said: str) -> str:
+    """The cluster refuses the portal in the course's namespace: a cluster admin has not set it up yet."""
+    return with_cluster_words(
+        _("This course is not ready yet: the cluster has not been set up for it. Tell your instructor (an operator "
+          "runs `python manage.py cluster_check` to see what to apply)."), said)

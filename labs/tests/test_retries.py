@@ -207,3 +207,14 @@ def test_a_round_reads_the_waiting_attempts_in_one_query_with_all_it_asks_with(
     with django_assert_num_queries(1):
         assert tracking.agents_check(namespace=namespace) == (0, 5)
     assert sorted(asked) == [(namespace, f"attempt-round-{index}", f"token-{index}") for index in range(5)]
+
+
+def test_a_namespace_without_the_portals_role_reads_as_a_course_not_ready(faults, student_a, lab_a):
+    # A new tenant whose Role a cluster admin has not applied yet: RBAC refuses the namespace's objects.
+    attempt = attempt_start(actor=student_a, lab=lab_a)
+    faults.inject_fault(code=403, verbs=["create"], resources=["networkpolicies", "secrets"])
+    assert tasks.provision_attempt.delay(attempt.id).get() == "failed"
+    attempt.refresh_from_db()
+    assert attempt.failure_reason.startswith("This course is not ready yet")
+    assert "tell your instructor" in attempt.failure_reason.lower()
+    assert attempt.failure_reason_texts["ja"]
