@@ -39,6 +39,14 @@ VMS = "virtualmachines"
 VMIS = "virtualmachineinstances"
 
 
+# RBAC's refusal ("… is forbidden: User "…" cannot …") in a tenant namespace means its Role is not applied yet: the
+# portal holds no RBAC rights and cannot fix that itself, so the message (shown to operators and instructors, and
+# kept as the namespace's last error) says what to apply.
+RBAC_SIGNATURE = 'is forbidden: User "'
+RBAC_HINT = (" (the portal's Role is not applied in this namespace: a cluster admin applies the tenant's manifests, "
+             "python manage.py tenant_manifests \"<tenant name>\" | kubectl apply -f -)")
+
+
 class ClusterError(Exception):
     """The cluster refused or failed a request. ``transient`` errors are retried with backoff."""
 
@@ -87,6 +95,8 @@ def cluster_error(exc: BaseException, *, doing: str) -> ClusterError:
         status = exc.status or None
         # A ResourceQuota refusal (403 "exceeded quota") while a stopped VM is still terminating clears by itself.
         quota = status == 403 and "exceeded quota" in message
+        if status == 403 and RBAC_SIGNATURE in message:
+            message += RBAC_HINT
         transient = status in TRANSIENT_STATUSES or status is None or quota
         _count_error(doing=doing, reason=str(status or "unknown"))
         return ClusterError(f"{doing}: {message}", status=status, transient=transient, retry_after=_retry_after(exc))
