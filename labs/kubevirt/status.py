@@ -33,12 +33,14 @@ IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 CONTAINER_DISK_SIGNATURE = "container-disk"
 
 
-# Synchronized=False reasons of virt-controller (pkg/virt-controller/watch/vmi/lifecycle.go) that no retry mends:
-# the launcher pod cannot be made as the VM is, so the attempt ends at once with KubeVirt's message. A pod refused
-# by a ResourceQuota is the exception: it fits once another VM of the namespace has gone.
+# Synchronized=False reasons of virt-controller (pkg/virt-controller/watch/vmi/lifecycle.go) for a launcher pod that
+# was not made. A Pod Security refusal and a manifest that cannot be rendered end the attempt at once with KubeVirt's
+# message; a pod refused by a ResourceQuota waits (it fits once another VM of the namespace has gone), and so does
+# any other FailedCreate, for the grace.
 POD_NOT_CREATED_REASONS = ("FailedCreate", "FailedCreateValidation", "FailedPvcNotFound",
                            "ContainerPathVolumesDisabled")
 QUOTA_SIGNATURE = "exceeded quota"
+POD_SECURITY_SIGNATURE = "violates PodSecurity"
 
 
 class Problem:
@@ -163,12 +165,15 @@ def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
     if synchronized.get("status") == "False" and synchronized.get("reason") in POD_NOT_CREATED_REASONS:
         message = synchronized.get("message") or synchronized.get("reason") or ""
         waiting = QUOTA_SIGNATURE in message
+        # virt-controller retries a failed pod creation: only a refusal no retry can mend (Pod Security, a
+        # manifest that cannot be rendered) ends the attempt at once; anything else has the grace.
+        final = not waiting and (synchronized.get("reason") != "FailedCreate" or POD_SECURITY_SIGNATURE in message)
         return VmiObservation(
             phase=phase, uid=uid, phase_times=times, node_name=node,
             problem_code=Problem.POD_WAITING if waiting else Problem.POD_REFUSED,
             problem=wording.pod_waiting(message) if waiting else wording.pod_refused(message),
             problem_since=_time(synchronized.get("lastTransitionTime")) or times.get("Pending"),
-            problem_final=not waiting,
+            problem_final=final,
         )
 
     if synchronized.get("status") == "False" and synchronized.get("reason") in IMAGE_PULL_REASONS:
