@@ -114,6 +114,13 @@ def gather() -> ClusterFacts:
         % {"namespace": name, "error": said},
         _("Grant the portal's service account get on namespaces."),
     ) for name, said in tenants.unreadable)
+    if tenants.unchecked:
+        facts.problems.append(Finding(
+            INFO, "namespaces_unchecked",
+            _("Tenant namespaces were not checked: the portal's database cannot be read (%(error)s).")
+            % {"error": tenants.unchecked},
+            _("Run the check again once the database is migrated."),
+        ))
     return facts
 
 

@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import DatabaseError
+
 from labs.kubevirt import client, names
 from labs.kubevirt.operations import REQUEST_TIMEOUT, ClusterError, cluster_error
 
@@ -23,6 +25,8 @@ class TenantNamespaceFacts:
     unreadable: list[tuple[str, str]] = field(default_factory=list)
     # (namespace, tenant name, what the cluster said) for a namespace whose objects the portal may not manage.
     forbidden: list[tuple[str, str, str]] = field(default_factory=list)
+    # Why no namespace was checked (the portal's database cannot be read, e.g. before migrate), or "".
+    unchecked: str = ""
 
 
 def _error(exc: Exception, doing: str) -> ClusterError:
@@ -36,8 +40,13 @@ def read() -> TenantNamespaceFacts:
     from labs.models import TenantNamespace
 
     facts = TenantNamespaceFacts()
+    try:
+        recorded = list(TenantNamespace.objects.values_list("namespace", "tenant__name"))
+    except DatabaseError as exc:
+        facts.unchecked = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        return facts
     core = client.core_v1()
-    for namespace, tenant in TenantNamespace.objects.values_list("namespace", "tenant__name"):
+    for namespace, tenant in recorded:
         try:
             response = core.read_namespace(namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
         except Exception as exc:
