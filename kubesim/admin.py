@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from kubesim.server import KubeSim
 
 _DELAYS = ("pending_delay", "scheduling_delay", "scheduled_delay", "agent_delay", "stop_delay", "jitter",
-           "restart_backoff", "bookmark_interval")
+           "restart_backoff", "image_pull_backoff", "bookmark_interval")
 
 
 def register(app: web.Application, sim: KubeSim) -> None:

@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                             ("agent-delay", "seconds from Running to AgentConnected"),
                             ("stop-delay", "seconds a deleted running VMI takes to shut down"),
                             ("jitter", "up to this many seconds added at random to each delay"),
-                            ("restart-backoff", "first CrashLoopBackOff delay (doubles, max 300 s)")):
+                            ("restart-backoff", "first CrashLoopBackOff delay (doubles, max 300 s)"),
+                            ("image-pull-backoff", "first ImagePullBackOff delay (doubles, max 300 s)")):
         attribute = name.replace("-", "_")
         serve.add_argument(f"--{name}", type=float, default=getattr(defaults, attribute),
                            help=f"{help_text} (default {getattr(defaults, attribute)})")
@@ -105,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     config = SimConfig()
     for field in ("pending_delay", "scheduling_delay", "scheduled_delay", "agent_delay", "stop_delay", "jitter",
-                  "restart_backoff", "nodes", "node_cpu", "node_memory", "node_pods", "guest", "guest_python",
+                  "restart_backoff", "image_pull_backoff", "nodes", "node_cpu", "node_memory", "node_pods", "guest",
+                  "guest_python",
                   "kubernetes_version", "kubevirt_version", "feature_gates", "disabled_feature_gates",
                   "image_volume_supported", "bad_image_pattern", "watch_history", "bookmark_interval",
                   "watch_timeout", "launcher_fixed_overhead", "seed"):
@@ -147,15 +149,22 @@ def fault_spec(args: argparse.Namespace) -> dict:
     return spec
 
 
-def write_kubeconfig(path: Path, *, url: str, token: str, context: str, namespace: str,
-                     ca_pem: bytes | None = None) -> None:
+def write_kubeconfig(path: Path, *, url: str, token: str | None, context: str, namespace: str,
+                     ca_pem: bytes | None = None, client_pair: tuple[bytes, bytes] | None = None,
+                     server_name: str | None = None) -> None:
     cluster: dict[str, str] = {"server": url}
     if ca_pem is not None:
         cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
+    if server_name:
+        cluster["tls-server-name"] = server_name
+    user: dict[str, str] = {"token": token} if token else {}
+    if client_pair is not None:
+        user["client-certificate-data"] = base64.b64encode(client_pair[0]).decode()
+        user["client-key-data"] = base64.b64encode(client_pair[1]).decode()
     document = {
         "apiVersion": "v1", "kind": "Config", "preferences": {},
         "clusters": [{"name": context, "cluster": cluster}],
-        "users": [{"name": context, "user": {"token": token}}],
+        "users": [{"name": context, "user": user}],
         "contexts": [{"name": context, "context": {"cluster": context, "user": context, "namespace": namespace}}],
         "current-context": context,
     }
@@ -195,16 +204,20 @@ async def serve(args: argparse.Namespace) -> None:
     url = f"http://{host}:{port}"
     write_kubeconfig(Path(args.kubeconfig), url=url, token=token, context=args.context, namespace=args.namespace)
     if args.tls_kubeconfig:
-        from kubesim.tls import self_signed
+        from kubesim.tls import SERVER_NAME, self_signed
 
         with tempfile.TemporaryDirectory(prefix="kubesim-tls-") as scratch:
-            context, ca_pem = self_signed(Path(scratch), args.host)
+            context, ca_pem, client_pair = self_signed(Path(scratch), args.host)
         tls_site = web.TCPSite(runner, args.host, args.tls_port, ssl_context=context, backlog=1024,
                                reuse_address=True)
         await tls_site.start()
         tls_port = tls_site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         write_kubeconfig(Path(args.tls_kubeconfig), url=f"https://{host}:{tls_port}", token=token,
                          context=args.context, namespace=args.namespace, ca_pem=ca_pem)
+        # Beside it, the same cluster as kind and k3s write it: a client certificate, and tls-server-name.
+        write_kubeconfig(Path(args.tls_kubeconfig + "-cert"), url=f"https://{host}:{tls_port}", token=None,
+                         context=args.context, namespace=args.namespace, ca_pem=ca_pem, client_pair=client_pair,
+                         server_name=SERVER_NAME)
         logging.getLogger("kubesim").info("kubesim also serving https://%s:%s (kubeconfig %s)", host, tls_port,
                                           args.tls_kubeconfig)
     settle_heap()

@@ -18,6 +18,7 @@ class SimConfig:
     stop_delay: float = 0.5         # a deleted VMI's guest shutting down before the VMI goes
     jitter: float = 0.0
     restart_backoff: float = 10.0   # first start-failure backoff; doubles per consecutive failure, max 300 s
+    image_pull_backoff: float = 10.0  # kubelet's first image pull back-off; doubles per failed pull, max 300 s
     nodes: int = 3
     node_cpu: str = "16"
     node_memory: str = "64Gi"
@@ -34,7 +35,9 @@ class SimConfig:
     watch_history: int = 10_000
     bookmark_interval: float = 60.0
     watch_timeout: float = 1800.0
-    launcher_fixed_overhead: str = "212Mi"
+    # v1.9.0's fixed overhead: virt-launcher-monitor 25Mi, virt-launcher 100Mi, virtlogd 25Mi, virtqemud 40Mi,
+    # qemu 30Mi (pkg/hypervisor/kvm/hypervisorbackend.go).
+    launcher_fixed_overhead: str = "220Mi"
     event_limit: int = 50_000
     seed: int | None = None
 

@@ -15,6 +15,21 @@ _ERROR_MESSAGES = {500: "Internal error occurred: injected by kubesim",
                    429: "Too many requests, please try again later."}
 
 
+# Who kubesim says is asking when it refuses as RBAC would: the portal's service account in deploy/rbac.yaml.
+RBAC_USER = "system:serviceaccount:lab-portal:lab-portal"
+
+
+def rbac_refusal(verb: str, resource: str, *, group: str, namespace: str, name: str) -> str:
+    """The API server's 403 text when RBAC grants no rule (``k8s.io/apiserver`` ``forbiddenMessage``)."""
+    plural, _slash, subresource = resource.partition("/")
+    qualified = f"{plural}.{group}" if group else plural
+    what = f'{qualified} "{name}"' if name else qualified
+    resource_text = f'resource "{plural}/{subresource}"' if subresource else f'resource "{plural}"'
+    where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
+    return (f'{what} is forbidden: User "{RBAC_USER}" cannot {verb} {resource_text} in API group "{group}"'
+            f"{where}")
+
+
 @dataclass
 class ErrorRule:
     """Answer ``code`` to a fraction ``rate`` of the matching requests (optionally only ``count`` times)."""
@@ -66,8 +81,8 @@ class Faults:
         for rule in spec.get("errors") or ():
             try:
                 code = int(rule["code"])
-                if code not in (429, 500, 503):
-                    raise ValueError("code must be 429, 500 or 503")
+                if code not in (403, 429, 500, 503):
+                    raise ValueError("code must be 403, 429, 500 or 503")
                 rate = float(rule.get("rate", 1.0))
                 if not 0.0 <= rate <= 1.0:
                     raise ValueError("rate must be between 0 and 1")
@@ -96,7 +111,8 @@ class Faults:
     def latency_for(self, verb: str, resource: str) -> float:
         return self.latency.get(f"{verb}:{resource}", self.latency.get(verb, self.latency.get("*", 0.0)))
 
-    def error_for(self, verb: str, resource: str) -> ApiError | None:
+    def error_for(self, verb: str, resource: str, *, group: str = "", namespace: str = "",
+                  name: str = "") -> ApiError | None:
         for rule in self.errors:
             if not rule.matches(verb, resource) or rule.count == 0:
                 continue
@@ -107,6 +123,8 @@ class Faults:
             retry_after = rule.retry_after if rule.retry_after is not None else (1 if rule.code == 429 else None)
             headers = {"Retry-After": str(retry_after)} if retry_after is not None and rule.code != 500 else {}
             details = {"retryAfterSeconds": retry_after} if headers else None
+            if rule.code == 403:
+                return ApiError(403, rbac_refusal(verb, resource, group=group, namespace=namespace, name=name))
             return ApiError(rule.code, _ERROR_MESSAGES[rule.code], details=details, headers=headers)
         return None
 

@@ -37,11 +37,21 @@ class NodeUsage:
         return reasons
 
 
+def decimal_si(count: int) -> str:
+    """A count as the kubelet writes a device plugin's (``resource.NewQuantity(n, DecimalSI)``): 1000 is ``1k``."""
+    for suffix, factor in (("E", 10**18), ("P", 10**15), ("T", 10**12), ("G", 10**9), ("M", 10**6), ("k", 10**3)):
+        if count and count % factor == 0:
+            return f"{count // factor}{suffix}"
+    return str(count)
+
+
 def render_node(config: SimConfig, index: int, name: str) -> dict[str, Any]:
+    # virt-handler's device plugins advertise 1000 devices each (cmd/virt-handler/virt-handler.go, maxDevices).
+    devices = decimal_si(config.node_kvm_devices)
     allocatable = {"cpu": config.node_cpu, "memory": config.node_memory, "pods": str(config.node_pods),
-                   "ephemeral-storage": "100Gi", "devices.kubevirt.io/kvm": str(config.node_kvm_devices),
-                   "devices.kubevirt.io/tun": str(config.node_kvm_devices),
-                   "devices.kubevirt.io/vhost-net": str(config.node_kvm_devices), "hugepages-2Mi": "0"}
+                   "ephemeral-storage": "100Gi", "devices.kubevirt.io/kvm": devices,
+                   "devices.kubevirt.io/tun": devices, "devices.kubevirt.io/vhost-net": devices,
+                   "hugepages-2Mi": "0"}
     return {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": {
@@ -78,7 +88,7 @@ class Scheduler:
         self.nodes[node["metadata"]["name"]] = NodeUsage(
             name=node["metadata"]["name"], index=index, cpu=parse_quantity(allocatable["cpu"]),
             memory=parse_quantity(allocatable["memory"]), pods=int(allocatable["pods"]),
-            kvm=int(allocatable.get("devices.kubevirt.io/kvm", "0")))
+            kvm=int(parse_quantity(allocatable.get("devices.kubevirt.io/kvm", "0"))))
 
     def remove_node(self, name: str) -> None:
         self.nodes.pop(name, None)

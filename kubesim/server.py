@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from kubesim import __version__, admission, openapi
+from kubesim import __version__, admission, openapi, protobuf
 from kubesim.apiserver import ApiServer
 from kubesim.bodies import (
     int_param,
@@ -202,6 +202,9 @@ class KubeSim:
         self.guests.shutdown()
 
     def authorized(self, request: web.Request) -> bool:
+        # A client certificate got through the TLS handshake only if kubesim's CA signed it (tls.self_signed).
+        if request.transport is not None and request.transport.get_extra_info("peercert"):
+            return True
         header = request.headers.get("Authorization", "")
         if header.startswith("Bearer ") and hmac.compare_digest(header[7:].strip(), self.token):
             return True
@@ -229,7 +232,8 @@ class KubeSim:
             delay = self.faults.latency_for(route.verb, route.resource)
             if delay > 0:
                 await asyncio.sleep(delay)
-            injected = self.faults.error_for(route.verb, route.resource)
+            injected = self.faults.error_for(route.verb, route.resource, group=route.rt.group if route.rt else "",
+                                             namespace=route.namespace, name=route.name)
             if injected is not None:
                 return error_response(injected)
         try:
@@ -352,6 +356,8 @@ class KubeSim:
         if not raw:
             raise ApiError(400, "the request body is empty")
         content_type = request.headers.get("Content-Type", _JSON)
+        if content_type.startswith(protobuf.MEDIA_TYPE):
+            return protobuf.decode(raw)
         try:
             if "yaml" in content_type and "apply-patch" not in content_type:
                 return yaml.safe_load(raw)

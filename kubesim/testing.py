@@ -69,9 +69,10 @@ class AdminClient:
                      retry_after: int | None = None,
                      count: int | None = None, watch_drop_after: float | None = None,
                      console_drop_after: float | None = None) -> dict[str, Any]:
-        """Add faults. ``latency`` maps ``verb``, ``verb:resource`` or ``*`` to seconds; ``code`` (500, 503 or
-        429 with Retry-After, 1 s unless ``retry_after`` says otherwise; 503 carries Retry-After only when
-        ``retry_after`` is given) answers ``rate`` of the matching requests, at most ``count`` times.
+        """Add faults. ``latency`` maps ``verb``, ``verb:resource`` or ``*`` to seconds; ``code`` (403 worded as
+        RBAC's refusal, 500, 503 or 429 with Retry-After, 1 s unless ``retry_after`` says otherwise; 503 carries
+        Retry-After only when ``retry_after`` is given) answers ``rate`` of the matching requests, at most
+        ``count`` times.
         Note that urllib3, under the kubernetes client, honours Retry-After on 429 and 503 by retrying."""
         spec: dict[str, Any] = {}
         if latency:
@@ -176,6 +177,8 @@ class KubesimServer:
         self.token = token or secrets.token_urlsafe(24)
         self.kubeconfig = self.directory / "kubeconfig"
         self.tls_kubeconfig = self.directory / "kubeconfig-tls" if tls else None
+        # The same HTTPS cluster with a client certificate and tls-server-name instead of a token (kind, k3s).
+        self.cert_kubeconfig = self.directory / "kubeconfig-tls-cert" if tls else None
         self.log_path = self.directory / "kubesim.log"
         if not _DELAY_OPTIONS & options.keys():
             options["zero_delays"] = True

@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit
 
 import websocket
 from django.conf import settings
@@ -240,10 +241,18 @@ def _connect(target: StreamTarget, *, timeout_s: float) -> websocket.WebSocket:
     header.append("Sec-WebSocket-Protocol: plain.kubevirt.io")
     # The context carries the CA, client certificate and hostname checking from the kubeconfig.
     sslopt: dict[str, Any] = {"context": target.ssl} if target.ssl is not None else {}
+    if target.server_hostname:
+        sslopt["server_hostname"] = target.server_hostname
+    proxy: dict[str, Any] = {}
+    if target.proxy:
+        parsed = urlsplit(target.proxy)
+        proxy = {"http_proxy_host": parsed.hostname, "http_proxy_port": parsed.port or 80, "proxy_type": "http"}
+        if parsed.username:
+            proxy["http_proxy_auth"] = (unquote(parsed.username), unquote(parsed.password or ""))
     try:
         return websocket.create_connection(
             target.url, header=header, sslopt=sslopt, timeout=timeout_s, enable_multithread=False,
-            skip_utf8_validation=True,
+            skip_utf8_validation=True, **proxy,
         )
     except websocket.WebSocketBadStatusException as exc:
         raise _handshake_error(exc) from None

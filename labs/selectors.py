@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from labs.console.stage import console_stage
 from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab
-from labs.sizes import CPU_ALLOCATION_RATIO
+from labs.sizes import namespace_cpu_millicores
 from portal.models import Role, Tenant, User
 from portal.selectors import courses_for_user
 
@@ -91,7 +91,7 @@ class TenantCapacity:
 
     @property
     def max_cpu_millicores(self) -> int:
-        return -(-self.tenant.max_vcpus * 1000 // CPU_ALLOCATION_RATIO)
+        return namespace_cpu_millicores(max_vcpus=self.tenant.max_vcpus, max_vms=self.tenant.max_concurrent_vms)
 
     def percent(self, used: int, limit: int) -> int:
         return round(100 * used / limit) if limit else 0

@@ -1,18 +1,19 @@
-"""The lab VM size table and the virt-launcher pod's resource requests for a size (KubeVirt's arithmetic).
+"""The lab VM size table and the virt-launcher pod's resource requests for a size (KubeVirt v1.9.0's arithmetic).
 
-KubeVirt schedules a VM as a virt-launcher pod whose requests are larger than the guest: CPU is the vCPU count
-divided by ``cpuAllocationRatio`` (default 10) and memory is the guest memory plus an overhead
-(``pkg/virt-controller/services/renderresources.go`` and the KVM backend's ``GetMemoryOverhead``):
+KubeVirt schedules a VM as a virt-launcher pod whose requests are larger than the guest
+(``pkg/virt-controller/services/renderresources.go``, ``pkg/hypervisor/kvm/hypervisorbackend.go``):
 
-- page tables: guest memory / 512
-- fixed: virt-launcher-monitor 25Mi + virt-launcher 100Mi + virtlogd 25Mi + virtqemud 40Mi + qemu 50Mi = 240Mi
-- 8Mi per vCPU, plus 8Mi for the IOThread
-- 32Mi of video RAM (graphics device attached by default)
+- the ``compute`` container: CPU is the vCPU count divided by ``cpuAllocationRatio`` (default 10); memory is the
+  guest memory plus an overhead of: page tables, one byte per 512 of guest memory (counted, as
+  ``resource.Quantity`` does, on the guest's bytes rounded up to whole kB); 220Mi fixed (virt-launcher-monitor
+  25Mi + virt-launcher 100Mi + virtlogd 25Mi + virtqemud 40Mi + qemu 30Mi); 8Mi per vCPU and 8Mi for the IOThread;
+  32Mi of video RAM (graphics device attached by default);
+- the ``guest-console-log`` sidecar (``serialconsolelog.go``): 5m CPU and 35M (decimal) memory, unless the
+  cluster sets ``disableSerialConsoleLog`` (the portal then counts a little more than the pod asks).
 
-For 2 vCPU / 4Gi that is 4096 + 8 + 240 + 16 + 8 + 32 = 4400Mi and 200m CPU. A real cluster measured 200m and
-4372Mi: the CPU matches exactly and the memory is 28Mi (0.64 %) above the measurement, inside the 1 % we allow.
-The difference comes from release-specific constants of the measured KubeVirt; erring a little high keeps quota
-checks conservative (the portal never admits a VM the namespace quota would then refuse).
+For 2 vCPU / 4Gi the compute container asks 200m and 4380Mi and a byte (a real cluster of an earlier release
+measured 200m and 4372Mi), the pod 205m and 4414Mi rounded up. Quotas and the capacity page count the pod's total,
+rounded up to the MiB, so the portal never admits a VM the namespace's ResourceQuota would then refuse.
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ from dataclasses import dataclass
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+MIB = 2**20
 CPU_ALLOCATION_RATIO = 10
 PAGE_TABLE_DIVISOR = 512
-FIXED_OVERHEAD_MIB = 25 + 100 + 25 + 40 + 50
+FIXED_OVERHEAD_MIB = 25 + 100 + 25 + 40 + 30
 PER_VCPU_OVERHEAD_MIB = 8
 IOTHREAD_OVERHEAD_MIB = 8
 VIDEO_RAM_MIB = 32
+CONSOLE_LOG_CPU_MILLICORES = 5
+CONSOLE_LOG_MEMORY_BYTES = 35_000_000
 
 
 class LabSize(models.TextChoices):
@@ -44,10 +48,13 @@ class GuestResources:
 
 @dataclass(frozen=True)
 class LauncherRequests:
-    """What the virt-launcher pod requests from the scheduler (and from a namespace ResourceQuota)."""
+    """What the virt-launcher pod requests from the scheduler and from a namespace ResourceQuota (all its
+    containers), and what its ``compute`` container asks alone."""
 
     cpu_millicores: int
     memory_mib: int
+    compute_cpu_millicores: int = 0
+    compute_memory_bytes: int = 0
 
     @property
     def cpu(self) -> str:
@@ -72,21 +79,34 @@ def guest_resources(size: str) -> GuestResources:
         raise ValueError(f"Unknown lab size {size!r}; expected one of {', '.join(SIZE_TABLE)}.") from None
 
 
-def launcher_memory_overhead_mib(*, vcpus: int, memory_mib: int, graphics: bool = True) -> int:
-    overhead = (
-        -(-memory_mib // PAGE_TABLE_DIVISOR)  # ceiling division: a partial page-table MiB is still requested
-        + FIXED_OVERHEAD_MIB
-        + PER_VCPU_OVERHEAD_MIB * vcpus
-        + IOTHREAD_OVERHEAD_MIB
-    )
-    return overhead + (VIDEO_RAM_MIB if graphics else 0)
+def launcher_memory_overhead_bytes(*, vcpus: int, memory_mib: int, graphics: bool = True) -> int:
+    guest_bytes = memory_mib * MIB
+    page_tables = -(-guest_bytes // 1000) * 1000 // PAGE_TABLE_DIVISOR
+    overhead_mib = FIXED_OVERHEAD_MIB + PER_VCPU_OVERHEAD_MIB * vcpus + IOTHREAD_OVERHEAD_MIB
+    return page_tables + (overhead_mib + (VIDEO_RAM_MIB if graphics else 0)) * MIB
 
 
-def launcher_requests(*, vcpus: int, memory_mib: int, graphics: bool = True) -> LauncherRequests:
+def cpu_millicores_for(vcpus: int) -> int:
+    """The compute container's CPU request for this many vCPUs (rounded up to a millicore)."""
+    return -(-vcpus * 1000 // CPU_ALLOCATION_RATIO)
+
+
+def launcher_requests(*, vcpus: int, memory_mib: int, graphics: bool = True,
+                      console_log: bool = True) -> LauncherRequests:
     """The virt-launcher pod's CPU and memory requests for a guest of this shape."""
-    cpu_millicores = -(-vcpus * 1000 // CPU_ALLOCATION_RATIO)
-    memory = memory_mib + launcher_memory_overhead_mib(vcpus=vcpus, memory_mib=memory_mib, graphics=graphics)
-    return LauncherRequests(cpu_millicores=cpu_millicores, memory_mib=memory)
+    compute_cpu = cpu_millicores_for(vcpus)
+    compute_memory = memory_mib * MIB + launcher_memory_overhead_bytes(
+        vcpus=vcpus, memory_mib=memory_mib, graphics=graphics)
+    cpu, memory = compute_cpu, compute_memory
+    if console_log:
+        cpu, memory = cpu + CONSOLE_LOG_CPU_MILLICORES, memory + CONSOLE_LOG_MEMORY_BYTES
+    return LauncherRequests(cpu_millicores=cpu, memory_mib=-(-memory // MIB), compute_cpu_millicores=compute_cpu,
+                            compute_memory_bytes=compute_memory)
+
+
+def namespace_cpu_millicores(*, max_vcpus: int, max_vms: int) -> int:
+    """The CPU a tenant's namespace must allow: its vCPUs' compute requests, and each VM's console log sidecar."""
+    return cpu_millicores_for(max_vcpus) + CONSOLE_LOG_CPU_MILLICORES * max_vms
 
 
 def launcher_requests_for_size(size: str) -> LauncherRequests:

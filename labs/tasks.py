@@ -27,6 +27,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.utils.translation import gettext as _
 
+from labs import wording
 from labs.kubevirt.operations import ClusterError
 from labs.services import agents, provisioning, sweeping, tracking
 
@@ -82,8 +83,11 @@ def provision_attempt(self, attempt_id: int) -> str:
         _retry_or_raise(self, error)
         logger.error("provisioning attempt %s failed for good: %s", attempt_id, error.message)
         said = error.message
-        provisioning.attempt_fail(attempt_id=attempt_id, reason=lambda: _(
-            "The cluster did not accept the lab's VM (%(error)s). Try again later.") % {"error": said})
+        if error.status == 403:  # RBAC: the tenant's Role is not applied yet (cluster_check says what to apply)
+            provisioning.attempt_fail(attempt_id=attempt_id, reason=lambda: wording.course_not_ready(said))
+        else:
+            provisioning.attempt_fail(attempt_id=attempt_id, reason=lambda: _(
+                "The cluster did not accept the lab's VM (%(error)s). Try again later.") % {"error": said})
         return provisioning.ProvisionOutcome.FAILED
 
 

@@ -328,8 +328,11 @@ ATTEMPT_MAX_EXTENSIONS = env_int("ATTEMPT_MAX_EXTENSIONS", 2)
 # Namespaces whose attempts are all steady (running) are listed this often; one with an attempt starting or
 # stopping is listed on every sync. Keeps steady-state API cost far below one request per attempt per minute.
 ATTEMPT_RESYNC_SECONDS = env_int("ATTEMPT_RESYNC_SECONDS", 30)
-# How long a VM may stay unschedulable or unable to pull its image before the attempt fails with that reason.
+# How long a VM may stay unable to pull its image (or be otherwise held) before the attempt fails with that reason.
 ATTEMPT_FAILURE_GRACE_SECONDS = env_int("ATTEMPT_FAILURE_GRACE_SECONDS", 30)
+# How long a VM may wait for a node with room: a cluster autoscaler takes minutes to add one. The student reads
+# that the cluster is waiting for room from the first sync on. Keep it below ATTEMPT_START_TIMEOUT_SECONDS.
+ATTEMPT_UNSCHEDULABLE_GRACE_SECONDS = env_int("ATTEMPT_UNSCHEDULABLE_GRACE_SECONDS", 300)
 # Starts in flight across the deployment before new ones are asked to retry (JupyterHub's concurrent_spawn_limit).
 ATTEMPT_CONCURRENT_START_LIMIT = env_int("ATTEMPT_CONCURRENT_START_LIMIT", 100)
 # After creating a VM the namespace is listed again at these delays, so a quick start is seen without waiting for

@@ -17,6 +17,7 @@ from typing import Any
 
 from kubesim.apiserver import ApiServer
 from kubesim.config import SimConfig
+from kubesim.controllers.images import ImagePullController
 from kubesim.controllers.objects import EVENT, KUBEVIRT, NAMESPACE, NODE, POD, VmiRuntime
 from kubesim.controllers.quota import PodUsage
 from kubesim.controllers.vm import VirtualMachineController
@@ -40,7 +41,7 @@ class Counters:
 
 
 
-class Cluster(VirtualMachineController, VirtualMachineInstanceController):
+class Cluster(VirtualMachineController, VirtualMachineInstanceController, ImagePullController):
     """Owns the controllers and the scheduler; wired to the store as a listener."""
 
     def __init__(self, *, store: Store, api: ApiServer, config: SimConfig, guests: Any) -> None:

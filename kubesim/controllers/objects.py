@@ -107,7 +107,10 @@ class VmiRuntime:
     agent_at: float | None = None
     stop_at: float | None = None
     pulled: bool = False
-    image_error_reported: bool = False
+    image_pulls: int = 0            # failed pulls so far: kubelet's back-off doubles with each
+    image_backing_off: bool = False
+    image_next_at: float | None = None
+    create_refused: bool = False
 
 
 def format_quantity(resource: str, value: Decimal) -> str:

@@ -23,12 +23,30 @@ def pod_requests(pod: dict[str, Any]) -> tuple[Decimal, Decimal] | None:
     """The CPU and memory a pod requests, or None for a pod in a final phase (it counts for nothing)."""
     if (pod.get("status") or {}).get("phase") in FINAL_PHASES:
         return None
+    return effective_requests(pod)
+
+
+def _requests(container: dict[str, Any]) -> tuple[Decimal, Decimal]:
+    requests = (container.get("resources") or {}).get("requests") or {}
+    return parse_quantity(requests.get("cpu", "0")), parse_quantity(requests.get("memory", "0"))
+
+
+def effective_requests(pod: dict[str, Any]) -> tuple[Decimal, Decimal]:
+    """The pod's requests as the scheduler and quota count them: its containers plus its sidecars (init containers
+    with ``restartPolicy: Always``), or a plain init container's if larger (``resourcehelper.PodRequests``)."""
+    spec = pod.get("spec") or {}
     cpu = memory = ZERO
-    for container in (pod.get("spec") or {}).get("containers") or ():
-        requests = (container.get("resources") or {}).get("requests") or {}
-        cpu += parse_quantity(requests.get("cpu", "0"))
-        memory += parse_quantity(requests.get("memory", "0"))
-    return cpu, memory
+    for container in spec.get("containers") or ():
+        c, m = _requests(container)
+        cpu, memory = cpu + c, memory + m
+    init_cpu = init_memory = ZERO
+    for container in spec.get("initContainers") or ():
+        c, m = _requests(container)
+        if container.get("restartPolicy") == "Always":
+            cpu, memory = cpu + c, memory + m
+        else:
+            init_cpu, init_memory = max(init_cpu, c), max(init_memory, m)
+    return max(cpu, init_cpu), max(memory, init_memory)
 
 
 class PodUsage:

@@ -7,6 +7,7 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
+from kubesim import podsecurity
 from kubesim.apiserver import VMI_FINALIZER
 from kubesim.controllers.objects import (
     CONTAINER_DISK_ERROR,
@@ -23,10 +24,14 @@ from kubesim.controllers.objects import (
     set_condition,
     set_phase,
 )
+from kubesim.controllers.quota import effective_requests
 from kubesim.featuregates import developer_configuration, gate_enabled
 from kubesim.launcher import launcher_requests, render_pod
 from kubesim.quantity import parse_quantity
 from kubesim.store import now_rfc3339
+
+# virt-controller retries a refused pod creation with backoff; a namespace relabelled is noticed this soon.
+PSA_RETRY_SECONDS = 5.0
 
 
 class VirtualMachineInstanceController:
@@ -144,6 +149,34 @@ class VirtualMachineInstanceController:
                         f"limited: {limited}")
         return None
 
+    def _admit_pod(self, vmi: dict[str, Any], runtime: VmiRuntime, pod: dict[str, Any]) -> bool:
+        """Pod Security, then ResourceQuota admission of a new launcher pod; a refusal is surfaced as lifecycle.go
+        does (``Synchronized=False/FailedCreate``, a Warning event, the VMI left Pending) and retried later."""
+        namespace, name = runtime.namespace, runtime.name
+        generated = f"virt-launcher-{name}-"
+        psa = podsecurity.denial(pod, self.store.get("namespaces", "", namespace), pod_name=generated)
+        if psa:
+            message = (f"failed to create pod for vmi {namespace}/{name}, it needs a privileged namespace to run: "
+                       f"{psa}")
+            event = f"failed to render launch manifest: {message}"
+            self.enqueue_later(PSA_RETRY_SECONDS, "vmi", namespace, name)
+        else:
+            cpu, memory = effective_requests(pod)
+            quota = self._quota_denial(namespace, cpu, memory)
+            if not quota:
+                return False
+            refusal = f'pods "{generated}" is forbidden: {quota}'
+            message, event = f"failed to create virtual machine pod: {refusal}", f"Error creating pod: {refusal}"
+            self._unschedulable.add((namespace, name))
+        if not runtime.create_refused:  # one event per refusal, as the recorder's aggregation shows it
+            runtime.create_refused = True
+            self.record(vmi, "Warning", "FailedCreate", event, "virtualmachineinstance-controller")
+
+        def not_synced(o: dict[str, Any]) -> None:
+            set_condition(o, new_condition("Synchronized", "False", "FailedCreate", message))
+        self.api.mutate(VMI, namespace, name, not_synced)
+        return True
+
     def _quota_usage(self, namespace: str) -> dict[str, Decimal]:
         return self.pod_usage.usage(namespace)
 
@@ -170,23 +203,17 @@ class VirtualMachineInstanceController:
             overhead_ratio=(((kubevirt or {}).get("spec") or {}).get("configuration") or {}).get(
                 "additionalGuestMemoryOverheadRatio"))
         if pod is None:
-            denial = self._quota_denial(namespace, cpu, memory)
-            if denial:
-                message = f'pods "virt-launcher-{name}-" is forbidden: {denial}'
-                self.record(vmi, "Warning", "FailedCreate", f"Error creating pod: {message}",
-                            "virtualmachineinstance-controller")
-
-                def not_synced(o: dict[str, Any]) -> None:
-                    set_condition(o, new_condition("Synchronized", "False", "FailedCreate", message))
-                self.api.mutate(VMI, namespace, name, not_synced)
-                self._unschedulable.add((namespace, name))
-                return
             version = ((kubevirt or {}).get("status") or {}).get("observedKubeVirtVersion", "v1.9.0")
-            body = render_pod(vmi, cpu=cpu, memory=memory, kubevirt_version=version, rng=self.rng)
+            body = render_pod(vmi, cpu=cpu, memory=memory, kubevirt_version=version, rng=self.rng, kubevirt=kubevirt)
+            refused = self._admit_pod(vmi, runtime, body)
+            if refused:
+                return
             pod = self.api.create(POD, namespace, body, internal=True)[0]
             runtime.pod_name = pod["metadata"]["name"]
+            runtime.create_refused = False
             self.record(vmi, "Normal", "SuccessfulCreate", f"Created virtual machine pod {runtime.pod_name}",
                         "virtualmachineinstance-controller")
+        cpu, memory = effective_requests(pod)
         if pod["spec"].get("nodeName"):
             return
         node, why = self.scheduler.pick(cpu, memory)
@@ -264,32 +291,7 @@ class VirtualMachineInstanceController:
         images = self._container_disk_images(vmi)
         bad = [image for image in images if self.config.bad_image(image)]
         if bad:
-            if not runtime.image_error_reported:
-                runtime.image_error_reported = True
-                image = bad[0]
-                message = (f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": '
-                           f'failed to resolve reference "{image}": {image}: not found')
-                self.record(pod, "Normal", "Pulling", f'Pulling image "{image}"', "kubelet", node)
-                self.record(pod, "Warning", "Failed", f'Failed to pull image "{image}": {message}', "kubelet", node)
-                self.record(pod, "Warning", "Failed", "Error: ErrImagePull", "kubelet", node)
-                container = next((c["name"] for c in pod["spec"]["containers"] if c.get("image") == image),
-                                 "compute")
-
-                def waiting(o: dict[str, Any]) -> None:
-                    o["status"]["containerStatuses"] = [
-                        {"name": c["name"], "image": c["image"], "imageID": "", "ready": False, "restartCount": 0,
-                         "started": False, "state": {"waiting": {"reason": "ErrImagePull", "message": message}
-                                                     if c["name"] == container else
-                                                     {"reason": "PodInitializing"}}}
-                        for c in o["spec"]["containers"]]
-                self.api.mutate(POD, namespace, pod["metadata"]["name"], waiting)
-
-                def vmi_waiting(o: dict[str, Any]) -> None:
-                    set_condition(o, new_condition("Synchronized", "False", "ErrImagePull",
-                                                 f'failed to pull image "{image}": {message}'))
-                self.api.mutate(VMI, namespace, name, vmi_waiting)
-                self.record(vmi, "Warning", "ErrImagePull", f'Failed to pull image "{image}"',
-                            "virtualmachineinstance-controller")
+            self._image_pull_failure(vmi, runtime, pod, bad[0])
             return
         missing = self._missing_secrets(vmi)
         if missing:
@@ -455,7 +457,10 @@ class VirtualMachineInstanceController:
 
         def failed(o: dict[str, Any]) -> None:
             set_phase(o, "Failed")
-            o["status"]["reason"] = reason
+            if reason == "NodeUnresponsive":
+                # The only status.reason v1.9 writes (pkg/virt-controller/watch/node/node.go); every other failure
+                # is told by conditions, the VM's printableStatus and Events.
+                o["status"]["reason"] = reason
             set_condition(o, new_condition("Ready", "False", "GuestNotRunning", "Guest VM is not reported as running"))
             drop_condition(o, "AgentConnected")
             if message:

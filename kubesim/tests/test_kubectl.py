@@ -97,3 +97,26 @@ def test_get_namespaces_nodes_pods_events_and_kubevirt(kubectl):
     assert "Deployed" in kubectl("get", "kubevirt", "-n", "kubevirt").stdout
     assert kubectl("get", "networkpolicies,resourcequotas", "-A").returncode == 0
     assert kubectl("api-resources", "--api-group=kubevirt.io").stdout.count("kubevirt.io/v1") == 3
+
+
+def test_imperative_verbs_operators_type(kubectl):
+    # kubectl's typed clients send built-in objects as protobuf (application/vnd.kubernetes.protobuf).
+    kubectl("create", "namespace", "ops-x")
+    kubectl("label", "namespace", "ops-x", "pod-security.kubernetes.io/enforce=privileged")
+    kubectl("label", "--overwrite", "namespace", "ops-x", "pod-security.kubernetes.io/enforce=baseline")
+    kubectl("annotate", "namespace", "ops-x", "owner=ops")
+    kubectl("patch", "namespace", "ops-x", "-p", '{"metadata":{"labels":{"team":"a"}}}')
+    shown = kubectl("get", "namespace", "ops-x", "-o", "json").stdout
+    assert '"pod-security.kubernetes.io/enforce": "baseline"' in shown and '"owner": "ops"' in shown
+    assert '"team": "a"' in shown
+    kubectl("create", "secret", "generic", "s1", "-n", "ops-x", "--from-literal=userdata=#cloud-config")
+    assert kubectl("get", "secret", "s1", "-n", "ops-x", "-o", "jsonpath={.data.userdata}").stdout == \
+        "I2Nsb3VkLWNvbmZpZw=="
+    kubectl("create", "configmap", "c1", "-n", "ops-x", "--from-literal=a=b")
+    assert kubectl("get", "configmap", "c1", "-n", "ops-x", "-o", "jsonpath={.data.a}").stdout == "b"
+    kubectl("create", "quota", "q1", "-n", "ops-x", "--hard=requests.cpu=2,requests.memory=4Gi,pods=3")
+    assert kubectl("get", "quota", "q1", "-n", "ops-x", "-o", "jsonpath={.spec.hard.requests\\.memory}"
+                   ).stdout == "4Gi"
+    kubectl("label", "namespace", "ops-x", "team-")
+    assert '"team"' not in kubectl("get", "namespace", "ops-x", "-o", "json").stdout
+    kubectl("delete", "namespace", "ops-x")

@@ -119,6 +119,7 @@ class ConsoleUpstream:
                     socket = await session.ws_connect(
                         target.url, protocols=(CONSOLE_SUBPROTOCOL,), headers=target.headers,
                         ssl=target.ssl if target.ssl is not None else True, timeout=timeout,
+                        server_hostname=target.server_hostname, proxy=target.proxy,
                         max_msg_size=self.limits.upstream_max_message_bytes, autoping=True,
                     )
                 except aiohttp.WSServerHandshakeError as exc:

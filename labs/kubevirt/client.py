@@ -15,6 +15,7 @@ from pathlib import Path
 import urllib3
 from django.conf import settings
 from kubernetes import client, config
+from kubernetes.client.rest import should_bypass_proxies
 from kubernetes.config.config_exception import ConfigException
 
 KUBEVIRT_GROUP = "kubevirt.io"
@@ -33,6 +34,10 @@ REQUEST_RETRIES = urllib3.Retry(
 _lock = threading.Lock()
 _configuration: client.Configuration | None = None
 _api_client: client.ApiClient | None = None
+_metadata_client: client.ApiClient | None = None
+# Metadata only, as client-go's metadata informers list: the apiserver answers a PartialObjectMetadataList. A
+# server that does not offer it answers whole objects (the second media type), whose metadata reads the same.
+METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
 _stream_ssl: tuple[client.Configuration, ssl.SSLContext | None] | None = None
 
 
@@ -80,12 +85,25 @@ def api_client() -> client.ApiClient:
         return _api_client
 
 
+def metadata_api_client() -> client.ApiClient:
+    """A client whose every request asks for metadata only: the generated methods set their own Accept header,
+    and a client's default headers are the public way to replace it."""
+    global _metadata_client
+    cfg = configuration()
+    with _lock:
+        if _metadata_client is None:
+            _metadata_client = client.ApiClient(configuration=cfg)
+            _metadata_client.set_default_header("Accept", METADATA_LIST_ACCEPT)
+        return _metadata_client
+
+
 def reset() -> None:
     """Forget the loaded configuration (tests point the portal at a fresh kubesim; settings changed)."""
-    global _configuration, _api_client, _stream_ssl
+    global _configuration, _api_client, _metadata_client, _stream_ssl
     with _lock:
         _configuration = None
         _api_client = None
+        _metadata_client = None
         _stream_ssl = None
 
 
@@ -95,6 +113,14 @@ def custom_objects() -> client.CustomObjectsApi:
 
 def core_v1() -> client.CoreV1Api:
     return client.CoreV1Api(api_client())
+
+
+def metadata_custom_objects() -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(metadata_api_client())
+
+
+def metadata_core_v1() -> client.CoreV1Api:
+    return client.CoreV1Api(metadata_api_client())
 
 
 def networking_v1() -> client.NetworkingV1Api:
@@ -112,6 +138,10 @@ class StreamTarget:
     url: str
     headers: dict[str, str]
     ssl: ssl.SSLContext | None
+    # The kubeconfig's tls-server-name: the name the server's certificate is checked against, and sent as SNI.
+    server_hostname: str | None = None
+    # An HTTP(S) proxy the REST client also uses (HTTPS_PROXY, unless NO_PROXY exempts the server).
+    proxy: str | None = None
 
 
 def _ssl_context(cfg: client.Configuration) -> ssl.SSLContext | None:
@@ -152,7 +182,10 @@ def stream_target(path: str) -> StreamTarget:
         url = "ws://" + host[len("http://"):] + path
     else:
         raise ClusterNotConfigured(f"Unsupported API server address {cfg.host!r}.")
-    return StreamTarget(url=url, headers=headers, ssl=_ssl_context(cfg))
+    proxy = cfg.proxy if cfg.proxy and not should_bypass_proxies(cfg.host, no_proxy=cfg.no_proxy or "") else None
+    return StreamTarget(url=url, headers=headers, ssl=_ssl_context(cfg),
+                        server_hostname=(cfg.tls_server_name or None) if url.startswith("wss://") else None,
+                        proxy=proxy)
 
 
 def vmi_subresource_path(*, namespace: str, name: str, subresource: str) -> str:

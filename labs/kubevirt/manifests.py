@@ -20,8 +20,8 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
-from labs.kubevirt import names
-from labs.sizes import CPU_ALLOCATION_RATIO
+from labs.kubevirt import names, podsecurity
+from labs.sizes import namespace_cpu_millicores
 
 KUBEVIRT_API_VERSION = "kubevirt.io/v1"
 # The guest's disk is thrown away with the VM, so a long shutdown protects nothing; a short one frees the
@@ -32,7 +32,6 @@ CLOUD_INIT_DISK = "cloudinitdisk"
 POD_NETWORK = "default"
 # KubeVirt's cloudInitNoCloud reads these keys from the Secret named by secretRef.
 USER_DATA_KEY = "userdata"
-POD_SECURITY_LEVEL = "restricted"
 
 
 def virtual_machine(
@@ -65,6 +64,9 @@ def virtual_machine(
                 "metadata": {"labels": dict(labels)},
                 "spec": {
                     "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+                    # Explicit, not the cluster's default (None unless configured): a drain migrates the VM when
+                    # it can; a host-passthrough CPU cannot live-migrate, so such a VM is shut down instead.
+                    "evictionStrategy": "None" if host_passthrough else "LiveMigrateIfPossible",
                     "domain": {
                         "cpu": cpu,
                         "memory": {"guest": memory},
@@ -114,10 +116,13 @@ def owner_reference(vm: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def namespace(*, name: str, tenant_id: int) -> dict[str, Any]:
-    """A tenant's namespace, enforcing the restricted Pod Security level (KubeVirt's launcher pods comply)."""
+    """A tenant's namespace. Pod Security enforces ``privileged``: KubeVirt's launcher pods carry no seccomp profile
+    unless the KubeVirt CR sets one, and ``restricted`` refuses them (``labs.kubevirt.podsecurity``); audit and warn
+    stay at ``restricted`` so what a stricter level would refuse remains visible."""
     labels = names.namespace_labels(tenant_id=tenant_id)
-    for mode in ("enforce", "audit", "warn"):
-        labels[f"pod-security.kubernetes.io/{mode}"] = POD_SECURITY_LEVEL
+    labels["pod-security.kubernetes.io/enforce"] = podsecurity.ENFORCE_LEVEL
+    for mode in ("audit", "warn"):
+        labels[f"pod-security.kubernetes.io/{mode}"] = podsecurity.AUDIT_LEVEL
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
 
 
@@ -171,10 +176,10 @@ def network_policies(
 def quota_hard(*, max_vms: int, max_vcpus: int, max_memory_mib: int) -> dict[str, str]:
     """The namespace's hard limits: the same numbers the portal admits attempts against.
 
-    CPU is what the virt-launcher pods request (vCPUs / cpuAllocationRatio), memory what they request (guest plus
-    overhead, which the tenant's memory quota already counts).
+    CPU is what the virt-launcher pods request (vCPUs / cpuAllocationRatio, and 5m per VM for the serial console log
+    sidecar), memory what they request (guest, overhead and sidecar, which the tenant's memory quota already counts).
     """
-    cpu_millicores = -(-max_vcpus * 1000 // CPU_ALLOCATION_RATIO)
+    cpu_millicores = namespace_cpu_millicores(max_vcpus=max_vcpus, max_vms=max_vms)
     return {
         "requests.cpu": f"{cpu_millicores}m",
         "requests.memory": f"{max_memory_mib}Mi",

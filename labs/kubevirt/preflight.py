@@ -10,7 +10,9 @@ What it knows (reference §6, §8):
   image volumes (containerd before 2.3, CRI-O before 1.31, Kubernetes before 1.31) the containerDisk volume mounts
   empty and every VM fails with ``container-disk ... no such file or directory``. The fix is
   ``disabledFeatureGates: [ImageVolume]`` in the KubeVirt CR (or a newer runtime);
-- ``spec.running`` is deprecated (admission warns since v1.4); the portal sends ``runStrategy: Always``.
+- ``spec.running`` is deprecated (admission warns since v1.4); the portal sends ``runStrategy: Always``;
+- a tenant namespace enforcing Pod Security ``restricted`` refuses every launcher pod unless the KubeVirt CR sets a
+  seccomp profile (``labs.kubevirt.podsecurity``).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import Any
 
 from django.conf import settings
 from django.utils.translation import gettext as _
+from kubernetes.utils import parse_quantity
 
-from labs.kubevirt import client
+from labs.kubevirt import client, podsecurity, tenant_namespaces
 from labs.kubevirt.operations import REQUEST_TIMEOUT, ClusterError, cluster_error
 
 ERROR = "error"
@@ -52,6 +55,10 @@ class ClusterFacts:
     server_version: str = ""
     kubevirt: dict[str, Any] | None = None
     nodes: list[dict[str, Any]] = field(default_factory=list)
+    # The tenant namespaces the portal knows of, as the cluster has them, and those whose objects it may not manage
+    # (namespace, tenant name, what the cluster said).
+    namespaces: list[dict[str, Any]] = field(default_factory=list)
+    forbidden: list[tuple[str, str, str]] = field(default_factory=list)
     # Problems met while reading (unreachable API, missing permission), already as findings.
     problems: list[Finding] = field(default_factory=list)
 
@@ -93,6 +100,22 @@ def gather() -> ClusterFacts:
             _("Cannot list the cluster's nodes, so KVM support and the container runtime are not checked: "
               "%(error)s") % {"error": error.message},
             _("Grant the portal's service account list on nodes to enable these checks."),
+        ))
+    tenants = tenant_namespaces.read()
+    facts.namespaces = tenants.namespaces
+    facts.forbidden = tenants.forbidden
+    facts.problems.extend(Finding(
+        WARNING, "namespace_unreadable",
+        _("Cannot read tenant namespace %(namespace)s, so its Pod Security level is not checked: %(error)s")
+        % {"namespace": name, "error": said},
+        _("Grant the portal's service account get on namespaces."),
+    ) for name, said in tenants.unreadable)
+    if tenants.unchecked:
+        facts.problems.append(Finding(
+            INFO, "namespaces_unchecked",
+            _("Tenant namespaces were not checked: the portal's database cannot be read (%(error)s).")
+            % {"error": tenants.unchecked},
+            _("Run the check again once the database is migrated."),
         ))
     return facts
 
@@ -159,8 +182,12 @@ def runtime_mounts_image_volumes(runtime: str) -> bool | None:
 
 
 def _node_allocatable(node: Mapping[str, Any], resource: str) -> int:
-    value = str(((node.get("status") or {}).get("allocatable") or {}).get(resource, "0"))
-    return int(value) if value.isdigit() else 0
+    """A node's allocatable count, read as the quantity it is (the kubelet writes 1000 devices as ``1k``)."""
+    value = ((node.get("status") or {}).get("allocatable") or {}).get(resource, "0")
+    try:
+        return int(parse_quantity(value))
+    except ValueError:
+        return 0
 
 
 def assess(facts: ClusterFacts) -> list[Finding]:
@@ -206,6 +233,16 @@ def assess(facts: ClusterFacts) -> list[Finding]:
     else:
         kvm_nodes = []
 
+    findings.extend(_pod_security_findings(facts.namespaces, kubevirt))
+    findings.extend(Finding(
+        ERROR, "tenant_role_missing",
+        _("The portal may not manage tenant namespace %(namespace)s (tenant %(tenant)s): its Role and RoleBinding are "
+          "not applied, so no lab of that tenant can start. The cluster says: %(error)s")
+        % {"namespace": namespace, "tenant": tenant, "error": said},
+        _("As a cluster admin, run: python manage.py tenant_manifests \"%(tenant)s\" | kubectl apply -f -")
+        % {"tenant": tenant},
+    ) for namespace, tenant, said in facts.forbidden)
+
     if kubevirt is not None and image_volume_enabled(kubevirt):
         findings.extend(_image_volume_findings(facts, kvm_nodes or facts.nodes, version_text))
 
@@ -217,6 +254,18 @@ def assess(facts: ClusterFacts) -> list[Finding]:
         ))
     order = {ERROR: 0, WARNING: 1, INFO: 2}
     return sorted(findings, key=lambda f: order.get(f.level, 3))
+
+
+def _pod_security_findings(namespaces: list[dict[str, Any]], kubevirt: Mapping[str, Any] | None) -> list[Finding]:
+    return [Finding(
+        ERROR, "namespace_pod_security",
+        _("Tenant namespace %(namespace)s enforces Pod Security \"restricted\", which refuses KubeVirt's "
+          "virt-launcher pods (the KubeVirt resource sets no seccomp profile for them): no lab VM can start there; "
+          "each Start stays Pending with FailedCreate \"it needs a privileged namespace to run\".")
+        % {"namespace": name},
+        _("Run: %(command)s (or set spec.configuration.seccompConfiguration.virtualMachineInstanceProfile in the "
+          "KubeVirt resource).") % {"command": podsecurity.fix_command(name)},
+    ) for name in podsecurity.refusing_namespaces(namespaces, kubevirt)]
 
 
 def _image_volume_findings(facts: ClusterFacts, nodes: list[dict[str, Any]], version_text: str) -> list[Finding]:

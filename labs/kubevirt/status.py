@@ -14,8 +14,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext as _
+
+from labs import wording
 
 # VMI phases the attempt records a time for, in order, with the Attempt field each one fills.
 PHASE_FIELDS = {
@@ -30,9 +33,21 @@ IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 CONTAINER_DISK_SIGNATURE = "container-disk"
 
 
+# Synchronized=False reasons of virt-controller (pkg/virt-controller/watch/vmi/lifecycle.go) for a launcher pod that
+# was not made. A Pod Security refusal and a manifest that cannot be rendered end the attempt at once with KubeVirt's
+# message; a pod refused by a ResourceQuota waits (it fits once another VM of the namespace has gone), and so does
+# any other FailedCreate, for the grace.
+POD_NOT_CREATED_REASONS = ("FailedCreate", "FailedCreateValidation", "FailedPvcNotFound",
+                           "ContainerPathVolumesDisabled")
+QUOTA_SIGNATURE = "exceeded quota"
+POD_SECURITY_SIGNATURE = "violates PodSecurity"
+
+
 class Problem:
     """Stable codes for what can keep a VM from running, stored with the attempt's message."""
 
+    POD_REFUSED = "pod_refused"
+    POD_WAITING = "pod_waiting"
     UNSCHEDULABLE = "unschedulable"
     IMAGE_PULL = "image_pull"
     VMI_FAILED = "vmi_failed"
@@ -49,6 +64,10 @@ class VmiObservation:
     problem: str = ""
     problem_code: str = ""
     problem_since: datetime | None = None
+    # The problem cannot mend by itself: the attempt ends now rather than after the grace.
+    problem_final: bool = False
+    # False when the VMI itself names no reason: the cluster's Events are to be read for one.
+    explained: bool = True
 
     @property
     def failed(self) -> bool:
@@ -66,6 +85,13 @@ def _time(value: Any) -> datetime | None:
 def _conditions(obj: Mapping[str, Any] | None) -> dict[str, Mapping[str, Any]]:
     status = (obj or {}).get("status") or {}
     return {c.get("type", ""): c for c in status.get("conditions") or () if isinstance(c, Mapping)}
+
+
+def grace_seconds(observation: VmiObservation) -> int:
+    """How long the attempt may wait on this problem: minutes for room (an autoscaler adds nodes), less else."""
+    if observation.problem_code == Problem.UNSCHEDULABLE:
+        return settings.ATTEMPT_UNSCHEDULABLE_GRACE_SECONDS
+    return settings.ATTEMPT_FAILURE_GRACE_SECONDS
 
 
 def phase_times(vmi: Mapping[str, Any]) -> dict[str, datetime]:
@@ -89,6 +115,23 @@ def image_volume_hint(message: str) -> str:
     return ""
 
 
+def _failure_words(vmi: Mapping[str, Any]) -> str:
+    """What a Failed VMI says about why: ``status.reason`` (v1.9 sets it only for a lost node), else the
+    ``Synchronized=False`` condition's reason and message."""
+    reason = (vmi.get("status") or {}).get("reason") or ""
+    synchronized = _conditions(vmi).get("Synchronized") or {}
+    if synchronized.get("status") == "False":
+        reason = reason or synchronized.get("reason") or ""
+    return ": ".join(part for part in (reason, synchronized.get("message") or "") if part)
+
+
+def failed_problem(vmi: Mapping[str, Any], events: str = "") -> str:
+    """A Failed VMI's reason in plain words, from the VMI, else from the Events about it (``events_problem``)."""
+    detail = ((_conditions(vmi).get("Synchronized") or {}).get("message")) or ""
+    words = _failure_words(vmi) or events or _("no reason given")
+    return _("The VM failed (%(reason)s).") % {"reason": words} + image_volume_hint(detail)
+
+
 def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
     """What one VMI says about its attempt."""
     status = vmi.get("status") or {}
@@ -99,15 +142,14 @@ def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
     uid = (vmi.get("metadata") or {}).get("uid") or ""
 
     if phase == "Failed":
-        reason = status.get("reason") or ""
         synchronized = conditions.get("Synchronized") or {}
         detail = synchronized.get("message") or ""
-        words = ": ".join(part for part in (reason, detail) if part) or _("no reason given")
         code = Problem.IMAGE_VOLUME if image_volume_hint(detail) else Problem.VMI_FAILED
         return VmiObservation(
             phase=phase, uid=uid, phase_times=times, node_name=node, problem_code=code,
-            problem=_("The VM failed (%(reason)s).") % {"reason": words} + image_volume_hint(detail),
-            problem_since=times.get("Failed") or _time(synchronized.get("lastTransitionTime")),
+            problem=failed_problem(vmi), problem_since=times.get("Failed") or _time(
+                synchronized.get("lastTransitionTime")),
+            explained=bool(_failure_words(vmi)),
         )
 
     scheduled = conditions.get("PodScheduled") or {}
@@ -120,13 +162,29 @@ def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
         )
 
     synchronized = conditions.get("Synchronized") or {}
+    if synchronized.get("status") == "False" and synchronized.get("reason") in POD_NOT_CREATED_REASONS:
+        message = synchronized.get("message") or synchronized.get("reason") or ""
+        waiting = QUOTA_SIGNATURE in message
+        # virt-controller retries a failed pod creation: only a refusal no retry can mend (Pod Security, a
+        # manifest that cannot be rendered) ends the attempt at once; anything else has the grace.
+        final = not waiting and (synchronized.get("reason") != "FailedCreate" or POD_SECURITY_SIGNATURE in message)
+        return VmiObservation(
+            phase=phase, uid=uid, phase_times=times, node_name=node,
+            problem_code=Problem.POD_WAITING if waiting else Problem.POD_REFUSED,
+            problem=wording.pod_waiting(message) if waiting else wording.pod_refused(message),
+            problem_since=_time(synchronized.get("lastTransitionTime")) or times.get("Pending"),
+            problem_final=final,
+        )
+
     if synchronized.get("status") == "False" and synchronized.get("reason") in IMAGE_PULL_REASONS:
         return VmiObservation(
             phase=phase, uid=uid, phase_times=times, node_name=node, problem_code=Problem.IMAGE_PULL,
             problem=_("The lab's disk image could not be downloaded (%(reason)s: %(message)s). Ask your instructor "
                       "to check the lab's VM image.")
             % {"reason": synchronized.get("reason"), "message": synchronized.get("message") or ""},
-            problem_since=_time(synchronized.get("lastTransitionTime")) or times.get("Pending"),
+            # kubelet flips ErrImagePull ↔ ImagePullBackOff and each flip renews the condition's time: the problem
+            # is as old as the phase it keeps the VMI in.
+            problem_since=times.get(phase) or times.get("Pending") or _time(synchronized.get("lastTransitionTime")),
         )
 
     return VmiObservation(phase=phase, uid=uid, phase_times=times, node_name=node)

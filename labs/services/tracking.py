@@ -9,7 +9,8 @@ so neither the sync nor provisioning ever waits on a guest.
 
 Status derivation follows the cluster: no VMI yet means still starting; a stopping attempt ends when its VMI is
 gone; a VMI that is Failed fails the attempt with the cluster's reason; a VM that cannot be scheduled or cannot pull
-its image fails the attempt once that has lasted ``ATTEMPT_FAILURE_GRACE_SECONDS``.
+its image fails the attempt once that has lasted its grace (``ATTEMPT_UNSCHEDULABLE_GRACE_SECONDS``, sized for an
+autoscaler, or ``ATTEMPT_FAILURE_GRACE_SECONDS``); a launcher pod the cluster refuses for good fails it at once.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from labs.kubevirt import operations, status
+from labs.kubevirt import explain, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import IDLE_STOP_MIN_MINUTES, Attempt, AttemptState, TenantNamespace
 from labs.services.agents import agent_wait_start
@@ -302,18 +303,19 @@ def _observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> 
 
     if observation.failed:
         _apply(attempt, changes, to=to)
+        failure = explain.failed_vmi_words(vmi)
         if attempt.state == AttemptState.RUNNING:
             def reason() -> str:
-                return _("The VM stopped unexpectedly.") + " " + _problem(vmi)
+                return _("The VM stopped unexpectedly.") + " " + failure()
         else:
             def reason() -> str:
-                return _problem(vmi) + " " + start_again_hint()
+                return failure() + " " + start_again_hint()
         return Outcome.FAILED if attempt_fail(attempt_id=attempt.id, reason=reason) else Outcome.UNCHANGED
 
     if attempt.state != AttemptState.RUNNING:
         if observation.problem:
             since = observation.problem_since or now
-            if (now - since).total_seconds() >= settings.ATTEMPT_FAILURE_GRACE_SECONDS:
+            if observation.problem_final or (now - since).total_seconds() >= status.grace_seconds(observation):
                 _apply(attempt, changes, to=to)
                 return Outcome.FAILED if attempt_fail(
                     attempt_id=attempt.id, reason=lambda: _problem(vmi) + " " + start_again_hint(),

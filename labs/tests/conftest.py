@@ -35,6 +35,7 @@ def lifecycle(cluster, settings, eager_tasks) -> Iterator[object]:
     # Personas are made after this fixture; hashing their passwords slowly would dominate the test time.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.ATTEMPT_FAILURE_GRACE_SECONDS = 0
+    settings.ATTEMPT_UNSCHEDULABLE_GRACE_SECONDS = 0
     yield cluster
     for namespace in Tenant.objects.values_list("namespace", flat=True):
         try:

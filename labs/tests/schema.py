@@ -49,7 +49,7 @@ def _check_type(value: Any, type_name: str, where: str, errors: list[str]) -> No
             return
         for index, item in enumerate(value):
             _check_type(item, type_name[5:-1], f"{where}[{index}]", errors)
-    elif type_name.startswith("dict("):
+    elif type_name.startswith(("dict(", "dict[")):  # the client wrote dict(str, X) before 36, dict[str, X] since
         inner = type_name[5:-1].split(", ", 1)[1]
         if not isinstance(value, dict):
             errors.append(f"{where}: expected a mapping")

@@ -70,7 +70,8 @@ def test_capacity_page_shows_only_the_instructors_tenant(client, instructor_a, s
     body = response.content.decode()
     assert response.status_code == 200
     assert lab_a.course.tenant.name in body and tenant_b.name not in body
-    assert "2340 MiB / 262144 MiB" in body  # one small VM: 2 GiB guest + 292 MiB launcher overhead
+    # One small VM: 2 GiB guest + 272 MiB launcher overhead + the console log sidecar's 35M, rounded up.
+    assert "2354 MiB / 262144 MiB" in body
     assert '<td class="running-vms">1</td>' in body
     changelist = client.get(reverse(CHANGELIST)).content.decode()
     assert reverse("admin:labs_attempt_capacity") in changelist
@@ -79,3 +80,21 @@ def test_capacity_page_shows_only_the_instructors_tenant(client, instructor_a, s
 def test_capacity_page_is_refused_to_non_instructors(client, instructor_b, ta_a):
     client.login(username=ta_a.username, password=PASSWORD)
     assert client.get(reverse("admin:labs_attempt_capacity")).status_code == 302  # not staff: to the login
+
+
+def test_capacity_page_says_what_to_apply_when_the_portal_lacks_the_tenants_role(
+        client, instructor_a, lifecycle, tenant_a, student_a, lab_a):
+    from labs.services import tenant_namespace_ensure, tracking
+
+    tenant_namespace_ensure(tenant=tenant_a)
+    attempt = attempt_start(actor=student_a, lab=lab_a)
+    Attempt.objects.filter(id=attempt.id).update(state=AttemptState.STARTING)
+    lifecycle.admin.inject_fault(code=403, verbs=["list"], resources=["virtualmachineinstances"])
+    try:
+        tracking.attempts_sync()
+    finally:
+        lifecycle.admin.clear_faults()
+    client.login(username=instructor_a.username, password=PASSWORD)
+    body = client.get(reverse("admin:labs_attempt_capacity")).content.decode()
+    assert "is forbidden" in body
+    assert "python manage.py tenant_manifests" in body and "kubectl apply -f -" in body

@@ -110,11 +110,13 @@ def test_the_reason_is_written_in_the_language_the_student_started_in(
     assert "No node in the cluster has room for this VM right now" in shown.decode()
 
 
-def test_unschedulable_within_the_grace_is_shown_as_progress_not_failure(
+def test_unschedulable_within_its_own_grace_is_shown_as_progress_not_failure(
         tight_cluster, settings, student_a, course_a, django_capture_on_commit_callbacks):
     from conftest import make_lab
 
-    settings.ATTEMPT_FAILURE_GRACE_SECONDS = 300
+    # A VM that waits for room is given the autoscaler's minutes, whatever the grace for other problems.
+    settings.ATTEMPT_FAILURE_GRACE_SECONDS = 0
+    settings.ATTEMPT_UNSCHEDULABLE_GRACE_SECONDS = 300
     large = make_lab(course_a, title="Big", size="large")
     attempt = started(student_a, large, django_capture_on_commit_callbacks)
 
@@ -156,3 +158,104 @@ def test_image_volume_without_runtime_support_explains_the_fix(
         sync_until(attempt, AttemptState.FAILED)
     assert "container-disk" in attempt.failure_reason
     assert "disabledFeatureGates" in attempt.failure_reason
+
+
+def test_a_namespace_that_refuses_launcher_pods_ends_the_start_within_seconds_with_kubevirts_message(
+        tight_cluster, student_a, lab_a, tenant_a, django_capture_on_commit_callbacks):
+    import time
+
+    from kubernetes import client as k8s
+
+    from labs.services import tenant_namespace_ensure
+
+    tenant_namespace_ensure(tenant=tenant_a)
+    namespace = tenant_a.cluster_namespace.namespace
+    core = k8s.CoreV1Api(tight_cluster.api_client())
+    label = "pod-security.kubernetes.io/enforce"
+    core.patch_namespace(namespace, {"metadata": {"labels": {label: "restricted"}}})
+    try:
+        begun = time.monotonic()
+        attempt = started(student_a, lab_a, django_capture_on_commit_callbacks)
+        with django_capture_on_commit_callbacks(execute=True):
+            sync_until(attempt, AttemptState.FAILED, timeout=10)
+        assert time.monotonic() - begun < 10
+    finally:
+        core.patch_namespace(namespace, {"metadata": {"labels": {label: "privileged"}}})
+    assert "it needs a privileged namespace to run" in attempt.failure_reason
+    assert 'violates PodSecurity "restricted:latest"' in attempt.failure_reason
+    assert "Pod Security" in attempt.failure_reason_texts["en"] and attempt.failure_reason_texts["ja"]
+    wait_until(lambda: vm_names(attempt.namespace) == [], what="the refused VM to be deleted")
+
+
+def test_a_quota_refusal_holds_the_attempt_with_kubevirts_message(
+        tight_cluster, settings, student_a, lab_a, tenant_a, django_capture_on_commit_callbacks):
+    from kubernetes import client as k8s
+
+    from labs.services import tenant_namespace_ensure, tracking
+
+    settings.ATTEMPT_FAILURE_GRACE_SECONDS = 300
+    tenant_namespace_ensure(tenant=tenant_a)
+    namespace = tenant_a.cluster_namespace.namespace
+    core = k8s.CoreV1Api(tight_cluster.api_client())
+    core.create_namespaced_resource_quota(namespace, {"metadata": {"name": "tiny"},
+                                                      "spec": {"hard": {"requests.memory": "100Mi"}}})
+    try:
+        attempt = started(student_a, lab_a, django_capture_on_commit_callbacks)
+
+        def held() -> bool:
+            attempt.refresh_from_db()
+            return "exceeded quota: tiny" in attempt.status_message
+
+        wait_until(held, step=lambda: tracking.namespace_sync(namespace=namespace), what="the quota message")
+        assert attempt.state == AttemptState.STARTING and attempt.failure_reason == ""
+    finally:
+        core.delete_namespaced_resource_quota("tiny", namespace)
+
+
+def test_image_pull_back_off_flips_do_not_restart_the_grace(
+        tight_cluster, settings, student_a, course_a, django_capture_on_commit_callbacks):
+    import time
+
+    from conftest import make_lab
+
+    # kubelet flips ErrImagePull ↔ ImagePullBackOff (back-off 1, 2, 4 s here), each flip a new lastTransitionTime:
+    # timed from the last flip, a 4 s grace would first run out about 10 s in.
+    tight_cluster.admin.configure(image_pull_backoff=1.0)
+    settings.ATTEMPT_FAILURE_GRACE_SECONDS = 4
+    lab = make_lab(course_a, title="Typo again")
+    lab.image = "quay.io/containerdisks/missing-debian:12"
+    lab.save(update_fields=["image"])
+    try:
+        begun = time.monotonic()
+        attempt = started(student_a, lab, django_capture_on_commit_callbacks)
+        with django_capture_on_commit_callbacks(execute=True):
+            sync_until(attempt, AttemptState.FAILED, timeout=15)
+        assert time.monotonic() - begun < 8
+    finally:
+        tight_cluster.admin.configure(image_pull_backoff=10.0)
+    assert "disk image could not be downloaded" in attempt.failure_reason
+    assert "missing-debian" in attempt.failure_reason
+
+
+def test_a_vmi_that_fails_without_a_status_reason_is_explained_from_conditions_and_events(
+        tight_cluster, student_a, lab_a, django_capture_on_commit_callbacks):
+    from labs.services import tracking
+
+    tight_cluster.admin.configure(scheduling_delay=30)
+    try:
+        attempt = started(student_a, lab_a, django_capture_on_commit_callbacks)
+
+        def scheduling() -> bool:
+            attempt.refresh_from_db()
+            return attempt.scheduling_at is not None
+
+        wait_until(scheduling, step=lambda: tracking.namespace_sync(namespace=attempt.namespace),
+                   what="the VMI to be scheduling")
+        # No message: KubeVirt v1.9 leaves status.reason empty, and only the Event names what happened.
+        tight_cluster.admin.fail_vmi(attempt.namespace, attempt.vm_name, reason="GuestPanicked")
+        with django_capture_on_commit_callbacks(execute=True):
+            sync_until(attempt, AttemptState.FAILED)
+    finally:
+        tight_cluster.admin.configure(scheduling_delay=0)
+    assert "no reason given" not in attempt.failure_reason
+    assert "GuestPanicked" in attempt.failure_reason

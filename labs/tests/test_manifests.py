@@ -42,6 +42,7 @@ def test_vm_manifest_is_exactly_what_design_section_4_describes():
                 "metadata": {"labels": LABELS},
                 "spec": {
                     "terminationGracePeriodSeconds": 5,
+                    "evictionStrategy": "LiveMigrateIfPossible",
                     "domain": {
                         "cpu": {"cores": 1, "sockets": 1, "threads": 1},
                         "memory": {"guest": "2048Mi"},
@@ -124,12 +125,12 @@ def test_owner_reference_points_at_the_vm():
     assert core_errors(reference, "V1OwnerReference") == []
 
 
-def test_namespace_enforces_restricted_pod_security():
+def test_namespace_enforces_the_pod_security_level_launcher_pods_need():
     namespace = manifests.namespace(name="lab-x-1", tenant_id=3)
     assert namespace["metadata"]["labels"] == {
         "app.kubernetes.io/managed-by": "lab-portal",
         "labs.portal/tenant": "3",
-        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce": "privileged",
         "pod-security.kubernetes.io/audit": "restricted",
         "pod-security.kubernetes.io/warn": "restricted",
     }
@@ -168,10 +169,10 @@ def test_network_policy_admits_the_portal_namespace_when_it_runs_in_cluster():
     assert core_errors(agent, "V1NetworkPolicy") == []
 
 
-def test_resource_quota_uses_launcher_arithmetic_for_cpu():
+def test_resource_quota_uses_launcher_arithmetic_for_cpu_with_the_console_log_sidecar():
     quota = manifests.resource_quota(namespace="ns", tenant_id=3, max_vms=10, max_vcpus=20, max_memory_mib=40960)
     assert quota["spec"]["hard"] == {
-        "requests.cpu": "2000m",  # 20 vCPUs / cpuAllocationRatio 10
+        "requests.cpu": "2050m",  # 20 vCPUs / cpuAllocationRatio 10, and 5m per VM for the console log sidecar
         "requests.memory": "40960Mi",
         "count/virtualmachines.kubevirt.io": "10",
     }
@@ -181,3 +182,12 @@ def test_resource_quota_uses_launcher_arithmetic_for_cpu():
 
 def test_core_validator_catches_unknown_fields():
     assert core_errors({"apiVersion": "v1", "kind": "Secret", "metadata": {"nmae": "x"}}, "V1Secret")
+
+
+def test_eviction_strategy_is_explicit_and_host_passthrough_vms_are_not_migrated():
+    # The cluster default is None unless configured (pkg/virt-config): a lab never depends on it. A drain migrates
+    # an ordinary lab VM when it can; a host-passthrough VM cannot live-migrate and is shut down (runStrategy
+    # Always then starts it afresh elsewhere, and the portal ends the attempt).
+    assert small_vm()["spec"]["template"]["spec"]["evictionStrategy"] == "LiveMigrateIfPossible"
+    nested = small_vm(host_passthrough=True)
+    assert nested["spec"]["template"]["spec"]["evictionStrategy"] == "None"

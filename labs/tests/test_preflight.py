@@ -91,7 +91,7 @@ def test_runtime_support_table(runtime, verdict):
 
 
 @pytest.fixture
-def kubevirt_config(cluster):
+def kubevirt_config(cluster, db):
     """Change the session kubesim's KubeVirt CR and runtime for one test, then put them back."""
     yield cluster.admin.set_kubevirt
     cluster.admin.set_kubevirt(version="v1.9.0", feature_gates=[], disabled_feature_gates=[],
@@ -171,3 +171,64 @@ def test_an_unreachable_cluster_is_a_blocking_finding(settings, tmp_path):
         client.reset()
     assert code == 1
     assert "Cannot talk to the cluster API" in output
+
+
+# ---- KVM as the kubelet reports it, and Pod Security of tenant namespaces ---------------------------------------
+
+
+@pytest.mark.parametrize("kvm", ["1k", "1000", "110", "2k"])
+def test_kvm_devices_count_however_the_kubelet_writes_the_quantity(kvm):
+    findings = preflight.assess(ClusterFacts("v1.33.5", kubevirt(), [node(kvm=kvm)]))
+    assert "no_kvm" not in codes(findings)
+
+
+def test_a_restricted_tenant_namespace_is_blocking_unless_kubevirt_sets_a_seccomp_profile():
+    restricted = {"metadata": {"name": "lab-a", "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
+    baseline = {"metadata": {"name": "lab-b", "labels": {"pod-security.kubernetes.io/enforce": "baseline"}}}
+    findings = preflight.assess(ClusterFacts("v1.33.5", kubevirt(), [node()], namespaces=[restricted, baseline]))
+    finding = next(f for f in findings if f.code == "namespace_pod_security")
+    assert finding.level == "error" and "lab-a" in finding.message and "lab-b" not in finding.message
+    assert "kubectl label --overwrite namespace lab-a pod-security.kubernetes.io/enforce=privileged" in finding.fix
+    profiled = kubevirt()
+    profiled["spec"]["configuration"]["seccompConfiguration"] = {
+        "virtualMachineInstanceProfile": {"customProfile": {"runtimeDefaultProfile": True}}}
+    clean = preflight.assess(ClusterFacts("v1.33.5", profiled, [node()], namespaces=[restricted]))
+    assert "namespace_pod_security" not in codes(clean)
+
+
+def test_cluster_check_names_a_restricted_tenant_namespace_and_the_fix(kubevirt_config, cluster, tenant_a):
+    from kubernetes import client as k8s
+
+    from labs.models import TenantNamespace
+
+    name = "lab-psa-check"
+    core = k8s.CoreV1Api(cluster.api_client())
+    core.create_namespace({"metadata": {"name": name, "labels": {
+        "pod-security.kubernetes.io/enforce": "restricted"}}})
+    TenantNamespace.objects.update_or_create(tenant=tenant_a, defaults={"namespace": name})
+    try:
+        code, output = run_cluster_check()
+    finally:
+        core.delete_namespace(name)
+    assert code == 1
+    assert f"Tenant namespace {name} enforces Pod Security" in output
+    assert f"kubectl label --overwrite namespace {name} pod-security.kubernetes.io/enforce=privileged" in output
+
+
+def test_cluster_check_names_a_tenant_namespace_without_the_portals_role_and_what_to_apply(
+        kubevirt_config, cluster, tenant_a):
+    from labs.models import TenantNamespace
+    from labs.services import tenant_namespace_ensure
+
+    tenant_namespace_ensure(tenant=tenant_a)
+    namespace = TenantNamespace.objects.get(tenant=tenant_a).namespace
+    # As the API server answers a service account that no Role in the namespace grants anything.
+    cluster.admin.inject_fault(code=403, verbs=["get"], resources=["resourcequotas"])
+    try:
+        code, output = run_cluster_check()
+    finally:
+        cluster.admin.clear_faults()
+    assert code == 1
+    assert f"The portal may not manage tenant namespace {namespace} (tenant {tenant_a.name})" in output
+    assert f'python manage.py tenant_manifests "{tenant_a.name}" | kubectl apply -f -' in output
+    assert 'cannot get resource "resourcequotas"' in output

@@ -231,3 +231,14 @@ def test_a_teardown_cut_off_by_an_outage_resumes_on_the_first_sync_that_reaches_
     with django_capture_on_commit_callbacks(execute=True) as queued:
         tracking.attempts_sync()
     assert queued == []  # only the pass that found the cluster back resumes anything
+
+
+def test_a_namespace_without_the_portals_role_reads_as_a_course_not_ready(faults, student_a, lab_a):
+    # A new tenant whose Role a cluster admin has not applied yet: RBAC refuses the namespace's objects.
+    attempt = attempt_start(actor=student_a, lab=lab_a)
+    faults.inject_fault(code=403, verbs=["create"], resources=["networkpolicies", "secrets"])
+    assert tasks.provision_attempt.delay(attempt.id).get() == "failed"
+    attempt.refresh_from_db()
+    assert attempt.failure_reason.startswith("This course is not ready yet")
+    assert "tell your instructor" in attempt.failure_reason.lower()
+    assert attempt.failure_reason_texts["ja"]

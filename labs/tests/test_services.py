@@ -39,7 +39,7 @@ def test_start_makes_a_requested_attempt_with_server_generated_names(student_a, 
     assert attempt.namespace == lab_a.course.tenant.namespace
     assert len(attempt.agent_token) >= 40
     assert (attempt.vcpus, attempt.memory_mib) == (1, 2048)
-    assert (attempt.launcher_cpu_millicores, attempt.launcher_memory_mib) == (100, 2340)
+    assert (attempt.launcher_cpu_millicores, attempt.launcher_memory_mib) == (105, 2354)
     assert attempt.number == 1
     event = AuditEvent.objects.get(action="attempt.start")
     assert (event.actor, event.target_id, event.course) == (student_a, str(attempt.id), lab_a.course)
@@ -255,5 +255,5 @@ def test_tenant_capacity_counts_launcher_requests(tenant_a, student_a, lab_a):
     attempt_start(actor=student_a, lab=lab_a)
     capacity = tenant_capacity(tenant=tenant_a)
     assert (capacity.active_vms, capacity.running_vms, capacity.vcpus) == (1, 0, 1)
-    assert (capacity.cpu_millicores, capacity.memory_mib) == (100, 2340)
-    assert capacity.max_cpu_millicores == 2000
+    assert (capacity.cpu_millicores, capacity.memory_mib) == (105, 2354)
+    assert capacity.max_cpu_millicores == 2000 + 5 * tenant_a.max_concurrent_vms  # and each VM's console log

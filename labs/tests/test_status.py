@@ -81,3 +81,21 @@ def test_vm_printable_status_and_events_in_words():
         {"type": "Warning", "reason": "FailedScheduling", "message": "0/3 nodes", "lastTimestamp": "2"},
     ]
     assert status.events_problem(events) == "FailedScheduling: 0/3 nodes"
+
+
+def test_a_launcher_pod_not_created_ends_at_once_only_when_no_retry_can_mend_it():
+    from labs.kubevirt import status
+
+    def vmi(reason, message):
+        return {"metadata": {"uid": "u"}, "status": {"phase": "Pending", "conditions": [
+            {"type": "Synchronized", "status": "False", "reason": reason, "message": message,
+             "lastTransitionTime": "2026-12-04T05:00:00Z"}]}}
+
+    psa = status.observe_vmi(vmi("FailedCreate", 'failed to create pod for vmi a/b, it needs a privileged namespace '
+                                                 'to run: pods "x" is forbidden: violates PodSecurity "restricted"'))
+    assert psa.problem_final and psa.problem_code == status.Problem.POD_REFUSED
+    quota = status.observe_vmi(vmi("FailedCreate", "failed to create virtual machine pod: exceeded quota: q"))
+    assert not quota.problem_final and quota.problem_code == status.Problem.POD_WAITING
+    passing = status.observe_vmi(vmi("FailedCreate", "failed to create virtual machine pod: etcdserver: timeout"))
+    assert not passing.problem_final and "etcdserver" in passing.problem
+    assert status.observe_vmi(vmi("FailedPvcNotFound", "PVC x not found")).problem_final

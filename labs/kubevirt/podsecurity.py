@@ -1,0 +1,46 @@
+"""Which Pod Security level lets KubeVirt's virt-launcher pods into a tenant namespace.
+
+KubeVirt v1.9's launcher pod runs as non-root with every capability dropped but NET_BIND_SERVICE and no privilege
+escalation, so ``baseline`` admits it; ``restricted`` also wants a seccomp profile, which virt-controller sets
+only when the KubeVirt CR has ``spec.configuration.seccompConfiguration.virtualMachineInstanceProfile``
+(``pkg/virt-controller/services/template.go``). Without it the pod is refused and the VMI stays Pending with
+``Synchronized=False/FailedCreate`` ("it needs a privileged namespace to run"). The portal's namespaces enforce
+``privileged``, as KubeVirt's own functional tests label theirs (``tests/libwait/wait.go``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
+# The level the portal's namespaces enforce; audit and warn at restricted show operators what would tighten it.
+ENFORCE_LEVEL = "privileged"
+AUDIT_LEVEL = "restricted"
+
+
+def seccomp_profile_configured(kubevirt: Mapping[str, Any] | None) -> bool:
+    configuration = ((kubevirt or {}).get("spec") or {}).get("configuration") or {}
+    profile = ((configuration.get("seccompConfiguration") or {}).get("virtualMachineInstanceProfile") or {})
+    custom = profile.get("customProfile") or {}
+    return bool(custom.get("localhostProfile") or custom.get("runtimeDefaultProfile"))
+
+
+def enforced_level(namespace: Mapping[str, Any]) -> str:
+    """The namespace's enforced level; no label means the cluster's default (privileged unless configured)."""
+    labels = (namespace.get("metadata") or {}).get("labels") or {}
+    return labels.get(ENFORCE_LABEL, "")
+
+
+def refuses_launcher(level: str, kubevirt: Mapping[str, Any] | None) -> bool:
+    return level == "restricted" and not seccomp_profile_configured(kubevirt)
+
+
+def fix_command(namespace: str) -> str:
+    return f"kubectl label --overwrite namespace {namespace} {ENFORCE_LABEL}={ENFORCE_LEVEL}"
+
+
+def refusing_namespaces(namespaces: list[Mapping[str, Any]], kubevirt: Mapping[str, Any] | None) -> list[str]:
+    """Names of the namespaces whose enforced level would refuse launcher pods, sorted."""
+    return sorted(n["metadata"]["name"] for n in namespaces
+                  if refuses_launcher(enforced_level(n), kubevirt))

@@ -1,0 +1,65 @@
+"""What the preflight reads about each tenant namespace the portal has recorded: the Namespace itself (its Pod
+Security labels) and whether the portal may manage the namespace's objects, which only the tenant's Role grants
+(``deploy/tenant-namespace.yaml``, applied by a cluster admin: the portal can never grant itself rights).
+
+Two reads per tenant namespace: the Namespace (cluster-wide ``get``) and the portal's ResourceQuota there. Without
+the Role the second is a 403 whatever exists; a 404 means the Role is there and the portal will create the quota.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import DatabaseError
+
+from labs.kubevirt import client, names
+from labs.kubevirt.operations import REQUEST_TIMEOUT, ClusterError, cluster_error
+
+
+@dataclass
+class TenantNamespaceFacts:
+    namespaces: list[dict[str, Any]] = field(default_factory=list)
+    # (namespace, what the cluster said) for a namespace the portal could not read.
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
+    # (namespace, tenant name, what the cluster said) for a namespace whose objects the portal may not manage.
+    forbidden: list[tuple[str, str, str]] = field(default_factory=list)
+    # Why no namespace was checked (the portal's database cannot be read, e.g. before migrate), or "".
+    unchecked: str = ""
+
+
+def _error(exc: Exception, doing: str) -> ClusterError:
+    try:
+        return cluster_error(exc, doing=doing)
+    except Exception as other:  # anything else the client raised is still reported, not a traceback
+        return ClusterError(f"{doing}: {other.__class__.__name__}: {other}")
+
+
+def read() -> TenantNamespaceFacts:
+    from labs.models import TenantNamespace
+
+    facts = TenantNamespaceFacts()
+    try:
+        recorded = list(TenantNamespace.objects.values_list("namespace", "tenant__name"))
+    except DatabaseError as exc:
+        facts.unchecked = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        return facts
+    core = client.core_v1()
+    for namespace, tenant in recorded:
+        try:
+            response = core.read_namespace(namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
+        except Exception as exc:
+            error = _error(exc, f"reading namespace {namespace}")
+            if error.status != 404:  # not made yet: the portal creates it, with the right labels
+                facts.unreadable.append((namespace, error.message))
+            continue
+        facts.namespaces.append(json.loads(response.data))
+        try:
+            core.read_namespaced_resource_quota(names.RESOURCE_QUOTA, namespace, _preload_content=False,
+                                                _request_timeout=REQUEST_TIMEOUT)
+        except Exception as exc:
+            error = _error(exc, f"reading ResourceQuota {namespace}/{names.RESOURCE_QUOTA}")
+            if error.status == 403:
+                facts.forbidden.append((namespace, tenant, error.message))
+    return facts
