@@ -345,6 +345,14 @@ class Guest:
                 os.close(self._master)
             self._master = None
 
+    async def open_port(self, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+        """A TCP connection to the guest's port (ConnectionRefusedError when nothing listens there)."""
+        target = self.ports.get(port)
+        if target is None:
+            raise ConnectionRefusedError(f"guest port {port} refused the connection")
+        reader, writer = await asyncio.open_connection("127.0.0.1", target)
+        return reader, writer, b""
+
     # ---- shutdown ----------------------------------------------------------------------------------------
     def sessions(self) -> set[int]:
         return {p.pid for p in (self.shell, self.agent) if p is not None}
@@ -384,20 +392,86 @@ def _sweep_orphaned_bases() -> None:
             continue  # alive, someone else's
 
 
+def guest_images(specs: list[str]) -> dict[str, Path]:
+    """``--guest-image`` values: ``DIR`` (the default image) or ``NAME=DIR`` (a containerDisk name's image)."""
+    images: dict[str, Path] = {}
+    for spec in specs:
+        name, _, directory = spec.rpartition("=")
+        path = Path(directory).expanduser()
+        missing = [f for f in ("vmlinuz", "initrd.img", "root.img") if not (path / f).is_file()]
+        if missing:
+            raise ValueError(f"guest image {path} lacks {', '.join(missing)} (build one with guest/image/build)")
+        images[name] = path
+    if not images:
+        raise ValueError("--guest vm needs --guest-image DIR (guest/image/build prints one)")
+    return images
+
+
 class GuestManager:
     """Every guest of the server, their scratch directories under one base directory, and their processes."""
 
     def __init__(self, *, config: SimConfig, store: Store) -> None:
         self.config = config
         self.store = store
-        self.guests: dict[str, Guest] = {}
-        if config.guest == "shell":
+        self.guests: dict[str, Any] = {}
+        self.api: Any = None  # set by the server: guests report back (agent connected, QEMU gone) through it
+        self.images: dict[str, Path] = {}
+        self.accelerator = ""
+        if config.guest in ("shell", "vm"):
             _sweep_orphaned_bases()
             self.base: Path | None = Path(tempfile.mkdtemp(prefix=f"kubesim-guests-{os.getpid()}-"))
         else:
             self.base = None
+        if config.guest == "vm":
+            from kubesim.qemu import probe_accelerator
+
+            self.images = guest_images(config.guest_images)
+            default = self.images.get("", next(iter(self.images.values())))
+            self.accelerator = probe_accelerator(str(default / "vmlinuz"))
+            log.info("vm guests run under %s (%s)", self.accelerator.upper(),
+                     "KVM works here" if self.accelerator == "kvm" else "no usable KVM here: QEMU emulates the CPU")
         self._processes: list[subprocess.Popen] = []
         self._reaper: asyncio.TimerHandle | None = None
+
+    @property
+    def simulates_agent(self) -> bool:
+        """Whether kubesim reports qemu-guest-agent itself (shell, none) or the guest's real one does (vm)."""
+        return self.config.guest != "vm"
+
+    def image_for(self, vmi: dict[str, Any]) -> Path:
+        """The local image a VMI's containerDisk name maps to; the default image for any other name."""
+        for volume in (vmi.get("spec") or {}).get("volumes") or ():
+            name = (volume.get("containerDisk") or {}).get("image")
+            if name in self.images:
+                return self.images[name]
+        return self.images.get("", next(iter(self.images.values())))
+
+    def guest_agent_connected(self, guest: Any, *, os_info: dict[str, str], hostname: str) -> None:
+        from kubesim.controllers.objects import VMI, new_condition, set_condition
+
+        def connected(o: dict[str, Any]) -> None:
+            if o["metadata"]["uid"] != guest.uid or (o.get("status") or {}).get("phase") != "Running":
+                return
+            set_condition(o, new_condition("AgentConnected", "True"))
+            o["status"]["guestOSInfo"] = os_info
+            o["status"]["guestHostname"] = hostname
+            for interface in o["status"].get("interfaces") or ():
+                interface["infoSource"] = "domain, guest-agent"
+        self.api.mutate(VMI, guest.namespace, guest.name, connected)
+
+    def guest_exited(self, guest: Any, *, powered_off: bool, code: int | None) -> None:
+        """QEMU ended on its own: Succeeded after a guest power-off, Failed otherwise (virt-handler's reading)."""
+        from kubesim.controllers.objects import VMI, drop_condition, new_condition, set_condition, set_phase
+
+        def ended(o: dict[str, Any]) -> None:
+            if o["metadata"]["uid"] != guest.uid or (o.get("status") or {}).get("phase") != "Running":
+                return
+            set_phase(o, "Succeeded" if powered_off else "Failed")
+            set_condition(o, new_condition("Ready", "False", "GuestNotRunning", "Guest VM is not reported as running"))
+            drop_condition(o, "AgentConnected")
+            if not powered_off:
+                o["status"]["reason"] = "GuestFailed"
+        self.api.mutate(VMI, guest.namespace, guest.name, ended)
 
     def start(self, vmi: dict[str, Any]) -> Guest:
         uid = vmi["metadata"]["uid"]
@@ -408,7 +482,12 @@ class GuestManager:
         if self.base is not None:
             root = self.base / f"{vmi['metadata']['namespace']}_{vmi['metadata']['name']}_{uid[:8]}"
             root.mkdir(parents=True, exist_ok=True)
-        guest = Guest(manager=self, vmi=vmi, root=root)
+        if self.config.guest == "vm":
+            from kubesim.vmguest import VmGuest
+
+            guest: Any = VmGuest(manager=self, vmi=vmi, root=root, image=self.image_for(vmi))
+        else:
+            guest = Guest(manager=self, vmi=vmi, root=root)
         self.guests[uid] = guest
         guest.boot(vmi)
         return guest
@@ -419,6 +498,9 @@ class GuestManager:
     def stop(self, uid: str) -> None:
         guest = self.guests.pop(uid, None)
         if guest is None:
+            return
+        if self.config.guest == "vm":
+            guest.stop(grace=guest.grace)  # ACPI power button, then killed after the grace period
             return
         guest.stop()
         sessions = guest.sessions()
@@ -444,6 +526,8 @@ class GuestManager:
         for guest in list(self.guests.values()):
             guest.stop()
             sessions |= guest.sessions()
+            if self.config.guest == "vm":
+                guest.kill()
         self.guests.clear()
         if sessions:
             kill_sessions(sessions)

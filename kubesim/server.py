@@ -156,6 +156,7 @@ class KubeSim:
         self.store = Store(history_size=config.watch_history)
         self.api = ApiServer(self.store)
         self.guests = GuestManager(config=config, store=self.store)
+        self.guests.api = self.api
         self.cluster = Cluster(store=self.store, api=self.api, config=config, guests=self.guests)
         self.faults = Faults()
         self.counters = RequestCounters()
