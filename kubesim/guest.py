@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kubesim import sandbox
 from kubesim.cloudinit import CloudInitError, apply_write_files, unapplied, user_data_for
 from kubesim.config import SimConfig
 from kubesim.store import Store
@@ -35,15 +36,6 @@ log = logging.getLogger("kubesim.guest")
 AGENT_GUEST_PORT = 8787
 _PAUSE_ABOVE = 256   # queued output chunks before the serial line stops reading the pty
 _RESUME_BELOW = 32
-
-
-def _read_small(path: Path) -> str:
-    """A few bytes from a local file (the agent's port file), '' while it does not exist yet."""
-    try:
-        with open(path) as handle:
-            return handle.read().strip()
-    except OSError:
-        return ""
 
 
 def _sessions_alive(sessions: set[int]) -> list[int]:
@@ -80,6 +72,16 @@ def _die_with_kubesim() -> None:
     """In the child before exec: get SIGKILL if kubesim itself is killed, so no guest outlives it."""
     if _libc is not None:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _is_socket(path: Path) -> bool:
+    return path.is_socket()
+
+
+def _sandbox_user() -> dict[str, Any]:
+    """Popen arguments that drop to the sandbox's unprivileged host user when kubesim is root."""
+    uid = sandbox.host_uid()
+    return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
 
 
 class ConsoleClient:
@@ -148,7 +150,7 @@ class Guest:
         self.hostname = (vmi.get("spec") or {}).get("hostname") or self.name
         self.root = root
         self.home = root / "home" / "student" if root else None
-        self.ports: dict[int, int] = {}
+        self.ports: dict[int, str] = {}  # guest port -> the Unix socket it is reached through
         self.serial = SerialLine(self)
         self.cloud_init_error: str | None = None
         # What the user data asked for that this guest did not do: said on the console as the shell first starts.
@@ -187,40 +189,42 @@ class Guest:
             marker = self.root / "var/lib/cloud/instance/boot-finished"
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text("kubesim guest boot finished\n")
-            for directory in ("run", "var/log"):
-                (self.root / directory).mkdir(parents=True, exist_ok=True)
+        sandbox.prepare_root(self.root, hostname=self.hostname)
+        if agent.exists() and token.exists():
             self._spawn_agent(agent, token)
 
     def _spawn_agent(self, agent: Path, token: Path) -> None:
-        """Start the lab agent as the guest's systemd unit would; guest port 8787 maps to the port it reports."""
-        assert self.root is not None and self.home is not None
-        port_file = self.root / "run/lab-agent.port"
+        """Start the lab agent in the sandbox as the guest's systemd unit would, on a Unix socket in the guest's
+        /run (the sandbox has no network the host could reach): guest port 8787 leads there."""
+        assert self.root is not None
+        agent_socket = self.root / "run/lab-agent.sock"
         with contextlib.suppress(FileNotFoundError):
-            port_file.unlink()
-        env = {"HOME": str(self.home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+            agent_socket.unlink()
+        argv = [self.manager.config.guest_python, "/opt/lab-agent/agent.py", "--unix-socket", "/run/lab-agent.sock",
+                "--token-file", "/etc/lab-agent/token", "--home", "/home/student",
+                "--setup-marker", "/var/lib/cloud/instance/boot-finished"]
+        env = {"HOME": "/root", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+               "LANG": "C.UTF-8"}
         with open(self.root / "var/log/lab-agent.log", "ab") as log_file:
             try:
                 self.agent = subprocess.Popen(
-                    [self.manager.config.guest_python, str(agent), "--host", "127.0.0.1", "--port", "0",
-                     "--port-file", str(port_file), "--token-file", str(token), "--home", str(self.home),
-                     "--setup-marker", str(self.root / "var/lib/cloud/instance/boot-finished")],
-                    cwd=str(self.home), env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-                    start_new_session=True, preexec_fn=_die_with_kubesim)
+                    sandbox.command(self.root, argv, user="root", hostname=self.hostname, cwd="/root"),
+                    env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True,
+                    preexec_fn=_die_with_kubesim, **_sandbox_user())
             except OSError as exc:
                 log.warning("guest %s/%s: lab agent did not start: %s", self.namespace, self.name, exc)
                 return
         self.manager.track(self.agent)
-        self._agent_task = asyncio.get_running_loop().create_task(self._await_agent_port(port_file))
+        self._agent_task = asyncio.get_running_loop().create_task(self._await_agent_socket(agent_socket))
 
-    async def _await_agent_port(self, port_file: Path) -> None:
+    async def _await_agent_socket(self, agent_socket: Path) -> None:
         agent = self.agent
         assert agent is not None
         for _ in range(600):
             if self._stopped:
                 return
-            text = _read_small(port_file)
-            if text.isdigit():
-                self.ports[AGENT_GUEST_PORT] = int(text)
+            if _is_socket(agent_socket):
+                self.ports[AGENT_GUEST_PORT] = str(agent_socket)
                 return
             if agent.poll() is not None:
                 log.warning("guest %s/%s: lab agent exited with %s", self.namespace, self.name, agent.returncode)
@@ -238,18 +242,22 @@ class Guest:
             return  # guest mode none: the line is a loopback
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-        env = {"HOME": str(self.home), "USER": "student", "LOGNAME": "student", "SHELL": "/bin/bash",
+        if sandbox.host_uid() is not None:
+            os.fchown(slave, sandbox.SANDBOX_UID, -1)  # the student's shell may set its own terminal modes
+        env = {"HOME": "/home/student", "USER": "student", "LOGNAME": "student", "SHELL": "/bin/bash",
                "TERM": "vt220", "HOSTNAME": self.hostname, "LANG": "C.UTF-8",
                "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "PS1": f"student@{self.hostname}:\\w$ ", "HISTFILE": str(self.home / ".bash_history")}
+               "PS1": f"student@{self.hostname}:\\w$ ", "HISTFILE": "/home/student/.bash_history"}
 
         def controlling_tty() -> None:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
             _die_with_kubesim()
 
+        argv = ["bash", "--noprofile", "--norc", "-i"]
         self.shell = subprocess.Popen(
-            ["bash", "--noprofile", "--norc", "-i"], stdin=slave, stdout=slave, stderr=slave, cwd=str(self.home),
-            env=env, start_new_session=True, preexec_fn=controlling_tty, close_fds=True)
+            sandbox.command(self.root, argv, user="student", hostname=self.hostname), stdin=slave, stdout=slave,
+            stderr=slave, env=env, start_new_session=True, preexec_fn=controlling_tty, close_fds=True,
+            **_sandbox_user())
         os.close(slave)
         os.set_blocking(master, False)
         self._master = master
@@ -288,6 +296,9 @@ class Guest:
             data = b""
         if not data:
             # The shell exited (the student typed exit): a getty would respawn, so does kubesim.
+            if self.shell is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    log.info("guest %s/%s: shell exited with %s", self.namespace, self.name, self.shell.wait(1))
             self._close_master()
             if self.serial.client is not None and not self._stopped:
                 asyncio.get_running_loop().call_later(0.1, self.ensure_shell)
@@ -350,7 +361,7 @@ class Guest:
         target = self.ports.get(port)
         if target is None:
             raise ConnectionRefusedError(f"guest port {port} refused the connection")
-        reader, writer = await asyncio.open_connection("127.0.0.1", target)
+        reader, writer = await asyncio.open_unix_connection(str(target))
         return reader, writer, b""
 
     # ---- shutdown ----------------------------------------------------------------------------------------
@@ -417,9 +428,13 @@ class GuestManager:
         self.api: Any = None  # set by the server: guests report back (agent connected, QEMU gone) through it
         self.images: dict[str, Path] = {}
         self.accelerator = ""
+        if config.guest == "shell" and not sandbox.bwrap_available():
+            raise RuntimeError("shell guests run in a bubblewrap sandbox: install bubblewrap (apt-get install "
+                               "bubblewrap), or use --guest none")
         if config.guest in ("shell", "vm"):
             _sweep_orphaned_bases()
             self.base: Path | None = Path(tempfile.mkdtemp(prefix=f"kubesim-guests-{os.getpid()}-"))
+            self.base.chmod(0o711)  # the sandbox's user passes through to its own guest, lists none
         else:
             self.base = None
         if config.guest == "vm":
