@@ -20,6 +20,8 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from portal.guest_choice import guest_choice
+
 
 def start_kubesim(*, kubeconfig: Path, log_path: Path, extra_args: list[str]) -> subprocess.Popen:
     """Start kubesim on a free loopback port; return once it has written its kubeconfig."""
@@ -87,10 +89,12 @@ class Command(BaseCommand):
         settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
         in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
         if not (no_kubesim or settings.KUBECONFIG or in_cluster):
+            choice = guest_choice(kubesim_arg)
+            self.stdout.write(f"kubesim guests: {choice.guest} ({choice.reason})")
             start_kubesim(
                 kubeconfig=Path(settings.EMBEDDED_KUBECONFIG),
                 log_path=settings.VAR_DIR / "kubesim.log",
-                extra_args=kubesim_arg,
+                extra_args=[*choice.kubesim_args, *kubesim_arg],
             )
         if settings.CELERY_EMBEDDED_WORKER:
             start_embedded_celery()
