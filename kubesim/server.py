@@ -30,7 +30,7 @@ from kubesim.config import SimConfig
 from kubesim.controllers import Cluster
 from kubesim.errors import ApiError
 from kubesim.faults import Faults, RequestCounters
-from kubesim.guest import GuestManager
+from kubesim.guests import GuestManager
 from kubesim.resources import BY_PATH, SUBRESOURCE_GROUP, ResourceType, group_document, group_list, resource_list
 from kubesim.selectors import FieldSelector, LabelSelector, SelectorError
 from kubesim.store import Store, Watcher

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kubesim.cloudinit import CloudInitError, user_data_for
+from kubesim.guest import SerialLine, die_with_kubesim
 from kubesim.qemu import QmpClient, guest_agent_os_info, qemu_command, vmi_size
 
 if TYPE_CHECKING:
-    from kubesim.guest import GuestManager
+    from kubesim.guests import GuestManager
 
 log = logging.getLogger("kubesim.vmguest")
 
@@ -40,8 +41,6 @@ class VmGuest:
     """One running VMI's QEMU process, its serial line, its QMP and guest-agent channels."""
 
     def __init__(self, *, manager: GuestManager, vmi: dict[str, Any], root: Path, image: Path) -> None:
-        from kubesim.guest import SerialLine
-
         meta = vmi["metadata"]
         self.manager = manager
         self.uid = meta["uid"]
@@ -79,12 +78,10 @@ class VmGuest:
         self.ports[AGENT_GUEST_PORT] = free_port()
         command = qemu_command(image=self.image, root=self.root, accel=self.manager.accelerator, cpus=cpus,
                                memory_mib=memory_mib, forwards={AGENT_GUEST_PORT: self.ports[AGENT_GUEST_PORT]})
-        from kubesim.guest import _die_with_kubesim
-
         with open(self.root / "qemu.log", "ab") as qemu_log:
             # Started from the event loop's thread: the death signal follows the thread that forked, not the process.
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=qemu_log,
-                                            start_new_session=True, preexec_fn=_die_with_kubesim, cwd=self.root)
+                                            start_new_session=True, preexec_fn=die_with_kubesim, cwd=self.root)
         log.info("guest %s/%s: QEMU pid %s (%s, %s vCPU, %s MiB)", self.namespace, self.name, self.process.pid,
                  self.manager.accelerator, cpus, memory_mib)
         loop = asyncio.get_running_loop()
