@@ -18,7 +18,7 @@ from guest.cloud_init import render_user_data
 from kubesim.testing import KubesimServer
 from kubesim.tests.support import GROUP, VERSION, condition, secret_manifest, vm_manifest, wait_for
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(1500)]  # TCG boots on a loaded machine take minutes
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "vm-guest-test-token-0123456789"
