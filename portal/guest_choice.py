@@ -12,6 +12,11 @@ from django.conf import settings
 
 QEMU = "qemu-system-x86_64"
 SEED_TOOL = "genisoimage"
+SANDBOX_TOOL = "bwrap"
+
+
+class GuestUnavailable(Exception):
+    """Neither guest can run here; the message says what to install."""
 
 
 @dataclass(frozen=True)
@@ -37,12 +42,17 @@ def guest_choice(kubesim_args: list[str]) -> GuestChoice:
     if any(arg == "--guest" or arg.startswith("--guest=") for arg in kubesim_args):
         return GuestChoice("as given", "chosen with --kubesim-arg", ())
     missing = [tool for tool in (QEMU, SEED_TOOL) if shutil.which(tool) is None]
-    if missing:
-        return GuestChoice("shell", f"{' and '.join(missing)} not installed (apt-get install qemu-system-x86 "
-                                    "genisoimage for real VMs)", ("--guest=shell",))
-    image = cached_guest_image()
+    image = None if missing else cached_guest_image()
     if image is None:
-        return GuestChoice("shell", f"QEMU is installed but the lab guest image is not built yet (run "
-                                    f"{image_build_script()}, a few minutes once)", ("--guest=shell",))
+        if missing:
+            why = (f"{' and '.join(missing)} not installed (apt-get install qemu-system-x86 genisoimage for real "
+                   "VMs)")
+        else:
+            why = f"QEMU is installed but the lab guest image is not built yet (run {image_build_script()}, once)"
+        if shutil.which(SANDBOX_TOOL) is None:
+            raise GuestUnavailable(f"No guest can run here: the sandboxed shell needs bubblewrap (apt-get install "
+                                   f"bubblewrap), and real VMs are out: {why}. --kubesim-arg=--guest=none gives "
+                                   "a loopback console without a guest.")
+        return GuestChoice("shell", why, ("--guest=shell",))
     return GuestChoice("vm", f"QEMU is installed and the lab guest image is built ({image})",
                        ("--guest=vm", f"--guest-image={image}"))

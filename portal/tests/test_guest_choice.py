@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from portal import guest_choice as choice_module
-from portal.guest_choice import guest_choice
+from portal.guest_choice import GuestUnavailable, guest_choice
 
 
 def test_a_guest_given_by_the_operator_is_kept(monkeypatch):
@@ -15,7 +17,7 @@ def test_a_guest_given_by_the_operator_is_kept(monkeypatch):
 
 
 def test_without_qemu_the_sandboxed_shell_and_how_to_get_vms(monkeypatch):
-    monkeypatch.setattr(choice_module.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(choice_module.shutil, "which", lambda tool: "/usr/bin/bwrap" if tool == "bwrap" else None)
     choice = guest_choice([])
     assert choice.guest == "shell" and choice.kubesim_args == ("--guest=shell",)
     assert "qemu-system-x86_64" in choice.reason and "apt-get install qemu-system-x86" in choice.reason
@@ -34,3 +36,9 @@ def test_with_qemu_and_the_image_real_vms(monkeypatch, tmp_path):
     choice = guest_choice([])
     assert choice.guest == "vm"
     assert choice.kubesim_args == ("--guest=vm", f"--guest-image={tmp_path}")
+
+
+def test_without_bubblewrap_or_qemu_a_clear_refusal_naming_what_to_install(monkeypatch):
+    monkeypatch.setattr(choice_module.shutil, "which", lambda tool: None)
+    with pytest.raises(GuestUnavailable, match="apt-get install bubblewrap"):
+        guest_choice([])

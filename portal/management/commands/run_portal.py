@@ -20,7 +20,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from portal.guest_choice import guest_choice
+from portal.guest_choice import GuestUnavailable, guest_choice
 
 
 def start_kubesim(*, kubeconfig: Path, log_path: Path, extra_args: list[str]) -> subprocess.Popen:
@@ -89,7 +89,10 @@ class Command(BaseCommand):
         settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
         in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
         if not (no_kubesim or settings.KUBECONFIG or in_cluster):
-            choice = guest_choice(kubesim_arg)
+            try:
+                choice = guest_choice(kubesim_arg)
+            except GuestUnavailable as exc:
+                raise CommandError(str(exc)) from None
             self.stdout.write(f"kubesim guests: {choice.guest} ({choice.reason})")
             start_kubesim(
                 kubeconfig=Path(settings.EMBEDDED_KUBECONFIG),
