@@ -105,7 +105,10 @@ def _agent_request(sim, name: str, port: int, request: bytes) -> tuple[int, byte
     ws.send_binary(request)
     answer = b""
     while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < _length(answer):
-        answer += ws.recv()
+        chunk = ws.recv()
+        if not chunk:
+            return 0, b""  # the guest closed the connection without a word: nothing listening yet
+        answer += chunk
     ws.close()
     return int(answer.split(b" ", 2)[1]), answer.split(b"\r\n\r\n", 1)[1]
 
