@@ -2,7 +2,7 @@
 
 One kubesim guest runs the real agent; the same ten checks are timed, interleaved, in four ways:
 
-- ``direct``: an HTTP POST to the agent's own TCP port (what the guest costs by itself, the floor);
+- ``direct``: an HTTP POST to the agent's own socket (what the guest costs by itself, the floor);
 - ``portforward``: ``labs.agent_client.run_checks`` through the VMI ``portforward/8787/tcp`` subresource
   (the transport the portal uses: WebSocket handshake, raw TCP in binary frames);
 - ``service``: ``grading.services.grading_run_execute`` in this process (claim, portforward, evaluation, results
@@ -22,6 +22,7 @@ import json
 import os
 import queue
 import secrets
+import socket
 import threading
 import time
 from typing import Any
@@ -112,16 +113,30 @@ def provision(seeded, server) -> Any:
     return attempt
 
 
-def agent_port(server, attempt) -> int:
+def agent_socket(server, attempt) -> str:
+    """The Unix socket the sandboxed shell guest's agent listens on (guest port 8787 leads there)."""
     guest = server.admin.guest(attempt.namespace, attempt.vm_name)
-    return int(guest["ports"]["8787"])
+    return guest["ports"]["8787"]
 
 
-def direct_run(*, port: int, token: str, checks) -> float:
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP to a Unix socket: the agent called directly, with nothing of the cluster in between."""
+
+    def __init__(self, path: str, *, timeout: float) -> None:
+        super().__init__("agent", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+def direct_run(*, agent: str, token: str, checks) -> float:
     body = json.dumps({"checks": [{"id": str(c.pk), "command": c.command, "timeout_s": c.timeout_s}
                                   for c in checks]}).encode()
     started = time.perf_counter()
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
+    connection = UnixHTTPConnection(agent, timeout=REQUEST_TIMEOUT_S)
     try:
         connection.request("POST", "/v1/run", body=body, headers={
             "Authorization": f"Bearer {token}", "Content-Type": "application/json", "Connection": "close"})
@@ -232,7 +247,7 @@ def main() -> None:
         checks = prepare_lab(seeded)
         log("provisioning the guest")
         attempt = provision(seeded, server)
-        port = agent_port(server, attempt)
+        agent = agent_socket(server, attempt)
         log("starting the live portal")
         with live_portal(kubeconfig=server.kubeconfig, worker_concurrency=2, beat=False,
                          env={"GRADING_MIN_INTERVAL_SECONDS": "0", "RATE_LIMIT_CHECKS": "100000"}) as portal:
@@ -242,7 +257,7 @@ def main() -> None:
             try:
                 for iteration in range(WARMUP + ITERATIONS):
                     measured = {
-                        "direct": direct_run(port=port, token=attempt.agent_token, checks=checks),
+                        "direct": direct_run(agent=agent, token=attempt.agent_token, checks=checks),
                         "portforward": portforward_run(attempt=attempt, checks=checks),
                         "service": service_run(attempt=attempt),
                     }

@@ -31,6 +31,7 @@ import selectors
 import shutil
 import signal
 import socket
+import socketserver
 import subprocess
 import sys
 import tempfile
@@ -573,8 +574,20 @@ class AgentServer(http.server.ThreadingHTTPServer):
     request_queue_size = 64
 
 
-def make_server(*, host: str, port: int, config: AgentConfig) -> AgentServer:
+class UnixAgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """The agent on a Unix socket: for a sandbox without a network of its own that its host could reach."""
+
+    daemon_threads = True
+    request_queue_size = 64
+
+
+def make_server(*, host: str, port: int, config: AgentConfig, unix_socket: str | None = None
+                ) -> AgentServer | UnixAgentServer:
     handler = type("ConfiguredAgentHandler", (AgentHandler,), {"config": config})
+    if unix_socket:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(unix_socket)
+        return UnixAgentServer(unix_socket, handler)
     server_class = AgentServer
     if ":" in host:
         server_class = type("AgentServer6", (AgentServer,), {"address_family": socket.AF_INET6})
@@ -617,6 +630,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port; 0 picks a free one")
     parser.add_argument("--token-file", default=DEFAULT_TOKEN_FILE, help="file holding the bearer token")
     parser.add_argument("--port-file", default=None, help="write the bound port here once listening")
+    parser.add_argument("--unix-socket", default=None, help="listen on this Unix socket instead of TCP")
     parser.add_argument(
         "--home", default=None, help=f"working directory and HOME for checks (default {DEFAULT_HOME}, else $HOME)"
     )
@@ -643,9 +657,10 @@ def main(argv: list[str] | None = None) -> int:
         token=token, home=args.home, max_concurrent=args.max_concurrent, setup_marker=args.setup_marker
     )
     try:
-        server = make_server(host=args.host, port=args.port, config=config)
+        server = make_server(host=args.host, port=args.port, config=config, unix_socket=args.unix_socket)
     except OSError as exc:
-        raise SystemExit(f"lab-agent: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+        where = args.unix_socket or f"{args.host}:{args.port}"
+        raise SystemExit(f"lab-agent: cannot listen on {where}: {exc.strerror or exc}") from None
 
     def stop(_signum: int, _frame: Any) -> None:
         # A requested stop is a clean exit (systemd counts a non-zero status as a failure).
@@ -654,11 +669,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
 
-    port = server.server_address[1]
-    if args.port_file:
-        write_port_file(args.port_file, port)
+    where = args.unix_socket
+    if where is None:
+        port = server.server_address[1]
+        where = f"{args.host}:{port}"
+        if args.port_file:
+            write_port_file(args.port_file, port)
     sys.stderr.write(
-        f"{_utc_now()} lab-agent {AGENT_VERSION} listening on {args.host}:{port}, "
+        f"{_utc_now()} lab-agent {AGENT_VERSION} listening on {where}, "
         f"home {args.home or resolve_default_home()}, max concurrent runs {args.max_concurrent}\n"
     )
     sys.stderr.flush()

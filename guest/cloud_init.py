@@ -2,28 +2,20 @@
 
 `render_user_data()` returns the `#cloud-config` document stored in the attempt's Secret (KubeVirt's
 `cloudInitNoCloud.secretRef`; inline user data is capped at 2048 bytes, far too small for the agent).
-The document is emitted by hand in block style with every string JSON-quoted, which is valid YAML, so rendering
-needs only the standard library. Merging a lab's extra cloud-config needs PyYAML; without it, the module still
-imports and renders documents that have no extra config.
+The document is written with PyYAML's safe dumper, the counterpart of the loader real cloud-init reads it with.
 """
 
 from __future__ import annotations
 
 import base64
-import datetime
 import functools
 import gzip
-import json
-import math
 import posixpath
 import re
 from pathlib import Path
 from typing import Any
 
-try:
-    import yaml
-except ImportError:  # bare environments (an image build script, kubesim without extras) still render
-    yaml = None
+import yaml
 
 AGENT_PORT = 8787
 TOKEN_PATH = "/etc/lab-agent/token"  # noqa: S105 - a path, not a password
@@ -111,7 +103,7 @@ def render_user_data(
     if extra:
         config = merge_cloud_config(base=config, extra=extra)
 
-    document = "#cloud-config\n" + "\n".join(yaml_block_lines(config, indent=0)) + "\n"
+    document = "#cloud-config\n" + dump_cloud_config(config)
     size = len(document.encode("utf-8"))
     if size > MAX_USER_DATA_BYTES:
         raise ValueError(f"the cloud-init user data is too large: {size} bytes (at most {MAX_USER_DATA_BYTES})")
@@ -202,8 +194,6 @@ def parse_extra_cloud_config(text: str) -> dict[str, Any]:
         raise ValueError(f"the extra cloud-config must be a #cloud-config mapping; {kind!r} user data cannot be merged")
     if len(text.encode("utf-8")) > MAX_EXTRA_CLOUD_CONFIG_BYTES:
         raise ValueError(f"the extra cloud-config is larger than {MAX_EXTRA_CLOUD_CONFIG_BYTES} bytes")
-    if yaml is None:
-        raise ValueError("PyYAML is needed to merge an extra cloud-config and is not installed")
     try:
         # Anchors and aliases could expand exponentially (or loop) once the mapping is written out again.
         if any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, Loader=yaml.SafeLoader)):
@@ -223,8 +213,6 @@ def parse_extra_cloud_config(text: str) -> dict[str, Any]:
             raise ValueError(f"{key} in the extra cloud-config must be a list, not {_yaml_type_name(extra[key])}")
     for index, entry in enumerate(extra.get("write_files", [])):
         _check_extra_write_file(index=index, entry=entry)
-    # Fail now, not at the first attempt, on values the emitter cannot write (binary, non-finite numbers).
-    yaml_block_lines(extra, indent=0)
     return extra
 
 
@@ -283,9 +271,7 @@ def _yaml_type_name(value: Any) -> str:
 
 
 def written_file(user_data: str, *, path: str) -> bytes:
-    """The decoded content that the document's `write_files` puts at `path`; needs PyYAML."""
-    if yaml is None:
-        raise ValueError("PyYAML is needed to read cloud-init user data")
+    """The decoded content that the document's `write_files` puts at `path`."""
     config = yaml.safe_load(user_data)
     if not isinstance(config, dict):
         raise ValueError("the user data is not a cloud-config mapping")
@@ -311,93 +297,27 @@ def token_from_user_data(user_data: str) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 # YAML emission
 
-_PLAIN_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
-# Keys that YAML 1.1 (cloud-init parses with PyYAML) would read as booleans or null if left unquoted.
-_YAML11_SPECIAL = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null"})
-# Characters that YAML does not accept literally (non-printable) or reads as line breaks inside a quoted scalar.
-_YAML_ESCAPE_RE = re.compile("[\x7f-\x84\x86-\x9f\x85\u2028\u2029\ud800-\udfff\ufffe\uffff]")
+
+class _CloudConfigDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, writing multi-line text (unit files, scripts) as literal blocks people can read."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True  # a value used twice is written twice: no anchors in a document people read
 
 
-def yaml_block_lines(value: Any, *, indent: int) -> list[str]:
-    """Block-style YAML for mappings and lists of JSON-like values; every string is double-quoted."""
-    pad = " " * indent
-    if isinstance(value, dict):
-        if not value:
-            return [pad + "{}"]
-        lines = []
-        for key, item in value.items():
-            if _is_nested(item):
-                lines.append(f"{pad}{_yaml_key(key)}:")
-                lines.extend(yaml_block_lines(item, indent=indent + 2))
-            else:
-                lines.append(f"{pad}{_yaml_key(key)}: {_yaml_scalar(item)}")
-        return lines
-    if isinstance(value, list):
-        if not value:
-            return [pad + "[]"]
-        lines = []
-        for item in value:
-            if _is_nested(item):
-                nested = yaml_block_lines(item, indent=indent + 2)
-                lines.append(f"{pad}- {nested[0].lstrip()}")
-                lines.extend(nested[1:])
-            else:
-                lines.append(f"{pad}- {_yaml_scalar(item)}")
-        return lines
-    return [pad + _yaml_scalar(value)]
+def _represent_text(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    # PyYAML falls back to a quoted scalar by itself where a literal block cannot hold the text exactly, but
+    # writes NEL literally in a single-quoted one, where its loader then reads a line break: double quotes escape it.
+    style = '"' if "\x85" in text else "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
 
 
-def _is_nested(value: Any) -> bool:
-    return isinstance(value, (dict, list)) and bool(value)
+_CloudConfigDumper.add_representer(str, _represent_text)
 
 
-def _yaml_key(key: Any) -> str:
-    if not isinstance(key, str):
-        raise ValueError(f"cloud-config keys must be strings, not {key!r}")
-    if _PLAIN_KEY_RE.fullmatch(key) and key.lower() not in _YAML11_SPECIAL:
-        return key
-    return _yaml_string(key)
-
-
-def _yaml_scalar(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"cloud-config numbers must be finite, not {value!r}")
-        text = repr(value)
-        # YAML 1.1 reads a float only with a dot in it: 1e+20 would come back as a string.
-        if "." not in text:
-            text = text.replace("e", ".0e") if "e" in text else text + ".0"
-        return text
-    if isinstance(value, str):
-        return _yaml_string(value)
-    if isinstance(value, (datetime.date, datetime.datetime)):
-        return _yaml_string(value.isoformat())
-    if isinstance(value, dict):
-        return "{}"
-    if isinstance(value, list):
-        return "[]"
-    raise ValueError(f"cloud-config cannot hold a value of type {type(value).__name__}")
-
-
-# Strings this long are the agent's file (the same in every VM's user data): quoted once, not once per VM.
-_LONG_STRING = 4096
-
-
-def _yaml_string(text: str) -> str:
-    return _quoted_long(text) if len(text) > _LONG_STRING else _quoted(text)
-
-
-@functools.lru_cache(maxsize=4)
-def _quoted_long(text: str) -> str:
-    return _quoted(text)
-
-
-def _quoted(text: str) -> str:
-    quoted = json.dumps(text, ensure_ascii=False)
-    return _YAML_ESCAPE_RE.sub(lambda match: f"\\u{ord(match.group()):04x}", quoted)
+def dump_cloud_config(config: dict[str, Any]) -> str:
+    """The mapping as block-style YAML that cloud-init (PyYAML's safe loader) reads back unchanged."""
+    try:
+        return yaml.dump(config, Dumper=_CloudConfigDumper, sort_keys=False, allow_unicode=True, width=4096)
+    except yaml.representer.RepresenterError as exc:
+        raise ValueError(f"cloud-config cannot hold this value: {exc}") from None

@@ -68,8 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--node-cpu", default=defaults.node_cpu, help="allocatable CPU per node")
     serve.add_argument("--node-memory", default=defaults.node_memory, help="allocatable memory per node")
     serve.add_argument("--node-pods", type=int, default=defaults.node_pods, help="allocatable pods per node")
-    serve.add_argument("--guest", choices=("shell", "none"), default=defaults.guest,
-                       help="shell: bash on a pty, cloud-init and the lab agent per VMI; none: loopback console")
+    serve.add_argument("--guest", choices=("shell", "vm", "none"), default=defaults.guest,
+                       help="shell: bash on a pty, cloud-init and the lab agent per VMI; vm: a QEMU VM per VMI; "
+                            "none: loopback console")
+    serve.add_argument("--guest-image", dest="guest_images", action="append", default=[], metavar="[NAME=]DIR",
+                       help="vm: a guest image directory (guest/image/build), for every containerDisk or for NAME")
+    serve.add_argument("--guest-max-cpus", type=int, default=defaults.guest_max_cpus,
+                       help="vm: at most this many vCPUs per guest, whatever the VMI asks (0: no cap)")
+    serve.add_argument("--guest-max-memory-mib", type=int, default=defaults.guest_max_memory_mib,
+                       help="vm: at most this much guest memory per guest, in MiB (0: no cap)")
     serve.add_argument("--guest-python", default=defaults.guest_python,
                        help="python3 the guests run the lab agent with")
     serve.add_argument("--kubernetes-version", default=defaults.kubernetes_version)
@@ -107,7 +114,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     config = SimConfig()
     for field in ("pending_delay", "scheduling_delay", "scheduled_delay", "agent_delay", "stop_delay", "jitter",
                   "restart_backoff", "image_pull_backoff", "nodes", "node_cpu", "node_memory", "node_pods", "guest",
-                  "guest_python",
+                  "guest_python", "guest_images", "guest_max_cpus", "guest_max_memory_mib",
                   "kubernetes_version", "kubevirt_version", "feature_gates", "disabled_feature_gates",
                   "image_volume_supported", "bad_image_pattern", "watch_history", "bookmark_interval",
                   "watch_timeout", "launcher_fixed_overhead", "seed"):

@@ -30,8 +30,11 @@ class SimConfig:
     disabled_feature_gates: list[str] = field(default_factory=list)
     image_volume_supported: bool = True
     bad_image_pattern: str = "missing"
-    guest: str = "shell"            # "shell": a bash on a pty plus cloud-init and the lab agent; "none"
+    guest: str = "shell"            # "shell": a sandboxed bash plus cloud-init and the lab agent; "vm": QEMU; "none"
     guest_python: str = "python3"
+    guest_images: list[str] = field(default_factory=list)  # vm: "DIR" or "containerDisk-name=DIR"
+    guest_max_cpus: int = 1           # vm: caps on what a VMI asks for (0: none), for small hosts
+    guest_max_memory_mib: int = 1024
     watch_history: int = 10_000
     bookmark_interval: float = 60.0
     watch_timeout: float = 1800.0

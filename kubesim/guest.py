@@ -1,9 +1,6 @@
-"""Guests: what runs "inside" each running VMI.
-
-With guest mode ``shell`` every running VMI gets a scratch directory that stands for the guest's root
-filesystem, cloud-init's ``write_files`` applied to it, the lab agent started the way the guest's systemd
-would start it, and a bash on a pseudo-terminal behind the serial console (started on the first console
-connection, then kept). With guest mode ``none`` the serial line is a loopback and nothing is started.
+"""The shell guest (and the none guest's loopback line): a scratch root with cloud-init's ``write_files``, the lab
+agent and a bash behind the serial console, each in a bubblewrap sandbox (``sandbox.py``); the serial line that
+every guest kind shares.
 """
 
 from __future__ import annotations
@@ -16,34 +13,25 @@ import fcntl
 import logging
 import os
 import pty
-import shutil
 import signal
 import struct
 import subprocess
-import tempfile
 import termios
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from kubesim import sandbox
 from kubesim.cloudinit import CloudInitError, apply_write_files, unapplied, user_data_for
-from kubesim.config import SimConfig
-from kubesim.store import Store
+
+if TYPE_CHECKING:
+    from kubesim.guests import GuestManager
 
 log = logging.getLogger("kubesim.guest")
 
 AGENT_GUEST_PORT = 8787
 _PAUSE_ABOVE = 256   # queued output chunks before the serial line stops reading the pty
 _RESUME_BELOW = 32
-
-
-def _read_small(path: Path) -> str:
-    """A few bytes from a local file (the agent's port file), '' while it does not exist yet."""
-    try:
-        with open(path) as handle:
-            return handle.read().strip()
-    except OSError:
-        return ""
 
 
 def _sessions_alive(sessions: set[int]) -> list[int]:
@@ -76,10 +64,20 @@ except OSError:  # not Linux: guests are still cleaned up on every orderly exit
     _libc = None
 
 
-def _die_with_kubesim() -> None:
+def die_with_kubesim() -> None:
     """In the child before exec: get SIGKILL if kubesim itself is killed, so no guest outlives it."""
     if _libc is not None:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _is_socket(path: Path) -> bool:
+    return path.is_socket()
+
+
+def _sandbox_user() -> dict[str, Any]:
+    """Popen arguments that drop to the sandbox's unprivileged host user when kubesim is root."""
+    uid = sandbox.host_uid()
+    return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
 
 
 class ConsoleClient:
@@ -148,7 +146,7 @@ class Guest:
         self.hostname = (vmi.get("spec") or {}).get("hostname") or self.name
         self.root = root
         self.home = root / "home" / "student" if root else None
-        self.ports: dict[int, int] = {}
+        self.ports: dict[int, str] = {}  # guest port -> the Unix socket it is reached through
         self.serial = SerialLine(self)
         self.cloud_init_error: str | None = None
         # What the user data asked for that this guest did not do: said on the console as the shell first starts.
@@ -187,40 +185,42 @@ class Guest:
             marker = self.root / "var/lib/cloud/instance/boot-finished"
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text("kubesim guest boot finished\n")
-            for directory in ("run", "var/log"):
-                (self.root / directory).mkdir(parents=True, exist_ok=True)
+        sandbox.prepare_root(self.root, hostname=self.hostname)
+        if agent.exists() and token.exists():
             self._spawn_agent(agent, token)
 
     def _spawn_agent(self, agent: Path, token: Path) -> None:
-        """Start the lab agent as the guest's systemd unit would; guest port 8787 maps to the port it reports."""
-        assert self.root is not None and self.home is not None
-        port_file = self.root / "run/lab-agent.port"
+        """Start the lab agent in the sandbox as the guest's systemd unit would, on a Unix socket in the guest's
+        /run (the sandbox has no network the host could reach): guest port 8787 leads there."""
+        assert self.root is not None
+        agent_socket = self.root / "run/lab-agent.sock"
         with contextlib.suppress(FileNotFoundError):
-            port_file.unlink()
-        env = {"HOME": str(self.home), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+            agent_socket.unlink()
+        argv = [self.manager.config.guest_python, "/opt/lab-agent/agent.py", "--unix-socket", "/run/lab-agent.sock",
+                "--token-file", "/etc/lab-agent/token", "--home", "/home/student",
+                "--setup-marker", "/var/lib/cloud/instance/boot-finished"]
+        env = {"HOME": "/root", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+               "LANG": "C.UTF-8"}
         with open(self.root / "var/log/lab-agent.log", "ab") as log_file:
             try:
                 self.agent = subprocess.Popen(
-                    [self.manager.config.guest_python, str(agent), "--host", "127.0.0.1", "--port", "0",
-                     "--port-file", str(port_file), "--token-file", str(token), "--home", str(self.home),
-                     "--setup-marker", str(self.root / "var/lib/cloud/instance/boot-finished")],
-                    cwd=str(self.home), env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-                    start_new_session=True, preexec_fn=_die_with_kubesim)
+                    sandbox.command(self.root, argv, user="root", hostname=self.hostname, cwd="/root"),
+                    env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True,
+                    preexec_fn=die_with_kubesim, **_sandbox_user())
             except OSError as exc:
                 log.warning("guest %s/%s: lab agent did not start: %s", self.namespace, self.name, exc)
                 return
         self.manager.track(self.agent)
-        self._agent_task = asyncio.get_running_loop().create_task(self._await_agent_port(port_file))
+        self._agent_task = asyncio.get_running_loop().create_task(self._await_agent_socket(agent_socket))
 
-    async def _await_agent_port(self, port_file: Path) -> None:
+    async def _await_agent_socket(self, agent_socket: Path) -> None:
         agent = self.agent
         assert agent is not None
         for _ in range(600):
             if self._stopped:
                 return
-            text = _read_small(port_file)
-            if text.isdigit():
-                self.ports[AGENT_GUEST_PORT] = int(text)
+            if _is_socket(agent_socket):
+                self.ports[AGENT_GUEST_PORT] = str(agent_socket)
                 return
             if agent.poll() is not None:
                 log.warning("guest %s/%s: lab agent exited with %s", self.namespace, self.name, agent.returncode)
@@ -238,18 +238,22 @@ class Guest:
             return  # guest mode none: the line is a loopback
         master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-        env = {"HOME": str(self.home), "USER": "student", "LOGNAME": "student", "SHELL": "/bin/bash",
+        if sandbox.host_uid() is not None:
+            os.fchown(slave, sandbox.SANDBOX_UID, -1)  # the student's shell may set its own terminal modes
+        env = {"HOME": "/home/student", "USER": "student", "LOGNAME": "student", "SHELL": "/bin/bash",
                "TERM": "vt220", "HOSTNAME": self.hostname, "LANG": "C.UTF-8",
                "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "PS1": f"student@{self.hostname}:\\w$ ", "HISTFILE": str(self.home / ".bash_history")}
+               "PS1": f"student@{self.hostname}:\\w$ ", "HISTFILE": "/home/student/.bash_history"}
 
         def controlling_tty() -> None:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-            _die_with_kubesim()
+            die_with_kubesim()
 
+        argv = ["bash", "--noprofile", "--norc", "-i"]
         self.shell = subprocess.Popen(
-            ["bash", "--noprofile", "--norc", "-i"], stdin=slave, stdout=slave, stderr=slave, cwd=str(self.home),
-            env=env, start_new_session=True, preexec_fn=controlling_tty, close_fds=True)
+            sandbox.command(self.root, argv, user="student", hostname=self.hostname), stdin=slave, stdout=slave,
+            stderr=slave, env=env, start_new_session=True, preexec_fn=controlling_tty, close_fds=True,
+            **_sandbox_user())
         os.close(slave)
         os.set_blocking(master, False)
         self._master = master
@@ -288,6 +292,9 @@ class Guest:
             data = b""
         if not data:
             # The shell exited (the student typed exit): a getty would respawn, so does kubesim.
+            if self.shell is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    log.info("guest %s/%s: shell exited with %s", self.namespace, self.name, self.shell.wait(1))
             self._close_master()
             if self.serial.client is not None and not self._stopped:
                 asyncio.get_running_loop().call_later(0.1, self.ensure_shell)
@@ -345,6 +352,14 @@ class Guest:
                 os.close(self._master)
             self._master = None
 
+    async def open_port(self, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+        """A TCP connection to the guest's port (ConnectionRefusedError when nothing listens there)."""
+        target = self.ports.get(port)
+        if target is None:
+            raise ConnectionRefusedError(f"guest port {port} refused the connection")
+        reader, writer = await asyncio.open_unix_connection(str(target))
+        return reader, writer, b""
+
     # ---- shutdown ----------------------------------------------------------------------------------------
     def sessions(self) -> set[int]:
         return {p.pid for p in (self.shell, self.agent) if p is not None}
@@ -368,87 +383,3 @@ class Guest:
                 "ports": {str(k): v for k, v in self.ports.items()}, "cloud_init_error": self.cloud_init_error,
                 "cloud_init_skipped": self.cloud_init_skipped,
                 "console_connected": self.serial.client is not None}
-
-
-def _sweep_orphaned_bases() -> None:
-    """Remove guest directories left by a kubesim that was killed outright (its pid is in the name)."""
-    for base in Path(tempfile.gettempdir()).glob("kubesim-guests-*-*"):
-        pid_text = base.name.split("-")[2]
-        if not pid_text.isdigit():
-            continue
-        try:
-            os.kill(int(pid_text), 0)
-        except ProcessLookupError:
-            shutil.rmtree(base, ignore_errors=True)
-        except PermissionError:
-            continue  # alive, someone else's
-
-
-class GuestManager:
-    """Every guest of the server, their scratch directories under one base directory, and their processes."""
-
-    def __init__(self, *, config: SimConfig, store: Store) -> None:
-        self.config = config
-        self.store = store
-        self.guests: dict[str, Guest] = {}
-        if config.guest == "shell":
-            _sweep_orphaned_bases()
-            self.base: Path | None = Path(tempfile.mkdtemp(prefix=f"kubesim-guests-{os.getpid()}-"))
-        else:
-            self.base = None
-        self._processes: list[subprocess.Popen] = []
-        self._reaper: asyncio.TimerHandle | None = None
-
-    def start(self, vmi: dict[str, Any]) -> Guest:
-        uid = vmi["metadata"]["uid"]
-        existing = self.guests.get(uid)
-        if existing is not None:
-            return existing
-        root = None
-        if self.base is not None:
-            root = self.base / f"{vmi['metadata']['namespace']}_{vmi['metadata']['name']}_{uid[:8]}"
-            root.mkdir(parents=True, exist_ok=True)
-        guest = Guest(manager=self, vmi=vmi, root=root)
-        self.guests[uid] = guest
-        guest.boot(vmi)
-        return guest
-
-    def get(self, uid: str) -> Guest | None:
-        return self.guests.get(uid)
-
-    def stop(self, uid: str) -> None:
-        guest = self.guests.pop(uid, None)
-        if guest is None:
-            return
-        guest.stop()
-        sessions = guest.sessions()
-        if sessions:
-            kill_sessions(sessions)
-        if guest.root is not None:
-            # Off the event loop: removing a directory tree is slow on overlay filesystems.
-            asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, guest.root, True)
-
-    def track(self, process: subprocess.Popen) -> None:
-        self._processes.append(process)
-        if self._reaper is None:
-            self._reaper = asyncio.get_running_loop().call_later(1.0, self._reap)
-
-    def _reap(self) -> None:
-        """Collect exited guest processes so no zombies pile up."""
-        self._processes = [p for p in self._processes if p.poll() is None]
-        self._reaper = asyncio.get_running_loop().call_later(1.0, self._reap) if self._processes else None
-
-    def shutdown(self) -> None:
-        """Stop every guest: processes (whole sessions) killed, directories removed."""
-        sessions: set[int] = set()
-        for guest in list(self.guests.values()):
-            guest.stop()
-            sessions |= guest.sessions()
-        self.guests.clear()
-        if sessions:
-            kill_sessions(sessions)
-        for process in self._processes:
-            with contextlib.suppress(Exception):
-                process.wait(timeout=2)
-        if self.base is not None:
-            shutil.rmtree(self.base, ignore_errors=True)

@@ -30,7 +30,7 @@ from kubesim.config import SimConfig
 from kubesim.controllers import Cluster
 from kubesim.errors import ApiError
 from kubesim.faults import Faults, RequestCounters
-from kubesim.guest import GuestManager
+from kubesim.guests import GuestManager
 from kubesim.resources import BY_PATH, SUBRESOURCE_GROUP, ResourceType, group_document, group_list, resource_list
 from kubesim.selectors import FieldSelector, LabelSelector, SelectorError
 from kubesim.store import Store, Watcher
@@ -156,6 +156,7 @@ class KubeSim:
         self.store = Store(history_size=config.watch_history)
         self.api = ApiServer(self.store)
         self.guests = GuestManager(config=config, store=self.store)
+        self.guests.api = self.api
         self.cluster = Cluster(store=self.store, api=self.api, config=config, guests=self.guests)
         self.faults = Faults()
         self.counters = RequestCounters()

@@ -311,11 +311,10 @@ async def _portforward(sim: KubeSim, request: web.Request, namespace: str, name:
         raise ApiError(400, "no network interfaces are present")
     ip = interfaces[0].get("ipAddress")
     guest = sim.guests.get(vmi["metadata"]["uid"])
-    target = guest.ports.get(port) if guest is not None and protocol == "tcp" else None
-    if target is None:
+    if guest is None or protocol != "tcp":
         raise ApiError(500, f"dialing VMI: dial {protocol} {ip}:{port}: connect: connection refused")
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", target)
+        reader, writer, first = await guest.open_port(port)
     except OSError as exc:
         raise ApiError(500, f"dialing VMI: dial {protocol} {ip}:{port}: connect: connection refused ({exc})") \
             from exc
@@ -328,6 +327,8 @@ async def _portforward(sim: KubeSim, request: web.Request, namespace: str, name:
     sim.portforwards.add(session)
 
     async def guest_to_client() -> None:
+        if first:
+            await ws.send_bytes(first)
         while True:
             data = await reader.read(65536)
             if not data:

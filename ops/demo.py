@@ -23,7 +23,7 @@ from portal.services import audit_record, user_create
 TENANT_NAME = "Demo University"
 COURSE = {"code": "LNX101", "term": "Demo", "title": "Introduction to Linux"}
 LAB_TITLE = "Linux basics"
-LAB_IMAGE = "quay.io/containerdisks/fedora:41"
+LAB_IMAGE = "quay.io/containerdisks/debian:12"
 
 # username, full name, role
 PEOPLE = (
@@ -37,7 +37,9 @@ PEOPLE = (
 LAB_INSTRUCTIONS = """\
 # Linux basics
 
-Your virtual machine runs Fedora. Everything happens in your home directory (`~`) in the console below.
+Your virtual machine runs Debian 12. (On a portal started with `bin/run` it is a real QEMU VM where QEMU is
+installed, and otherwise a sandboxed shell on the portal's own machine.) Everything happens in your home
+directory (`~`) in the console below.
 Press **Check** whenever you like: each check says what is still missing.
 
 ## 1. A file with content

@@ -79,15 +79,16 @@ def test_a_hung_or_killed_agent_ends_the_run_in_error_and_the_grade_keeps_the_la
     assert (done.state, done.score, done.max_score) == (RunState.DONE, Decimal(3), Decimal(3))
     assert grade_of(attempt).source_run_id == done.id
 
-    # The agent hangs (its process frozen): the run gives up at its deadline, in error, with nothing counted.
-    pid = agent_pid(cluster, attempt)
-    os.kill(pid, signal.SIGSTOP)
+    # The agent hangs (its sandbox's processes frozen): the run gives up at its deadline, in error, with nothing
+    # counted.
+    group = os.getpgid(agent_pid(cluster, attempt))
+    os.killpg(group, signal.SIGSTOP)
     try:
         started = time.monotonic()
         hung = check(attempt)
         took = time.monotonic() - started
     finally:
-        os.kill(pid, signal.SIGCONT)
+        os.killpg(group, signal.SIGCONT)
     deadline = agent_client.deadline_for_checks(list(Check.objects.filter(lab=attempt.lab)))
     assert (hung.state, hung.error_code) == (RunState.ERROR, "agent_timeout")
     assert hung.error_message == "The checks did not finish in time."

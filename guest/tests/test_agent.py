@@ -595,3 +595,32 @@ def test_sigterm_stops_the_agent_cleanly(start_agent: Callable[..., RunningAgent
     running = start_agent()
     running.proc.terminate()
     assert running.proc.wait(timeout=10) == 0
+
+
+def test_the_agent_can_listen_on_a_unix_socket_instead_of_tcp(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("unix-socket-token-0123456789\n")
+    path = tmp_path / "agent.sock"
+    proc = subprocess.Popen([sys.executable, str(AGENT_PATH), "--unix-socket", str(path), "--token-file",
+                             str(token_file), "--home", str(tmp_path)], stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while not path.is_socket():
+            assert proc.poll() is None and time.monotonic() < deadline, "the agent did not listen"
+            time.sleep(0.05)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(10)
+            connection.connect(str(path))
+            connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n"
+                               b"Authorization: Bearer unix-socket-token-0123456789\r\n\r\n")
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert b" 200 " in head.split(b"\r\n")[0]
+        assert json.loads(body)["ready"] is True
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        if proc.stderr is not None:
+            proc.stderr.close()

@@ -389,8 +389,9 @@ class VirtualMachineInstanceController:
         current = self.store.get("virtualmachineinstances", namespace, name)
         if current is not None:
             self.guests.start(current)
-        runtime.agent_at = self.loop.time() + self._delay(self.config.agent_delay)
-        self._wait(runtime, runtime.agent_at)
+        if self.guests.simulates_agent:  # a vm guest's own qemu-guest-agent reports in when it is up
+            runtime.agent_at = self.loop.time() + self._delay(self.config.agent_delay)
+            self._wait(runtime, runtime.agent_at)
 
     def _connect_agent(self, vmi: dict[str, Any], runtime: VmiRuntime) -> None:
         images = " ".join(self._container_disk_images(vmi)).lower()

@@ -75,9 +75,9 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
 
 # A stand-in lab agent for guests: stdlib HTTP with the agent's CLI, answering /healthz with the token check.
 FAKE_AGENT = '''
-import argparse, http.server, json, os
+import argparse, http.server, json, os, socketserver
 parser = argparse.ArgumentParser()
-for flag in ("--host", "--port", "--port-file", "--token-file", "--home", "--setup-marker"):
+for flag in ("--host", "--port", "--port-file", "--token-file", "--home", "--setup-marker", "--unix-socket"):
     parser.add_argument(flag)
 args = parser.parse_args()
 token = open(args.token_file).read().strip()
@@ -96,9 +96,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
 
-server = http.server.HTTPServer((args.host, int(args.port)), Handler)
-with open(args.port_file, "w") as handle:
-    handle.write(str(server.server_address[1]))
+if args.unix_socket:
+    server = socketserver.UnixStreamServer(args.unix_socket, Handler)
+else:
+    server = http.server.HTTPServer((args.host, int(args.port)), Handler)
+    with open(args.port_file, "w") as handle:
+        handle.write(str(server.server_address[1]))
 server.serve_forever()
 '''
 

@@ -39,8 +39,37 @@ def _boot_guest(sim: KubesimServer, core: client.CoreV1Api, custom: client.Custo
         output += ws.recv()
     ws.close()
     guest = sim.admin.guest("default", name)
-    guest["job_pid"] = int(output.split(b"job=")[-1].split(b"\r")[0])
+    # The job's number is its PID inside the guest's own PID namespace: find it on the host as a sleep 300
+    # descended from the shell's sandbox.
+    guest["job_pid"] = wait_for(lambda: next((pid for pid in _descendants(guest["shell_pid"])
+                                              if _cmdline(pid) == "sleep 300"), None), what="the job on the host")
     return guest
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    parent = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
 
 
 def test_deleting_a_vm_kills_its_guest_processes_and_removes_its_directory(tmp_path):

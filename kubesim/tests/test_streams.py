@@ -99,8 +99,7 @@ async def test_console_echoes_through_the_guest_shell_and_drops_text_frames(sim,
         await ws.send_bytes(b"echo BIN$((40+2)); pwd; echo END$((1+1))\r")
         output = await _read_until(ws, b"END2")
         assert b"BIN42" in output and b"TEXT21" not in output
-        guest = sim.admin.guest(namespace, "term")
-        assert guest["home"].encode() in output, "the shell starts in the guest's HOME"
+        assert b"\r\n/home/student\r\n" in output, "the shell starts in the guest's HOME, as the guest sees it"
         await ws.close()
         # The shell keeps its state between sessions (a serial line, not a new login).
         ws = await session.ws_connect(_console_url(sim, namespace, "term"), protocols=("plain.kubevirt.io",))
@@ -199,7 +198,8 @@ async def test_portforward_reaches_the_agent_installed_by_cloud_init(sim, custom
                                           b"Authorization: Bearer t0ken-for-the-agent\r\n\r\n")
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.0 200")
-    assert json.loads(body) == {"ready": True, "home": guest["home"], "cwd": guest["home"]}
+    # Started as the guest's systemd starts it: root, in root's home inside the guest.
+    assert json.loads(body) == {"ready": True, "home": "/root", "cwd": "/root"}
     denied = await _http_over_portforward(sim, namespace, "graded", b"GET /healthz HTTP/1.1\r\n\r\n",
                                           kind="virtualmachines")
     assert denied.startswith(b"HTTP/1.0 401")
@@ -212,8 +212,8 @@ async def test_portforward_reaches_the_agent_installed_by_cloud_init(sim, custom
 async def test_portforward_runs_a_check_through_the_real_guest_agent(sim, custom, core, namespace):
     _cloud_init_vm(custom, core, namespace, "real", token="real-agent-token-123456",
                    agent_source=REAL_AGENT.read_text())
-    guest = wait_for(lambda: (g := sim.admin.guest(namespace, "real")) and g["ports"].get("8787") and g,
-                     timeout=20, what="agent port")
+    wait_for(lambda: (g := sim.admin.guest(namespace, "real")) and g["ports"].get("8787"), timeout=20,
+             what="agent port")
     body = json.dumps({"checks": [{"id": "home", "command": "cd ~ && pwd", "timeout_s": 5}]}).encode()
     answer = await _http_over_portforward(sim, namespace, "real", b"POST /v1/run HTTP/1.1\r\nHost: guest\r\n"
                                           b"Authorization: Bearer real-agent-token-123456\r\nConnection: close\r\n"
@@ -222,7 +222,7 @@ async def test_portforward_runs_a_check_through_the_real_guest_agent(sim, custom
     head, _, payload = answer.partition(b"\r\n\r\n")
     assert b" 200 " in head.split(b"\r\n")[0]
     result = json.loads(payload)["results"][0]
-    assert result["exit_code"] == 0 and result["stdout"].strip() == guest["home"]
+    assert result["exit_code"] == 0 and result["stdout"].strip() == "/home/student"
 
 
 def test_guest_agent_reads_answer_500_plain_text_until_the_agent_connects(sim, custom, namespace):

@@ -205,7 +205,8 @@ async def test_a_browser_that_stops_reading_costs_bounded_memory_and_catches_up(
     viewer.acking = False
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     # 40 MiB of output; the browser acknowledges nothing while it scrolls past.
-    await viewer.type(f"head -c {flood} /dev/zero | tr '\\0' x; touch {marker}; echo; echo flood-$((6*7))\r".encode())
+    await viewer.type(f"head -c {flood} /dev/zero | tr '\\0' x; touch ~/{marker.name}; echo; "
+                      "echo flood-$((6*7))\r".encode())
     deadline = time.monotonic() + 60
     while not marker.exists():
         assert time.monotonic() < deadline, "the guest's output stalled: the bridge stopped reading"

@@ -42,7 +42,7 @@ def test_seed_creates_the_demo_and_prints_working_logins(monkeypatch):
 
     tenant = Tenant.objects.get(name="Demo University")
     lab = Lab.objects.get(title="Linux basics", course__tenant=tenant)
-    assert (lab.image, lab.size, lab.time_limit_minutes) == ("quay.io/containerdisks/fedora:41", "small", 60)
+    assert (lab.image, lab.size, lab.time_limit_minutes) == ("quay.io/containerdisks/debian:12", "small", 60)
     assert lab.instructions.startswith("# Linux basics")
     roles = sorted(Membership.objects.filter(course=lab.course).values_list("role", flat=True))
     assert roles == sorted([Role.INSTRUCTOR, Role.TA, Role.STUDENT, Role.STUDENT, Role.STUDENT])

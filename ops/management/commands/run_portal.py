@@ -22,6 +22,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from portal.guest_choice import GuestUnavailable, guest_choice
 from portal.kubesim_supervision import KubesimSupervisor
 from portal.shutdown import BoundedShutdown
 
@@ -107,7 +108,12 @@ class Command(BaseCommand):
         in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
         supervisor = None
         if not (no_kubesim or settings.KUBECONFIG or in_cluster):
-            supervisor = self._supervise_kubesim(kubesim_arg)
+            try:
+                choice = guest_choice(kubesim_arg)
+            except GuestUnavailable as exc:
+                raise CommandError(str(exc)) from None
+            self.stdout.write(f"kubesim guests: {choice.guest} ({choice.reason})")
+            supervisor = self._supervise_kubesim([*choice.kubesim_args, *kubesim_arg])
         if settings.CELERY_EMBEDDED_WORKER:
             start_embedded_celery()
             self.stdout.write("celery: worker and beat running in this process (in-memory transport)")

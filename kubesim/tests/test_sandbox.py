@@ -1,0 +1,97 @@
+"""The shell guest is a sandbox: no portal files, no other guest's files or processes, not root on the host."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+import websocket
+from kubernetes import client
+
+from kubesim.testing import KubesimServer
+from kubesim.tests.support import GROUP, VERSION, agent_user_data, secret_manifest, vm_manifest, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    with KubesimServer(tmp_path_factory.mktemp("kubesim-sandbox"), guest="shell") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def guests(sim):
+    """Two running guests, each with its agent up."""
+    api = sim.api_client()
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    names = []
+    for name in ("alice", "bob"):
+        core.create_namespaced_secret("default", secret_manifest(f"{name}-ci", agent_user_data(token="x" * 20)))
+        custom.create_namespaced_custom_object(GROUP, VERSION, "default", "virtualmachines",
+                                               vm_manifest(name, cloud_init_secret=f"{name}-ci"))
+        names.append(name)
+    for name in names:
+        wait_for(lambda n=name: (g := sim.admin.guest("default", n)) and g["ports"].get("8787"), what=f"{name} up")
+    yield {name: sim.admin.guest("default", name) for name in names}
+    api.close()
+
+
+def run_in(sim, name: str, command: str) -> str:
+    """Type a command on the guest's console and return what it printed."""
+    marker = uuid.uuid4().hex[:8]
+    ws = websocket.create_connection(
+        f"{sim.ws_url}/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/{name}/console",
+        header=[f"Authorization: Bearer {sim.token}"], subprotocols=["plain.kubevirt.io"], timeout=10)
+    try:
+        ws.send_binary(f"{command}; echo; echo END-{marker}\r".encode())
+        output = b""
+        while f"\r\nEND-{marker}".encode() not in output:
+            output += ws.recv()
+    finally:
+        ws.close()
+    return output.decode(errors="replace").split(f"END-{marker}\r\n", 1)[-1]
+
+
+def host_uid(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as handle:
+        return int(next(line for line in handle if line.startswith("Uid:")).split()[2])
+
+
+def test_the_portal_files_are_not_there_to_read_or_write(sim, guests):
+    output = run_in(sim, "alice", f"cat {REPO}/manage.py | head -1; ls {REPO}/var; cat {sim.kubeconfig}; "
+                                  f"touch {REPO}/planted; ls /; "
+                                  "(echo > /dev/tcp/127.0.0.1/5432) 2>/dev/null && echo PG-OPEN || echo PG-CLOSED")
+    assert "import" not in output and "apiVersion" not in output
+    assert output.count("No such file or directory") >= 4
+    assert not (REPO / "planted").exists()
+    assert "work" not in output.split() and "PG-CLOSED" in output  # no host tree, and the host's database unreachable
+
+
+def test_another_guests_files_and_processes_are_out_of_sight(sim, guests):
+    run_in(sim, "bob", "echo bobs-secret > ~/secret.txt; sleep 777 & true")
+    output = run_in(sim, "alice", f"cat {guests['bob']['home']}/secret.txt; ls {Path(guests['bob']['root']).parent}; "
+                                  "ps ax | grep -c 'sleep 77[7]'; cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' '")
+    assert "bobs-secret" not in output and "sleep 777" not in output
+    assert "\r\n0\r\n" in output  # ps sees none of bob's processes
+    assert (Path(guests["bob"]["home"]) / "secret.txt").read_text() == "bobs-secret\n"  # it was there to find
+
+
+def test_nobody_in_a_guest_is_root_on_the_host(sim, guests):
+    output = run_in(sim, "alice", "id -u; sleep 888 & echo started")
+    assert "1000" in output
+    sleepers = [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and _cmdline(pid) == "sleep 888"]
+    assert sleepers
+    assert all(host_uid(pid) != 0 for pid in sleepers)
+    assert host_uid(guests["alice"]["agent_pid"]) != 0  # the agent is root in the guest only
+    assert host_uid(guests["alice"]["shell_pid"] or sleepers[0]) != 0
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
