@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin
+from django.db import models
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.utils.text import Truncator
@@ -17,6 +18,7 @@ from django.utils.translation import gettext_lazy as _
 from labs.admin_lifecycle import AttemptLifecycleAdminMixin
 from labs.models import Attempt, Check, Lab
 from portal.admin_scoping import AuditedAdminMixin, CourseScopedAdminMixin, CourseScopedInlineMixin
+from portal.admin_widgets import LabelledSplitDateTime
 from portal.services import audit_record
 
 
@@ -46,6 +48,8 @@ class LabAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     course_lookup = "course"
     inlines = (CheckInline,)
     list_display = ("title", "course", "size", "time_limit_minutes", "opens_at", "due_at", "check_count")
+    formfield_overrides = {models.DateTimeField: {"form_class": forms.SplitDateTimeField,
+                                                   "widget": LabelledSplitDateTime}}
     list_filter = (("course", admin.RelatedOnlyFieldListFilter), "size")
     list_select_related = ("course",)
     search_fields = ("title", "course__code", "course__title")

@@ -6,10 +6,11 @@ from django.urls import include, path
 from portal.dashboard import ops_dashboard_view
 from portal.health import healthz_view, readyz_view
 from portal.metrics import metrics_view
-from portal.views import DashboardView, TimeZoneView
+from portal.views import DashboardView, TimeZoneView, favicon_view
 
 urlpatterns = [
     path("", DashboardView.as_view(), name="dashboard"),
+    path("favicon.ico", favicon_view, name="favicon"),
     path("", include("labs.urls")),
     path("healthz", healthz_view, name="healthz"),
     path("readyz", readyz_view, name="readyz"),
