@@ -102,6 +102,11 @@ def attempts_for_student(*, user: User, lab: Lab | None = None) -> QuerySet[Atte
     return attempts.filter(lab=lab) if lab is not None else attempts
 
 
+def attempts_going_for_student(*, user: User) -> QuerySet[Attempt]:
+    """The student's attempts that hold (or are about to hold) a VM, with their labs: what a per-student cap counts."""
+    return attempts_for_student(user=user).filter(state__in=ACTIVE_STATES).order_by("requested_at", "id")
+
+
 def attempts_for_course_staff(*, user: User, course_id: int) -> QuerySet[Attempt]:
     """Attempts in one course, for its instructors and TAs (empty for anyone else)."""
     courses = courses_for_user(user=user, roles=tuple(STAFF_ROLES)).filter(id=course_id)

@@ -37,7 +37,8 @@ PEOPLE = (
 LAB_INSTRUCTIONS = """\
 # Linux basics
 
-Your virtual machine runs Fedora. Everything happens in your home directory (`~`) in the console below.
+Your lab has a Linux machine of its own: on a cluster, a Fedora virtual machine; in the portal's embedded demo, a
+sandboxed shell that stands in for one. Everything happens in your home directory (`~`), in the lab's terminal.
 Press **Check** whenever you like: each check says what is still missing.
 
 ## 1. A file with content

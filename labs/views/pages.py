@@ -24,6 +24,7 @@ from labs.selectors import (
     attempt_status_payload,
     attempts_counted_against_limit,
     attempts_for_student,
+    attempts_going_for_student,
 )
 from labs.services.attempts import per_student_cap_message
 from labs.views.instructions import render_instructions
@@ -79,6 +80,7 @@ class StartRefusal:
 
     message: str = ""
     recheck_in: int | None = None
+    going: tuple[Attempt, ...] = ()  # the student's labs that hold the per-student cap, to link to
 
 
 # How often a lab page whose Start is held back by something that may change elsewhere (the student's other labs,
@@ -108,8 +110,11 @@ def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> StartRefusa
     if lab.attempt_limit and attempts_counted_against_limit(student=user, lab=lab) >= lab.attempt_limit:
         return StartRefusal(_("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit})
     message = per_student_cap_message(student=user, tenant=lab.course.tenant)
+    if not message:
+        return StartRefusal()
     # Stopping a lab in another tab or on another page brings Start back here.
-    return StartRefusal(message, recheck_in=START_RECHECK_SECONDS if message else None)
+    return StartRefusal(message, recheck_in=START_RECHECK_SECONDS,
+                        going=tuple(attempts_going_for_student(user=user)))
 
 
 class LabDetailView(LoginRequiredMixin, View):
@@ -124,7 +129,7 @@ class LabDetailView(LoginRequiredMixin, View):
         current = next((a for a in attempts if a.state in ACTIVE_STATES), None)
         context = {
             "lab": lab,
-            "instructions": render_instructions(lab.instructions),
+            "instructions": render_instructions(lab.instructions, title=lab.title),
             "attempts": attempts,
             "current": current,
             "start_refusal": lab_start_refusal(user=request.user, lab=lab, attempts=attempts),
@@ -145,7 +150,8 @@ class LabDetailView(LoginRequiredMixin, View):
             Attempt.objects.filter(lab=lab, state__in=ACTIVE_STATES, tenant_id=lab.course.tenant_id)
             .select_related("student").order_by("student__username")
         )
-        context = {"lab": lab, "instructions": render_instructions(lab.instructions), "active_attempts": active}
+        context = {"lab": lab, "instructions": render_instructions(lab.instructions, title=lab.title),
+                   "active_attempts": active}
         return render(request, "labs/lab_staff.html", context)
 
 
