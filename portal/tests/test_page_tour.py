@@ -20,6 +20,7 @@ PASSWORD = "correct-horse-battery-staple"
 LONG_TITLE = "Configuring" + "X" * 189  # 200 characters with nowhere to break
 WIDTHS = (1280, 390)
 NARROWEST = 360
+PAGE_ERRORS: list[str] = []  # scripts' errors on any page of the tour
 
 
 def axe_violations(page) -> list[dict]:
@@ -91,6 +92,9 @@ def log_in(browser, base_url: str, username: str | None):  # noqa: F811
     context = browser.new_context(base_url=base_url, bypass_csp=True)  # axe is injected as a script
     context.set_default_timeout(30_000)
     page = context.new_page()
+    page.on("pageerror", lambda error: PAGE_ERRORS.append(f"{page.url}: {error}"))
+    page.on("console", lambda message: PAGE_ERRORS.append(f"{page.url}: {message.text}")
+            if message.type == "error" and "Content Security Policy" not in message.text else None)
     if username is not None:
         page.goto("/accounts/login/")
         page.fill("#id_username", username)
@@ -124,7 +128,10 @@ def test_every_page_type_is_accessible_fits_a_phone_and_is_photographed(
     page.goto(f"/labs/{lab_a.id}/")
     page.click("#start-button")
     expect(page.locator("#attempt-state")).to_have_class(re.compile(r"\bstate-running\b"), timeout=90_000)
-    expect(page.locator("#console-status")).to_have_attribute("data-state", "connected")
+    try:
+        expect(page.locator("#console-status")).to_have_attribute("data-state", "connected", timeout=30_000)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nscript errors: {PAGE_ERRORS}") from None
     page.click("#terminal")
     page.keyboard.type("echo hello world > ~/hello.txt")
     page.keyboard.press("Enter")
@@ -134,7 +141,7 @@ def test_every_page_type_is_accessible_fits_a_phone_and_is_photographed(
     attempt_id = int(re.search(r"/attempts/(\d+)/", attempt_path).group(1))
 
     def connected(page):
-        expect(page.locator("#console-status")).to_have_attribute("data-state", "connected")
+        expect(page.locator("#console-status")).to_have_attribute("data-state", "connected", timeout=30_000)
 
     tour.visit(page, "lab-running", f"/labs/{lab_a.id}/", settle=connected)
     tour.visit(page, "student-attempt", f"/attempts/{attempt_id}/", settle=connected)
@@ -174,3 +181,4 @@ def test_every_page_type_is_accessible_fits_a_phone_and_is_photographed(
 
     tour.write()
     assert not tour.problems(), "\n".join(tour.problems())
+    assert not PAGE_ERRORS, PAGE_ERRORS
