@@ -7,6 +7,8 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from grading.tests.builders import ALL_PASS, FIRST_ONLY, make_attempt, record_run
@@ -55,3 +57,32 @@ def test_the_gradebook_states_how_a_lab_without_a_grade_counts_in_the_total(clie
     html = client.get(reverse("grading:gradebook", args=[course_a.pk])).content.decode()
     legend = re.search(r'<p class="muted" id="gradebook-legend">(.*?)</p>', html, re.S)
     assert legend and "—" in legend.group(1) and "counted as 0" in legend.group(1)
+
+
+def test_the_lab_report_draws_the_score_distribution_and_each_checks_pass_rate(client, ta_a, student_a, lab_a,
+                                                                             course_a):
+    from conftest import make_person
+    from portal.models import Role
+
+    others = [make_person(username=f"student_{n}", tenant=course_a.tenant, course=course_a, role=Role.STUDENT)
+              for n in range(3)]
+    for student, outputs in zip([student_a, *others], [ALL_PASS, FIRST_ONLY, FIRST_ONLY, ALL_PASS], strict=True):
+        record_run(attempt=make_attempt(lab=lab_a, student=student), outputs=outputs)
+    client.force_login(ta_a)
+    html = client.get(reverse("grading:lab_report", args=[lab_a.pk])).content.decode()
+    charts = re.findall(r'<svg [^>]*role="img"[^>]*>(.*?)</svg>', html, re.S)
+    assert len(charts) == 2
+    distribution, checks = charts
+    assert len(re.findall(r'class="chart-bar"', distribution)) == 10
+    # Both checks: everyone passed the first; two of four the second (the step the class struggles with).
+    desc = re.search(r"<desc[^>]*>(.*?)</desc>", checks, re.S).group(1)
+    assert "100% (4 of 4)" in desc and "50% (2 of 4)" in desc
+    # The page's queries do not grow with the class.
+    with CaptureQueriesContext(connection) as before:
+        client.get(reverse("grading:lab_report", args=[lab_a.pk]))
+    for n in range(4):
+        student = make_person(username=f"late_{n}", tenant=course_a.tenant, course=course_a, role=Role.STUDENT)
+        record_run(attempt=make_attempt(lab=lab_a, student=student), outputs=ALL_PASS)
+    with CaptureQueriesContext(connection) as after:
+        client.get(reverse("grading:lab_report", args=[lab_a.pk]))
+    assert len(after) == len(before)
