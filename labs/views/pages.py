@@ -18,6 +18,7 @@ from django.utils.translation import gettext as _
 from django.views import View
 
 from grading.selectors import lab_get_for_staff, lab_get_for_student
+from grading.selectors.class_view import class_view
 from labs.models import ACTIVE_STATES, Attempt, Lab
 from labs.selectors import (
     attempt_get_for_user,
@@ -147,12 +148,10 @@ class LabDetailView(LoginRequiredMixin, View):
             lab = lab_get_for_staff(user=request.user, lab_id=lab_id)
         except NotFound as exc:
             raise Http404(exc.message) from exc
-        active = list(
-            Attempt.objects.filter(lab=lab, state__in=ACTIVE_STATES, tenant_id=lab.course.tenant_id)
-            .select_related("student").order_by("student__username")
-        )
-        context = {"lab": lab, "instructions": render_instructions(lab.instructions, title=lab.title),
-                   "active_attempts": active}
+        rows = class_view(lab=lab)
+        if request.GET.get("part") == "class":  # the class view's own refresh (static/js/class_view.js)
+            return render(request, "labs/_class_view.html", {"lab": lab, "rows": rows})
+        context = {"lab": lab, "instructions": render_instructions(lab.instructions, title=lab.title), "rows": rows}
         return render(request, "labs/lab_staff.html", context)
 
 
