@@ -181,4 +181,6 @@ def test_every_page_type_is_accessible_fits_a_phone_and_is_photographed(
 
     tour.write()
     assert not tour.problems(), "\n".join(tour.problems())
-    assert not PAGE_ERRORS, PAGE_ERRORS
+    # The refused page answers 403 on purpose; the browser notes that status like any other.
+    errors = [e for e in PAGE_ERRORS if not ("/admin/portal/tenant/" in e and "status of 403" in e)]
+    assert not errors, "\n".join(errors)
