@@ -35,6 +35,17 @@ def test_run_in_terminal_fit_check_cooldown_and_start_again(student_a, lab_a, li
     page.click(".instructions .code-run")
     expect(page.locator("#terminal .xterm-rows")).to_contain_text("ran-23")
 
+    # On a phone's width the key row sends what its keyboard lacks (Tab completes, Ctrl+C interrupts).
+    page.set_viewport_size({"width": 390, "height": 844})
+    expect(page.locator("#key-bar")).to_be_visible()
+    page.click("#terminal")
+    page.keyboard.type("sleep 30")
+    page.click("#key-bar [data-key='ctrl-c']")
+    expect(page.locator("#terminal .xterm-rows")).to_contain_text("^C")
+    assert page.evaluate("Math.max(document.documentElement.scrollWidth, document.body.scrollWidth)") <= 390
+    page.set_viewport_size({"width": 1280, "height": 900})
+    expect(page.locator("#key-bar")).to_be_hidden()
+
     # Check: the button counts the cooldown down instead of letting a press be refused.
     page.click("#check-button")
     expect(page.locator("#results-list li.result.passed")).to_have_count(2, timeout=60_000)

@@ -86,6 +86,7 @@
       if (banner && mode !== null) {
         banner.textContent = mode === "rw" ? banner.dataset.readWrite : banner.dataset.readOnly;
       }
+      byId("key-bar").hidden = attemptOver || mode !== "rw";
       // The instructions' "Run in terminal" buttons (instructions.js) are offered while typing is.
       document.body.classList.toggle("terminal-writable", !attemptOver && mode === "rw");
     }
@@ -257,6 +258,14 @@
         notice(format(S.fit_typed, { command }));
       }
       term.focus();
+    });
+    // The key row for phone keyboards, which have no Esc, Tab or Ctrl.
+    const KEYS = { esc: "\x1b", tab: "\t", "ctrl-c": "\x03", "ctrl-d": "\x04", up: "\x1b[A", down: "\x1b[B" };
+    byId("key-bar").addEventListener("click", (event) => {
+      const key = event.target.closest("[data-key]");
+      if (key && sendInput(encoder.encode(KEYS[key.dataset.key]))) {
+        term.focus();
+      }
     });
     // "Run in terminal" on a code block of the instructions: typed as the student would type it.
     document.addEventListener("portal:type", (event) => {
