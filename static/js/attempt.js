@@ -23,7 +23,9 @@
 
   function pageDateTimeFormat() {
     const root = document.documentElement;
-    const options = { dateStyle: "medium", timeStyle: "short" };
+    // As the server writes a history row's times ("Dec 4, 2026, 5:53 AM UTC").
+    const options = { year: "numeric", month: "short", day: "numeric", hour: "numeric", minute: "2-digit",
+                      timeZoneName: "short" };
     try {
       return new Intl.DateTimeFormat(root.lang || undefined, { ...options, timeZone: root.dataset.timeZone });
     } catch (error) {
