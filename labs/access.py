@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.db.models import F, Q, QuerySet
 from django.utils.translation import gettext as _
 
-from labs.models import Attempt, Lab
+from labs.models import ACTIVE_STATES, Attempt, Lab
 from portal.errors import NotFound
 from portal.models import Role, User
 from portal.selectors import courses_for_user, staff_courses_for_user
@@ -119,3 +119,8 @@ def attempts_for_student(*, user: User, lab: Lab | None = None) -> QuerySet[Atte
         return Attempt.objects.none()
     attempts = Attempt.objects.filter(student=user, tenant_id=user.tenant_id).select_related("lab", "lab__course")
     return attempts.filter(lab=lab) if lab is not None else attempts
+
+
+def attempts_going_for_student(*, user: User) -> QuerySet[Attempt]:
+    """The student's attempts that hold (or are about to hold) a VM, with their labs: what a per-student cap counts."""
+    return attempts_for_student(user=user).filter(state__in=ACTIVE_STATES).order_by("requested_at", "id")

@@ -8,15 +8,17 @@ actions belong with the lifecycle services and can be added to it as admin actio
 from __future__ import annotations
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db import models
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.utils.text import Truncator
 from django.utils.translation import gettext_lazy as _
 
 from labs.admin_lifecycle import AttemptLifecycleAdminMixin
-from labs.models import Attempt, Check, Lab
+from labs.models import Attempt, Check, Lab, extra_cloud_init_problem
 from portal.admin_scoping import AuditedAdminMixin, CourseScopedAdminMixin, CourseScopedInlineMixin
+from portal.admin_widgets import LabelledSplitDateTime
 from portal.services import audit_record
 
 
@@ -46,6 +48,8 @@ class LabAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     course_lookup = "course"
     inlines = (CheckInline,)
     list_display = ("title", "course", "size", "time_limit_minutes", "opens_at", "due_at", "check_count")
+    formfield_overrides = {models.DateTimeField: {"form_class": forms.SplitDateTimeField,
+                                                   "widget": LabelledSplitDateTime}}
     list_filter = (("course", admin.RelatedOnlyFieldListFilter), "size")
     list_select_related = ("course",)
     search_fields = ("title", "course__code", "course__title")
@@ -66,6 +70,13 @@ class LabAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
 
     def audit_scope(self, obj: Lab) -> dict:
         return {"tenant": obj.course.tenant, "course": obj.course}
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        # A lab saved before its settings were checked at save says what stops it from starting, where it is fixed.
+        if obj is not None and request.method == "GET" and (problem := extra_cloud_init_problem(obj.extra_cloud_init)):
+            messages.error(request, _("Students cannot start this lab: its extra cloud-init is invalid (%(problem)s).")
+                           % {"problem": problem})
+        return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
 
     def save_formset(self, request, form, formset, change):
         super().save_formset(request, form, formset, change)

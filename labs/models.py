@@ -84,6 +84,8 @@ class Lab(models.Model):
             errors["due_at"] = _("The due date must come after the opening date.")
         if self.late_cutoff_at and self.due_at and self.late_cutoff_at < self.due_at:
             errors["late_cutoff_at"] = _("The late cutoff must come after the due date.")
+        if problem := extra_cloud_init_problem(self.extra_cloud_init):
+            errors["extra_cloud_init"] = problem
         if 0 < self.idle_stop_minutes < IDLE_STOP_MIN_MINUTES:
             errors["idle_stop_minutes"] = _("At least %(minutes)d minutes, or 0 to never stop an attempt for that.") % {
                 "minutes": IDLE_STOP_MIN_MINUTES}
@@ -96,6 +98,18 @@ class Lab(models.Model):
             return False
         closes = self.late_cutoff_at or (self.due_at if not self.late_penalty_percent_per_day else None)
         return not (closes and now > closes)
+
+
+def extra_cloud_init_problem(text: str) -> str:
+    """Why a lab's extra cloud-init cannot be merged into its VMs' cloud-init ('' when it can): YAML, the shape of
+    the keys the portal merges, size. Asked when the lab is saved and before a start."""
+    from guest.cloud_init import parse_extra_cloud_config
+
+    try:
+        parse_extra_cloud_config(text)
+    except ValueError as exc:
+        return str(exc)
+    return ""
 
 
 class StdoutMatch(models.TextChoices):

@@ -8,10 +8,11 @@ from ops.health import healthz_view, readyz_view
 from ops.home import DashboardView
 from ops.metrics import metrics_view
 from portal.audit_page import CourseAuditPage
-from portal.views import TimeZoneView
+from portal.views import TimeZoneView, favicon_view
 
 urlpatterns = [
     path("", DashboardView.as_view(), name="dashboard"),
+    path("favicon.ico", favicon_view, name="favicon"),
     path("", include("labs.urls")),
     path("healthz", healthz_view, name="healthz"),
     path("readyz", readyz_view, name="readyz"),

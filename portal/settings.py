@@ -520,6 +520,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_log_level("LOG_LEVEL", "INFO")},
     "loggers": {
         "django.db.backends": {"level": "INFO"},
+        # Django's own console handler (DEBUG only) would write each of its messages a second time beside the root's.
+        "django": {"handlers": [], "level": "INFO", "propagate": True},
         # Celery's line per task sent, received and succeeded: the attempt sync alone runs every few seconds, and
         # at INFO those lines bury everything else (bin/run's logins, warnings). Failures are logged at ERROR.
         **{name: {"level": env_log_level("TASK_LOG_LEVEL", "WARNING")}

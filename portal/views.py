@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.mixins import LoginRequiredMixin
+from django.http import HttpRequest, HttpResponseRedirect
 from django.shortcuts import redirect
+from django.templatetags.static import static
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
@@ -47,3 +49,8 @@ class TimeZoneView(LoginRequiredMixin, UpdateView):
         zone = person.time_zone or str(tenant_time_zone(person.tenant))
         messages.success(self.request, _("Dates and times are now shown in %(zone)s.") % {"zone": zone})
         return redirect(self.next_url())
+
+
+def favicon_view(request: HttpRequest) -> HttpResponseRedirect:
+    """Browsers ask for /favicon.ico where a page names no icon (a JSON error, a file): send them to the icon."""
+    return HttpResponseRedirect(static("img/favicon.svg"))

@@ -52,13 +52,16 @@ TIMELINE_FIELDS = (
 
 
 def attempt_timeline(attempt: Attempt) -> list[TimelineEntry]:
-    """The attempt's phases with their times, in time order (labels are the fields' translated names)."""
+    """The attempt's phases with their times, in time order (labels are the fields' translated names). The
+    cluster's times are whole seconds and the portal's are not, so times are compared by the second, and phases
+    within one second keep their lifecycle order (a VMI's "pending" at :28 comes after a request at :28.4)."""
     entries = [
-        TimelineEntry(label=str(Attempt._meta.get_field(name).verbose_name), at=getattr(attempt, name))
-        for name in TIMELINE_FIELDS
+        (position, TimelineEntry(label=str(Attempt._meta.get_field(name).verbose_name), at=getattr(attempt, name)))
+        for position, name in enumerate(TIMELINE_FIELDS)
         if getattr(attempt, name) is not None
     ]
-    return sorted(entries, key=lambda e: e.at)
+    entries.sort(key=lambda item: (item[1].at.replace(microsecond=0), item[0]))
+    return [entry for _, entry in entries]
 
 
 @dataclass
@@ -70,11 +73,22 @@ class AttemptDetail:
 
 
 def runs_with_results(queryset) -> list[GradingRun]:
-    return list(
+    """The runs (newest first) with their results; each gets ``number``, its place among its attempt's runs (1 for
+    the first), and ``regrade_of_number``. ``queryset`` must hold every run of the attempts it touches."""
+    runs = list(
         queryset.select_related("requested_by")
         .prefetch_related(Prefetch("results", queryset=CheckResult.objects.order_by("order", "id")))
         .order_by("-created_at", "-id")
     )
+    numbers: dict[int, int] = {}
+    counts: dict[int, int] = {}
+    for run in reversed(runs):  # oldest first
+        counts[run.attempt_id] = counts.get(run.attempt_id, 0) + 1
+        numbers[run.pk] = counts[run.attempt_id]
+    for run in runs:
+        run.number = numbers[run.pk]
+        run.regrade_of_number = numbers.get(run.regrade_of_id)
+    return runs
 
 
 def attempt_detail(*, attempt: Attempt) -> AttemptDetail:

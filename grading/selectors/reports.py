@@ -13,6 +13,7 @@ from django.utils.translation import gettext as _
 
 from grading.models import Grade, GradingRun, LabRegrade
 from grading.selectors.attempts import attempts_with_run_counts, runs_with_results
+from grading.selectors.check_rates import CheckPassRate, check_pass_rates
 from labs.models import Attempt, Lab
 from portal.models import Course, Membership, Role, User
 from portal.selectors import courses_for_user, user_tenant_ids
@@ -137,6 +138,7 @@ class LabReport:
     mean_percent: float | None = None
     median_percent: float | None = None
     regrades: list[LabRegrade] = field(default_factory=list)  # the latest lab-wide regrades, newest first
+    check_rates: list[CheckPassRate] = field(default_factory=list)
 
     @property
     def graded(self) -> int:
@@ -145,6 +147,13 @@ class LabReport:
     @property
     def distribution_peak(self) -> int:
         return max((b.count for b in self.distribution), default=0)
+
+    @property
+    def distribution_bars(self) -> list[dict]:
+        """Where the report's picture draws each band's bar: x, and top y and height on a 120-unit scale."""
+        peak = self.distribution_peak or 1
+        return [{"bucket": b, "x": 12 + i * 40, "height": round(b.count * 120 / peak),
+                 "y": 140 - round(b.count * 120 / peak)} for i, b in enumerate(self.distribution)]
 
 
 def score_distribution(*, percents: list[float], buckets: int = 10) -> list[DistributionBucket]:
@@ -184,6 +193,7 @@ def lab_report(*, lab: Lab) -> LabReport:
         regrades=list(
             LabRegrade.objects.filter(lab=lab).select_related("requested_by")[:LAB_REPORT_REGRADES]
         ),
+        check_rates=check_pass_rates(lab=lab, student_ids=enrolled_ids),
     )
 
 

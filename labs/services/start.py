@@ -15,7 +15,7 @@ from django.utils import formats, timezone, translation
 from django.utils.translation import gettext as _
 
 from labs.kubevirt import names
-from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab
+from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab, extra_cloud_init_problem
 from labs.services.quota import (
     check_start_throttle,
     per_student_refusal,
@@ -50,15 +50,14 @@ def _lab_closed_message(lab: Lab, now, *, actor) -> str:
 
 
 def _check_extra_cloud_init(lab: Lab) -> None:
-    from guest.cloud_init import parse_extra_cloud_config
-
-    try:
-        parse_extra_cloud_config(lab.extra_cloud_init)
-    except ValueError as exc:
+    # The instructor's mistake is theirs to read (in admin, on the lab's page, and in the log), not the student's.
+    if problem := extra_cloud_init_problem(lab.extra_cloud_init):
+        logger.error("lab %s cannot start: its extra cloud-init is invalid: %s", lab.pk, problem)
         raise Conflict(
-            _("This lab's VM settings are invalid (%(error)s). Tell your instructor.") % {"error": exc},
+            _("This lab is misconfigured, so it cannot start. Your course staff see the problem on the lab's "
+              "settings page."),
             code="lab_misconfigured",
-        ) from None
+        )
 
 
 def _my_attempts(*, student: User, lab: Lab) -> dict:

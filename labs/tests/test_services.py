@@ -145,7 +145,7 @@ def test_deployment_wide_start_throttle(settings, student_a, lab_a):
 def test_invalid_extra_cloud_init_is_refused_before_anything_is_made(student_a, lab_a):
     lab_a.extra_cloud_init = "- just\n- a list\n"
     lab_a.save()
-    with pytest.raises(Conflict, match="This lab's VM settings are invalid") as refusal:
+    with pytest.raises(Conflict, match="This lab is misconfigured") as refusal:
         attempt_start(actor=student_a, lab=lab_a)
     assert refusal.value.code == "lab_misconfigured"
     assert not Attempt.objects.exists()

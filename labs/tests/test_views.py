@@ -212,7 +212,8 @@ def test_lab_page_before_start_loads_the_panels_scripts_and_start_answers_with_t
     client, page = logged_in(student_a), reverse("labs:lab_detail", args=[lab_a.id])
     html = client.get(page).content.decode()
     scripts = [url.rsplit("/", 1)[-1] for url in re.findall(r'<script src="([^"]+)"', html)]
-    assert scripts == ["forms.js", "xterm.js", "addon-fit.js", "console.js", "attempt.js", "start.js"]
+    assert scripts == ["forms.js", "xterm.js", "addon-fit.js", "console.js", "attempt.js", "instructions.js",
+                       "start.js"]
     assert 'id="attempt-config"' not in html and 'id="start-card"' in html and 'id="attempt-history"' in html
 
     # Start as start.js posts it: the answer carries what replaces the Start card and the history.

@@ -6,6 +6,7 @@ from functools import lru_cache
 
 import markdown
 import nh3
+from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 MARKDOWN_EXTENSIONS = ["fenced_code", "tables", "sane_lists", "def_list"]
@@ -25,13 +26,18 @@ ALLOWED_ATTRIBUTES = {
 # No ``id`` or ``name`` anywhere: instructions must not clobber the page's own elements (DOM clobbering).
 
 
-def render_instructions(text: str) -> SafeString:
+def render_instructions(text: str, *, title: str = "") -> SafeString:
     """Markdown → HTML → only harmless tags and attributes, http(s)/mailto links that open no window handle.
+    A first heading that only repeats the lab's ``title`` (already the page's heading) is left out.
 
     The result depends on the text alone, so each process keeps the latest renderings: a class opening (and, on
     Start, reopening) the same lab page renders its instructions once, not once per page view. An edited lab has
     new text, hence a new entry."""
-    return _render(text or "")
+    html = _render(text or "")
+    repeated_title = f"<h1>{escape(title)}</h1>"
+    if title and html.lstrip().startswith(repeated_title):
+        return mark_safe(html.lstrip()[len(repeated_title):].lstrip())  # noqa: S308  (already sanitised)
+    return html
 
 
 @lru_cache(maxsize=256)

@@ -17,7 +17,14 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views import View
 
-from labs.access import attempt_get_for_user, attempts_for_student, lab_get_for_staff, lab_get_for_student
+from grading.selectors.class_view import class_view
+from labs.access import (
+    attempt_get_for_user,
+    attempts_for_student,
+    attempts_going_for_student,
+    lab_get_for_staff,
+    lab_get_for_student,
+)
 from labs.models import ACTIVE_STATES, Attempt, Lab
 from labs.selectors import attempt_status_payload, attempts_counted_against_limit
 from labs.services.quota import per_student_cap_message
@@ -42,6 +49,7 @@ def attempt_page_config(*, request: HttpRequest, attempt: Attempt, is_student: b
             "check": reverse("labs:attempt_check", args=[attempt.id]),
         },
         "slow_start_seconds": settings.ATTEMPT_SLOW_START_NOTICE_SECONDS,
+        "check_interval_seconds": settings.GRADING_MIN_INTERVAL_SECONDS,
         "is_student": is_student,
         "can_take_control": is_staff and not is_student,
         "strings": attempt_page_strings(),
@@ -74,6 +82,7 @@ class StartRefusal:
 
     message: str = ""
     recheck_in: int | None = None
+    going: tuple[Attempt, ...] = ()  # the student's labs that hold the per-student cap, to link to
 
 
 # How often a lab page whose Start is held back by something that may change elsewhere (the student's other labs,
@@ -103,8 +112,11 @@ def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> StartRefusa
     if lab.attempt_limit and attempts_counted_against_limit(student=user, lab=lab) >= lab.attempt_limit:
         return StartRefusal(_("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit})
     message = per_student_cap_message(student=user, tenant=lab.course.tenant)
+    if not message:
+        return StartRefusal()
     # Stopping a lab in another tab or on another page brings Start back here.
-    return StartRefusal(message, recheck_in=START_RECHECK_SECONDS if message else None)
+    return StartRefusal(message, recheck_in=START_RECHECK_SECONDS,
+                        going=tuple(attempts_going_for_student(user=user)))
 
 
 class LabDetailView(LoginRequiredMixin, View):
@@ -119,7 +131,7 @@ class LabDetailView(LoginRequiredMixin, View):
         current = next((a for a in attempts if a.state in ACTIVE_STATES), None)
         context = {
             "lab": lab,
-            "instructions": render_instructions(lab.instructions),
+            "instructions": render_instructions(lab.instructions, title=lab.title),
             "attempts": attempts,
             "current": current,
             "start_refusal": lab_start_refusal(user=request.user, lab=lab, attempts=attempts),
@@ -136,11 +148,10 @@ class LabDetailView(LoginRequiredMixin, View):
             lab = lab_get_for_staff(user=request.user, lab_id=lab_id)
         except NotFound as exc:
             raise Http404(exc.message) from exc
-        active = list(
-            Attempt.objects.filter(lab=lab, state__in=ACTIVE_STATES, tenant_id=lab.course.tenant_id)
-            .select_related("student").order_by("student__username")
-        )
-        context = {"lab": lab, "instructions": render_instructions(lab.instructions), "active_attempts": active}
+        rows = class_view(lab=lab)
+        if request.GET.get("part") == "class":  # the class view's own refresh (static/js/class_view.js)
+            return render(request, "labs/_class_view.html", {"lab": lab, "rows": rows})
+        context = {"lab": lab, "instructions": render_instructions(lab.instructions, title=lab.title), "rows": rows}
         return render(request, "labs/lab_staff.html", context)
 
 
@@ -161,6 +172,7 @@ class AttemptDetailView(LoginRequiredMixin, View):
             "lab": lab,
             "attempt": attempt,
             "slow_start_seconds": settings.ATTEMPT_SLOW_START_NOTICE_SECONDS,
+            "check_interval_seconds": settings.GRADING_MIN_INTERVAL_SECONDS,
             "is_student": is_student,
             "is_staff": is_staff,
             "active": attempt.state in ACTIVE_STATES,

@@ -44,6 +44,8 @@ def _strings_in(language: str | None) -> dict[str, object]:
         # Beside the state in the attempt's history row, as the lab page draws it (labs/_attempt_history_row.html).
         "stop_reasons": {"left": _("no page had it open")},
         "start_again": _("Reload the page to start a new attempt."),
+        # The Check button while grading holds a next press back: "Check (7 s)".
+        "check_wait": _("Check (%(seconds)s s)"),
         "confirm_stop": _("Stop the lab? Your VM will be deleted; your work is checked one last time first."),
         "action_failed": _("That did not work: %(message)s"),
         "network_error": _("The portal could not be reached. Check your connection and try again."),
@@ -82,7 +84,7 @@ def _strings_in(language: str | None) -> dict[str, object]:
             "not_allowed": _("You may not do that."),
             "too_slow": _("Your browser could not keep up with the output; reload the page."),
             "staff_watching": _("%(who)s (course staff) is watching this console."),
-            "control_taken": _("%(who)s (course staff) has taken control of the keyboard."),
+            "control_taken": _("%(who)s (course staff) can type in this console now; you can both type."),
             "control_released": _("%(who)s (course staff) has handed the keyboard back."),
         },
         "fit_typed": _("Typed “%(command)s” into the terminal."),

@@ -109,6 +109,7 @@ API_STAFF = answers(401, 403, 404, 200, 404)
 MATRIX: dict[str, list[Probe]] = {
     # ---- site: dashboard, health, metrics -------------------------------------------------------------------
     "": [page(SIGNED_IN_PAGE, tenant_a_object=False)],
+    "favicon.ico": [page(answers(302, 302, 302, 302, 302), tenant_a_object=False)],  # to the static icon
     "healthz": [page(PUBLIC_PAGE, tenant_a_object=False)],
     "readyz": [page(answers((200, 503), (200, 503), (200, 503), (200, 503), (200, 503)), tenant_a_object=False,
                     refusals_are_side_effect_free=False)],

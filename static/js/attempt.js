@@ -20,7 +20,19 @@
     }
   }
 
-  function init() {
+  function pageDateTimeFormat() {
+    const root = document.documentElement;
+    // As the server writes a history row's times ("Dec 4, 2026, 5:53 AM UTC").
+    const options = { year: "numeric", month: "short", day: "numeric", hour: "numeric", minute: "2-digit",
+                      timeZoneName: "short" };
+    try {
+      return new Intl.DateTimeFormat(root.lang || undefined, { ...options, timeZone: root.dataset.timeZone });
+    } catch (error) {
+      return new Intl.DateTimeFormat(root.lang || undefined, options);
+    }
+  }
+
+  function init(event) {
     const configElement = document.getElementById("attempt-config");
     if (!configElement) {
       return;
@@ -43,6 +55,11 @@
 
     let attempt = config.initial;
     let latestRun = null;
+    // Until when grading holds the next Check back (its minimum interval between two runs): the button counts it
+    // down rather than letting a press be refused.
+    let checkReadyAt = 0;
+    const checkButtonLabel = byId("check-button") ? byId("check-button").textContent : "";
+    const dateTimeFormat = pageDateTimeFormat();
 
     // ---- rendering -------------------------------------------------------------------------------------
 
@@ -126,19 +143,27 @@
         element.textContent = S.states[payload.state] || payload.state;
         renderStopReason(element, payload);
       });
+      const endedAt = payload.timestamps && payload.timestamps.ended;
+      document.querySelectorAll(`[data-history-attempt="${payload.id}"] .history-ended`).forEach((cell) => {
+        if (endedAt && !cell.querySelector("time")) {
+          const time = document.createElement("time");
+          time.dateTime = endedAt;
+          time.textContent = dateTimeFormat.format(new Date(Date.parse(endedAt)));
+          cell.replaceChildren(time);
+        }
+      });
       renderSlowStart();
       const failure = byId("failure");
       setText(failure, format(S.failed, { reason: payload.failure_reason || payload.message || "" }));
       show(failure, payload.state === "failed");
       const ended = FINAL_STATES.includes(payload.state);
       const endedElement = byId("ended");
-      setText(endedElement, S.ended + (config.is_student ? " " + S.start_again : ""));
+      const startAgain = byId("start-again-form");
+      setText(endedElement, S.ended + (config.is_student && !startAgain ? " " + S.start_again : ""));
       show(endedElement, ended && payload.state !== "failed");
+      show(startAgain, ended);
 
-      const checkButton = byId("check-button");
-      if (checkButton) {
-        checkButton.disabled = payload.state !== "running" || runInProgress();
-      }
+      renderCheckButton();
       const stopButton = byId("stop-button");
       if (stopButton) {
         stopButton.disabled = ended || payload.state === "stopping";
@@ -148,6 +173,21 @@
       });
       renderCountdown();
       document.dispatchEvent(new CustomEvent("portal:attempt", { detail: payload }));
+    }
+
+    function renderCheckButton() {
+      const checkButton = byId("check-button");
+      if (!checkButton) {
+        return;
+      }
+      const wait = Math.ceil((checkReadyAt - Date.now()) / 1000);
+      checkButton.textContent = wait > 0 ? format(S.check_wait, { seconds: wait }) : checkButtonLabel;
+      checkButton.disabled = attempt.state !== "running" || runInProgress() || wait > 0;
+    }
+
+    function holdCheckFor(seconds) {
+      checkReadyAt = Math.max(checkReadyAt, Date.now() + seconds * 1000);
+      renderCheckButton();
     }
 
     function runInProgress() {
@@ -160,6 +200,12 @@
       }
       if (latestRun && latestRun.id > run.id) {
         return; // an older run's late update
+      }
+      if (!latestRun || latestRun.id !== run.id) {
+        // A new run (this tab's press or another's) holds the next one back from when it was asked for.
+        const since = (Date.now() - Date.parse(run.created_at)) / 1000;
+        const left = config.check_interval_seconds - (Number.isFinite(since) ? Math.max(0, since) : 0);
+        holdCheckFor(Math.min(config.check_interval_seconds, left));
       }
       latestRun = run;
       const summary = byId("results-summary");
@@ -211,10 +257,7 @@
         }
         list.append(item);
       });
-      const checkButton = byId("check-button");
-      if (checkButton) {
-        checkButton.disabled = attempt.state !== "running" || runInProgress();
-      }
+      renderCheckButton();
     }
 
     function renderSlowStart() {
@@ -229,6 +272,7 @@
 
     function tick() {
       renderCountdown();
+      renderCheckButton();
       renderSlowStart();
     }
 
@@ -311,7 +355,10 @@
       try {
         const response = await window.portal.postForm(form);
         const body = await response.json().catch(() => ({}));
-        if (!response.ok) {
+        if (response.status === 429 && form.dataset.action === "check") {
+          // Pressed in another tab a moment ago: wait it out on the button, not as an error.
+          holdCheckFor(Number(response.headers.get("Retry-After")) || config.check_interval_seconds);
+        } else if (!response.ok) {
           message.textContent = format(S.action_failed, { message: body.error || response.statusText });
           message.classList.add("error");
         }

@@ -81,6 +81,14 @@
       releaseControl.hidden = !(canTakeControl && mode === "rw");
       // Pasting is typing: offered to whoever may type (a watcher has Copy, and Take control when staff).
       byId("paste-button").hidden = attemptOver || mode !== "rw";
+      // A member of staff's banner says whether they watch or hold the keyboard (beside the student, who keeps it).
+      const banner = byId("watch-banner");
+      if (banner && mode !== null) {
+        banner.textContent = mode === "rw" ? banner.dataset.readWrite : banner.dataset.readOnly;
+      }
+      byId("key-bar").hidden = attemptOver || mode !== "rw";
+      // The instructions' "Run in terminal" buttons (instructions.js) are offered while typing is.
+      document.body.classList.toggle("terminal-writable", !attemptOver && mode === "rw");
     }
 
     function sendAck() {
@@ -120,6 +128,7 @@
             term.reset();
             freshConnection = false;
           }
+          fit.fit();
           mode = message.mode;
           canTakeControl = Boolean(message.can_take_control);
           renderMode();
@@ -243,11 +252,26 @@
     byId("paste-button").addEventListener("click", pasteClipboard);
     byId("fit-button").addEventListener("click", () => {
       fit.fit();
-      const command = `stty rows ${term.rows} cols ${term.cols}`;
+      // A leading space keeps the line out of the shell's history (HISTCONTROL=ignorespace, the usual default).
+      const command = ` stty rows ${term.rows} cols ${term.cols}`;
       if (sendInput(encoder.encode(command + "\r"))) {
         notice(format(S.fit_typed, { command }));
       }
       term.focus();
+    });
+    // The key row for phone keyboards, which have no Esc, Tab or Ctrl.
+    const KEYS = { esc: "\x1b", tab: "\t", "ctrl-c": "\x03", "ctrl-d": "\x04", up: "\x1b[A", down: "\x1b[B" };
+    byId("key-bar").addEventListener("click", (event) => {
+      const key = event.target.closest("[data-key]");
+      if (key && sendInput(encoder.encode(KEYS[key.dataset.key]))) {
+        term.focus();
+      }
+    });
+    // "Run in terminal" on a code block of the instructions: typed as the student would type it.
+    document.addEventListener("portal:type", (event) => {
+      if (sendInput(encoder.encode(event.detail.text))) {
+        term.focus();
+      }
     });
     takeControl.addEventListener("click", () => {
       if (socket && socket.readyState === WebSocket.OPEN) {

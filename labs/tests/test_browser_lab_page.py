@@ -1,0 +1,70 @@
+"""The lab page's own conveniences in a real browser: code blocks run in the terminal, the terminal fitted to its
+window, Check counting down its cooldown, and Start again in place once the attempt has ended."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from labs.tests.test_browser import browser, in_a_thread, live_portal, student_page  # noqa: F401 (fixtures)
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
+
+
+def test_run_in_terminal_fit_check_cooldown_and_start_again(student_a, lab_a, live_portal, browser):  # noqa: F811
+    from playwright.sync_api import expect
+
+    from labs.models import Lab
+
+    in_a_thread(lambda: Lab.objects.filter(id=lab_a.id).update(
+        instructions="# Linux basics\n\n```sh\necho hello world > ~/hello.txt\necho ran-$((20+3))\n```\n"))
+    context, page = student_page(browser, live_portal.url)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.goto(f"/labs/{lab_a.id}/")
+    page.click("#start-button")
+    expect(page.locator("#console-status")).to_have_attribute("data-state", "connected", timeout=90_000)
+
+    # Fitted to its box when it connects, not left at 80×24.
+    cols = page.evaluate("window.portalTerminal.cols")
+    assert cols > 80, cols
+
+    # "Run in terminal" types the code block into the console.
+    page.click(".instructions .code-run")
+    expect(page.locator("#terminal .xterm-rows")).to_contain_text("ran-23")
+
+    # On a phone's width the key row sends what its keyboard lacks (Tab completes, Ctrl+C interrupts).
+    page.set_viewport_size({"width": 390, "height": 844})
+    expect(page.locator("#key-bar")).to_be_visible()
+    page.click("#terminal")
+    page.keyboard.type("sleep 30")
+    page.click("#key-bar [data-key='ctrl-c']")
+    expect(page.locator("#terminal .xterm-rows")).to_contain_text("^C")
+    assert page.evaluate("Math.max(document.documentElement.scrollWidth, document.body.scrollWidth)") <= 390
+    page.set_viewport_size({"width": 1280, "height": 900})
+    expect(page.locator("#key-bar")).to_be_hidden()
+
+    # Check: the button counts the cooldown down instead of letting a press be refused.
+    page.click("#check-button")
+    expect(page.locator("#results-list li.result.passed")).to_have_count(2, timeout=60_000)
+    check = page.locator("#check-button")
+    expect(check).to_be_disabled()
+    expect(check).to_have_text(re.compile(r"Check \(\d+ s\)"))
+    expect(check).to_be_enabled(timeout=20_000)
+    expect(check).to_have_text("Check")
+    expect(page.locator("#action-message")).to_have_text("")
+
+    # Stop: the history's Ended cell fills in, and Start again is offered in place.
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#stop-button")
+    expect(page.locator("#attempt-state")).to_have_class(re.compile(r"\bstate-stopped\b"), timeout=90_000)
+    expect(page.locator("#history [data-history-attempt] .history-ended time")).to_have_text(
+        re.compile(r"\w+ \d+, \d{4}, \d+:\d\d [AP]M UTC"))  # as the server writes the Started cell
+    expect(page.locator("#ended")).not_to_contain_text("Reload")
+    page.click("#start-again-button")
+    expect(page.locator("#attempt-heading")).to_have_text("Attempt 2", timeout=60_000)
+    expect(page.locator("#attempt-state")).to_have_class(re.compile(r"\bstate-running\b"), timeout=90_000)
+    assert not [e for e in errors if "Content Security Policy" not in e], errors
+    context.close()

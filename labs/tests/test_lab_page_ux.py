@@ -1,0 +1,79 @@
+"""What a student meets first on the lab page, server side: the page without JavaScript, the lab that holds the
+per-student cap, instructions that do not repeat the title, and words that are true of the page."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.urls import reverse
+
+from conftest import make_lab
+from labs.models import AttemptState
+from labs.tests.test_views import logged_in, make_attempt
+from portal.models import Tenant
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hasher(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def lab_page(user, lab) -> str:
+    return logged_in(user).get(reverse("labs:lab_detail", args=[lab.id])).content.decode()
+
+
+def test_without_javascript_the_terminal_says_it_needs_it_instead_of_connecting_forever(student_a, lab_a):
+    make_attempt(lab=lab_a, student=student_a)
+    html = lab_page(student_a, lab_a)
+    noscript = re.search(r"<noscript>(.*?)</noscript>", html, re.S)
+    assert noscript and "needs JavaScript" in noscript.group(1)
+    status = re.search(r'<span id="console-status"[^>]*>(.*?)</span>', html, re.S).group(1)
+    assert "Connecting" not in status
+
+
+def test_at_the_cap_the_lab_page_names_and_links_the_lab_already_running(student_a, lab_a, course_a):
+    Tenant.objects.filter(pk=course_a.tenant_id).update(max_vms_per_student=1)
+    other = make_lab(course_a, title="Networking first steps")
+    make_attempt(lab=other, student=student_a)
+    html = lab_page(student_a, lab_a)
+    refusal = re.search(r'id="start-refusal"(.*?)</section>', html, re.S).group(1)
+    assert f'href="{reverse("labs:lab_detail", args=[other.id])}"' in refusal
+    assert "Networking first steps" in refusal
+
+
+def test_the_cap_link_shows_only_the_students_own_labs(student_a, lab_a, course_a, ta_a):
+    Tenant.objects.filter(pk=course_a.tenant_id).update(max_vms_per_student=1)
+    other = make_lab(course_a, title="Someone else's lab")
+    make_attempt(lab=other, student=ta_a)  # not the student's: no cap reached, nothing named
+    html = lab_page(student_a, lab_a)
+    assert "Someone else&#x27;s lab" not in html and 'id="start-button"' in html
+
+
+def test_the_instructions_do_not_repeat_the_title_as_a_second_heading(student_a, lab_a):
+    html = lab_page(student_a, lab_a)
+    assert len(re.findall(r"<h[12][^>]*>\s*Linux basics\s*</h[12]>", html)) == 1
+    assert "Create <code>~/hello.txt</code>" in html  # the rest of the instructions stays
+
+
+def test_before_start_the_page_promises_nothing_it_cannot_keep(student_a, lab_a):
+    html = lab_page(student_a, lab_a)
+    assert "minute or two" not in html
+    assert "console below" not in html
+
+
+def test_stopped_attempts_leave_start_offered(student_a, lab_a):
+    make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED)
+    assert 'id="start-button"' in lab_page(student_a, lab_a)
+
+
+def test_take_control_words_agree_the_student_keeps_typing_beside_staff(student_a, ta_a, lab_a):
+    from labs.views.strings import attempt_page_strings
+
+    attempt = make_attempt(lab=lab_a, student=student_a)
+    html = logged_in(ta_a).get(reverse("labs:attempt_detail", args=[attempt.id])).content.decode()
+    banner = re.search(r'<p class="notice" id="watch-banner"(.*?)</p>', html, re.S).group(1)
+    assert "both type" in re.search(r'data-read-write="([^"]*)"', banner).group(1)
+    assert "both type" in attempt_page_strings()["notices"]["control_taken"]
