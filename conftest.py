@@ -42,11 +42,16 @@ def course_b(tenant_b) -> Course:
     return Course.objects.create(tenant=tenant_b, code="NET201", title="Networks", term="2026 fall")
 
 
-def make_person(*, username: str, tenant: Tenant, course: Course | None, role: str | None,
-                is_staff: bool = False) -> User:
+def make_person(
+    *, username: str, tenant: Tenant, course: Course | None, role: str | None, is_staff: bool = False
+) -> User:
     user = User.objects.create_user(
-        username=username, password=PASSWORD, email=f"{username}@example.test", tenant=tenant,
-        full_name=username.replace("_", " ").title(), is_staff=is_staff,
+        username=username,
+        password=PASSWORD,
+        email=f"{username}@example.test",
+        tenant=tenant,
+        full_name=username.replace("_", " ").title(),
+        is_staff=is_staff,
     )
     if course is not None and role is not None:
         Membership.objects.create(user=user, course=course, role=role)
@@ -85,16 +90,28 @@ def superuser(db) -> User:
 
 def make_lab(course: Course, *, title: str = "Linux basics", **fields) -> Lab:
     lab = Lab.objects.create(
-        course=course, title=title, image="quay.io/containerdisks/fedora:41",
-        instructions="# Linux basics\n\nCreate `~/hello.txt` containing `hello world`.", **fields,
+        course=course,
+        title=title,
+        image="quay.io/containerdisks/fedora:41",
+        instructions="# Linux basics\n\nCreate `~/hello.txt` containing `hello world`.",
+        **fields,
     )
     Check.objects.create(
-        lab=lab, order=1, title="hello.txt exists", command="test -f ~/hello.txt", points=1,
+        lab=lab,
+        order=1,
+        title="hello.txt exists",
+        command="test -f ~/hello.txt",
+        points=1,
         hint="Create the file in your home directory.",
     )
     Check.objects.create(
-        lab=lab, order=2, title="hello.txt says hello world", command="cat ~/hello.txt",
-        stdout_match=StdoutMatch.CONTAINS, stdout_pattern="hello world", points=2,
+        lab=lab,
+        order=2,
+        title="hello.txt says hello world",
+        command="cat ~/hello.txt",
+        stdout_match=StdoutMatch.CONTAINS,
+        stdout_pattern="hello world",
+        points=2,
         hint="The file must contain the words hello world.",
     )
     return lab
@@ -122,8 +139,10 @@ def django_db_setup(django_db_setup, django_db_blocker):
     if connection.vendor != "postgresql":
         return
     with django_db_blocker.unblock(), connection.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
 
 
 @pytest.fixture(scope="session")

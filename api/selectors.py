@@ -18,9 +18,8 @@ from portal.selectors import course_get_for_user, course_role, courses_for_user,
 
 
 def grading_runs_for_user(*, user: User) -> QuerySet[GradingRun]:
-    return (
-        GradingRun.objects.filter(attempt__in=attempts_visible_to(user=user).values("id"))
-        .select_related("attempt", "attempt__lab", "attempt__student")
+    return GradingRun.objects.filter(attempt__in=attempts_visible_to(user=user).values("id")).select_related(
+        "attempt", "attempt__lab", "attempt__student"
     )
 
 
@@ -30,9 +29,8 @@ def grades_for_user(*, user: User) -> QuerySet[Grade]:
         return Grade.objects.none()
     member = courses_for_user(user=user)
     staff = staff_courses_for_user(user=user)
-    return (
-        Grade.objects.filter(Q(student=user, lab__course__in=member) | Q(lab__course__in=staff))
-        .select_related("lab", "lab__course", "student")
+    return Grade.objects.filter(Q(student=user, lab__course__in=member) | Q(lab__course__in=staff)).select_related(
+        "lab", "lab__course", "student"
     )
 
 
@@ -49,5 +47,3 @@ def staff_course_get_for_user(*, user: User, course_id: int) -> Course:
     if course_role(user=user, course=course) not in (Role.INSTRUCTOR, Role.TA):
         raise PermissionDenied(_("Only the course's staff may see this."))
     return course
-
-

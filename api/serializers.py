@@ -31,9 +31,7 @@ class StrictInputSerializer(serializers.Serializer):
         if isinstance(data, dict):
             unknown = sorted(set(data) - set(self.fields))
             if unknown:
-                raise serializers.ValidationError(
-                    {name: [_("This field cannot be set.")] for name in unknown}
-                )
+                raise serializers.ValidationError({name: [_("This field cannot be set.")] for name in unknown})
         return super().to_internal_value(data)
 
 
@@ -47,7 +45,8 @@ class MeSerializer(serializers.ModelSerializer):
     tenant = serializers.CharField(source="tenant.name", read_only=True, allow_null=True, default=None)
     time_zone = serializers.SerializerMethodField(
         help_text="The IANA zone your pages show times in: your own if you chose one, else your institution's, else "
-                  "the portal's default. The API itself answers in UTC.")
+        "the portal's default. The API itself answers in UTC."
+    )
 
     class Meta:
         model = User
@@ -83,8 +82,16 @@ class StaffCheckSerializer(serializers.ModelSerializer):
     class Meta:
         model = Check
         fields = [
-            "id", "order", "title", "points", "command", "expected_exit_code", "stdout_match", "stdout_pattern",
-            "timeout_s", "hint",
+            "id",
+            "order",
+            "title",
+            "points",
+            "command",
+            "expected_exit_code",
+            "stdout_match",
+            "stdout_pattern",
+            "timeout_s",
+            "hint",
         ]
         read_only_fields = fields
 
@@ -98,9 +105,22 @@ class LabSerializer(serializers.ModelSerializer):
     class Meta:
         model = Lab
         fields = [
-            "id", "course", "title", "instructions", "size", "vcpus", "memory_mib", "time_limit_minutes",
-            "idle_stop_minutes", "opens_at", "due_at", "late_penalty_percent_per_day", "late_cutoff_at",
-            "attempt_limit", "grade_policy", "is_open",
+            "id",
+            "course",
+            "title",
+            "instructions",
+            "size",
+            "vcpus",
+            "memory_mib",
+            "time_limit_minutes",
+            "idle_stop_minutes",
+            "opens_at",
+            "due_at",
+            "late_penalty_percent_per_day",
+            "late_cutoff_at",
+            "attempt_limit",
+            "grade_policy",
+            "is_open",
         ]
         read_only_fields = fields
 
@@ -162,20 +182,38 @@ class AttemptSerializer(StaffViewMixin, serializers.ModelSerializer):
     vm_name = serializers.SerializerMethodField(help_text="Staff only.")
     namespace = serializers.SerializerMethodField(help_text="Staff only.")
     failure_reason = serializers.CharField(
-        source="failure_reason_shown", read_only=True,
-        help_text="Why the attempt failed, in the request's language (Accept-Language); empty unless failed.")
+        source="failure_reason_shown",
+        read_only=True,
+        help_text="Why the attempt failed, in the request's language (Accept-Language); empty unless failed.",
+    )
     stop_reason = serializers.CharField(
         read_only=True,
         help_text="Why it stopped: student or staff (the Stop button), expired (its time limit), left (no page of "
-                  "the student had it open for the lab's idle_stop_minutes); empty while it runs or if it failed.")
+        "the student had it open for the lab's idle_stop_minutes); empty while it runs or if it failed.",
+    )
 
     class Meta:
         model = Attempt
         fields = [
-            "id", "lab", "course", "student", "number", "state", "phase", "node_name", "failure_reason",
-            "stop_reason", "expires_at", "time_left_seconds", "extensions", "can_extend", "vcpus", "memory_mib",
+            "id",
+            "lab",
+            "course",
+            "student",
+            "number",
+            "state",
+            "phase",
+            "node_name",
+            "failure_reason",
+            "stop_reason",
+            "expires_at",
+            "time_left_seconds",
+            "extensions",
+            "can_extend",
+            "vcpus",
+            "memory_mib",
             "timestamps",
-            "vm_name", "namespace",
+            "vm_name",
+            "namespace",
         ]
         read_only_fields = fields
 
@@ -195,8 +233,10 @@ class AttemptSerializer(StaffViewMixin, serializers.ModelSerializer):
 
 class MeUpdateSerializer(StrictInputSerializer):
     time_zone = serializers.CharField(
-        allow_blank=True, max_length=64,
-        help_text="Your own clock, an IANA name such as Europe/Berlin; empty for your institution's.")
+        allow_blank=True,
+        max_length=64,
+        help_text="Your own clock, an IANA name such as Europe/Berlin; empty for your institution's.",
+    )
 
     def validate_time_zone(self, value: str) -> str:
         try:
@@ -226,8 +266,20 @@ class CheckResultSerializer(StaffViewMixin, serializers.ModelSerializer):
     class Meta:
         model = CheckResult
         fields = [
-            "id", "check", "check_title", "order", "passed", "points", "max_points", "timed_out", "duration_ms",
-            "feedback", "exit_code", "stdout", "stderr", "output_truncated",
+            "id",
+            "check",
+            "check_title",
+            "order",
+            "passed",
+            "points",
+            "max_points",
+            "timed_out",
+            "duration_ms",
+            "feedback",
+            "exit_code",
+            "stdout",
+            "stderr",
+            "output_truncated",
         ]
         read_only_fields = fields
 
@@ -258,8 +310,22 @@ class GradingRunSerializer(StaffViewMixin, serializers.ModelSerializer):
     class Meta:
         model = GradingRun
         fields = [
-            "id", "attempt", "lab", "student", "state", "trigger", "created_at", "started_at", "finished_at",
-            "score", "max_score", "late_penalty_percent", "effective_score", "error_code", "error", "error_detail",
+            "id",
+            "attempt",
+            "lab",
+            "student",
+            "state",
+            "trigger",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "score",
+            "max_score",
+            "late_penalty_percent",
+            "effective_score",
+            "error_code",
+            "error",
+            "error_detail",
         ]
         read_only_fields = fields
 
@@ -294,8 +360,19 @@ class GradeSerializer(serializers.ModelSerializer):
     class Meta:
         model = Grade
         fields = [
-            "id", "lab", "course", "student", "score", "max_score", "late", "override_score", "override_reason",
-            "overridden_at", "final_score", "is_overridden", "updated_at",
+            "id",
+            "lab",
+            "course",
+            "student",
+            "score",
+            "max_score",
+            "late",
+            "override_score",
+            "override_reason",
+            "overridden_at",
+            "final_score",
+            "is_overridden",
+            "updated_at",
         ]
         read_only_fields = fields
 
@@ -360,7 +437,6 @@ class CourseReportSerializer(serializers.Serializer):
     labs = ReportLabSerializer(many=True)
     rows = ReportRowSerializer(many=True)
     max_total = serializers.DecimalField(max_digits=10, decimal_places=2)
-
 
 
 class DistributionBucketSerializer(serializers.Serializer):

@@ -25,17 +25,18 @@ NOT_BENCHMARKS = {"common", "__main__"}
 PREFERRED_ORDER = ["pages", "grading_overhead", "start_overhead", "api_cost", "console_bench"]
 # Seconds each is expected to need at most (measured on a loaded 2-core machine); modules not listed here run last,
 # in what is left of the budget.
-EXPECTED_SECONDS = {"pages": 80, "grading_overhead": 60, "start_overhead": 280, "api_cost": 120,
-                    "console_bench": 180}
+EXPECTED_SECONDS = {"pages": 80, "grading_overhead": 60, "start_overhead": 280, "api_cost": 120, "console_bench": 180}
 
 
 def discover() -> list[str]:
     names = sorted(
-        module.name for module in pkgutil.iter_modules([str(Path(__file__).parent)])
+        module.name
+        for module in pkgutil.iter_modules([str(Path(__file__).parent)])
         if module.name not in NOT_BENCHMARKS and not module.name.startswith("_")
     )
-    return sorted(names, key=lambda name: (PREFERRED_ORDER.index(name) if name in PREFERRED_ORDER
-                                           else len(PREFERRED_ORDER), name))
+    return sorted(
+        names, key=lambda name: (PREFERRED_ORDER.index(name) if name in PREFERRED_ORDER else len(PREFERRED_ORDER), name)
+    )
 
 
 def stop_process_group(group: int) -> None:
@@ -71,8 +72,13 @@ def run_one(name: str, *, timeout: float) -> dict:
     started = time.monotonic()
     process = subprocess.Popen(
         # BENCH_SECONDS tells the module its share, so one that can shorten itself does so instead of being stopped.
-        [sys.executable, "-m", f"bench.{name}"], cwd=BASE_DIR, env=portal_environment(BENCH_SECONDS=f"{timeout:.0f}"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        [sys.executable, "-m", f"bench.{name}"],
+        cwd=BASE_DIR,
+        env=portal_environment(BENCH_SECONDS=f"{timeout:.0f}"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         stdout, stderr = process.communicate(timeout=timeout)
@@ -82,14 +88,24 @@ def run_one(name: str, *, timeout: float) -> dict:
         stop_process(process, timeout=30)
         stdout, stderr = process.communicate()
         stop_process_group(process.pid)
-        return {"benchmark": name, "error": f"did not finish within its {timeout:.0f} s share of the budget",
-                "stderr_tail": stderr[-2000:], "seconds": round(time.monotonic() - started, 1)}
+        return {
+            "benchmark": name,
+            "error": f"did not finish within its {timeout:.0f} s share of the budget",
+            "stderr_tail": stderr[-2000:],
+            "seconds": round(time.monotonic() - started, 1),
+        }
     stop_process_group(process.pid)  # a server it failed to stop must not serve the next benchmark's database
     result = last_json_object(stdout)
     if process.returncode != 0 or result is None:
-        return {"benchmark": name, "error": f"exited with {process.returncode} without a JSON result"
-                if result is None else f"exited with {process.returncode}",
-                "partial": result, "stderr_tail": stderr[-2000:], "seconds": round(time.monotonic() - started, 1)}
+        return {
+            "benchmark": name,
+            "error": f"exited with {process.returncode} without a JSON result"
+            if result is None
+            else f"exited with {process.returncode}",
+            "partial": result,
+            "stderr_tail": stderr[-2000:],
+            "seconds": round(time.monotonic() - started, 1),
+        }
     result.setdefault("benchmark", name)
     result["seconds"] = round(time.monotonic() - started, 1)
     return result
@@ -115,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     for index, name in enumerate(names):
         remaining = deadline - time.monotonic()
         # What the known modules still to come expect to need is kept back for them; others get what is left.
-        reserved = sum(EXPECTED_SECONDS.get(later, 0) for later in names[index + 1:])
+        reserved = sum(EXPECTED_SECONDS.get(later, 0) for later in names[index + 1 :])
         share = min(remaining, max(remaining - reserved, EXPECTED_SECONDS.get(name, 60)))
         if share < 5:
             result = {"benchmark": name, "error": "not run: the time budget was spent"}
@@ -126,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, default=str), flush=True)
 
     BENCH_VAR.mkdir(parents=True, exist_ok=True)
-    (BENCH_VAR / "results.json").write_text(json.dumps({"machine": machine(), "results": results}, indent=2,
-                                                       default=str))
+    (BENCH_VAR / "results.json").write_text(
+        json.dumps({"machine": machine(), "results": results}, indent=2, default=str)
+    )
     failed = [result["benchmark"] for result in results if "error" in result]
     if failed:
         sys.stderr.write(f"[bench] failed: {', '.join(failed)}\n")

@@ -45,11 +45,21 @@ def running_attempts(*, tenants: int, per_tenant: int) -> list:
         tenant_namespace_ensure(tenant=seeded.tenant)
         for student in seeded.students:
             attempt = Attempt.objects.create(
-                lab=seeded.labs[0], student=student, tenant=seeded.tenant, state=AttemptState.RUNNING,
-                namespace=seeded.tenant.namespace, agent_token=secrets.token_urlsafe(32), vcpus=1, memory_mib=2048,
-                launcher_cpu_millicores=launcher.cpu_millicores, launcher_memory_mib=launcher.memory_mib,
-                phase="Running", requested_at=now - timedelta(minutes=2), provisioned_at=now - timedelta(minutes=2),
-                vmi_running_at=now - timedelta(minutes=1), agent_ready_at=now - timedelta(minutes=1),
+                lab=seeded.labs[0],
+                student=student,
+                tenant=seeded.tenant,
+                state=AttemptState.RUNNING,
+                namespace=seeded.tenant.namespace,
+                agent_token=secrets.token_urlsafe(32),
+                vcpus=1,
+                memory_mib=2048,
+                launcher_cpu_millicores=launcher.cpu_millicores,
+                launcher_memory_mib=launcher.memory_mib,
+                phase="Running",
+                requested_at=now - timedelta(minutes=2),
+                provisioned_at=now - timedelta(minutes=2),
+                vmi_running_at=now - timedelta(minutes=1),
+                agent_ready_at=now - timedelta(minutes=1),
                 expires_at=now + timedelta(hours=2),
             )
             attempt.vm_name = names.vm_name(attempt.id)
@@ -58,14 +68,27 @@ def running_attempts(*, tenants: int, per_tenant: int) -> list:
     user_data = render_user_data(token=secrets.token_urlsafe(32))
 
     def create(attempt) -> None:
-        labels = names.attempt_labels(tenant_id=attempt.tenant_id, course_id=attempt.lab.course_id,
-                                      lab_id=attempt.lab_id, attempt_id=attempt.id)
+        labels = names.attempt_labels(
+            tenant_id=attempt.tenant_id, course_id=attempt.lab.course_id, lab_id=attempt.lab_id, attempt_id=attempt.id
+        )
         secret_name = names.cloud_init_secret_name(attempt.vm_name)
-        operations.secret_create(manifests.cloud_init_secret(
-            name=secret_name, namespace=attempt.namespace, labels=labels, user_data=user_data))
-        operations.vm_create(manifests.virtual_machine(
-            name=attempt.vm_name, namespace=attempt.namespace, labels=labels, image=attempt.lab.image, vcpus=1,
-            memory_mib=2048, host_passthrough=False, cloud_init_secret=secret_name))
+        operations.secret_create(
+            manifests.cloud_init_secret(
+                name=secret_name, namespace=attempt.namespace, labels=labels, user_data=user_data
+            )
+        )
+        operations.vm_create(
+            manifests.virtual_machine(
+                name=attempt.vm_name,
+                namespace=attempt.namespace,
+                labels=labels,
+                image=attempt.lab.image,
+                vcpus=1,
+                memory_mib=2048,
+                host_passthrough=False,
+                cloud_init_secret=secret_name,
+            )
+        )
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(create, attempts))
@@ -79,7 +102,9 @@ def wait_all_running(attempts: list, *, timeout: float = 120) -> int:
     deadline = time.monotonic() + timeout
     while True:
         running = sum(
-            1 for namespace in namespaces for vmi in operations.vmis_list(namespace=namespace)
+            1
+            for namespace in namespaces
+            for vmi in operations.vmis_list(namespace=namespace)
             if (vmi.get("status") or {}).get("phase") == "Running"
         )
         if running >= len(attempts) or time.monotonic() > deadline:
@@ -96,9 +121,19 @@ def poll_each_vmi(attempts: list, *, interval: float, seconds: float) -> None:
     with ThreadPoolExecutor(max_workers=8) as pool:
         while time.monotonic() < deadline:
             started = time.monotonic()
-            list(pool.map(lambda attempt: api.get_namespaced_custom_object(
-                "kubevirt.io", "v1", attempt.namespace, "virtualmachineinstances", attempt.vm_name,
-                _preload_content=False), attempts))
+            list(
+                pool.map(
+                    lambda attempt: api.get_namespaced_custom_object(
+                        "kubevirt.io",
+                        "v1",
+                        attempt.namespace,
+                        "virtualmachineinstances",
+                        attempt.vm_name,
+                        _preload_content=False,
+                    ),
+                    attempts,
+                )
+            )
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
 
 
@@ -133,33 +168,35 @@ def main() -> None:
         poll_counters = server.admin.counters()
 
     figure = per_attempt_minute(portal_counters, attempts=len(attempts))
-    emit({
-        "benchmark": "api_cost",
-        "description": f"cluster API requests per running attempt per minute, {len(attempts)} running attempts in "
-                       f"{TENANTS} namespaces, Celery worker + beat (sync every "
-                       f"{settings.ATTEMPT_SYNC_INTERVAL_SECONDS} s, resync {settings.ATTEMPT_RESYNC_SECONDS} s, "
-                       f"sweep {settings.ATTEMPT_SWEEP_INTERVAL_SECONDS} s), kubesim request counters; baseline: a "
-                       "GET of each attempt's VMI per sync interval",
-        "target": {"requests_per_running_attempt_per_minute": TARGET},
-        "figures": {
-            "requests_per_running_attempt_per_minute": figure,
-            "requests": portal_counters["total"],
-            "window_seconds": round(portal_counters["elapsed_seconds"], 1),
-            "by_verb_resource": portal_counters["by_verb_resource"],
-            "open_watches": portal_counters["open_watches"],
-            "attempts": len(attempts),
-            "vmis_running": vmis_running,
-            "attempts_still_running_after": still_running,
-        },
-        "baseline": {
-            "requests_per_running_attempt_per_minute": per_attempt_minute(poll_counters, attempts=len(attempts)),
-            "requests": poll_counters["total"],
-            "window_seconds": round(poll_counters["elapsed_seconds"], 1),
-            "by_verb_resource": poll_counters["by_verb_resource"],
-        },
-        "verdict": {"meets_target": figure <= TARGET},
-        "machine": machine(),
-    })
+    emit(
+        {
+            "benchmark": "api_cost",
+            "description": f"cluster API requests per running attempt per minute, {len(attempts)} running attempts in "
+            f"{TENANTS} namespaces, Celery worker + beat (sync every "
+            f"{settings.ATTEMPT_SYNC_INTERVAL_SECONDS} s, resync {settings.ATTEMPT_RESYNC_SECONDS} s, "
+            f"sweep {settings.ATTEMPT_SWEEP_INTERVAL_SECONDS} s), kubesim request counters; baseline: a "
+            "GET of each attempt's VMI per sync interval",
+            "target": {"requests_per_running_attempt_per_minute": TARGET},
+            "figures": {
+                "requests_per_running_attempt_per_minute": figure,
+                "requests": portal_counters["total"],
+                "window_seconds": round(portal_counters["elapsed_seconds"], 1),
+                "by_verb_resource": portal_counters["by_verb_resource"],
+                "open_watches": portal_counters["open_watches"],
+                "attempts": len(attempts),
+                "vmis_running": vmis_running,
+                "attempts_still_running_after": still_running,
+            },
+            "baseline": {
+                "requests_per_running_attempt_per_minute": per_attempt_minute(poll_counters, attempts=len(attempts)),
+                "requests": poll_counters["total"],
+                "window_seconds": round(poll_counters["elapsed_seconds"], 1),
+                "by_verb_resource": poll_counters["by_verb_resource"],
+            },
+            "verdict": {"meets_target": figure <= TARGET},
+            "machine": machine(),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -68,21 +68,23 @@ def portal_environment(**overrides: str) -> dict[str, str]:
     """The environment of this process and of every portal process a benchmark starts."""
     env = {key: value for key, value in os.environ.items() if key not in ("KUBERNETES_SERVICE_HOST",)}
     database_url, redis_url = bench_database_url(), bench_redis_url()
-    env.update({
-        "DJANGO_SETTINGS_MODULE": "portal.settings",
-        "PORTAL_ENV": "test",
-        "DEBUG": "false",
-        # Pinned, so that a process started with this environment derives the same names again.
-        "BENCH_DATABASE_URL": database_url,
-        "BENCH_REDIS_URL": redis_url,
-        "DATABASE_URL": database_url,
-        "REDIS_URL": redis_url,
-        "PORTAL_VAR_DIR": str(BENCH_VAR / "var"),
-        "LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
-        "PYTHONUNBUFFERED": "1",
-        # One start per student per run; the per-user limit is not what is measured.
-        "RATE_LIMIT_STARTS": "1000",
-    })
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "portal.settings",
+            "PORTAL_ENV": "test",
+            "DEBUG": "false",
+            # Pinned, so that a process started with this environment derives the same names again.
+            "BENCH_DATABASE_URL": database_url,
+            "BENCH_REDIS_URL": redis_url,
+            "DATABASE_URL": database_url,
+            "REDIS_URL": redis_url,
+            "PORTAL_VAR_DIR": str(BENCH_VAR / "var"),
+            "LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
+            "PYTHONUNBUFFERED": "1",
+            # One start per student per run; the per-user limit is not what is measured.
+            "RATE_LIMIT_STARTS": "1000",
+        }
+    )
     env.update(overrides)
     return env
 
@@ -138,6 +140,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def summary_ms(seconds: Sequence[float]) -> dict[str, Any]:
     """n, p50, p95, p99, max and mean of durations given in seconds, reported in milliseconds."""
+
     def ms(value: float | None) -> float | None:
         return None if value is None else round(value * 1000, 2)
 
@@ -183,8 +186,12 @@ def _process_times(pid: int | str) -> tuple[str, int, float, float] | None:
             text = stat.read()
         fields = text.rsplit(")", 1)[1].split()
         tick = os.sysconf("SC_CLK_TCK")
-        return (text[text.find("(") + 1:text.rfind(")")], int(fields[1]), (int(fields[11]) + int(fields[12])) / tick,
-                (int(fields[13]) + int(fields[14])) / tick)
+        return (
+            text[text.find("(") + 1 : text.rfind(")")],
+            int(fields[1]),
+            (int(fields[11]) + int(fields[12])) / tick,
+            (int(fields[13]) + int(fields[14])) / tick,
+        )
     except (OSError, ValueError, IndexError):
         return None
 
@@ -207,13 +214,17 @@ def server_cpu_seconds() -> dict[str, float | None]:
         entries = os.listdir("/proc")
     except OSError:
         return dict.fromkeys(SERVERS)
-    processes = {int(entry): times for entry in entries
-                 if entry.isdigit() and (times := _process_times(entry)) is not None}
+    processes = {
+        int(entry): times for entry in entries if entry.isdigit() and (times := _process_times(entry)) is not None
+    }
     totals: dict[str, float | None] = {}
     for name, comm in SERVERS.items():
         group = {pid for pid, process in processes.items() if process[0] == comm}
-        totals[name] = sum(processes[pid][2] + (processes[pid][3] if processes[pid][1] not in group else 0)
-                           for pid in group) if group else None
+        totals[name] = (
+            sum(processes[pid][2] + (processes[pid][3] if processes[pid][1] not in group else 0) for pid in group)
+            if group
+            else None
+        )
     return totals
 
 
@@ -295,8 +306,15 @@ def stop_process(process: subprocess.Popen, *, timeout: float = 10) -> None:
 
 
 @contextlib.contextmanager
-def kubesim(*, name: str = "kubesim", nodes: int = 20, node_memory: str = "512Gi", node_cpu: str = "64",
-            guest: str = "shell", **options: Any) -> Iterator[Any]:
+def kubesim(
+    *,
+    name: str = "kubesim",
+    nodes: int = 20,
+    node_memory: str = "512Gi",
+    node_cpu: str = "64",
+    guest: str = "shell",
+    **options: Any,
+) -> Iterator[Any]:
     """kubesim (``kubesim.testing.KubesimServer``) with zero phase delays and room for a few hundred small VMs,
     its kubeconfig and log in a fresh directory under ``var/bench/``. Its admin API is ``server.admin``
     (``counters()``, ``reset_counters()``, ``inject_fault(...)``)."""
@@ -304,8 +322,16 @@ def kubesim(*, name: str = "kubesim", nodes: int = 20, node_memory: str = "512Gi
 
     BENCH_VAR.mkdir(parents=True, exist_ok=True)
     directory = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=BENCH_VAR))  # several runs may share var/bench
-    with KubesimServer(directory, nodes=nodes, node_memory=node_memory, node_cpu=node_cpu, node_pods=1000,
-                       guest=guest, log_level="WARNING", **options) as server:
+    with KubesimServer(
+        directory,
+        nodes=nodes,
+        node_memory=node_memory,
+        node_cpu=node_cpu,
+        node_pods=1000,
+        guest=guest,
+        log_level="WARNING",
+        **options,
+    ) as server:
         yield server
 
 
@@ -318,7 +344,7 @@ class LivePortal:
 
     @property
     def ws_url(self) -> str:
-        return "ws" + self.base_url[len("http"):]
+        return "ws" + self.base_url[len("http") :]
 
     def check_alive(self) -> None:
         for name, process in self.processes.items():
@@ -327,8 +353,9 @@ class LivePortal:
 
 
 @contextlib.contextmanager
-def live_portal(*, kubeconfig: Path, worker_concurrency: int = 8, beat: bool = True,
-                env: dict[str, str] | None = None) -> Iterator[LivePortal]:
+def live_portal(
+    *, kubeconfig: Path, worker_concurrency: int = 8, beat: bool = True, env: dict[str, str] | None = None
+) -> Iterator[LivePortal]:
     """Start the portal as production runs it and wait until it serves ``/healthz``."""
     port = free_port()
     # A pool per process, as production should run (portal/settings.py, DB_POOL_MAX_SIZE): without it 100
@@ -339,13 +366,37 @@ def live_portal(*, kubeconfig: Path, worker_concurrency: int = 8, beat: bool = T
     schedule = logs / "celerybeat-schedule"
     commands = {
         "web": [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"],
-        "worker": [sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool", "threads",
-                   "--concurrency", str(worker_concurrency), "--without-heartbeat", "--without-mingle",
-                   "--without-gossip", "--loglevel", environment["LOG_LEVEL"]],
+        "worker": [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "portal",
+            "worker",
+            "--pool",
+            "threads",
+            "--concurrency",
+            str(worker_concurrency),
+            "--without-heartbeat",
+            "--without-mingle",
+            "--without-gossip",
+            "--loglevel",
+            environment["LOG_LEVEL"],
+        ],
     }
     if beat:
-        commands["beat"] = [sys.executable, "-m", "celery", "-A", "portal", "beat", "--schedule", str(schedule),
-                            "--loglevel", "WARNING"]
+        commands["beat"] = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "portal",
+            "beat",
+            "--schedule",
+            str(schedule),
+            "--loglevel",
+            "WARNING",
+        ]
     portal = LivePortal(base_url=f"http://127.0.0.1:{port}")
     handles = []
     try:
@@ -389,43 +440,63 @@ class SeededCourse:
     ta: Any
 
 
-def seed_course(*, students: int, labs: int, name: str = "Bench University", checks_per_lab: int = 3,
-                image: str = "quay.io/containerdisks/fedora:41") -> SeededCourse:
+def seed_course(
+    *,
+    students: int,
+    labs: int,
+    name: str = "Bench University",
+    checks_per_lab: int = 3,
+    image: str = "quay.io/containerdisks/fedora:41",
+) -> SeededCourse:
     """A tenant with generous quotas, one course, ``labs`` labs with checks, its staff and ``students``."""
     from django.contrib.auth.hashers import make_password
 
     from labs.models import Check, Lab
     from portal.models import Course, Membership, Role, Tenant, User
 
-    tenant = Tenant.objects.create(name=name, max_concurrent_vms=10_000, max_vcpus=100_000,
-                                   max_memory_mib=100_000 * 1024)
+    tenant = Tenant.objects.create(
+        name=name, max_concurrent_vms=10_000, max_vcpus=100_000, max_memory_mib=100_000 * 1024
+    )
     course = Course.objects.create(tenant=tenant, code="BENCH101", title="Benchmarks", term="now")
     password = make_password(PASSWORD)  # hashed once: 500 PBKDF2 rounds would dominate the seeding
     prefix = tenant.namespace[-6:]
-    people = User.objects.bulk_create([
-        User(username=f"student{index:04d}-{prefix}", password=password, tenant=tenant,
-             full_name=f"Student {index:04d}", email=f"student{index:04d}@bench.test")
-        for index in range(students)
-    ])
-    instructor = User.objects.create(username=f"instructor-{prefix}", password=password, tenant=tenant,
-                                     full_name="Bench Instructor", is_staff=True)
+    people = User.objects.bulk_create(
+        [
+            User(
+                username=f"student{index:04d}-{prefix}",
+                password=password,
+                tenant=tenant,
+                full_name=f"Student {index:04d}",
+                email=f"student{index:04d}@bench.test",
+            )
+            for index in range(students)
+        ]
+    )
+    instructor = User.objects.create(
+        username=f"instructor-{prefix}", password=password, tenant=tenant, full_name="Bench Instructor", is_staff=True
+    )
     ta = User.objects.create(username=f"ta-{prefix}", password=password, tenant=tenant, full_name="Bench TA")
     Membership.objects.bulk_create(
         [Membership(user=person, course=course, role=Role.STUDENT) for person in people]
-        + [Membership(user=instructor, course=course, role=Role.INSTRUCTOR),
-           Membership(user=ta, course=course, role=Role.TA)]
+        + [
+            Membership(user=instructor, course=course, role=Role.INSTRUCTOR),
+            Membership(user=ta, course=course, role=Role.TA),
+        ]
     )
     created_labs = [
-        Lab.objects.create(course=course, title=f"Lab {index + 1:02d}", image=image,
-                           instructions=f"# Lab {index + 1}\n\nDo the thing.")
+        Lab.objects.create(
+            course=course, title=f"Lab {index + 1:02d}", image=image, instructions=f"# Lab {index + 1}\n\nDo the thing."
+        )
         for index in range(labs)
     ]
-    Check.objects.bulk_create([
-        Check(lab=lab, order=order, title=f"Check {order}", command="true", points=1)
-        for lab in created_labs for order in range(1, checks_per_lab + 1)
-    ])
-    return SeededCourse(tenant=tenant, course=course, labs=created_labs, students=people, instructor=instructor,
-                        ta=ta)
+    Check.objects.bulk_create(
+        [
+            Check(lab=lab, order=order, title=f"Check {order}", command="true", points=1)
+            for lab in created_labs
+            for order in range(1, checks_per_lab + 1)
+        ]
+    )
+    return SeededCourse(tenant=tenant, course=course, labs=created_labs, students=people, instructor=instructor, ta=ta)
 
 
 def session_cookie(user: Any) -> str:

@@ -47,8 +47,13 @@ from bench.common import (
 
 PROMPT = b"$ "
 ACK_EVERY_BYTES = 16 * 1024  # as static/js/console.js
-TARGET = {"added_p50_ms": 2.0, "added_p99_ms": 20.0, "throughput_ratio": 0.5, "bridge_mb_s": 5.0,
-          "concurrent_p99_ms": 100.0}
+TARGET = {
+    "added_p50_ms": 2.0,
+    "added_p99_ms": 20.0,
+    "throughput_ratio": 0.5,
+    "bridge_mb_s": 5.0,
+    "concurrent_p99_ms": 100.0,
+}
 
 
 class ConsoleClient:
@@ -97,7 +102,7 @@ class ConsoleClient:
         deadline = time.monotonic() + within
         while True:
             fresh = self.received - after
-            window = bytes(self.buffer[-(fresh + len(needle)):]) if fresh > 0 else b""
+            window = bytes(self.buffer[-(fresh + len(needle)) :]) if fresh > 0 else b""
             if needle in window:
                 return
             left = deadline - time.monotonic()
@@ -136,10 +141,16 @@ class ConsoleClient:
 async def open_direct(session: aiohttp.ClientSession, attempt) -> ConsoleClient:
     from labs.kubevirt.client import stream_target, vmi_subresource_path
 
-    target = stream_target(vmi_subresource_path(namespace=attempt.namespace, name=attempt.vm_name,
-                                                subresource="console"))
-    socket = await session.ws_connect(target.url, protocols=("plain.kubevirt.io",), headers=target.headers,
-                                      ssl=target.ssl if target.ssl is not None else True, max_msg_size=0)
+    target = stream_target(
+        vmi_subresource_path(namespace=attempt.namespace, name=attempt.vm_name, subresource="console")
+    )
+    socket = await session.ws_connect(
+        target.url,
+        protocols=("plain.kubevirt.io",),
+        headers=target.headers,
+        ssl=target.ssl if target.ssl is not None else True,
+        max_msg_size=0,
+    )
     return ConsoleClient("direct", socket, acknowledges=False)
 
 
@@ -147,7 +158,8 @@ async def open_bridge(session: aiohttp.ClientSession, portal, attempt, cookie: s
     from django.conf import settings
 
     socket = await session.ws_connect(
-        f"{portal.ws_url}/ws/attempts/{attempt.id}/console/", max_msg_size=0,
+        f"{portal.ws_url}/ws/attempts/{attempt.id}/console/",
+        max_msg_size=0,
         headers={"Cookie": f"{settings.SESSION_COOKIE_NAME}={cookie}", "Origin": portal.base_url},
     )
     client = ConsoleClient("bridge", socket, acknowledges=True)
@@ -158,8 +170,9 @@ async def open_bridge(session: aiohttp.ClientSession, portal, attempt, cookie: s
 async def ready(client: ConsoleClient) -> None:
     """A fresh prompt with nothing typed on it."""
     await client.send(b"\x15")  # Ctrl+U: clear whatever is on the line
-    await client.command("bind 'set enable-bracketed-paste off'; stty -ixon; PS1='$ '; echo READY-$((3+4))",
-                         b"READY-7\r\n" + PROMPT)
+    await client.command(
+        "bind 'set enable-bracketed-paste off'; stty -ixon; PS1='$ '; echo READY-$((3+4))", b"READY-7\r\n" + PROMPT
+    )
 
 
 async def echo_latency(client: ConsoleClient, index: int) -> float:
@@ -202,8 +215,7 @@ async def cat_throughput(client: ConsoleClient, round_number: int, output_bytes:
     await client.wait_for(expected, after=mark, within=300)
     elapsed = time.perf_counter() - started
     received = client.received - mark
-    return {"received_bytes": received, "seconds": round(elapsed, 3),
-            "mb_s": round(output_bytes / elapsed / 1e6, 2)}
+    return {"received_bytes": received, "seconds": round(elapsed, 3), "mb_s": round(output_bytes / elapsed / 1e6, 2)}
 
 
 async def typing_load(args, label: str, clients: list[ConsoleClient], *, daphne_pid: int) -> dict[str, Any]:
@@ -234,9 +246,12 @@ async def typing_load(args, label: str, clients: list[ConsoleClient], *, daphne_
 
     # Each typist waits for its echo before the next key, so a slow path also lowers the load it is offered:
     # the keys per second actually typed say how much load the figure was measured under.
-    return {**summary_ms(latencies), "keys_per_second": round(len(latencies) / elapsed, 1),
-            "daphne_cpu_percent": busy(daphne_before, daphne_after),
-            "client_cpu_percent": busy(client_before, client_after)}
+    return {
+        **summary_ms(latencies),
+        "keys_per_second": round(len(latencies) / elapsed, 1),
+        "daphne_cpu_percent": busy(daphne_before, daphne_after),
+        "client_cpu_percent": busy(client_before, client_after),
+    }
 
 
 async def open_all(opener, items, *, at_once: int = 20) -> list[ConsoleClient]:
@@ -255,14 +270,21 @@ async def concurrent_typing(args, session, portal, attempts, cookies) -> dict[st
     (one daphne). The direct figure is what the machine, kubesim and this client cost by themselves."""
     log(f"concurrent: {len(attempts)} sessions typing {args.rate} keys/s for {args.duration} s, direct then bridge")
     daphne_pid = portal.processes["web"].pid
-    direct = await typing_load(args, "direct", await open_all(lambda a: open_direct(session, a), attempts),
-                               daphne_pid=daphne_pid)
+    direct = await typing_load(
+        args, "direct", await open_all(lambda a: open_direct(session, a), attempts), daphne_pid=daphne_pid
+    )
     await asyncio.sleep(1.0)  # kubesim notices the direct clients have gone
-    bridge_clients = await open_all(lambda pair: open_bridge(session, portal, *pair),
-                                    list(zip(attempts, cookies, strict=True)))
+    bridge_clients = await open_all(
+        lambda pair: open_bridge(session, portal, *pair), list(zip(attempts, cookies, strict=True))
+    )
     bridge = await typing_load(args, "bridge", bridge_clients, daphne_pid=daphne_pid)
-    return {"sessions": len(attempts), "keys_per_second_each": args.rate, "direct": direct, "bridge": bridge,
-            "meets_target": (bridge["p99_ms"] or 0) <= TARGET["concurrent_p99_ms"]}
+    return {
+        "sessions": len(attempts),
+        "keys_per_second_each": args.rate,
+        "direct": direct,
+        "bridge": bridge,
+        "meets_target": (bridge["p99_ms"] or 0) <= TARGET["concurrent_p99_ms"],
+    }
 
 
 def running_attempts(students, lab, *, within: float) -> list:
@@ -287,8 +309,9 @@ def running_attempts(students, lab, *, within: float) -> list:
         failed = [(a.id, a.failure_reason) for a in current if a.state == AttemptState.FAILED]
         if failed or time.monotonic() > deadline:
             states = Counter(a.state for a in current)
-            raise RuntimeError(f"attempts did not reach running within {within:.0f} s: {dict(states)}; "
-                               f"failed: {failed[:5]}")
+            raise RuntimeError(
+                f"attempts did not reach running within {within:.0f} s: {dict(states)}; failed: {failed[:5]}"
+            )
         time.sleep(0.5)
 
 
@@ -301,7 +324,10 @@ async def measure(args, portal, attempts, cookies) -> dict[str, Any]:
             await ready(client)
             await client.command(
                 f"head -c {args.megabytes * 1_000_000} /dev/zero | tr '\\0' a | fold -w 99 > ~/console-bench.txt;"
-                " echo MADE-$((2+2))", b"MADE-4", within=120)
+                " echo MADE-$((2+2))",
+                b"MADE-4",
+                within=120,
+            )
 
         log(f"echo: {args.keys} keys per side, alternating")
         latencies: dict[str, list[float]] = {"direct": [], "bridge": []}
@@ -309,8 +335,9 @@ async def measure(args, portal, attempts, cookies) -> dict[str, Any]:
             await echo_latency(direct, index)
             await echo_latency(bridge, index)
         for index in range(args.keys):
-            for name, client in (("direct", direct), ("bridge", bridge)) if index % 2 else (
-                    ("bridge", bridge), ("direct", direct)):
+            for name, client in (
+                (("direct", direct), ("bridge", bridge)) if index % 2 else (("bridge", bridge), ("direct", direct))
+            ):
                 latencies[name].append(await echo_latency(client, index))
         pings = [await ping_latency(bridge) for _ in range(args.keys)]
         for client in (direct, bridge):
@@ -323,8 +350,11 @@ async def measure(args, portal, attempts, cookies) -> dict[str, Any]:
         log(f"throughput: cat of {args.megabytes} MB, {args.rounds} rounds per side, alternating")
         throughput: dict[str, list[dict]] = {"direct": [], "bridge": []}
         for round_number in range(args.rounds):
-            order = (("direct", direct), ("bridge", bridge)) if round_number % 2 == 0 else (
-                ("bridge", bridge), ("direct", direct))
+            order = (
+                (("direct", direct), ("bridge", bridge))
+                if round_number % 2 == 0
+                else (("bridge", bridge), ("direct", direct))
+            )
             for name, client in order:
                 throughput[name].append(await cat_throughput(client, round_number, output_bytes))
                 await ready(client)
@@ -339,14 +369,20 @@ async def measure(args, portal, attempts, cookies) -> dict[str, Any]:
     bridge_rate = statistics.median(r["mb_s"] for r in throughput["bridge"])
     return {
         "echo": {
-            "direct": direct_ms, "bridge": bridge_ms, "added_p50_ms": added_p50, "added_p99_ms": added_p99,
+            "direct": direct_ms,
+            "bridge": bridge_ms,
+            "added_p50_ms": added_p50,
+            "added_p99_ms": added_p99,
             # The floor under any bridged keystroke: daphne's own WebSocket round trip to the consumer.
             "daphne_round_trip": summary_ms(pings),
             "meets_target": added_p50 <= TARGET["added_p50_ms"] and added_p99 <= TARGET["added_p99_ms"],
         },
         "throughput": {
-            "file_mb": args.megabytes, "direct": throughput["direct"], "bridge": throughput["bridge"],
-            "direct_median_mb_s": direct_rate, "bridge_median_mb_s": bridge_rate,
+            "file_mb": args.megabytes,
+            "direct": throughput["direct"],
+            "bridge": throughput["bridge"],
+            "direct_median_mb_s": direct_rate,
+            "bridge_median_mb_s": bridge_rate,
             "ratio": round(bridge_rate / direct_rate, 3) if direct_rate else None,
             "bridge_lagging_notices": lagging,
             "meets_target": bridge_rate >= TARGET["bridge_mb_s"]
@@ -367,15 +403,27 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=int(os.environ.get("CONSOLE_BENCH_KEYS", 300)))
     parser.add_argument("--megabytes", type=int, default=int(os.environ.get("CONSOLE_BENCH_MB", 8)))
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--sessions", type=int, default=int(os.environ.get("CONSOLE_BENCH_SESSIONS", 200)),
-                        help="afterwards, this many bridge sessions (own attempts) typing at once (0: none)")
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        default=int(os.environ.get("CONSOLE_BENCH_SESSIONS", 200)),
+        help="afterwards, this many bridge sessions (own attempts) typing at once (0: none)",
+    )
     parser.add_argument("--rate", type=float, default=5.0, help="keys per second per concurrent session")
-    parser.add_argument("--duration", type=float, default=float(os.environ.get("CONSOLE_BENCH_DURATION", 20)),
-                        help="seconds of concurrent typing, on each side")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=float(os.environ.get("CONSOLE_BENCH_DURATION", 20)),
+        help="seconds of concurrent typing, on each side",
+    )
     # python -m bench says how long this module may take (BENCH_SECONDS); a few seconds go to stopping cleanly.
     budget = os.environ.get("CONSOLE_BENCH_BUDGET") or float(os.environ.get("BENCH_SECONDS", 180)) - 8
-    parser.add_argument("--budget", type=float, default=float(budget),
-                        help="seconds this benchmark may take (default: its share of python -m bench's budget)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=float(budget),
+        help="seconds this benchmark may take (default: its share of python -m bench's budget)",
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     concurrent: dict[str, Any] | None = None
@@ -397,21 +445,25 @@ def main() -> None:
                 log(f"starting {args.sessions} attempts for the concurrent sessions (within {left:.0f} s)")
                 try:
                     if left < 10:
-                        raise TimeoutError(f"not measured: {args.budget:.0f} s budget, too little left to start "
-                                           f"{args.sessions} attempts and type")
+                        raise TimeoutError(
+                            f"not measured: {args.budget:.0f} s budget, too little left to start "
+                            f"{args.sessions} attempts and type"
+                        )
                     more = running_attempts(seeded.students[2:], seeded.labs[0], within=left)
                     concurrent = asyncio.run(measure_concurrent(args, portal, more, cookies[2:]))
                 except (RuntimeError, TimeoutError) as exc:
                     concurrent = {"sessions": args.sessions, "error": str(exc)[:2000], "meets_target": False}
-    emit({
-        "benchmark": "console_bench",
-        "machine": machine(),
-        "load_average_before": round(load_before, 2),
-        "keys_per_side": args.keys,
-        **result,
-        "concurrent": concurrent,
-        "target": TARGET,
-    })
+    emit(
+        {
+            "benchmark": "console_bench",
+            "machine": machine(),
+            "load_average_before": round(load_before, 2),
+            "keys_per_side": args.keys,
+            **result,
+            "concurrent": concurrent,
+            "target": TARGET,
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -55,8 +55,10 @@ def redis_console_state(attempt_id: int) -> tuple[str | None, list[str]]:
 
     client = redis.Redis.from_url(bench_redis_url(), decode_responses=True)
     try:
-        return (client.get(f"portal:console:lease:{attempt_id}"),
-                client.zrangebyscore(f"portal:console:viewers:{attempt_id}", time.time(), "+inf"))
+        return (
+            client.get(f"portal:console:lease:{attempt_id}"),
+            client.zrangebyscore(f"portal:console:viewers:{attempt_id}", time.time(), "+inf"),
+        )
     finally:
         client.close()
 
@@ -68,8 +70,9 @@ async def first_status(socket: aiohttp.ClientWebSocketResponse, *, wanted: str =
     raise ConnectionError("closed before a status")
 
 
-async def churning_socket(session, url: str, headers: dict, moment: str, rng: random.Random,
-                          times: dict[str, list[float]], failures: Counter) -> None:
+async def churning_socket(
+    session, url: str, headers: dict, moment: str, rng: random.Random, times: dict[str, list[float]], failures: Counter
+) -> None:
     await asyncio.sleep(rng.uniform(0, 1.0))
     try:
         if moment == "during_handshake":
@@ -149,9 +152,12 @@ async def churn(args, portals, attempt_id: int, cookie: str, cluster) -> dict[st
     async with aiohttp.ClientSession(connector=connector) as session:
         for number in range(args.rounds):
             sides = [rng.randrange(len(portals)) for _ in range(args.sockets)]
-            await asyncio.gather(*(churning_socket(session, urls[side], headers[side], MOMENTS[i % len(MOMENTS)],
-                                                   rng, times, failures)
-                                   for i, side in enumerate(sides)))
+            await asyncio.gather(
+                *(
+                    churning_socket(session, urls[side], headers[side], MOMENTS[i % len(MOMENTS)], rng, times, failures)
+                    for i, side in enumerate(sides)
+                )
+            )
             side = number % len(portals)
             outcome = await check(session, urls[side], headers[side], f"round{number}")
             outcome["settled"] = await settled(cluster, attempt_id, redis=args.layer == "redis")
@@ -162,16 +168,25 @@ async def churn(args, portals, attempt_id: int, cookie: str, cluster) -> dict[st
     rss["after_pause"] = [rss_mb(pid) for pid in pids]
     # A round's leavings may outlast its check on a loaded machine; by now they must all be handed back.
     settled_at_end = await settled(cluster, attempt_id, redis=args.layer == "redis", within=30)
-    return {"rss_mb": rss, "times": times, "checks": checks, "settled_at_end": settled_at_end,
-            "failures": dict(failures)}
+    return {
+        "rss_mb": rss,
+        "times": times,
+        "checks": checks,
+        "settled_at_end": settled_at_end,
+        "failures": dict(failures),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--sockets", type=int, default=200, help="sockets per round")
-    parser.add_argument("--layer", choices=("redis", "memory"), default="redis",
-                        help="redis: two daphne processes; memory: one, the embedded default's layer")
+    parser.add_argument(
+        "--layer",
+        choices=("redis", "memory"),
+        default="redis",
+        help="redis: two daphne processes; memory: one, the embedded default's layer",
+    )
     parser.add_argument("--pause", type=float, default=15.0, help="quiet seconds before the last RSS reading")
     parser.add_argument("--seed", type=int, default=31)
     args = parser.parse_args()
@@ -190,10 +205,17 @@ def main() -> None:
         cookie = f"{settings.SESSION_COOKIE_NAME}={session_cookie(seeded.students[0])}"
         count = 2 if args.layer == "redis" else 1
         redis_url = bench_redis_url() if args.layer == "redis" else ""
-        portals = [LivePortal(database_url=bench_database_url(), redis_url=redis_url, kubeconfig=server.kubeconfig,
-                              workdir=BENCH_VAR / "logs" / f"churn-{args.layer}-{n}", worker=False,
-                              extra_env={"LOG_LEVEL": "WARNING"})
-                   for n in range(count)]
+        portals = [
+            LivePortal(
+                database_url=bench_database_url(),
+                redis_url=redis_url,
+                kubeconfig=server.kubeconfig,
+                workdir=BENCH_VAR / "logs" / f"churn-{args.layer}-{n}",
+                worker=False,
+                extra_env={"LOG_LEVEL": "WARNING"},
+            )
+            for n in range(count)
+        ]
         try:
             for portal in portals:
                 portal.start()
@@ -204,20 +226,25 @@ def main() -> None:
                 portal.stop()
     times = result.pop("times")
     checks = result["checks"]
-    emit({
-        "benchmark": "console_churn",
-        "machine": machine(),
-        "layer": args.layer,
-        "daphne_processes": count,
-        "rounds": args.rounds,
-        "sockets_per_round": args.sockets,
-        "time_to_hello_round_sockets": summary_ms(times["hello"]),
-        "time_to_status_round_sockets": summary_ms(times["status"]),
-        "time_to_status_checks": summary_ms([c["status_s"] for c in checks if c["status_s"] is not None]),
-        "checks_meeting_target": sum(1 for c in checks if c["echo"] and c["settled"]
-                                     and c["status_s"] is not None and c["status_s"] <= STATUS_WITHIN_SECONDS),
-        **result,
-    })
+    emit(
+        {
+            "benchmark": "console_churn",
+            "machine": machine(),
+            "layer": args.layer,
+            "daphne_processes": count,
+            "rounds": args.rounds,
+            "sockets_per_round": args.sockets,
+            "time_to_hello_round_sockets": summary_ms(times["hello"]),
+            "time_to_status_round_sockets": summary_ms(times["status"]),
+            "time_to_status_checks": summary_ms([c["status_s"] for c in checks if c["status_s"] is not None]),
+            "checks_meeting_target": sum(
+                1
+                for c in checks
+                if c["echo"] and c["settled"] and c["status_s"] is not None and c["status_s"] <= STATUS_WITHIN_SECONDS
+            ),
+            **result,
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -82,8 +82,14 @@ def provision(seeded, server) -> Any:
     from labs.models import Attempt, AttemptState
 
     lab, student = seeded.labs[0], seeded.students[0]
-    attempt = Attempt.objects.create(lab=lab, student=student, tenant=seeded.tenant, state=AttemptState.STARTING,
-                                     namespace=seeded.tenant.namespace, agent_token=secrets.token_urlsafe(32))
+    attempt = Attempt.objects.create(
+        lab=lab,
+        student=student,
+        tenant=seeded.tenant,
+        state=AttemptState.STARTING,
+        namespace=seeded.tenant.namespace,
+        agent_token=secrets.token_urlsafe(32),
+    )
     attempt.vm_name = names.vm_name(attempt.pk)
     attempt.save(update_fields=["vm_name"])
     try:
@@ -91,14 +97,30 @@ def provision(seeded, server) -> Any:
     except ApiException as exc:
         if exc.status != 409:
             raise
-    labels = names.attempt_labels(tenant_id=seeded.tenant.pk, course_id=lab.course_id, lab_id=lab.pk,
-                                  attempt_id=attempt.pk)
+    labels = names.attempt_labels(
+        tenant_id=seeded.tenant.pk, course_id=lab.course_id, lab_id=lab.pk, attempt_id=attempt.pk
+    )
     secret = names.cloud_init_secret_name(attempt.vm_name)
-    operations.secret_create(manifests.cloud_init_secret(
-        name=secret, namespace=attempt.namespace, labels=labels, user_data=render_user_data(token=attempt.agent_token)))
-    operations.vm_create(manifests.virtual_machine(
-        name=attempt.vm_name, namespace=attempt.namespace, labels=labels, image=lab.image, vcpus=1,
-        memory_mib=2048, host_passthrough=False, cloud_init_secret=secret))
+    operations.secret_create(
+        manifests.cloud_init_secret(
+            name=secret,
+            namespace=attempt.namespace,
+            labels=labels,
+            user_data=render_user_data(token=attempt.agent_token),
+        )
+    )
+    operations.vm_create(
+        manifests.virtual_machine(
+            name=attempt.vm_name,
+            namespace=attempt.namespace,
+            labels=labels,
+            image=lab.image,
+            vcpus=1,
+            memory_mib=2048,
+            host_passthrough=False,
+            cloud_init_secret=secret,
+        )
+    )
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -133,13 +155,18 @@ class UnixHTTPConnection(http.client.HTTPConnection):
 
 
 def direct_run(*, agent: str, token: str, checks) -> float:
-    body = json.dumps({"checks": [{"id": str(c.pk), "command": c.command, "timeout_s": c.timeout_s}
-                                  for c in checks]}).encode()
+    body = json.dumps(
+        {"checks": [{"id": str(c.pk), "command": c.command, "timeout_s": c.timeout_s} for c in checks]}
+    ).encode()
     started = time.perf_counter()
     connection = UnixHTTPConnection(agent, timeout=REQUEST_TIMEOUT_S)
     try:
-        connection.request("POST", "/v1/run", body=body, headers={
-            "Authorization": f"Bearer {token}", "Content-Type": "application/json", "Connection": "close"})
+        connection.request(
+            "POST",
+            "/v1/run",
+            body=body,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Connection": "close"},
+        )
         response = connection.getresponse()
         payload = json.loads(response.read())
     finally:
@@ -185,8 +212,9 @@ class PortalClient:
 
         self.session = requests.Session()
         self.url = f"{portal.base_url}/attempts/{attempt.pk}/check/"
-        self.headers = browser_headers(base_url=portal.base_url, session_key=session_cookie(student),
-                                       csrf_token=new_csrf_token())
+        self.headers = browser_headers(
+            base_url=portal.base_url, session_key=session_cookie(student), csrf_token=new_csrf_token()
+        )
         self.group = f"attempt-{attempt.pk}"
         self.messages: queue.Queue[dict[str, Any]] = queue.Queue()
         self._ready = threading.Event()
@@ -239,8 +267,7 @@ class PortalClient:
 def main() -> None:
     load_before = os.getloadavg()[0]
     with kubesim(name="kubesim-grading", nodes=2) as server:
-        setup_django(KUBECONFIG=str(server.kubeconfig), GRADING_MIN_INTERVAL_SECONDS="0",
-                     RATE_LIMIT_CHECKS="100000")
+        setup_django(KUBECONFIG=str(server.kubeconfig), GRADING_MIN_INTERVAL_SECONDS="0", RATE_LIMIT_CHECKS="100000")
         from grading.models import GradingRun, RunState
 
         seeded = seed_course(students=1, labs=1, checks_per_lab=len(CHECK_COMMANDS))
@@ -249,8 +276,12 @@ def main() -> None:
         attempt = provision(seeded, server)
         agent = agent_socket(server, attempt)
         log("starting the live portal")
-        with live_portal(kubeconfig=server.kubeconfig, worker_concurrency=2, beat=False,
-                         env={"GRADING_MIN_INTERVAL_SECONDS": "0", "RATE_LIMIT_CHECKS": "100000"}) as portal:
+        with live_portal(
+            kubeconfig=server.kubeconfig,
+            worker_concurrency=2,
+            beat=False,
+            env={"GRADING_MIN_INTERVAL_SECONDS": "0", "RATE_LIMIT_CHECKS": "100000"},
+        ) as portal:
             client = PortalClient(portal=portal, attempt=attempt, student=seeded.students[0])
             timings: dict[str, list[float]] = {"direct": [], "portforward": [], "service": [], "portal": []}
             portal_runs: list[int] = []
@@ -277,23 +308,25 @@ def main() -> None:
     added = {
         f"{q}_ms": round(summaries["portal"][f"{q}_ms"] - summaries["direct"][f"{q}_ms"], 2) for q in ("p50", "p95")
     }
-    emit({
-        "benchmark": "grading_overhead",
-        "checks": len(checks),
-        "iterations": ITERATIONS,
-        "direct": summaries["direct"],
-        "portforward": summaries["portforward"],
-        "service": summaries["service"],
-        "portal": summaries["portal"],
-        "portal_breakdown": {"queue_wait": summary_ms(queue_waits), "execution": summary_ms(executions)},
-        "added_by_portforward_p50_ms": round(summaries["portforward"]["p50_ms"] - summaries["direct"]["p50_ms"], 2),
-        "added_by_portal": added,
-        "target_added_ms": TARGET_ADDED_MS,
-        "meets_target": added["p95_ms"] <= TARGET_ADDED_MS,
-        # The machine is shared: the load during the run says how far the figures are from an idle machine's.
-        "load_average_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        "machine": machine(),
-    })
+    emit(
+        {
+            "benchmark": "grading_overhead",
+            "checks": len(checks),
+            "iterations": ITERATIONS,
+            "direct": summaries["direct"],
+            "portforward": summaries["portforward"],
+            "service": summaries["service"],
+            "portal": summaries["portal"],
+            "portal_breakdown": {"queue_wait": summary_ms(queue_waits), "execution": summary_ms(executions)},
+            "added_by_portforward_p50_ms": round(summaries["portforward"]["p50_ms"] - summaries["direct"]["p50_ms"], 2),
+            "added_by_portal": added,
+            "target_added_ms": TARGET_ADDED_MS,
+            "meets_target": added["p95_ms"] <= TARGET_ADDED_MS,
+            # The machine is shared: the load during the run says how far the figures are from an idle machine's.
+            "load_average_1m_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            "machine": machine(),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -62,11 +62,35 @@ def worker_and_beat(*, kubeconfig: Path, concurrency: int = 8) -> Iterator[None]
     logs = BENCH_VAR / "logs" / f"lifecycle-{os.getpid()}"
     logs.mkdir(parents=True, exist_ok=True)
     commands = {
-        "worker": [sys.executable, "-m", "celery", "-A", "portal", "worker", "--pool", "threads",
-                   "--concurrency", str(concurrency), "--without-heartbeat", "--without-mingle", "--without-gossip",
-                   "--loglevel", "WARNING"],
-        "beat": [sys.executable, "-m", "celery", "-A", "portal", "beat", "--schedule",
-                 str(logs / "celerybeat-schedule"), "--loglevel", "WARNING"],
+        "worker": [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "portal",
+            "worker",
+            "--pool",
+            "threads",
+            "--concurrency",
+            str(concurrency),
+            "--without-heartbeat",
+            "--without-mingle",
+            "--without-gossip",
+            "--loglevel",
+            "WARNING",
+        ],
+        "beat": [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "portal",
+            "beat",
+            "--schedule",
+            str(logs / "celerybeat-schedule"),
+            "--loglevel",
+            "WARNING",
+        ],
     }
     processes, handles = {}, []
     cache.delete("labs:sync:last_success")
@@ -74,8 +98,9 @@ def worker_and_beat(*, kubeconfig: Path, concurrency: int = 8) -> Iterator[None]
         for name, command in commands.items():
             handle = (logs / f"{name}.log").open("ab")
             handles.append(handle)
-            processes[name] = subprocess.Popen(command, cwd=BASE_DIR, env=environment, stdout=handle,
-                                               stderr=subprocess.STDOUT)
+            processes[name] = subprocess.Popen(
+                command, cwd=BASE_DIR, env=environment, stdout=handle, stderr=subprocess.STDOUT
+            )
         deadline = time.monotonic() + 90
         while cache.get("labs:sync:last_success") is None:
             for name, process in processes.items():
@@ -131,12 +156,26 @@ def direct_start(index: int) -> float:
     namespace, name, token = BASELINE_NAMESPACE, names.vm_name(900_000 + index), f"baseline-token-{index:08d}"
     labels = {"app": "baseline"}
     started = time.perf_counter()
-    operations.secret_create(manifests.cloud_init_secret(
-        name=names.cloud_init_secret_name(name), namespace=namespace, labels=labels,
-        user_data=render_user_data(token=token)))
-    operations.vm_create(manifests.virtual_machine(
-        name=name, namespace=namespace, labels=labels, image="quay.io/containerdisks/fedora:41", vcpus=1,
-        memory_mib=2048, host_passthrough=False, cloud_init_secret=names.cloud_init_secret_name(name)))
+    operations.secret_create(
+        manifests.cloud_init_secret(
+            name=names.cloud_init_secret_name(name),
+            namespace=namespace,
+            labels=labels,
+            user_data=render_user_data(token=token),
+        )
+    )
+    operations.vm_create(
+        manifests.virtual_machine(
+            name=name,
+            namespace=namespace,
+            labels=labels,
+            image="quay.io/containerdisks/fedora:41",
+            vcpus=1,
+            memory_mib=2048,
+            host_passthrough=False,
+            cloud_init_secret=names.cloud_init_secret_name(name),
+        )
+    )
     target = SimpleNamespace(namespace=namespace, vm_name=name, agent_token=token)
     deadline = started + RUNNING_TIMEOUT
     while time.perf_counter() < deadline:
@@ -155,14 +194,18 @@ def phase_breakdown(attempt_ids: list[int]) -> dict[str, Any]:
     from labs.models import Attempt
 
     rows = Attempt.objects.filter(id__in=attempt_ids).values_list(
-        "requested_at", "provisioned_at", "vmi_running_at", "agent_ready_at")
+        "requested_at", "provisioned_at", "vmi_running_at", "agent_ready_at"
+    )
     provision, to_vmi_running, to_agent = [], [], []
     for requested, provisioned, vmi_running, agent_ready in rows:
         provision.append((provisioned - requested).total_seconds())
         to_vmi_running.append(max(0.0, (vmi_running - provisioned).total_seconds()))
         to_agent.append(max(0.0, (agent_ready - vmi_running).total_seconds()))
-    return {"requested_to_vm_created": summary_ms(provision), "vm_created_to_vmi_running": summary_ms(to_vmi_running),
-            "vmi_running_to_agent_ready": summary_ms(to_agent)}
+    return {
+        "requested_to_vm_created": summary_ms(provision),
+        "vm_created_to_vmi_running": summary_ms(to_vmi_running),
+        "vmi_running_to_agent_ready": summary_ms(to_agent),
+    }
 
 
 def main() -> None:
@@ -173,14 +216,22 @@ def main() -> None:
 
     # Students spread over BENCH_TENANTS tenants (namespaces): the steady-state cost is per namespace.
     per_tenant = -(-ATTEMPTS // TENANTS)
-    seeded = [seed_course(students=min(per_tenant, ATTEMPTS - index * per_tenant), labs=1,
-                          name=f"Lifecycle Bench {index + 1}") for index in range(TENANTS)]
+    seeded = [
+        seed_course(
+            students=min(per_tenant, ATTEMPTS - index * per_tenant), labs=1, name=f"Lifecycle Bench {index + 1}"
+        )
+        for index in range(TENANTS)
+    ]
     pairs = [(student, course.labs[0]) for course in seeded for student in course.students]
-    result: dict[str, Any] = {"benchmark": "lifecycle_api_cost", "machine": machine(), "attempts": ATTEMPTS,
-                              "tenants": TENANTS,
-                              "sync_interval_s": settings.ATTEMPT_SYNC_INTERVAL_SECONDS,
-                              "resync_s": settings.ATTEMPT_RESYNC_SECONDS,
-                              "sweep_interval_s": settings.ATTEMPT_SWEEP_INTERVAL_SECONDS}
+    result: dict[str, Any] = {
+        "benchmark": "lifecycle_api_cost",
+        "machine": machine(),
+        "attempts": ATTEMPTS,
+        "tenants": TENANTS,
+        "sync_interval_s": settings.ATTEMPT_SYNC_INTERVAL_SECONDS,
+        "resync_s": settings.ATTEMPT_RESYNC_SECONDS,
+        "sweep_interval_s": settings.ATTEMPT_SWEEP_INTERVAL_SECONDS,
+    }
     with kubesim(name="lifecycle", guest="shell") as cluster, worker_and_beat(kubeconfig=cluster.kubeconfig):
         os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
         settings.KUBECONFIG = str(cluster.kubeconfig)
@@ -190,9 +241,12 @@ def main() -> None:
         client.reset()
         log(f"baseline: {SINGLE} direct VM starts")
         operations.namespace_bootstrap(
-            namespace=manifests.namespace(name=BASELINE_NAMESPACE, tenant_id=0), policies=[],
-            quota=manifests.resource_quota(namespace=BASELINE_NAMESPACE, tenant_id=0, max_vms=1000,
-                                           max_vcpus=10_000, max_memory_mib=10**8))
+            namespace=manifests.namespace(name=BASELINE_NAMESPACE, tenant_id=0),
+            policies=[],
+            quota=manifests.resource_quota(
+                namespace=BASELINE_NAMESPACE, tenant_id=0, max_vms=1000, max_vcpus=10_000, max_memory_mib=10**8
+            ),
+        )
         baseline = [direct_start(index) for index in range(SINGLE)]
         result["baseline_direct_start_to_agent"] = summary_ms(baseline)
 
@@ -200,7 +254,8 @@ def main() -> None:
         singles = [start_and_wait(student, lab) for student, lab in pairs[:SINGLE]]
         result["single_start_to_running"] = summary_ms(singles)
         result["single_start_portal_overhead_p50_ms"] = round(
-            (result["single_start_to_running"]["p50_ms"] - result["baseline_direct_start_to_agent"]["p50_ms"]), 1)
+            (result["single_start_to_running"]["p50_ms"] - result["baseline_direct_start_to_agent"]["p50_ms"]), 1
+        )
 
         burst_students = pairs[SINGLE:]
         log(f"burst: {len(burst_students)} simultaneous starts")

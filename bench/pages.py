@@ -39,36 +39,75 @@ def seed_history(seeded, *, rng: random.Random) -> None:
 
     now = timezone.now()
     checks = {lab.id: list(Check.objects.filter(lab=lab).order_by("order")) for lab in seeded.labs}
-    attempts = Attempt.objects.bulk_create([
-        Attempt(lab=lab, student=student, tenant=seeded.tenant, state=AttemptState.STOPPED,
-                vm_name=f"bench-{lab.id}-{student.id}", namespace=seeded.tenant.namespace,
-                requested_at=now - timedelta(days=2), provisioned_at=now - timedelta(days=2),
-                agent_ready_at=now - timedelta(days=2), ended_at=now - timedelta(days=2, minutes=-50),
-                stop_reason="student")
-        for student in seeded.students for lab in seeded.labs
-    ], batch_size=2000)
-    runs = GradingRun.objects.bulk_create([
-        GradingRun(attempt=attempt, state=RunState.DONE, trigger=RunTrigger.STOP,
-                   started_at=now - timedelta(days=2), finished_at=now - timedelta(days=2),
-                   measured_at=now - timedelta(days=2), score=Decimal(rng.randint(0, CHECKS_PER_LAB)),
-                   max_score=Decimal(CHECKS_PER_LAB))
-        for attempt in attempts
-    ], batch_size=2000)
+    attempts = Attempt.objects.bulk_create(
+        [
+            Attempt(
+                lab=lab,
+                student=student,
+                tenant=seeded.tenant,
+                state=AttemptState.STOPPED,
+                vm_name=f"bench-{lab.id}-{student.id}",
+                namespace=seeded.tenant.namespace,
+                requested_at=now - timedelta(days=2),
+                provisioned_at=now - timedelta(days=2),
+                agent_ready_at=now - timedelta(days=2),
+                ended_at=now - timedelta(days=2, minutes=-50),
+                stop_reason="student",
+            )
+            for student in seeded.students
+            for lab in seeded.labs
+        ],
+        batch_size=2000,
+    )
+    runs = GradingRun.objects.bulk_create(
+        [
+            GradingRun(
+                attempt=attempt,
+                state=RunState.DONE,
+                trigger=RunTrigger.STOP,
+                started_at=now - timedelta(days=2),
+                finished_at=now - timedelta(days=2),
+                measured_at=now - timedelta(days=2),
+                score=Decimal(rng.randint(0, CHECKS_PER_LAB)),
+                max_score=Decimal(CHECKS_PER_LAB),
+            )
+            for attempt in attempts
+        ],
+        batch_size=2000,
+    )
     results = []
     for run, attempt in zip(runs, attempts, strict=True):
         passed_count = int(run.score)
         for index, check in enumerate(checks[attempt.lab_id]):
             passed = index < passed_count
-            results.append(CheckResult(run=run, check_ref=check, check_title=check.title, order=check.order,
-                                       passed=passed, points=Decimal(1 if passed else 0), max_points=Decimal(1),
-                                       exit_code=0 if passed else 1, stdout="ok\n" if passed else "",
-                                       duration_ms=rng.randint(5, 80)))
+            results.append(
+                CheckResult(
+                    run=run,
+                    check_ref=check,
+                    check_title=check.title,
+                    order=check.order,
+                    passed=passed,
+                    points=Decimal(1 if passed else 0),
+                    max_points=Decimal(1),
+                    exit_code=0 if passed else 1,
+                    stdout="ok\n" if passed else "",
+                    duration_ms=rng.randint(5, 80),
+                )
+            )
     CheckResult.objects.bulk_create(results, batch_size=5000)
-    Grade.objects.bulk_create([
-        Grade(lab_id=attempt.lab_id, student_id=attempt.student_id, source_run=run, score=run.score,
-              max_score=run.max_score)
-        for run, attempt in zip(runs, attempts, strict=True)
-    ], batch_size=2000)
+    Grade.objects.bulk_create(
+        [
+            Grade(
+                lab_id=attempt.lab_id,
+                student_id=attempt.student_id,
+                source_run=run,
+                score=run.score,
+                max_score=run.max_score,
+            )
+            for run, attempt in zip(runs, attempts, strict=True)
+        ],
+        batch_size=2000,
+    )
 
 
 def give_running_attempt(seeded, student) -> None:
@@ -77,10 +116,18 @@ def give_running_attempt(seeded, student) -> None:
     from labs.models import Attempt, AttemptState
 
     now = timezone.now()
-    Attempt.objects.create(lab=seeded.labs[0], student=student, tenant=seeded.tenant, number=2,
-                           state=AttemptState.RUNNING, vm_name=f"bench-live-{student.id}",
-                           namespace=seeded.tenant.namespace, requested_at=now - timedelta(minutes=5),
-                           agent_ready_at=now - timedelta(minutes=4), expires_at=now + timedelta(minutes=55))
+    Attempt.objects.create(
+        lab=seeded.labs[0],
+        student=student,
+        tenant=seeded.tenant,
+        number=2,
+        state=AttemptState.RUNNING,
+        vm_name=f"bench-live-{student.id}",
+        namespace=seeded.tenant.namespace,
+        requested_at=now - timedelta(minutes=5),
+        agent_ready_at=now - timedelta(minutes=4),
+        expires_at=now + timedelta(minutes=55),
+    )
 
 
 def measure(client, url: str, *, requests: int = REQUESTS) -> dict[str, Any]:
@@ -156,20 +203,22 @@ def main() -> None:
             "p95_ms": by_size[large]["p95_ms"],
             "meets_p95_target": by_size[large]["p95_ms"] <= TARGET_P95_MS,
         }
-    emit({
-        "benchmark": "pages",
-        "description": f"student dashboard and TA gradebook, {STUDENTS} students x {LABS} labs, Django test "
-                       "client against PostgreSQL; baseline: the same pages with "
-                       f"{SMALL_STUDENTS} students, and /healthz as the framework floor",
-        "target": {"queries": "constant in the number of students", "p95_ms": TARGET_P95_MS},
-        "figures": {page: by_size[large] for page, by_size in figures.items()},
-        "baseline": {
-            **{page: by_size[small] for page, by_size in figures.items()},
-            "healthz_floor": floor,
-        },
-        "verdict": verdicts,
-        "machine": machine(),
-    })
+    emit(
+        {
+            "benchmark": "pages",
+            "description": f"student dashboard and TA gradebook, {STUDENTS} students x {LABS} labs, Django test "
+            "client against PostgreSQL; baseline: the same pages with "
+            f"{SMALL_STUDENTS} students, and /healthz as the framework floor",
+            "target": {"queries": "constant in the number of students", "p95_ms": TARGET_P95_MS},
+            "figures": {page: by_size[large] for page, by_size in figures.items()},
+            "baseline": {
+                **{page: by_size[small] for page, by_size in figures.items()},
+                "healthz_floor": floor,
+            },
+            "verdict": verdicts,
+            "machine": machine(),
+        }
+    )
 
 
 if __name__ == "__main__":

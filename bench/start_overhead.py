@@ -151,24 +151,31 @@ class PageError(Exception):
 
 def vmi_running_in(attempt: dict[str, Any]) -> bool:
     """Does this ``attempt.update`` payload show the VMI Running (or the agent answering, which implies it)?"""
-    return bool((attempt.get("timestamps") or {}).get("vmi_running") or attempt.get("phase") == "Running"
-                or attempt.get("state") == "running")
+    return bool(
+        (attempt.get("timestamps") or {}).get("vmi_running")
+        or attempt.get("phase") == "Running"
+        or attempt.get("state") == "running"
+    )
 
 
 async def start_over_http(*, http, base_url: str, lab_id: int, browser: Browser) -> dict[str, Any]:
     """``start.js``: the Start form posted with fetch(), answered with the panel."""
-    headers = {**browser.headers(base_url=base_url), "Accept": "application/json",
-               "X-CSRFToken": browser.csrf_token}
-    async with http.post(f"{base_url}/labs/{lab_id}/start/", data={"csrfmiddlewaretoken": browser.csrf_token},
-                         headers=headers, allow_redirects=False) as response:
+    headers = {**browser.headers(base_url=base_url), "Accept": "application/json", "X-CSRFToken": browser.csrf_token}
+    async with http.post(
+        f"{base_url}/labs/{lab_id}/start/",
+        data={"csrfmiddlewaretoken": browser.csrf_token},
+        headers=headers,
+        allow_redirects=False,
+    ) as response:
         body = await response.text()
         if response.status != 201:  # refused: start.js shows the message in the Start card
             return {"error": f"start answered {response.status}: {body[:200]}"}
     return json.loads(body)
 
 
-async def browser_start(*, http, base_url: str, ws_url: str, lab_id: int, browser: Browser,
-                        until: str, consoles: list[Console]) -> dict[str, Any]:
+async def browser_start(
+    *, http, base_url: str, ws_url: str, lab_id: int, browser: Browser, until: str, consoles: list[Console]
+) -> dict[str, Any]:
     """One student pressing Start on the lab page and watching its updates until ``until`` (``vmi_running`` or
     ``running``) is seen, with the console socket opened beside it as the page opens it (added to ``consoles``: the
     page keeps it open after, so it is left to the caller to close with the other pages'). Start is posted over
@@ -192,14 +199,18 @@ async def browser_start(*, http, base_url: str, ws_url: str, lab_id: int, browse
         nonlocal console
         if console is None and attempt.get("console") == "ready":
             console = Console()
-            console.task = asyncio.create_task(hold_console(
-                http=http, url=f"{ws_url}{config['urls']['console']}", headers=socket_headers, console=console))
+            console.task = asyncio.create_task(
+                hold_console(
+                    http=http, url=f"{ws_url}{config['urls']['console']}", headers=socket_headers, console=console
+                )
+            )
             consoles.append(console)
 
     on_update(config["initial"])
     url = f"{ws_url}{config['urls']['events']}"
     seen: dict[str, tuple[float, float]] = {}
     retries = 0
+
     def backoff() -> float:  # static/js/attempt.js's: 500 ms doubling per failure, capped, with jitter
         return min(RETRY_MAX_SECONDS, 0.5 * 2 ** min(retries, 6)) * (0.5 + random.random() / 2)
 
@@ -207,8 +218,9 @@ async def browser_start(*, http, base_url: str, ws_url: str, lab_id: int, browse
         outcome: dict[str, Any] = {"retry": "not connected yet"}
         while "retry" in outcome:  # the lab page reconnects when its socket is refused or dropped; so does this
             try:
-                outcome = await watch_until(http=http, url=url, headers=socket_headers, until=until, seen=seen,
-                                            on_update=on_update)
+                outcome = await watch_until(
+                    http=http, url=url, headers=socket_headers, until=until, seen=seen, on_update=on_update
+                )
             except aiohttp.ClientError as exc:
                 outcome = {"retry": f"{type(exc).__name__}: {exc}"}
             if "retry" not in outcome or time.perf_counter() - started > START_TIMEOUT_SECONDS:
@@ -274,6 +286,7 @@ async def close_consoles(consoles: list[Console], *, settle: float) -> None:
 
 async def follow_updates(socket, *, until: str, seen: dict[str, tuple[float, float]], on_update) -> dict[str, Any]:
     """``attempt.js`` on an open socket: read ``attempt.update`` messages until ``until`` is seen."""
+
     def note(name: str) -> None:
         seen.setdefault(name, (time.perf_counter(), time.time()))
 
@@ -296,31 +309,40 @@ async def follow_updates(socket, *, until: str, seen: dict[str, tuple[float, flo
     return {"retry": "the events socket closed before the attempt got there"}
 
 
-async def watch_until(*, http, url: str, headers: dict[str, str], until: str,
-                      seen: dict[str, tuple[float, float]], on_update) -> dict[str, Any]:
+async def watch_until(
+    *, http, url: str, headers: dict[str, str], until: str, seen: dict[str, tuple[float, float]], on_update
+) -> dict[str, Any]:
     async with http.ws_connect(url, headers=headers) as socket:
         seen.setdefault("socket_open", (time.perf_counter(), time.time()))
         return await follow_updates(socket, until=until, seen=seen, on_update=on_update)
 
 
-async def browser_starts(*, base_url: str, ws_url: str, lab_id: int, browsers: list[Browser],
-                         until: str, pids: dict[str, int] | None = None) -> list[dict]:
+async def browser_starts(
+    *, base_url: str, ws_url: str, lab_id: int, browsers: list[Browser], until: str, pids: dict[str, int] | None = None
+) -> list[dict]:
     """Each browser presses Start at once. With ``pids``, each process's CPU over the starts is added to the first
     result as ``_cpu``."""
     import aiohttp
 
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=START_TIMEOUT_SECONDS)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                     cookie_jar=aiohttp.DummyCookieJar()) as http:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, cookie_jar=aiohttp.DummyCookieJar()) as http:
         consoles: list[Console] = []
 
         async def one(browser: Browser) -> dict:
             try:
                 return await asyncio.wait_for(
-                    browser_start(http=http, base_url=base_url, ws_url=ws_url, lab_id=lab_id, browser=browser,
-                                  until=until, consoles=consoles),
-                    timeout=START_TIMEOUT_SECONDS + 10)
+                    browser_start(
+                        http=http,
+                        base_url=base_url,
+                        ws_url=ws_url,
+                        lab_id=lab_id,
+                        browser=browser,
+                        until=until,
+                        consoles=consoles,
+                    ),
+                    timeout=START_TIMEOUT_SECONDS + 10,
+                )
             except (TimeoutError, aiohttp.ClientError) as exc:
                 return {"error": f"{type(exc).__name__}: {exc}"}
 
@@ -345,18 +367,24 @@ def server_side_phases(results: list[dict]) -> dict[str, Any]:
     from labs.models import Attempt
 
     seen = {result["attempt_id"]: result.get("seen_wall", {}) for result in results if "attempt_id" in result}
-    spans: dict[str, list[float]] = {"provision": [], "provisioned_to_browser_vmi_running": [],
-                                     "provisioned_to_agent_ready": [], "agent_ready_to_browser": []}
+    spans: dict[str, list[float]] = {
+        "provision": [],
+        "provisioned_to_browser_vmi_running": [],
+        "provisioned_to_agent_ready": [],
+        "agent_ready_to_browser": [],
+    }
     for attempt in Attempt.objects.filter(id__in=seen):
         wall = seen[attempt.id]
         if attempt.provisioned_at:
             spans["provision"].append((attempt.provisioned_at - attempt.requested_at).total_seconds())
             if "vmi_running" in wall:
                 spans["provisioned_to_browser_vmi_running"].append(
-                    wall["vmi_running"] - attempt.provisioned_at.timestamp())
+                    wall["vmi_running"] - attempt.provisioned_at.timestamp()
+                )
             if attempt.agent_ready_at:
                 spans["provisioned_to_agent_ready"].append(
-                    (attempt.agent_ready_at - attempt.provisioned_at).total_seconds())
+                    (attempt.agent_ready_at - attempt.provisioned_at).total_seconds()
+                )
         if attempt.agent_ready_at and "running" in wall:
             spans["agent_ready_to_browser"].append(wall["running"] - attempt.agent_ready_at.timestamp())
     return {name: summary_ms(values) for name, values in spans.items() if values}
@@ -367,12 +395,12 @@ def server_side(attempt_ids: list[int]) -> dict[str, Any]:
     lifecycle's part, without the events socket."""
     from labs.models import Attempt
 
-    rows = list(Attempt.objects.filter(id__in=attempt_ids).values_list("requested_at", "provisioned_at",
-                                                                        "agent_ready_at"))
+    rows = list(
+        Attempt.objects.filter(id__in=attempt_ids).values_list("requested_at", "provisioned_at", "agent_ready_at")
+    )
     provisioned = [(done - requested).total_seconds() for requested, done, _ready in rows if done]
     ready = [(ready - requested).total_seconds() for requested, _done, ready in rows if ready]
-    return {"attempts": len(attempt_ids), "to_vm_created": summary_ms(provisioned),
-            "to_agent_ready": summary_ms(ready)}
+    return {"attempts": len(attempt_ids), "to_vm_created": summary_ms(provisioned), "to_agent_ready": summary_ms(ready)}
 
 
 def portal_figures(results: list[dict]) -> dict[str, Any]:
@@ -381,8 +409,9 @@ def portal_figures(results: list[dict]) -> dict[str, Any]:
         "to_vmi_running": summary_ms([r["vmi_running_seconds"] for r in results if "vmi_running_seconds" in r]),
         "to_agent_ready": summary_ms([r["running_seconds"] for r in results if "running_seconds" in r]),
         "start_request": summary_ms([r["request_seconds"] for r in results if "request_seconds" in r]),
-        "socket_open_after_answer": summary_ms([r["socket_open_seconds"] for r in results
-                                                if "socket_open_seconds" in r]),
+        "socket_open_after_answer": summary_ms(
+            [r["socket_open_seconds"] for r in results if "socket_open_seconds" in r]
+        ),
         "console_closed_early": sorted({r["console"] for r in results if "console" in r})[:5],
         "socket_reconnects": sum(result.get("socket_retries", 0) for result in results),
         "phases": server_side_phases(results),
@@ -399,15 +428,20 @@ async def warm_up(*, base_url: str, lab_id: int, browsers: list[Browser]) -> Non
     student first."""
     import aiohttp
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=WARM_UP_PARALLEL),
-                                     cookie_jar=aiohttp.DummyCookieJar()) as http:
-        await asyncio.gather(*(browser.load_page(http=http, base_url=base_url, path=f"/labs/{lab_id}/")
-                               for browser in browsers))
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=WARM_UP_PARALLEL), cookie_jar=aiohttp.DummyCookieJar()
+    ) as http:
+        await asyncio.gather(
+            *(browser.load_page(http=http, base_url=base_url, path=f"/labs/{lab_id}/") for browser in browsers)
+        )
 
 
 def per_start_ms(cpu: dict[str, float | None], starts: int) -> dict[str, float]:
-    return {name: round(value * 1000 / starts, 1) for name, value in cpu.items()
-            if name not in ("wall", "cores") and value is not None}
+    return {
+        name: round(value * 1000 / starts, 1)
+        for name, value in cpu.items()
+        if name not in ("wall", "cores") and value is not None
+    }
 
 
 def sequential_cpu(*, portal, server, lab_id: int, browsers: list[Browser]) -> dict[str, Any]:
@@ -419,19 +453,29 @@ def sequential_cpu(*, portal, server, lab_id: int, browsers: list[Browser]) -> d
     results = []
     with cpu_used(pids) as cpu:
         for browser in browsers:
-            outcome = asyncio.run(browser_starts(base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id,
-                                                 browsers=[browser], until="vmi_running"))[0]
+            outcome = asyncio.run(
+                browser_starts(
+                    base_url=portal.base_url,
+                    ws_url=portal.ws_url,
+                    lab_id=lab_id,
+                    browsers=[browser],
+                    until="vmi_running",
+                )
+            )[0]
             results.append(outcome)
             if "attempt_id" in outcome:
                 end_attempts([outcome["attempt_id"]])
     with cpu_used(pids) as idle:
         time.sleep(cpu["wall"])
     end_attempts([r["attempt_id"] for r in results if "attempt_id" in r], server=server)
-    return {"starts": len(browsers),
-            "to_vmi_running": summary_ms([r["vmi_running_seconds"] for r in results if "vmi_running_seconds" in r]),
-            "failed": sum(1 for r in results if "error" in r), "wall_seconds": cpu["wall"],
-            "cpu_ms_per_start": per_start_ms(cpu, len(browsers)),
-            "idle_cpu_ms_per_start": per_start_ms(idle, len(browsers))}
+    return {
+        "starts": len(browsers),
+        "to_vmi_running": summary_ms([r["vmi_running_seconds"] for r in results if "vmi_running_seconds" in r]),
+        "failed": sum(1 for r in results if "error" in r),
+        "wall_seconds": cpu["wall"],
+        "cpu_ms_per_start": per_start_ms(cpu, len(browsers)),
+        "idle_cpu_ms_per_start": per_start_ms(idle, len(browsers)),
+    }
 
 
 def measure_portal(*, portal, server, lab_id: int, students: list, single: bool, until: str) -> dict[str, Any]:
@@ -443,22 +487,29 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
     if not single:
         # Nor has a served portal never started a lab: one start (page, sockets and all) before the burst, so
         # that the burst does not pay for the first use of each code path.
-        warm = asyncio.run(browser_starts(base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id,
-                                          browsers=browsers[:1], until=until))
+        warm = asyncio.run(
+            browser_starts(
+                base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id, browsers=browsers[:1], until=until
+            )
+        )
         if "error" in warm[0]:
             raise RuntimeError(f"warm-up start failed: {warm[0]['error']}")
         # Out of the way of the burst: a guest-less attempt stays starting, and the global start throttle
         # (ATTEMPT_CONCURRENT_START_LIMIT, 100) counts it.
         end_attempts([warm[0]["attempt_id"]], server=server)
         browsers = browsers[1:]
-        measured["sequential"] = sequential_cpu(portal=portal, server=server, lab_id=lab_id,
-                                                browsers=browsers[:SEQUENTIAL_STARTS])
+        measured["sequential"] = sequential_cpu(
+            portal=portal, server=server, lab_id=lab_id, browsers=browsers[:SEQUENTIAL_STARTS]
+        )
         browsers = browsers[SEQUENTIAL_STARTS:]
     if single:
         singles = []
         for browser in browsers[:SINGLE_STARTS]:
-            singles += asyncio.run(browser_starts(base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id,
-                                                  browsers=[browser], until=until))
+            singles += asyncio.run(
+                browser_starts(
+                    base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id, browsers=[browser], until=until
+                )
+            )
         measured["single"] = portal_figures(singles)
         browsers = browsers[SINGLE_STARTS:]
         # Their guests keep running otherwise, on the cores the burst is measured on.
@@ -468,21 +519,28 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
     bursts = []
     for index in order:
         log(f"portal: {CONCURRENT_STARTS} simultaneous starts, until {until}")
-        group = browsers[index * CONCURRENT_STARTS:(index + 1) * CONCURRENT_STARTS]
+        group = browsers[index * CONCURRENT_STARTS : (index + 1) * CONCURRENT_STARTS]
         vmis_before = vmis_in_cluster(server)
         server.admin.reset_counters()
-        together = asyncio.run(browser_starts(base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id,
-                                              browsers=group, until=until, pids=pids))
+        together = asyncio.run(
+            browser_starts(
+                base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id, browsers=group, until=until, pids=pids
+            )
+        )
         cpu = together[0].pop("_cpu")
         commands = together[0].pop("_redis_commands")
         consoles_opened = together[0].pop("_consoles_opened")
         cluster = server.admin.counters()
-        figures = {**portal_figures(together), "consoles_opened": consoles_opened,
-                   "vmis_in_cluster_before": vmis_before}
+        figures = {
+            **portal_figures(together),
+            "consoles_opened": consoles_opened,
+            "vmis_in_cluster_before": vmis_before,
+        }
         # What the burst asked of the cluster, per start: the creates, the lists that follow the VMIs, and the agent
         # questions (each a portforward), counted by kubesim until the last browser saw its attempt get there.
         figures["cluster_requests_per_start"] = {
-            name: round(count / CONCURRENT_STARTS, 2) for name, count in sorted(cluster["by_verb_resource"].items())}
+            name: round(count / CONCURRENT_STARTS, 2) for name, count in sorted(cluster["by_verb_resource"].items())
+        }
         # Where the machine went: CPU seconds per process over the burst (from the first Start pressed), and per
         # start; PostgreSQL and Redis as every process of each on the machine
         # (nothing else uses them during a benchmark run).
@@ -490,8 +548,9 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
         figures["cpu_ms_per_start"] = per_start_ms(cpu, CONCURRENT_STARTS)
         # Round trips to Redis per start over the same window (channel layer, broker, cache): a count, steady where
         # CPU moves with the machine's load.
-        figures["redis_commands_per_start"] = {name: round(count / CONCURRENT_STARTS, 1)
-                                               for name, count in commands.items()}
+        figures["redis_commands_per_start"] = {
+            name: round(count / CONCURRENT_STARTS, 1) for name, count in commands.items()
+        }
         bursts.append(figures)
         if index + 1 < len(order):  # out of the way of the next burst (the start throttle counts starting ones)
             end_attempts([result["attempt_id"] for result in together if "attempt_id" in result], server=server)
@@ -500,12 +559,18 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
     if len(bursts) > 1:
         # Every burst on one portal, side by side: how much they differ is the machine's noise.
         measured["bursts"] = [
-            {"to_vmi_running_p50_ms": burst["to_vmi_running"]["p50_ms"],
-             "to_vmi_running_p95_ms": burst["to_vmi_running"]["p95_ms"], "failed": burst["failed"],
-             "consoles_opened": burst["consoles_opened"], "vmis_in_cluster_before": burst["vmis_in_cluster_before"],
-             "cpu_ms_per_start": burst["cpu_ms_per_start"],
-             "redis_commands_per_start": burst["redis_commands_per_start"]["total"],
-             "cluster_requests_per_start": burst["cluster_requests_per_start"]} for burst in bursts]
+            {
+                "to_vmi_running_p50_ms": burst["to_vmi_running"]["p50_ms"],
+                "to_vmi_running_p95_ms": burst["to_vmi_running"]["p95_ms"],
+                "failed": burst["failed"],
+                "consoles_opened": burst["consoles_opened"],
+                "vmis_in_cluster_before": burst["vmis_in_cluster_before"],
+                "cpu_ms_per_start": burst["cpu_ms_per_start"],
+                "redis_commands_per_start": burst["redis_commands_per_start"]["total"],
+                "cluster_requests_per_start": burst["cluster_requests_per_start"],
+            }
+            for burst in bursts
+        ]
     return measured
 
 
@@ -534,13 +599,20 @@ class VmiRunningWatch:
             return self.events.setdefault(name, threading.Event())
 
     def _run(self) -> None:
-        listing = self._api.list_namespaced_custom_object("kubevirt.io", "v1", self._namespace,
-                                                          "virtualmachineinstances")
+        listing = self._api.list_namespaced_custom_object(
+            "kubevirt.io", "v1", self._namespace, "virtualmachineinstances"
+        )
         version = listing["metadata"]["resourceVersion"]
         self._ready.set()
-        for event in self._watch.stream(self._api.list_namespaced_custom_object, "kubevirt.io", "v1",
-                                        self._namespace, "virtualmachineinstances", resource_version=version,
-                                        timeout_seconds=600):
+        for event in self._watch.stream(
+            self._api.list_namespaced_custom_object,
+            "kubevirt.io",
+            "v1",
+            self._namespace,
+            "virtualmachineinstances",
+            resource_version=version,
+            timeout_seconds=600,
+        ):
             vmi = event["object"]
             name = vmi["metadata"]["name"]
             if (vmi.get("status") or {}).get("phase") == "Running":
@@ -564,16 +636,25 @@ def direct_start(*, api_client, running: VmiRunningWatch, index: int, tag: str, 
     name = f"direct-{tag}-{index}"
     token = secrets.token_urlsafe(32)
     labels = {"app.kubernetes.io/managed-by": "bench"}
-    secret = manifests.cloud_init_secret(name=f"{name}-cloud-init", namespace=BASELINE_NAMESPACE, labels=labels,
-                                         user_data=render_user_data(token=token))
-    vm = manifests.virtual_machine(name=name, namespace=BASELINE_NAMESPACE, labels=labels,
-                                   image="quay.io/containerdisks/fedora:41", vcpus=1, memory_mib=2048,
-                                   host_passthrough=False, cloud_init_secret=f"{name}-cloud-init")
+    secret = manifests.cloud_init_secret(
+        name=f"{name}-cloud-init", namespace=BASELINE_NAMESPACE, labels=labels, user_data=render_user_data(token=token)
+    )
+    vm = manifests.virtual_machine(
+        name=name,
+        namespace=BASELINE_NAMESPACE,
+        labels=labels,
+        image="quay.io/containerdisks/fedora:41",
+        vcpus=1,
+        memory_mib=2048,
+        host_passthrough=False,
+        cloud_init_secret=f"{name}-cloud-init",
+    )
     event = running.event_for(name)
     started = time.perf_counter()
     client.CoreV1Api(api_client).create_namespaced_secret(BASELINE_NAMESPACE, secret)
     client.CustomObjectsApi(api_client).create_namespaced_custom_object(
-        "kubevirt.io", "v1", BASELINE_NAMESPACE, "virtualmachines", vm)
+        "kubevirt.io", "v1", BASELINE_NAMESPACE, "virtualmachines", vm
+    )
     if not event.wait(START_TIMEOUT_SECONDS):
         return {"error": 1.0}
     running_seconds = running.running_at[name] - started
@@ -597,29 +678,36 @@ def measure_direct(*, server, single: bool, agent: bool) -> dict[str, Any]:
 
     configuration = client.Configuration()
     configuration.connection_pool_maxsize = CONCURRENT_STARTS + 10  # one connection per creating thread
-    api_client = config.new_client_from_config(config_file=str(server.kubeconfig),
-                                               client_configuration=configuration)
+    api_client = config.new_client_from_config(config_file=str(server.kubeconfig), client_configuration=configuration)
     client.CoreV1Api(api_client).create_namespace({"metadata": {"name": BASELINE_NAMESPACE}})
     running = VmiRunningWatch(api_client, BASELINE_NAMESPACE)
     results: dict[str, list[dict]] = {}
     try:
         if single:
-            results["single"] = [direct_start(api_client=api_client, running=running, index=index, tag="one",
-                                              agent=agent) for index in range(SINGLE_STARTS)]
+            results["single"] = [
+                direct_start(api_client=api_client, running=running, index=index, tag="one", agent=agent)
+                for index in range(SINGLE_STARTS)
+            ]
         log(f"direct: {CONCURRENT_STARTS} simultaneous creates")
         with ThreadPoolExecutor(max_workers=CONCURRENT_STARTS) as pool:
-            results["concurrent_100"] = list(pool.map(
-                lambda index: direct_start(api_client=api_client, running=running, index=index, tag="many",
-                                           agent=agent),
-                range(CONCURRENT_STARTS)))
+            results["concurrent_100"] = list(
+                pool.map(
+                    lambda index: direct_start(
+                        api_client=api_client, running=running, index=index, tag="many", agent=agent
+                    ),
+                    range(CONCURRENT_STARTS),
+                )
+            )
     finally:
         running.stop()
     # The baseline's VMs make room for the portal's: deleted before the portal is measured.
     client.CoreV1Api(api_client).delete_namespace(BASELINE_NAMESPACE)
 
     def figures(rows: list[dict]) -> dict[str, Any]:
-        measured = {"to_vmi_running": summary_ms([r["running"] for r in rows if "running" in r]),
-                    "failed": sum(1 for r in rows if "error" in r)}
+        measured = {
+            "to_vmi_running": summary_ms([r["running"] for r in rows if "running" in r]),
+            "failed": sum(1 for r in rows if "error" in r),
+        }
         if agent:
             measured["to_agent_ready"] = summary_ms([r["agent_ready"] for r in rows if "agent_ready" in r])
         return measured
@@ -636,8 +724,9 @@ def end_attempts(attempt_ids: list[int], *, server=None) -> None:
 
     from labs.models import Attempt, AttemptState
 
-    Attempt.objects.filter(id__in=attempt_ids).update(state=AttemptState.FAILED, ended_at=timezone.now(),
-                                                      failure_reason="benchmark phase over")
+    Attempt.objects.filter(id__in=attempt_ids).update(
+        state=AttemptState.FAILED, ended_at=timezone.now(), failure_reason="benchmark phase over"
+    )
     if server is None:
         return
     from kubernetes import client, config
@@ -654,9 +743,10 @@ def delete_and_wait(custom, core, placed: list[tuple[str, str]]) -> None:
     from labs.kubevirt import names
 
     def delete(namespace: str, vm: str) -> None:
-        for call in (lambda: custom.delete_namespaced_custom_object("kubevirt.io", "v1", namespace,
-                                                                    "virtualmachines", vm),
-                     lambda: core.delete_namespaced_secret(names.cloud_init_secret_name(vm), namespace)):
+        for call in (
+            lambda: custom.delete_namespaced_custom_object("kubevirt.io", "v1", namespace, "virtualmachines", vm),
+            lambda: core.delete_namespaced_secret(names.cloud_init_secret_name(vm), namespace),
+        ):
             try:
                 call()
             except ApiException as exc:
@@ -682,8 +772,9 @@ def vmis_in_cluster(server) -> int:
     from kubernetes import client, config
 
     with config.new_client_from_config(config_file=str(server.kubeconfig)) as api_client:
-        listed = client.CustomObjectsApi(api_client).list_cluster_custom_object("kubevirt.io", "v1",
-                                                                                 "virtualmachineinstances")
+        listed = client.CustomObjectsApi(api_client).list_cluster_custom_object(
+            "kubevirt.io", "v1", "virtualmachineinstances"
+        )
     return len(listed["items"])
 
 
@@ -699,8 +790,11 @@ def main() -> None:
     from labs.models import Attempt
 
     # Separate tenants (so separate namespaces) for the two kubesims.
-    fast = seed_course(students=1 + SEQUENTIAL_STARTS + CONCURRENT_STARTS * GUESTLESS_BURSTS, labs=1,
-                       name="Bench Start No-Guest University")
+    fast = seed_course(
+        students=1 + SEQUENTIAL_STARTS + CONCURRENT_STARTS * GUESTLESS_BURSTS,
+        labs=1,
+        name="Bench Start No-Guest University",
+    )
     real = seed_course(students=SINGLE_STARTS + CONCURRENT_STARTS, labs=1, name="Bench Start University")
 
     log("kubesim --guest none: direct baseline to VMI Running")
@@ -709,9 +803,14 @@ def main() -> None:
         kube_client.reset()
         direct_fast = measure_direct(server=server, single=False, agent=False)
         with live_portal(kubeconfig=server.kubeconfig, worker_concurrency=8) as portal:
-            portal_fast = measure_portal(portal=portal, server=server, lab_id=fast.labs[0].id,
-                                         students=fast.students,
-                                         single=False, until="vmi_running")
+            portal_fast = measure_portal(
+                portal=portal,
+                server=server,
+                lab_id=fast.labs[0].id,
+                students=fast.students,
+                single=False,
+                until="vmi_running",
+            )
             portal.check_alive()
     end_attempts(list(Attempt.objects.filter(tenant=fast.tenant).values_list("id", flat=True)))
 
@@ -722,54 +821,74 @@ def main() -> None:
         direct = measure_direct(server=server, single=True, agent=True)
         with live_portal(kubeconfig=server.kubeconfig, worker_concurrency=8) as portal:
             log("portal: single starts")
-            measured = measure_portal(portal=portal, server=server, lab_id=real.labs[0].id,
-                                      students=real.students, single=True, until="running")
+            measured = measure_portal(
+                portal=portal,
+                server=server,
+                lab_id=real.labs[0].id,
+                students=real.students,
+                single=True,
+                until="running",
+            )
             portal.check_alive()
 
     design = {  # DESIGN §9 as worded: Start → VM created → Running seen in the browser
-        "single": {"portal": measured["single"]["to_vmi_running"], "direct": direct["single"]["to_vmi_running"],
-                   "kubesim_guests": "shell"},
-        "concurrent_100": {"portal": portal_fast["concurrent_100"]["to_vmi_running"],
-                           "direct": direct_fast["concurrent_100"]["to_vmi_running"],
-                           "kubesim_guests": "none: real guests make kubesim the bottleneck (it boots 100 guest "
-                                             "processes, the direct baseline's included)"},
+        "single": {
+            "portal": measured["single"]["to_vmi_running"],
+            "direct": direct["single"]["to_vmi_running"],
+            "kubesim_guests": "shell",
+        },
+        "concurrent_100": {
+            "portal": portal_fast["concurrent_100"]["to_vmi_running"],
+            "direct": direct_fast["concurrent_100"]["to_vmi_running"],
+            "kubesim_guests": "none: real guests make kubesim the bottleneck (it boots 100 guest "
+            "processes, the direct baseline's included)",
+        },
     }
     agent_ready = {
-        key: {"portal": measured[key]["to_agent_ready"], "direct": direct[key]["to_agent_ready"],
-              "kubesim_guests": "shell"}
+        key: {
+            "portal": measured[key]["to_agent_ready"],
+            "direct": direct[key]["to_agent_ready"],
+            "kubesim_guests": "shell",
+        }
         for key in ("single", "concurrent_100")
     }
     for figures in (*design.values(), *agent_ready.values()):
         portal_p95, direct_p95 = figures["portal"]["p95_ms"], figures["direct"]["p95_ms"]
-        figures["added_p95_ms"] = (None if portal_p95 is None or direct_p95 is None
-                                   else round(portal_p95 - direct_p95, 2))
-    emit({
-        "benchmark": "start_overhead",
-        "description": "Start pressed on the lab page -> VMI Running (DESIGN 9 as worded) and -> 'running' (agent "
-                       "answering), each as seen by a browser that does what the page does (Start posted over HTTP, "
-                       "answered with the attempt panel, the attempt's updates on its events socket, and the console "
-                       "socket once it is ready), kubesim with zero delays, portal as daphne + "
-                       "Celery worker + beat on PostgreSQL and Redis; baselines: the same Secret and VM created "
-                       "with the kubernetes client and watched to VMI Running, and polled until the agent answers "
-                       "/healthz through portforward. The 100-start VMI-Running figure and its baseline run on a "
-                       "kubesim with --guest none (real guests make kubesim the bottleneck); the rest on real "
-                       "guests. The guest-less portal takes two bursts, side by side (bursts).",
-        "target": {"single_p95_ms": TARGET_P95_SINGLE_MS, "concurrent_100_p95_ms": TARGET_P95_CONCURRENT_MS},
-        "start_to_vmi_running_in_browser": design,
-        "start_to_agent_ready_in_browser": agent_ready,
-        "figures": {"real_guests": measured, "no_guests": portal_fast},
-        "baseline": {"real_guests": direct, "no_guests": direct_fast},
-        "verdict": {
-            "single_meets_target": verdict(design["single"]["portal"]["p95_ms"], TARGET_P95_SINGLE_MS),
-            "concurrent_100_meets_target": verdict(design["concurrent_100"]["portal"]["p95_ms"],
-                                                   TARGET_P95_CONCURRENT_MS),
-            "single_agent_ready_within_target": verdict(agent_ready["single"]["portal"]["p95_ms"],
-                                                        TARGET_P95_SINGLE_MS),
-            "concurrent_100_agent_ready_within_target": verdict(agent_ready["concurrent_100"]["portal"]["p95_ms"],
-                                                                TARGET_P95_CONCURRENT_MS),
-        },
-        "machine": machine(),
-    })
+        figures["added_p95_ms"] = (
+            None if portal_p95 is None or direct_p95 is None else round(portal_p95 - direct_p95, 2)
+        )
+    emit(
+        {
+            "benchmark": "start_overhead",
+            "description": "Start pressed on the lab page -> VMI Running (DESIGN 9 as worded) and -> 'running' (agent "
+            "answering), each as seen by a browser that does what the page does (Start posted over HTTP, "
+            "answered with the attempt panel, the attempt's updates on its events socket, and the console "
+            "socket once it is ready), kubesim with zero delays, portal as daphne + "
+            "Celery worker + beat on PostgreSQL and Redis; baselines: the same Secret and VM created "
+            "with the kubernetes client and watched to VMI Running, and polled until the agent answers "
+            "/healthz through portforward. The 100-start VMI-Running figure and its baseline run on a "
+            "kubesim with --guest none (real guests make kubesim the bottleneck); the rest on real "
+            "guests. The guest-less portal takes two bursts, side by side (bursts).",
+            "target": {"single_p95_ms": TARGET_P95_SINGLE_MS, "concurrent_100_p95_ms": TARGET_P95_CONCURRENT_MS},
+            "start_to_vmi_running_in_browser": design,
+            "start_to_agent_ready_in_browser": agent_ready,
+            "figures": {"real_guests": measured, "no_guests": portal_fast},
+            "baseline": {"real_guests": direct, "no_guests": direct_fast},
+            "verdict": {
+                "single_meets_target": verdict(design["single"]["portal"]["p95_ms"], TARGET_P95_SINGLE_MS),
+                "concurrent_100_meets_target": verdict(
+                    design["concurrent_100"]["portal"]["p95_ms"], TARGET_P95_CONCURRENT_MS
+                ),
+                "single_agent_ready_within_target": verdict(
+                    agent_ready["single"]["portal"]["p95_ms"], TARGET_P95_SINGLE_MS
+                ),
+                "concurrent_100_agent_ready_within_target": verdict(
+                    agent_ready["concurrent_100"]["portal"]["p95_ms"], TARGET_P95_CONCURRENT_MS
+                ),
+            },
+            "machine": machine(),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -12,8 +12,21 @@ from django.utils.translation import gettext_lazy as _
 from grading.models import CheckResult, Grade, GradingRun
 from portal.admin_scoping import CourseScopedAdminMixin, CourseScopedInlineMixin
 
-RESULT_FIELDS = ("order", "check_title", "passed", "points", "max_points", "exit_code", "timed_out", "duration_ms",
-                 "stdout", "stderr", "output_truncated", "feedback", "pattern_timeout_seconds")
+RESULT_FIELDS = (
+    "order",
+    "check_title",
+    "passed",
+    "points",
+    "max_points",
+    "exit_code",
+    "timed_out",
+    "duration_ms",
+    "stdout",
+    "stderr",
+    "output_truncated",
+    "feedback",
+    "pattern_timeout_seconds",
+)
 
 
 class CheckResultInline(CourseScopedInlineMixin, admin.TabularInline):
@@ -30,14 +43,39 @@ class GradingRunAdmin(CourseScopedAdminMixin, admin.ModelAdmin):
     course_lookup = "attempt__lab__course"
     read_only = True
     inlines = (CheckResultInline,)
-    list_display = ("id", "attempt", "state", "trigger", "score", "max_score", "late_penalty_percent", "created_at",
-                    "finished_at")
-    list_filter = ("state", "trigger", ("attempt__lab__course", admin.RelatedOnlyFieldListFilter),
-                   ("attempt__lab", admin.RelatedOnlyFieldListFilter))
+    list_display = (
+        "id",
+        "attempt",
+        "state",
+        "trigger",
+        "score",
+        "max_score",
+        "late_penalty_percent",
+        "created_at",
+        "finished_at",
+    )
+    list_filter = (
+        "state",
+        "trigger",
+        ("attempt__lab__course", admin.RelatedOnlyFieldListFilter),
+        ("attempt__lab", admin.RelatedOnlyFieldListFilter),
+    )
     list_select_related = ("attempt__lab", "attempt__student")
     search_fields = ("attempt__student__username", "attempt__student__full_name", "attempt__lab__title")
-    fields = ("attempt", "state", "trigger", "requested_by", "regrade_of", "created_at", "started_at", "finished_at",
-              "score", "max_score", "late_penalty_percent", "error")
+    fields = (
+        "attempt",
+        "state",
+        "trigger",
+        "requested_by",
+        "regrade_of",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "score",
+        "max_score",
+        "late_penalty_percent",
+        "error",
+    )
     readonly_fields = fields
 
 
@@ -58,12 +96,22 @@ class GradeAdmin(CourseScopedAdminMixin, admin.ModelAdmin):
     course_lookup = "lab__course"
     read_only = True
     list_display = ("student", "lab", "score", "max_score", "late", "override_score", "final", "updated_at")
-    list_filter = ("late", ("lab__course", admin.RelatedOnlyFieldListFilter),
-                   ("lab", admin.RelatedOnlyFieldListFilter))
+    list_filter = ("late", ("lab__course", admin.RelatedOnlyFieldListFilter), ("lab", admin.RelatedOnlyFieldListFilter))
     list_select_related = ("student", "lab")
     search_fields = ("student__username", "student__full_name", "lab__title")
-    fields = ("lab", "student", "source_run", "score", "max_score", "late", "override_score", "override_reason",
-              "overridden_by", "overridden_at", "updated_at")
+    fields = (
+        "lab",
+        "student",
+        "source_run",
+        "score",
+        "max_score",
+        "late",
+        "override_score",
+        "override_reason",
+        "overridden_by",
+        "overridden_at",
+        "updated_at",
+    )
     readonly_fields = fields
 
     @admin.display(description=_("final score"))

@@ -91,8 +91,12 @@ def evaluate_check(*, check: CheckDefinition, result: Mapping[str, Any]) -> Chec
         seconds = pattern_timeout_seconds()
         logger.warning("check %r: its output pattern took longer than %s s to match", check, seconds)
         return CheckVerdict(
-            passed=False, points=Decimal(0), max_points=max_points, feedback="",
-            reason=f"the output pattern took longer than {seconds:g} s to match", pattern_timeout_seconds=seconds,
+            passed=False,
+            points=Decimal(0),
+            max_points=max_points,
+            feedback="",
+            reason=f"the output pattern took longer than {seconds:g} s to match",
+            pattern_timeout_seconds=seconds,
         )
     if reason:
         return CheckVerdict(

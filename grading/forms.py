@@ -13,15 +13,22 @@ from grading.services.grades import MAX_REASON_CHARS
 
 class GradeOverrideForm(forms.Form):
     score = forms.DecimalField(
-        label=_("Score"), required=False, min_value=Decimal(0), max_digits=8, decimal_places=2,
+        label=_("Score"),
+        required=False,
+        min_value=Decimal(0),
+        max_digits=8,
+        decimal_places=2,
         help_text=_("The grade the student gets, whatever their runs scored."),
     )
     reason = forms.CharField(
-        label=_("Reason"), max_length=MAX_REASON_CHARS, widget=forms.Textarea(attrs={"rows": 3}),
+        label=_("Reason"),
+        max_length=MAX_REASON_CHARS,
+        widget=forms.Textarea(attrs={"rows": 3}),
         help_text=_("Required. Kept in the audit log with your name."),
     )
     remove = forms.BooleanField(
-        label=_("Remove the override and use the computed grade again"), required=False,
+        label=_("Remove the override and use the computed grade again"),
+        required=False,
     )
 
     def __init__(self, *args, max_score: Decimal | None = None, **kwargs) -> None:

@@ -32,7 +32,11 @@ class GradingRun(models.Model):
     state = models.CharField(_("state"), max_length=10, choices=RunState.choices, default=RunState.QUEUED)
     trigger = models.CharField(_("trigger"), max_length=10, choices=RunTrigger.choices, default=RunTrigger.STUDENT)
     requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, verbose_name=_("requested by"), on_delete=models.SET_NULL, null=True, blank=True,
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("requested by"),
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
         related_name="+",
     )
     # A regrade re-evaluates the stored outputs of this run against the current checks.
@@ -109,7 +113,9 @@ class CheckResult(models.Model):
     feedback = models.TextField(_("feedback"), blank=True)
     # The words for this case are put together when read, in the reader's language (result_feedback).
     pattern_timeout_seconds = models.FloatField(
-        _("pattern time limit (s)"), null=True, blank=True,
+        _("pattern time limit (s)"),
+        null=True,
+        blank=True,
         help_text=_("Set when the expected-output pattern ran out of time: the check was not judged."),
     )
 
@@ -143,7 +149,11 @@ class Grade(models.Model):
     override_score = models.DecimalField(_("override score"), max_digits=8, decimal_places=2, null=True, blank=True)
     override_reason = models.TextField(_("override reason"), blank=True)
     overridden_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, verbose_name=_("overridden by"), on_delete=models.SET_NULL, null=True, blank=True,
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("overridden by"),
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
         related_name="+",
     )
     overridden_at = models.DateTimeField(_("overridden at"), null=True, blank=True)
@@ -174,7 +184,11 @@ class LabRegrade(models.Model):
 
     lab = models.ForeignKey(Lab, verbose_name=_("lab"), on_delete=models.CASCADE, related_name="lab_regrades")
     requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, verbose_name=_("requested by"), on_delete=models.SET_NULL, null=True, blank=True,
+        settings.AUTH_USER_MODEL,
+        verbose_name=_("requested by"),
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
         related_name="+",
     )
     # queued until the task has done the whole regrade (in one transaction), then done or error; never running.

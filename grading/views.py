@@ -182,7 +182,8 @@ class LabRegradeView(GradingView):
                     "Regrade queued for %(count)d attempt. Its outcome appears under Regrades when it is done.",
                     "Regrade queued for %(count)d attempts. Its outcome appears under Regrades when it is done.",
                     regrade.attempts_requested,
-                ) % {"count": regrade.attempts_requested},
+                )
+                % {"count": regrade.attempts_requested},
             )
         else:
             messages.info(request, _("A regrade of this lab is already queued; it will use the current checks."))
@@ -241,7 +242,10 @@ class StudentLabGradeView(GradingView):
         score = None if form.cleaned_data["remove"] else form.cleaned_data["score"]
         try:
             services.grade_override(
-                actor=request.user, lab=context["lab"], student=context["student"], score=score,
+                actor=request.user,
+                lab=context["lab"],
+                student=context["student"],
+                score=score,
                 reason=form.cleaned_data["reason"],
             )
         except ApplicationError as exc:

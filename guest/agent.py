@@ -581,8 +581,9 @@ class UnixAgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
     request_queue_size = 64
 
 
-def make_server(*, host: str, port: int, config: AgentConfig, unix_socket: str | None = None
-                ) -> AgentServer | UnixAgentServer:
+def make_server(
+    *, host: str, port: int, config: AgentConfig, unix_socket: str | None = None
+) -> AgentServer | UnixAgentServer:
     handler = type("ConfiguredAgentHandler", (AgentHandler,), {"config": config})
     if unix_socket:
         with contextlib.suppress(FileNotFoundError):

@@ -16,14 +16,26 @@ from kubesim.errors import ApiError
 if TYPE_CHECKING:
     from kubesim.server import KubeSim
 
-_DELAYS = ("pending_delay", "scheduling_delay", "scheduled_delay", "agent_delay", "stop_delay", "jitter",
-           "restart_backoff", "image_pull_backoff", "bookmark_interval")
+_DELAYS = (
+    "pending_delay",
+    "scheduling_delay",
+    "scheduled_delay",
+    "agent_delay",
+    "stop_delay",
+    "jitter",
+    "restart_backoff",
+    "image_pull_backoff",
+    "bookmark_interval",
+)
 
 
 def register(app: web.Application, sim: KubeSim) -> None:
     async def counters(request: web.Request) -> web.Response:
-        return json_response(sim.counters.snapshot(open_watches=len(sim.watches), open_consoles=len(sim.consoles),
-                                           open_portforwards=len(sim.portforwards)))
+        return json_response(
+            sim.counters.snapshot(
+                open_watches=len(sim.watches), open_consoles=len(sim.consoles), open_portforwards=len(sim.portforwards)
+            )
+        )
 
     async def reset_counters(request: web.Request) -> web.Response:
         sim.counters.reset()
@@ -62,8 +74,9 @@ def register(app: web.Application, sim: KubeSim) -> None:
     async def fail_vmi(request: web.Request) -> web.Response:
         body = await optional_json_object(request)
         namespace, name = request.match_info["namespace"], request.match_info["name"]
-        vmi = sim.cluster.fail_vmi(namespace, name, reason=str(body.get("reason") or "Crashed"),
-                                   message=str(body.get("message") or ""))
+        vmi = sim.cluster.fail_vmi(
+            namespace, name, reason=str(body.get("reason") or "Crashed"), message=str(body.get("message") or "")
+        )
         if vmi is None:
             raise ApiError(404, f'virtualmachineinstances.kubevirt.io "{name}" not found')
         return json_response(vmi)
@@ -86,8 +99,14 @@ def register(app: web.Application, sim: KubeSim) -> None:
         if "image_volume_supported" in body:
             sim.config.image_volume_supported = bool(body["image_volume_supported"])
             for node in list(sim.store.objects("nodes")):
-                sim.api.mutate(NODE, "", node["metadata"]["name"], lambda o: o["status"][
-                    "nodeInfo"].__setitem__("containerRuntimeVersion", sim.config.container_runtime_version()))
+                sim.api.mutate(
+                    NODE,
+                    "",
+                    node["metadata"]["name"],
+                    lambda o: o["status"]["nodeInfo"].__setitem__(
+                        "containerRuntimeVersion", sim.config.container_runtime_version()
+                    ),
+                )
 
         def change(o: dict[str, Any]) -> None:
             developer = o["spec"].setdefault("configuration", {}).setdefault("developerConfiguration", {})
@@ -100,11 +119,15 @@ def register(app: web.Application, sim: KubeSim) -> None:
             if body.get("version"):
                 for field in ("observedKubeVirtVersion", "targetKubeVirtVersion", "operatorVersion"):
                     o["status"][field] = body["version"]
+
         enabled = set(body.get("feature_gates") or ())
         both = enabled & set(body.get("disabled_feature_gates") or ())
         if both:
-            raise ApiError(422, f'feature gate "{sorted(both)[0]}" exists on both "FeatureGates" and '
-                                '"DisabledFeatureGates"', reason="Invalid")
+            raise ApiError(
+                422,
+                f'feature gate "{sorted(both)[0]}" exists on both "FeatureGates" and "DisabledFeatureGates"',
+                reason="Invalid",
+            )
         return json_response(sim.api.mutate(KUBEVIRT, "kubevirt", "kubevirt", change))
 
     async def guests(request: web.Request) -> web.Response:

@@ -16,8 +16,9 @@ from kubesim.quantity import QuantityError, parse_quantity
 
 RUN_STRATEGIES = ("Always", "Halted", "Manual", "RerunOnFailure", "Once")
 RUNNING_DEPRECATED_WARNING = "spec.running is deprecated, please use spec.runStrategy instead"
-MUTUALLY_EXCLUSIVE = ("Running and RunStrategy are mutually exclusive. "
-                      "Note that Running is deprecated, please use RunStrategy instead")
+MUTUALLY_EXCLUSIVE = (
+    "Running and RunStrategy are mutually exclusive. Note that Running is deprecated, please use RunStrategy instead"
+)
 
 _DEFINITIONS = {
     "VirtualMachine": "v1.VirtualMachine",
@@ -37,8 +38,11 @@ def swagger_path() -> Path:
     if configured:
         return Path(configured)
     here = Path(__file__).resolve().parent
-    for candidate in (here / "swagger.json", here.parent.parent / "shared" / "kubevirt" / "swagger.json",
-                      here.parent / "shared" / "kubevirt" / "swagger.json"):
+    for candidate in (
+        here / "swagger.json",
+        here.parent.parent / "shared" / "kubevirt" / "swagger.json",
+        here.parent / "shared" / "kubevirt" / "swagger.json",
+    ):
         if candidate.exists():
             return candidate
     raise FileNotFoundError("KubeVirt swagger.json not found; set KUBESIM_SWAGGER")
@@ -76,16 +80,21 @@ FIELD_VALIDATIONS = (None, "", "Ignore", "Warn", "Strict")
 def check_field_validation(field_validation: str | None) -> None:
     """A request's ``fieldValidation`` the API server does not know is a 400, whatever the resource."""
     if field_validation not in FIELD_VALIDATIONS:
-        raise ApiError(400, f'fieldValidation: Unsupported value: "{field_validation}": supported values: '
-                            + ", ".join(f'"{value}"' for value in FIELD_VALIDATIONS if value))
+        raise ApiError(
+            400,
+            f'fieldValidation: Unsupported value: "{field_validation}": supported values: '
+            + ", ".join(f'"{value}"' for value in FIELD_VALIDATIONS if value),
+        )
 
 
 @lru_cache(maxsize=1)
 def _validators() -> dict[str, jsonschema.protocols.Validator]:
     with open(swagger_path()) as handle:
         definitions = _closed(json.load(handle)["definitions"])
-    return {kind: jsonschema.Draft4Validator(_inline(definitions[definition], definitions, (definition,)))
-            for kind, definition in _DEFINITIONS.items()}
+    return {
+        kind: jsonschema.Draft4Validator(_inline(definitions[definition], definitions, (definition,)))
+        for kind, definition in _DEFINITIONS.items()
+    }
 
 
 def preload() -> None:
@@ -108,14 +117,30 @@ def _schema_causes(error: jsonschema.ValidationError) -> list[dict[str, str]]:
     if error.validator == "type":
         expected = error.validator_value
         expected = " or ".join(expected) if isinstance(expected, list) else expected
-        actual = type(error.instance).__name__.replace("str", "string").replace("dict", "object") \
-            .replace("list", "array").replace("bool", "boolean").replace("int", "integer")
-        return [{"reason": "FieldValueTypeInvalid", "field": where,
-                 "message": f'Invalid value: "{actual}": {where} in body must be of type {expected}: "{actual}"'}]
+        actual = (
+            type(error.instance)
+            .__name__.replace("str", "string")
+            .replace("dict", "object")
+            .replace("list", "array")
+            .replace("bool", "boolean")
+            .replace("int", "integer")
+        )
+        return [
+            {
+                "reason": "FieldValueTypeInvalid",
+                "field": where,
+                "message": f'Invalid value: "{actual}": {where} in body must be of type {expected}: "{actual}"',
+            }
+        ]
     if error.validator == "enum":
-        return [{"reason": "FieldValueNotSupported", "field": where,
-                 "message": f"Unsupported value: {json.dumps(error.instance)}: supported values: "
-                            + ", ".join(json.dumps(v) for v in error.validator_value)}]
+        return [
+            {
+                "reason": "FieldValueNotSupported",
+                "field": where,
+                "message": f"Unsupported value: {json.dumps(error.instance)}: supported values: "
+                + ", ".join(json.dumps(v) for v in error.validator_value),
+            }
+        ]
     return [{"reason": "FieldValueInvalid", "field": where, "message": f"Invalid value: {error.message}"}]
 
 
@@ -176,33 +201,52 @@ def _vmi_spec_causes(spec: dict[str, Any], prefix: str) -> list[dict[str, str]]:
     volumes = {v.get("name") for v in spec.get("volumes") or ()}
     for index, disk in enumerate(devices.get("disks") or ()):
         if disk.get("name") not in volumes:
-            causes.append({"reason": "FieldValueInvalid", "field": f"{prefix}.domain.devices.disks[{index}].name",
-                           "message": f"{prefix}.domain.devices.disks[{index}].Name '{disk.get('name')}' "
-                                      "not found."})
+            causes.append(
+                {
+                    "reason": "FieldValueInvalid",
+                    "field": f"{prefix}.domain.devices.disks[{index}].name",
+                    "message": f"{prefix}.domain.devices.disks[{index}].Name '{disk.get('name')}' not found.",
+                }
+            )
     networks = {n.get("name") for n in spec.get("networks") or ()}
     for index, interface in enumerate(devices.get("interfaces") or ()):
         if interface.get("name") not in networks:
-            causes.append({"reason": "FieldValueInvalid",
-                           "field": f"{prefix}.domain.devices.interfaces[{index}].name",
-                           "message": f"{prefix}.domain.devices.interfaces[{index}].name "
-                                      f"'{interface.get('name')}' not found."})
+            causes.append(
+                {
+                    "reason": "FieldValueInvalid",
+                    "field": f"{prefix}.domain.devices.interfaces[{index}].name",
+                    "message": f"{prefix}.domain.devices.interfaces[{index}].name '{interface.get('name')}' not found.",
+                }
+            )
     resources = domain.get("resources") or {}
     for section in ("requests", "limits"):
         for resource_name, value in (resources.get(section) or {}).items():
             try:
                 parse_quantity(value)
             except QuantityError:
-                causes.append({"reason": "FieldValueInvalid",
-                               "field": f"{prefix}.domain.resources.{section}.{resource_name}",
-                               "message": f"{prefix}.domain.resources.{section}.{resource_name} "
-                                          f"'{value}': quantities must match the regular expression"})
+                causes.append(
+                    {
+                        "reason": "FieldValueInvalid",
+                        "field": f"{prefix}.domain.resources.{section}.{resource_name}",
+                        "message": f"{prefix}.domain.resources.{section}.{resource_name} "
+                        f"'{value}': quantities must match the regular expression",
+                    }
+                )
     memory = domain.get("memory") or {}
-    if not (resources.get("requests") or {}).get("memory") and not memory.get("guest") \
-            and not (memory.get("hugepages") or {}).get("pageSize"):
-        causes.append({"reason": "FieldValueRequired", "field": f"{prefix}.domain.resources.requests.memory",
-                       "message": "no memory requested, at least one of 'spec.domain.memory.guest', "
-                                  "'spec.domain.memory.hugepages.size' or 'spec.domain.resources.requests.memory' "
-                                  "must be set"})
+    if (
+        not (resources.get("requests") or {}).get("memory")
+        and not memory.get("guest")
+        and not (memory.get("hugepages") or {}).get("pageSize")
+    ):
+        causes.append(
+            {
+                "reason": "FieldValueRequired",
+                "field": f"{prefix}.domain.resources.requests.memory",
+                "message": "no memory requested, at least one of 'spec.domain.memory.guest', "
+                "'spec.domain.memory.hugepages.size' or 'spec.domain.resources.requests.memory' "
+                "must be set",
+            }
+        )
     return causes
 
 
@@ -215,13 +259,19 @@ def admit_virtual_machine(obj: dict[str, Any], *, decentralized_migration: bool 
     if has_running and has_strategy:
         causes.append({"reason": "FieldValueInvalid", "field": "spec.running", "message": MUTUALLY_EXCLUSIVE})
     elif not has_running and not has_strategy:
-        causes.append({"reason": "FieldValueInvalid", "field": "spec.running",
-                       "message": "RunStrategy must be specified"})
+        causes.append(
+            {"reason": "FieldValueInvalid", "field": "spec.running", "message": "RunStrategy must be specified"}
+        )
     elif has_strategy:
         allowed = RUN_STRATEGIES + (("WaitAsReceiver",) if decentralized_migration else ())
         if spec["runStrategy"] not in allowed:
-            causes.append({"reason": "FieldValueInvalid", "field": "spec.runStrategy",
-                           "message": f"Invalid RunStrategy ({spec['runStrategy']})"})
+            causes.append(
+                {
+                    "reason": "FieldValueInvalid",
+                    "field": "spec.runStrategy",
+                    "message": f"Invalid RunStrategy ({spec['runStrategy']})",
+                }
+            )
     template_spec = ((spec.get("template") or {}).get("spec")) or {}
     causes.extend(_vmi_spec_causes(template_spec, "spec.template.spec"))
     if causes:
@@ -241,7 +291,14 @@ def admit_kubevirt(obj: dict[str, Any]) -> list[str]:
     enabled = set(developer.get("featureGates") or ())
     for gate in developer.get("disabledFeatureGates") or ():
         if gate in enabled:
-            raise _webhook_denied("KubeVirt", [{
-                "reason": "FieldValueInvalid", "field": "spec.configuration.developerConfiguration",
-                "message": f'feature gate "{gate}" exists on both "FeatureGates" and "DisabledFeatureGates"'}])
+            raise _webhook_denied(
+                "KubeVirt",
+                [
+                    {
+                        "reason": "FieldValueInvalid",
+                        "field": "spec.configuration.developerConfiguration",
+                        "message": f'feature gate "{gate}" exists on both "FeatureGates" and "DisabledFeatureGates"',
+                    }
+                ],
+            )
     return []

@@ -61,22 +61,36 @@ class ApiServer:
         if ns is None:
             raise not_found("namespaces", namespace, kind_plural="namespaces")
         if ns["metadata"].get("deletionTimestamp") and not internal:
-            raise ApiError(403, f"{rt.plural} \"\" is forbidden: unable to create new content in namespace "
-                                f"{namespace} because it is being terminated", reason="Forbidden")
+            raise ApiError(
+                403,
+                f'{rt.plural} "" is forbidden: unable to create new content in namespace '
+                f"{namespace} because it is being terminated",
+                reason="Forbidden",
+            )
 
     def _validate_name(self, rt: ResourceType, name: str) -> None:
         pattern = _DNS1123_LABEL if rt.key == "namespaces" else _DNS1123_SUBDOMAIN
         limit = 63 if rt.key == "namespaces" else 253
         if not pattern.match(name) or len(name) > limit:
-            raise invalid(rt.kind, rt.group, name, [{
-                "reason": "FieldValueInvalid", "field": "metadata.name",
-                "message": f'Invalid value: "{name}": a lowercase RFC 1123 '
-                           f'{"label" if rt.key == "namespaces" else "subdomain"} must consist of lower case '
-                           "alphanumeric characters, '-' or '.', and must start and end with an alphanumeric "
-                           "character"}])
+            raise invalid(
+                rt.kind,
+                rt.group,
+                name,
+                [
+                    {
+                        "reason": "FieldValueInvalid",
+                        "field": "metadata.name",
+                        "message": f'Invalid value: "{name}": a lowercase RFC 1123 '
+                        f"{'label' if rt.key == 'namespaces' else 'subdomain'} must consist of lower case "
+                        "alphanumeric characters, '-' or '.', and must start and end with an alphanumeric "
+                        "character",
+                    }
+                ],
+            )
 
-    def _admit(self, rt: ResourceType, obj: dict[str, Any], *, field_validation: str | None) -> tuple[
-            dict[str, Any], list[str]]:
+    def _admit(
+        self, rt: ResourceType, obj: dict[str, Any], *, field_validation: str | None
+    ) -> tuple[dict[str, Any], list[str]]:
         warnings: list[str] = []
         if rt.group == "kubevirt.io":  # validate_schema checks the fieldValidation value too
             obj, warnings = admission.validate_schema(obj, field_validation=field_validation)
@@ -99,9 +113,12 @@ class ApiServer:
             try:
                 base64.b64decode(value or "", validate=True)
             except (binascii.Error, TypeError) as exc:
-                raise invalid("Secret", "", obj["metadata"].get("name", ""), [{
-                    "reason": "FieldValueInvalid", "field": f"data[{key}]",
-                    "message": "illegal base64 data"}]) from exc
+                raise invalid(
+                    "Secret",
+                    "",
+                    obj["metadata"].get("name", ""),
+                    [{"reason": "FieldValueInvalid", "field": f"data[{key}]", "message": "illegal base64 data"}],
+                ) from exc
         for key, value in (obj.pop("stringData", None) or {}).items():
             data[key] = base64.b64encode(str(value).encode()).decode()
         if data:
@@ -109,11 +126,22 @@ class ApiServer:
         obj.setdefault("type", "Opaque")
 
     # ---- create ------------------------------------------------------------------------------------------
-    def create(self, rt: ResourceType, namespace: str, body: Any, *, internal: bool = False,
-               dry_run: bool = False, field_validation: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    def create(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        body: Any,
+        *,
+        internal: bool = False,
+        dry_run: bool = False,
+        field_validation: str | None = None,
+    ) -> tuple[dict[str, Any], list[str]]:
         if not isinstance(body, dict):
-            raise ApiError(400, "the body of the request was in an unknown format - accepted media types "
-                                "include: application/json, application/yaml")
+            raise ApiError(
+                400,
+                "the body of the request was in an unknown format - accepted media types "
+                "include: application/json, application/yaml",
+            )
         obj = clone(body)
         self._check_type(rt, obj)
         meta = obj.setdefault("metadata", {})
@@ -121,8 +149,9 @@ class ApiServer:
             raise ApiError(400, "metadata must be an object")
         if rt.namespaced:
             if meta.get("namespace") and meta["namespace"] != namespace:
-                raise ApiError(400, "the namespace of the provided object does not match the namespace sent on "
-                                    "the request")
+                raise ApiError(
+                    400, "the namespace of the provided object does not match the namespace sent on the request"
+                )
             meta["namespace"] = namespace
         else:
             meta.pop("namespace", None)
@@ -130,19 +159,39 @@ class ApiServer:
             if meta.get("generateName"):
                 meta["name"] = meta["generateName"] + _random_suffix(self.rng)
             else:
-                raise invalid(rt.kind, rt.group, "", [{"reason": "FieldValueRequired", "field": "metadata.name",
-                                                       "message": "Required value: name or generateName is "
-                                                                  "required"}])
+                raise invalid(
+                    rt.kind,
+                    rt.group,
+                    "",
+                    [
+                        {
+                            "reason": "FieldValueRequired",
+                            "field": "metadata.name",
+                            "message": "Required value: name or generateName is required",
+                        }
+                    ],
+                )
         self._validate_name(rt, meta["name"])
         self._check_namespace(rt, namespace, internal=internal)
-        for field in ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp",
-                      "deletionGracePeriodSeconds", "generation", "selfLink", "managedFields"):
+        for field in (
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "selfLink",
+            "managedFields",
+        ):
             meta.pop(field, None)
         warnings: list[str] = []
         if not internal:
             if "create" not in rt.verbs:
-                raise ApiError(405, f"the server does not allow this method on the requested resource "
-                                    f"({rt.plural})", reason="MethodNotAllowed")
+                raise ApiError(
+                    405,
+                    f"the server does not allow this method on the requested resource ({rt.plural})",
+                    reason="MethodNotAllowed",
+                )
             obj, warnings = self._admit(rt, obj, field_validation=field_validation)
             meta = obj["metadata"]
             if rt.status_subresource:
@@ -169,14 +218,27 @@ class ApiServer:
         if kind and kind != rt.kind:
             raise ApiError(400, f"the kind in the data ({kind}) does not match the expected kind ({rt.kind})")
         if api_version and api_version != rt.api_version:
-            raise ApiError(400, f"the API version in the data ({api_version}) does not match the expected API "
-                                f"version ({rt.api_version})")
+            raise ApiError(
+                400,
+                f"the API version in the data ({api_version}) does not match the expected API "
+                f"version ({rt.api_version})",
+            )
         obj["kind"], obj["apiVersion"] = rt.kind, rt.api_version
 
     # ---- update and patch --------------------------------------------------------------------------------
-    def update(self, rt: ResourceType, namespace: str, name: str, body: Any, *, subresource: str | None = None,
-               internal: bool = False, dry_run: bool = False, field_validation: str | None = None,
-               patched: bool = False) -> tuple[dict[str, Any], list[str]]:
+    def update(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        body: Any,
+        *,
+        subresource: str | None = None,
+        internal: bool = False,
+        dry_run: bool = False,
+        field_validation: str | None = None,
+        patched: bool = False,
+    ) -> tuple[dict[str, Any], list[str]]:
         if not isinstance(body, dict):
             raise ApiError(400, "the body of the request was in an unknown format")
         old = self.require(rt, namespace, name)
@@ -184,19 +246,30 @@ class ApiServer:
         self._check_type(rt, obj)
         meta = obj.setdefault("metadata", {})
         if meta.get("name") and meta["name"] != name:
-            raise ApiError(400, f"the name of the object ({meta['name']}) does not match the name on the URL "
-                                f"({name})")
+            raise ApiError(400, f"the name of the object ({meta['name']}) does not match the name on the URL ({name})")
         wanted_rv = meta.get("resourceVersion")
         if not wanted_rv and rt.group == "kubevirt.io" and not internal and not patched:
             # Custom resources do not allow unconditional updates (AllowUnconditionalUpdate is false for CRDs).
-            raise invalid(rt.kind, rt.group, name, [{
-                "reason": "FieldValueInvalid", "field": "metadata.resourceVersion",
-                "message": "Invalid value: 0x0: must be specified for an update"}])
+            raise invalid(
+                rt.kind,
+                rt.group,
+                name,
+                [
+                    {
+                        "reason": "FieldValueInvalid",
+                        "field": "metadata.resourceVersion",
+                        "message": "Invalid value: 0x0: must be specified for an update",
+                    }
+                ],
+            )
         if wanted_rv and wanted_rv != old["metadata"]["resourceVersion"]:
             raise conflict(rt.group_resource, name, kind_plural=rt.plural)
         if not internal and ("update" not in rt.verbs):
-            raise ApiError(405, f"the server does not allow this method on the requested resource ({rt.plural})",
-                           reason="MethodNotAllowed")
+            raise ApiError(
+                405,
+                f"the server does not allow this method on the requested resource ({rt.plural})",
+                reason="MethodNotAllowed",
+            )
         if subresource == "status":
             new = clone(old)
             new["status"] = obj.get("status", {})
@@ -209,14 +282,28 @@ class ApiServer:
             elif rt.status_subresource:
                 new.pop("status", None)
             if rt.key == "virtualmachineinstances" and not internal and new.get("spec") != old.get("spec"):
-                raise admission._webhook_denied("VirtualMachineInstance", [{
-                    "reason": "FieldValueNotSupported", "field": "spec",
-                    "message": "update of VMI object is restricted"}])
+                raise admission._webhook_denied(
+                    "VirtualMachineInstance",
+                    [
+                        {
+                            "reason": "FieldValueNotSupported",
+                            "field": "spec",
+                            "message": "update of VMI object is restricted",
+                        }
+                    ],
+                )
         warnings: list[str] = []
         if not internal and subresource != "status":
             new, warnings = self._admit(rt, new, field_validation=field_validation)
-        for field in ("uid", "creationTimestamp", "namespace", "deletionTimestamp", "deletionGracePeriodSeconds",
-                      "generation", "generateName"):
+        for field in (
+            "uid",
+            "creationTimestamp",
+            "namespace",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "generateName",
+        ):
             if field in old["metadata"]:
                 new["metadata"][field] = old["metadata"][field]
             else:
@@ -224,9 +311,11 @@ class ApiServer:
         new["metadata"]["name"] = name
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         if "generation" in old["metadata"]:
-            spec_changed = any(new.get(k) != old.get(k) for k in new.keys() | old.keys()
-                               if k not in ("metadata", "status", "apiVersion", "kind")) or (
-                not rt.status_subresource and new.get("status") != old.get("status"))
+            spec_changed = any(
+                new.get(k) != old.get(k)
+                for k in new.keys() | old.keys()
+                if k not in ("metadata", "status", "apiVersion", "kind")
+            ) or (not rt.status_subresource and new.get("status") != old.get("status"))
             if spec_changed:
                 new["metadata"]["generation"] = old["metadata"]["generation"] + 1
         if new == old:
@@ -237,13 +326,26 @@ class ApiServer:
         self._finish_if_finalized(rt, stored)
         return stored, warnings
 
-    def patch(self, rt: ResourceType, namespace: str, name: str, content_type: str, body: Any, *,
-              subresource: str | None = None, internal: bool = False, dry_run: bool = False,
-              field_validation: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    def patch(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        content_type: str,
+        body: Any,
+        *,
+        subresource: str | None = None,
+        internal: bool = False,
+        dry_run: bool = False,
+        field_validation: str | None = None,
+    ) -> tuple[dict[str, Any], list[str]]:
         old = self.require(rt, namespace, name)
         if not internal and "patch" not in rt.verbs:
-            raise ApiError(405, f"the server does not allow this method on the requested resource ({rt.plural})",
-                           reason="MethodNotAllowed")
+            raise ApiError(
+                405,
+                f"the server does not allow this method on the requested resource ({rt.plural})",
+                reason="MethodNotAllowed",
+            )
         kind = content_type.split(";")[0].strip()
         if kind == "application/json-patch+json":
             new = json_patch(old, body)
@@ -254,20 +356,36 @@ class ApiServer:
                 raise ApiError(400, "merge patch body must be a JSON object")
             new = merge_patch(old, body)
         elif kind == "application/apply-patch+yaml":
-            raise ApiError(415, "server-side apply is not supported by kubesim; use client-side apply",
-                           reason="UnsupportedMediaType")
+            raise ApiError(
+                415,
+                "server-side apply is not supported by kubesim; use client-side apply",
+                reason="UnsupportedMediaType",
+            )
         else:
-            raise ApiError(415, f"the body of the request was in an unknown format - accepted media types "
-                                f"include: application/json-patch+json, application/merge-patch+json, "
-                                f"application/strategic-merge-patch+json (got {content_type!r})",
-                           reason="UnsupportedMediaType")
+            raise ApiError(
+                415,
+                f"the body of the request was in an unknown format - accepted media types "
+                f"include: application/json-patch+json, application/merge-patch+json, "
+                f"application/strategic-merge-patch+json (got {content_type!r})",
+                reason="UnsupportedMediaType",
+            )
         if not isinstance(new, dict):
             raise ApiError(422, "patched object is not a JSON object")
-        return self.update(rt, namespace, name, new, subresource=subresource, internal=internal,
-                           dry_run=dry_run, field_validation=field_validation, patched=True)
+        return self.update(
+            rt,
+            namespace,
+            name,
+            new,
+            subresource=subresource,
+            internal=internal,
+            dry_run=dry_run,
+            field_validation=field_validation,
+            patched=True,
+        )
 
-    def mutate(self, rt: ResourceType, namespace: str, name: str,
-               change: Callable[[dict[str, Any]], Any]) -> dict[str, Any] | None:
+    def mutate(
+        self, rt: ResourceType, namespace: str, name: str, change: Callable[[dict[str, Any]], Any]
+    ) -> dict[str, Any] | None:
         """Controller write: apply ``change`` to a copy and store it if anything changed."""
         old = self.store.get(rt.key, namespace if rt.namespaced else "", name)
         if old is None:
@@ -281,22 +399,39 @@ class ApiServer:
         return stored
 
     # ---- delete ------------------------------------------------------------------------------------------
-    def delete(self, rt: ResourceType, namespace: str, name: str, *, grace_period: int | None = None,
-               propagation: str | None = None, preconditions: dict[str, Any] | None = None,
-               internal: bool = False, dry_run: bool = False) -> tuple[dict[str, Any], bool]:
+    def delete(
+        self,
+        rt: ResourceType,
+        namespace: str,
+        name: str,
+        *,
+        grace_period: int | None = None,
+        propagation: str | None = None,
+        preconditions: dict[str, Any] | None = None,
+        internal: bool = False,
+        dry_run: bool = False,
+    ) -> tuple[dict[str, Any], bool]:
         """Delete or start deleting; returns the object and whether it is gone already."""
         obj = self.require(rt, namespace, name)
         if not internal and "delete" not in rt.verbs:
-            raise ApiError(405, f"the server does not allow this method on the requested resource ({rt.plural})",
-                           reason="MethodNotAllowed")
+            raise ApiError(
+                405,
+                f"the server does not allow this method on the requested resource ({rt.plural})",
+                reason="MethodNotAllowed",
+            )
         if propagation not in (None, "Orphan", "Background", "Foreground"):
             raise ApiError(400, f"unsupported propagation policy {propagation!r}")
         preconditions = preconditions or {}
         if preconditions.get("uid") and preconditions["uid"] != obj["metadata"]["uid"]:
-            raise ApiError(409, f"Precondition failed: UID in precondition: {preconditions['uid']}, UID in object "
-                                f"meta: {obj['metadata']['uid']}")
-        if preconditions.get("resourceVersion") and \
-                preconditions["resourceVersion"] != obj["metadata"]["resourceVersion"]:
+            raise ApiError(
+                409,
+                f"Precondition failed: UID in precondition: {preconditions['uid']}, UID in object "
+                f"meta: {obj['metadata']['uid']}",
+            )
+        if (
+            preconditions.get("resourceVersion")
+            and preconditions["resourceVersion"] != obj["metadata"]["resourceVersion"]
+        ):
             raise conflict(rt.group_resource, name, kind_plural=rt.plural)
         if dry_run:
             return obj, False
@@ -322,8 +457,12 @@ class ApiServer:
             if meta.get("deletionTimestamp"):
                 # Already terminating: a second delete may only shorten the grace period.
                 if grace_period < (meta.get("deletionGracePeriodSeconds") or 0):
-                    return self.mutate(rt, namespace, name, lambda o: o["metadata"].__setitem__(
-                        "deletionGracePeriodSeconds", grace_period)) or obj, False
+                    return self.mutate(
+                        rt,
+                        namespace,
+                        name,
+                        lambda o: o["metadata"].__setitem__("deletionGracePeriodSeconds", grace_period),
+                    ) or obj, False
                 return obj, False
 
             def start_deleting(o: dict[str, Any]) -> None:
@@ -333,6 +472,7 @@ class ApiServer:
                     o["metadata"]["finalizers"] = finalizers
                 if rt.key == "namespaces":
                     o.setdefault("status", {})["phase"] = "Terminating"
+
             updated = self.mutate(rt, namespace, name, start_deleting)
             if propagation == "Foreground":
                 self._delete_dependents(uid)
@@ -367,8 +507,9 @@ class ApiServer:
 
     def _orphan_dependents(self, owner_uid: str) -> None:
         def drop_reference(obj: dict[str, Any]) -> None:
-            obj["metadata"]["ownerReferences"] = [ref for ref in obj["metadata"].get("ownerReferences", [])
-                                                  if ref.get("uid") != owner_uid]
+            obj["metadata"]["ownerReferences"] = [
+                ref for ref in obj["metadata"].get("ownerReferences", []) if ref.get("uid") != owner_uid
+            ]
 
         for resource, namespace, name in self.store.dependents(owner_uid):
             self.mutate(BY_KEY[resource], namespace, name, drop_reference)
@@ -383,5 +524,11 @@ class ApiServer:
                 continue
             if self.store.dependents(ref["uid"]):
                 continue
-            self.mutate(BY_KEY[key[0]], key[1], key[2], lambda o: o["metadata"].__setitem__(
-                "finalizers", [f for f in o["metadata"]["finalizers"] if f != "foregroundDeletion"]))
+            self.mutate(
+                BY_KEY[key[0]],
+                key[1],
+                key[2],
+                lambda o: o["metadata"].__setitem__(
+                    "finalizers", [f for f in o["metadata"]["finalizers"] if f != "foregroundDeletion"]
+                ),
+            )

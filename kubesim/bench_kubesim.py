@@ -55,8 +55,9 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
 
 
-async def _create_vms(session: aiohttp.ClientSession, url: str, manifests: list[dict[str, Any]],
-                      concurrency: int = 16) -> None:
+async def _create_vms(
+    session: aiohttp.ClientSession, url: str, manifests: list[dict[str, Any]], concurrency: int = 16
+) -> None:
     queue: asyncio.Queue = asyncio.Queue()
     for manifest in manifests:
         queue.put_nowait(manifest)
@@ -71,13 +72,15 @@ async def _create_vms(session: aiohttp.ClientSession, url: str, manifests: list[
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-async def _wait_running(session: aiohttp.ClientSession, url: str, namespace: str, count: int,
-                        resource_version: str, within: float = 180) -> float:
+async def _wait_running(
+    session: aiohttp.ClientSession, url: str, namespace: str, count: int, resource_version: str, within: float = 180
+) -> float:
     """Watch VMIs from ``resource_version`` until ``count`` are Running; returns when that happened."""
     running: set[str] = set()
     params = {"watch": "true", "resourceVersion": resource_version, "timeoutSeconds": str(int(within))}
-    async with session.get(url + VMIS.format(ns=namespace), params=params, timeout=aiohttp.ClientTimeout(
-            total=within)) as resp:
+    async with session.get(
+        url + VMIS.format(ns=namespace), params=params, timeout=aiohttp.ClientTimeout(total=within)
+    ) as resp:
         async for line in resp.content:
             event = json.loads(line)
             obj = event["object"]
@@ -107,13 +110,19 @@ async def bench_start(vms: int, guest: str) -> dict[str, Any]:
             list_seconds = time.monotonic() - list_started
         server_rss = _rss_kib(sim.process.pid) if sim.process else 0
         counters = sim.admin.counters()
-    return {"vms": vms, "guest": guest, "create_seconds": round(created - started, 3),
-            "all_running_seconds": round(all_running - started, 3),
-            "running_after_last_create_seconds": round(all_running - created, 3),
-            "server_cpu_seconds": round(server_cpu, 2),
-            "server_cpu_ms_per_vm_start": round(server_cpu * 1000 / vms, 2),
-            "list_all_vmis_seconds": round(list_seconds, 4), "listed": items,
-            "server_rss_mib": round(server_rss / 1024, 1), "api_requests": counters["total"]}
+    return {
+        "vms": vms,
+        "guest": guest,
+        "create_seconds": round(created - started, 3),
+        "all_running_seconds": round(all_running - started, 3),
+        "running_after_last_create_seconds": round(all_running - created, 3),
+        "server_cpu_seconds": round(server_cpu, 2),
+        "server_cpu_ms_per_vm_start": round(server_cpu * 1000 / vms, 2),
+        "list_all_vmis_seconds": round(list_seconds, 4),
+        "listed": items,
+        "server_rss_mib": round(server_rss / 1024, 1),
+        "api_requests": counters["total"],
+    }
 
 
 async def _open_console(session: aiohttp.ClientSession, url: str) -> aiohttp.ClientWebSocketResponse:
@@ -133,8 +142,7 @@ async def _read_until(ws: aiohttp.ClientWebSocketResponse, needle: bytes) -> byt
     return received
 
 
-async def _start_and_wait(sim: KubesimServer, session: aiohttp.ClientSession, manifests: list[dict[str, Any]]
-                          ) -> None:
+async def _start_and_wait(sim: KubesimServer, session: aiohttp.ClientSession, manifests: list[dict[str, Any]]) -> None:
     async with session.get(sim.url + VMIS.format(ns="default")) as resp:
         rv = (await resp.json())["metadata"]["resourceVersion"]
     waiter = asyncio.create_task(_wait_running(session, sim.url, "default", len(manifests), rv))
@@ -154,13 +162,16 @@ async def bench_guest_memory(guests: int) -> dict[str, Any]:
                 name = f"idle-{i:03d}"
                 if with_agent:
                     user_data = agent_user_data(token=f"token-{i:04d}-bench-bench", agent_source=REAL_AGENT.read_text())
-                    async with session.post(sim.url + "/api/v1/namespaces/default/secrets",
-                                            json=secret_manifest(f"{name}-ci", user_data)) as resp:
+                    async with session.post(
+                        sim.url + "/api/v1/namespaces/default/secrets", json=secret_manifest(f"{name}-ci", user_data)
+                    ) as resp:
                         assert resp.status == 201, await resp.text()
                 manifests.append(vm_manifest(name, cloud_init_secret=f"{name}-ci" if with_agent else None))
             await _start_and_wait(sim, session, manifests)
-            consoles = [await _open_console(session, sim.ws_url + CONSOLE.format(ns="default", name=m["metadata"][
-                "name"])) for m in manifests]
+            consoles = [
+                await _open_console(session, sim.ws_url + CONSOLE.format(ns="default", name=m["metadata"]["name"]))
+                for m in manifests
+            ]
             deadline = time.monotonic() + 60
             while True:
                 described = sim.admin.guests()
@@ -175,14 +186,23 @@ async def bench_guest_memory(guests: int) -> dict[str, Any]:
             server_rss = _rss_kib(sim.process.pid)
             for ws in consoles:
                 await ws.close()
-    result.update({
-        "shell_rss_mib_mean": round(statistics.mean(shell_rss) / 1024, 2) if shell_rss else None,
-        "agent_rss_mib_mean": round(statistics.mean(agent_rss) / 1024, 2) if agent_rss else None,
-        "agents_running": len(agents),
-        "server_rss_growth_mib_per_guest": round((server_rss - base_rss) / 1024 / guests, 3),
-        "total_rss_mib_per_idle_guest": round((statistics.mean(shell_rss or [0]) + statistics.mean(agent_rss or [0])
-                                               + (server_rss - base_rss) / guests) / 1024, 2),
-    })
+    result.update(
+        {
+            "shell_rss_mib_mean": round(statistics.mean(shell_rss) / 1024, 2) if shell_rss else None,
+            "agent_rss_mib_mean": round(statistics.mean(agent_rss) / 1024, 2) if agent_rss else None,
+            "agents_running": len(agents),
+            "server_rss_growth_mib_per_guest": round((server_rss - base_rss) / 1024 / guests, 3),
+            "total_rss_mib_per_idle_guest": round(
+                (
+                    statistics.mean(shell_rss or [0])
+                    + statistics.mean(agent_rss or [0])
+                    + (server_rss - base_rss) / guests
+                )
+                / 1024,
+                2,
+            ),
+        }
+    )
     return result
 
 
@@ -193,13 +213,17 @@ async def bench_consoles(consoles: int, keystrokes: int, think: float) -> dict[s
         async with aiohttp.ClientSession(headers=sim.auth_header(), connector=connector) as session:
             manifests = [vm_manifest(f"tty-{i:03d}", memory="512Mi") for i in range(consoles)]
             await _start_and_wait(sim, session, manifests)
-            sockets = await asyncio.gather(*(_open_console(session, sim.ws_url + CONSOLE.format(
-                ns="default", name=m["metadata"]["name"])) for m in manifests))
+            sockets = await asyncio.gather(
+                *(
+                    _open_console(session, sim.ws_url + CONSOLE.format(ns="default", name=m["metadata"]["name"]))
+                    for m in manifests
+                )
+            )
             latencies: list[float] = []
 
             async def typist(ws: aiohttp.ClientWebSocketResponse) -> None:
                 for index in range(keystrokes):
-                    key = b"abcdefghij"[index % 10:index % 10 + 1]
+                    key = b"abcdefghij"[index % 10 : index % 10 + 1]
                     sent = time.perf_counter()
                     await ws.send_bytes(key)
                     await _read_until(ws, key)
@@ -213,12 +237,17 @@ async def bench_consoles(consoles: int, keystrokes: int, think: float) -> dict[s
             elapsed, server_cpu = time.monotonic() - started, _cpu_seconds(sim.process.pid) - cpu_before
             for ws in sockets:
                 await ws.close()
-    return {"consoles": consoles, "keystrokes_each": keystrokes, "think_seconds": think,
-            "echo_p50_ms": round(_percentile(latencies, 0.5) * 1000, 2),
-            "echo_p99_ms": round(_percentile(latencies, 0.99) * 1000, 2),
-            "echo_max_ms": round(max(latencies) * 1000, 2), "echoes_per_second": round(len(latencies) / elapsed, 1),
-            "server_cpu_us_per_echo": round(server_cpu * 1e6 / len(latencies), 1),
-            "server_cpu_share_of_one_core": round(server_cpu / elapsed, 3)}
+    return {
+        "consoles": consoles,
+        "keystrokes_each": keystrokes,
+        "think_seconds": think,
+        "echo_p50_ms": round(_percentile(latencies, 0.5) * 1000, 2),
+        "echo_p99_ms": round(_percentile(latencies, 0.99) * 1000, 2),
+        "echo_max_ms": round(max(latencies) * 1000, 2),
+        "echoes_per_second": round(len(latencies) / elapsed, 1),
+        "server_cpu_us_per_echo": round(server_cpu * 1e6 / len(latencies), 1),
+        "server_cpu_share_of_one_core": round(server_cpu / elapsed, 3),
+    }
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:

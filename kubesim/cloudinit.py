@@ -97,11 +97,13 @@ def apply_write_files(root: Path, user_data: str) -> list[Path]:
 
 # runcmd entries whose effect kubesim emulates itself: the portal's lab agent unit (started as the unit would be)
 # and its serial-console autologin (the console shell is the student's from the start).
-EMULATED_RUNCMD = frozenset({
-    "systemctl daemon-reload",
-    "systemctl enable --now lab-agent.service",
-    "systemctl restart serial-getty@ttyS0.service",
-})
+EMULATED_RUNCMD = frozenset(
+    {
+        "systemctl daemon-reload",
+        "systemctl enable --now lab-agent.service",
+        "systemctl restart serial-getty@ttyS0.service",
+    }
+)
 # Users kubesim has already: the guest shell is the student's, and "default" is the image's own user.
 SIMULATED_USERS = frozenset({"default", "student"})
 # Keys looked at entry by entry below, and write_files, which is applied.
@@ -130,8 +132,11 @@ def unapplied(user_data: str) -> list[str]:
         return []  # apply_write_files reports it
     if not isinstance(document, dict):
         return []
-    skipped = [f"runcmd: {_entry_text(entry)}" for entry in document.get("runcmd") or ()
-               if _entry_text(entry).strip() not in EMULATED_RUNCMD]
+    skipped = [
+        f"runcmd: {_entry_text(entry)}"
+        for entry in document.get("runcmd") or ()
+        if _entry_text(entry).strip() not in EMULATED_RUNCMD
+    ]
     if document.get("packages"):
         skipped.append("packages: " + " ".join(_entry_text(package) for package in document["packages"]))
     skipped += [f"bootcmd: {_entry_text(entry)}" for entry in document.get("bootcmd") or ()]

@@ -14,10 +14,10 @@ class SimConfig:
     pending_delay: float = 0.3
     scheduling_delay: float = 1.0
     scheduled_delay: float = 1.0
-    agent_delay: float = 2.0        # Running → qemu-guest-agent connected (AgentConnected, guestOSInfo)
-    stop_delay: float = 0.5         # a deleted VMI's guest shutting down before the VMI goes
+    agent_delay: float = 2.0  # Running → qemu-guest-agent connected (AgentConnected, guestOSInfo)
+    stop_delay: float = 0.5  # a deleted VMI's guest shutting down before the VMI goes
     jitter: float = 0.0
-    restart_backoff: float = 10.0   # first start-failure backoff; doubles per consecutive failure, max 300 s
+    restart_backoff: float = 10.0  # first start-failure backoff; doubles per consecutive failure, max 300 s
     image_pull_backoff: float = 10.0  # kubelet's first image pull back-off; doubles per failed pull, max 300 s
     nodes: int = 3
     node_cpu: str = "16"
@@ -30,10 +30,10 @@ class SimConfig:
     disabled_feature_gates: list[str] = field(default_factory=list)
     image_volume_supported: bool = True
     bad_image_pattern: str = "missing"
-    guest: str = "shell"            # "shell": a sandboxed bash plus cloud-init and the lab agent; "vm": QEMU; "none"
+    guest: str = "shell"  # "shell": a sandboxed bash plus cloud-init and the lab agent; "vm": QEMU; "none"
     guest_python: str = "python3"
     guest_images: list[str] = field(default_factory=list)  # vm: "DIR" or "containerDisk-name=DIR"
-    guest_max_cpus: int = 1           # vm: caps on what a VMI asks for (0: none), for small hosts
+    guest_max_cpus: int = 1  # vm: caps on what a VMI asks for (0: none), for small hosts
     guest_max_memory_mib: int = 1024
     watch_history: int = 10_000
     bookmark_interval: float = 60.0

@@ -10,9 +10,11 @@ from typing import Any
 
 from kubesim.errors import ApiError
 
-_ERROR_MESSAGES = {500: "Internal error occurred: injected by kubesim",
-                   503: "the server is currently unable to handle the request (injected by kubesim)",
-                   429: "Too many requests, please try again later."}
+_ERROR_MESSAGES = {
+    500: "Internal error occurred: injected by kubesim",
+    503: "the server is currently unable to handle the request (injected by kubesim)",
+    429: "Too many requests, please try again later.",
+}
 
 
 # Who kubesim says is asking when it refuses as RBAC would: the portal's service account in deploy/rbac.yaml.
@@ -26,8 +28,7 @@ def rbac_refusal(verb: str, resource: str, *, group: str, namespace: str, name: 
     what = f'{qualified} "{name}"' if name else qualified
     resource_text = f'resource "{plural}/{subresource}"' if subresource else f'resource "{plural}"'
     where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
-    return (f'{what} is forbidden: User "{RBAC_USER}" cannot {verb} {resource_text} in API group "{group}"'
-            f"{where}")
+    return f'{what} is forbidden: User "{RBAC_USER}" cannot {verb} {resource_text} in API group "{group}"{where}'
 
 
 @dataclass
@@ -38,17 +39,23 @@ class ErrorRule:
     rate: float = 1.0
     verbs: frozenset[str] | None = None
     resources: frozenset[str] | None = None
-    retry_after: int | None = None   # seconds; 429 always carries one (1 unless set), 503 only when set
+    retry_after: int | None = None  # seconds; 429 always carries one (1 unless set), 503 only when set
     count: int | None = None
 
     def matches(self, verb: str, resource: str) -> bool:
-        return (self.verbs is None or verb in self.verbs) and (self.resources is None or resource in self.resources
-                                                               or resource.split("/")[0] in self.resources)
+        return (self.verbs is None or verb in self.verbs) and (
+            self.resources is None or resource in self.resources or resource.split("/")[0] in self.resources
+        )
 
     def describe(self) -> dict[str, Any]:
-        return {"code": self.code, "rate": self.rate, "verbs": sorted(self.verbs) if self.verbs else None,
-                "resources": sorted(self.resources) if self.resources else None,
-                "retry_after": self.retry_after, "count": self.count}
+        return {
+            "code": self.code,
+            "rate": self.rate,
+            "verbs": sorted(self.verbs) if self.verbs else None,
+            "resources": sorted(self.resources) if self.resources else None,
+            "retry_after": self.retry_after,
+            "count": self.count,
+        }
 
 
 def _names(value: Any) -> frozenset[str] | None:
@@ -63,10 +70,10 @@ def _names(value: Any) -> frozenset[str] | None:
 class Faults:
     """What is currently injected."""
 
-    latency: dict[str, float] = field(default_factory=dict)   # "verb" or "verb:resource" or "*" → seconds
+    latency: dict[str, float] = field(default_factory=dict)  # "verb" or "verb:resource" or "*" → seconds
     errors: list[ErrorRule] = field(default_factory=list)
-    watch_drop_after: float | None = None     # every watch stream is cut after this many seconds
-    console_drop_after: float | None = None   # every console session is cut (1006) after this many seconds
+    watch_drop_after: float | None = None  # every watch stream is cut after this many seconds
+    console_drop_after: float | None = None  # every console session is cut (1006) after this many seconds
     rng: random.Random = field(default_factory=random.Random)
 
     def update(self, spec: dict[str, Any]) -> None:
@@ -86,11 +93,16 @@ class Faults:
                 rate = float(rule.get("rate", 1.0))
                 if not 0.0 <= rate <= 1.0:
                     raise ValueError("rate must be between 0 and 1")
-                self.errors.append(ErrorRule(
-                    code=code, rate=rate, verbs=_names(rule.get("verbs")),
-                    resources=_names(rule.get("resources")),
-                    retry_after=int(rule["retry_after"]) if rule.get("retry_after") is not None else None,
-                    count=int(rule["count"]) if rule.get("count") is not None else None))
+                self.errors.append(
+                    ErrorRule(
+                        code=code,
+                        rate=rate,
+                        verbs=_names(rule.get("verbs")),
+                        resources=_names(rule.get("resources")),
+                        retry_after=int(rule["retry_after"]) if rule.get("retry_after") is not None else None,
+                        count=int(rule["count"]) if rule.get("count") is not None else None,
+                    )
+                )
             except (KeyError, TypeError, ValueError) as exc:
                 raise ApiError(400, f"invalid error rule {rule!r}: {exc}") from exc
         for key in ("watch_drop_after", "console_drop_after"):
@@ -105,14 +117,19 @@ class Faults:
         self.console_drop_after = None
 
     def describe(self) -> dict[str, Any]:
-        return {"latency": dict(self.latency), "errors": [rule.describe() for rule in self.errors],
-                "watch_drop_after": self.watch_drop_after, "console_drop_after": self.console_drop_after}
+        return {
+            "latency": dict(self.latency),
+            "errors": [rule.describe() for rule in self.errors],
+            "watch_drop_after": self.watch_drop_after,
+            "console_drop_after": self.console_drop_after,
+        }
 
     def latency_for(self, verb: str, resource: str) -> float:
         return self.latency.get(f"{verb}:{resource}", self.latency.get(verb, self.latency.get("*", 0.0)))
 
-    def error_for(self, verb: str, resource: str, *, group: str = "", namespace: str = "",
-                  name: str = "") -> ApiError | None:
+    def error_for(
+        self, verb: str, resource: str, *, group: str = "", namespace: str = "", name: str = ""
+    ) -> ApiError | None:
         for rule in self.errors:
             if not rule.matches(verb, resource) or rule.count == 0:
                 continue
@@ -151,10 +168,15 @@ class RequestCounters:
             by_resource[resource] += count
         return {
             "total": sum(self.by_verb_resource.values()),
-            "by_verb": dict(by_verb), "by_resource": dict(by_resource),
-            "by_verb_resource": {f"{verb} {resource}": count
-                                 for (verb, resource), count in sorted(self.by_verb_resource.items())},
-            "watch_events_sent": self.watch_events, "open_watches": open_watches,
-            "open_consoles": open_consoles, "open_portforwards": open_portforwards,
-            "since": self.since, "elapsed_seconds": time.time() - self.since,
+            "by_verb": dict(by_verb),
+            "by_resource": dict(by_resource),
+            "by_verb_resource": {
+                f"{verb} {resource}": count for (verb, resource), count in sorted(self.by_verb_resource.items())
+            },
+            "watch_events_sent": self.watch_events,
+            "open_watches": open_watches,
+            "open_consoles": open_consoles,
+            "open_portforwards": open_portforwards,
+            "since": self.since,
+            "elapsed_seconds": time.time() - self.since,
         }

@@ -8,8 +8,15 @@ from typing import Any
 from kubesim.config import SimConfig
 
 # Gate states at v1.9.0 for the gates the simulator's behaviour depends on (pkg/virt-config/featuregate).
-GATE_STATES = {"ImageVolume": "Beta", "VSOCK": "Alpha", "DecentralizedLiveMigration": "Alpha",
-               "LiveMigration": "GA", "Snapshot": "Beta", "ExpandDisks": "Beta", "HotplugVolumes": "Beta"}
+GATE_STATES = {
+    "ImageVolume": "Beta",
+    "VSOCK": "Alpha",
+    "DecentralizedLiveMigration": "Alpha",
+    "LiveMigration": "GA",
+    "Snapshot": "Beta",
+    "ExpandDisks": "Beta",
+    "HotplugVolumes": "Beta",
+}
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -46,19 +53,48 @@ def default_kubevirt(config: SimConfig) -> dict[str, Any]:
         developer["disabledFeatureGates"] = list(config.disabled_feature_gates)
     version = config.kubevirt_version
     return {
-        "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
-        "metadata": {"name": "kubevirt", "namespace": "kubevirt", "generation": 1,
-                     "finalizers": ["foregroundDeleteKubeVirt"]},
-        "spec": {"certificateRotateStrategy": {}, "configuration": {"developerConfiguration": developer},
-                 "customizeComponents": {}, "imagePullPolicy": "IfNotPresent", "workloadUpdateStrategy": {}},
-        "status": {"phase": "Deployed", "observedKubeVirtVersion": version, "targetKubeVirtVersion": version,
-                   "operatorVersion": version, "observedKubeVirtRegistry": "quay.io/kubevirt",
-                   "targetKubeVirtRegistry": "quay.io/kubevirt", "observedGeneration": 1,
-                   "conditions": [
-                       {"type": "Available", "status": "True", "reason": "AllComponentsReady",
-                        "message": "All components are ready."},
-                       {"type": "Progressing", "status": "False", "reason": "AllComponentsReady",
-                        "message": "All components are ready."},
-                       {"type": "Degraded", "status": "False", "reason": "AllComponentsReady",
-                        "message": "All components are ready."}]},
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "KubeVirt",
+        "metadata": {
+            "name": "kubevirt",
+            "namespace": "kubevirt",
+            "generation": 1,
+            "finalizers": ["foregroundDeleteKubeVirt"],
+        },
+        "spec": {
+            "certificateRotateStrategy": {},
+            "configuration": {"developerConfiguration": developer},
+            "customizeComponents": {},
+            "imagePullPolicy": "IfNotPresent",
+            "workloadUpdateStrategy": {},
+        },
+        "status": {
+            "phase": "Deployed",
+            "observedKubeVirtVersion": version,
+            "targetKubeVirtVersion": version,
+            "operatorVersion": version,
+            "observedKubeVirtRegistry": "quay.io/kubevirt",
+            "targetKubeVirtRegistry": "quay.io/kubevirt",
+            "observedGeneration": 1,
+            "conditions": [
+                {
+                    "type": "Available",
+                    "status": "True",
+                    "reason": "AllComponentsReady",
+                    "message": "All components are ready.",
+                },
+                {
+                    "type": "Progressing",
+                    "status": "False",
+                    "reason": "AllComponentsReady",
+                    "message": "All components are ready.",
+                },
+                {
+                    "type": "Degraded",
+                    "status": "False",
+                    "reason": "AllComponentsReady",
+                    "message": "All components are ready.",
+                },
+            ],
+        },
     }

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kubesim.guest")
 
 AGENT_GUEST_PORT = 8787
-_PAUSE_ABOVE = 256   # queued output chunks before the serial line stops reading the pty
+_PAUSE_ABOVE = 256  # queued output chunks before the serial line stops reading the pty
 _RESUME_BELOW = 32
 
 
@@ -45,7 +45,7 @@ def _sessions_alive(sessions: set[int]) -> list[int]:
                 stat = handle.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(b")") + 2:].split()
+        fields = stat[stat.rfind(b")") + 2 :].split()
         if len(fields) > 3 and int(fields[3]) in sessions:
             pids.append(int(entry))
     return pids
@@ -176,8 +176,12 @@ class Guest:
             (self.root / "var/log").mkdir(parents=True, exist_ok=True)
             (self.root / "var/log/cloud-init.log").write_text(f"cloud-init failed: {exc}\n")
         if self.cloud_init_skipped:
-            log.info("guest %s/%s: cloud-init steps not simulated: %s", self.namespace, self.name,
-                     "; ".join(self.cloud_init_skipped))
+            log.info(
+                "guest %s/%s: cloud-init steps not simulated: %s",
+                self.namespace,
+                self.name,
+                "; ".join(self.cloud_init_skipped),
+            )
         agent = self.root / "opt/lab-agent/agent.py"
         token = self.root / "etc/lab-agent/token"
         if agent.exists() and token.exists():
@@ -196,17 +200,35 @@ class Guest:
         agent_socket = self.root / "run/lab-agent.sock"
         with contextlib.suppress(FileNotFoundError):
             agent_socket.unlink()
-        argv = [self.manager.config.guest_python, "/opt/lab-agent/agent.py", "--unix-socket", "/run/lab-agent.sock",
-                "--token-file", "/etc/lab-agent/token", "--home", "/home/student",
-                "--setup-marker", "/var/lib/cloud/instance/boot-finished"]
-        env = {"HOME": "/root", "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "LANG": "C.UTF-8"}
+        argv = [
+            self.manager.config.guest_python,
+            "/opt/lab-agent/agent.py",
+            "--unix-socket",
+            "/run/lab-agent.sock",
+            "--token-file",
+            "/etc/lab-agent/token",
+            "--home",
+            "/home/student",
+            "--setup-marker",
+            "/var/lib/cloud/instance/boot-finished",
+        ]
+        env = {
+            "HOME": "/root",
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "LANG": "C.UTF-8",
+        }
         with open(self.root / "var/log/lab-agent.log", "ab") as log_file:
             try:
                 self.agent = subprocess.Popen(
                     sandbox.command(self.root, argv, user="root", hostname=self.hostname, cwd="/root"),
-                    env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file, start_new_session=True,
-                    preexec_fn=die_with_kubesim, **_sandbox_user())
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=log_file,
+                    start_new_session=True,
+                    preexec_fn=die_with_kubesim,
+                    **_sandbox_user(),
+                )
             except OSError as exc:
                 log.warning("guest %s/%s: lab agent did not start: %s", self.namespace, self.name, exc)
                 return
@@ -240,10 +262,18 @@ class Guest:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
         if sandbox.host_uid() is not None:
             os.fchown(slave, sandbox.SANDBOX_UID, -1)  # the student's shell may set its own terminal modes
-        env = {"HOME": "/home/student", "USER": "student", "LOGNAME": "student", "SHELL": "/bin/bash",
-               "TERM": "vt220", "HOSTNAME": self.hostname, "LANG": "C.UTF-8",
-               "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "PS1": f"student@{self.hostname}:\\w$ ", "HISTFILE": "/home/student/.bash_history"}
+        env = {
+            "HOME": "/home/student",
+            "USER": "student",
+            "LOGNAME": "student",
+            "SHELL": "/bin/bash",
+            "TERM": "vt220",
+            "HOSTNAME": self.hostname,
+            "LANG": "C.UTF-8",
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "PS1": f"student@{self.hostname}:\\w$ ",
+            "HISTFILE": "/home/student/.bash_history",
+        }
 
         def controlling_tty() -> None:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
@@ -251,9 +281,16 @@ class Guest:
 
         argv = ["bash", "--noprofile", "--norc", "-i"]
         self.shell = subprocess.Popen(
-            sandbox.command(self.root, argv, user="student", hostname=self.hostname), stdin=slave, stdout=slave,
-            stderr=slave, env=env, start_new_session=True, preexec_fn=controlling_tty, close_fds=True,
-            **_sandbox_user())
+            sandbox.command(self.root, argv, user="student", hostname=self.hostname),
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            start_new_session=True,
+            preexec_fn=controlling_tty,
+            close_fds=True,
+            **_sandbox_user(),
+        )
         os.close(slave)
         os.set_blocking(master, False)
         self._master = master
@@ -376,10 +413,16 @@ class Guest:
                     os.killpg(process.pid, signal.SIGKILL)
 
     def describe(self) -> dict[str, Any]:
-        return {"namespace": self.namespace, "name": self.name, "uid": self.uid,
-                "root": str(self.root) if self.root else None, "home": str(self.home) if self.home else None,
-                "shell_pid": self.shell.pid if self.shell and self.shell.poll() is None else None,
-                "agent_pid": self.agent.pid if self.agent and self.agent.poll() is None else None,
-                "ports": {str(k): v for k, v in self.ports.items()}, "cloud_init_error": self.cloud_init_error,
-                "cloud_init_skipped": self.cloud_init_skipped,
-                "console_connected": self.serial.client is not None}
+        return {
+            "namespace": self.namespace,
+            "name": self.name,
+            "uid": self.uid,
+            "root": str(self.root) if self.root else None,
+            "home": str(self.home) if self.home else None,
+            "shell_pid": self.shell.pid if self.shell and self.shell.poll() is None else None,
+            "agent_pid": self.agent.pid if self.agent and self.agent.poll() is None else None,
+            "ports": {str(k): v for k, v in self.ports.items()},
+            "cloud_init_error": self.cloud_init_error,
+            "cloud_init_skipped": self.cloud_init_skipped,
+            "console_connected": self.serial.client is not None,
+        }

@@ -60,8 +60,10 @@ class GuestManager:
         self.images: dict[str, Path] = {}
         self.accelerator = ""
         if config.guest == "shell" and not sandbox.bwrap_available():
-            raise RuntimeError("shell guests run in a bubblewrap sandbox: install bubblewrap (apt-get install "
-                               "bubblewrap), or use --guest none")
+            raise RuntimeError(
+                "shell guests run in a bubblewrap sandbox: install bubblewrap (apt-get install "
+                "bubblewrap), or use --guest none"
+            )
         if config.guest in ("shell", "vm"):
             _sweep_orphaned_bases()
             self.base: Path | None = Path(tempfile.mkdtemp(prefix=f"kubesim-guests-{os.getpid()}-"))
@@ -74,14 +76,18 @@ class GuestManager:
 
             missing = [tool for tool in (QEMU, "genisoimage") if shutil.which(tool) is None]
             if missing:
-                raise RuntimeError(f"vm guests need {' and '.join(missing)} (apt-get install qemu-system-x86 "
-                                   "genisoimage)")
+                raise RuntimeError(
+                    f"vm guests need {' and '.join(missing)} (apt-get install qemu-system-x86 genisoimage)"
+                )
 
             self.images = guest_images(config.guest_images)
             default = self.images.get("", next(iter(self.images.values())))
             self.accelerator = probe_accelerator(str(default / "vmlinuz"))
-            log.info("vm guests run under %s (%s)", self.accelerator.upper(),
-                     "KVM works here" if self.accelerator == "kvm" else "no usable KVM here: QEMU emulates the CPU")
+            log.info(
+                "vm guests run under %s (%s)",
+                self.accelerator.upper(),
+                "KVM works here" if self.accelerator == "kvm" else "no usable KVM here: QEMU emulates the CPU",
+            )
         self._processes: list[subprocess.Popen] = []
         self._reaper: asyncio.TimerHandle | None = None
 
@@ -109,6 +115,7 @@ class GuestManager:
             o["status"]["guestHostname"] = hostname
             for interface in o["status"].get("interfaces") or ():
                 interface["infoSource"] = "domain, guest-agent"
+
         self.api.mutate(VMI, guest.namespace, guest.name, connected)
 
     def guest_exited(self, guest: Any, *, powered_off: bool, code: int | None) -> None:
@@ -123,6 +130,7 @@ class GuestManager:
             drop_condition(o, "AgentConnected")
             if not powered_off:
                 o["status"]["reason"] = "GuestFailed"
+
         self.api.mutate(VMI, guest.namespace, guest.name, ended)
 
     def start(self, vmi: dict[str, Any]) -> Guest:

@@ -31,8 +31,9 @@ def vcpu_count(spec: dict[str, Any]) -> int:
     return 1
 
 
-def launcher_requests(spec: dict[str, Any], *, developer: dict[str, Any], fixed_overhead: str,
-                      overhead_ratio: str | None = None) -> tuple[Decimal, Decimal]:
+def launcher_requests(
+    spec: dict[str, Any], *, developer: dict[str, Any], fixed_overhead: str, overhead_ratio: str | None = None
+) -> tuple[Decimal, Decimal]:
     """CPU cores and memory bytes the compute container requests.
 
     CPU: an explicit request wins, else vCPUs / cpuAllocationRatio. Memory: the guest request plus the
@@ -78,8 +79,9 @@ def serial_console_log_enabled(spec: dict[str, Any], kubevirt: dict[str, Any] | 
 
 def seccomp_profile(kubevirt: dict[str, Any] | None) -> dict[str, Any] | None:
     """template.go: the pod's seccomp profile comes only from seccompConfiguration.virtualMachineInstanceProfile."""
-    profile = ((configuration(kubevirt).get("seccompConfiguration") or {}).get("virtualMachineInstanceProfile")
-               or {}).get("customProfile") or {}
+    profile = (
+        (configuration(kubevirt).get("seccompConfiguration") or {}).get("virtualMachineInstanceProfile") or {}
+    ).get("customProfile") or {}
     if profile.get("localhostProfile"):
         return {"type": "Localhost", "localhostProfile": profile["localhostProfile"]}
     if profile.get("runtimeDefaultProfile"):
@@ -92,83 +94,163 @@ def _non_root_context(*add: str) -> dict[str, Any]:
     capabilities: dict[str, Any] = {"drop": ["ALL"]}
     if add:
         capabilities = {"add": list(add), "drop": ["ALL"]}
-    return {"runAsUser": NON_ROOT_UID, "runAsGroup": NON_ROOT_UID, "runAsNonRoot": True,
-            "allowPrivilegeEscalation": False, "capabilities": capabilities}
+    return {
+        "runAsUser": NON_ROOT_UID,
+        "runAsGroup": NON_ROOT_UID,
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": capabilities,
+    }
 
 
 def _pod_suffix(rng: random.Random) -> str:
     return "".join(rng.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(5))
 
 
-def render_pod(vmi: dict[str, Any], *, cpu: Decimal, memory: Decimal, kubevirt_version: str,
-               rng: random.Random, kubevirt: dict[str, Any] | None = None) -> dict[str, Any]:
+def render_pod(
+    vmi: dict[str, Any],
+    *,
+    cpu: Decimal,
+    memory: Decimal,
+    kubevirt_version: str,
+    rng: random.Random,
+    kubevirt: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     meta = vmi["metadata"]
     name = meta["name"]
     spec = vmi.get("spec") or {}
     hostname = (spec.get("hostname") or name.split(".")[0])[:63]
     labels = dict(meta.get("labels") or {})
-    labels.update({"kubevirt.io": "virt-launcher", "kubevirt.io/created-by": meta["uid"],
-                   "vm.kubevirt.io/name": hostname, "vmi.kubevirt.io/id": name if len(name) <= 63 else
-                   "".join(rng.choice(string.hexdigits.lower()) for _ in range(63))})
+    labels.update(
+        {
+            "kubevirt.io": "virt-launcher",
+            "kubevirt.io/created-by": meta["uid"],
+            "vm.kubevirt.io/name": hostname,
+            "vmi.kubevirt.io/id": name
+            if len(name) <= 63
+            else "".join(rng.choice(string.hexdigits.lower()) for _ in range(63)),
+        }
+    )
     grace = int(spec.get("terminationGracePeriodSeconds", 30))
     resources = spec.get("domain", {}).get("resources") or {}
-    limits: dict[str, str] = {"devices.kubevirt.io/kvm": "1", "devices.kubevirt.io/tun": "1",
-                              "devices.kubevirt.io/vhost-net": "1"}
+    limits: dict[str, str] = {
+        "devices.kubevirt.io/kvm": "1",
+        "devices.kubevirt.io/tun": "1",
+        "devices.kubevirt.io/vhost-net": "1",
+    }
     if (resources.get("limits") or {}).get("memory"):
         limits["memory"] = format_memory(memory)
     if (resources.get("limits") or {}).get("cpu"):
         limits["cpu"] = str(resources["limits"]["cpu"])
-    containers = [{
-        "name": "compute", "image": f"quay.io/kubevirt/virt-launcher:{kubevirt_version}",
-        "command": ["/usr/bin/virt-launcher-monitor", "--qemu-timeout", "339s", "--name", name, "--uid",
-                    meta["uid"], "--namespace", meta.get("namespace", ""), "--kubevirt-share-dir",
-                    "/var/run/kubevirt", "--ephemeral-disk-dir", "/var/run/kubevirt-ephemeral-disks",
-                    "--container-disk-dir", "/var/run/kubevirt/container-disks", "--grace-period-seconds",
-                    str(grace + 15), "--hook-sidecars", "0"],
-        "resources": {"requests": {"cpu": format_cpu(cpu), "memory": format_memory(memory),
-                                   "ephemeral-storage": "50M"}, "limits": limits},
-        "imagePullPolicy": "IfNotPresent", "securityContext": _non_root_context("NET_BIND_SERVICE"),
-    }]
+    containers = [
+        {
+            "name": "compute",
+            "image": f"quay.io/kubevirt/virt-launcher:{kubevirt_version}",
+            "command": [
+                "/usr/bin/virt-launcher-monitor",
+                "--qemu-timeout",
+                "339s",
+                "--name",
+                name,
+                "--uid",
+                meta["uid"],
+                "--namespace",
+                meta.get("namespace", ""),
+                "--kubevirt-share-dir",
+                "/var/run/kubevirt",
+                "--ephemeral-disk-dir",
+                "/var/run/kubevirt-ephemeral-disks",
+                "--container-disk-dir",
+                "/var/run/kubevirt/container-disks",
+                "--grace-period-seconds",
+                str(grace + 15),
+                "--hook-sidecars",
+                "0",
+            ],
+            "resources": {
+                "requests": {"cpu": format_cpu(cpu), "memory": format_memory(memory), "ephemeral-storage": "50M"},
+                "limits": limits,
+            },
+            "imagePullPolicy": "IfNotPresent",
+            "securityContext": _non_root_context("NET_BIND_SERVICE"),
+        }
+    ]
     for volume in spec.get("volumes") or ():
         container_disk = volume.get("containerDisk")
         if container_disk:
-            containers.append({"name": f"volume{volume['name']}", "image": container_disk.get("image", ""),
-                               "command": ["/usr/bin/container-disk"], "imagePullPolicy":
-                               container_disk.get("imagePullPolicy", "IfNotPresent"),
-                               "securityContext": _non_root_context()})
+            containers.append(
+                {
+                    "name": f"volume{volume['name']}",
+                    "image": container_disk.get("image", ""),
+                    "command": ["/usr/bin/container-disk"],
+                    "imagePullPolicy": container_disk.get("imagePullPolicy", "IfNotPresent"),
+                    "securityContext": _non_root_context(),
+                }
+            )
     init_containers = []
     if serial_console_log_enabled(spec, kubevirt):
         # A sidecar (restartPolicy Always): its requests add to the pod's, for the scheduler and for quotas.
-        init_containers.append({
-            "name": CONSOLE_LOG_CONTAINER, "image": f"quay.io/kubevirt/virt-launcher:{kubevirt_version}",
-            "command": ["/usr/bin/virt-tail"],
-            "args": ["--logfile", f"/var/run/kubevirt-private/{meta['uid']}/virt-serial0-log"],
-            "resources": {"requests": dict(CONSOLE_LOG_REQUESTS), "limits": dict(CONSOLE_LOG_LIMITS)},
-            "restartPolicy": "Always", "imagePullPolicy": "IfNotPresent", "securityContext": _non_root_context(),
-        })
-    pod_context: dict[str, Any] = {"fsGroup": NON_ROOT_UID, "runAsUser": NON_ROOT_UID, "runAsGroup": NON_ROOT_UID,
-                                   "runAsNonRoot": True}
+        init_containers.append(
+            {
+                "name": CONSOLE_LOG_CONTAINER,
+                "image": f"quay.io/kubevirt/virt-launcher:{kubevirt_version}",
+                "command": ["/usr/bin/virt-tail"],
+                "args": ["--logfile", f"/var/run/kubevirt-private/{meta['uid']}/virt-serial0-log"],
+                "resources": {"requests": dict(CONSOLE_LOG_REQUESTS), "limits": dict(CONSOLE_LOG_LIMITS)},
+                "restartPolicy": "Always",
+                "imagePullPolicy": "IfNotPresent",
+                "securityContext": _non_root_context(),
+            }
+        )
+    pod_context: dict[str, Any] = {
+        "fsGroup": NON_ROOT_UID,
+        "runAsUser": NON_ROOT_UID,
+        "runAsGroup": NON_ROOT_UID,
+        "runAsNonRoot": True,
+    }
     profile = seccomp_profile(kubevirt)
     if profile:
         pod_context["seccompProfile"] = profile
     return {
-        "apiVersion": "v1", "kind": "Pod",
+        "apiVersion": "v1",
+        "kind": "Pod",
         "metadata": {
-            "name": f"virt-launcher-{name}-{_pod_suffix(rng)}", "generateName": f"virt-launcher-{name}-",
-            "namespace": meta.get("namespace"), "labels": labels,
-            "annotations": {"kubevirt.io/domain": name, "kubectl.kubernetes.io/default-container": "compute",
-                            "kubevirt.io/vm-generation": "1"},
-            "ownerReferences": [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": name,
-                                 "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}],
+            "name": f"virt-launcher-{name}-{_pod_suffix(rng)}",
+            "generateName": f"virt-launcher-{name}-",
+            "namespace": meta.get("namespace"),
+            "labels": labels,
+            "annotations": {
+                "kubevirt.io/domain": name,
+                "kubectl.kubernetes.io/default-container": "compute",
+                "kubevirt.io/vm-generation": "1",
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "kubevirt.io/v1",
+                    "kind": "VirtualMachineInstance",
+                    "name": name,
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
         },
-        "spec": {"containers": containers, "initContainers": init_containers, "securityContext": pod_context,
-                 "restartPolicy": "Never", "schedulerName": "default-scheduler",
-                 "serviceAccountName": "default", "automountServiceAccountToken": False,
-                 "terminationGracePeriodSeconds": grace + 15, "hostname": hostname,
-                 "nodeSelector": {"kubevirt.io/schedulable": "true", "cpumanager": "false"}
-                 if spec.get("domain", {}).get("cpu", {}).get("dedicatedCpuPlacement")
-                 else {"kubevirt.io/schedulable": "true"},
-                 "readinessGates": [{"conditionType": "kubevirt.io/virtual-machine-unpaused"}],
-                 "dnsPolicy": "ClusterFirst", "enableServiceLinks": False},
+        "spec": {
+            "containers": containers,
+            "initContainers": init_containers,
+            "securityContext": pod_context,
+            "restartPolicy": "Never",
+            "schedulerName": "default-scheduler",
+            "serviceAccountName": "default",
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": grace + 15,
+            "hostname": hostname,
+            "nodeSelector": {"kubevirt.io/schedulable": "true", "cpumanager": "false"}
+            if spec.get("domain", {}).get("cpu", {}).get("dedicatedCpuPlacement")
+            else {"kubevirt.io/schedulable": "true"},
+            "readinessGates": [{"conditionType": "kubevirt.io/virtual-machine-unpaused"}],
+            "dnsPolicy": "ClusterFirst",
+            "enableServiceLinks": False,
+        },
         "status": {"phase": "Pending", "qosClass": "Burstable"},
     }

@@ -93,8 +93,7 @@ def _remove(doc: Any, tokens: list[str]) -> Any:
         try:
             return parent.pop(int(last))
         except (ValueError, IndexError) as exc:
-            raise ApiError(422, f"remove operation does not apply: doc is missing path: "
-                                f"/{'/'.join(tokens)}") from exc
+            raise ApiError(422, f"remove operation does not apply: doc is missing path: /{'/'.join(tokens)}") from exc
     raise ApiError(422, f"doc is missing path: /{'/'.join(tokens)}")
 
 

@@ -12,10 +12,36 @@ ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 ENFORCE_VERSION_LABEL = "pod-security.kubernetes.io/enforce-version"
 LEVELS = ("privileged", "baseline", "restricted")
 # Capabilities the baseline level allows a container to add (policy/check_capabilities_baseline.go).
-BASELINE_CAPABILITIES = frozenset({"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
-                                   "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"})
-RESTRICTED_VOLUMES = frozenset({"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "image",
-                                "persistentVolumeClaim", "projected", "secret"})
+BASELINE_CAPABILITIES = frozenset(
+    {
+        "AUDIT_WRITE",
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "MKNOD",
+        "NET_BIND_SERVICE",
+        "SETFCAP",
+        "SETGID",
+        "SETPCAP",
+        "SETUID",
+        "SYS_CHROOT",
+    }
+)
+RESTRICTED_VOLUMES = frozenset(
+    {
+        "configMap",
+        "csi",
+        "downwardAPI",
+        "emptyDir",
+        "ephemeral",
+        "image",
+        "persistentVolumeClaim",
+        "projected",
+        "secret",
+    }
+)
 
 
 def _containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
@@ -37,12 +63,19 @@ def _baseline(pod: dict[str, Any]) -> list[str]:
     privileged = [c for c in _containers(pod) if (c.get("securityContext") or {}).get("privileged")]
     if privileged:
         problems.append(f"privileged ({_names(privileged)} must not set securityContext.privileged=true)")
-    added = sorted({cap for c in _containers(pod)
-                    for cap in (((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or ())
-                    if cap not in BASELINE_CAPABILITIES})
+    added = sorted(
+        {
+            cap
+            for c in _containers(pod)
+            for cap in (((c.get("securityContext") or {}).get("capabilities") or {}).get("add") or ())
+            if cap not in BASELINE_CAPABILITIES
+        }
+    )
     if added:
-        problems.append(f"non-default capabilities (containers must not include {', '.join(added)} in "
-                        "securityContext.capabilities.add)")
+        problems.append(
+            f"non-default capabilities (containers must not include {', '.join(added)} in "
+            "securityContext.capabilities.add)"
+        )
     host_paths = [v.get("name", "") for v in spec.get("volumes") or () if "hostPath" in v]
     if host_paths:
         problems.append(f"hostPath volumes (volumes {', '.join(repr(n) for n in host_paths)})")
@@ -54,16 +87,23 @@ def _restricted(pod: dict[str, Any]) -> list[str]:
     pod_context = spec.get("securityContext") or {}
     containers = _containers(pod)
     problems = []
-    escalating = [c for c in containers
-                  if (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False]
+    escalating = [
+        c for c in containers if (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False
+    ]
     if escalating:
-        problems.append(f"allowPrivilegeEscalation != false ({_names(escalating)} must set "
-                        "securityContext.allowPrivilegeEscalation=false)")
-    not_dropping = [c for c in containers
-                    if "ALL" not in (((c.get("securityContext") or {}).get("capabilities") or {}).get("drop") or ())]
+        problems.append(
+            f"allowPrivilegeEscalation != false ({_names(escalating)} must set "
+            "securityContext.allowPrivilegeEscalation=false)"
+        )
+    not_dropping = [
+        c
+        for c in containers
+        if "ALL" not in (((c.get("securityContext") or {}).get("capabilities") or {}).get("drop") or ())
+    ]
     if not_dropping:
-        problems.append(f"unrestricted capabilities ({_names(not_dropping)} must set "
-                        "securityContext.capabilities.drop=[\"ALL\"])")
+        problems.append(
+            f'unrestricted capabilities ({_names(not_dropping)} must set securityContext.capabilities.drop=["ALL"])'
+        )
     volumes = sorted({key for v in spec.get("volumes") or () for key in v if key != "name"} - RESTRICTED_VOLUMES)
     if volumes:
         problems.append(f"restricted volume types (volume types {', '.join(volumes)} are not allowed)")
@@ -72,11 +112,17 @@ def _restricted(pod: dict[str, Any]) -> list[str]:
         if root:
             problems.append(f"runAsNonRoot != true (pod or {_names(root)} must set securityContext.runAsNonRoot=true)")
     if ((pod_context.get("seccompProfile") or {}).get("type")) not in ("RuntimeDefault", "Localhost"):
-        unset = [c for c in containers if ((c.get("securityContext") or {}).get("seccompProfile") or {}).get("type")
-                 not in ("RuntimeDefault", "Localhost")]
+        unset = [
+            c
+            for c in containers
+            if ((c.get("securityContext") or {}).get("seccompProfile") or {}).get("type")
+            not in ("RuntimeDefault", "Localhost")
+        ]
         if unset:
-            problems.append(f"seccompProfile (pod or {_names(unset)} must set securityContext.seccompProfile.type "
-                            'to "RuntimeDefault" or "Localhost")')
+            problems.append(
+                f"seccompProfile (pod or {_names(unset)} must set securityContext.seccompProfile.type "
+                'to "RuntimeDefault" or "Localhost")'
+            )
     return problems
 
 

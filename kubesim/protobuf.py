@@ -20,24 +20,53 @@ MAGIC = b"k8s\x00"
 # A field is (name, kind): "string", "bytes" (base64 in JSON), "int", "bool", "quantity" (resource.Quantity, a
 # message whose field 1 is the string form), a schema dict (a message), ("repeated", kind) or ("map", value kind).
 # Fields not listed are skipped.
-OWNER_REFERENCE = {1: ("kind", "string"), 3: ("name", "string"), 4: ("uid", "string"), 5: ("apiVersion", "string"),
-                   6: ("controller", "bool"), 7: ("blockOwnerDeletion", "bool")}
-OBJECT_META = {1: ("name", "string"), 2: ("generateName", "string"), 3: ("namespace", "string"),
-               5: ("uid", "string"), 6: ("resourceVersion", "string"), 7: ("generation", "int"),
-               10: ("deletionGracePeriodSeconds", "int"), 11: ("labels", ("map", "string")),
-               12: ("annotations", ("map", "string")), 13: ("ownerReferences", ("repeated", OWNER_REFERENCE)),
-               14: ("finalizers", ("repeated", "string"))}
+OWNER_REFERENCE = {
+    1: ("kind", "string"),
+    3: ("name", "string"),
+    4: ("uid", "string"),
+    5: ("apiVersion", "string"),
+    6: ("controller", "bool"),
+    7: ("blockOwnerDeletion", "bool"),
+}
+OBJECT_META = {
+    1: ("name", "string"),
+    2: ("generateName", "string"),
+    3: ("namespace", "string"),
+    5: ("uid", "string"),
+    6: ("resourceVersion", "string"),
+    7: ("generation", "int"),
+    10: ("deletionGracePeriodSeconds", "int"),
+    11: ("labels", ("map", "string")),
+    12: ("annotations", ("map", "string")),
+    13: ("ownerReferences", ("repeated", OWNER_REFERENCE)),
+    14: ("finalizers", ("repeated", "string")),
+}
 KINDS: dict[str, dict[int, tuple[str, Any]]] = {
     "Namespace": {1: ("metadata", OBJECT_META), 2: ("spec", {1: ("finalizers", ("repeated", "string"))})},
-    "Secret": {1: ("metadata", OBJECT_META), 2: ("data", ("map", "bytes")), 3: ("type", "string"),
-               4: ("stringData", ("map", "string")), 5: ("immutable", "bool")},
-    "ConfigMap": {1: ("metadata", OBJECT_META), 2: ("data", ("map", "string")), 3: ("binaryData", ("map", "bytes")),
-                  4: ("immutable", "bool")},
-    "ResourceQuota": {1: ("metadata", OBJECT_META), 2: ("spec", {
-        1: ("hard", ("map", "quantity")), 2: ("scopes", ("repeated", "string"))})},
+    "Secret": {
+        1: ("metadata", OBJECT_META),
+        2: ("data", ("map", "bytes")),
+        3: ("type", "string"),
+        4: ("stringData", ("map", "string")),
+        5: ("immutable", "bool"),
+    },
+    "ConfigMap": {
+        1: ("metadata", OBJECT_META),
+        2: ("data", ("map", "string")),
+        3: ("binaryData", ("map", "bytes")),
+        4: ("immutable", "bool"),
+    },
+    "ResourceQuota": {
+        1: ("metadata", OBJECT_META),
+        2: ("spec", {1: ("hard", ("map", "quantity")), 2: ("scopes", ("repeated", "string"))}),
+    },
 }
-UNKNOWN = {1: ("typeMeta", {1: ("apiVersion", "string"), 2: ("kind", "string")}), 2: ("raw", "raw"),
-           3: ("contentEncoding", "string"), 4: ("contentType", "string")}
+UNKNOWN = {
+    1: ("typeMeta", {1: ("apiVersion", "string"), 2: ("kind", "string")}),
+    2: ("raw", "raw"),
+    3: ("contentEncoding", "string"),
+    4: ("contentType", "string"),
+}
 
 
 def _varint(data: bytes, at: int) -> tuple[int, int]:
@@ -66,7 +95,7 @@ def _fields(data: bytes) -> list[tuple[int, int | bytes]]:
             length, at = _varint(data, at)
             if at + length > len(data):
                 raise ValueError("truncated field")
-            fields.append((number, data[at:at + length]))
+            fields.append((number, data[at : at + length]))
             at += length
         elif wire in (1, 5):
             at += 8 if wire == 1 else 4
@@ -115,12 +144,16 @@ def decode(raw: bytes) -> dict[str, Any]:
     if not raw.startswith(MAGIC):
         raise ApiError(400, "the body of the request could not be decoded: protobuf body without the k8s magic")
     try:
-        envelope = _message(UNKNOWN, raw[len(MAGIC):])
+        envelope = _message(UNKNOWN, raw[len(MAGIC) :])
         type_meta = envelope.get("typeMeta") or {}
         kind = type_meta.get("kind", "")
         if kind not in KINDS:
-            raise ApiError(415, f"the body of the request was in an unknown format - kubesim reads {kind or 'this'} "
-                                "only as application/json or application/yaml", reason="UnsupportedMediaType")
+            raise ApiError(
+                415,
+                f"the body of the request was in an unknown format - kubesim reads {kind or 'this'} "
+                "only as application/json or application/yaml",
+                reason="UnsupportedMediaType",
+            )
         obj = _message(KINDS[kind], envelope.get("raw") or b"")
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"the body of the request could not be decoded: {exc}") from exc

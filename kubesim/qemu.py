@@ -36,12 +36,30 @@ def probe_accelerator(probe_kernel: str) -> str:
         return "tcg"
     with tempfile.TemporaryDirectory(prefix="kubesim-kvm-probe-") as scratch:
         out = Path(scratch) / "serial.log"
-        command = [QEMU, "-accel", "kvm", "-cpu", "host", "-m", "128", "-nodefaults", "-no-user-config",
-                   "-display", "none", "-serial", f"file:{out}", "-kernel", probe_kernel,
-                   "-append", "console=ttyS0 panic=-1", "-no-reboot"]
+        command = [
+            QEMU,
+            "-accel",
+            "kvm",
+            "-cpu",
+            "host",
+            "-m",
+            "128",
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-serial",
+            f"file:{out}",
+            "-kernel",
+            probe_kernel,
+            "-append",
+            "console=ttyS0 panic=-1",
+            "-no-reboot",
+        ]
         try:
-            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL)
+            process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
         except OSError:
             return "tcg"
         deadline = time.monotonic() + 5
@@ -61,8 +79,11 @@ def vmi_size(vmi: dict[str, Any], *, max_cpus: int, max_memory_mib: int) -> tupl
     domain = (vmi.get("spec") or {}).get("domain") or {}
     cpu = domain.get("cpu") or {}
     cpus = max(1, int(cpu.get("cores", 1)) * int(cpu.get("sockets", 1)) * int(cpu.get("threads", 1)))
-    memory = (domain.get("memory") or {}).get("guest") or \
-        ((domain.get("resources") or {}).get("requests") or {}).get("memory") or "512Mi"
+    memory = (
+        (domain.get("memory") or {}).get("guest")
+        or ((domain.get("resources") or {}).get("requests") or {}).get("memory")
+        or "512Mi"
+    )
     memory_mib = max(128, int(parse_quantity(str(memory)) / (1024 * 1024)))
     if max_cpus:
         cpus = min(cpus, max_cpus)
@@ -71,26 +92,54 @@ def vmi_size(vmi: dict[str, Any], *, max_cpus: int, max_memory_mib: int) -> tupl
     return cpus, memory_mib
 
 
-def qemu_command(*, image: Path, root: Path, accel: str, cpus: int, memory_mib: int,
-                 forwards: dict[int, int]) -> list[str]:
+def qemu_command(
+    *, image: Path, root: Path, accel: str, cpus: int, memory_mib: int, forwards: dict[int, int]
+) -> list[str]:
     """virt-launcher's domain as a QEMU command line: direct kernel boot, snapshot root disk, NoCloud seed."""
     hostfwd = "".join(f",hostfwd=tcp:127.0.0.1:{host}-:{guest}" for guest, host in forwards.items())
     # TCG's translation cache defaults to 1 GiB of RSS per guest; a quarter of it costs little boot time.
     accel_args = ["-accel", "kvm", "-cpu", "host"] if accel == "kvm" else ["-accel", "tcg,tb-size=256"]
     return [
-        QEMU, *accel_args, "-m", str(memory_mib), "-smp", str(cpus),
-        "-nodefaults", "-no-user-config", "-display", "none", "-vga", "none",
-        "-chardev", f"socket,id=ser0,path={root / 'console.sock'},server=on,wait=off,logfile={root / 'console.log'}",
-        "-serial", "chardev:ser0",
-        "-chardev", f"socket,id=qmp,path={root / 'qmp.sock'},server=on,wait=off", "-mon", "chardev=qmp,mode=control",
-        "-device", "virtio-serial-pci",
-        "-chardev", f"socket,id=qga0,path={root / 'qga.sock'},server=on,wait=off",
-        "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
-        "-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"),
-        "-append", "root=/dev/vda rw console=ttyS0",
-        "-drive", f"file={image / 'root.img'},if=virtio,format=raw,snapshot=on",
-        "-drive", f"file={root / 'seed.iso'},if=virtio,format=raw,readonly=on",
-        "-netdev", f"user,id=n0{hostfwd}", "-device", "virtio-net-pci,netdev=n0",
+        QEMU,
+        *accel_args,
+        "-m",
+        str(memory_mib),
+        "-smp",
+        str(cpus),
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-vga",
+        "none",
+        "-chardev",
+        f"socket,id=ser0,path={root / 'console.sock'},server=on,wait=off,logfile={root / 'console.log'}",
+        "-serial",
+        "chardev:ser0",
+        "-chardev",
+        f"socket,id=qmp,path={root / 'qmp.sock'},server=on,wait=off",
+        "-mon",
+        "chardev=qmp,mode=control",
+        "-device",
+        "virtio-serial-pci",
+        "-chardev",
+        f"socket,id=qga0,path={root / 'qga.sock'},server=on,wait=off",
+        "-device",
+        "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
+        "-kernel",
+        str(image / "vmlinuz"),
+        "-initrd",
+        str(image / "initrd.img"),
+        "-append",
+        "root=/dev/vda rw console=ttyS0",
+        "-drive",
+        f"file={image / 'root.img'},if=virtio,format=raw,snapshot=on",
+        "-drive",
+        f"file={root / 'seed.iso'},if=virtio,format=raw,readonly=on",
+        "-netdev",
+        f"user,id=n0{hostfwd}",
+        "-device",
+        "virtio-net-pci,netdev=n0",
     ]
 
 
@@ -147,9 +196,16 @@ class QmpClient:
             self._writer = None
 
 
-_OS_INFO_KEYS = {"id": "id", "name": "name", "pretty-name": "prettyName", "version": "version",
-                 "version-id": "versionId", "kernel-release": "kernelRelease", "kernel-version": "kernelVersion",
-                 "machine": "machine"}
+_OS_INFO_KEYS = {
+    "id": "id",
+    "name": "name",
+    "pretty-name": "prettyName",
+    "version": "version",
+    "version-id": "versionId",
+    "kernel-release": "kernelRelease",
+    "kernel-version": "kernelVersion",
+    "machine": "machine",
+}
 
 
 _AGENT_ANSWER_WITHIN = 2.0

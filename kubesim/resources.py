@@ -47,37 +47,105 @@ class ResourceType:
         return f"{base}/{name}" if name else base
 
 
-_POD_FIELDS = COMMON_FIELDS | {"spec.nodeName", "status.phase", "spec.restartPolicy", "spec.schedulerName",
-                               "spec.serviceAccountName", "status.podIP", "status.nominatedNodeName"}
-_EVENT_FIELDS = COMMON_FIELDS | {"involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
-                                 "involvedObject.uid", "involvedObject.apiVersion", "involvedObject.fieldPath",
-                                 "involvedObject.resourceVersion", "reason", "reportingComponent", "source",
-                                 "type"}
+_POD_FIELDS = COMMON_FIELDS | {
+    "spec.nodeName",
+    "status.phase",
+    "spec.restartPolicy",
+    "spec.schedulerName",
+    "spec.serviceAccountName",
+    "status.podIP",
+    "status.nominatedNodeName",
+}
+_EVENT_FIELDS = COMMON_FIELDS | {
+    "involvedObject.kind",
+    "involvedObject.namespace",
+    "involvedObject.name",
+    "involvedObject.uid",
+    "involvedObject.apiVersion",
+    "involvedObject.fieldPath",
+    "involvedObject.resourceVersion",
+    "reason",
+    "reportingComponent",
+    "source",
+    "type",
+}
 
 RESOURCES: tuple[ResourceType, ...] = (
-    ResourceType("", "v1", "namespaces", "namespace", "Namespace", namespaced=False, short_names=("ns",),
-                 verbs=("create", "delete", "get", "list", "patch", "update", "watch"), status_subresource=True,
-                 field_selectors=COMMON_FIELDS | {"status.phase"}),
+    ResourceType(
+        "",
+        "v1",
+        "namespaces",
+        "namespace",
+        "Namespace",
+        namespaced=False,
+        short_names=("ns",),
+        verbs=("create", "delete", "get", "list", "patch", "update", "watch"),
+        status_subresource=True,
+        field_selectors=COMMON_FIELDS | {"status.phase"},
+    ),
     ResourceType("", "v1", "secrets", "secret", "Secret", field_selectors=COMMON_FIELDS | {"type"}),
     ResourceType("", "v1", "configmaps", "configmap", "ConfigMap", short_names=("cm",)),
     ResourceType("", "v1", "events", "event", "Event", short_names=("ev",), field_selectors=_EVENT_FIELDS),
     # virt-launcher pods belong to kubesim's virt-controller: clients may read them, and delete them (which
     # kills the VMI, as on a cluster), but not create or change them.
-    ResourceType("", "v1", "pods", "pod", "Pod", short_names=("po",), categories=("all",),
-                 verbs=("delete", "get", "list", "watch"), field_selectors=_POD_FIELDS),
-    ResourceType("", "v1", "nodes", "node", "Node", namespaced=False, short_names=("no",), verbs=READ_VERBS,
-                 field_selectors=COMMON_FIELDS | {"spec.unschedulable"}),
-    ResourceType("", "v1", "resourcequotas", "resourcequota", "ResourceQuota", short_names=("quota",),
-                 status_subresource=True),
+    ResourceType(
+        "",
+        "v1",
+        "pods",
+        "pod",
+        "Pod",
+        short_names=("po",),
+        categories=("all",),
+        verbs=("delete", "get", "list", "watch"),
+        field_selectors=_POD_FIELDS,
+    ),
+    ResourceType(
+        "",
+        "v1",
+        "nodes",
+        "node",
+        "Node",
+        namespaced=False,
+        short_names=("no",),
+        verbs=READ_VERBS,
+        field_selectors=COMMON_FIELDS | {"spec.unschedulable"},
+    ),
+    ResourceType(
+        "", "v1", "resourcequotas", "resourcequota", "ResourceQuota", short_names=("quota",), status_subresource=True
+    ),
     ResourceType("", "v1", "limitranges", "limitrange", "LimitRange", short_names=("limits",)),
-    ResourceType("networking.k8s.io", "v1", "networkpolicies", "networkpolicy", "NetworkPolicy",
-                 short_names=("netpol",)),
-    ResourceType("kubevirt.io", "v1", "virtualmachines", "virtualmachine", "VirtualMachine",
-                 short_names=("vm", "vms"), categories=("all",), status_subresource=True),
-    ResourceType("kubevirt.io", "v1", "virtualmachineinstances", "virtualmachineinstance",
-                 "VirtualMachineInstance", short_names=("vmi", "vmis"), categories=("all",)),
-    ResourceType("kubevirt.io", "v1", "kubevirts", "kubevirt", "KubeVirt", short_names=("kv", "kvs"),
-                 categories=("all",), status_subresource=True),
+    ResourceType(
+        "networking.k8s.io", "v1", "networkpolicies", "networkpolicy", "NetworkPolicy", short_names=("netpol",)
+    ),
+    ResourceType(
+        "kubevirt.io",
+        "v1",
+        "virtualmachines",
+        "virtualmachine",
+        "VirtualMachine",
+        short_names=("vm", "vms"),
+        categories=("all",),
+        status_subresource=True,
+    ),
+    ResourceType(
+        "kubevirt.io",
+        "v1",
+        "virtualmachineinstances",
+        "virtualmachineinstance",
+        "VirtualMachineInstance",
+        short_names=("vmi", "vmis"),
+        categories=("all",),
+    ),
+    ResourceType(
+        "kubevirt.io",
+        "v1",
+        "kubevirts",
+        "kubevirt",
+        "KubeVirt",
+        short_names=("kv", "kvs"),
+        categories=("all",),
+        status_subresource=True,
+    ),
 )
 
 BY_PATH: dict[tuple[str, str, str], ResourceType] = {(r.group, r.version, r.plural): r for r in RESOURCES}
@@ -116,29 +184,50 @@ def resource_list(group: str, version: str) -> dict | None:
     if group == SUBRESOURCE_GROUP:
         if version not in SUBRESOURCE_VERSIONS:
             return None
-        entries = [{"name": name, "singularName": "", "namespaced": True, "kind": kind, "verbs": list(verbs)}
-                   for name, kind, verbs in _SUBRESOURCES]
-        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}",
-                "resources": entries}
+        entries = [
+            {"name": name, "singularName": "", "namespaced": True, "kind": kind, "verbs": list(verbs)}
+            for name, kind, verbs in _SUBRESOURCES
+        ]
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}",
+            "resources": entries,
+        }
     entries = []
     for resource in RESOURCES:
         if resource.group != group or resource.version != version:
             continue
-        entry = {"name": resource.plural, "singularName": resource.singular, "namespaced": resource.namespaced,
-                 "kind": resource.kind, "verbs": list(resource.verbs)}
+        entry = {
+            "name": resource.plural,
+            "singularName": resource.singular,
+            "namespaced": resource.namespaced,
+            "kind": resource.kind,
+            "verbs": list(resource.verbs),
+        }
         if resource.short_names:
             entry["shortNames"] = list(resource.short_names)
         if resource.categories:
             entry["categories"] = list(resource.categories)
         entries.append(entry)
         if resource.status_subresource:
-            entries.append({"name": f"{resource.plural}/status", "singularName": "",
-                            "namespaced": resource.namespaced, "kind": resource.kind,
-                            "verbs": ["get", "patch", "update"]})
+            entries.append(
+                {
+                    "name": f"{resource.plural}/status",
+                    "singularName": "",
+                    "namespaced": resource.namespaced,
+                    "kind": resource.kind,
+                    "verbs": ["get", "patch", "update"],
+                }
+            )
     if not entries:
         return None
-    return {"kind": "APIResourceList", "apiVersion": "v1" if group else "",
-            "groupVersion": f"{group}/{version}" if group else version, "resources": entries}
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1" if group else "",
+        "groupVersion": f"{group}/{version}" if group else version,
+        "resources": entries,
+    }
 
 
 def group_list() -> dict:

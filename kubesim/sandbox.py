@@ -34,8 +34,9 @@ def prepare_root(root: Path, *, hostname: str) -> None:
     etc = root / "etc"
     etc.mkdir(parents=True, exist_ok=True)
     if not (etc / "passwd").exists():
-        (etc / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n"
-                                    "student:x:1000:1000:Lab student:/home/student:/bin/bash\n")
+        (etc / "passwd").write_text(
+            "root:x:0:0:root:/root:/bin/bash\nstudent:x:1000:1000:Lab student:/home/student:/bin/bash\n"
+        )
         (etc / "group").write_text("root:x:0:\nstudent:x:1000:\n")
     (etc / "hostname").write_text(hostname + "\n")
     (etc / "hosts").write_text(f"127.0.0.1 localhost\n127.0.1.1 {hostname}\n")
@@ -55,9 +56,29 @@ def prepare_root(root: Path, *, hostname: str) -> None:
 
 def command(root: Path, argv: list[str], *, user: str, hostname: str, cwd: str = "/home/student") -> list[str]:
     """bwrap's command line that runs ``argv`` inside the guest rooted at ``root`` as the guest's ``user``."""
-    args = [BWRAP, "--unshare-all", "--die-with-parent", "--bind", str(root), "/",
-            "--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-            "--hostname", hostname, "--uid", str(GUEST_UID[user]), "--gid", str(GUEST_UID[user])]
+    args = [
+        BWRAP,
+        "--unshare-all",
+        "--die-with-parent",
+        "--bind",
+        str(root),
+        "/",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "--hostname",
+        hostname,
+        "--uid",
+        str(GUEST_UID[user]),
+        "--gid",
+        str(GUEST_UID[user]),
+    ]
     for top in _TOP_DIRS:
         path = Path("/") / top
         if path.is_dir() and not path.is_symlink():

@@ -48,30 +48,60 @@ def decimal_si(count: int) -> str:
 def render_node(config: SimConfig, index: int, name: str) -> dict[str, Any]:
     # virt-handler's device plugins advertise 1000 devices each (cmd/virt-handler/virt-handler.go, maxDevices).
     devices = decimal_si(config.node_kvm_devices)
-    allocatable = {"cpu": config.node_cpu, "memory": config.node_memory, "pods": str(config.node_pods),
-                   "ephemeral-storage": "100Gi", "devices.kubevirt.io/kvm": devices,
-                   "devices.kubevirt.io/tun": devices, "devices.kubevirt.io/vhost-net": devices,
-                   "hugepages-2Mi": "0"}
+    allocatable = {
+        "cpu": config.node_cpu,
+        "memory": config.node_memory,
+        "pods": str(config.node_pods),
+        "ephemeral-storage": "100Gi",
+        "devices.kubevirt.io/kvm": devices,
+        "devices.kubevirt.io/tun": devices,
+        "devices.kubevirt.io/vhost-net": devices,
+        "hugepages-2Mi": "0",
+    }
     return {
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": {
-            "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-            "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64",
-            "kubevirt.io/schedulable": "true", "node-role.kubernetes.io/worker": ""},
-            "annotations": {"kubevirt.io/heartbeat": ""}},
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "beta.kubernetes.io/os": "linux",
+                "beta.kubernetes.io/arch": "amd64",
+                "kubevirt.io/schedulable": "true",
+                "node-role.kubernetes.io/worker": "",
+            },
+            "annotations": {"kubevirt.io/heartbeat": ""},
+        },
         "spec": {"podCIDR": f"10.244.{index}.0/24", "podCIDRs": [f"10.244.{index}.0/24"]},
         "status": {
-            "capacity": dict(allocatable), "allocatable": allocatable,
-            "addresses": [{"type": "InternalIP", "address": f"192.168.122.{10 + index}"},
-                          {"type": "Hostname", "address": name}],
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-                            "message": "kubelet is posting ready status"}],
-            "nodeInfo": {"kubeletVersion": config.kubernetes_version,
-                         "kubeProxyVersion": config.kubernetes_version,
-                         "containerRuntimeVersion": config.container_runtime_version(),
-                         "operatingSystem": "linux", "architecture": "amd64", "osImage": "Ubuntu 24.04.2 LTS",
-                         "kernelVersion": "6.8.0-60-generic", "machineID": f"{index:032x}",
-                         "systemUUID": f"00000000-0000-0000-0000-{index:012x}", "bootID": f"{index:032x}"},
+            "capacity": dict(allocatable),
+            "allocatable": allocatable,
+            "addresses": [
+                {"type": "InternalIP", "address": f"192.168.122.{10 + index}"},
+                {"type": "Hostname", "address": name},
+            ],
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "kubelet is posting ready status",
+                }
+            ],
+            "nodeInfo": {
+                "kubeletVersion": config.kubernetes_version,
+                "kubeProxyVersion": config.kubernetes_version,
+                "containerRuntimeVersion": config.container_runtime_version(),
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+                "osImage": "Ubuntu 24.04.2 LTS",
+                "kernelVersion": "6.8.0-60-generic",
+                "machineID": f"{index:032x}",
+                "systemUUID": f"00000000-0000-0000-0000-{index:012x}",
+                "bootID": f"{index:032x}",
+            },
         },
     }
 
@@ -86,9 +116,13 @@ class Scheduler:
     def add_node(self, node: dict[str, Any], index: int) -> None:
         allocatable = node["status"]["allocatable"]
         self.nodes[node["metadata"]["name"]] = NodeUsage(
-            name=node["metadata"]["name"], index=index, cpu=parse_quantity(allocatable["cpu"]),
-            memory=parse_quantity(allocatable["memory"]), pods=int(allocatable["pods"]),
-            kvm=int(parse_quantity(allocatable.get("devices.kubevirt.io/kvm", "0"))))
+            name=node["metadata"]["name"],
+            index=index,
+            cpu=parse_quantity(allocatable["cpu"]),
+            memory=parse_quantity(allocatable["memory"]),
+            pods=int(allocatable["pods"]),
+            kvm=int(parse_quantity(allocatable.get("devices.kubevirt.io/kvm", "0"))),
+        )
 
     def remove_node(self, name: str) -> None:
         self.nodes.pop(name, None)
@@ -113,8 +147,7 @@ class Scheduler:
         total = len(self.nodes)
         detail = ", ".join(f"{count} {reason}" for reason, count in sorted(reasons.items()))
         message = f"0/{total} nodes are available: {detail}." if detail else f"0/{total} nodes are available."
-        message += (f" preemption: 0/{total} nodes are available: {total} No preemption victims found for "
-                    "incoming pod.")
+        message += f" preemption: 0/{total} nodes are available: {total} No preemption victims found for incoming pod."
         return None, message
 
     def bind(self, pod_uid: str, node: str, cpu: Decimal, memory: Decimal) -> str:

@@ -50,9 +50,9 @@ LIST_ENCODING_SLICE_SECONDS = 0.004
 class Route:
     """What a request is about, for counting, faults and dispatch."""
 
-    kind: str                         # discovery | resource | subresource | admin | other
+    kind: str  # discovery | resource | subresource | admin | other
     verb: str = ""
-    resource: str = ""                # "virtualmachines", "virtualmachineinstances/console", "discovery"
+    resource: str = ""  # "virtualmachines", "virtualmachineinstances/console", "discovery"
     rt: ResourceType | None = None
     namespace: str = ""
     name: str = ""
@@ -64,8 +64,12 @@ class Route:
 def _method_verb(method: str, *, named: bool, watch: bool) -> str:
     if method in ("GET", "HEAD"):
         return "watch" if watch else ("get" if named else "list")
-    return {"POST": "create", "PUT": "update", "PATCH": "patch",
-            "DELETE": "delete" if named else "deletecollection"}.get(method, method.lower())
+    return {
+        "POST": "create",
+        "PUT": "update",
+        "PATCH": "patch",
+        "DELETE": "delete" if named else "deletecollection",
+    }.get(method, method.lower())
 
 
 # Where the middleware leaves its reading of the request for the handler.
@@ -90,11 +94,19 @@ def classify(method: str, path: str, query: Any) -> Route:
     if group == SUBRESOURCE_GROUP:
         if len(rest) >= 5 and rest[0] == "namespaces":
             resource = f"{rest[2]}/{rest[4]}"
-            return Route("subresource", verb="update" if method == "PUT" else "get", resource=resource,
-                         namespace=rest[1], name=rest[3], subresource=rest[4], extra=tuple(rest[5:]),
-                         version=version)
-        return Route("subresource", verb="get", resource="/".join(rest) or "discovery", extra=tuple(rest),
-                     version=version)
+            return Route(
+                "subresource",
+                verb="update" if method == "PUT" else "get",
+                resource=resource,
+                namespace=rest[1],
+                name=rest[3],
+                subresource=rest[4],
+                extra=tuple(rest[5:]),
+                version=version,
+            )
+        return Route(
+            "subresource", verb="get", resource="/".join(rest) or "discovery", extra=tuple(rest), version=version
+        )
     namespace = ""
     if len(rest) >= 3 and rest[0] == "namespaces" and (group, version, rest[2]) in BY_PATH:
         namespace, rest = rest[1], rest[2:]
@@ -105,8 +117,16 @@ def classify(method: str, path: str, query: Any) -> Route:
     subresource = rest[2] if len(rest) > 2 else ""
     verb = _method_verb(method, named=bool(name), watch=watching)
     resource = f"{rt.plural}/{subresource}" if subresource else rt.plural
-    return Route("resource", verb=verb, resource=resource, rt=rt, namespace=namespace, name=name,
-                 subresource=subresource, extra=tuple(rest[3:]))
+    return Route(
+        "resource",
+        verb=verb,
+        resource=resource,
+        rt=rt,
+        namespace=namespace,
+        name=name,
+        subresource=subresource,
+        extra=tuple(rest[3:]),
+    )
 
 
 def error_response(error: ApiError) -> web.Response:
@@ -139,12 +159,6 @@ def _quoted(text: str) -> str:
     """A warning's text inside the header's quoted-string: backslashes and double quotes escaped, as the API
     server writes it."""
     return text.replace("\\", "\\\\").replace('"', '\\"')
-
-
-
-
-
-
 
 
 class KubeSim:
@@ -214,7 +228,7 @@ class KubeSim:
             protocol = protocol.strip()
             prefix = "base64url.bearer.authorization.k8s.io."
             if protocol.startswith(prefix):
-                encoded = protocol[len(prefix):]
+                encoded = protocol[len(prefix) :]
                 try:
                     decoded = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
                 except (ValueError, UnicodeDecodeError):
@@ -233,8 +247,13 @@ class KubeSim:
             delay = self.faults.latency_for(route.verb, route.resource)
             if delay > 0:
                 await asyncio.sleep(delay)
-            injected = self.faults.error_for(route.verb, route.resource, group=route.rt.group if route.rt else "",
-                                             namespace=route.namespace, name=route.name)
+            injected = self.faults.error_for(
+                route.verb,
+                route.resource,
+                group=route.rt.group if route.rt else "",
+                namespace=route.namespace,
+                name=route.name,
+            )
             if injected is not None:
                 return error_response(injected)
         try:
@@ -255,10 +274,21 @@ class KubeSim:
     # ---- discovery ---------------------------------------------------------------------------------------
     async def version(self, request: web.Request) -> web.Response:
         major, minor = self.config.kubernetes_version.lstrip("v").split(".")[:2]
-        return json_response({"major": major, "minor": minor, "gitVersion": self.config.kubernetes_version,
-                              "gitCommit": "kubesim", "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
-                              "goVersion": "go1.24.6", "compiler": "gc", "platform": "linux/amd64",
-                              "emulationMajor": major, "emulationMinor": minor})
+        return json_response(
+            {
+                "major": major,
+                "minor": minor,
+                "gitVersion": self.config.kubernetes_version,
+                "gitCommit": "kubesim",
+                "gitTreeState": "clean",
+                "buildDate": "2026-01-01T00:00:00Z",
+                "goVersion": "go1.24.6",
+                "compiler": "gc",
+                "platform": "linux/amd64",
+                "emulationMajor": major,
+                "emulationMinor": minor,
+            }
+        )
 
     async def not_found(self, request: web.Request) -> web.Response:
         raise ApiError(404, "the server could not find the requested resource")
@@ -267,8 +297,13 @@ class KubeSim:
         return web.Response(text="ok")
 
     async def api_versions(self, request: web.Request) -> web.Response:
-        return json_response({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
-            {"clientCIDR": "0.0.0.0/0", "serverAddress": request.host}]})
+        return json_response(
+            {
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": request.host}],
+            }
+        )
 
     async def api_groups(self, request: web.Request) -> web.Response:
         return json_response(group_list())
@@ -293,6 +328,7 @@ class KubeSim:
             return self._discovery(parts)
         if route.kind == "subresource":
             from kubesim import streams
+
             return await streams.dispatch(self, request, route)
         rt = route.rt
         if rt is None:
@@ -314,29 +350,45 @@ class KubeSim:
             return await self._list(request, rt, namespace or None)
         if request.method == "POST":
             if route.name:
-                raise ApiError(405, "the server does not allow this method on the requested resource",
-                               reason="MethodNotAllowed")
+                raise ApiError(
+                    405, "the server does not allow this method on the requested resource", reason="MethodNotAllowed"
+                )
             body = await self._body(request)
             obj, warnings = self.api.create(rt, namespace, body, dry_run=dry_run, field_validation=field_validation)
             return json_response(obj, status=201, headers=_warning_headers(warnings))
         if request.method == "PUT" and route.name:
             body = await self._body(request)
-            obj, warnings = self.api.update(rt, namespace, route.name, body, subresource=route.subresource or None,
-                                            dry_run=dry_run, field_validation=field_validation)
+            obj, warnings = self.api.update(
+                rt,
+                namespace,
+                route.name,
+                body,
+                subresource=route.subresource or None,
+                dry_run=dry_run,
+                field_validation=field_validation,
+            )
             return json_response(obj, headers=_warning_headers(warnings))
         if request.method == "PATCH" and route.name:
             body = await self._body(request)
-            obj, warnings = self.api.patch(rt, namespace, route.name, request.headers.get("Content-Type", ""),
-                                           body, subresource=route.subresource or None, dry_run=dry_run,
-                                           field_validation=field_validation)
+            obj, warnings = self.api.patch(
+                rt,
+                namespace,
+                route.name,
+                request.headers.get("Content-Type", ""),
+                body,
+                subresource=route.subresource or None,
+                dry_run=dry_run,
+                field_validation=field_validation,
+            )
             return json_response(obj, headers=_warning_headers(warnings))
         if request.method == "DELETE":
             options = await self._delete_options(request)
             if route.name:
                 return self._delete(rt, namespace, route.name, options, dry_run=dry_run)
             return self._delete_collection(request, rt, namespace or None, options, dry_run=dry_run)
-        raise ApiError(405, "the server does not allow this method on the requested resource",
-                       reason="MethodNotAllowed")
+        raise ApiError(
+            405, "the server does not allow this method on the requested resource", reason="MethodNotAllowed"
+        )
 
     def _discovery(self, parts: list[str]) -> web.Response:
         if parts == ["api", "v1"]:
@@ -382,10 +434,17 @@ class KubeSim:
         entry = self.store.entry(rt.key, namespace, name)
         if entry is None:
             from kubesim.errors import not_found
+
             raise not_found(rt.group_resource, name, kind_plural=rt.plural)
         if wants_table(request):
-            return json_response(to_table(rt.key, [entry.obj], resource_version=entry.obj["metadata"][
-                "resourceVersion"], include_object=request.query.get("includeObject", "Metadata")))
+            return json_response(
+                to_table(
+                    rt.key,
+                    [entry.obj],
+                    resource_version=entry.obj["metadata"]["resourceVersion"],
+                    include_object=request.query.get("includeObject", "Metadata"),
+                )
+            )
         version = metadata_only_version(request, kind="PartialObjectMetadata")
         if version:
             return json_response(partial_object_metadata(entry.obj, version=version))
@@ -421,60 +480,99 @@ class KubeSim:
                 start = tuple(state["start"])
             except (ValueError, KeyError, TypeError) as exc:
                 raise ApiError(400, "continue key is not valid") from exc
-            entries = [e for e in entries
-                       if (e.obj["metadata"].get("namespace", ""), e.obj["metadata"]["name"]) > start]
+            entries = [
+                e for e in entries if (e.obj["metadata"].get("namespace", ""), e.obj["metadata"]["name"]) > start
+            ]
         limit = int_param(request.query, "limit")
         if limit > 0 and len(entries) > limit:
             entries = entries[:limit]
             last = entries[-1].obj["metadata"]
-            continue_token = base64.urlsafe_b64encode(json.dumps(
-                {"rv": rv, "start": [last.get("namespace", ""), last["name"]]}).encode()).decode()
+            continue_token = base64.urlsafe_b64encode(
+                json.dumps({"rv": rv, "start": [last.get("namespace", ""), last["name"]]}).encode()
+            ).decode()
         if wants_table(request):
-            return json_response(to_table(rt.key, [e.obj for e in entries], resource_version=rv,
-                                          include_object=request.query.get("includeObject", "Metadata"),
-                                          continue_token=continue_token))
+            return json_response(
+                to_table(
+                    rt.key,
+                    [e.obj for e in entries],
+                    resource_version=rv,
+                    include_object=request.query.get("includeObject", "Metadata"),
+                    continue_token=continue_token,
+                )
+            )
         metadata: dict[str, Any] = {"resourceVersion": rv}
         if continue_token:
             metadata["continue"] = continue_token
             metadata["remainingItemCount"] = 0
         version = metadata_only_version(request, kind="PartialObjectMetadataList")
         if version:  # metadata only, as client-go's metadata informers list (a Secret's data stays home)
-            return json_response({
-                "kind": "PartialObjectMetadataList", "apiVersion": f"meta.k8s.io/{version}", "metadata": metadata,
-                "items": [partial_object_metadata(e.obj, version=version) for e in entries]})
-        head = json.dumps({"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": metadata},
-                          separators=(",", ":")).encode()
+            return json_response(
+                {
+                    "kind": "PartialObjectMetadataList",
+                    "apiVersion": f"meta.k8s.io/{version}",
+                    "metadata": metadata,
+                    "items": [partial_object_metadata(e.obj, version=version) for e in entries],
+                }
+            )
+        head = json.dumps(
+            {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": metadata}, separators=(",", ":")
+        ).encode()
         body = head[:-1] + b',"items":[' + await encoded_items(entries) + b"]}"
         return json_response(body)
 
-    def _delete(self, rt: ResourceType, namespace: str, name: str, options: dict[str, Any], *,
-                dry_run: bool) -> web.Response:
+    def _delete(
+        self, rt: ResourceType, namespace: str, name: str, options: dict[str, Any], *, dry_run: bool
+    ) -> web.Response:
         propagation = options.get("propagationPolicy")
         if propagation is None and options.get("orphanDependents") is not None:
             propagation = "Orphan" if options["orphanDependents"] else "Background"
         grace = options.get("gracePeriodSeconds")
         if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int) or grace < 0):
             raise ApiError(400, f"gracePeriodSeconds must be a non-negative integer, not {grace!r}")
-        obj, gone = self.api.delete(rt, namespace, name, grace_period=grace,
-                                    propagation=propagation, preconditions=options.get("preconditions"),
-                                    dry_run=dry_run)
+        obj, gone = self.api.delete(
+            rt,
+            namespace,
+            name,
+            grace_period=grace,
+            propagation=propagation,
+            preconditions=options.get("preconditions"),
+            dry_run=dry_run,
+        )
         if rt.key in _STATUS_SUCCESS_ON_DELETE:
-            return json_response({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                                  "details": {"name": name, "group": rt.group, "kind": rt.plural,
-                                              "uid": obj["metadata"].get("uid")}})
+            return json_response(
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Success",
+                    "details": {"name": name, "group": rt.group, "kind": rt.plural, "uid": obj["metadata"].get("uid")},
+                }
+            )
         return json_response(obj, status=200 if gone else 202)
 
-    def _delete_collection(self, request: web.Request, rt: ResourceType, namespace: str | None,
-                           options: dict[str, Any], *, dry_run: bool) -> web.Response:
+    def _delete_collection(
+        self, request: web.Request, rt: ResourceType, namespace: str | None, options: dict[str, Any], *, dry_run: bool
+    ) -> web.Response:
         items = []
         for entry in self._matching(request, rt, namespace):
             meta = entry.obj["metadata"]
-            obj, _ = self.api.delete(rt, meta.get("namespace", ""), meta["name"],
-                                     grace_period=options.get("gracePeriodSeconds"),
-                                     propagation=options.get("propagationPolicy"), dry_run=dry_run)
+            obj, _ = self.api.delete(
+                rt,
+                meta.get("namespace", ""),
+                meta["name"],
+                grace_period=options.get("gracePeriodSeconds"),
+                propagation=options.get("propagationPolicy"),
+                dry_run=dry_run,
+            )
             items.append(obj)
-        return json_response({"kind": f"{rt.kind}List", "apiVersion": rt.api_version,
-                              "metadata": {"resourceVersion": str(self.store.rv)}, "items": items})
+        return json_response(
+            {
+                "kind": f"{rt.kind}List",
+                "apiVersion": rt.api_version,
+                "metadata": {"resourceVersion": str(self.store.rv)},
+                "items": items,
+            }
+        )
 
     def drop_watches(self, *, mode: str = "reset", resource: str | None = None) -> int:
         dropped = 0
@@ -491,10 +589,18 @@ class KubeSim:
         for vmi in self.store.objects("virtualmachineinstances"):
             phase = (vmi.get("status") or {}).get("phase", "")
             phases[phase] = phases.get(phase, 0) + 1
-        return {"version": __version__, "uptime_seconds": time.time() - self.started,
-                "resource_version": self.store.rv, "virtual_machines": self.store.count("virtualmachines"),
-                "vmi_phases": phases, "pods": self.store.count("pods"), "guests": len(self.guests.guests),
-                "reconciles": self.cluster.counters.reconciles, "controller_errors": self.cluster.counters.errors,
-                "last_controller_error": self.cluster.counters.last_error,
-                "open_watches": len(self.watches), "open_consoles": len(self.consoles),
-                "open_portforwards": len(self.portforwards)}
+        return {
+            "version": __version__,
+            "uptime_seconds": time.time() - self.started,
+            "resource_version": self.store.rv,
+            "virtual_machines": self.store.count("virtualmachines"),
+            "vmi_phases": phases,
+            "pods": self.store.count("pods"),
+            "guests": len(self.guests.guests),
+            "reconciles": self.cluster.counters.reconciles,
+            "controller_errors": self.cluster.counters.errors,
+            "last_controller_error": self.cluster.counters.last_error,
+            "open_watches": len(self.watches),
+            "open_consoles": len(self.consoles),
+            "open_portforwards": len(self.portforwards),
+        }

@@ -34,18 +34,27 @@ PROTOCOL = "plain.kubevirt.io"
 
 
 def _vmi_not_found(name: str) -> ApiError:
-    return ApiError(404, f'virtualmachineinstance.kubevirt.io "{name}" not found',
-                    details={"name": name, "group": "kubevirt.io", "kind": "virtualmachineinstance"})
+    return ApiError(
+        404,
+        f'virtualmachineinstance.kubevirt.io "{name}" not found',
+        details={"name": name, "group": "kubevirt.io", "kind": "virtualmachineinstance"},
+    )
 
 
 def _vm_not_found(name: str) -> ApiError:
-    return ApiError(404, f'virtualmachine.kubevirt.io "{name}" not found',
-                    details={"name": name, "group": "kubevirt.io", "kind": "virtualmachine"})
+    return ApiError(
+        404,
+        f'virtualmachine.kubevirt.io "{name}" not found',
+        details={"name": name, "group": "kubevirt.io", "kind": "virtualmachine"},
+    )
 
 
 def _vm_conflict(name: str, message: str) -> ApiError:
-    return ApiError(409, f'Operation cannot be fulfilled on virtualmachine.kubevirt.io "{name}": {message}',
-                    details={"name": name, "group": "kubevirt.io", "kind": "virtualmachine"})
+    return ApiError(
+        409,
+        f'Operation cannot be fulfilled on virtualmachine.kubevirt.io "{name}": {message}',
+        details={"name": name, "group": "kubevirt.io", "kind": "virtualmachine"},
+    )
 
 
 async def dispatch(sim: KubeSim, request: web.Request, route: Route) -> web.StreamResponse:
@@ -56,11 +65,20 @@ async def dispatch(sim: KubeSim, request: web.Request, route: Route) -> web.Stre
         if not extra:
             return json_response(resource_list("subresources.kubevirt.io", route.version))
         if extra == ("version",):
-            version = (((sim.cluster.kubevirt() or {}).get("status") or {}).get("observedKubeVirtVersion")
-                       or sim.config.kubevirt_version)
-            return json_response({"gitVersion": version, "gitCommit": "kubesim", "gitTreeState": "clean",
-                          "buildDate": "2026-07-27T00:00:00Z", "goVersion": "go1.24.6", "compiler": "gc",
-                          "platform": "linux/amd64"})
+            version = ((sim.cluster.kubevirt() or {}).get("status") or {}).get(
+                "observedKubeVirtVersion"
+            ) or sim.config.kubevirt_version
+            return json_response(
+                {
+                    "gitVersion": version,
+                    "gitCommit": "kubesim",
+                    "gitTreeState": "clean",
+                    "buildDate": "2026-07-27T00:00:00Z",
+                    "goVersion": "go1.24.6",
+                    "compiler": "gc",
+                    "platform": "linux/amd64",
+                }
+            )
         if extra in (("healthz",), ("guestfs",)):
             return json_response({"apiserver": "ok", "restclient": "ok"})
         raise ApiError(404, "the server could not find the requested resource")
@@ -91,8 +109,7 @@ async def dispatch(sim: KubeSim, request: web.Request, route: Route) -> web.Stre
 
 
 # ---- start / stop / restart ----------------------------------------------------------------------------------
-async def _vm_state_change(sim: KubeSim, request: web.Request, namespace: str, name: str,
-                           action: str) -> web.Response:
+async def _vm_state_change(sim: KubeSim, request: web.Request, namespace: str, name: str, action: str) -> web.Response:
     """lifecycle.go's Start/Stop/RestartVMRequestHandler: patch the run strategy or queue a state change."""
     options = await optional_json_object(request, what="request body (start/stop/restart options)")
     vm = sim.store.get("virtualmachines", namespace, name)
@@ -110,8 +127,7 @@ async def _vm_state_change(sim: KubeSim, request: web.Request, namespace: str, n
         if strategy == "Halted":
             new_strategy = "Always"
         elif strategy in ("RerunOnFailure", "Manual"):
-            needs_restart = (strategy == "RerunOnFailure" and phase == "Succeeded") or (
-                strategy == "Manual" and final)
+            needs_restart = (strategy == "RerunOnFailure" and phase == "Succeeded") or (strategy == "Manual" and final)
             if strategy == "RerunOnFailure" and phase == "Failed":
                 raise _vm_conflict(name, "RerunOnFailure does not support starting VM from failed state")
             if vmi is not None and not needs_restart and not final:
@@ -132,8 +148,9 @@ async def _vm_state_change(sim: KubeSim, request: web.Request, namespace: str, n
         elif strategy in ("RerunOnFailure", "Manual"):
             requests.append({"action": "Stop", "uid": vmi["metadata"]["uid"]})
         if grace is not None and vmi is not None and not dry_run:
-            sim.api.mutate(VMI, namespace, name, lambda o: o["spec"].__setitem__(
-                "terminationGracePeriodSeconds", grace))
+            sim.api.mutate(
+                VMI, namespace, name, lambda o: o["spec"].__setitem__("terminationGracePeriodSeconds", grace)
+            )
     else:  # restart
         grace = options.get("gracePeriodSeconds")
         if grace is not None and grace != 0:
@@ -146,16 +163,20 @@ async def _vm_state_change(sim: KubeSim, request: web.Request, namespace: str, n
     if dry_run:
         return web.Response(status=202)
     if new_strategy is not None:
+
         def patch(o: dict[str, Any]) -> None:
             if legacy:
                 o["spec"]["running"] = new_strategy == "Always"
             else:
                 o["spec"]["runStrategy"] = new_strategy
             o["metadata"]["generation"] = o["metadata"].get("generation", 1) + 1
+
         sim.api.mutate(VM, namespace, name, patch)
     if requests:
+
         def queue(o: dict[str, Any]) -> None:
             o.setdefault("status", {}).setdefault("stateChangeRequests", []).extend(requests)
+
         sim.api.mutate(VM, namespace, name, queue)
         if action == "restart" and options.get("gracePeriodSeconds") == 0 and vmi is not None:
             sim.api.delete(VMI, namespace, name, grace_period=0, internal=True)
@@ -179,6 +200,7 @@ def _pause(sim: KubeSim, namespace: str, name: str, *, paused: bool) -> web.Resp
             set_condition(o, new_condition("Paused", "True", "PausedByUser", "VMI was paused by user"))
         else:
             drop_condition(o, "Paused")
+
     sim.api.mutate(VMI, namespace, name, write)
     return web.Response(status=202)
 
@@ -197,18 +219,42 @@ def _guest_agent_read(sim: KubeSim, namespace: str, name: str, what: str) -> web
     hostname = status.get("guestHostname") or (vmi.get("spec") or {}).get("hostname") or name
     login = time.time() - 60
     users = [{"userName": "student", "domain": "", "loginTime": login}]
-    disks = [{"diskName": "vda1", "mountPoint": "/", "fileSystemType": "ext4", "usedBytes": 1_932_735_283,
-              "totalBytes": 5_253_677_056, "disk": [{"busType": "virtio", "serial": "", "bus": 0}]}]
+    disks = [
+        {
+            "diskName": "vda1",
+            "mountPoint": "/",
+            "fileSystemType": "ext4",
+            "usedBytes": 1_932_735_283,
+            "totalBytes": 5_253_677_056,
+            "disk": [{"busType": "virtio", "serial": "", "bus": 0}],
+        }
+    ]
     if what == "userlist":
         return json_response({"items": users})
     if what == "filesystemlist":
         return json_response({"items": disks})
-    commands = ["guest-exec", "guest-info", "guest-ping", "guest-get-osinfo", "guest-get-users",
-                "guest-get-fsinfo", "guest-network-get-interfaces", "guest-shutdown"]
-    return json_response({"guestAgentVersion": "9.2.0", "supportedCommands": [{"name": c, "enabled": True}
-                                                                      for c in commands],
-                  "hostname": hostname, "os": status.get("guestOSInfo") or {}, "timezone": "UTC, 0",
-                  "userList": users, "fsInfo": {"disks": disks}, "fsFreezeStatus": "thawed"})
+    commands = [
+        "guest-exec",
+        "guest-info",
+        "guest-ping",
+        "guest-get-osinfo",
+        "guest-get-users",
+        "guest-get-fsinfo",
+        "guest-network-get-interfaces",
+        "guest-shutdown",
+    ]
+    return json_response(
+        {
+            "guestAgentVersion": "9.2.0",
+            "supportedCommands": [{"name": c, "enabled": True} for c in commands],
+            "hostname": hostname,
+            "os": status.get("guestOSInfo") or {},
+            "timezone": "UTC, 0",
+            "userList": users,
+            "fsInfo": {"disks": disks},
+            "fsFreezeStatus": "thawed",
+        }
+    )
 
 
 # ---- console -------------------------------------------------------------------------------------------------
@@ -254,8 +300,11 @@ async def _console(sim: KubeSim, request: web.Request, namespace: str, name: str
         raise ApiError(500, "dialing virt-handler: the VMI's console is not available yet")
     ws = _websocket(request)
     if not ws.can_prepare(request).ok:
-        raise ApiError(400, "websocket: the client is not using the websocket protocol: 'upgrade' token not "
-                            "found in 'Connection' header")
+        raise ApiError(
+            400,
+            "websocket: the client is not using the websocket protocol: 'upgrade' token not "
+            "found in 'Connection' header",
+        )
     session = _Session(request, namespace, name)
     client = ConsoleClient(session.abort)
     await ws.prepare(request)
@@ -295,8 +344,9 @@ async def _console(sim: KubeSim, request: web.Request, namespace: str, name: str
 
 
 # ---- portforward ---------------------------------------------------------------------------------------------
-async def _portforward(sim: KubeSim, request: web.Request, namespace: str, name: str,
-                       extra: tuple[str, ...]) -> web.StreamResponse:
+async def _portforward(
+    sim: KubeSim, request: web.Request, namespace: str, name: str, extra: tuple[str, ...]
+) -> web.StreamResponse:
     if not extra or not extra[0].isdigit() or len(extra) > 2:
         raise ApiError(404, "the server could not find the requested resource")
     port = int(extra[0])
@@ -316,8 +366,7 @@ async def _portforward(sim: KubeSim, request: web.Request, namespace: str, name:
     try:
         reader, writer, first = await guest.open_port(port)
     except OSError as exc:
-        raise ApiError(500, f"dialing VMI: dial {protocol} {ip}:{port}: connect: connection refused ({exc})") \
-            from exc
+        raise ApiError(500, f"dialing VMI: dial {protocol} {ip}:{port}: connect: connection refused ({exc})") from exc
     ws = _websocket(request)
     if not ws.can_prepare(request).ok:
         writer.close()

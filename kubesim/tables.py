@@ -72,40 +72,75 @@ _COMPUTED = {
     "ready": _ready_condition,
     "pod_ready": _pod_ready,
     "pod_status": _pod_status,
-    "restarts": lambda o: sum(s.get("restartCount", 0) for s in (o.get("status") or {}).get("containerStatuses")
-                              or ()),
+    "restarts": lambda o: sum(s.get("restartCount", 0) for s in (o.get("status") or {}).get("containerStatuses") or ()),
     "secret_data": lambda o: len(o.get("data") or {}),
     "node_status": lambda o: "Ready" if _ready_condition(o) == "True" else "NotReady",
-    "node_roles": lambda o: ",".join(k.split("/", 1)[1] for k in o["metadata"].get("labels", {})
-                                     if k.startswith("node-role.kubernetes.io/")) or "<none>",
-    "event_object": lambda o: f"{(o.get('involvedObject') or {}).get('kind', '').lower()}/"
-                              f"{(o.get('involvedObject') or {}).get('name', '')}",
+    "node_roles": lambda o: (
+        ",".join(
+            k.split("/", 1)[1] for k in o["metadata"].get("labels", {}) if k.startswith("node-role.kubernetes.io/")
+        )
+        or "<none>"
+    ),
+    "event_object": lambda o: (
+        f"{(o.get('involvedObject') or {}).get('kind', '').lower()}/{(o.get('involvedObject') or {}).get('name', '')}"
+    ),
     "last_seen": lambda o: _age(o.get("lastTimestamp") or o.get("firstTimestamp")),
 }
 
 _COLUMNS: dict[str, list[Column]] = {
-    "virtualmachines": [("Name", "string", 0, "metadata.name"), ("Age", "date", 0, "age"),
-                        ("Status", "string", 0, "status.printableStatus"), ("Ready", "string", 0, "ready")],
-    "virtualmachineinstances": [("Name", "string", 0, "metadata.name"), ("Age", "date", 0, "age"),
-                                ("Phase", "string", 0, "status.phase"),
-                                ("IP", "string", 0, "status.interfaces.0.ipAddress"),
-                                ("NodeName", "string", 0, "status.nodeName"), ("Ready", "string", 0, "ready")],
-    "pods": [("Name", "string", 0, "metadata.name"), ("Ready", "string", 0, "pod_ready"),
-             ("Status", "string", 0, "pod_status"), ("Restarts", "string", 0, "restarts"),
-             ("Age", "string", 0, "age"), ("IP", "string", 1, "status.podIP"),
-             ("Node", "string", 1, "spec.nodeName")],
-    "nodes": [("Name", "string", 0, "metadata.name"), ("Status", "string", 0, "node_status"),
-              ("Roles", "string", 0, "node_roles"), ("Age", "string", 0, "age"),
-              ("Version", "string", 0, "status.nodeInfo.kubeletVersion")],
-    "namespaces": [("Name", "string", 0, "metadata.name"), ("Status", "string", 0, "status.phase"),
-                   ("Age", "string", 0, "age")],
-    "secrets": [("Name", "string", 0, "metadata.name"), ("Type", "string", 0, "type"),
-                ("Data", "string", 0, "secret_data"), ("Age", "string", 0, "age")],
-    "events": [("Last Seen", "string", 0, "last_seen"), ("Type", "string", 0, "type"),
-               ("Reason", "string", 0, "reason"), ("Object", "string", 0, "event_object"),
-               ("Message", "string", 0, "message")],
-    "kubevirts": [("Name", "string", 0, "metadata.name"), ("Age", "date", 0, "age"),
-                  ("Phase", "string", 0, "status.phase")],
+    "virtualmachines": [
+        ("Name", "string", 0, "metadata.name"),
+        ("Age", "date", 0, "age"),
+        ("Status", "string", 0, "status.printableStatus"),
+        ("Ready", "string", 0, "ready"),
+    ],
+    "virtualmachineinstances": [
+        ("Name", "string", 0, "metadata.name"),
+        ("Age", "date", 0, "age"),
+        ("Phase", "string", 0, "status.phase"),
+        ("IP", "string", 0, "status.interfaces.0.ipAddress"),
+        ("NodeName", "string", 0, "status.nodeName"),
+        ("Ready", "string", 0, "ready"),
+    ],
+    "pods": [
+        ("Name", "string", 0, "metadata.name"),
+        ("Ready", "string", 0, "pod_ready"),
+        ("Status", "string", 0, "pod_status"),
+        ("Restarts", "string", 0, "restarts"),
+        ("Age", "string", 0, "age"),
+        ("IP", "string", 1, "status.podIP"),
+        ("Node", "string", 1, "spec.nodeName"),
+    ],
+    "nodes": [
+        ("Name", "string", 0, "metadata.name"),
+        ("Status", "string", 0, "node_status"),
+        ("Roles", "string", 0, "node_roles"),
+        ("Age", "string", 0, "age"),
+        ("Version", "string", 0, "status.nodeInfo.kubeletVersion"),
+    ],
+    "namespaces": [
+        ("Name", "string", 0, "metadata.name"),
+        ("Status", "string", 0, "status.phase"),
+        ("Age", "string", 0, "age"),
+    ],
+    "secrets": [
+        ("Name", "string", 0, "metadata.name"),
+        ("Type", "string", 0, "type"),
+        ("Data", "string", 0, "secret_data"),
+        ("Age", "string", 0, "age"),
+    ],
+    "events": [
+        ("Last Seen", "string", 0, "last_seen"),
+        ("Type", "string", 0, "type"),
+        ("Reason", "string", 0, "reason"),
+        ("Object", "string", 0, "event_object"),
+        ("Message", "string", 0, "message"),
+    ],
+    "kubevirts": [
+        ("Name", "string", 0, "metadata.name"),
+        ("Age", "date", 0, "age"),
+        ("Phase", "string", 0, "status.phase"),
+    ],
 }
 _DEFAULT: list[Column] = [("Name", "string", 0, "metadata.name"), ("Age", "date", 0, "age")]
 
@@ -117,8 +152,14 @@ def _cell(obj: dict[str, Any], source: str) -> Any:
     return "" if value is None else value
 
 
-def to_table(resource: str, objects: list[dict[str, Any]], *, resource_version: str, include_object: str,
-             continue_token: str | None = None) -> dict[str, Any]:
+def to_table(
+    resource: str,
+    objects: list[dict[str, Any]],
+    *,
+    resource_version: str,
+    include_object: str,
+    continue_token: str | None = None,
+) -> dict[str, Any]:
     columns = _COLUMNS.get(resource, _DEFAULT)
     rows = []
     for obj in objects:
@@ -127,14 +168,24 @@ def to_table(resource: str, objects: list[dict[str, Any]], *, resource_version: 
         elif include_object == "None":
             embedded = None
         else:
-            embedded = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
-                        "metadata": obj["metadata"]}
+            embedded = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
         rows.append({"cells": [_cell(obj, source) for _, _, _, source in columns], "object": embedded})
     metadata: dict[str, Any] = {"resourceVersion": resource_version}
     if continue_token:
         metadata["continue"] = continue_token
-    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": metadata,
-            "columnDefinitions": [{"name": name, "type": type_, "format": "name" if name == "Name" else "",
-                                   "description": name, "priority": priority}
-                                  for name, type_, priority, _ in columns],
-            "rows": rows}
+    return {
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": metadata,
+        "columnDefinitions": [
+            {
+                "name": name,
+                "type": type_,
+                "format": "name" if name == "Name" else "",
+                "description": name,
+                "priority": priority,
+            }
+            for name, type_, priority, _ in columns
+        ],
+        "rows": rows,
+    }

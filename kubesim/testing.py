@@ -28,8 +28,15 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-_DELAY_OPTIONS = {"pending_delay", "scheduling_delay", "scheduled_delay", "agent_delay", "stop_delay", "jitter",
-                  "phase_delay"}
+_DELAY_OPTIONS = {
+    "pending_delay",
+    "scheduling_delay",
+    "scheduled_delay",
+    "agent_delay",
+    "stop_delay",
+    "jitter",
+    "phase_delay",
+}
 
 
 class KubesimError(RuntimeError):
@@ -46,8 +53,11 @@ class AdminClient:
     def request(self, method: str, path: str, body: dict[str, Any] | None = None, *, timeout: float = 30) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(  # noqa: S310 - kubesim's own http:// URL
-            f"{self.url}{path}", data=data, method=method,
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
+            f"{self.url}{path}",
+            data=data,
+            method=method,
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - our own http URL
                 raw = response.read()
@@ -64,11 +74,19 @@ class AdminClient:
         self.request("POST", "/kubesim/counters/reset")
 
     # faults
-    def inject_fault(self, *, latency: dict[str, float] | None = None, code: int | None = None, rate: float = 1.0,
-                     verbs: list[str] | None = None, resources: list[str] | None = None,
-                     retry_after: int | None = None,
-                     count: int | None = None, watch_drop_after: float | None = None,
-                     console_drop_after: float | None = None) -> dict[str, Any]:
+    def inject_fault(
+        self,
+        *,
+        latency: dict[str, float] | None = None,
+        code: int | None = None,
+        rate: float = 1.0,
+        verbs: list[str] | None = None,
+        resources: list[str] | None = None,
+        retry_after: int | None = None,
+        count: int | None = None,
+        watch_drop_after: float | None = None,
+        console_drop_after: float | None = None,
+    ) -> dict[str, Any]:
         """Add faults. ``latency`` maps ``verb``, ``verb:resource`` or ``*`` to seconds; ``code`` (403 worded as
         RBAC's refusal, 500, 503 or 429 with Retry-After, 1 s unless ``retry_after`` says otherwise; 503 carries
         Retry-After only when ``retry_after`` is given) answers ``rate`` of the matching requests, at most
@@ -78,8 +96,16 @@ class AdminClient:
         if latency:
             spec["latency"] = latency
         if code is not None:
-            spec["errors"] = [{"code": code, "rate": rate, "verbs": verbs, "resources": resources,
-                               "retry_after": retry_after, "count": count}]
+            spec["errors"] = [
+                {
+                    "code": code,
+                    "rate": rate,
+                    "verbs": verbs,
+                    "resources": resources,
+                    "retry_after": retry_after,
+                    "count": count,
+                }
+            ]
         if watch_drop_after is not None:
             spec["watch_drop_after"] = watch_drop_after
         if console_drop_after is not None:
@@ -96,11 +122,13 @@ class AdminClient:
         """End every open watch now: ``reset`` cuts the connection, ``close`` ends the stream cleanly."""
         return self.request("POST", "/kubesim/watches/drop", {"mode": mode, "resource": resource})["dropped"]
 
-    def disconnect_consoles(self, *, namespace: str | None = None, name: str | None = None,
-                            portforwards: bool = False) -> int:
+    def disconnect_consoles(
+        self, *, namespace: str | None = None, name: str | None = None, portforwards: bool = False
+    ) -> int:
         """Cut console sessions without a close frame (clients see 1006)."""
-        return self.request("POST", "/kubesim/consoles/disconnect",
-                            {"namespace": namespace, "name": name, "portforwards": portforwards})["disconnected"]
+        return self.request(
+            "POST", "/kubesim/consoles/disconnect", {"namespace": namespace, "name": name, "portforwards": portforwards}
+        )["disconnected"]
 
     # cluster events
     def fail_vmi(self, namespace: str, name: str, *, reason: str = "Crashed", message: str = "") -> dict[str, Any]:
@@ -112,9 +140,14 @@ class AdminClient:
     def add_node(self, name: str | None = None) -> dict[str, Any]:
         return self.request("POST", "/kubesim/nodes", {"name": name} if name else {})
 
-    def set_kubevirt(self, *, version: str | None = None, feature_gates: list[str] | None = None,
-                     disabled_feature_gates: list[str] | None = None,
-                     image_volume_supported: bool | None = None) -> dict[str, Any]:
+    def set_kubevirt(
+        self,
+        *,
+        version: str | None = None,
+        feature_gates: list[str] | None = None,
+        disabled_feature_gates: list[str] | None = None,
+        image_volume_supported: bool | None = None,
+    ) -> dict[str, Any]:
         """Change the KubeVirt CR (version, gates) and whether the container runtime mounts image volumes."""
         body: dict[str, Any] = {}
         if version is not None:
@@ -165,9 +198,17 @@ def _flags(options: dict[str, Any]) -> list[str]:
 class KubesimServer:
     """A kubesim subprocess on a free loopback port, with a kubeconfig in ``directory``."""
 
-    def __init__(self, directory: str | Path | None = None, *, token: str | None = None, tls: bool = True,
-                 extra_args: list[str] | tuple[str, ...] = (), startup_timeout: float = 60.0,
-                 python: str = sys.executable, **options: Any) -> None:
+    def __init__(
+        self,
+        directory: str | Path | None = None,
+        *,
+        token: str | None = None,
+        tls: bool = True,
+        extra_args: list[str] | tuple[str, ...] = (),
+        startup_timeout: float = 60.0,
+        python: str = sys.executable,
+        **options: Any,
+    ) -> None:
         self._tempdir = None
         if directory is None:
             self._tempdir = tempfile.TemporaryDirectory(prefix="kubesim-")
@@ -192,8 +233,20 @@ class KubesimServer:
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> KubesimServer:
-        command = [self.python, "-m", "kubesim", "serve", "--host", "127.0.0.1", "--port", "0",
-                   "--kubeconfig", str(self.kubeconfig), f"--token={self.token}", *_flags(self.options)]
+        command = [
+            self.python,
+            "-m",
+            "kubesim",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            f"--token={self.token}",
+            *_flags(self.options),
+        ]
         if self.tls_kubeconfig is not None:
             command += ["--tls-kubeconfig", str(self.tls_kubeconfig)]
         command += self.extra_args
@@ -201,8 +254,9 @@ class KubesimServer:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
         log = open(self.log_path, "ab")
         try:
-            self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
-                                            cwd=str(REPO_ROOT), env=env)
+            self.process = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, cwd=str(REPO_ROOT), env=env
+            )
         finally:
             log.close()
         assert self.process.stdout is not None

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kubesim.vmguest")
 
 AGENT_GUEST_PORT = 8787
-_REFUSED_WINDOW = 0.3   # seconds to tell a port the guest refused from one it accepted
+_REFUSED_WINDOW = 0.3  # seconds to tell a port the guest refused from one it accepted
 
 
 def free_port() -> int:
@@ -72,17 +72,38 @@ class VmGuest:
             user_data = "#cloud-config\n{}\n"  # the guest boots without it, as KubeVirt's would with bad data
             log.warning("guest %s/%s: cloud-init user data unusable: %s", self.namespace, self.name, exc)
         self._write_seed(user_data)
-        cpus, memory_mib = vmi_size(vmi, max_cpus=self.manager.config.guest_max_cpus,
-                                    max_memory_mib=self.manager.config.guest_max_memory_mib)
+        cpus, memory_mib = vmi_size(
+            vmi, max_cpus=self.manager.config.guest_max_cpus, max_memory_mib=self.manager.config.guest_max_memory_mib
+        )
         self.ports[AGENT_GUEST_PORT] = free_port()
-        command = qemu_command(image=self.image, root=self.root, accel=self.manager.accelerator, cpus=cpus,
-                               memory_mib=memory_mib, forwards={AGENT_GUEST_PORT: self.ports[AGENT_GUEST_PORT]})
+        command = qemu_command(
+            image=self.image,
+            root=self.root,
+            accel=self.manager.accelerator,
+            cpus=cpus,
+            memory_mib=memory_mib,
+            forwards={AGENT_GUEST_PORT: self.ports[AGENT_GUEST_PORT]},
+        )
         with open(self.root / "qemu.log", "ab") as qemu_log:
             # Started from the event loop's thread: the death signal follows the thread that forked, not the process.
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=qemu_log, stderr=qemu_log,
-                                            start_new_session=True, preexec_fn=die_with_kubesim, cwd=self.root)
-        log.info("guest %s/%s: QEMU pid %s (%s, %s vCPU, %s MiB)", self.namespace, self.name, self.process.pid,
-                 self.manager.accelerator, cpus, memory_mib)
+            self.process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=qemu_log,
+                stderr=qemu_log,
+                start_new_session=True,
+                preexec_fn=die_with_kubesim,
+                cwd=self.root,
+            )
+        log.info(
+            "guest %s/%s: QEMU pid %s (%s, %s vCPU, %s MiB)",
+            self.namespace,
+            self.name,
+            self.process.pid,
+            self.manager.accelerator,
+            cpus,
+            memory_mib,
+        )
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._watch_process()))
         self._tasks.append(loop.create_task(self._attach_channels()))
@@ -92,9 +113,22 @@ class VmGuest:
         seed.mkdir(exist_ok=True)
         (seed / "user-data").write_text(user_data)
         (seed / "meta-data").write_text(f"instance-id: {self.uid}\nlocal-hostname: {self.hostname}\n")
-        subprocess.run(["genisoimage", "-quiet", "-output", str(self.root / "seed.iso"), "-volid", "cidata",
-                        "-joliet", "-rock", str(seed / "user-data"), str(seed / "meta-data")],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [
+                "genisoimage",
+                "-quiet",
+                "-output",
+                str(self.root / "seed.iso"),
+                "-volid",
+                "cidata",
+                "-joliet",
+                "-rock",
+                str(seed / "user-data"),
+                str(seed / "meta-data"),
+            ],
+            check=True,
+            capture_output=True,
+        )
 
     async def _attach_channels(self) -> None:
         """Connect the serial console, QMP and the guest agent's channel once QEMU has made their sockets."""
@@ -133,12 +167,18 @@ class VmGuest:
         await asyncio.get_running_loop().run_in_executor(None, process.wait)
         if self._stopped:
             return
-        log.info("guest %s/%s: QEMU exited with %s%s", self.namespace, self.name, process.returncode,
-                 " after a guest power-off" if self.powered_off else "")
+        log.info(
+            "guest %s/%s: QEMU exited with %s%s",
+            self.namespace,
+            self.name,
+            process.returncode,
+            " after a guest power-off" if self.powered_off else "",
+        )
         self._close_console()
         self.serial.hang_up()
-        self.manager.guest_exited(self, powered_off=self.powered_off and process.returncode == 0,
-                                  code=process.returncode)
+        self.manager.guest_exited(
+            self, powered_off=self.powered_off and process.returncode == 0, code=process.returncode
+        )
 
     # ---- the serial line ---------------------------------------------------------------------------------
     def ensure_shell(self) -> None:
@@ -204,8 +244,9 @@ class VmGuest:
             if self.qmp is None:
                 raise ConnectionRefusedError("the guest is not up yet")
             host_port = free_port()
-            await self.qmp.command("human-monitor-command",
-                                   {"command-line": f"hostfwd_add tcp:127.0.0.1:{host_port}-:{port}"})
+            await self.qmp.command(
+                "human-monitor-command", {"command-line": f"hostfwd_add tcp:127.0.0.1:{host_port}-:{port}"}
+            )
             self.ports[port] = host_port
         reader, writer = await asyncio.open_connection("127.0.0.1", self.ports[port])
         # QEMU's user network accepts on the host first and closes once the guest refuses: wait to see which. A
@@ -250,8 +291,15 @@ class VmGuest:
 
     def describe(self) -> dict[str, Any]:
         alive = self.process is not None and self.process.poll() is None
-        return {"namespace": self.namespace, "name": self.name, "uid": self.uid, "root": str(self.root),
-                "qemu_pid": self.process.pid if alive else None, "accelerator": self.manager.accelerator,
-                "ports": {str(k): v for k, v in self.ports.items()}, "cloud_init_error": self.cloud_init_error,
-                "console_connected": self.serial.client is not None, "console_log": str(self.root / "console.log")}
-
+        return {
+            "namespace": self.namespace,
+            "name": self.name,
+            "uid": self.uid,
+            "root": str(self.root),
+            "qemu_pid": self.process.pid if alive else None,
+            "accelerator": self.manager.accelerator,
+            "ports": {str(k): v for k, v in self.ports.items()},
+            "cloud_init_error": self.cloud_init_error,
+            "console_connected": self.serial.client is not None,
+            "console_log": str(self.root / "console.log"),
+        }

@@ -22,8 +22,14 @@ if TYPE_CHECKING:
 _JSON = "application/json"
 
 
-async def serve_watch(sim: KubeSim, request: web.Request, rt: ResourceType, namespace: str | None,
-                      labels: LabelSelector, fields: FieldSelector) -> web.StreamResponse:
+async def serve_watch(
+    sim: KubeSim,
+    request: web.Request,
+    rt: ResourceType,
+    namespace: str | None,
+    labels: LabelSelector,
+    fields: FieldSelector,
+) -> web.StreamResponse:
     """A watch stream: synthetic ADDED events or history replay, then live events, bookmarks, 410 Expired."""
     query = request.query
     rv_text = query.get("resourceVersion", "")
@@ -36,8 +42,7 @@ async def serve_watch(sim: KubeSim, request: web.Request, rt: ResourceType, name
     initial = []
     expired = None
     if rv_text in ("", "0") or send_initial:
-        initial = [e for e in sim.store.entries(rt.key, namespace)
-                   if watcher.wants(e.obj)]
+        initial = [e for e in sim.store.entries(rt.key, namespace) if watcher.wants(e.obj)]
         sim.store.watch(watcher, None)
     else:
         try:
@@ -48,8 +53,7 @@ async def serve_watch(sim: KubeSim, request: web.Request, rt: ResourceType, name
             sim.store.watch(watcher, since)
         except TooOldResourceVersion:
             expired = since
-    response = web.StreamResponse(status=200, headers={"Content-Type": _JSON,
-                                                       "Cache-Control": "no-cache, private"})
+    response = web.StreamResponse(status=200, headers={"Content-Type": _JSON, "Cache-Control": "no-cache, private"})
     response.enable_chunked_encoding()
     await response.prepare(request)
     if expired is not None:
@@ -68,8 +72,7 @@ async def serve_watch(sim: KubeSim, request: web.Request, rt: ResourceType, name
     drop_mode = None
     try:
         if initial:
-            await response.write(b"".join(_event_line(rt, "ADDED", e, table, include_object)
-                                          for e in initial))
+            await response.write(b"".join(_event_line(rt, "ADDED", e, table, include_object) for e in initial))
             sim.counters.watch_events += len(initial)
         if send_initial and bookmarks:
             await response.write(_bookmark(sim, rt, initial_end=True))
@@ -102,8 +105,7 @@ async def serve_watch(sim: KubeSim, request: web.Request, rt: ResourceType, name
                     drop_mode = watcher.drop_mode
                     break
                 chunks.append(extra)
-            await response.write(b"".join(_event_line(rt, t, e, table, include_object)
-                                          for t, e in chunks))
+            await response.write(b"".join(_event_line(rt, t, e, table, include_object) for t, e in chunks))
             sim.counters.watch_events += len(chunks)
             if drop_mode is not None:
                 break
@@ -118,16 +120,26 @@ async def serve_watch(sim: KubeSim, request: web.Request, rt: ResourceType, name
     await response.write_eof()
     return response
 
+
 def _event_line(rt: ResourceType, event_type: str, entry: Any, table: bool, include_object: str) -> bytes:
     if table:
-        obj = to_table(rt.key, [entry.obj], resource_version=entry.obj["metadata"]["resourceVersion"],
-                       include_object=include_object)
+        obj = to_table(
+            rt.key,
+            [entry.obj],
+            resource_version=entry.obj["metadata"]["resourceVersion"],
+            include_object=include_object,
+        )
         return json.dumps({"type": event_type, "object": obj}, separators=(",", ":")).encode() + b"\n"
     return b'{"type":"' + event_type.encode() + b'","object":' + entry.json() + b"}\n"
+
 
 def _bookmark(sim: KubeSim, rt: ResourceType, *, initial_end: bool = False) -> bytes:
     metadata: dict[str, Any] = {"resourceVersion": str(sim.store.rv)}
     if initial_end:
         metadata["annotations"] = {"k8s.io/initial-events-end": "true"}
-    return json.dumps({"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": rt.api_version,
-                                                      "metadata": metadata}}).encode() + b"\n"
+    return (
+        json.dumps(
+            {"type": "BOOKMARK", "object": {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": metadata}}
+        ).encode()
+        + b"\n"
+    )

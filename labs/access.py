@@ -74,8 +74,9 @@ def attempts_visible_to(*, user: User) -> QuerySet[Attempt]:
     )
 
 
-def _attempt_rows(attempts: QuerySet[Attempt], *, attempt_id: int, related: bool,
-                  with_idle_stop: bool) -> QuerySet[Attempt]:
+def _attempt_rows(
+    attempts: QuerySet[Attempt], *, attempt_id: int, related: bool, with_idle_stop: bool
+) -> QuerySet[Attempt]:
     attempts = attempts.filter(id=attempt_id).order_by()  # one row at most: no ORDER BY
     if with_idle_stop:
         attempts = attempts.annotate(lab_idle_stop_minutes=F("lab__idle_stop_minutes"))
@@ -83,8 +84,7 @@ def _attempt_rows(attempts: QuerySet[Attempt], *, attempt_id: int, related: bool
     return attempts.select_related("lab", "lab__course", "student", "tenant") if related else attempts
 
 
-def attempt_get_for_user(*, user: User, attempt_id: int, related: bool = True,
-                         with_idle_stop: bool = False) -> Attempt:
+def attempt_get_for_user(*, user: User, attempt_id: int, related: bool = True, with_idle_stop: bool = False) -> Attempt:
     """The attempt if the user is its student or staff of its course; the same NotFound otherwise. With
     ``related`` its lab, course, student and tenant come in the same query. With ``with_idle_stop`` the lab's
     ``idle_stop_minutes`` comes along as ``lab_idle_stop_minutes``."""
@@ -94,8 +94,9 @@ def attempt_get_for_user(*, user: User, attempt_id: int, related: bool = True,
         own = Attempt.objects.filter(student_id=user.pk, tenant_id=user.tenant_id)
         attempt = _attempt_rows(own, attempt_id=attempt_id, related=related, with_idle_stop=with_idle_stop).first()
     if attempt is None:
-        attempt = _attempt_rows(attempts_visible_to(user=user), attempt_id=attempt_id, related=related,
-                                with_idle_stop=with_idle_stop).first()
+        attempt = _attempt_rows(
+            attempts_visible_to(user=user), attempt_id=attempt_id, related=related, with_idle_stop=with_idle_stop
+        ).first()
     if attempt is None:
         raise NotFound(_("Attempt not found."))
     return attempt

@@ -48,17 +48,40 @@ class LabAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     course_lookup = "course"
     inlines = (CheckInline,)
     list_display = ("title", "course", "size", "time_limit_minutes", "opens_at", "due_at", "check_count")
-    formfield_overrides = {models.DateTimeField: {"form_class": forms.SplitDateTimeField,
-                                                   "widget": LabelledSplitDateTime}}
+    formfield_overrides = {
+        models.DateTimeField: {"form_class": forms.SplitDateTimeField, "widget": LabelledSplitDateTime}
+    }
     list_filter = (("course", admin.RelatedOnlyFieldListFilter), "size")
     list_select_related = ("course",)
     search_fields = ("title", "course__code", "course__title")
     fieldsets = (
         (None, {"fields": ("course", "title", "instructions")}),
-        (_("Virtual machine"), {"fields": ("image", "size", "nested_virtualization", "extra_cloud_init",
-                                            "time_limit_minutes", "idle_stop_minutes")}),
-        (_("Dates and grading"), {"fields": ("opens_at", "due_at", "late_penalty_percent_per_day",
-                                              "late_cutoff_at", "attempt_limit", "grade_policy")}),
+        (
+            _("Virtual machine"),
+            {
+                "fields": (
+                    "image",
+                    "size",
+                    "nested_virtualization",
+                    "extra_cloud_init",
+                    "time_limit_minutes",
+                    "idle_stop_minutes",
+                )
+            },
+        ),
+        (
+            _("Dates and grading"),
+            {
+                "fields": (
+                    "opens_at",
+                    "due_at",
+                    "late_penalty_percent_per_day",
+                    "late_cutoff_at",
+                    "attempt_limit",
+                    "grade_policy",
+                )
+            },
+        ),
     )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Lab]:
@@ -74,8 +97,11 @@ class LabAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         # A lab saved before its settings were checked at save says what stops it from starting, where it is fixed.
         if obj is not None and request.method == "GET" and (problem := extra_cloud_init_problem(obj.extra_cloud_init)):
-            messages.error(request, _("Students cannot start this lab: its extra cloud-init is invalid (%(problem)s).")
-                           % {"problem": problem})
+            messages.error(
+                request,
+                _("Students cannot start this lab: its extra cloud-init is invalid (%(problem)s).")
+                % {"problem": problem},
+            )
         return super().render_change_form(request, context, add=add, change=change, form_url=form_url, obj=obj)
 
     def save_formset(self, request, form, formset, change):
@@ -83,32 +109,94 @@ class LabAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
         if formset.has_changed():
             # Check edits change how every later run is scored: record them with the lab.
             lab = form.instance
-            audit_record(actor=request.user, action="admin.lab.checks", target=lab, tenant=lab.course.tenant,
-                         course=lab.course, data={"checks": [str(check) for check in lab.checks.all()]})
+            audit_record(
+                actor=request.user,
+                action="admin.lab.checks",
+                target=lab,
+                tenant=lab.course.tenant,
+                course=lab.course,
+                data={"checks": [str(check) for check in lab.checks.all()]},
+            )
 
 
 @admin.register(Attempt)
 class AttemptAdmin(AttemptLifecycleAdminMixin, CourseScopedAdminMixin, admin.ModelAdmin):
     course_lookup = "lab__course"
     read_only = True
-    list_display = ("id", "student", "lab", "course", "number", "state", "phase", "node_name", "age",
-                    "expires_at", "short_failure_reason", "requested_at")
+    list_display = (
+        "id",
+        "student",
+        "lab",
+        "course",
+        "number",
+        "state",
+        "phase",
+        "node_name",
+        "age",
+        "expires_at",
+        "short_failure_reason",
+        "requested_at",
+    )
     list_display_links = ("id", "student")
     list_filter = (
-        "state", ("lab__course", admin.RelatedOnlyFieldListFilter), ("lab", admin.RelatedOnlyFieldListFilter),
+        "state",
+        ("lab__course", admin.RelatedOnlyFieldListFilter),
+        ("lab", admin.RelatedOnlyFieldListFilter),
     )
     list_select_related = ("student", "lab__course")
     search_fields = ("student__username", "student__full_name", "vm_name")
     ordering = ("-requested_at", "-id")
     # Never the agent token: it is the guest's secret.
     fieldsets = (
-        (None, {"fields": ("lab", "student", "tenant", "number", "state", "stop_reason", "failure_reason_shown",
-                           "language")}),
-        (_("Virtual machine"), {"fields": ("vm_name", "namespace", "phase", "node_name", "vcpus", "memory_mib",
-                                            "launcher_cpu_millicores", "launcher_memory_mib")}),
-        (_("Timeline"), {"fields": ("requested_at", "provisioned_at", "pending_at", "scheduling_at", "scheduled_at",
-                                     "vmi_running_at", "agent_ready_at", "stopping_at", "ended_at", "expires_at",
-                                     "extensions", "updated_at")}),
+        (
+            None,
+            {
+                "fields": (
+                    "lab",
+                    "student",
+                    "tenant",
+                    "number",
+                    "state",
+                    "stop_reason",
+                    "failure_reason_shown",
+                    "language",
+                )
+            },
+        ),
+        (
+            _("Virtual machine"),
+            {
+                "fields": (
+                    "vm_name",
+                    "namespace",
+                    "phase",
+                    "node_name",
+                    "vcpus",
+                    "memory_mib",
+                    "launcher_cpu_millicores",
+                    "launcher_memory_mib",
+                )
+            },
+        ),
+        (
+            _("Timeline"),
+            {
+                "fields": (
+                    "requested_at",
+                    "provisioned_at",
+                    "pending_at",
+                    "scheduling_at",
+                    "scheduled_at",
+                    "vmi_running_at",
+                    "agent_ready_at",
+                    "stopping_at",
+                    "ended_at",
+                    "expires_at",
+                    "extensions",
+                    "updated_at",
+                )
+            },
+        ),
     )
     readonly_fields = tuple(field for _title, options in fieldsets for field in options["fields"])
 

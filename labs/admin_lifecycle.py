@@ -51,21 +51,25 @@ class AttemptLifecycleAdminMixin:
         for refusal in refusals:
             self.message_user(request, refusal, messages.WARNING)
 
-    @admin.action(description=gettext_lazy("Stop the selected attempts (grade once more, then delete the VM)"),
-                  permissions=["lifecycle"])
+    @admin.action(
+        description=gettext_lazy("Stop the selected attempts (grade once more, then delete the VM)"),
+        permissions=["lifecycle"],
+    )
     def stop_attempts(self, request: HttpRequest, queryset: QuerySet[Attempt]) -> None:
         self._apply(request, queryset, attempt_stop, _("Stopping %(count)d attempt(s)."))
 
-    @admin.action(description=gettext_lazy("Extend the time limit of the selected attempts"),
-                  permissions=["lifecycle"])
+    @admin.action(description=gettext_lazy("Extend the time limit of the selected attempts"), permissions=["lifecycle"])
     def extend_attempts(self, request: HttpRequest, queryset: QuerySet[Attempt]) -> None:
         self._apply(request, queryset, attempt_extend, _("Extended %(count)d attempt(s)."))
 
     def get_urls(self):
         opts = self.model._meta
         return [
-            path("capacity/", self.admin_site.admin_view(self.capacity_view),
-                 name=f"{opts.app_label}_{opts.model_name}_capacity"),
+            path(
+                "capacity/",
+                self.admin_site.admin_view(self.capacity_view),
+                name=f"{opts.app_label}_{opts.model_name}_capacity",
+            ),
             *super().get_urls(),
         ]
 
@@ -77,13 +81,15 @@ class AttemptLifecycleAdminMixin:
         rows = []
         for tenant in tenants:
             capacity = tenant_capacity(tenant=tenant)
-            rows.append({
-                "capacity": capacity,
-                "vms_percent": capacity.percent(capacity.active_vms, tenant.max_concurrent_vms),
-                "vcpus_percent": capacity.percent(capacity.vcpus, tenant.max_vcpus),
-                "memory_percent": capacity.percent(capacity.memory_mib, tenant.max_memory_mib),
-                "namespace": namespaces.get(tenant.id),
-            })
+            rows.append(
+                {
+                    "capacity": capacity,
+                    "vms_percent": capacity.percent(capacity.active_vms, tenant.max_concurrent_vms),
+                    "vcpus_percent": capacity.percent(capacity.vcpus, tenant.max_vcpus),
+                    "memory_percent": capacity.percent(capacity.memory_mib, tenant.max_memory_mib),
+                    "namespace": namespaces.get(tenant.id),
+                }
+            )
         context = {
             **self.admin_site.each_context(request),
             "title": _("Lab capacity"),

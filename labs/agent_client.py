@@ -251,8 +251,13 @@ def _connect(target: StreamTarget, *, timeout_s: float) -> websocket.WebSocket:
             proxy["http_proxy_auth"] = (unquote(parsed.username), unquote(parsed.password or ""))
     try:
         return websocket.create_connection(
-            target.url, header=header, sslopt=sslopt, timeout=timeout_s, enable_multithread=False,
-            skip_utf8_validation=True, **proxy,
+            target.url,
+            header=header,
+            sslopt=sslopt,
+            timeout=timeout_s,
+            enable_multithread=False,
+            skip_utf8_validation=True,
+            **proxy,
         )
     except websocket.WebSocketBadStatusException as exc:
         raise _handshake_error(exc) from None
@@ -360,7 +365,7 @@ class HTTPResponseParser:
                 f"the agent's answer was cut off after {len(self._buffer)} bytes ({self._eof_reason})"
             )
         assert self.status is not None and self._header_end is not None
-        body = bytes(self._buffer[self._header_end:])
+        body = bytes(self._buffer[self._header_end :])
         if self._chunked:
             body = _dechunk(body)
         elif self._length is not None:
@@ -418,7 +423,7 @@ def _dechunk(body: bytes) -> bytes:
         if size == 0:
             return bytes(out)
         start = line_end + 2
-        out.extend(body[start:start + size])
+        out.extend(body[start : start + size])
         position = start + size + 2
 
 

@@ -28,6 +28,7 @@ SYNC_LAST_ERROR_KEY = "labs:sync:last_error"
 # Kept well past any sensible staleness limit, so that "stale" and "never ran" stay distinguishable.
 SYNC_HEARTBEAT_TTL_SECONDS = 7 * 24 * 3600
 
+
 @dataclass(frozen=True)
 class ComponentStatus:
     """One component's readiness, described in words an operator can act on."""
@@ -88,7 +89,8 @@ def record_sync_error(*, message: str, at: datetime | None = None) -> None:
     """Called by the sync task when a pass failed; the message is for operators (dashboard, logs)."""
     moment = at or datetime.now(tz=UTC)
     cache.set(
-        SYNC_LAST_ERROR_KEY, {"at": moment.timestamp(), "message": message[:500]},
+        SYNC_LAST_ERROR_KEY,
+        {"at": moment.timestamp(), "message": message[:500]},
         timeout=SYNC_HEARTBEAT_TTL_SECONDS,
     )
 
@@ -136,7 +138,8 @@ def _probe_cluster(*, timeout: float) -> tuple[str, ComponentStatus]:
     except kube_client.ClusterNotConfigured as exc:
         logger.warning("Readiness: %s", exc)
         return "", ComponentStatus(
-            "cluster", False,
+            "cluster",
+            False,
             say(gettext_noop("No cluster is configured (no in-cluster account and no readable kubeconfig).")),
         )
     cfg = api.configuration
@@ -149,21 +152,27 @@ def _probe_cluster(*, timeout: float) -> tuple[str, ComponentStatus]:
     host = cfg.host.rstrip("/")
     try:
         response = api.rest_client.pool_manager.request(
-            "GET", f"{host}/version", headers=headers, retries=False,
+            "GET",
+            f"{host}/version",
+            headers=headers,
+            retries=False,
             timeout=urllib3.Timeout(connect=timeout, read=timeout),
         )
     except urllib3.exceptions.NewConnectionError as exc:  # a subclass of the timeout error, but a refusal
         _count_cluster_error(reason="connection")
         logger.warning("Readiness: cluster /version failed: %s", exc)
         return host, ComponentStatus(
-            "cluster", False, say(gettext_noop("The cluster API is not reachable (the connection failed).")),
+            "cluster",
+            False,
+            say(gettext_noop("The cluster API is not reachable (the connection failed).")),
             elapsed_ms(started),
         )
     except urllib3.exceptions.TimeoutError as exc:
         _count_cluster_error(reason="timeout")
         logger.warning("Readiness: cluster /version timed out: %s", exc)
         return host, ComponentStatus(
-            "cluster", False,
+            "cluster",
+            False,
             say(gettext_noop("The cluster API did not answer within %(seconds)s seconds."), seconds=f"{timeout:g}"),
             elapsed_ms(started),
         )
@@ -171,22 +180,28 @@ def _probe_cluster(*, timeout: float) -> tuple[str, ComponentStatus]:
         _count_cluster_error(reason="connection")
         logger.warning("Readiness: cluster /version failed: %s", exc)
         return host, ComponentStatus(
-            "cluster", False, say(gettext_noop("The cluster API is not reachable (the connection failed).")),
+            "cluster",
+            False,
+            say(gettext_noop("The cluster API is not reachable (the connection failed).")),
             elapsed_ms(started),
         )
     elapsed = elapsed_ms(started)
     if response.status in (401, 403):
         _count_cluster_error(reason=str(response.status))
         return host, ComponentStatus(
-            "cluster", False,
-            say(gettext_noop("The cluster API refused the portal's credentials (HTTP %(status)s)."),
-                 status=response.status),
+            "cluster",
+            False,
+            say(
+                gettext_noop("The cluster API refused the portal's credentials (HTTP %(status)s)."),
+                status=response.status,
+            ),
             elapsed,
         )
     if response.status != 200:
         _count_cluster_error(reason=str(response.status))
         return host, ComponentStatus(
-            "cluster", False,
+            "cluster",
+            False,
             say(gettext_noop("The cluster API answered with an error (HTTP %(status)s)."), status=response.status),
             elapsed,
         )
@@ -237,13 +252,19 @@ def check_sync(*, now: datetime | None = None) -> ComponentStatus:
         )
     if beat.last_success is None:
         if beat.last_error_at is not None:
-            return ComponentStatus("sync", False, say(
-                gettext_noop("The attempt sync loop has never succeeded; its last pass failed %(failed)s s ago."),
-                failed=_seconds_ago(now, beat.last_error_at),
-            ))
-        return ComponentStatus("sync", False, say(
-            gettext_noop("The attempt sync loop has not run yet (is the Celery worker and beat running?).")
-        ))
+            return ComponentStatus(
+                "sync",
+                False,
+                say(
+                    gettext_noop("The attempt sync loop has never succeeded; its last pass failed %(failed)s s ago."),
+                    failed=_seconds_ago(now, beat.last_error_at),
+                ),
+            )
+        return ComponentStatus(
+            "sync",
+            False,
+            say(gettext_noop("The attempt sync loop has not run yet (is the Celery worker and beat running?).")),
+        )
     age = (now - beat.last_success).total_seconds()
     error_at = beat.last_error_at
     failed_since = error_at is not None and error_at > beat.last_success
@@ -251,20 +272,40 @@ def check_sync(*, now: datetime | None = None) -> ComponentStatus:
     failed = _seconds_ago(now, error_at) if error_at is not None and failed_since else None
     if age > max_age:
         if failed_since:
-            return ComponentStatus("sync", False, say(
-                gettext_noop("The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s); its "
-                             "last pass failed %(failed)s s ago."),
-                succeeded=succeeded, limit=max_age, failed=failed,
-            ))
-        return ComponentStatus("sync", False, say(
-            gettext_noop("The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s)."),
-            succeeded=succeeded, limit=max_age,
-        ))
+            return ComponentStatus(
+                "sync",
+                False,
+                say(
+                    gettext_noop(
+                        "The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s); its "
+                        "last pass failed %(failed)s s ago."
+                    ),
+                    succeeded=succeeded,
+                    limit=max_age,
+                    failed=failed,
+                ),
+            )
+        return ComponentStatus(
+            "sync",
+            False,
+            say(
+                gettext_noop("The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s)."),
+                succeeded=succeeded,
+                limit=max_age,
+            ),
+        )
     if failed_since:
-        return ComponentStatus("sync", True, say(
-            gettext_noop("The attempt sync loop succeeded %(succeeded)s s ago. Its last pass failed %(failed)s s ago."),
-            succeeded=succeeded, failed=failed,
-        ))
+        return ComponentStatus(
+            "sync",
+            True,
+            say(
+                gettext_noop(
+                    "The attempt sync loop succeeded %(succeeded)s s ago. Its last pass failed %(failed)s s ago."
+                ),
+                succeeded=succeeded,
+                failed=failed,
+            ),
+        )
     return ComponentStatus(
         "sync", True, say(gettext_noop("The attempt sync loop succeeded %(succeeded)s s ago."), succeeded=succeeded)
     )
@@ -304,4 +345,3 @@ def cluster_health_summary() -> str | None:
 
 def sync_delayed_notice() -> str:
     return _("Lab status updates are delayed; what you see here may be out of date for a while.")
-

@@ -38,7 +38,8 @@ class Lab(models.Model):
     )
     size = models.CharField(_("size"), max_length=20, choices=LabSize.choices, default=LabSize.SMALL)
     nested_virtualization = models.BooleanField(
-        _("nested virtualisation"), default=False,
+        _("nested virtualisation"),
+        default=False,
         help_text=_("Pass the host CPU model through; only for labs that run VMs inside the VM."),
     )
     extra_cloud_init = models.TextField(
@@ -48,23 +49,28 @@ class Lab(models.Model):
         _("time limit (minutes)"), default=60, validators=[MinValueValidator(5), MaxValueValidator(24 * 60)]
     )
     idle_stop_minutes = models.PositiveIntegerField(
-        _("stop when left (minutes)"), default=0, validators=[MaxValueValidator(24 * 60)],
-        help_text=_("Stop a running attempt once no page of its student has had it open for this long: its work is "
-                    "checked once more, then the VM and what was left in it are deleted. At least 5; 0 never stops "
-                    "an attempt for that."),
+        _("stop when left (minutes)"),
+        default=0,
+        validators=[MaxValueValidator(24 * 60)],
+        help_text=_(
+            "Stop a running attempt once no page of its student has had it open for this long: its work is "
+            "checked once more, then the VM and what was left in it are deleted. At least 5; 0 never stops "
+            "an attempt for that."
+        ),
     )
     opens_at = models.DateTimeField(_("opens"), null=True, blank=True)
     due_at = models.DateTimeField(_("due"), null=True, blank=True)
     late_penalty_percent_per_day = models.DecimalField(
-        _("late penalty (% per day)"), max_digits=5, decimal_places=2, default=0,
+        _("late penalty (% per day)"),
+        max_digits=5,
+        decimal_places=2,
+        default=0,
         validators=[MinValueValidator(0), MaxValueValidator(100)],
     )
     late_cutoff_at = models.DateTimeField(
         _("late cutoff"), null=True, blank=True, help_text=_("No credit for work graded after this time.")
     )
-    attempt_limit = models.PositiveIntegerField(
-        _("attempt limit"), default=0, help_text=_("0 means unlimited.")
-    )
+    attempt_limit = models.PositiveIntegerField(_("attempt limit"), default=0, help_text=_("0 means unlimited."))
     grade_policy = models.CharField(
         _("grade policy"), max_length=10, choices=GradePolicy.choices, default=GradePolicy.BEST
     )
@@ -88,7 +94,8 @@ class Lab(models.Model):
             errors["extra_cloud_init"] = problem
         if 0 < self.idle_stop_minutes < IDLE_STOP_MIN_MINUTES:
             errors["idle_stop_minutes"] = _("At least %(minutes)d minutes, or 0 to never stop an attempt for that.") % {
-                "minutes": IDLE_STOP_MIN_MINUTES}
+                "minutes": IDLE_STOP_MIN_MINUTES
+            }
         if errors:
             raise ValidationError(errors)
 

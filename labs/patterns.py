@@ -46,9 +46,12 @@ def search(pattern: str, text: str, *, timeout: float | None = None) -> bool:
     ``GRADING_PATTERN_TIMEOUT_MS``)."""
     compiled = compile_pattern(pattern)
     try:
-        return compiled.search(
-            text[:MATCH_INPUT_MAX_CHARS], timeout=pattern_timeout_seconds() if timeout is None else timeout
-        ) is not None
+        return (
+            compiled.search(
+                text[:MATCH_INPUT_MAX_CHARS], timeout=pattern_timeout_seconds() if timeout is None else timeout
+            )
+            is not None
+        )
     except TimeoutError as exc:
         raise PatternTimeout(pattern) from exc
 

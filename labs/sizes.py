@@ -91,17 +91,23 @@ def cpu_millicores_for(vcpus: int) -> int:
     return -(-vcpus * 1000 // CPU_ALLOCATION_RATIO)
 
 
-def launcher_requests(*, vcpus: int, memory_mib: int, graphics: bool = True,
-                      console_log: bool = True) -> LauncherRequests:
+def launcher_requests(
+    *, vcpus: int, memory_mib: int, graphics: bool = True, console_log: bool = True
+) -> LauncherRequests:
     """The virt-launcher pod's CPU and memory requests for a guest of this shape."""
     compute_cpu = cpu_millicores_for(vcpus)
     compute_memory = memory_mib * MIB + launcher_memory_overhead_bytes(
-        vcpus=vcpus, memory_mib=memory_mib, graphics=graphics)
+        vcpus=vcpus, memory_mib=memory_mib, graphics=graphics
+    )
     cpu, memory = compute_cpu, compute_memory
     if console_log:
         cpu, memory = cpu + CONSOLE_LOG_CPU_MILLICORES, memory + CONSOLE_LOG_MEMORY_BYTES
-    return LauncherRequests(cpu_millicores=cpu, memory_mib=-(-memory // MIB), compute_cpu_millicores=compute_cpu,
-                            compute_memory_bytes=compute_memory)
+    return LauncherRequests(
+        cpu_millicores=cpu,
+        memory_mib=-(-memory // MIB),
+        compute_cpu_millicores=compute_cpu,
+        compute_memory_bytes=compute_memory,
+    )
 
 
 def namespace_cpu_millicores(*, max_vcpus: int, max_vms: int) -> int:

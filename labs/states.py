@@ -45,8 +45,15 @@ class IllegalTransition(ValueError):
     """A transition the table does not allow: a programming error, never a person's."""
 
 
-def attempt_transition(*, attempt: Attempt | int, to: str, from_states: Iterable[str] | None = None,
-                       now: datetime | None = None, hold: float = 0.0, **fields: Any) -> Attempt | None:
+def attempt_transition(
+    *,
+    attempt: Attempt | int,
+    to: str,
+    from_states: Iterable[str] | None = None,
+    now: datetime | None = None,
+    hold: float = 0.0,
+    **fields: Any,
+) -> Attempt | None:
     """Move the attempt to ``to`` if it is still in one of ``from_states`` (default: every state the table allows),
     writing ``fields``, ``to``'s timestamp and ``updated_at`` in the same update; the update is pushed to its pages
     on commit (``hold``: see ``labs.services.events``). Returns the attempt as written, or None when it had moved on.

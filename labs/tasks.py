@@ -54,8 +54,10 @@ def forget_pass_locks(**_kwargs) -> None:
 
     try:
         keys = [SYNC_LOCK_KEY, SWEEP_LOCK_KEY]
-        keys += [tracking.NAMESPACE_LOCK_KEY.format(namespace=namespace)
-                 for namespace in TenantNamespace.objects.values_list("namespace", flat=True)]
+        keys += [
+            tracking.NAMESPACE_LOCK_KEY.format(namespace=namespace)
+            for namespace in TenantNamespace.objects.values_list("namespace", flat=True)
+        ]
         cache.delete_many(keys)
     except Exception:
         logger.warning("could not clear the sync and sweep locks; they expire by themselves", exc_info=True)
@@ -65,7 +67,7 @@ def forget_pass_locks(**_kwargs) -> None:
 
 def backoff_seconds(retries: int, retry_after: float | None = None) -> float:
     """1, 2, 4 … seconds capped at a minute, with up to 25 % jitter; at least what the server asked for."""
-    delay = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * (2 ** retries))
+    delay = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * (2**retries))
     delay += delay * secrets.randbelow(250) / 1000
     return max(delay, retry_after or 0.0)
 
@@ -86,8 +88,12 @@ def provision_attempt(self, attempt_id: int) -> str:
         if error.status == 403:  # RBAC: the tenant's Role is not applied yet (cluster_check says what to apply)
             provisioning.attempt_fail(attempt_id=attempt_id, reason=lambda: wording.course_not_ready(said))
         else:
-            provisioning.attempt_fail(attempt_id=attempt_id, reason=lambda: _(
-                "The cluster did not accept the lab's VM (%(error)s). Try again later.") % {"error": said})
+            provisioning.attempt_fail(
+                attempt_id=attempt_id,
+                reason=lambda: (
+                    _("The cluster did not accept the lab's VM (%(error)s). Try again later.") % {"error": said}
+                ),
+            )
         return provisioning.ProvisionOutcome.FAILED
 
 
@@ -125,9 +131,16 @@ def sync_attempts() -> dict:
     finally:
         cache.delete(SYNC_LOCK_KEY)
     _record_heartbeat(report.errors)
-    return {"namespaces": len(report.namespaces), "changed": report.changed, "awaiting_agent": report.awaiting_agent,
-            "failed": report.failed, "ended": report.ended, "expired": report.expired, "left": report.left,
-            "errors": report.errors}
+    return {
+        "namespaces": len(report.namespaces),
+        "changed": report.changed,
+        "awaiting_agent": report.awaiting_agent,
+        "failed": report.failed,
+        "ended": report.ended,
+        "expired": report.expired,
+        "left": report.left,
+        "errors": report.errors,
+    }
 
 
 @shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
@@ -141,8 +154,12 @@ def sync_namespace(namespace: str, follow_up: float | None = None) -> dict:
     except ClusterError as error:
         logger.info("follow-up sync of %s failed (%s); the beat sync will retry", namespace, error.message)
         return {"error": error.message}
-    return {"skipped": report.skipped, "awaiting_agent": report.awaiting_agent, "changed": report.changed,
-            "failed": report.failed}
+    return {
+        "skipped": report.skipped,
+        "awaiting_agent": report.awaiting_agent,
+        "changed": report.changed,
+        "failed": report.failed,
+    }
 
 
 @shared_task(bind=True, acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
@@ -172,9 +189,14 @@ def await_agents(self, namespace: str, step: int = 0, waiting_before: int = 0, a
 
 def _sweep_summary(report: sweeping.SweepReport) -> dict:
     return {
-        "namespaces": report.namespaces, "orphan_vms_deleted": report.orphan_vms_deleted,
-        "orphan_secrets_deleted": report.orphan_secrets_deleted, "vanished": report.vanished,
-        "timed_out": report.timed_out, "ended": report.ended, "requeued": report.requeued, "errors": report.errors,
+        "namespaces": report.namespaces,
+        "orphan_vms_deleted": report.orphan_vms_deleted,
+        "orphan_secrets_deleted": report.orphan_secrets_deleted,
+        "vanished": report.vanished,
+        "timed_out": report.timed_out,
+        "ended": report.ended,
+        "requeued": report.requeued,
+        "errors": report.errors,
     }
 
 

@@ -15,7 +15,8 @@ urlpatterns = [
     path("attempts/<id:attempt_id>/check/", views.AttemptCheckView.as_view(), name="attempt_check"),
     path("attempts/<id:attempt_id>/recording/", views.RecordingReplayView.as_view(), name="attempt_recording"),
     path(
-        "attempts/<id:attempt_id>/recording.cast", views.RecordingFileView.as_view(),
+        "attempts/<id:attempt_id>/recording.cast",
+        views.RecordingFileView.as_view(),
         name="attempt_recording_file",
     ),
 ]

@@ -53,8 +53,9 @@ def cluster_notice(*, state: str | None) -> str | None:
     if trouble != CLUSTER_NOT_ANSWERING:
         return sync_delayed_notice()
     if state == AttemptState.RUNNING:
-        return _("The cluster is not answering. Your VM may still be running; Check and Stop will work when it is "
-                 "back.")
+        return _(
+            "The cluster is not answering. Your VM may still be running; Check and Stop will work when it is back."
+        )
     if state == AttemptState.STOPPING:
         return _("The cluster is not answering; your lab will finish stopping when it is back.")
     return _("The cluster is not answering; your lab may be slow to start.")
@@ -66,9 +67,11 @@ def cluster_notice(*, state: str | None) -> str | None:
 def pod_refused(said: str) -> str:
     """The cluster refused the VM's pod for good (e.g. the namespace's Pod Security level)."""
     if "PodSecurity" in said:
-        words = _("The cluster refused to start this VM: the course's namespace enforces a Pod Security level that "
-                  "does not allow KubeVirt's VM pods. Tell your instructor; an operator can fix it (run `python "
-                  "manage.py cluster_check`).")
+        words = _(
+            "The cluster refused to start this VM: the course's namespace enforces a Pod Security level that "
+            "does not allow KubeVirt's VM pods. Tell your instructor; an operator can fix it (run `python "
+            "manage.py cluster_check`)."
+        )
     else:
         words = _("The cluster refused to start this VM. Tell your instructor.")
     return with_cluster_words(words, said)
@@ -77,12 +80,17 @@ def pod_refused(said: str) -> str:
 def pod_waiting(said: str) -> str:
     """The VM's pod waits for room in the course's quota (another VM of the course is still going away)."""
     return with_cluster_words(
-        _("The course's cluster quota is full for now; the VM starts as soon as another VM of the course has "
-          "stopped."), said)
+        _("The course's cluster quota is full for now; the VM starts as soon as another VM of the course has stopped."),
+        said,
+    )
 
 
 def course_not_ready(said: str) -> str:
     """The cluster refuses the portal in the course's namespace: a cluster admin has not set it up yet."""
     return with_cluster_words(
-        _("This course is not ready yet: the cluster has not been set up for it. Tell your instructor (an operator "
-          "runs `python manage.py cluster_check` to see what to apply)."), said)
+        _(
+            "This course is not ready yet: the cluster has not been set up for it. Tell your instructor (an operator "
+            "runs `python manage.py cluster_check` to see what to apply)."
+        ),
+        said,
+    )

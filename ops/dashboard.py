@@ -119,8 +119,9 @@ def ops_overview_for_user(*, user: User, now: datetime | None = None) -> OpsOver
         .annotate(
             active=Count("id"),
             running=Count("id", filter=Q(state=AttemptState.RUNNING)),
-            starting=Count("id", filter=Q(state__in=[AttemptState.REQUESTED, AttemptState.PROVISIONING,
-                                                     AttemptState.STARTING])),
+            starting=Count(
+                "id", filter=Q(state__in=[AttemptState.REQUESTED, AttemptState.PROVISIONING, AttemptState.STARTING])
+            ),
             cpu=Sum("launcher_cpu_millicores"),
             memory=Sum("launcher_memory_mib"),
             unrecorded=Count("id", filter=Q(launcher_memory_mib=0)),
@@ -143,7 +144,9 @@ def ops_overview_for_user(*, user: User, now: datetime | None = None) -> OpsOver
     since = now - LATENCY_WINDOW
     for failed in (
         attempts.filter(state=AttemptState.FAILED, updated_at__gte=since)
-        .values("tenant_id").annotate(n=Count("id")).order_by()
+        .values("tenant_id")
+        .annotate(n=Count("id"))
+        .order_by()
     ):
         tenants[failed["tenant_id"]].failed_last_hour = failed["n"]
 

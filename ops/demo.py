@@ -75,22 +75,36 @@ chmod +x ~/bin/greet.sh
 # Patterns are matched with re.search in MULTILINE mode, so "$" also matches before the trailing newline.
 CHECKS = (
     {
-        "order": 1, "title": "~/hello.txt says hello world", "command": "cat ~/hello.txt",
-        "expected_exit_code": 0, "stdout_match": StdoutMatch.CONTAINS, "stdout_pattern": "hello world",
-        "points": 1, "timeout_s": 10,
-        "hint": "Create ~/hello.txt containing the words hello world (echo \"hello world\" > ~/hello.txt).",
+        "order": 1,
+        "title": "~/hello.txt says hello world",
+        "command": "cat ~/hello.txt",
+        "expected_exit_code": 0,
+        "stdout_match": StdoutMatch.CONTAINS,
+        "stdout_pattern": "hello world",
+        "points": 1,
+        "timeout_s": 10,
+        "hint": 'Create ~/hello.txt containing the words hello world (echo "hello world" > ~/hello.txt).',
     },
     {
-        "order": 2, "title": "~/project exists and is private (mode 700)", "command": "stat -c %a ~/project",
-        "expected_exit_code": 0, "stdout_match": StdoutMatch.REGEX, "stdout_pattern": r"^700$",
-        "points": 1, "timeout_s": 10,
+        "order": 2,
+        "title": "~/project exists and is private (mode 700)",
+        "command": "stat -c %a ~/project",
+        "expected_exit_code": 0,
+        "stdout_match": StdoutMatch.REGEX,
+        "stdout_pattern": r"^700$",
+        "points": 1,
+        "timeout_s": 10,
         "hint": "Create the directory with mkdir ~/project, then chmod 700 ~/project.",
     },
     {
-        "order": 3, "title": "~/bin/greet.sh is executable and prints hi",
+        "order": 3,
+        "title": "~/bin/greet.sh is executable and prints hi",
         "command": "test -x ~/bin/greet.sh && ~/bin/greet.sh",
-        "expected_exit_code": 0, "stdout_match": StdoutMatch.REGEX, "stdout_pattern": r"^hi$",
-        "points": 2, "timeout_s": 10,
+        "expected_exit_code": 0,
+        "stdout_match": StdoutMatch.REGEX,
+        "stdout_pattern": r"^hi$",
+        "points": 2,
+        "timeout_s": 10,
         "hint": "The script must be executable (chmod +x ~/bin/greet.sh) and print exactly hi.",
     },
 )
@@ -135,12 +149,22 @@ def demo_seed() -> DemoSeed:
     course, course_created = Course.objects.get_or_create(
         tenant=tenant, code=COURSE["code"], term=COURSE["term"], defaults={"title": COURSE["title"]}
     )
-    lab, lab_created = Lab.objects.get_or_create(course=course, title=LAB_TITLE, defaults={
-        "image": LAB_IMAGE, "size": LabSize.SMALL, "time_limit_minutes": 60, "instructions": LAB_INSTRUCTIONS,
-    })
+    lab, lab_created = Lab.objects.get_or_create(
+        course=course,
+        title=LAB_TITLE,
+        defaults={
+            "image": LAB_IMAGE,
+            "size": LabSize.SMALL,
+            "time_limit_minutes": 60,
+            "instructions": LAB_INSTRUCTIONS,
+        },
+    )
     seed = DemoSeed(tenant=tenant, course=course, lab=lab)
-    seed.created += [label for label, created in (("tenant", tenant_created), ("course", course_created),
-                                                   ("lab", lab_created)) if created]
+    seed.created += [
+        label
+        for label, created in (("tenant", tenant_created), ("course", course_created), ("lab", lab_created))
+        if created
+    ]
     if lab_created:
         for check in CHECKS:
             Check.objects.create(lab=lab, **check)
@@ -151,8 +175,13 @@ def demo_seed() -> DemoSeed:
         user = User.objects.filter(username=username).first()
         if user is None:
             user = user_create(
-                actor=None, tenant=tenant, username=username, email=f"{username}@demo.example",
-                full_name=full_name, password=passwords[username], is_staff=role == Role.INSTRUCTOR,
+                actor=None,
+                tenant=tenant,
+                username=username,
+                email=f"{username}@demo.example",
+                full_name=full_name,
+                password=passwords[username],
+                is_staff=role == Role.INSTRUCTOR,
             )
             accounts_created += 1
         elif user.tenant_id != tenant.id:
@@ -164,14 +193,24 @@ def demo_seed() -> DemoSeed:
             user=user, course=course, defaults={"role": role}
         )
         memberships_created += membership_created
-        seed.logins.append(DemoLogin(
-            username=username, password=passwords[username], full_name=user.full_name, role=role,
-            admin=user.is_staff, password_works=user.check_password(passwords[username]),
-        ))
+        seed.logins.append(
+            DemoLogin(
+                username=username,
+                password=passwords[username],
+                full_name=user.full_name,
+                role=role,
+                admin=user.is_staff,
+                password_works=user.check_password(passwords[username]),
+            )
+        )
 
-    seed.created += [f"{count} {label}" for label, count in (("accounts", accounts_created),
-                                                            ("memberships", memberships_created)) if count]
+    seed.created += [
+        f"{count} {label}"
+        for label, count in (("accounts", accounts_created), ("memberships", memberships_created))
+        if count
+    ]
     if seed.created:
-        audit_record(actor=None, action="demo.seed", target=course, tenant=tenant, course=course,
-                     data={"created": seed.created})
+        audit_record(
+            actor=None, action="demo.seed", target=course, tenant=tenant, course=course, data={"created": seed.created}
+        )
     return seed

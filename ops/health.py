@@ -37,15 +37,18 @@ def check_databases() -> list[ComponentStatus]:
             logger.warning("Readiness: database %s failed: %s", alias, exc)
             # A broken connection would otherwise be reused by the next request in this thread.
             connections[alias].close_if_unusable_or_obsolete()
-            statuses.append(ComponentStatus(
-                name, False,
-                say(gettext_noop("The database is not answering (%(error)s)."), error=type(exc).__name__),
-                elapsed_ms(started),
-            ))
+            statuses.append(
+                ComponentStatus(
+                    name,
+                    False,
+                    say(gettext_noop("The database is not answering (%(error)s)."), error=type(exc).__name__),
+                    elapsed_ms(started),
+                )
+            )
         else:
-            statuses.append(ComponentStatus(
-                name, True, say(gettext_noop("The database answered.")), elapsed_ms(started)
-            ))
+            statuses.append(
+                ComponentStatus(name, True, say(gettext_noop("The database answered.")), elapsed_ms(started))
+            )
     return statuses
 
 
@@ -54,17 +57,17 @@ def check_redis() -> ComponentStatus | None:
     if not settings.REDIS_URL:
         return None
     started = time.monotonic()
-    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1,
-                                  **settings.REDIS_CONNECTION_OPTIONS)
+    client = redis.Redis.from_url(
+        settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1, **settings.REDIS_CONNECTION_OPTIONS
+    )
     try:
         client.ping()
     except redis.RedisError as exc:
         logger.warning("Readiness: Redis failed: %s", exc)
         return ComponentStatus(
-            "redis", False,
-            say(gettext_noop(
-                "Redis is not answering: tasks cannot be queued and live updates cannot be delivered."
-            )),
+            "redis",
+            False,
+            say(gettext_noop("Redis is not answering: tasks cannot be queued and live updates cannot be delivered.")),
             elapsed_ms(started),
         )
     finally:
@@ -103,8 +106,10 @@ def readyz_view(request: HttpRequest) -> JsonResponse:
     unknown = sorted(requested - set(COMPONENTS))
     if unknown:
         return JsonResponse(
-            {"error": _("Unknown component(s) in exclude: %(unknown)s; known: %(known)s.")
-             % {"unknown": ", ".join(unknown), "known": ", ".join(COMPONENTS)}},
+            {
+                "error": _("Unknown component(s) in exclude: %(unknown)s; known: %(known)s.")
+                % {"unknown": ", ".join(unknown), "known": ", ".join(COMPONENTS)}
+            },
             status=400,
         )
     statuses = readiness(exclude=tuple(requested))

@@ -55,8 +55,11 @@ def student_dashboard(*, user) -> list[DashboardCourse]:
 
     def row(entry) -> DashboardLab:
         attempt = latest.get(entry.lab.id)
-        stops_at = attempt_stops_as_left_at(attempt, idle_stop_minutes=entry.lab.idle_stop_minutes,
-                                            now=now) if attempt else None
+        stops_at = (
+            attempt_stops_as_left_at(attempt, idle_stop_minutes=entry.lab.idle_stop_minutes, now=now)
+            if attempt
+            else None
+        )
         return DashboardLab(lab=entry.lab, latest=attempt, grade=entry.grade, stops_as_left_at=stops_at)
 
     return [DashboardCourse(course=course.course, labs=[row(entry) for entry in course.labs]) for course in courses]

@@ -125,11 +125,18 @@ class PortalCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         now = timezone.now()
-        sources = {"attempts": self._attempts, "start_phases": self._start_phases, "grading": self._grading,
-                   "sync": self._sync, "counters": self._counters}
-        up = GaugeMetricFamily("portal_metrics_source_up",
-                               "1 when the source of a metric family could be read at this scrape, else 0.",
-                               labels=["source"])
+        sources = {
+            "attempts": self._attempts,
+            "start_phases": self._start_phases,
+            "grading": self._grading,
+            "sync": self._sync,
+            "counters": self._counters,
+        }
+        up = GaugeMetricFamily(
+            "portal_metrics_source_up",
+            "1 when the source of a metric family could be read at this scrape, else 0.",
+            labels=["source"],
+        )
         for name, part in sources.items():
             try:
                 # Collected into a list first, so a source failing half-way yields none of its families.
@@ -143,11 +150,13 @@ class PortalCollector(Collector):
         yield up
 
     def _attempts(self, now) -> Iterator[Metric]:
-        family = GaugeMetricFamily("portal_attempts", "Attempts by tenant namespace and state.",
-                                   labels=["tenant", "state"])
+        family = GaugeMetricFamily(
+            "portal_attempts", "Attempts by tenant namespace and state.", labels=["tenant", "state"]
+        )
         rows = list(Attempt.objects.values("tenant_id", "state").annotate(n=Count("id")).order_by())
-        namespaces = dict(Tenant.objects.filter(id__in={row["tenant_id"] for row in rows})
-                          .values_list("id", "namespace"))
+        namespaces = dict(
+            Tenant.objects.filter(id__in={row["tenant_id"] for row in rows}).values_list("id", "namespace")
+        )
         totals = {state.value: 0 for state in AttemptState}
         for row in rows:
             family.add_metric([namespaces.get(row["tenant_id"], ""), row["state"]], row["n"])
@@ -158,11 +167,15 @@ class PortalCollector(Collector):
             overall.add_metric([state], value)
         yield overall
         stopped = CounterMetricFamily(
-            "portal_attempts_stopped", "Attempts stopped, by reason: student or staff (Stop), expired (time limit), "
-            "left (no page of the student had it open for the lab's limit).", labels=["reason"])
+            "portal_attempts_stopped",
+            "Attempts stopped, by reason: student or staff (Stop), expired (time limit), "
+            "left (no page of the student had it open for the lab's limit).",
+            labels=["reason"],
+        )
         reasons = {reason: 0 for reason in STOP_REASONS}
-        for reason, count in (Attempt.objects.exclude(stop_reason="").values_list("stop_reason")
-                              .annotate(n=Count("id")).order_by()):
+        for reason, count in (
+            Attempt.objects.exclude(stop_reason="").values_list("stop_reason").annotate(n=Count("id")).order_by()
+        ):
             reasons[reason] = reasons.get(reason, 0) + count
         for reason, value in reasons.items():
             stopped.add_metric([reason], value)
@@ -186,10 +199,12 @@ class PortalCollector(Collector):
         yield family
 
     def _grading(self, now) -> Iterator[Metric]:
-        finished = CounterMetricFamily("portal_grading_runs", "Finished grading runs by outcome and trigger.",
-                                       labels=["outcome", "trigger"])
-        unfinished = GaugeMetricFamily("portal_grading_runs_unfinished", "Grading runs queued or running.",
-                                       labels=["state"])
+        finished = CounterMetricFamily(
+            "portal_grading_runs", "Finished grading runs by outcome and trigger.", labels=["outcome", "trigger"]
+        )
+        unfinished = GaugeMetricFamily(
+            "portal_grading_runs_unfinished", "Grading runs queued or running.", labels=["state"]
+        )
         pending = {RunState.QUEUED.value: 0, RunState.RUNNING.value: 0}
         for row in GradingRun.objects.values("state", "trigger").annotate(n=Count("id")).order_by():
             if row["state"] in pending:
@@ -228,25 +243,35 @@ class PortalCollector(Collector):
 
         beat = sync_heartbeat()
         if beat.last_success is not None:
-            yield GaugeMetricFamily("portal_sync_last_success_timestamp_seconds",
-                                    "When the attempt sync loop last finished a pass (Unix time).",
-                                    value=beat.last_success.timestamp())
+            yield GaugeMetricFamily(
+                "portal_sync_last_success_timestamp_seconds",
+                "When the attempt sync loop last finished a pass (Unix time).",
+                value=beat.last_success.timestamp(),
+            )
         if beat.last_error_at is not None:
-            yield GaugeMetricFamily("portal_sync_last_error_timestamp_seconds",
-                                    "When an attempt sync pass last failed (Unix time).",
-                                    value=beat.last_error_at.timestamp())
+            yield GaugeMetricFamily(
+                "portal_sync_last_error_timestamp_seconds",
+                "When an attempt sync pass last failed (Unix time).",
+                value=beat.last_error_at.timestamp(),
+            )
 
     def _counters(self, now) -> Iterator[Metric]:
-        errors = CounterMetricFamily("portal_cluster_api_errors", "Failed calls to the cluster API, all processes.",
-                                     labels=["operation", "reason"])
+        errors = CounterMetricFamily(
+            "portal_cluster_api_errors",
+            "Failed calls to the cluster API, all processes.",
+            labels=["operation", "reason"],
+        )
         for field, value in sorted(counters.read(CLUSTER_API_ERRORS_KEY).items()):
             operation, _sep, reason = field.partition("|")
             errors.add_metric([operation, reason], value)
         yield errors
-        failures = CounterMetricFamily("portal_requests_failed", "Requests (HTTP, and Starts on the lab page's "
-                                       "socket) that failed inside the portal, by answer: portal_busy (503, no "
-                                       "database connection in time) or server_error (500), all processes.",
-                                       labels=["reason"])
+        failures = CounterMetricFamily(
+            "portal_requests_failed",
+            "Requests (HTTP, and Starts on the lab page's "
+            "socket) that failed inside the portal, by answer: portal_busy (503, no "
+            "database connection in time) or server_error (500), all processes.",
+            labels=["reason"],
+        )
         failed = counters.read(REQUEST_FAILURES_KEY)
         for reason in REQUEST_FAILURE_REASONS:
             failures.add_metric([reason], failed.get(reason, 0))
@@ -254,8 +279,9 @@ class PortalCollector(Collector):
         console = counters.read(CONSOLE_SESSIONS_KEY)
         opened, closed = console.get("opened", 0), console.get("closed", 0)
         yield CounterMetricFamily("portal_console_sessions_opened", "Browser console sessions opened.", value=opened)
-        yield GaugeMetricFamily("portal_console_sessions_active", "Browser console sessions open now.",
-                                value=max(0, opened - closed))
+        yield GaugeMetricFamily(
+            "portal_console_sessions_active", "Browser console sessions open now.", value=max(0, opened - closed)
+        )
 
 
 registry = CollectorRegistry(auto_describe=False)
@@ -280,7 +306,8 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     if not metrics_authorized(request):
         response = HttpResponse(
             "Metrics need `Authorization: Bearer <METRICS_TOKEN>` or a superuser's login.\n",
-            status=401, content_type="text/plain; charset=utf-8",
+            status=401,
+            content_type="text/plain; charset=utf-8",
         )
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response

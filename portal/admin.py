@@ -75,12 +75,19 @@ def password_links_csv(rows: list[dict[str, str]]) -> str:
 @admin.register(Tenant)
 class TenantAdmin(SuperuserOnlyAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     form = TenantAdminForm
-    list_display = ("name", "namespace", "time_zone", "max_concurrent_vms", "max_vcpus", "max_memory_mib",
-                    "created_at")
+    list_display = ("name", "namespace", "time_zone", "max_concurrent_vms", "max_vcpus", "max_memory_mib", "created_at")
     search_fields = ("name", "namespace")
     readonly_fields = ("namespace", "created_at")
-    fields = ("name", "namespace", "time_zone", "max_concurrent_vms", "max_vms_per_student", "max_vcpus",
-              "max_memory_mib", "created_at")
+    fields = (
+        "name",
+        "namespace",
+        "time_zone",
+        "max_concurrent_vms",
+        "max_vms_per_student",
+        "max_vcpus",
+        "max_memory_mib",
+        "created_at",
+    )
 
     def audit_scope(self, obj: Tenant) -> dict:
         return {"tenant": obj}
@@ -105,8 +112,11 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
         return ("term", "tenant") if admin_access(request).is_superuser else ("term",)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Course]:
-        return super().get_queryset(request).select_related("tenant").annotate(
-            num_members=Count("memberships", distinct=True), num_labs=Count("labs", distinct=True)
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("tenant")
+            .annotate(num_members=Count("memberships", distinct=True), num_labs=Count("labs", distinct=True))
         )
 
     @admin.display(description=_("members"), ordering="num_members")
@@ -164,23 +174,41 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
             form = EnrollmentImportForm(request.POST, request.FILES)
             if form.is_valid():
                 try:
-                    result = enrollment_import(actor=request.user, course=course,
-                                               csv_file=form.cleaned_data["csv_file"])
+                    result = enrollment_import(
+                        actor=request.user, course=course, csv_file=form.cleaned_data["csv_file"]
+                    )
                 except ApplicationError as exc:
                     context.update(form=form, import_error=exc.message, row_errors=exc.extra.get("errors", []))
                 else:
                     links = [
-                        {"username": person.username, "email": person.email, "name": person.full_name,
-                         "link": password_setup_url(request, person.password_setup)}
-                        for person in result.people if person.password_setup is not None
+                        {
+                            "username": person.username,
+                            "email": person.email,
+                            "name": person.full_name,
+                            "link": password_setup_url(request, person.password_setup),
+                        }
+                        for person in result.people
+                        if person.password_setup is not None
                     ]
-                    self.message_user(request, gettext(
-                        "Imported: %(accounts)d new accounts, %(memberships)d new memberships, %(unchanged)d "
-                        "already enrolled."
-                    ) % {"accounts": result.accounts_created, "memberships": result.memberships_created,
-                         "unchanged": result.unchanged}, messages.SUCCESS)
-                    context.update(form=EnrollmentImportForm(), result=result, links=links,
-                                   links_csv=password_links_csv(links) if links else "")
+                    self.message_user(
+                        request,
+                        gettext(
+                            "Imported: %(accounts)d new accounts, %(memberships)d new memberships, %(unchanged)d "
+                            "already enrolled."
+                        )
+                        % {
+                            "accounts": result.accounts_created,
+                            "memberships": result.memberships_created,
+                            "unchanged": result.unchanged,
+                        },
+                        messages.SUCCESS,
+                    )
+                    context.update(
+                        form=EnrollmentImportForm(),
+                        result=result,
+                        links=links,
+                        links_csv=password_links_csv(links) if links else "",
+                    )
         else:
             form = EnrollmentImportForm()
         context.setdefault("form", form)
@@ -287,15 +315,24 @@ class UserAdmin(TenantUserAdminMixin, AuditedAdminMixin, DjangoUserAdmin):
         users = [user for user in queryset.select_related("tenant") if self.has_change_permission(request, user)]
         skipped = queryset.count() - len(users)
         if skipped:
-            self.message_user(request, gettext(
-                "%(count)d selected accounts were skipped: staff accounts and people in courses you do not teach "
-                "get their links from a superuser."
-            ) % {"count": skipped}, messages.WARNING)
+            self.message_user(
+                request,
+                gettext(
+                    "%(count)d selected accounts were skipped: staff accounts and people in courses you do not teach "
+                    "get their links from a superuser."
+                )
+                % {"count": skipped},
+                messages.WARNING,
+            )
         if not users:
             return None
         links = [
-            {"username": user.username, "email": user.email, "name": user.full_name,
-             "link": password_setup_url(request, user_password_setup_token(actor=request.user, user=user))}
+            {
+                "username": user.username,
+                "email": user.email,
+                "name": user.full_name,
+                "link": password_setup_url(request, user_password_setup_token(actor=request.user, user=user)),
+            }
             for user in users
         ]
         context = {

@@ -60,8 +60,9 @@ def forget_admin_access(request: HttpRequest) -> None:
         delattr(request, _ACCESS_ATTR)
 
 
-def scoped_choices(*, admin_site: admin.AdminSite, request: HttpRequest, model: type[models.Model]
-                   ) -> models.QuerySet | None:
+def scoped_choices(
+    *, admin_site: admin.AdminSite, request: HttpRequest, model: type[models.Model]
+) -> models.QuerySet | None:
     """The rows of ``model`` a foreign-key or many-to-many field may offer to this person.
 
     The choices are exactly what the related model's portal admin lets the person see, so a dropdown never
@@ -268,8 +269,11 @@ class AuditedAdminMixin:
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
         audit_record(
-            actor=request.user, action=f"admin.{obj._meta.model_name}.{'change' if change else 'add'}",
-            target=obj, data={"fields": sorted(form.changed_data)} if change else {}, **self.audit_scope(obj),
+            actor=request.user,
+            action=f"admin.{obj._meta.model_name}.{'change' if change else 'add'}",
+            target=obj,
+            data={"fields": sorted(form.changed_data)} if change else {},
+            **self.audit_scope(obj),
         )
 
     def delete_model(self, request, obj):
@@ -280,7 +284,9 @@ class AuditedAdminMixin:
     def delete_queryset(self, request, queryset):
         for obj in queryset:
             audit_record(
-                actor=request.user, action=f"admin.{obj._meta.model_name}.delete", target=obj,
+                actor=request.user,
+                action=f"admin.{obj._meta.model_name}.delete",
+                target=obj,
                 **self.audit_scope(obj),
             )
         super().delete_queryset(request, queryset)

@@ -27,13 +27,13 @@ def api_token_revoke(*, actor: User | None, user: User, reason: str) -> bool:
     """Delete ``user``'s API token, if there is one; ``reason`` is recorded (owner, password_changed, ...)."""
     deleted, _per_model = Token.objects.filter(user=user).delete()
     if deleted:
-        audit_record(actor=actor, action="api_token.revoke", target=user, tenant=user.tenant,
-                     data={"reason": reason})
+        audit_record(actor=actor, action="api_token.revoke", target=user, tenant=user.tenant, data={"reason": reason})
     return bool(deleted)
 
 
-def revoke_on_credentials_change(sender: type[User], instance: User, raw: bool = False,
-                                 update_fields: Any = None, **kwargs: Any) -> None:
+def revoke_on_credentials_change(
+    sender: type[User], instance: User, raw: bool = False, update_fields: Any = None, **kwargs: Any
+) -> None:
     """``pre_save`` of users: a new password or a deactivation revokes the API token. Django's password change,
     reset and admin forms, ``set_password`` and ``changepassword`` all end in this save."""
     if raw or instance.pk is None:

@@ -54,14 +54,21 @@ class CourseAuditPage(LoginRequiredMixin, View):
             events = events.filter(action=action)
         page = Paginator(events, AUDIT_PAGE_SIZE).get_page(request.GET.get("page"))
         rows = [
-            {"event": event, "label": ACTION_LABELS.get(event.action, event.action),
-             "details": sorted((event.data or {}).items())}
+            {
+                "event": event,
+                "label": ACTION_LABELS.get(event.action, event.action),
+                "details": sorted((event.data or {}).items()),
+            }
             for event in page.object_list
         ]
         return render(
-            request, "audit/course_audit.html",
+            request,
+            "audit/course_audit.html",
             {
-                "course": course, "page": page, "rows": rows, "action": action,
+                "course": course,
+                "page": page,
+                "rows": rows,
+                "action": action,
                 "actions": [(code, ACTION_LABELS.get(code, code)) for code in actions],
             },
         )

@@ -145,8 +145,7 @@ class RedisChannelLayer(UpstreamRedisChannelLayer):
     async def group_send(self, group, message):
         assert self.require_valid_group_name(group), "Group name not valid"
         connection = self.connection(self.consistent_hash(group))
-        members = await _GROUP_MEMBERS.run(connection, [self._group_key(group)],
-                                           [int(time.time()) - self.group_expiry])
+        members = await _GROUP_MEMBERS.run(connection, [self._group_key(group)], [int(time.time()) - self.group_expiry])
         channel_names = [name.decode("utf8") for name in members]
         by_connection, messages, capacities = self._map_channel_keys_to_connection(channel_names, message)
         for index, channel_keys in by_connection.items():

@@ -33,17 +33,42 @@ NAME_MAX_LENGTH = 200
 
 COLUMNS = ("username", "email", "name", "role")
 COLUMN_ALIASES = {
-    "username": "username", "user": "username", "login": "username", "ユーザー名": "username",
-    "ユーザ名": "username", "ユーザーid": "username", "アカウント": "username",
-    "email": "email", "e-mail": "email", "mail": "email", "メール": "email", "メールアドレス": "email",
-    "name": "name", "full name": "name", "full_name": "name", "氏名": "name", "名前": "name",
-    "role": "role", "役割": "role", "ロール": "role",
+    "username": "username",
+    "user": "username",
+    "login": "username",
+    "ユーザー名": "username",
+    "ユーザ名": "username",
+    "ユーザーid": "username",
+    "アカウント": "username",
+    "email": "email",
+    "e-mail": "email",
+    "mail": "email",
+    "メール": "email",
+    "メールアドレス": "email",
+    "name": "name",
+    "full name": "name",
+    "full_name": "name",
+    "氏名": "name",
+    "名前": "name",
+    "role": "role",
+    "役割": "role",
+    "ロール": "role",
 }
 ROLE_ALIASES = {
-    "instructor": Role.INSTRUCTOR, "teacher": Role.INSTRUCTOR, "教員": Role.INSTRUCTOR,
-    "講師": Role.INSTRUCTOR, "教師": Role.INSTRUCTOR, "担当教員": Role.INSTRUCTOR,
-    "ta": Role.TA, "teaching assistant": Role.TA, "ティーチングアシスタント": Role.TA, "ティーエー": Role.TA,
-    "student": Role.STUDENT, "学生": Role.STUDENT, "受講生": Role.STUDENT, "受講者": Role.STUDENT,
+    "instructor": Role.INSTRUCTOR,
+    "teacher": Role.INSTRUCTOR,
+    "教員": Role.INSTRUCTOR,
+    "講師": Role.INSTRUCTOR,
+    "教師": Role.INSTRUCTOR,
+    "担当教員": Role.INSTRUCTOR,
+    "ta": Role.TA,
+    "teaching assistant": Role.TA,
+    "ティーチングアシスタント": Role.TA,
+    "ティーエー": Role.TA,
+    "student": Role.STUDENT,
+    "学生": Role.STUDENT,
+    "受講生": Role.STUDENT,
+    "受講者": Role.STUDENT,
     "生徒": Role.STUDENT,
 }
 
@@ -95,10 +120,17 @@ def _decode(data: bytes) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
-        raise EnrollmentFileInvalid([RowError(line, _(
-            "This line is not UTF-8 text. Save the file as “CSV UTF-8” (in Excel: Save As → CSV UTF-8) and "
-            "upload it again."
-        ))]) from exc
+        raise EnrollmentFileInvalid(
+            [
+                RowError(
+                    line,
+                    _(
+                        "This line is not UTF-8 text. Save the file as “CSV UTF-8” (in Excel: Save As → CSV UTF-8) and "
+                        "upload it again."
+                    ),
+                )
+            ]
+        ) from exc
 
 
 def _map_header(fields: list[str], *, line: int) -> dict[str, int]:
@@ -111,8 +143,9 @@ def _map_header(fields: list[str], *, line: int) -> dict[str, int]:
                 unknown.append(raw.strip())
             continue
         if column in positions:
-            raise EnrollmentFileInvalid([RowError(line, _("The column “%(column)s” appears twice in the header.")
-                                                  % {"column": column})])
+            raise EnrollmentFileInvalid(
+                [RowError(line, _("The column “%(column)s” appears twice in the header.") % {"column": column})]
+            )
         positions[column] = index
     missing = [column for column in COLUMNS if column not in positions]
     if missing or unknown:
@@ -149,8 +182,9 @@ def _check_row(values: dict[str, str], *, line: int, errors: list[RowError]) -> 
         try:
             UnicodeUsernameValidator()(username)
         except ValidationError:
-            problems.append(_("the username “%(username)s” may contain only letters, digits and @ . + - _")
-                            % {"username": username})
+            problems.append(
+                _("the username “%(username)s” may contain only letters, digits and @ . + - _") % {"username": username}
+            )
 
     if not email:
         problems.append(_("the email address is missing"))
@@ -186,8 +220,14 @@ def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> tuple[list[EnrollmentRo
     """
     data = _read_bytes(csv_file)
     if len(data) > MAX_FILE_BYTES:
-        raise EnrollmentFileInvalid([RowError(None, _("The file is larger than %(size)d MB; split it.")
-                                              % {"size": MAX_FILE_BYTES // (1024 * 1024)})])
+        raise EnrollmentFileInvalid(
+            [
+                RowError(
+                    None,
+                    _("The file is larger than %(size)d MB; split it.") % {"size": MAX_FILE_BYTES // (1024 * 1024)},
+                )
+            ]
+        )
     text = _decode(data)
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     errors: list[RowError] = []
@@ -204,9 +244,9 @@ def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> tuple[list[EnrollmentRo
         except StopIteration:
             break
         except csv.Error as exc:
-            raise EnrollmentFileInvalid([*errors, RowError(reader.line_num, _(
-                "This line is not valid CSV: %(error)s"
-            ) % {"error": exc})]) from exc
+            raise EnrollmentFileInvalid(
+                [*errors, RowError(reader.line_num, _("This line is not valid CSV: %(error)s") % {"error": exc})]
+            ) from exc
         last_line = reader.line_num
         if not any(field.strip() for field in fields):
             continue
@@ -217,14 +257,21 @@ def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> tuple[list[EnrollmentRo
             continue
         data_rows += 1
         if data_rows > MAX_ROWS:
-            raise EnrollmentFileInvalid([RowError(start_line, _("The file has more than %(max)d rows; split it.")
-                                                  % {"max": MAX_ROWS})])
+            raise EnrollmentFileInvalid(
+                [RowError(start_line, _("The file has more than %(max)d rows; split it.") % {"max": MAX_ROWS})]
+            )
         if len(fields) < header_width or any(field.strip() for field in fields[header_width:]):
-            errors.append(RowError(start_line, ngettext(
-                "expected %(expected)d value as in the header, found %(found)d",
-                "expected %(expected)d values as in the header, found %(found)d",
-                header_width,
-            ) % {"expected": header_width, "found": len(fields)}))
+            errors.append(
+                RowError(
+                    start_line,
+                    ngettext(
+                        "expected %(expected)d value as in the header, found %(found)d",
+                        "expected %(expected)d values as in the header, found %(found)d",
+                        header_width,
+                    )
+                    % {"expected": header_width, "found": len(fields)},
+                )
+            )
             continue
         values = {column: fields[index].strip() for column, index in positions.items()}
         row = _check_row(values, line=start_line, errors=errors)
@@ -232,16 +279,21 @@ def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> tuple[list[EnrollmentRo
             continue
         key = row.username.casefold()
         if key in first_line_by_username:
-            errors.append(RowError(start_line, _("the username “%(username)s” already appears on line %(line)d")
-                                   % {"username": row.username, "line": first_line_by_username[key]}))
+            errors.append(
+                RowError(
+                    start_line,
+                    _("the username “%(username)s” already appears on line %(line)d")
+                    % {"username": row.username, "line": first_line_by_username[key]},
+                )
+            )
             continue
         first_line_by_username[key] = start_line
         rows.append(row)
 
     if positions is None and not errors:
-        raise EnrollmentFileInvalid([RowError(None, _(
-            "The file is empty. The first line must be the header username,email,name,role."
-        ))])
+        raise EnrollmentFileInvalid(
+            [RowError(None, _("The file is empty. The first line must be the header username,email,name,role."))]
+        )
     if positions is not None and data_rows == 0 and not errors:
         raise EnrollmentFileInvalid([RowError(None, _("The file has a header but no people."))])
     return rows, errors

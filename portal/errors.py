@@ -12,8 +12,15 @@ class ApplicationError(Exception):
     status_code = 400
     code = "invalid"
 
-    def __init__(self, message: str, *, code: str | None = None, status_code: int | None = None,
-                 retry_after: int | None = None, extra: dict | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        status_code: int | None = None,
+        retry_after: int | None = None,
+        extra: dict | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = str(message)
         if code is not None:
@@ -50,8 +57,9 @@ class Unavailable(ApplicationError):
     code = "unavailable"
 
 
-def error_body(*, code: str, message: str, retry_after: int | None = None,
-               fields: dict[str, Any] | None = None) -> dict[str, Any]:
+def error_body(
+    *, code: str, message: str, retry_after: int | None = None, fields: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The API's error format (``api.errors``), also used for a failed API request (``portal.server_errors``)."""
     error: dict[str, Any] = {"code": code, "message": message}
     if retry_after is not None:

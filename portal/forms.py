@@ -26,7 +26,11 @@ def zone_choice_field(form: forms.ModelForm, *, current: str, blank_label: str |
     if current and current not in dict(choices):
         choices.append((current, current))
     form.fields["time_zone"] = forms.ChoiceField(
-        choices=choices, required=False, label=field.label, help_text=field.help_text, validators=field.validators,
+        choices=choices,
+        required=False,
+        label=field.label,
+        help_text=field.help_text,
+        validators=field.validators,
     )
 
 
@@ -131,8 +135,9 @@ class TenantUserChangeForm(UserChangeForm):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if "time_zone" in self.fields:
-            zone_choice_field(self, current=self.instance.time_zone,
-                              blank_label=_("The institution's (the tenant's time zone)"))
+            zone_choice_field(
+                self, current=self.instance.time_zone, blank_label=_("The institution's (the tenant's time zone)")
+            )
 
 
 class EnrollmentImportForm(forms.Form):

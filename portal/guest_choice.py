@@ -45,14 +45,16 @@ def guest_choice(kubesim_args: list[str]) -> GuestChoice:
     image = None if missing else cached_guest_image()
     if image is None:
         if missing:
-            why = (f"{' and '.join(missing)} not installed (apt-get install qemu-system-x86 genisoimage for real "
-                   "VMs)")
+            why = f"{' and '.join(missing)} not installed (apt-get install qemu-system-x86 genisoimage for real VMs)"
         else:
             why = f"QEMU is installed but the lab guest image is not built yet (run {image_build_script()}, once)"
         if shutil.which(SANDBOX_TOOL) is None:
-            raise GuestUnavailable(f"No guest can run here: the sandboxed shell needs bubblewrap (apt-get install "
-                                   f"bubblewrap), and real VMs are out: {why}. --kubesim-arg=--guest=none gives "
-                                   "a loopback console without a guest.")
+            raise GuestUnavailable(
+                f"No guest can run here: the sandboxed shell needs bubblewrap (apt-get install "
+                f"bubblewrap), and real VMs are out: {why}. --kubesim-arg=--guest=none gives "
+                "a loopback console without a guest."
+            )
         return GuestChoice("shell", why, ("--guest=shell",))
-    return GuestChoice("vm", f"QEMU is installed and the lab guest image is built ({image})",
-                       ("--guest=vm", f"--guest-image={image}"))
+    return GuestChoice(
+        "vm", f"QEMU is installed and the lab guest image is built ({image})", ("--guest=vm", f"--guest-image={image}")
+    )

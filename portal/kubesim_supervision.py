@@ -50,9 +50,17 @@ class KubesimSupervisor:
     (the portal reloads the kubeconfig, whose token is new); ``give_up(message)`` when kubesim is not started again.
     """
 
-    def __init__(self, *, start: Callable[[list[str]], subprocess.Popen], restarted: Callable[[], None],
-                 give_up: Callable[[str], None], kubeconfigs: tuple[Path, ...], log_path: Path,
-                 max_restarts: int = MAX_RESTARTS, window_seconds: float = RESTART_WINDOW_SECONDS) -> None:
+    def __init__(
+        self,
+        *,
+        start: Callable[[list[str]], subprocess.Popen],
+        restarted: Callable[[], None],
+        give_up: Callable[[str], None],
+        kubeconfigs: tuple[Path, ...],
+        log_path: Path,
+        max_restarts: int = MAX_RESTARTS,
+        window_seconds: float = RESTART_WINDOW_SECONDS,
+    ) -> None:
         self._start = start
         self._restarted = restarted
         self._give_up = give_up
@@ -109,13 +117,19 @@ class KubesimSupervisor:
             else:
                 how = f"with status {status}" if status >= 0 else f"on signal {-status}"
             if len(exits) > self._max_restarts:
-                self._stop_for_good(f"kubesim, the portal's cluster, exited {how}, {len(exits)} times within "
-                                    f"{self._window_seconds:g} s; stopping the portal rather than running without a "
-                                    f"cluster. See {self._log_path}.")
+                self._stop_for_good(
+                    f"kubesim, the portal's cluster, exited {how}, {len(exits)} times within "
+                    f"{self._window_seconds:g} s; stopping the portal rather than running without a "
+                    f"cluster. See {self._log_path}."
+                )
                 return
-            logger.error("kubesim, the portal's cluster, exited %s; starting it again on the same port. It keeps its "
-                         "objects in memory: the VMs of running labs are gone, and their attempts will fail. "
-                         "(kubesim's log: %s)", how, self._log_path)
+            logger.error(
+                "kubesim, the portal's cluster, exited %s; starting it again on the same port. It keeps its "
+                "objects in memory: the VMs of running labs are gone, and their attempts will fail. "
+                "(kubesim's log: %s)",
+                how,
+                self._log_path,
+            )
             try:
                 with self._lock:
                     if self._stopping.is_set():

@@ -94,8 +94,9 @@ def login_failures_forget(*, request: HttpRequest, username: str) -> None:
     cache.delete_many(list(_pair_keys(request=request, username=username)))
 
 
-def _on_login_failed(sender: Any, credentials: dict[str, Any], request: HttpRequest | None = None,
-                     **kwargs: Any) -> None:
+def _on_login_failed(
+    sender: Any, credentials: dict[str, Any], request: HttpRequest | None = None, **kwargs: Any
+) -> None:
     login_failure_record(request=request, username=credentials.get("username"))
 
 
@@ -110,9 +111,9 @@ def connect_signals() -> None:
 
 
 def throttled_message(retry_after: int) -> str:
-    return _(
-        "Too many failed sign-in attempts. Wait %(seconds)s seconds before trying again."
-    ) % {"seconds": retry_after}
+    return _("Too many failed sign-in attempts. Wait %(seconds)s seconds before trying again.") % {
+        "seconds": retry_after
+    }
 
 
 class LoginThrottleMiddleware:
@@ -140,8 +141,10 @@ class LoginThrottleMiddleware:
             retry_after = login_retry_after(request=request, username=request.POST.get("username"))
             if retry_after is not None:
                 response = render(
-                    request, "portal/login_throttled.html",
-                    {"retry_after": retry_after, "message": throttled_message(retry_after)}, status=429,
+                    request,
+                    "portal/login_throttled.html",
+                    {"retry_after": retry_after, "message": throttled_message(retry_after)},
+                    status=429,
                 )
                 response["Retry-After"] = str(retry_after)
                 return response

@@ -35,8 +35,9 @@ class _CounterStore:
             return None
         with self._lock:
             if self._client is None or self._client_url != url:
-                self._client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1,
-                                                    **settings.REDIS_CONNECTION_OPTIONS)
+                self._client = redis.Redis.from_url(
+                    url, socket_timeout=1, socket_connect_timeout=1, **settings.REDIS_CONNECTION_OPTIONS
+                )
                 self._client_url = url
             return self._client
 

@@ -31,8 +31,12 @@ def replan_stale_statements(execute, sql: str, params: Any, many: bool, context:
         return execute(sql, params, many, context)
     except NotSupportedError as error:
         connection = context["connection"]
-        if (STALE_PLAN not in str(error) or many  # an executemany may have run some of its rows already
-                or connection.in_atomic_block or not connection.get_autocommit()):
+        if (
+            STALE_PLAN not in str(error)
+            or many  # an executemany may have run some of its rows already
+            or connection.in_atomic_block
+            or not connection.get_autocommit()
+        ):
             raise
         logger.warning("A prepared statement no longer matches the schema (a migration ran); planning anew")
         connection.connection.execute("DEALLOCATE ALL")

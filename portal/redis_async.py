@@ -69,8 +69,11 @@ class CancellableUnixConnection(_WritesUnderTimeout, UnixDomainSocketConnection)
     """unix:// sockets."""
 
 
-_CLASSES = {Connection: CancellableConnection, SSLConnection: CancellableSSLConnection,
-            UnixDomainSocketConnection: CancellableUnixConnection}
+_CLASSES = {
+    Connection: CancellableConnection,
+    SSLConnection: CancellableSSLConnection,
+    UnixDomainSocketConnection: CancellableUnixConnection,
+}
 
 
 # redis-py 8 asks each new RESP3 connection to send maintenance notifications (CLIENT MAINT_NOTIFICATIONS, a Redis
@@ -84,5 +87,9 @@ def pool_options(url: str, **options: Any) -> dict[str, Any]:
     with ``options`` and the cancellable connection class for the URL's scheme. channels_redis takes the same dict
     as a host (one without ``address`` is passed to the pool as it is)."""
     parsed = parse_url(url)
-    return {"maint_notifications_config": NO_MAINT_NOTIFICATIONS, **options, **parsed,
-            "connection_class": _CLASSES[parsed.get("connection_class", Connection)]}
+    return {
+        "maint_notifications_config": NO_MAINT_NOTIFICATIONS,
+        **options,
+        **parsed,
+        "connection_class": _CLASSES[parsed.get("connection_class", Connection)],
+    }

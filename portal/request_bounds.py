@@ -53,9 +53,17 @@ async def _refuse(scope, send, limit: int) -> None:
     else:
         body = message.encode()
         content_type = b"text/plain; charset=utf-8"
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", content_type),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

@@ -60,8 +60,4 @@ def audit_events_for_course(*, user: User, course_id: int) -> QuerySet[AuditEven
     course = course_get_for_user(user=user, course_id=course_id)
     if course_role(user=user, course=course) != Role.INSTRUCTOR:
         raise PermissionDenied(_("Only the course's instructors may read its audit log."))
-    return (
-        AuditEvent.objects.filter(course=course)
-        .select_related("actor")
-        .order_by("-created_at", "-id")
-    )
+    return AuditEvent.objects.filter(course=course).select_related("actor").order_by("-created_at", "-id")

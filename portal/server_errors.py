@@ -60,12 +60,18 @@ def failure_answer(error: BaseException | None) -> FailureAnswer:
     reaches the person."""
     if database_busy(error):
         low, high = BUSY_RETRY_AFTER_RANGE
-        answer = FailureAnswer(503, "portal_busy", _(
-            "The portal is very busy right now and could not answer. Try again in a few seconds."),
-            retry_after=low + secrets.randbelow(high - low + 1))
+        answer = FailureAnswer(
+            503,
+            "portal_busy",
+            _("The portal is very busy right now and could not answer. Try again in a few seconds."),
+            retry_after=low + secrets.randbelow(high - low + 1),
+        )
     else:
-        answer = FailureAnswer(500, "server_error", _(
-            "Something went wrong on the portal's side. Try again; if it keeps happening, tell your instructor."))
+        answer = FailureAnswer(
+            500,
+            "server_error",
+            _("Something went wrong on the portal's side. Try again; if it keeps happening, tell your instructor."),
+        )
     record_request_failure(reason=answer.code)
     return answer
 
@@ -75,13 +81,15 @@ def server_error(request: HttpRequest) -> HttpResponse:
     answer = failure_answer(sys.exc_info()[1])
     status, code, message, retry_after = answer.status, answer.code, answer.message, answer.retry_after
     if _is_api(request):
-        response: HttpResponse = JsonResponse(error_body(code=code, message=message, retry_after=retry_after),
-                                              status=status)
+        response: HttpResponse = JsonResponse(
+            error_body(code=code, message=message, retry_after=retry_after), status=status
+        )
     elif wants_json(request):
         response = JsonResponse({"error": message, "code": code}, status=status)
     else:
-        response = HttpResponse(render_to_string("server_error.html", {"status": status, "message": message}),
-                                status=status)
+        response = HttpResponse(
+            render_to_string("server_error.html", {"status": status, "message": message}), status=status
+        )
     if retry_after is not None:
         response["Retry-After"] = str(retry_after)
     return response

@@ -72,8 +72,14 @@ def membership_create(*, actor: User, membership: Membership) -> Membership:
     membership.save()
     if role == Role.INSTRUCTOR:
         _grant_admin_access(user)
-    audit_record(actor=actor, action="membership.create", target=membership, tenant=course.tenant, course=course,
-                 data={"user": user.username, "role": role})
+    audit_record(
+        actor=actor,
+        action="membership.create",
+        target=membership,
+        tenant=course.tenant,
+        course=course,
+        data={"user": user.username, "role": role},
+    )
     return membership
 
 
@@ -88,8 +94,9 @@ def user_time_zone_set(*, actor: User, user: User, time_zone: str) -> User:
     previous = User.objects.values_list("time_zone", flat=True).get(pk=user.pk)
     user.time_zone = time_zone
     user.save(update_fields=["time_zone"])  # nothing else of the row, which another request may be changing
-    audit_record(actor=actor, action="user.time_zone", target=user, tenant=user.tenant,
-                 data={"from": previous, "to": time_zone})
+    audit_record(
+        actor=actor, action="user.time_zone", target=user, tenant=user.tenant, data={"from": previous, "to": time_zone}
+    )
     return user
 
 
@@ -102,17 +109,36 @@ def membership_set_role(*, actor: User, membership: Membership, role: str) -> Me
     membership.save(update_fields=["role"])
     if role == Role.INSTRUCTOR:
         _grant_admin_access(membership.user)
-    audit_record(actor=actor, action="membership.role", target=membership, tenant=membership.course.tenant,
-                 course=membership.course, data={"user": membership.user.username, "from": previous, "to": role})
+    audit_record(
+        actor=actor,
+        action="membership.role",
+        target=membership,
+        tenant=membership.course.tenant,
+        course=membership.course,
+        data={"user": membership.user.username, "from": previous, "to": role},
+    )
     return membership
 
 
 @transaction.atomic
-def user_create(*, actor: User | None, tenant: Tenant | None, username: str, email: str, full_name: str,
-                password: str | None, is_staff: bool = False) -> User:
+def user_create(
+    *,
+    actor: User | None,
+    tenant: Tenant | None,
+    username: str,
+    email: str,
+    full_name: str,
+    password: str | None,
+    is_staff: bool = False,
+) -> User:
     """A new account in ``tenant``; ``password`` None leaves it unusable until a set-password link is used."""
-    user = User(username=User.normalize_username(username), email=User.objects.normalize_email(email),
-                full_name=full_name, tenant=tenant, is_staff=is_staff)
+    user = User(
+        username=User.normalize_username(username),
+        email=User.objects.normalize_email(email),
+        full_name=full_name,
+        tenant=tenant,
+        is_staff=is_staff,
+    )
     if password is None:
         user.set_unusable_password()
     else:
@@ -136,8 +162,9 @@ class PasswordSetupToken:
 def user_password_setup_token(*, actor: User, user: User) -> PasswordSetupToken:
     """A one-time token with which ``user`` chooses their own password (no password is ever shown or mailed)."""
     audit_record(actor=actor, action="user.password_link", target=user, tenant=user.tenant)
-    return PasswordSetupToken(uidb64=urlsafe_base64_encode(force_bytes(user.pk)),
-                              token=default_token_generator.make_token(user))
+    return PasswordSetupToken(
+        uidb64=urlsafe_base64_encode(force_bytes(user.pk)), token=default_token_generator.make_token(user)
+    )
 
 
 @dataclass
@@ -176,8 +203,9 @@ class ImportResult:
         return sum(not person.membership_created for person in self.people)
 
 
-def _enrollment_errors_against_database(*, course: Course, rows: list[EnrollmentRow]
-                                        ) -> tuple[list[RowError], dict[str, User], dict[int, str]]:
+def _enrollment_errors_against_database(
+    *, course: Course, rows: list[EnrollmentRow]
+) -> tuple[list[RowError], dict[str, User], dict[int, str]]:
     """Problems only the database can reveal, and the existing accounts and roles the import will reuse."""
     by_lower: dict[str, list[User]] = {}
     for found in User.objects.annotate(username_lower=Lower("username")).filter(
@@ -193,27 +221,51 @@ def _enrollment_errors_against_database(*, course: Course, rows: list[Enrollment
         if user is None:
             near = by_lower.get(row.username.lower())
             if near:
-                errors.append(RowError(row.line, _(
-                    "an account named “%(existing)s” already exists; use exactly that username, or another one"
-                ) % {"existing": near[0].username}))
+                errors.append(
+                    RowError(
+                        row.line,
+                        _("an account named “%(existing)s” already exists; use exactly that username, or another one")
+                        % {"existing": near[0].username},
+                    )
+                )
             continue
         if user.tenant_id != course.tenant_id:
             # Usernames are unique across the platform; say no more than that about someone else's account.
-            errors.append(RowError(row.line, _("the username “%(username)s” is already taken; choose another")
-                                   % {"username": row.username}))
+            errors.append(
+                RowError(
+                    row.line,
+                    _("the username “%(username)s” is already taken; choose another") % {"username": row.username},
+                )
+            )
         elif user.email and user.email.casefold() != row.email.casefold():
-            errors.append(RowError(row.line, _(
-                "“%(username)s” is an existing account with another email address (%(email)s); check that this "
-                "row means that person"
-            ) % {"username": row.username, "email": user.email}))
+            errors.append(
+                RowError(
+                    row.line,
+                    _(
+                        "“%(username)s” is an existing account with another email address (%(email)s); check that this "
+                        "row means that person"
+                    )
+                    % {"username": row.username, "email": user.email},
+                )
+            )
         elif not user.is_active:
-            errors.append(RowError(row.line, _("the account “%(username)s” is deactivated; reactivate it first")
-                                   % {"username": row.username}))
+            errors.append(
+                RowError(
+                    row.line,
+                    _("the account “%(username)s” is deactivated; reactivate it first") % {"username": row.username},
+                )
+            )
         elif user.id in roles and roles[user.id] != row.role:
-            errors.append(RowError(row.line, _(
-                "“%(username)s” is already in this course as %(current)s; change the role on the membership "
-                "instead of importing"
-            ) % {"username": row.username, "current": Role(roles[user.id]).label}))
+            errors.append(
+                RowError(
+                    row.line,
+                    _(
+                        "“%(username)s” is already in this course as %(current)s; change the role on the membership "
+                        "instead of importing"
+                    )
+                    % {"username": row.username, "current": Role(roles[user.id]).label},
+                )
+            )
     return errors, existing, roles
 
 
@@ -224,7 +276,8 @@ def _enrollment_rejected(errors: list[RowError]) -> ApplicationError:
             "Nothing was imported: %(count)d line of the file has a problem.",
             "Nothing was imported: %(count)d lines of the file have problems.",
             len(lines),
-        ) % {"count": len(lines)},
+        )
+        % {"count": len(lines)},
         code="enrollment_invalid",
         extra={"errors": [error.as_dict() for error in errors]},
     )
@@ -253,20 +306,27 @@ def enrollment_import(*, actor: User, course: Course, csv_file: IO[bytes] | byte
             result = _enrollment_write(actor=actor, course=course, rows=rows, existing=existing, roles=roles)
     except IntegrityError as exc:
         # Someone created one of these accounts or memberships between our checks and our writes.
-        raise Conflict(_("The course or its accounts changed while importing; nothing was imported. "
-                         "Upload the file again.")) from exc
+        raise Conflict(
+            _("The course or its accounts changed while importing; nothing was imported. Upload the file again.")
+        ) from exc
     return result
 
 
-def _enrollment_write(*, actor: User, course: Course, rows: list[EnrollmentRow], existing: dict[str, User],
-                      roles: dict[int, str]) -> ImportResult:
+def _enrollment_write(
+    *, actor: User, course: Course, rows: list[EnrollmentRow], existing: dict[str, User], roles: dict[int, str]
+) -> ImportResult:
     result = ImportResult(course=course)
     for row in rows:
         user = existing.get(row.username)
         account_created = user is None
         if user is None:
-            user = User(username=row.username, email=row.email, full_name=row.full_name, tenant=course.tenant,
-                        is_staff=row.role == Role.INSTRUCTOR)
+            user = User(
+                username=row.username,
+                email=row.email,
+                full_name=row.full_name,
+                tenant=course.tenant,
+                is_staff=row.role == Role.INSTRUCTOR,
+            )
             user.set_unusable_password()
             user.save()
         membership_created = user.id not in roles
@@ -274,15 +334,30 @@ def _enrollment_write(*, actor: User, course: Course, rows: list[EnrollmentRow],
             Membership.objects.create(user=user, course=course, role=row.role)
             if row.role == Role.INSTRUCTOR:
                 _grant_admin_access(user)
-        result.people.append(ImportedPerson(
-            line=row.line, username=user.username, full_name=user.full_name, email=user.email, role=row.role,
-            account_created=account_created, membership_created=membership_created, user=user,
-            password_setup=PasswordSetupToken(
-                uidb64=urlsafe_base64_encode(force_bytes(user.pk)), token=default_token_generator.make_token(user),
-            ) if account_created else None,
-        ))
+        result.people.append(
+            ImportedPerson(
+                line=row.line,
+                username=user.username,
+                full_name=user.full_name,
+                email=user.email,
+                role=row.role,
+                account_created=account_created,
+                membership_created=membership_created,
+                user=user,
+                password_setup=PasswordSetupToken(
+                    uidb64=urlsafe_base64_encode(force_bytes(user.pk)),
+                    token=default_token_generator.make_token(user),
+                )
+                if account_created
+                else None,
+            )
+        )
     audit_record(
-        actor=actor, action="enrollment.import", target=course, tenant=course.tenant, course=course,
+        actor=actor,
+        action="enrollment.import",
+        target=course,
+        tenant=course.tenant,
+        course=course,
         data={
             "accounts_created": [p.username for p in result.people if p.account_created],
             "memberships_created": [[p.username, p.role] for p in result.people if p.membership_created],
@@ -290,4 +365,3 @@ def _enrollment_write(*, actor: User, course: Course, rows: list[EnrollmentRow],
         },
     )
     return result
-

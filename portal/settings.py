@@ -177,11 +177,14 @@ if DATABASE_URL:
         # DB_PREPARE_THRESHOLD=0 behind such a pooler.
         prepare_threshold = env_int("DB_PREPARE_THRESHOLD", 5)
         DATABASES["default"].setdefault("OPTIONS", {}).update(
-            server_side_binding=True, prepare_threshold=prepare_threshold if prepare_threshold > 0 else None,
+            server_side_binding=True,
+            prepare_threshold=prepare_threshold if prepare_threshold > 0 else None,
         )
     if env_int("DB_POOL_MAX_SIZE", 0) > 0 and DATABASES["default"]["ENGINE"].endswith("postgresql"):
         DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-            "min_size": 1, "max_size": env_int("DB_POOL_MAX_SIZE", 0), "timeout": env_int("DB_POOL_TIMEOUT", 30),
+            "min_size": 1,
+            "max_size": env_int("DB_POOL_MAX_SIZE", 0),
+            "timeout": env_int("DB_POOL_TIMEOUT", 30),
         }
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)  # a fresh clone has no var/ yet, and SQLite will not create it
@@ -263,10 +266,19 @@ if REDIS_URL:
             # group_add calls at once, which would otherwise open a hundred connections (or fail past the size).
             # Its connections write under asyncio.timeout, so a consumer's cancelled receive really ends
             # (portal.redis_async).
-            "CONFIG": {"hosts": [pool_options(REDIS_URL, socket_timeout=30,
-                                              max_connections=env_int("CHANNEL_LAYER_MAX_CONNECTIONS", 32),
-                                              **REDIS_CONNECTION_OPTIONS)],
-                       "capacity": 1500, "expiry": 30, "prefix": f"{REDIS_KEY_PREFIX}asgi"},
+            "CONFIG": {
+                "hosts": [
+                    pool_options(
+                        REDIS_URL,
+                        socket_timeout=30,
+                        max_connections=env_int("CHANNEL_LAYER_MAX_CONNECTIONS", 32),
+                        **REDIS_CONNECTION_OPTIONS,
+                    )
+                ],
+                "capacity": 1500,
+                "expiry": 30,
+                "prefix": f"{REDIS_KEY_PREFIX}asgi",
+            },
         }
     }
     CELERY_BROKER_URL = REDIS_URL
@@ -274,8 +286,9 @@ else:
     # Channels' own, forgetting the channels of consumers that ended (portal.memory_channel_layer).
     # Room for as many messages per channel as channels_redis is given above: a class's tabs announcing themselves
     # to a console's holder at once overflowed channels' default of 100, and the overflow is dropped.
-    CHANNEL_LAYERS = {"default": {"BACKEND": "portal.memory_channel_layer.InMemoryChannelLayer",
-                                  "CONFIG": {"capacity": 1500}}}
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "portal.memory_channel_layer.InMemoryChannelLayer", "CONFIG": {"capacity": 1500}}
+    }
     CELERY_BROKER_URL = "memory://localhost/"  # with a host: kombu warns at start without one
 # The cache is shared by web, worker and beat through Redis (the sync loop's heartbeat read by /readyz, probe
 # results); the embedded default runs everything in one process, so process memory is enough there.
@@ -283,10 +296,18 @@ else:
 # and under ASGI every request has its own, so each request (and each socket handshake reading its session) paid
 # for a new Redis connection.
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": REDIS_URL,
-                          "KEY_PREFIX": REDIS_KEY_PREFIX,
-                          "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 5, "SOCKET_TIMEOUT": 5,
-                                      "CONNECTION_POOL_KWARGS": REDIS_CONNECTION_OPTIONS}}}
+    CACHES = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": REDIS_KEY_PREFIX,
+            "OPTIONS": {
+                "SOCKET_CONNECT_TIMEOUT": 5,
+                "SOCKET_TIMEOUT": 5,
+                "CONNECTION_POOL_KWARGS": REDIS_CONNECTION_OPTIONS,
+            },
+        }
+    }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "portal"}}
 # True when tasks are consumed by a worker running inside the web process (the embedded default).
@@ -302,7 +323,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Socket timeouts: a broker that accepts connections but never answers would otherwise hang the request that
 # queues a task (a student's Start) for good. They stay above the worker's 1 s BRPOP.
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
-    "visibility_timeout": 3600, "socket_timeout": 5, "socket_connect_timeout": 5,
+    "visibility_timeout": 3600,
+    "socket_timeout": 5,
+    "socket_connect_timeout": 5,
 }
 if REDIS_URL:
     CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = REDIS_KEY_PREFIX
@@ -443,7 +466,8 @@ RATE_LIMITS = {
     "attempt_check": (env_int("RATE_LIMIT_CHECKS", 30), env_int("RATE_LIMIT_CHECKS_WINDOW_SECONDS", 600)),
     # failed sign-ins (HTML form, admin and API token) per client address, whatever the accounts
     "login_address": (
-        env_int("RATE_LIMIT_LOGIN_FAILURES_PER_ADDRESS", 50), env_int("RATE_LIMIT_LOGIN_WINDOW_SECONDS", 900)
+        env_int("RATE_LIMIT_LOGIN_FAILURES_PER_ADDRESS", 50),
+        env_int("RATE_LIMIT_LOGIN_WINDOW_SECONDS", 900),
     ),
 }
 # Failed sign-ins per (account, address) (portal.login_throttle): after LOGIN_FAILURES_BEFORE_DELAY of them, each
@@ -524,7 +548,9 @@ LOGGING = {
         "django": {"handlers": [], "level": "INFO", "propagate": True},
         # Celery's line per task sent, received and succeeded: the attempt sync alone runs every few seconds, and
         # at INFO those lines bury everything else (bin/run's logins, warnings). Failures are logged at ERROR.
-        **{name: {"level": env_log_level("TASK_LOG_LEVEL", "WARNING")}
-           for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")},
+        **{
+            name: {"level": env_log_level("TASK_LOG_LEVEL", "WARNING")}
+            for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")
+        },
     },
 }

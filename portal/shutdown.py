@@ -33,8 +33,10 @@ class BoundedShutdown:
         if self._begun.is_set():
             return
         self._begun.set()
-        logger.warning("shutting down: what is in flight has %g s to finish (a second SIGTERM or Ctrl-C ends it now)",
-                       self.grace_seconds)
+        logger.warning(
+            "shutting down: what is in flight has %g s to finish (a second SIGTERM or Ctrl-C ends it now)",
+            self.grace_seconds,
+        )
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._signalled_again)
         # A daemon thread keeps counting while the interpreter waits for the other threads at exit.
@@ -45,10 +47,15 @@ class BoundedShutdown:
 
     def _deadline(self) -> None:
         threading.Event().wait(self.grace_seconds)
-        busy = sorted(thread.name for thread in threading.enumerate()
-                      if thread.is_alive() and not thread.daemon and thread is not threading.main_thread())
-        self.exit_now(f"still busy {self.grace_seconds:g} s after the shutdown began "
-                      f"(threads: {', '.join(busy) or 'the main thread'}); exiting without waiting for them")
+        busy = sorted(
+            thread.name
+            for thread in threading.enumerate()
+            if thread.is_alive() and not thread.daemon and thread is not threading.main_thread()
+        )
+        self.exit_now(
+            f"still busy {self.grace_seconds:g} s after the shutdown began "
+            f"(threads: {', '.join(busy) or 'the main thread'}); exiting without waiting for them"
+        )
 
     def exit_now(self, reason: str) -> None:
         """Stop the children, say why, and end the process without waiting for any thread."""

@@ -39,7 +39,8 @@ def validate_time_zone(value: str) -> None:
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
         raise ValidationError(
             _("“%(value)s” is not a time zone. Use an IANA name such as Asia/Tokyo or Europe/Berlin."),
-            code="unknown_time_zone", params={"value": value},
+            code="unknown_time_zone",
+            params={"value": value},
         ) from None
 
 

@@ -32,8 +32,9 @@ class TimeZoneView(LoginRequiredMixin, UpdateView):
 
     def next_url(self) -> str:
         candidate = self.request.POST.get("next") or self.request.GET.get("next") or ""
-        if url_has_allowed_host_and_scheme(candidate, allowed_hosts={self.request.get_host()},
-                                           require_https=self.request.is_secure()):
+        if url_has_allowed_host_and_scheme(
+            candidate, allowed_hosts={self.request.get_host()}, require_https=self.request.is_secure()
+        ):
             return candidate
         return reverse("dashboard")
 
@@ -44,8 +45,9 @@ class TimeZoneView(LoginRequiredMixin, UpdateView):
         return context
 
     def form_valid(self, form):
-        person = user_time_zone_set(actor=self.request.user, user=self.request.user,
-                                    time_zone=form.cleaned_data["time_zone"])
+        person = user_time_zone_set(
+            actor=self.request.user, user=self.request.user, time_zone=form.cleaned_data["time_zone"]
+        )
         zone = person.time_zone or str(tenant_time_zone(person.tenant))
         messages.success(self.request, _("Dates and times are now shown in %(zone)s.") % {"zone": zone})
         return redirect(self.next_url())

@@ -44,8 +44,9 @@ class PortalConsumer(AsyncConsumer):
         try:
             await super().send(message)
         except CLOSED_SOCKET_ERRORS as exc:
-            logger.debug("%s: dropped %s for a socket that is closing (%s)", type(self).__name__,
-                         message.get("type"), exc)
+            logger.debug(
+                "%s: dropped %s for a socket that is closing (%s)", type(self).__name__, message.get("type"), exc
+            )
 
     async def dispatch(self, message: dict) -> None:
         handler = getattr(self, get_handler_name(message), None)

@@ -65,7 +65,8 @@ def origin_allowed(scope) -> bool:
         return False
     return any(
         is_same_domain(parsed.netloc, urlsplit(candidate).netloc.lstrip("*"))
-        for candidate in trusted if "*" in candidate and urlsplit(candidate).scheme == parsed.scheme
+        for candidate in trusted
+        if "*" in candidate and urlsplit(candidate).scheme == parsed.scheme
     )
 
 

@@ -61,5 +61,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         client.close()
     if left:
         session.config.get_terminal_writer().line(
-            f"run_isolation: {len(left)} Redis keys of this run are still there: {sorted(left)[:10]}", red=True)
+            f"run_isolation: {len(left)} Redis keys of this run are still there: {sorted(left)[:10]}", red=True
+        )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -16,8 +16,14 @@ def isolated_cache(settings):
 
 @pytest.fixture
 def world(lab_a, lab_b, student_a, student_b, instructor_a, instructor_b, ta_a) -> World:
-    return build_world(lab_a=lab_a, lab_b=lab_b, student_a=student_a, student_b=student_b,
-                       instructor_a=instructor_a, instructor_b=instructor_b)
+    return build_world(
+        lab_a=lab_a,
+        lab_b=lab_b,
+        student_a=student_a,
+        student_b=student_b,
+        instructor_a=instructor_a,
+        instructor_b=instructor_b,
+    )
 
 
 @pytest.fixture

@@ -36,10 +36,20 @@ def test_start_creates_a_requested_attempt_with_server_generated_names(lab_a, cl
     assert AuditEvent.objects.filter(action="attempt.start", target_id=str(attempt.id)).exists()
 
 
-@pytest.mark.parametrize("field,value", [
-    ("state", "running"), ("student", 999), ("tenant", 1), ("vm_name", "kube-apiserver"),
-    ("namespace", "kube-system"), ("agent_token", "x"), ("score", 100), ("id", 5), ("number", 7),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("state", "running"),
+        ("student", 999),
+        ("tenant", 1),
+        ("vm_name", "kube-apiserver"),
+        ("namespace", "kube-system"),
+        ("agent_token", "x"),
+        ("score", 100),
+        ("id", 5),
+        ("number", 7),
+    ],
+)
 def test_start_refuses_server_owned_fields_and_creates_nothing(lab_a, client_for, student_a, field, value):
     before = counts()
     response = client_for(student_a).post("/api/v1/attempts/", {"lab": lab_a.id, field: value}, format="json")
@@ -104,8 +114,9 @@ def test_stop_and_extend_by_the_student(world, client_for, student_a):
 
 
 @pytest.mark.parametrize("action", ["stop", "extend", "check"])
-def test_actions_on_another_tenants_attempt_are_404_and_change_nothing(world, client_for, student_a,
-                                                                       instructor_b, action):
+def test_actions_on_another_tenants_attempt_are_404_and_change_nothing(
+    world, client_for, student_a, instructor_b, action
+):
     before = counts()
     state_before = Attempt.objects.get(id=world.attempt_b.id).state
     for user, attempt in ((student_a, world.attempt_b), (instructor_b, world.attempt_a)):
@@ -168,8 +179,9 @@ def test_check_interval_from_grading_is_a_429_with_retry_after(world, client_for
     assert 0 < int(response["Retry-After"]) <= 300
 
 
-def test_refused_attempt_of_another_tenant_does_not_use_up_its_check_limit(world, client_for, student_a,
-                                                                           student_b, settings):
+def test_refused_attempt_of_another_tenant_does_not_use_up_its_check_limit(
+    world, client_for, student_a, student_b, settings
+):
     settings.RATE_LIMITS = {**settings.RATE_LIMITS, "attempt_check": (1, 600)}
     settings.GRADING_MIN_INTERVAL_SECONDS = 0
     for _ in range(3):
@@ -180,7 +192,8 @@ def test_refused_attempt_of_another_tenant_does_not_use_up_its_check_limit(world
 
 def test_grade_override_by_staff_is_audited(world, client_for, ta_a):
     response = client_for(ta_a).post(
-        f"/api/v1/grades/{world.grade_a.id}/override/", {"score": "2.50", "reason": "Regrade after review"},
+        f"/api/v1/grades/{world.grade_a.id}/override/",
+        {"score": "2.50", "reason": "Regrade after review"},
         format="json",
     )
     assert response.status_code == 200, response.content
@@ -196,12 +209,14 @@ def test_grade_override_refusals(world, client_for, student_a, instructor_b, ta_
     other = client_for(instructor_b).post(f"/api/v1/grades/{world.grade_a.id}/override/", body, format="json")
     assert other.status_code == 404
     sneaky = client_for(ta_a).post(
-        f"/api/v1/grades/{world.grade_a.id}/override/", {**body, "student": world.grade_b.student_id},
+        f"/api/v1/grades/{world.grade_a.id}/override/",
+        {**body, "student": world.grade_b.student_id},
         format="json",
     )
     assert sneaky.status_code == 400 and "student" in sneaky.json()["error"]["fields"]
-    too_high = client_for(ta_a).post(f"/api/v1/grades/{world.grade_a.id}/override/",
-                                     {"score": "99", "reason": "x"}, format="json")
+    too_high = client_for(ta_a).post(
+        f"/api/v1/grades/{world.grade_a.id}/override/", {"score": "99", "reason": "x"}, format="json"
+    )
     assert too_high.status_code == 400 and too_high.json()["error"]["code"] == "invalid_score"
     assert counts() == before
     assert Grade.objects.get(id=world.grade_a.id).override_score is None

@@ -18,8 +18,14 @@ def page(user, course_id: int, **query):
 
 
 def test_instructor_reads_who_did_what_and_when(world, instructor_a, ta_a):
-    audit_record(actor=ta_a, action="grading.override_set", target=world.grade_a, tenant=world.course_a.tenant,
-                 course=world.course_a, data={"override": "2.50", "reason": "Partial credit"})
+    audit_record(
+        actor=ta_a,
+        action="grading.override_set",
+        target=world.grade_a,
+        tenant=world.course_a.tenant,
+        course=world.course_a,
+        data={"override": "2.50", "reason": "Partial credit"},
+    )
     response = page(instructor_a, world.course_a.id)
     assert response.status_code == 200
     text = response.content.decode()
@@ -30,8 +36,9 @@ def test_instructor_reads_who_did_what_and_when(world, instructor_a, ta_a):
 
 
 def test_filter_by_action(world, instructor_a, ta_a):
-    audit_record(actor=ta_a, action="attempt.stop", target=world.attempt_a, tenant=world.course_a.tenant,
-                 course=world.course_a)
+    audit_record(
+        actor=ta_a, action="attempt.stop", target=world.attempt_a, tenant=world.course_a.tenant, course=world.course_a
+    )
     text = page(instructor_a, world.course_a.id, action="attempt.stop").content.decode()
     assert "stopped an attempt" in text and f'data-event="{world.audit_a.id}"' not in text
 

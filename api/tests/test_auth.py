@@ -29,8 +29,7 @@ def test_wrong_password_is_refused_without_saying_which_part_was_wrong(student_a
     for username in ("student_a", "nobody-by-this-name"):
         response = client.post("/api/v1/auth/token/", {"username": username, "password": "wrong"}, format="json")
         assert response.status_code == 400
-        assert response.json() == {"error": {"code": "authentication_failed",
-                                             "message": "Wrong username or password."}}
+        assert response.json() == {"error": {"code": "authentication_failed", "message": "Wrong username or password."}}
     assert not Token.objects.exists()
 
 

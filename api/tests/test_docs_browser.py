@@ -18,8 +18,9 @@ def test_swagger_ui_renders_the_schema_without_csp_violations(live_server):
     from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                             args=["--headless", "--no-sandbox", "--disable-gpu"])
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=["--headless", "--no-sandbox", "--disable-gpu"]
+        )
         try:
             page = browser.new_page()
             problems: list[str] = []

@@ -37,9 +37,17 @@ def test_another_tenants_course_is_not_found_not_forbidden(world, client_for, st
     assert response.json() == {"error": {"code": "not_found", "message": "Course not found."}}
 
 
-@pytest.mark.parametrize("query", [
-    "", "?ordering=-title", "?ordering=due_at,-id", "?page_size=1", "?course={course_b}", "?course={course_a}",
-])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "",
+        "?ordering=-title",
+        "?ordering=due_at,-id",
+        "?page_size=1",
+        "?course={course_b}",
+        "?course={course_a}",
+    ],
+)
 def test_lab_list_filters_and_ordering_never_leak_tenant_b(world, client_for, student_a, query):
     url = "/api/v1/labs/" + query.format(course_a=world.course_a.id, course_b=world.course_b.id)
     returned = ids(client_for(student_a).get(url))
@@ -52,8 +60,7 @@ def test_lab_list_filters_and_ordering_never_leak_tenant_b(world, client_for, st
 
 @pytest.mark.parametrize("ordering", ["tenant", "course__tenant__name", "-student__password", "id;drop", "agent_token"])
 def test_ordering_outside_the_allow_list_is_refused(world, client_for, student_a, ordering):
-    for url in ("/api/v1/labs/", "/api/v1/attempts/", "/api/v1/grades/", "/api/v1/grading-runs/",
-                "/api/v1/courses/"):
+    for url in ("/api/v1/labs/", "/api/v1/attempts/", "/api/v1/grades/", "/api/v1/grading-runs/", "/api/v1/courses/"):
         response = client_for(student_a).get(url, {"ordering": ordering})
         assert response.status_code == 400, url
         assert "ordering" in response.json()["error"]["fields"]
@@ -106,8 +113,11 @@ def test_agent_token_is_never_serialized_and_vm_placement_only_for_staff(world, 
 
 
 def test_another_tenants_attempt_run_and_grade_are_404(world, client_for, student_a, instructor_b):
-    for url in (f"/api/v1/attempts/{world.attempt_b.id}/", f"/api/v1/grading-runs/{world.run_b.id}/",
-                f"/api/v1/grades/{world.grade_b.id}/"):
+    for url in (
+        f"/api/v1/attempts/{world.attempt_b.id}/",
+        f"/api/v1/grading-runs/{world.run_b.id}/",
+        f"/api/v1/grades/{world.grade_b.id}/",
+    ):
         response = client_for(student_a).get(url)
         assert response.status_code == 404, url
         assert response.json()["error"]["code"] == "not_found"
@@ -149,9 +159,10 @@ def test_lab_report_for_staff(world, client_for, ta_a, student_a, instructor_b):
     assert client_for(instructor_b).get(f"/api/v1/labs/{world.lab_a.id}/report/").status_code == 404
 
 
-def test_gradebook_csv_is_staff_only_tenant_bound_and_spreadsheet_safe(world, client_for, ta_a, student_a,
-                                                                       instructor_b, student_b):
-    student_a.full_name = "=HYPERLINK(\"http://evil.example\")"
+def test_gradebook_csv_is_staff_only_tenant_bound_and_spreadsheet_safe(
+    world, client_for, ta_a, student_a, instructor_b, student_b
+):
+    student_a.full_name = '=HYPERLINK("http://evil.example")'
     student_a.save(update_fields=["full_name"])
     response = client_for(ta_a).get(f"/api/v1/courses/{world.course_a.id}/report.csv")
     assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
@@ -184,12 +195,14 @@ def test_pagination_shape(world, client_for, student_a):
 def test_superusers_see_every_course_as_instructors(world, client_for, superuser):
     courses = client_for(superuser).get("/api/v1/courses/").json()["results"]
     assert {course["id"]: course["role"] for course in courses} == {
-        world.course_a.id: "instructor", world.course_b.id: "instructor",
+        world.course_a.id: "instructor",
+        world.course_b.id: "instructor",
     }
 
 
-@pytest.mark.parametrize("url", ["/api/v1/attempts/", "/api/v1/grading-runs/", "/api/v1/grades/", "/api/v1/labs/",
-                                 "/api/v1/courses/"])
+@pytest.mark.parametrize(
+    "url", ["/api/v1/attempts/", "/api/v1/grading-runs/", "/api/v1/grades/", "/api/v1/labs/", "/api/v1/courses/"]
+)
 def test_lists_cost_the_same_queries_for_one_row_or_many(world, client_for, ta_a, student_a, url):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -204,8 +217,9 @@ def test_lists_cost_the_same_queries_for_one_row_or_many(world, client_for, ta_a
         assert client.get(url).status_code == 200
     for number in range(4):
         lab = make_lab(world.course_a, title=f"Extra lab {number}")
-        student = make_person(username=f"extra_{number}", tenant=world.course_a.tenant, course=world.course_a,
-                              role=Role.STUDENT)
+        student = make_person(
+            username=f"extra_{number}", tenant=world.course_a.tenant, course=world.course_a, role=Role.STUDENT
+        )
         record_run(attempt=make_attempt(lab=lab, student=student, state=AttemptState.RUNNING), outputs=ALL_PASS)
     assert Membership.objects.filter(course=world.course_a).count() > 4
     with CaptureQueriesContext(connection) as many:

@@ -24,6 +24,7 @@ def test_json_nested_too_deep_is_a_400(body, student_a, lab_a):
 def test_json_nested_too_deep_is_a_400_before_sign_in_too():
     body = "[" * DEPTH + "]" * DEPTH
     response = APIClient(raise_request_exception=False).post(
-        "/api/v1/auth/token/", data=body, content_type="application/json")
+        "/api/v1/auth/token/", data=body, content_type="application/json"
+    )
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "parse_error"

@@ -39,9 +39,16 @@ def test_schema_is_served_and_lists_every_endpoint():
     schema = response.json()
     paths = set(schema["paths"])
     assert {
-        "/api/v1/courses/", "/api/v1/labs/{lab_id}/", "/api/v1/attempts/", "/api/v1/attempts/{attempt_id}/stop/",
-        "/api/v1/attempts/{attempt_id}/extend/", "/api/v1/attempts/{attempt_id}/check/", "/api/v1/grading-runs/",
-        "/api/v1/grades/", "/api/v1/courses/{course_id}/report/", "/api/v1/courses/{course_id}/audit/",
+        "/api/v1/courses/",
+        "/api/v1/labs/{lab_id}/",
+        "/api/v1/attempts/",
+        "/api/v1/attempts/{attempt_id}/stop/",
+        "/api/v1/attempts/{attempt_id}/extend/",
+        "/api/v1/attempts/{attempt_id}/check/",
+        "/api/v1/grading-runs/",
+        "/api/v1/grades/",
+        "/api/v1/courses/{course_id}/report/",
+        "/api/v1/courses/{course_id}/audit/",
         "/api/v1/auth/token/",
     } <= paths
     assert set(schema["components"]["securitySchemes"]) >= {"cookieAuth", "tokenAuth"}
@@ -86,8 +93,13 @@ def _error_format_ok(response) -> bool:
 def fuzz(strategy, *, token: str, problems: list[str], allow_unsatisfiable: bool = False) -> None:
     """Send the strategy's cases as the token's owner; note server errors and answers outside the format."""
 
-    @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=EXAMPLES_PER_OPERATION,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=strategy)
     def call(case) -> None:
         response = case.call(headers={"Authorization": f"Token {token}"})
@@ -112,8 +124,11 @@ def fuzz(strategy, *, token: str, problems: list[str], allow_unsatisfiable: bool
 def test_fuzzed_requests_never_cause_server_errors(world, student_a, ta_a, wsgi_app):
     schema = schemathesis.openapi.from_wsgi("/api/schema/", wsgi_app)
     ids = {
-        "course_id": world.course_a.id, "lab_id": world.lab_a.id, "attempt_id": world.attempt_a.id,
-        "run_id": world.run_a.id, "grade_id": world.grade_a.id,
+        "course_id": world.course_a.id,
+        "lab_id": world.lab_a.id,
+        "attempt_id": world.attempt_a.id,
+        "run_id": world.run_a.id,
+        "grade_id": world.grade_a.id,
     }
     users = [Token.objects.create(user=student_a).key, Token.objects.create(user=ta_a).key]
     problems: list[str] = []
@@ -124,25 +139,38 @@ def test_fuzzed_requests_never_cause_server_errors(world, student_a, ta_a, wsgi_
             continue
         known = {name: value for name, value in ids.items() if "{" + name + "}" in operation.path}
         fuzz(operation.as_strategy(GenerationMode.POSITIVE), token=users[0], problems=problems)
-        fuzz(operation.as_strategy(GenerationMode.NEGATIVE), token=users[1], problems=problems,
-             allow_unsatisfiable=True)
+        fuzz(
+            operation.as_strategy(GenerationMode.NEGATIVE), token=users[1], problems=problems, allow_unsatisfiable=True
+        )
         names = re.findall(r"{(\w+)}", operation.path)
         for number in OVERSIZED_IDS if names else ():
-            fuzz(operation.as_strategy(GenerationMode.POSITIVE, path_parameters=dict.fromkeys(names, number)),
-                 token=users[1], problems=problems)
+            fuzz(
+                operation.as_strategy(GenerationMode.POSITIVE, path_parameters=dict.fromkeys(names, number)),
+                token=users[1],
+                problems=problems,
+            )
         if known:
             # Real objects of tenant A, so the handlers behind the 404s run too, as a student and as staff.
             for token in users:
-                fuzz(operation.as_strategy(GenerationMode.POSITIVE, path_parameters=known), token=token,
-                     problems=problems)
+                fuzz(
+                    operation.as_strategy(GenerationMode.POSITIVE, path_parameters=known),
+                    token=token,
+                    problems=problems,
+                )
     assert problems == [], "\n".join(problems[:20])
 
 
 def test_every_operation_answers_deep_json_and_oversized_bodies_with_a_clear_refusal(world, ta_a, settings):
     schema = schemathesis.openapi.from_dict(
-        Client().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json())
-    ids = {"course_id": world.course_a.id, "lab_id": world.lab_a.id, "attempt_id": world.attempt_a.id,
-           "run_id": world.run_a.id, "grade_id": world.grade_a.id}
+        Client().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    )
+    ids = {
+        "course_id": world.course_a.id,
+        "lab_id": world.lab_a.id,
+        "attempt_id": world.attempt_a.id,
+        "run_id": world.run_a.id,
+        "grade_id": world.grade_a.id,
+    }
     client = APIClient(raise_request_exception=False)
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=ta_a).key}")
     settings.REQUEST_BODY_MAX_BYTES = 64 * 1024
@@ -156,8 +184,9 @@ def test_every_operation_answers_deep_json_and_oversized_bodies_with_a_clear_ref
         if response.status_code >= 500 or not _error_format_ok(response) or response.status_code < 400:
             problems.append(f"deep JSON: {method} {url} -> {response.status_code} {response.content[:200]}")
         for declare_length in (True, False):
-            status, body, _read = async_to_sync(asgi_post)(url, body_chunks=4, declare_length=declare_length,
-                                                         method=method)
+            status, body, _read = async_to_sync(asgi_post)(
+                url, body_chunks=4, declare_length=declare_length, method=method
+            )
             if status != 413:
                 problems.append(f"oversized body: {method} {url} -> {status} {body[:200]}")
     assert len(operations) >= 20

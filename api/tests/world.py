@@ -34,21 +34,43 @@ class World:
     audit_b: AuditEvent
 
 
-def build_world(*, lab_a: Lab, lab_b: Lab, student_a: User, student_b: User, instructor_a: User,
-                instructor_b: User) -> World:
+def build_world(
+    *, lab_a: Lab, lab_b: Lab, student_a: User, student_b: User, instructor_a: User, instructor_b: User
+) -> World:
     attempt_a = make_attempt(lab=lab_a, student=student_a, agent_token=SECRET_TOKEN_A)
     attempt_b = make_attempt(lab=lab_b, student=student_b)
     run_a = record_run(attempt=attempt_a, outputs=FIRST_ONLY)
     run_b = record_run(attempt=attempt_b, outputs=ALL_PASS)
     grade_a = Grade.objects.get(lab=lab_a, student=student_a)
     grade_b = Grade.objects.get(lab=lab_b, student=student_b)
-    audit_a = audit_record(actor=student_a, action="attempt.start", target=attempt_a,
-                           tenant=lab_a.course.tenant, course=lab_a.course, data={"lab": lab_a.id})
-    audit_b = audit_record(actor=student_b, action="attempt.start", target=attempt_b,
-                           tenant=lab_b.course.tenant, course=lab_b.course, data={"lab": lab_b.id})
+    audit_a = audit_record(
+        actor=student_a,
+        action="attempt.start",
+        target=attempt_a,
+        tenant=lab_a.course.tenant,
+        course=lab_a.course,
+        data={"lab": lab_a.id},
+    )
+    audit_b = audit_record(
+        actor=student_b,
+        action="attempt.start",
+        target=attempt_b,
+        tenant=lab_b.course.tenant,
+        course=lab_b.course,
+        data={"lab": lab_b.id},
+    )
     return World(
-        course_a=lab_a.course, course_b=lab_b.course, lab_a=lab_a, lab_b=lab_b, attempt_a=attempt_a,
-        attempt_b=attempt_b, run_a=run_a, run_b=run_b, grade_a=grade_a, grade_b=grade_b, audit_a=audit_a,
+        course_a=lab_a.course,
+        course_b=lab_b.course,
+        lab_a=lab_a,
+        lab_b=lab_b,
+        attempt_a=attempt_a,
+        attempt_b=attempt_b,
+        run_a=run_a,
+        run_b=run_b,
+        grade_a=grade_a,
+        grade_b=grade_b,
+        audit_a=audit_a,
         audit_b=audit_b,
     )
 

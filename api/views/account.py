@@ -23,8 +23,11 @@ class MeView(APIView):
     def get(self, request: Request) -> Response:
         return Response(MeSerializer(request.user).data)
 
-    @extend_schema(request=MeUpdateSerializer, responses={200: MeSerializer, 400: ErrorSerializer},
-                   summary="Choose your own time zone")
+    @extend_schema(
+        request=MeUpdateSerializer,
+        responses={200: MeSerializer, 400: ErrorSerializer},
+        summary="Choose your own time zone",
+    )
     def patch(self, request: Request) -> Response:
         serializer = MeUpdateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -45,7 +48,8 @@ class TokenObtainView(APIView):
     permission_classes = [AllowAny]
 
     @extend_schema(
-        request=TokenRequestSerializer, auth=[],
+        request=TokenRequestSerializer,
+        auth=[],
         responses={200: TokenSerializer, 400: ErrorSerializer, 429: ErrorSerializer},
         summary="Obtain your API token",
     )
@@ -59,9 +63,7 @@ class TokenObtainView(APIView):
         # authenticate() sends user_login_failed on a wrong password, which the login throttle counts.
         user = authenticate(request._request, username=username, password=serializer.validated_data["password"])
         if user is None:
-            raise ApplicationError(
-                _("Wrong username or password."), code="authentication_failed", status_code=400
-            )
+            raise ApplicationError(_("Wrong username or password."), code="authentication_failed", status_code=400)
         login_failures_forget(request=request._request, username=username)
         token = api_token_create(actor=user, user=user)
         return Response({"token": token.key})

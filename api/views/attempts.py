@@ -31,10 +31,20 @@ from portal.ratelimit import rate_limit_hit
 from portal.selectors import staff_courses_for_user
 
 ATTEMPT_ORDERING = {
-    "id": "id", "requested_at": "requested_at", "state": "state", "lab": "lab_id", "expires_at": "expires_at",
+    "id": "id",
+    "requested_at": "requested_at",
+    "state": "state",
+    "lab": "lab_id",
+    "expires_at": "expires_at",
 }
-REFUSALS = {400: ErrorSerializer, 403: ErrorSerializer, 404: ErrorSerializer, 409: ErrorSerializer,
-            429: ErrorSerializer, 503: ErrorSerializer}
+REFUSALS = {
+    400: ErrorSerializer,
+    403: ErrorSerializer,
+    404: ErrorSerializer,
+    409: ErrorSerializer,
+    429: ErrorSerializer,
+    503: ErrorSerializer,
+}
 
 
 def staff_course_ids(*, user: User) -> set[int]:
@@ -87,8 +97,10 @@ class AttemptListView(ListAPIView):
         request=AttemptStartSerializer,
         responses={201: AttemptSerializer, **REFUSALS},
         summary="Start an attempt of a lab",
-        description=("Starts are limited per user (429 with Retry-After when exceeded); a refusal for want of room "
-                     "(503 with Retry-After) started nothing and is not counted."),
+        description=(
+            "Starts are limited per user (429 with Retry-After when exceeded); a refusal for want of room "
+            "(503 with Retry-After) started nothing and is not counted."
+        ),
     )
     def post(self, request: Request) -> Response:
         serializer = AttemptStartSerializer(data=request.data)
@@ -127,16 +139,18 @@ class AttemptExtendView(APIView):
 
 class AttemptCheckView(APIView):
     @extend_schema(
-        request=None, responses={202: GradingRunDetailSerializer, **REFUSALS},
+        request=None,
+        responses={202: GradingRunDetailSerializer, **REFUSALS},
         summary="Run the lab's checks against the attempt's VM",
         description="Queues a grading run; follow it at /api/v1/grading-runs/{id}/. Checks are limited per "
-                    "attempt (429 with Retry-After when exceeded).",
+        "attempt (429 with Retry-After when exceeded).",
     )
     def post(self, request: Request, attempt_id: int) -> Response:
         refuse_body(request)
         attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
         rate_limit_hit(
-            scope="attempt_check", key=f"attempt:{attempt.pk}",
+            scope="attempt_check",
+            key=f"attempt:{attempt.pk}",
             message=_("This attempt has been checked too often in a short time. Wait a little and check again."),
         )
         run = grading_services.grading_run_request(actor=request.user, attempt=attempt)

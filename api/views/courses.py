@@ -29,9 +29,7 @@ def roles_by_course(*, user: User) -> dict[int, str]:
     ``portal.selectors.course_role`` says), so for them every course of the query maps to instructor."""
     if user.is_superuser:
         return dict.fromkeys(courses_for_user(user=user).values_list("id", flat=True), Role.INSTRUCTOR)
-    return dict(
-        Membership.objects.filter(user=user, course__tenant_id=user.tenant_id).values_list("course_id", "role")
-    )
+    return dict(Membership.objects.filter(user=user, course__tenant_id=user.tenant_id).values_list("course_id", "role"))
 
 
 class CourseListView(ListAPIView):
@@ -40,7 +38,9 @@ class CourseListView(ListAPIView):
 
     def get_queryset(self):
         return ordered(
-            courses_for_user(user=self.request.user), self.request, allowed=COURSE_ORDERING,
+            courses_for_user(user=self.request.user),
+            self.request,
+            allowed=COURSE_ORDERING,
             default=["code", "term", "id"],
         )
 
@@ -67,16 +67,21 @@ def _report_payload(book: Gradebook) -> dict:
     return {
         "course": book.course,
         "labs": [
-            {"id": lab.id, "title": lab.title, "due_at": lab.due_at, "max_points": lab.max_points}
-            for lab in book.labs
+            {"id": lab.id, "title": lab.title, "due_at": lab.due_at, "max_points": lab.max_points} for lab in book.labs
         ],
         "rows": [
             {
-                "student": {"id": row.student.id, "username": row.student.username,
-                            "full_name": row.student.full_name},
+                "student": {"id": row.student.id, "username": row.student.username, "full_name": row.student.full_name},
                 "cells": [
-                    {"lab": lab.id, "final": cell.final, "computed": cell.computed, "max_score": cell.max_score,
-                     "late": cell.late, "overridden": cell.overridden, "attempts": cell.attempts}
+                    {
+                        "lab": lab.id,
+                        "final": cell.final,
+                        "computed": cell.computed,
+                        "max_score": cell.max_score,
+                        "late": cell.late,
+                        "overridden": cell.overridden,
+                        "attempts": cell.attempts,
+                    }
                     for lab, cell in zip(book.labs, row.cells, strict=True)
                 ],
                 "total": row.total,
@@ -103,7 +108,8 @@ class CourseReportCsvView(APIView):
     @extend_schema(
         responses={
             (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="One row per student"),
-            403: ErrorSerializer, 404: ErrorSerializer,
+            403: ErrorSerializer,
+            404: ErrorSerializer,
         },
         summary="Gradebook of a course as CSV (staff)",
     )

@@ -28,8 +28,13 @@ from grading.services import grade_override
 from portal.errors import PermissionDenied
 
 RUN_ORDERING = {"id": "id", "created_at": "created_at", "finished_at": "finished_at", "score": "score"}
-GRADE_ORDERING = {"id": "id", "lab": "lab_id", "student": "student__username", "score": "score",
-                  "updated_at": "updated_at"}
+GRADE_ORDERING = {
+    "id": "id",
+    "lab": "lab_id",
+    "student": "student__username",
+    "score": "score",
+    "updated_at": "updated_at",
+}
 
 
 class GradingRunListView(ListAPIView):
@@ -64,8 +69,10 @@ class GradingRunListView(ListAPIView):
 
 
 class GradingRunDetailView(APIView):
-    @extend_schema(responses={200: GradingRunDetailSerializer, 404: ErrorSerializer},
-                   summary="A grading run with its per-check results")
+    @extend_schema(
+        responses={200: GradingRunDetailSerializer, 404: ErrorSerializer},
+        summary="A grading run with its per-check results",
+    )
     def get(self, request: Request, run_id: int) -> Response:
         run = run_get_for_user(user=request.user, run_id=run_id)
         context = {"staff_course_ids": staff_course_ids(user=request.user)}
@@ -105,7 +112,10 @@ class GradeDetailView(APIView):
 
 class GradeOverrideSerializer(StrictInputSerializer):
     score = serializers.DecimalField(
-        max_digits=8, decimal_places=2, allow_null=True, min_value=Decimal("0"),
+        max_digits=8,
+        decimal_places=2,
+        allow_null=True,
+        min_value=Decimal("0"),
         help_text="The score that counts instead of the computed one; null removes the override.",
     )
     reason = serializers.CharField(max_length=2000, help_text="Why; shown in the course's audit log.")
@@ -124,7 +134,10 @@ class GradeOverrideView(APIView):
         if grade.lab.course_id not in staff_course_ids(user=request.user):
             raise PermissionDenied(_("Only the course's staff may override grades."))
         grade = grade_override(
-            actor=request.user, lab=grade.lab, student=grade.student,
-            score=serializer.validated_data["score"], reason=serializer.validated_data["reason"],
+            actor=request.user,
+            lab=grade.lab,
+            student=grade.student,
+            score=serializer.validated_data["score"],
+            reason=serializer.validated_data["reason"],
         )
         return Response(GradeSerializer(grade).data)

@@ -30,8 +30,9 @@ def student_lab_attempts(*, lab: Lab, student: User) -> list[Attempt]:
     ``runs_error``); one query whatever their number. Callers have checked access to the lab and that the student
     takes its course; the tenant is matched too, so a mismatched pair finds nothing."""
     return list(
-        attempts_with_run_counts(Attempt.objects.filter(lab=lab, student=student, tenant_id=student.tenant_id))
-        .order_by("-requested_at", "-id")
+        attempts_with_run_counts(
+            Attempt.objects.filter(lab=lab, student=student, tenant_id=student.tenant_id)
+        ).order_by("-requested_at", "-id")
     )
 
 
@@ -46,8 +47,15 @@ class TimelineEntry:
 
 
 TIMELINE_FIELDS = (
-    "requested_at", "provisioned_at", "pending_at", "scheduling_at", "scheduled_at", "vmi_running_at",
-    "agent_ready_at", "stopping_at", "ended_at",
+    "requested_at",
+    "provisioned_at",
+    "pending_at",
+    "scheduling_at",
+    "scheduled_at",
+    "vmi_running_at",
+    "agent_ready_at",
+    "stopping_at",
+    "ended_at",
 )
 
 

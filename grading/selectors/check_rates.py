@@ -27,13 +27,20 @@ def check_pass_rates(*, lab: Lab, student_ids: set[int]) -> list[CheckPassRate]:
     """Per check, in the lab's order: how many of the given students passed it in their latest scored run, of those
     whose latest run ran it. Two queries whatever the class's size."""
     latest: dict[int, int] = {}
-    runs = (GradingRun.objects.filter(attempt__lab=lab, state=RunState.DONE, attempt__student_id__in=student_ids)
-            .order_by("created_at", "id").values_list("attempt__student_id", "id"))
+    runs = (
+        GradingRun.objects.filter(attempt__lab=lab, state=RunState.DONE, attempt__student_id__in=student_ids)
+        .order_by("created_at", "id")
+        .values_list("attempt__student_id", "id")
+    )
     for student_id, run_id in runs:
         latest[student_id] = run_id  # the later run wins
-    rows = (CheckResult.objects.filter(run_id__in=latest.values())
-            .values("order", "check_title")
-            .annotate(passed=Count("id", filter=Q(passed=True)), total=Count("id"))
-            .order_by("order", "check_title"))
-    return [CheckPassRate(order=row["order"], title=row["check_title"], passed=row["passed"], total=row["total"])
-            for row in rows]
+    rows = (
+        CheckResult.objects.filter(run_id__in=latest.values())
+        .values("order", "check_title")
+        .annotate(passed=Count("id", filter=Q(passed=True)), total=Count("id"))
+        .order_by("order", "check_title")
+    )
+    return [
+        CheckPassRate(order=row["order"], title=row["check_title"], passed=row["passed"], total=row["total"])
+        for row in rows
+    ]

@@ -54,11 +54,15 @@ def class_view(*, lab: Lab, now: datetime | None = None) -> list[ClassRow]:
     attempts = list(
         Attempt.objects.filter(lab=lab, tenant_id=lab.course.tenant_id, state__in=ACTIVE_STATES)
         .select_related("student")
-        .prefetch_related(Prefetch(
-            "runs", to_attr="done_runs",
-            queryset=GradingRun.objects.filter(state=RunState.DONE).order_by("created_at", "id")
-            .prefetch_related(Prefetch("results", queryset=CheckResult.objects.order_by("order", "id"))),
-        ))
+        .prefetch_related(
+            Prefetch(
+                "runs",
+                to_attr="done_runs",
+                queryset=GradingRun.objects.filter(state=RunState.DONE)
+                .order_by("created_at", "id")
+                .prefetch_related(Prefetch("results", queryset=CheckResult.objects.order_by("order", "id"))),
+            )
+        )
         .order_by("student__full_name", "student__username")
     )
     rows = []

@@ -61,16 +61,16 @@ class Gradebook:
 
 
 def course_labs(*, course: Course) -> list[Lab]:
-    return list(Lab.objects.filter(course=course).annotate(max_points=Sum("checks__points")).order_by(
-        "due_at", "title", "id"
-    ))
+    return list(
+        Lab.objects.filter(course=course).annotate(max_points=Sum("checks__points")).order_by("due_at", "title", "id")
+    )
 
 
 def course_students(*, course: Course) -> list[User]:
     return list(
-        User.objects.filter(
-            memberships__course=course, memberships__role=Role.STUDENT, tenant_id=course.tenant_id
-        ).only("id", "username", "full_name", "email").order_by("full_name", "username", "id")
+        User.objects.filter(memberships__course=course, memberships__role=Role.STUDENT, tenant_id=course.tenant_id)
+        .only("id", "username", "full_name", "email")
+        .order_by("full_name", "username", "id")
     )
 
 
@@ -94,7 +94,9 @@ def course_gradebook(*, course: Course) -> Gradebook:
     attempt_counts = {
         (lab_id, student_id): n
         for lab_id, student_id, n in Attempt.objects.filter(lab__course=course)
-        .values("lab_id", "student_id").annotate(n=Count("id")).values_list("lab_id", "student_id", "n")
+        .values("lab_id", "student_id")
+        .annotate(n=Count("id"))
+        .values_list("lab_id", "student_id", "n")
     }
     rows = []
     for student in students:
@@ -104,14 +106,25 @@ def course_gradebook(*, course: Course) -> Gradebook:
             grade = grades.get(key)
             attempts = attempt_counts.get(key, 0)
             if grade is None:
-                cells.append(EMPTY_CELL if not attempts else GradeCell(
-                    final=None, computed=None, max_score=None, late=False, overridden=False, attempts=attempts))
+                cells.append(
+                    EMPTY_CELL
+                    if not attempts
+                    else GradeCell(
+                        final=None, computed=None, max_score=None, late=False, overridden=False, attempts=attempts
+                    )
+                )
                 continue
             score, max_score, late, override = grade
-            cells.append(GradeCell(
-                final=override if override is not None else score, computed=score, max_score=max_score,
-                late=late, overridden=override is not None, attempts=attempts,
-            ))
+            cells.append(
+                GradeCell(
+                    final=override if override is not None else score,
+                    computed=score,
+                    max_score=max_score,
+                    late=late,
+                    overridden=override is not None,
+                    attempts=attempts,
+                )
+            )
         rows.append(GradebookRow(student=student, cells=cells))
     return Gradebook(course=course, labs=labs, rows=rows)
 
@@ -152,8 +165,15 @@ class LabReport:
     def distribution_bars(self) -> list[dict]:
         """Where the report's picture draws each band's bar: x, and top y and height on a 120-unit scale."""
         peak = self.distribution_peak or 1
-        return [{"bucket": b, "x": 12 + i * 40, "height": round(b.count * 120 / peak),
-                 "y": 140 - round(b.count * 120 / peak)} for i, b in enumerate(self.distribution)]
+        return [
+            {
+                "bucket": b,
+                "x": 12 + i * 40,
+                "height": round(b.count * 120 / peak),
+                "y": 140 - round(b.count * 120 / peak),
+            }
+            for i, b in enumerate(self.distribution)
+        ]
 
 
 def score_distribution(*, percents: list[float], buckets: int = 10) -> list[DistributionBucket]:
@@ -172,27 +192,29 @@ def score_distribution(*, percents: list[float], buckets: int = 10) -> list[Dist
 def lab_report(*, lab: Lab) -> LabReport:
     max_points = lab.checks.aggregate(total=Sum("points"))["total"] or Decimal(0)
     attempts = list(
-        attempts_with_run_counts(Attempt.objects.filter(lab=lab).select_related("student"))
-        .order_by("student__full_name", "student__username", "number", "id")
+        attempts_with_run_counts(Attempt.objects.filter(lab=lab).select_related("student")).order_by(
+            "student__full_name", "student__username", "number", "id"
+        )
     )
     enrolled_ids = set(
         Membership.objects.filter(course_id=lab.course_id, role=Role.STUDENT).values_list("user_id", flat=True)
     )
     grades = [
-        g for g in Grade.objects.filter(lab=lab).select_related("student").order_by("student__full_name")
+        g
+        for g in Grade.objects.filter(lab=lab).select_related("student").order_by("student__full_name")
         if g.student_id in enrolled_ids
     ]
-    percents = [
-        float(g.final_score / max_points * 100) for g in grades if g.final_score is not None and max_points > 0
-    ]
+    percents = [float(g.final_score / max_points * 100) for g in grades if g.final_score is not None and max_points > 0]
     return LabReport(
-        lab=lab, max_points=max_points, attempts=attempts, grades=grades, enrolled=len(enrolled_ids),
+        lab=lab,
+        max_points=max_points,
+        attempts=attempts,
+        grades=grades,
+        enrolled=len(enrolled_ids),
         distribution=score_distribution(percents=percents),
         mean_percent=round(statistics.fmean(percents), 1) if percents else None,
         median_percent=round(statistics.median(percents), 1) if percents else None,
-        regrades=list(
-            LabRegrade.objects.filter(lab=lab).select_related("requested_by")[:LAB_REPORT_REGRADES]
-        ),
+        regrades=list(LabRegrade.objects.filter(lab=lab).select_related("requested_by")[:LAB_REPORT_REGRADES]),
         check_rates=check_pass_rates(lab=lab, student_ids=enrolled_ids),
     )
 
@@ -217,9 +239,9 @@ def student_grades(*, user: User) -> list[StudentCourseGrades]:
     """The user's grades in every course they take as a student (three queries)."""
     courses = list(courses_for_user(user=user, roles=(Role.STUDENT,)).order_by("code", "term"))
     labs = list(
-        Lab.objects.filter(course__in=courses).annotate(max_points=Sum("checks__points")).order_by(
-            "due_at", "title", "id"
-        )
+        Lab.objects.filter(course__in=courses)
+        .annotate(max_points=Sum("checks__points"))
+        .order_by("due_at", "title", "id")
     )
     grades = {g.lab_id: g for g in Grade.objects.filter(student=user, lab__in=labs)}
     by_course: dict[int, list[StudentLabGrade]] = {c.pk: [] for c in courses}

@@ -31,9 +31,9 @@ def lab_max_points(*, lab: Lab) -> Decimal:
 def counted_runs(*, lab: Lab, student_id: int):
     """Finished runs of all the student's attempts at the lab that a grade may count: ``done``, and not
     superseded by a regrade of their outputs."""
-    return GradingRun.objects.filter(
-        attempt__lab=lab, attempt__student_id=student_id, state=RunState.DONE
-    ).exclude(regrades__state=RunState.DONE)
+    return GradingRun.objects.filter(attempt__lab=lab, attempt__student_id=student_id, state=RunState.DONE).exclude(
+        regrades__state=RunState.DONE
+    )
 
 
 def grade_recompute(*, lab: Lab, student_id: int) -> Grade:
@@ -47,8 +47,15 @@ def grade_recompute(*, lab: Lab, student_id: int) -> Grade:
         if not earns_credit(lab, measured_at=row["measured_at"]):
             continue
         candidates.append(
-            (ScoredRun(run_id=row["id"], score=row["score"], penalty_percent=row["late_penalty_percent"],
-                       measured_at=row["measured_at"]), row["max_score"])
+            (
+                ScoredRun(
+                    run_id=row["id"],
+                    score=row["score"],
+                    penalty_percent=row["late_penalty_percent"],
+                    measured_at=row["measured_at"],
+                ),
+                row["max_score"],
+            )
         )
     chosen = choose_run(policy=lab.grade_policy, runs=[c[0] for c in candidates])
     grade, _created = Grade.objects.select_for_update().get_or_create(lab=lab, student_id=student_id)
@@ -100,9 +107,7 @@ def grade_override(*, actor: User, lab: Lab, student: User, score: Decimal | Non
     if not reason:
         raise ApplicationError(_("Give a reason for the override."), code="reason_required")
     if len(reason) > MAX_REASON_CHARS:
-        raise ApplicationError(
-            _("The reason is too long (at most %(max)d characters).") % {"max": MAX_REASON_CHARS}
-        )
+        raise ApplicationError(_("The reason is too long (at most %(max)d characters).") % {"max": MAX_REASON_CHARS})
     maximum = lab_max_points(lab=lab)
     if score is not None:
         if score < 0:
@@ -126,11 +131,17 @@ def grade_override(*, actor: User, lab: Lab, student: User, score: Decimal | Non
     grade.overridden_at = timezone.now() if score is not None else None
     grade.save(update_fields=["override_score", "override_reason", "overridden_by", "overridden_at", "updated_at"])
     audit_record(
-        actor=actor, action="grading.override_set" if score is not None else "grading.override_removed",
-        target=grade, tenant=lab.course.tenant, course=lab.course,
+        actor=actor,
+        action="grading.override_set" if score is not None else "grading.override_removed",
+        target=grade,
+        tenant=lab.course.tenant,
+        course=lab.course,
         data={
-            "lab_id": lab.pk, "student_id": student.pk, "reason": reason,
-            "previous": None if previous is None else str(previous), "override": None if score is None else str(score),
+            "lab_id": lab.pk,
+            "student_id": student.pk,
+            "reason": reason,
+            "previous": None if previous is None else str(previous),
+            "override": None if score is None else str(score),
             "computed": None if grade.score is None else str(grade.score),
         },
     )
@@ -154,8 +165,14 @@ def _reevaluate_run(*, actor: User, original: GradingRun, checks: Sequence[Check
     measured_at = original.measured_at or original.started_at or original.created_at
     now = timezone.now()
     regrade = GradingRun.objects.create(
-        attempt_id=original.attempt_id, state=RunState.DONE, trigger=RunTrigger.REGRADE, requested_by=actor,
-        regrade_of=original, started_at=now, finished_at=now, measured_at=measured_at,
+        attempt_id=original.attempt_id,
+        state=RunState.DONE,
+        trigger=RunTrigger.REGRADE,
+        requested_by=actor,
+        regrade_of=original,
+        started_at=now,
+        finished_at=now,
+        measured_at=measured_at,
         late_penalty_percent=late_penalty_percent(lab, measured_at=measured_at),
     )
     stored = {r.check_ref_id: r for r in original.results.all() if r.check_ref_id is not None}
@@ -173,11 +190,20 @@ def _reevaluate_run(*, actor: User, original: GradingRun, checks: Sequence[Check
         max_score += verdict.max_points
         rows.append(
             CheckResult(
-                run=regrade, check_ref=check, check_title=check.title, order=check.order, passed=verdict.passed,
-                points=verdict.points, max_points=verdict.max_points, exit_code=result["exit_code"],
-                timed_out=result["timed_out"], stdout=result["stdout"], stderr=result["stderr"],
+                run=regrade,
+                check_ref=check,
+                check_title=check.title,
+                order=check.order,
+                passed=verdict.passed,
+                points=verdict.points,
+                max_points=verdict.max_points,
+                exit_code=result["exit_code"],
+                timed_out=result["timed_out"],
+                stdout=result["stdout"],
+                stderr=result["stderr"],
                 output_truncated=old.output_truncated if old is not None else False,
-                duration_ms=old.duration_ms if old is not None else 0, feedback=verdict.feedback,
+                duration_ms=old.duration_ms if old is not None else 0,
+                feedback=verdict.feedback,
                 pattern_timeout_seconds=verdict.pattern_timeout_seconds,
             )
         )
@@ -226,9 +252,14 @@ def grading_regrade(*, actor: User, attempt: Attempt) -> RegradeOutcome:
     outcome = _regrade_attempt(actor=actor, attempt=attempt, checks=checks)
     grade_recompute(lab=lab, student_id=attempt.student_id)
     audit_record(
-        actor=actor, action="grading.regraded", target=attempt, tenant=lab.course.tenant, course=lab.course,
+        actor=actor,
+        action="grading.regraded",
+        target=attempt,
+        tenant=lab.course.tenant,
+        course=lab.course,
         data={
-            "attempt_id": attempt.pk, "reevaluated_runs": [r.regrade_of_id for r in outcome.reevaluated],
+            "attempt_id": attempt.pk,
+            "reevaluated_runs": [r.regrade_of_id for r in outcome.reevaluated],
             "new_runs": [r.pk for r in outcome.reevaluated],
             "queued_run": outcome.queued.pk if outcome.queued else None,
         },
@@ -250,9 +281,7 @@ def grading_regrade_lab(*, actor: User, lab: Lab) -> LabRegradeOutcome:
     _require_course_staff(actor=actor, lab=lab)
     checks = list(Check.objects.filter(lab=lab).order_by("order", "id"))
     outcome = LabRegradeOutcome()
-    attempts = (
-        Attempt.objects.select_for_update(of=("self",)).filter(lab=lab).select_related("lab").order_by("id")
-    )
+    attempts = Attempt.objects.select_for_update(of=("self",)).filter(lab=lab).select_related("lab").order_by("id")
     for attempt in attempts:
         result = _regrade_attempt(actor=actor, attempt=attempt, checks=checks)
         if result.reevaluated or result.queued:
@@ -263,8 +292,16 @@ def grading_regrade_lab(*, actor: User, lab: Lab) -> LabRegradeOutcome:
     for student_id in sorted(outcome.students):
         grade_recompute(lab=lab, student_id=student_id)
     audit_record(
-        actor=actor, action="grading.lab_regraded", target=lab, tenant=lab.course.tenant, course=lab.course,
-        data={"lab_id": lab.pk, "attempts": outcome.attempts, "reevaluated_runs": outcome.reevaluated,
-              "queued_runs": outcome.queued},
+        actor=actor,
+        action="grading.lab_regraded",
+        target=lab,
+        tenant=lab.course.tenant,
+        course=lab.course,
+        data={
+            "lab_id": lab.pk,
+            "attempts": outcome.attempts,
+            "reevaluated_runs": outcome.reevaluated,
+            "queued_runs": outcome.queued,
+        },
     )
     return outcome

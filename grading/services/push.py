@@ -52,13 +52,16 @@ def push_run_on_commit(*, run: GradingRun, results: Sequence[CheckResult] | None
             for language, _name in settings.LANGUAGES:
                 with translation.override(language):
                     payloads[language] = grading_run_payload(source, results=rows)
-            send_to_attempt_group(attempt_id=attempt_id, message={
-                "type": "grading.update", "run": payloads.get(settings.LANGUAGE_CODE) or next(iter(payloads.values())),
-                "runs": payloads,
-            })
+            send_to_attempt_group(
+                attempt_id=attempt_id,
+                message={
+                    "type": "grading.update",
+                    "run": payloads.get(settings.LANGUAGE_CODE) or next(iter(payloads.values())),
+                    "runs": payloads,
+                },
+            )
         except Exception:
             # The run is stored whatever happens here; the page shows it on its next load.
-            logger.warning("grading run %s: could not push the update to attempt-%s", run_id, attempt_id,
-                           exc_info=True)
+            logger.warning("grading run %s: could not push the update to attempt-%s", run_id, attempt_id, exc_info=True)
 
     transaction.on_commit(push)

@@ -55,11 +55,13 @@ def lab_regrade_request(*, actor: User, lab: Lab) -> tuple[LabRegrade, bool]:
     pending = LabRegrade.objects.filter(lab=lab, state=RunState.QUEUED).order_by("created_at", "id").first()
     if pending is not None:
         return pending, False
-    regrade = LabRegrade.objects.create(
-        lab=lab, requested_by=actor, attempts_requested=lab_regrade_attempts(lab=lab)
-    )
+    regrade = LabRegrade.objects.create(lab=lab, requested_by=actor, attempts_requested=lab_regrade_attempts(lab=lab))
     audit_record(
-        actor=actor, action="grading.lab_regrade_queued", target=lab, tenant=lab.course.tenant, course=lab.course,
+        actor=actor,
+        action="grading.lab_regrade_queued",
+        target=lab,
+        tenant=lab.course.tenant,
+        course=lab.course,
         data={"lab_id": lab.pk, "lab_regrade_id": regrade.pk, "attempts": regrade.attempts_requested},
     )
     _enqueue_on_commit(regrade_id=regrade.pk)
@@ -100,9 +102,15 @@ def lab_regrade_execute(*, regrade_id: int) -> LabRegrade | None:
             regrade.runs_reevaluated = outcome.reevaluated
             regrade.runs_queued = outcome.queued
             regrade.finished_at = timezone.now()
-            regrade.save(update_fields=[
-                "state", "attempts_regraded", "runs_reevaluated", "runs_queued", "finished_at",
-            ])
+            regrade.save(
+                update_fields=[
+                    "state",
+                    "attempts_regraded",
+                    "runs_reevaluated",
+                    "runs_queued",
+                    "finished_at",
+                ]
+            )
             return regrade
     except ApplicationError as exc:  # e.g. the requester is no longer course staff
         return _fail(regrade_id=regrade_id, error=exc.message)

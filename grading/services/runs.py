@@ -71,8 +71,9 @@ def grading_run_request(*, actor: User, attempt: Attempt) -> GradingRun:
         run.refresh_from_db()
         if run.state == RunState.ERROR and run.error_code == ERROR_QUEUE_UNAVAILABLE:
             raise Unavailable(
-                _("Your check could not be queued: the portal's task queue is not answering. Try again in a "
-                  "minute."), code=ERROR_QUEUE_UNAVAILABLE, retry_after=30,
+                _("Your check could not be queued: the portal's task queue is not answering. Try again in a minute."),
+                code=ERROR_QUEUE_UNAVAILABLE,
+                retry_after=30,
             )
     return run
 
@@ -98,26 +99,39 @@ def _grading_run_queue(*, actor: User, attempt: Attempt) -> GradingRun:
     unfinished = GradingRun.objects.filter(attempt=attempt, state__in=UNFINISHED_STATES).first()
     if unfinished is not None:
         raise Conflict(
-            _("A check of this attempt is already in progress."), code="run_in_progress",
+            _("A check of this attempt is already in progress."),
+            code="run_in_progress",
             extra={"run_id": unfinished.pk},
         )
     # A run the queue refused never reached the guest: it does not hold the next press back.
-    previous = (GradingRun.objects.filter(attempt=attempt).exclude(error_code=ERROR_QUEUE_UNAVAILABLE)
-                .order_by("-created_at", "-id").first())
+    previous = (
+        GradingRun.objects.filter(attempt=attempt)
+        .exclude(error_code=ERROR_QUEUE_UNAVAILABLE)
+        .order_by("-created_at", "-id")
+        .first()
+    )
     if previous is not None:
         wait = settings.GRADING_MIN_INTERVAL_SECONDS - (timezone.now() - previous.created_at).total_seconds()
         if wait > 0:
             seconds = math.ceil(wait)
             raise ApplicationError(
                 _("Please wait %(seconds)d seconds before checking again.") % {"seconds": seconds},
-                code="too_soon", status_code=429, retry_after=seconds,
+                code="too_soon",
+                status_code=429,
+                retry_after=seconds,
             )
     run = _create_unfinished_run(
-        attempt=attempt, state=RunState.QUEUED, trigger=RunTrigger.STUDENT if is_owner else RunTrigger.STAFF,
+        attempt=attempt,
+        state=RunState.QUEUED,
+        trigger=RunTrigger.STUDENT if is_owner else RunTrigger.STAFF,
         requested_by=actor,
     )
     audit_record(
-        actor=actor, action="grading.run_requested", target=run, tenant=attempt.tenant, course=course,
+        actor=actor,
+        action="grading.run_requested",
+        target=run,
+        tenant=attempt.tenant,
+        course=course,
         data={"attempt_id": attempt.pk, "run_id": run.pk, "trigger": run.trigger},
     )
     enqueue_run_on_commit(run=run, checks=checks)
@@ -129,7 +143,10 @@ def _create_unfinished_run(*, attempt: Attempt, state: str, trigger: str, reques
     try:
         with transaction.atomic():
             return GradingRun.objects.create(
-                attempt=attempt, state=state, trigger=trigger, requested_by=requested_by,
+                attempt=attempt,
+                state=state,
+                trigger=trigger,
+                requested_by=requested_by,
                 started_at=timezone.now() if state == RunState.RUNNING else None,
             )
     except IntegrityError:
@@ -151,8 +168,11 @@ def enqueue_run_on_commit(*, run: GradingRun, checks: Sequence[Check]) -> None:
         except Exception as exc:
             # Left queued, the run would block the attempt's checks until the stale-run sweep; end it now instead.
             logger.exception("grading run %s could not be queued", run_id)
-            grading_run_fail(run=GradingRun(pk=run_id), error_code=ERROR_QUEUE_UNAVAILABLE,
-                             error=f"the task queue refused the run: {type(exc).__name__}: {exc}")
+            grading_run_fail(
+                run=GradingRun(pk=run_id),
+                error_code=ERROR_QUEUE_UNAVAILABLE,
+                error=f"the task queue refused the run: {type(exc).__name__}: {exc}",
+            )
 
     transaction.on_commit(send)
 
@@ -225,12 +245,20 @@ def grading_run_record(
         max_score += verdict.max_points
         rows.append(
             CheckResult(
-                run=run, check_ref=check, check_title=check.title, order=check.order, passed=verdict.passed,
-                points=verdict.points, max_points=verdict.max_points, exit_code=result.get("exit_code"),
-                timed_out=bool(result.get("timed_out")), stdout=result.get("stdout") or "",
+                run=run,
+                check_ref=check,
+                check_title=check.title,
+                order=check.order,
+                passed=verdict.passed,
+                points=verdict.points,
+                max_points=verdict.max_points,
+                exit_code=result.get("exit_code"),
+                timed_out=bool(result.get("timed_out")),
+                stdout=result.get("stdout") or "",
                 stderr=result.get("stderr") or "",
                 output_truncated=bool(result.get("stdout_truncated") or result.get("stderr_truncated")),
-                duration_ms=max(0, int(result.get("duration_ms") or 0)), feedback=verdict.feedback,
+                duration_ms=max(0, int(result.get("duration_ms") or 0)),
+                feedback=verdict.feedback,
                 pattern_timeout_seconds=verdict.pattern_timeout_seconds,
             )
         )

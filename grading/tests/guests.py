@@ -40,14 +40,21 @@ def provision_vm(attempt: Attempt, *, user_data: str | None = None) -> None:
     ensure_namespace(attempt.namespace)
     operations.secret_create(
         manifests.cloud_init_secret(
-            name=secret_name, namespace=attempt.namespace, labels=labels,
+            name=secret_name,
+            namespace=attempt.namespace,
+            labels=labels,
             user_data=user_data if user_data is not None else render_user_data(token=attempt.agent_token),
         )
     )
     operations.vm_create(
         manifests.virtual_machine(
-            name=attempt.vm_name, namespace=attempt.namespace, labels=labels, image=lab.image,
-            vcpus=attempt.vcpus, memory_mib=attempt.memory_mib, host_passthrough=False,
+            name=attempt.vm_name,
+            namespace=attempt.namespace,
+            labels=labels,
+            image=lab.image,
+            vcpus=attempt.vcpus,
+            memory_mib=attempt.memory_mib,
+            host_passthrough=False,
             cloud_init_secret=secret_name,
         )
     )
@@ -65,11 +72,14 @@ def wait_for_agent(attempt: Attempt, *, timeout_s: float = AGENT_READY_TIMEOUT_S
             time.sleep(0.1)
 
 
-def new_attempt_on_cluster(*, lab: Lab, student: User, user_data: str | None = None,
-                           wait: bool = True) -> Attempt:
+def new_attempt_on_cluster(*, lab: Lab, student: User, user_data: str | None = None, wait: bool = True) -> Attempt:
     attempt = Attempt.objects.create(
-        lab=lab, student=student, tenant=lab.course.tenant, state=AttemptState.STARTING,
-        namespace=lab.course.tenant.namespace, agent_token=secrets.token_urlsafe(32),
+        lab=lab,
+        student=student,
+        tenant=lab.course.tenant,
+        state=AttemptState.STARTING,
+        namespace=lab.course.tenant.namespace,
+        agent_token=secrets.token_urlsafe(32),
     )
     attempt.vm_name = names.vm_name(attempt.pk)
     attempt.save(update_fields=["vm_name"])
@@ -92,8 +102,10 @@ def type_on_console(attempt: Attempt, text: str) -> None:
         kube_client.vmi_subresource_path(namespace=attempt.namespace, name=attempt.vm_name, subresource="console")
     )
     ws = websocket.create_connection(
-        target.url, header=[f"{k}: {v}" for k, v in target.headers.items()],
-        sslopt={"context": target.ssl} if target.ssl else {}, timeout=10,
+        target.url,
+        header=[f"{k}: {v}" for k, v in target.headers.items()],
+        sslopt={"context": target.ssl} if target.ssl else {},
+        timeout=10,
     )
     try:
         ws.send_binary(text.encode("utf-8"))

@@ -27,11 +27,15 @@ class TestHTTPParsing:
     def test_response_split_across_frames(self):
         parser = HTTPResponseParser()
         body = '{"ready": true, "name": "日本"}'.encode()
-        wire = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() \
-            + b"\r\n\r\n" + body
+        wire = (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
         for i in range(0, len(wire), 7):
             assert not parser.complete
-            parser.feed(wire[i:i + 7])
+            parser.feed(wire[i : i + 7])
         assert parser.complete
         response = parser.response()
         assert response.status == 200
@@ -127,8 +131,11 @@ class TestAgainstKubesim:
         started = time.monotonic()
         with pytest.raises(agent_client.AgentTimeout):
             agent_client.agent_request(
-                running_attempt, method="POST", path="/v1/run",
-                json_body={"checks": [{"id": "slow", "command": "sleep 5", "timeout_s": 10}]}, timeout_s=1.0,
+                running_attempt,
+                method="POST",
+                path="/v1/run",
+                json_body={"checks": [{"id": "slow", "command": "sleep 5", "timeout_s": 10}]},
+                timeout_s=1.0,
             )
         assert time.monotonic() - started < 3
 

@@ -38,8 +38,9 @@ def test_the_class_view_shows_state_score_failing_checks_and_who_is_stuck(client
     client.force_login(ta_a)
     table = class_table(client, lab_a)
     rows = dict(re.findall(r'<tr data-attempt="(\d+)"[^>]*>(.*?)</tr>', table, re.S))
-    done, stuck_row, idle_row = (rows[str(a.id)] for a in (
-        Attempt.objects.get(student=student_a), stuck_attempt, idle_attempt))
+    done, stuck_row, idle_row = (
+        rows[str(a.id)] for a in (Attempt.objects.get(student=student_a), stuck_attempt, idle_attempt)
+    )
     assert "3 / 3" in done and "stuck" not in done
     assert "1 / 3" in stuck_row and "hello.txt says hello world" in stuck_row and "stuck on" in stuck_row
     assert "no progress for 20 minutes" in idle_row and "not checked yet" in idle_row

@@ -34,8 +34,9 @@ def wait_for_file(path: Path, *, timeout_s: float = 10.0) -> str:
     raise AssertionError(f"{path} was never written")
 
 
-def test_fail_fix_through_the_console_then_pass(cluster, running_attempt, student_a, lab_a, settings, eager_celery,
-                                                django_capture_on_commit_callbacks, client):
+def test_fail_fix_through_the_console_then_pass(
+    cluster, running_attempt, student_a, lab_a, settings, eager_celery, django_capture_on_commit_callbacks, client
+):
     settings.GRADING_MIN_INTERVAL_SECONDS = 0
 
     first = check(attempt=running_attempt, actor=student_a, callbacks_fixture=django_capture_on_commit_callbacks)
@@ -68,9 +69,9 @@ def test_fail_fix_through_the_console_then_pass(cluster, running_attempt, studen
     assert "Create the file in your home directory." in page
 
 
-def test_final_run_at_expiry_and_regrade_reruns_in_the_guest(cluster, running_attempt, student_a, instructor_a,
-                                                             lab_a, settings, eager_celery,
-                                                             django_capture_on_commit_callbacks):
+def test_final_run_at_expiry_and_regrade_reruns_in_the_guest(
+    cluster, running_attempt, student_a, instructor_a, lab_a, settings, eager_celery, django_capture_on_commit_callbacks
+):
     guest = cluster.admin.guest(running_attempt.namespace, running_attempt.vm_name)
     (Path(guest["home"]) / "hello.txt").write_text("Hello World\n")  # right words, wrong capitals
 
@@ -97,8 +98,9 @@ def test_final_run_at_expiry_and_regrade_reruns_in_the_guest(cluster, running_at
     assert Grade.objects.get(lab=lab_a, student=student_a).score == Decimal("3.00")
 
 
-def test_check_after_the_vm_is_gone_records_an_error(cluster, running_attempt, student_a, lab_a, eager_celery,
-                                                     django_capture_on_commit_callbacks):
+def test_check_after_the_vm_is_gone_records_an_error(
+    cluster, running_attempt, student_a, lab_a, eager_celery, django_capture_on_commit_callbacks
+):
     from labs.kubevirt import operations
 
     operations.vm_delete(namespace=running_attempt.namespace, name=running_attempt.vm_name)

@@ -64,14 +64,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
-async def test_a_lab_on_a_real_vm_start_console_check_fix_check_stop(vm_cluster, student_a, lab_a,
-                                                                     django_capture_on_commit_callbacks):
+async def test_a_lab_on_a_real_vm_start_console_check_fix_check_stop(
+    vm_cluster, student_a, lab_a, django_capture_on_commit_callbacks
+):
     capture = django_capture_on_commit_callbacks
     started = time.monotonic()
 
     def start():
         with capture(execute=True):
             return attempt_start(actor=student_a, lab=lab_a)
+
     attempt = await sync_to_async(start)()
     await sync_to_async(sync_until)(attempt, AttemptState.RUNNING, timeout=BOOT_TIMEOUT)
     agent_ready = time.monotonic() - started
@@ -101,11 +103,14 @@ async def test_a_lab_on_a_real_vm_start_console_check_fix_check_stop(vm_cluster,
     def stop():
         with capture(execute=True):
             attempt_stop(actor=student_a, attempt=attempt)
+
     await sync_to_async(stop)()
     await sync_to_async(sync_until)(attempt, AttemptState.STOPPED, timeout=120)
     deadline = time.monotonic() + 60  # the ACPI power button first, then the kill after the grace period
     while _alive(guest["qemu_pid"]):
         assert time.monotonic() < deadline, "QEMU still running after Stop"
         await asyncio.sleep(0.5)
-    print(f"\nthrough the portal under {guest['accelerator']}: Start → agent ready {agent_ready:.1f} s, "
-          f"→ console prompt answering {prompt:.1f} s")
+    print(
+        f"\nthrough the portal under {guest['accelerator']}: Start → agent ready {agent_ready:.1f} s, "
+        f"→ console prompt answering {prompt:.1f} s"
+    )

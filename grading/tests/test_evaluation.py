@@ -52,7 +52,10 @@ class TestCheckVerdicts:
     def test_expected_exit_code_passes_with_full_points_and_no_feedback(self):
         verdict = evaluate_check(check=CheckSpec(), result=result(exit_code=0))
         assert (verdict.passed, verdict.points, verdict.max_points, verdict.feedback) == (
-            True, Decimal("2"), Decimal("2"), ""
+            True,
+            Decimal("2"),
+            Decimal("2"),
+            "",
         )
 
     def test_other_exit_code_fails_with_the_hint(self):
@@ -118,8 +121,10 @@ class TestCheckVerdicts:
         assert verdict.feedback == "Look again at step 3."
 
     def test_command_that_could_not_start_fails(self):
-        verdict = evaluate_check(check=CheckSpec(expected_exit_code=None, stdout_match=StdoutMatch.CONTAINS,
-                                                 stdout_pattern=""), result=result(exit_code=None))
+        verdict = evaluate_check(
+            check=CheckSpec(expected_exit_code=None, stdout_match=StdoutMatch.CONTAINS, stdout_pattern=""),
+            result=result(exit_code=None),
+        )
         assert not verdict.passed
 
     def test_failure_without_hint_has_empty_feedback(self):
@@ -135,8 +140,13 @@ class TestLateness:
 
     @pytest.mark.parametrize(
         ("late_by", "days"),
-        [(timedelta(minutes=1), 1), (timedelta(hours=23, minutes=59), 1), (timedelta(days=1), 1),
-         (timedelta(days=1, seconds=1), 2), (timedelta(days=2, hours=12), 3)],
+        [
+            (timedelta(minutes=1), 1),
+            (timedelta(hours=23, minutes=59), 1),
+            (timedelta(days=1), 1),
+            (timedelta(days=1, seconds=1), 2),
+            (timedelta(days=2, hours=12), 3),
+        ],
     )
     def test_partial_days_round_up(self, late_by, days):
         assert days_late(due_at=DUE, measured_at=DUE + late_by) == days

@@ -60,8 +60,9 @@ def press_regrade(client, django_capture_on_commit_callbacks):
 
 
 class TestView:
-    def test_answers_at_once_and_queues_the_task_on_commit(self, client, instructor_a, shouted_lab, sent,
-                                                           django_capture_on_commit_callbacks):
+    def test_answers_at_once_and_queues_the_task_on_commit(
+        self, client, instructor_a, shouted_lab, sent, django_capture_on_commit_callbacks
+    ):
         lab, _other = shouted_lab
         client.force_login(instructor_a)
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
@@ -90,8 +91,7 @@ class TestView:
         assert LabRegrade.objects.filter(lab=lab).count() == 1
         assert len(sent) == 1
 
-    def test_report_shows_the_outcome_once_the_task_ran(self, client, instructor_a, shouted_lab, sent,
-                                                        press_regrade):
+    def test_report_shows_the_outcome_once_the_task_ran(self, client, instructor_a, shouted_lab, sent, press_regrade):
         lab, _other = shouted_lab
         press_regrade(instructor_a, lab)
         page = client.get(reverse("grading:lab_report", args=[lab.pk])).content.decode()
@@ -121,8 +121,9 @@ class TestView:
 
 
 class TestTask:
-    def test_does_the_regrade_and_records_the_outcome(self, instructor_a, student_a, shouted_lab, sent,
-                                                      django_capture_on_commit_callbacks):
+    def test_does_the_regrade_and_records_the_outcome(
+        self, instructor_a, student_a, shouted_lab, sent, django_capture_on_commit_callbacks
+    ):
         lab, other = shouted_lab
         with django_capture_on_commit_callbacks(execute=True):
             regrade, created = lab_regrade_request(actor=instructor_a, lab=lab)
@@ -178,8 +179,7 @@ class TestTask:
         assert "no longer course staff" in regrade.error
         assert not GradingRun.objects.filter(trigger=RunTrigger.REGRADE).exists()
 
-    def test_running_attempts_are_checked_again_in_their_guest(self, instructor_a, student_a, lab_a, sent,
-                                                                monkeypatch):
+    def test_running_attempts_are_checked_again_in_their_guest(self, instructor_a, student_a, lab_a, sent, monkeypatch):
         from grading.services import runs
 
         queued: list[int] = []
@@ -200,8 +200,9 @@ class TestRequestService:
             lab_regrade_request(actor=instructor_b, lab=lab_a)
         assert not LabRegrade.objects.exists()
 
-    def test_a_queue_that_refuses_the_task_ends_the_regrade_in_error(self, instructor_a, lab_a, monkeypatch,
-                                                                     django_capture_on_commit_callbacks):
+    def test_a_queue_that_refuses_the_task_ends_the_regrade_in_error(
+        self, instructor_a, lab_a, monkeypatch, django_capture_on_commit_callbacks
+    ):
         def refuse(regrade_id):
             raise ConnectionError("broker down")
 

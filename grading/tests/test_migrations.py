@@ -12,10 +12,14 @@ from grading.tests.builders import make_attempt
 from labs.models import AttemptState
 
 BEFORE, AFTER = ("grading", "0005_lab_regrade"), ("grading", "0006_check_result_pattern_timeout")
-ENGLISH = ("This check could not be judged: its expected-output pattern took longer than 0.25 s to match the "
-           "output. Tell your instructor, who needs to simplify the pattern; it counts as not passed until then.")
-JAPANESE = ("このチェックは判定できませんでした: 期待する出力のパターンが出力との照合に 2 秒以上かかりました。"
-            "パターンを簡単にする必要があるので担当教員に知らせてください。それまでは不合格として扱われます。")
+ENGLISH = (
+    "This check could not be judged: its expected-output pattern took longer than 0.25 s to match the "
+    "output. Tell your instructor, who needs to simplify the pattern; it counts as not passed until then."
+)
+JAPANESE = (
+    "このチェックは判定できませんでした: 期待する出力のパターンが出力との照合に 2 秒以上かかりました。"
+    "パターンを簡単にする必要があるので担当教員に知らせてください。それまでは不合格として扱われます。"
+)
 
 
 def migrate(target: tuple[str, str]) -> None:

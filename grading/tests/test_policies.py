@@ -57,8 +57,13 @@ class TestBestAndLast:
     def test_error_runs_never_count(self, lab_a, student_a):
         attempt = make_attempt(lab=lab_a, student=student_a)
         record_run(attempt=attempt, outputs=FIRST_ONLY)
-        GradingRun.objects.create(attempt=attempt, state=RunState.ERROR, score=Decimal("3"),
-                                  measured_at=timezone.now(), error_code="agent_timeout")
+        GradingRun.objects.create(
+            attempt=attempt,
+            state=RunState.ERROR,
+            score=Decimal("3"),
+            measured_at=timezone.now(),
+            error_code="agent_timeout",
+        )
         record_run(attempt=attempt, outputs=FIRST_ONLY)
         assert grade_of(lab_a, student_a).score == Decimal("1.00")
 
@@ -66,7 +71,8 @@ class TestBestAndLast:
         run = record_run(attempt=make_attempt(lab=lab_a, student=student_a), outputs=FIRST_ONLY)
         results = list(run.results.order_by("order"))
         assert [(r.passed, r.points, r.max_points) for r in results] == [
-            (True, Decimal("1.00"), Decimal("1.00")), (False, Decimal("0.00"), Decimal("2.00"))
+            (True, Decimal("1.00"), Decimal("1.00")),
+            (False, Decimal("0.00"), Decimal("2.00")),
         ]
         assert results[0].feedback == ""
         assert results[1].feedback == "The file must contain the words hello world."
@@ -123,8 +129,9 @@ class TestLateness:
         lab_a.late_cutoff_at = due + timedelta(days=1)
         lab_a.late_penalty_percent_per_day = Decimal("10")
         lab_a.save()
-        record_run(attempt=make_attempt(lab=lab_a, student=student_a), outputs=ALL_PASS,
-                   measured_at=due + timedelta(days=2))
+        record_run(
+            attempt=make_attempt(lab=lab_a, student=student_a), outputs=ALL_PASS, measured_at=due + timedelta(days=2)
+        )
         grade = grade_of(lab_a, student_a)
         assert grade.score is None
         assert grade.final_score is None
@@ -135,8 +142,13 @@ class TestOverride:
     def test_override_wins_and_is_audited(self, lab_a, student_a, ta_a):
         attempt = make_attempt(lab=lab_a, student=student_a)
         record_run(attempt=attempt, outputs=FIRST_ONLY)
-        grade = grade_override(actor=ta_a, lab=lab_a, student=student_a, score=Decimal("2.5"),
-                               reason="Check 2 misread a trailing space; verified by hand.")
+        grade = grade_override(
+            actor=ta_a,
+            lab=lab_a,
+            student=student_a,
+            score=Decimal("2.5"),
+            reason="Check 2 misread a trailing space; verified by hand.",
+        )
         assert grade.final_score == Decimal("2.50")
         assert grade.score == Decimal("1.00")
         assert grade.overridden_by == ta_a
@@ -165,8 +177,9 @@ class TestOverride:
         assert AuditEvent.objects.filter(action="grading.override_removed", data__reason="Mistake").count() == 1
 
     def test_override_without_any_run_creates_the_grade(self, lab_a, student_a, instructor_a):
-        grade = grade_override(actor=instructor_a, lab=lab_a, student=student_a, score=Decimal("0"),
-                               reason="Academic integrity case 12")
+        grade = grade_override(
+            actor=instructor_a, lab=lab_a, student=student_a, score=Decimal("0"), reason="Academic integrity case 12"
+        )
         assert grade.final_score == Decimal("0.00")
         assert grade.score is None
 
@@ -245,8 +258,9 @@ class TestRegrade:
         assert len(outcome.reevaluated) == 1
         assert GradingRun.objects.filter(attempt=attempt, state=RunState.DONE).count() == 3
 
-    def test_regrade_reruns_in_the_guest_while_the_attempt_runs(self, lab_a, student_a, ta_a,
-                                                               django_capture_on_commit_callbacks):
+    def test_regrade_reruns_in_the_guest_while_the_attempt_runs(
+        self, lab_a, student_a, ta_a, django_capture_on_commit_callbacks
+    ):
         attempt = make_attempt(lab=lab_a, student=student_a)
         record_run(attempt=attempt, outputs=FIRST_ONLY)
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
@@ -261,8 +275,9 @@ class TestRegrade:
     def test_added_check_without_output_fails_in_a_regrade(self, lab_a, student_a, instructor_a):
         attempt = make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED)
         record_run(attempt=attempt, outputs=ALL_PASS)
-        lab_a.checks.create(order=3, title="nginx runs", command="systemctl is-active nginx", points=2,
-                            hint="Start nginx.")
+        lab_a.checks.create(
+            order=3, title="nginx runs", command="systemctl is-active nginx", points=2, hint="Start nginx."
+        )
         [regrade] = grading_regrade(actor=instructor_a, attempt=attempt).reevaluated
         assert (regrade.score, regrade.max_score) == (Decimal("3.00"), Decimal("5.00"))
         added = regrade.results.get(order=3)

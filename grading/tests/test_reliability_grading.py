@@ -105,14 +105,16 @@ def test_a_hung_or_killed_agent_ends_the_run_in_error_and_the_grade_keeps_the_la
     run = grading_run_request(actor=attempt.student, attempt=attempt)
     worker = threading.Thread(target=lambda: (grading_run_execute(run.id), connection.close()))
     worker.start()
-    wait_until(lambda: GradingRun.objects.get(pk=run.pk).state == RunState.RUNNING, timeout=10,
-               what="the run to start")
+    wait_until(lambda: GradingRun.objects.get(pk=run.pk).state == RunState.RUNNING, timeout=10, what="the run to start")
     time.sleep(0.5)  # the first check has answered inside the guest, the second is sleeping
     os.killpg(os.getpgid(agent_pid(cluster, attempt)), signal.SIGKILL)
     worker.join(timeout=30)
     run.refresh_from_db()
-    assert run.state == RunState.ERROR and run.error_code in ("agent_not_answering", "agent_bad_response"), \
-        (run.state, run.error_code, run.error)
+    assert run.state == RunState.ERROR and run.error_code in ("agent_not_answering", "agent_bad_response"), (
+        run.state,
+        run.error_code,
+        run.error,
+    )
     assert run.error_message and run.score is None
     assert not CheckResult.objects.filter(run=run).exists()
     assert grade_of(attempt).score == Decimal(3)
@@ -132,8 +134,7 @@ def test_a_hung_or_killed_agent_ends_the_run_in_error_and_the_grade_keeps_the_la
     assert (grade.score, grade.source_run_id) == (Decimal(3), done.id)
 
 
-def test_a_run_whose_worker_died_is_failed_at_its_deadline_and_the_student_can_check_again(cluster, attempt,
-                                                                                             clock):
+def test_a_run_whose_worker_died_is_failed_at_its_deadline_and_the_student_can_check_again(cluster, attempt, clock):
     run = grading_run_request(actor=attempt.student, attempt=attempt)
     # The worker took the run and was SIGKILLed: the run says "running" and nothing will finish it.
     GradingRun.objects.filter(pk=run.pk).update(state=RunState.RUNNING, started_at=clock.now())

@@ -50,8 +50,9 @@ def staff_urls(*, course, lab, attempt, student) -> list[tuple[str, str]]:
 
 class TestAccess:
     @pytest.mark.parametrize("who", ["instructor_b", "other_course_ta", "student_a", "student_b"])
-    def test_everyone_but_the_courses_staff_gets_404_everywhere(self, request, client, course_a, lab_a, student_a,
-                                                                graded, who):
+    def test_everyone_but_the_courses_staff_gets_404_everywhere(
+        self, request, client, course_a, lab_a, student_a, graded, who
+    ):
         attempt, _run = graded
         client.force_login(request.getfixturevalue(who))
         for method, url in staff_urls(course=course_a, lab=lab_a, attempt=attempt, student=student_a):
@@ -86,8 +87,9 @@ class TestAccess:
 
 
 class TestPages:
-    def test_gradebook_shows_final_grades_and_flags(self, client, ta_a, instructor_a, course_a, lab_a, student_a,
-                                                    graded):
+    def test_gradebook_shows_final_grades_and_flags(
+        self, client, ta_a, instructor_a, course_a, lab_a, student_a, graded
+    ):
         grade_override(actor=instructor_a, lab=lab_a, student=student_a, score=Decimal("2.5"), reason="by hand")
         client.force_login(ta_a)
         response = client.get(reverse("grading:gradebook", args=[course_a.pk]))
@@ -109,8 +111,7 @@ class TestPages:
         assert "The file must contain the words hello world." in response.content.decode()
 
     def test_lab_report_distribution(self, client, ta_a, lab_a, student_a, tenant_a, course_a):
-        others = [make_person(username=f"s{i}", tenant=tenant_a, course=course_a, role=Role.STUDENT)
-                  for i in range(3)]
+        others = [make_person(username=f"s{i}", tenant=tenant_a, course=course_a, role=Role.STUDENT) for i in range(3)]
         for student, outputs in zip([student_a, *others], [ALL_PASS, ALL_PASS, FIRST_ONLY, NONE_PASS], strict=True):
             record_run(attempt=make_attempt(lab=lab_a, student=student), outputs=outputs)
         client.force_login(ta_a)
@@ -122,8 +123,9 @@ class TestPages:
         assert report.graded == 4
         assert report.median_percent == pytest.approx(66.7, abs=0.1)
 
-    def test_override_form_requires_a_reason_and_changes_nothing_without_one(self, client, ta_a, lab_a,
-                                                                             student_a, graded):
+    def test_override_form_requires_a_reason_and_changes_nothing_without_one(
+        self, client, ta_a, lab_a, student_a, graded
+    ):
         client.force_login(ta_a)
         url = reverse("grading:grade_override", args=[lab_a.pk, student_a.pk])
         response = client.post(url, {"score": "3", "reason": "  "})
@@ -155,7 +157,8 @@ class TestPages:
         assert AuditEvent.objects.filter(action="grading.regraded", actor=instructor_a).count() == 1
 
     def test_the_grades_link_takes_a_student_to_their_grades_and_staff_to_their_courses(
-            self, client, student_a, ta_a, course_a):
+        self, client, student_a, ta_a, course_a
+    ):
         client.force_login(student_a)
         response = client.get(reverse("grading:index"))
         assert response.status_code == 302 and response.url == reverse("grading:my_grades")
@@ -176,8 +179,9 @@ class TestPages:
         assert "The file must contain the words hello world." in text
         assert "goodbye" not in text
 
-    def test_a_pattern_that_runs_out_of_time_is_explained_to_student_and_ta(self, client, settings, student_a,
-                                                                            ta_a, lab_a):
+    def test_a_pattern_that_runs_out_of_time_is_explained_to_student_and_ta(
+        self, client, settings, student_a, ta_a, lab_a
+    ):
         """A pattern saved before patterns were vetted: the run still finishes, the check fails, both read why."""
         settings.GRADING_PATTERN_TIMEOUT_MS = 100
         lab_a.checks.filter(order=2).update(stdout_match=StdoutMatch.REGEX, stdout_pattern=r"^(a|a)*$")
@@ -199,9 +203,16 @@ class TestPages:
     def test_dashboard_and_my_grades_show_the_same_grade_cell(self, client, student_a, lab_a, instructor_a):
         import re
 
-        Grade.objects.create(lab=lab_a, student=student_a, score=Decimal("2"), max_score=Decimal("3"), late=True,
-                             override_score=Decimal("2.5"), override_reason="partial credit",
-                             overridden_by=instructor_a)
+        Grade.objects.create(
+            lab=lab_a,
+            student=student_a,
+            score=Decimal("2"),
+            max_score=Decimal("3"),
+            late=True,
+            override_score=Decimal("2.5"),
+            override_reason="partial credit",
+            overridden_by=instructor_a,
+        )
         client.force_login(student_a)
         cells = []
         for page in (reverse("dashboard"), reverse("grading:my_grades")):
@@ -218,8 +229,9 @@ class TestCsvExport:
         raw = b"".join(response.streaming_content)
         return raw, list(csv.reader(io.StringIO(raw.decode("utf-8-sig"))))
 
-    def test_csv_is_streamed_with_a_bom_and_keeps_japanese_names(self, client, ta_a, tenant_a, course_a, lab_a,
-                                                                 student_a, graded):
+    def test_csv_is_streamed_with_a_bom_and_keeps_japanese_names(
+        self, client, ta_a, tenant_a, course_a, lab_a, student_a, graded
+    ):
         japanese = make_person(username="yamada", tenant=tenant_a, course=course_a, role=Role.STUDENT)
         japanese.full_name = "山田 太郎"
         japanese.save()
@@ -244,8 +256,9 @@ class TestCsvExport:
         assert by_user["student_a"][-1] == "1.00"  # total
         assert header[-1] == "Total (/6.00)"
 
-    def test_cells_cannot_become_formulas(self, client, ta_a, tenant_a, course_a, lab_a, graded, instructor_a,
-                                          student_a):
+    def test_cells_cannot_become_formulas(
+        self, client, ta_a, tenant_a, course_a, lab_a, graded, instructor_a, student_a
+    ):
         evil = make_person(username="evil", tenant=tenant_a, course=course_a, role=Role.STUDENT)
         evil.full_name = '=HYPERLINK("http://attacker.example","x")'
         evil.email = "+1@example.test"
@@ -261,8 +274,17 @@ class TestCsvExport:
 
     @pytest.mark.parametrize(
         ("value", "expected"),
-        [("=1+1", "'=1+1"), ("+x", "'+x"), ("-x", "'-x"), ("@x", "'@x"), ("\tx", "'\tx"), ("＝1", "'＝1"),
-         ("山田", "山田"), ("a=b", "a=b"), (None, "")],
+        [
+            ("=1+1", "'=1+1"),
+            ("+x", "'+x"),
+            ("-x", "'-x"),
+            ("@x", "'@x"),
+            ("\tx", "'\tx"),
+            ("＝1", "'＝1"),
+            ("山田", "山田"),
+            ("a=b", "a=b"),
+            (None, ""),
+        ],
     )
     def test_csv_text(self, value, expected):
         assert csv_text(value) == expected
@@ -275,8 +297,9 @@ class TestGradebookQueryCount:
             for lab in labs:
                 record_run(attempt=make_attempt(lab=lab, student=student), outputs=FIRST_ONLY)
 
-    def test_constant_as_students_grow(self, client, ta_a, tenant_a, course_a, lab_a,
-                                       django_assert_max_num_queries, django_capture_on_commit_callbacks):
+    def test_constant_as_students_grow(
+        self, client, ta_a, tenant_a, course_a, lab_a, django_assert_max_num_queries, django_capture_on_commit_callbacks
+    ):
         from django.db import connection
         from django.test.utils import CaptureQueriesContext
 
@@ -297,8 +320,10 @@ class TestGradebookQueryCount:
         assert len(csv_queries.captured_queries) <= len(large.captured_queries)
 
 
-@pytest.mark.parametrize(("value", "text"), [(Decimal("3.00"), "3"), (Decimal("2.50"), "2.50"), (Decimal("0"), "0"),
-                                             (Decimal("12.34"), "12.34")])
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(Decimal("3.00"), "3"), (Decimal("2.50"), "2.50"), (Decimal("0"), "0"), (Decimal("12.34"), "12.34")],
+)
 def test_gradebook_scores_read_like_the_other_pages(value, text):
     from grading.views import format_score
 

@@ -40,8 +40,9 @@ def no_cluster(settings, tmp_path, monkeypatch):
 
 
 class TestCheckButton:
-    def test_owner_queues_a_run_and_the_task_waits_for_commit(self, lab_a, student_a,
-                                                             django_capture_on_commit_callbacks):
+    def test_owner_queues_a_run_and_the_task_waits_for_commit(
+        self, lab_a, student_a, django_capture_on_commit_callbacks
+    ):
         attempt = make_attempt(lab=lab_a, student=student_a)
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
             run = grading_run_request(actor=student_a, attempt=attempt)
@@ -56,8 +57,7 @@ class TestCheckButton:
         run = grading_run_request(actor=ta_a, attempt=make_attempt(lab=lab_a, student=student_a))
         assert run.trigger == RunTrigger.STAFF
 
-    def test_other_students_and_other_tenants_get_not_found(self, lab_a, student_a, tenant_a, course_a,
-                                                            instructor_b):
+    def test_other_students_and_other_tenants_get_not_found(self, lab_a, student_a, tenant_a, course_a, instructor_b):
         attempt = make_attempt(lab=lab_a, student=student_a)
         classmate = make_person(username="classmate", tenant=tenant_a, course=course_a, role=Role.STUDENT)
         for actor in (classmate, instructor_b):
@@ -137,12 +137,16 @@ class TestExecution:
 
     def test_running_run_past_its_deadline_is_failed_by_the_sweep(self, lab_a, student_a):
         attempt = make_attempt(lab=lab_a, student=student_a)
-        run = GradingRun.objects.create(attempt=attempt, state=RunState.RUNNING,
-                                        started_at=timezone.now() - timedelta(minutes=5))
+        run = GradingRun.objects.create(
+            attempt=attempt, state=RunState.RUNNING, started_at=timezone.now() - timedelta(minutes=5)
+        )
         fresh = GradingRun.objects.create(
-            attempt=make_attempt(lab=lab_a, student=make_person(
-                username="s2", tenant=lab_a.course.tenant, course=lab_a.course, role=Role.STUDENT)),
-            state=RunState.RUNNING, started_at=timezone.now(),
+            attempt=make_attempt(
+                lab=lab_a,
+                student=make_person(username="s2", tenant=lab_a.course.tenant, course=lab_a.course, role=Role.STUDENT),
+            ),
+            state=RunState.RUNNING,
+            started_at=timezone.now(),
         )
         assert grading_runs_fail_stale() == 1
         run.refresh_from_db()
@@ -156,8 +160,7 @@ class TestFinalRun:
         assert grading_run_final(attempt=attempt, trigger=RunTrigger.EXPIRY) is None
         assert not GradingRun.objects.exists()
 
-    def test_agent_trouble_is_recorded_not_raised_and_a_queued_run_is_replaced(self, lab_a, student_a,
-                                                                             no_cluster):
+    def test_agent_trouble_is_recorded_not_raised_and_a_queued_run_is_replaced(self, lab_a, student_a, no_cluster):
         attempt = make_attempt(lab=lab_a, student=student_a, agent_ready_at=timezone.now())
         queued = GradingRun.objects.create(attempt=attempt, state=RunState.QUEUED)
         run = grading_run_final(attempt=attempt, trigger=RunTrigger.EXPIRY)
@@ -181,8 +184,7 @@ class TestPayloadAndPush:
         assert payload["results"][1]["feedback"] == "The file must contain the words hello world."
         assert "goodbye" not in json.dumps(payload)
 
-    def test_update_reaches_the_attempt_group_after_commit(self, lab_a, student_a,
-                                                           django_capture_on_commit_callbacks):
+    def test_update_reaches_the_attempt_group_after_commit(self, lab_a, student_a, django_capture_on_commit_callbacks):
         attempt = make_attempt(lab=lab_a, student=student_a)
         layer = get_channel_layer()
         channel = async_to_sync(layer.new_channel)()

@@ -18,13 +18,16 @@ pytestmark = pytest.mark.django_db
 
 
 def test_timeline_puts_whole_second_cluster_times_after_the_request_of_the_same_second_and_shows_seconds(
-        client, ta_a, student_a, lab_a):
+    client, ta_a, student_a, lab_a
+):
     attempt = make_attempt(lab=lab_a, student=student_a)
     requested = datetime(2026, 12, 4, 5, 11, 28, 412000, tzinfo=UTC)
     # The cluster writes whole seconds: its "pending" reads 05:11:28.000, before the portal's 05:11:28.412.
     Attempt.objects.filter(pk=attempt.pk).update(
-        requested_at=requested, provisioned_at=requested + timedelta(milliseconds=300),
-        pending_at=requested.replace(microsecond=0), scheduled_at=requested.replace(microsecond=0),
+        requested_at=requested,
+        provisioned_at=requested + timedelta(milliseconds=300),
+        pending_at=requested.replace(microsecond=0),
+        scheduled_at=requested.replace(microsecond=0),
         vmi_running_at=requested.replace(microsecond=0) + timedelta(seconds=1),
         agent_ready_at=requested + timedelta(seconds=2),
     )
@@ -51,21 +54,23 @@ def test_runs_are_numbered_within_their_attempt(client, ta_a, student_a, lab_a):
     assert re.findall(r"Run (\d+)", html) == ["1"]
 
 
-def test_the_gradebook_states_how_a_lab_without_a_grade_counts_in_the_total(client, ta_a, student_a, lab_a,
-                                                                          course_a):
+def test_the_gradebook_states_how_a_lab_without_a_grade_counts_in_the_total(client, ta_a, student_a, lab_a, course_a):
     client.force_login(ta_a)
     html = client.get(reverse("grading:gradebook", args=[course_a.pk])).content.decode()
     legend = re.search(r'<p class="muted" id="gradebook-legend">(.*?)</p>', html, re.S)
     assert legend and "—" in legend.group(1) and "counted as 0" in legend.group(1)
 
 
-def test_the_lab_report_draws_the_score_distribution_and_each_checks_pass_rate(client, ta_a, student_a, lab_a,
-                                                                             course_a):
+def test_the_lab_report_draws_the_score_distribution_and_each_checks_pass_rate(
+    client, ta_a, student_a, lab_a, course_a
+):
     from conftest import make_person
     from portal.models import Role
 
-    others = [make_person(username=f"student_{n}", tenant=course_a.tenant, course=course_a, role=Role.STUDENT)
-              for n in range(3)]
+    others = [
+        make_person(username=f"student_{n}", tenant=course_a.tenant, course=course_a, role=Role.STUDENT)
+        for n in range(3)
+    ]
     for student, outputs in zip([student_a, *others], [ALL_PASS, FIRST_ONLY, FIRST_ONLY, ALL_PASS], strict=True):
         record_run(attempt=make_attempt(lab=lab_a, student=student), outputs=outputs)
     client.force_login(ta_a)

@@ -71,16 +71,19 @@ def ta_b(tenant_b, course_b):
 
 
 class TestThePage:
-    def test_lists_only_that_students_attempts_at_that_lab_newest_first(self, client, ta_a, lab_a, lab_2,
-                                                                        student_a, classmate):
+    def test_lists_only_that_students_attempts_at_that_lab_newest_first(
+        self, client, ta_a, lab_a, lab_2, student_a, classmate
+    ):
         now = timezone.now()
-        first = make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED,
-                             requested_at=now - timedelta(days=2))
+        first = make_attempt(
+            lab=lab_a, student=student_a, state=AttemptState.STOPPED, requested_at=now - timedelta(days=2)
+        )
         record_run(attempt=first, outputs=FIRST_ONLY)
         record_run(attempt=first, outputs=ALL_PASS)
         error_run(first)
-        second = make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED,
-                              requested_at=now - timedelta(days=1))
+        second = make_attempt(
+            lab=lab_a, student=student_a, state=AttemptState.STOPPED, requested_at=now - timedelta(days=1)
+        )
         other_lab = make_attempt(lab=lab_2, student=student_a, state=AttemptState.STOPPED)
         other_student = make_attempt(lab=lab_a, student=classmate, state=AttemptState.STOPPED)
         client.force_login(ta_a)
@@ -125,8 +128,7 @@ class TestThePage:
 
     def test_query_count_does_not_grow_with_attempts(self, client, ta_a, lab_a, student_a):
         url = student_lab_url(lab_a, student_a)
-        record_run(attempt=make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED),
-                   outputs=FIRST_ONLY)
+        record_run(attempt=make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED), outputs=FIRST_ONLY)
         client.force_login(ta_a)
         with CaptureQueriesContext(connection) as one:
             assert len(client.get(url).context["attempts"]) == 1
@@ -141,13 +143,16 @@ class TestThePage:
 
 class TestOverrideFromThePage:
     def test_the_form_posts_back_to_the_page_and_a_saved_override_returns_to_the_gradebook(
-            self, client, ta_a, lab_a, student_a):
-        record_run(attempt=make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED),
-                   outputs=FIRST_ONLY)
+        self, client, ta_a, lab_a, student_a
+    ):
+        record_run(attempt=make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED), outputs=FIRST_ONLY)
         client.force_login(ta_a)
         url = student_lab_url(lab_a, student_a)
-        [form] = [attrs for attrs in Elements(client.get(url).content.decode()).all("form")
-                  if attrs.get("method") == "post" and "card" in (attrs.get("class") or "")]
+        [form] = [
+            attrs
+            for attrs in Elements(client.get(url).content.decode()).all("form")
+            if attrs.get("method") == "post" and "card" in (attrs.get("class") or "")
+        ]
         assert "action" not in form  # so the browser posts to the address the page was loaded from
 
         response = client.post(url, {"score": "2.5", "reason": "Partial credit for check 2"})
@@ -170,8 +175,7 @@ class TestOverrideFromThePage:
 class TestAccess:
     @pytest.mark.parametrize("who", ["ta_b", "instructor_b", "student_a", "student_b"])
     def test_only_the_courses_staff_reach_the_page(self, request, client, lab_a, student_a, who):
-        record_run(attempt=make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED),
-                   outputs=FIRST_ONLY)
+        record_run(attempt=make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED), outputs=FIRST_ONLY)
         client.force_login(request.getfixturevalue(who))
         url = student_lab_url(lab_a, student_a)
         assert client.get(url).status_code == 404
@@ -179,8 +183,7 @@ class TestAccess:
         assert Grade.objects.get(lab=lab_a, student=student_a).override_score is None
         assert not AuditEvent.objects.exists()
 
-    def test_another_tenants_ta_is_refused_for_their_own_students_at_this_lab_too(self, client, ta_b, lab_a,
-                                                                                  student_b):
+    def test_another_tenants_ta_is_refused_for_their_own_students_at_this_lab_too(self, client, ta_b, lab_a, student_b):
         client.force_login(ta_b)
         assert client.get(student_lab_url(lab_a, student_b)).status_code == 404
 
@@ -201,10 +204,10 @@ class TestAccess:
 
 
 class TestGradebookLinks:
-    def test_each_cell_links_to_its_students_grade_for_its_lab(self, client, ta_a, instructor_a, course_a, lab_a,
-                                                               lab_2, student_a, classmate):
-        record_run(attempt=make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED),
-                   outputs=FIRST_ONLY)
+    def test_each_cell_links_to_its_students_grade_for_its_lab(
+        self, client, ta_a, instructor_a, course_a, lab_a, lab_2, student_a, classmate
+    ):
+        record_run(attempt=make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED), outputs=FIRST_ONLY)
         grade_override(actor=instructor_a, lab=lab_2, student=classmate, score=Decimal("2.5"), reason="by hand")
         client.force_login(ta_a)
 
@@ -225,7 +228,7 @@ class TestGradebookLinks:
         # The badge is inside the link, with the score.
         html = response.content.decode()
         href = reverse("grading:student_lab", args=[lab_2.pk, classmate.pk])
-        cell = html[html.index(f'href="{href}"'):]
+        cell = html[html.index(f'href="{href}"') :]
         assert cell.index("badge-override") < cell.index("</a>")
 
         followed = client.get(a_in_lab_a["href"])
@@ -250,8 +253,9 @@ class TestGradebookLinks:
         [link] = Elements(html.content.decode()).links_in_row(student_a.pk)
         assert link["aria-label"] == "Linux basics における Student A の成績: 未採点"
 
-    def test_six_queries_for_any_number_of_students(self, client, ta_a, tenant_a, course_a, lab_a, lab_2,
-                                                    django_assert_num_queries):
+    def test_six_queries_for_any_number_of_students(
+        self, client, ta_a, tenant_a, course_a, lab_a, lab_2, django_assert_num_queries
+    ):
         client.force_login(ta_a)
         url = reverse("grading:gradebook", args=[course_a.pk])
         for count in (1, 8):
@@ -266,10 +270,8 @@ class TestGradebookLinks:
 
 class TestLabReportLinks:
     def test_grade_rows_and_attempt_rows_lead_to_the_students_page(self, client, ta_a, lab_a, student_a, classmate):
-        record_run(attempt=make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED),
-                   outputs=FIRST_ONLY)
-        record_run(attempt=make_attempt(lab=lab_a, student=classmate, state=AttemptState.STOPPED),
-                   outputs=ALL_PASS)
+        record_run(attempt=make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED), outputs=FIRST_ONLY)
+        record_run(attempt=make_attempt(lab=lab_a, student=classmate, state=AttemptState.STOPPED), outputs=ALL_PASS)
         client.force_login(ta_a)
         response = client.get(reverse("grading:lab_report", args=[lab_a.pk]))
         html = response.content.decode()
@@ -307,8 +309,11 @@ class TestWatchLinks:
         running = make_attempt(lab=lab_a, student=student_a, state=AttemptState.RUNNING)
         stopped = make_attempt(lab=lab_a, student=classmate, state=AttemptState.STOPPED)
         client.force_login(ta_a)
-        for url in (student_lab_url(lab_a, student_a), reverse("grading:lab_report", args=[lab_a.pk]),
-                    reverse("grading:attempt_detail", args=[running.pk])):
+        for url in (
+            student_lab_url(lab_a, student_a),
+            reverse("grading:lab_report", args=[lab_a.pk]),
+            reverse("grading:attempt_detail", args=[running.pk]),
+        ):
             hrefs = [attrs["href"] for attrs in Elements(client.get(url).content.decode()).all("a")]
             assert reverse("labs:attempt_detail", args=[running.pk]) in hrefs, url
             assert reverse("labs:attempt_detail", args=[stopped.pk]) not in hrefs, url

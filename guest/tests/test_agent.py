@@ -601,8 +601,19 @@ def test_the_agent_can_listen_on_a_unix_socket_instead_of_tcp(tmp_path: Path) ->
     token_file = tmp_path / "token"
     token_file.write_text("unix-socket-token-0123456789\n")
     path = tmp_path / "agent.sock"
-    proc = subprocess.Popen([sys.executable, str(AGENT_PATH), "--unix-socket", str(path), "--token-file",
-                             str(token_file), "--home", str(tmp_path)], stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(AGENT_PATH),
+            "--unix-socket",
+            str(path),
+            "--token-file",
+            str(token_file),
+            "--home",
+            str(tmp_path),
+        ],
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 10
         while not path.is_socket():
@@ -611,8 +622,10 @@ def test_the_agent_can_listen_on_a_unix_socket_instead_of_tcp(tmp_path: Path) ->
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
             connection.settimeout(10)
             connection.connect(str(path))
-            connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n"
-                               b"Authorization: Bearer unix-socket-token-0123456789\r\n\r\n")
+            connection.sendall(
+                b"GET /healthz HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n"
+                b"Authorization: Bearer unix-socket-token-0123456789\r\n\r\n"
+            )
             answer = b""
             while chunk := connection.recv(65536):
                 answer += chunk

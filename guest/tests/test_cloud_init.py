@@ -92,8 +92,10 @@ def test_the_agent_encoded_once_is_each_documents_own_and_tokens_stay_apart() ->
     # the agent it was given and its own token, whichever order they are made in.
     local = (GUEST_DIR / "agent.py").read_bytes()
     other = "print('agent two')\n" * 400  # long enough to be quoted once and kept
-    documents = [render_user_data(token=f"{TOKEN}{n}", agent_source=source)
-                 for n, source in enumerate((None, other, None, other))]
+    documents = [
+        render_user_data(token=f"{TOKEN}{n}", agent_source=source)
+        for n, source in enumerate((None, other, None, other))
+    ]
     for n, document in enumerate(documents):
         assert written_file(document, path=AGENT_PATH) == (local if n % 2 == 0 else other.encode())
         assert token_from_user_data(document) == f"{TOKEN}{n}"

@@ -40,7 +40,6 @@ class Counters:
     last_error: str = ""
 
 
-
 class Cluster(VirtualMachineController, VirtualMachineInstanceController, ImagePullController):
     """Owns the controllers and the scheduler; wired to the store as a listener."""
 
@@ -164,8 +163,9 @@ class Cluster(VirtualMachineController, VirtualMachineInstanceController, ImageP
         return max(0.0, base + self.rng.uniform(0, self.config.jitter))
 
     # ---- events ------------------------------------------------------------------------------------------
-    def record(self, obj: dict[str, Any], type_: str, reason: str, message: str, component: str,
-               host: str | None = None) -> None:
+    def record(
+        self, obj: dict[str, Any], type_: str, reason: str, message: str, component: str, host: str | None = None
+    ) -> None:
         """Emit a core/v1 Event about ``obj``; a repeat of the same event bumps its count, as the recorder does."""
         meta = obj["metadata"]
         namespace = meta.get("namespace") or "default"
@@ -173,9 +173,11 @@ class Cluster(VirtualMachineController, VirtualMachineInstanceController, ImageP
         existing_name = self._event_index.get(index_key)
         stamp = now_rfc3339()
         if existing_name:
+
             def bump(event: dict[str, Any]) -> None:
                 event["count"] = event.get("count", 1) + 1
                 event["lastTimestamp"] = stamp
+
             if self.api.mutate(EVENT, namespace, existing_name, bump) is not None:
                 return
         name = f"{meta['name']}.{time.time_ns():x}"
@@ -183,14 +185,27 @@ class Cluster(VirtualMachineController, VirtualMachineInstanceController, ImageP
         if host:
             source["host"] = host
         event = {
-            "apiVersion": "v1", "kind": "Event",
+            "apiVersion": "v1",
+            "kind": "Event",
             "metadata": {"name": name, "namespace": namespace},
-            "involvedObject": {"kind": obj["kind"], "namespace": meta.get("namespace"), "name": meta["name"],
-                               "uid": meta.get("uid"), "apiVersion": obj["apiVersion"],
-                               "resourceVersion": meta.get("resourceVersion")},
-            "reason": reason, "message": message, "source": source, "type": type_, "count": 1,
-            "firstTimestamp": stamp, "lastTimestamp": stamp, "eventTime": None,
-            "reportingComponent": component, "reportingInstance": host or "",
+            "involvedObject": {
+                "kind": obj["kind"],
+                "namespace": meta.get("namespace"),
+                "name": meta["name"],
+                "uid": meta.get("uid"),
+                "apiVersion": obj["apiVersion"],
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "reason": reason,
+            "message": message,
+            "source": source,
+            "type": type_,
+            "count": 1,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "eventTime": None,
+            "reportingComponent": component,
+            "reportingInstance": host or "",
         }
         try:
             self.api.create(EVENT, namespace, event, internal=True)
@@ -203,8 +218,15 @@ class Cluster(VirtualMachineController, VirtualMachineInstanceController, ImageP
             gone = self.store.remove("events", old_namespace, old_name)
             if gone is not None:
                 involved = gone.get("involvedObject", {})
-                self._event_index.pop((involved.get("uid", ""), gone.get("reason"), gone.get("message"),
-                                       gone.get("source", {}).get("component")), None)
+                self._event_index.pop(
+                    (
+                        involved.get("uid", ""),
+                        gone.get("reason"),
+                        gone.get("message"),
+                        gone.get("source", {}).get("component"),
+                    ),
+                    None,
+                )
 
     # ---- nodes -------------------------------------------------------------------------------------------
     def remove_node(self, name: str) -> bool:
@@ -217,8 +239,12 @@ class Cluster(VirtualMachineController, VirtualMachineInstanceController, ImageP
             if runtime.node != name:
                 continue
             pod = self._pod_for(runtime)
-            self.fail_vmi(runtime.namespace, runtime.name, reason="NodeUnresponsive",
-                          message="virt-handler on node " + name + " is not responsive")
+            self.fail_vmi(
+                runtime.namespace,
+                runtime.name,
+                reason="NodeUnresponsive",
+                message="virt-handler on node " + name + " is not responsive",
+            )
             if pod is not None:
                 self.api.remove(POD, runtime.namespace, pod["metadata"]["name"])
         return True
@@ -242,8 +268,8 @@ class Cluster(VirtualMachineController, VirtualMachineInstanceController, ImageP
 
         def finalize(o: dict[str, Any]) -> None:
             o["spec"]["finalizers"] = []
+
         self.api.mutate(NAMESPACE, "", name, finalize)
         current = self.store.get("namespaces", "", name)
         if current is not None and not current["metadata"].get("finalizers"):
             self.api.remove(NAMESPACE, "", name)
-

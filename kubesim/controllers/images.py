@@ -36,8 +36,10 @@ class ImagePullController:
             self.enqueue_later(runtime.image_next_at - now, "vmi", runtime.namespace, runtime.name)
             return
         node = runtime.node or ""
-        error = (f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": '
-                 f'failed to resolve reference "{image}": {image}: not found')
+        error = (
+            f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": '
+            f'failed to resolve reference "{image}": {image}: not found'
+        )
         if runtime.image_backing_off or runtime.image_pulls == 0:
             runtime.image_backing_off = False
             runtime.image_pulls += 1
@@ -57,15 +59,28 @@ class ImagePullController:
 
         def waiting(o: dict[str, Any]) -> None:
             o["status"]["containerStatuses"] = [
-                {"name": c["name"], "image": c["image"], "imageID": "", "ready": False, "restartCount": 0,
-                 "started": False, "state": {"waiting": {"reason": reason, "message": message}
-                                             if c["name"] == container else {"reason": "PodInitializing"}}}
-                for c in o["spec"]["containers"]]
+                {
+                    "name": c["name"],
+                    "image": c["image"],
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "started": False,
+                    "state": {
+                        "waiting": {"reason": reason, "message": message}
+                        if c["name"] == container
+                        else {"reason": "PodInitializing"}
+                    },
+                }
+                for c in o["spec"]["containers"]
+            ]
+
         self.api.mutate(POD, runtime.namespace, pod["metadata"]["name"], waiting)
 
         def not_synced(o: dict[str, Any]) -> None:
             if (get_condition(o, "Synchronized") or {}).get("reason") != reason:
                 drop_condition(o, "Synchronized")  # CheckFailure: a new reason is a new condition
             set_condition(o, new_condition("Synchronized", "False", reason, message))
+
         self.api.mutate(VMI, runtime.namespace, runtime.name, not_synced)
         self.enqueue_later(runtime.image_next_at - now, "vmi", runtime.namespace, runtime.name)

@@ -20,19 +20,45 @@ NAMESPACE = BY_KEY["namespaces"]
 KUBEVIRT = BY_KEY["kubevirts"]
 QUOTA = BY_KEY["resourcequotas"]
 FINAL_PHASES = ("Succeeded", "Failed")
-CONTAINER_DISK_ERROR = ('failed to create containerd task: failed to create shim task: OCI runtime create failed: '
-                        'runc create failed: unable to start container process: error during container init: '
-                        'exec: "/container-disk-binary/usr/bin/container-disk": stat '
-                        '/container-disk-binary/usr/bin/container-disk: no such file or directory: unknown')
+CONTAINER_DISK_ERROR = (
+    "failed to create containerd task: failed to create shim task: OCI runtime create failed: "
+    "runc create failed: unable to start container process: error during container init: "
+    'exec: "/container-disk-binary/usr/bin/container-disk": stat '
+    "/container-disk-binary/usr/bin/container-disk: no such file or directory: unknown"
+)
 GUEST_OS = {
-    "fedora": {"name": "Fedora Linux", "id": "fedora", "version": "42 (Cloud Edition)", "versionId": "42",
-               "prettyName": "Fedora Linux 42 (Cloud Edition)", "kernelRelease": "6.14.0-63.fc42.x86_64"},
-    "ubuntu": {"name": "Ubuntu", "id": "ubuntu", "version": "24.04.2 LTS (Noble Numbat)", "versionId": "24.04",
-               "prettyName": "Ubuntu 24.04.2 LTS", "kernelRelease": "6.8.0-60-generic"},
-    "debian": {"name": "Debian GNU/Linux", "id": "debian", "version": "12 (bookworm)", "versionId": "12",
-               "prettyName": "Debian GNU/Linux 12 (bookworm)", "kernelRelease": "6.1.0-37-cloud-amd64"},
-    "centos": {"name": "CentOS Stream", "id": "centos", "version": "10", "versionId": "10",
-               "prettyName": "CentOS Stream 10", "kernelRelease": "6.12.0-55.el10.x86_64"},
+    "fedora": {
+        "name": "Fedora Linux",
+        "id": "fedora",
+        "version": "42 (Cloud Edition)",
+        "versionId": "42",
+        "prettyName": "Fedora Linux 42 (Cloud Edition)",
+        "kernelRelease": "6.14.0-63.fc42.x86_64",
+    },
+    "ubuntu": {
+        "name": "Ubuntu",
+        "id": "ubuntu",
+        "version": "24.04.2 LTS (Noble Numbat)",
+        "versionId": "24.04",
+        "prettyName": "Ubuntu 24.04.2 LTS",
+        "kernelRelease": "6.8.0-60-generic",
+    },
+    "debian": {
+        "name": "Debian GNU/Linux",
+        "id": "debian",
+        "version": "12 (bookworm)",
+        "versionId": "12",
+        "prettyName": "Debian GNU/Linux 12 (bookworm)",
+        "kernelRelease": "6.1.0-37-cloud-amd64",
+    },
+    "centos": {
+        "name": "CentOS Stream",
+        "id": "centos",
+        "version": "10",
+        "versionId": "10",
+        "prettyName": "CentOS Stream 10",
+        "kernelRelease": "6.12.0-55.el10.x86_64",
+    },
 }
 
 
@@ -51,7 +77,10 @@ def set_condition(obj: dict[str, Any], condition: dict[str, Any]) -> None:
     for index, existing in enumerate(conditions):
         if existing.get("type") == condition["type"]:
             if (existing.get("status"), existing.get("reason"), existing.get("message")) == (
-                    condition["status"], condition.get("reason"), condition.get("message")):
+                condition["status"],
+                condition.get("reason"),
+                condition.get("message"),
+            ):
                 return
             if existing.get("status") == condition["status"]:
                 condition["lastTransitionTime"] = existing.get("lastTransitionTime")
@@ -89,8 +118,14 @@ def run_strategy(vm: dict[str, Any]) -> str:
 
 
 def owner_reference(obj: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
-            "uid": obj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+    return {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 @dataclass
@@ -107,7 +142,7 @@ class VmiRuntime:
     agent_at: float | None = None
     stop_at: float | None = None
     pulled: bool = False
-    image_pulls: int = 0            # failed pulls so far: kubelet's back-off doubles with each
+    image_pulls: int = 0  # failed pulls so far: kubelet's back-off doubles with each
     image_backing_off: bool = False
     image_next_at: float | None = None
     create_refused: bool = False

@@ -62,8 +62,14 @@ class PodUsage:
     def usage(self, namespace: str) -> dict[str, Decimal]:
         """The namespace's usage under every name a quota may give it (``pods`` and ``count/pods``, ...)."""
         pods, cpu, memory = self._totals.get(namespace) or (ZERO, ZERO, ZERO)
-        return {"pods": pods, "count/pods": pods, "requests.cpu": cpu, "cpu": cpu,
-                "requests.memory": memory, "memory": memory}
+        return {
+            "pods": pods,
+            "count/pods": pods,
+            "requests.cpu": cpu,
+            "cpu": cpu,
+            "requests.memory": memory,
+            "memory": memory,
+        }
 
     def _on_change(self, resource: str, event: WatchEvent) -> None:
         if resource != "pods":

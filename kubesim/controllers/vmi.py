@@ -60,8 +60,12 @@ class VirtualMachineInstanceController:
         meta = vmi["metadata"]
         runtime = self.runtimes.get(meta["uid"])
         if runtime is None:
-            runtime = VmiRuntime(meta["uid"], meta["namespace"], meta["name"],
-                                 next_at=self.loop.time() + self._delay(self.config.pending_delay))
+            runtime = VmiRuntime(
+                meta["uid"],
+                meta["namespace"],
+                meta["name"],
+                next_at=self.loop.time() + self._delay(self.config.pending_delay),
+            )
             self.runtimes[meta["uid"]] = runtime
             self._runtime_uids[(meta["namespace"], meta["name"])] = meta["uid"]
         return runtime
@@ -109,8 +113,7 @@ class VirtualMachineInstanceController:
         elif phase == "Running":
             pod = self._pod_for(runtime)
             if pod is None:
-                self.fail_vmi(namespace, name, reason="PodTerminating",
-                              message="virt-launcher pod was deleted")
+                self.fail_vmi(namespace, name, reason="PodTerminating", message="virt-launcher pod was deleted")
                 return
             if runtime.agent_at is not None and get_condition(vmi, "AgentConnected") is None:
                 if self._wait(runtime, runtime.agent_at):
@@ -134,8 +137,14 @@ class VirtualMachineInstanceController:
         for quota in self.store.objects("resourcequotas", namespace):
             hard = (quota.get("spec") or {}).get("hard") or {}
             used = self._quota_usage(namespace)
-            asked = {"pods": Decimal(1), "count/pods": Decimal(1), "requests.cpu": cpu, "cpu": cpu,
-                     "requests.memory": memory, "memory": memory}
+            asked = {
+                "pods": Decimal(1),
+                "count/pods": Decimal(1),
+                "requests.cpu": cpu,
+                "cpu": cpu,
+                "requests.memory": memory,
+                "memory": memory,
+            }
             exceeded = []
             for resource, limit in hard.items():
                 if resource in asked and used.get(resource, Decimal(0)) + asked[resource] > parse_quantity(limit):
@@ -145,8 +154,10 @@ class VirtualMachineInstanceController:
                 requested = ",".join(f"{r}={format_quantity(r, asked[r])}" for r in exceeded)
                 used_text = ",".join(f"{r}={format_quantity(r, used.get(r, Decimal(0)))}" for r in exceeded)
                 limited = ",".join(f"{r}={hard[r]}" for r in exceeded)
-                return (f"exceeded quota: {quota['metadata']['name']}, requested: {requested}, used: {used_text}, "
-                        f"limited: {limited}")
+                return (
+                    f"exceeded quota: {quota['metadata']['name']}, requested: {requested}, used: {used_text}, "
+                    f"limited: {limited}"
+                )
         return None
 
     def _admit_pod(self, vmi: dict[str, Any], runtime: VmiRuntime, pod: dict[str, Any]) -> bool:
@@ -156,8 +167,7 @@ class VirtualMachineInstanceController:
         generated = f"virt-launcher-{name}-"
         psa = podsecurity.denial(pod, self.store.get("namespaces", "", namespace), pod_name=generated)
         if psa:
-            message = (f"failed to create pod for vmi {namespace}/{name}, it needs a privileged namespace to run: "
-                       f"{psa}")
+            message = f"failed to create pod for vmi {namespace}/{name}, it needs a privileged namespace to run: {psa}"
             event = f"failed to render launch manifest: {message}"
             self.enqueue_later(PSA_RETRY_SECONDS, "vmi", namespace, name)
         else:
@@ -174,6 +184,7 @@ class VirtualMachineInstanceController:
 
         def not_synced(o: dict[str, Any]) -> None:
             set_condition(o, new_condition("Synchronized", "False", "FailedCreate", message))
+
         self.api.mutate(VMI, namespace, name, not_synced)
         return True
 
@@ -189,8 +200,11 @@ class VirtualMachineInstanceController:
             hard = (quota.get("spec") or {}).get("hard") or {}
 
             def write(o: dict[str, Any], hard: dict[str, Any] = hard) -> None:
-                o["status"] = {"hard": dict(hard),
-                               "used": {r: format_quantity(r, used[r]) if r in used else "0" for r in hard}}
+                o["status"] = {
+                    "hard": dict(hard),
+                    "used": {r: format_quantity(r, used[r]) if r in used else "0" for r in hard},
+                }
+
             self.api.mutate(QUOTA, namespace, quota["metadata"]["name"], write)
 
     def _schedule_vmi(self, vmi: dict[str, Any], runtime: VmiRuntime) -> None:
@@ -199,9 +213,13 @@ class VirtualMachineInstanceController:
         spec = vmi.get("spec") or {}
         kubevirt = self.kubevirt()
         cpu, memory = launcher_requests(
-            spec, developer=developer_configuration(kubevirt), fixed_overhead=self.config.launcher_fixed_overhead,
+            spec,
+            developer=developer_configuration(kubevirt),
+            fixed_overhead=self.config.launcher_fixed_overhead,
             overhead_ratio=(((kubevirt or {}).get("spec") or {}).get("configuration") or {}).get(
-                "additionalGuestMemoryOverheadRatio"))
+                "additionalGuestMemoryOverheadRatio"
+            ),
+        )
         if pod is None:
             version = ((kubevirt or {}).get("status") or {}).get("observedKubeVirtVersion", "v1.9.0")
             body = render_pod(vmi, cpu=cpu, memory=memory, kubevirt_version=version, rng=self.rng, kubevirt=kubevirt)
@@ -211,8 +229,13 @@ class VirtualMachineInstanceController:
             pod = self.api.create(POD, namespace, body, internal=True)[0]
             runtime.pod_name = pod["metadata"]["name"]
             runtime.create_refused = False
-            self.record(vmi, "Normal", "SuccessfulCreate", f"Created virtual machine pod {runtime.pod_name}",
-                        "virtualmachineinstance-controller")
+            self.record(
+                vmi,
+                "Normal",
+                "SuccessfulCreate",
+                f"Created virtual machine pod {runtime.pod_name}",
+                "virtualmachineinstance-controller",
+            )
         cpu, memory = effective_requests(pod)
         if pod["spec"].get("nodeName"):
             return
@@ -223,6 +246,7 @@ class VirtualMachineInstanceController:
 
             def unschedulable(o: dict[str, Any]) -> None:
                 set_condition(o, new_condition("PodScheduled", "False", "Unschedulable", why))
+
             self.api.mutate(POD, namespace, pod["metadata"]["name"], unschedulable)
 
             def vmi_unschedulable(o: dict[str, Any]) -> None:
@@ -230,10 +254,12 @@ class VirtualMachineInstanceController:
                 # or not, and copies the pod's PodScheduled=False onto it (vmi.go, updateStatus).
                 set_condition(o, new_condition("PodScheduled", "False", "Unschedulable", why))
                 drop_condition(o, "Synchronized")
-                set_condition(o, new_condition("Ready", "False", "GuestNotRunning", "Guest VM is not reported as "
-                                             "running"))
+                set_condition(
+                    o, new_condition("Ready", "False", "GuestNotRunning", "Guest VM is not reported as running")
+                )
                 set_phase(o, "Scheduling")
                 o["status"]["activePods"] = {pod["metadata"]["uid"]: ""}
+
             self.api.mutate(VMI, namespace, name, vmi_unschedulable)
             return
         self._unschedulable.discard((namespace, name))
@@ -243,30 +269,47 @@ class VirtualMachineInstanceController:
 
         def bound(o: dict[str, Any]) -> None:
             o["spec"]["nodeName"] = node
-            o["status"].update({"hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "podIP": ip,
-                                "podIPs": [{"ip": ip}], "startTime": now_rfc3339()})
+            o["status"].update(
+                {
+                    "hostIP": host_ip,
+                    "hostIPs": [{"ip": host_ip}],
+                    "podIP": ip,
+                    "podIPs": [{"ip": ip}],
+                    "startTime": now_rfc3339(),
+                }
+            )
             set_condition(o, new_condition("PodScheduled", "True"))
             set_condition(o, new_condition("Initialized", "True"))
-            set_condition(o, new_condition("Ready", "False", "ContainersNotReady",
-                                         "containers with unready status: [compute]"))
+            set_condition(
+                o, new_condition("Ready", "False", "ContainersNotReady", "containers with unready status: [compute]")
+            )
+
         self.api.mutate(POD, namespace, pod["metadata"]["name"], bound)
-        self.record(pod, "Normal", "Scheduled", f"Successfully assigned {namespace}/{pod['metadata']['name']} "
-                                                f"to {node}", "default-scheduler")
+        self.record(
+            pod,
+            "Normal",
+            "Scheduled",
+            f"Successfully assigned {namespace}/{pod['metadata']['name']} to {node}",
+            "default-scheduler",
+        )
 
         def scheduling(o: dict[str, Any]) -> None:
             drop_condition(o, "PodScheduled")
             drop_condition(o, "Synchronized")
-            set_condition(o, new_condition("Ready", "False", "GuestNotRunning",
-                                         "Guest VM is not reported as running"))
+            set_condition(o, new_condition("Ready", "False", "GuestNotRunning", "Guest VM is not reported as running"))
             set_phase(o, "Scheduling")
             o["status"]["activePods"] = {pod["metadata"]["uid"]: node}
+
         self.api.mutate(VMI, namespace, name, scheduling)
         runtime.next_at = self.loop.time() + self._delay(self.config.scheduling_delay)
         self._wait(runtime, runtime.next_at)
 
     def _container_disk_images(self, vmi: dict[str, Any]) -> list[str]:
-        return [v["containerDisk"].get("image", "") for v in (vmi.get("spec") or {}).get("volumes") or ()
-                if v.get("containerDisk")]
+        return [
+            v["containerDisk"].get("image", "")
+            for v in (vmi.get("spec") or {}).get("volumes") or ()
+            if v.get("containerDisk")
+        ]
 
     def _missing_secrets(self, vmi: dict[str, Any]) -> list[tuple[str, str]]:
         """(volume, secret) pairs of cloud-init volumes whose Secret does not exist (yet)."""
@@ -296,15 +339,27 @@ class VirtualMachineInstanceController:
         missing = self._missing_secrets(vmi)
         if missing:
             # kubelet cannot mount the cloud-init Secret: the pod waits (ContainerCreating) and retries.
-            self.record(pod, "Warning", "FailedMount", f'MountVolume.SetUp failed for volume "{missing[0][0]}" : '
-                                                       f'secret "{missing[0][1]}" not found', "kubelet", node)
+            self.record(
+                pod,
+                "Warning",
+                "FailedMount",
+                f'MountVolume.SetUp failed for volume "{missing[0][0]}" : secret "{missing[0][1]}" not found',
+                "kubelet",
+                node,
+            )
             self.enqueue_later(1.0, "vmi", namespace, name)
             return
         if not runtime.pulled:
             runtime.pulled = True
             for container in pod["spec"]["containers"]:
-                self.record(pod, "Normal", "Pulled", f'Container image "{container["image"]}" already present on '
-                                                     "machine", "kubelet", node)
+                self.record(
+                    pod,
+                    "Normal",
+                    "Pulled",
+                    f'Container image "{container["image"]}" already present on machine',
+                    "kubelet",
+                    node,
+                )
         if images and gate_enabled(self.kubevirt(), "ImageVolume") and not self.config.image_volume_supported:
             self._fail_launcher_start(vmi, runtime, pod)
             return
@@ -315,12 +370,22 @@ class VirtualMachineInstanceController:
         def running(o: dict[str, Any]) -> None:
             o["status"]["phase"] = "Running"
             o["status"]["containerStatuses"] = [
-                {"name": c["name"], "image": c["image"], "imageID": c["image"], "ready": True, "restartCount": 0,
-                 "started": True, "containerID": f"containerd://{uuid.uuid4().hex}{uuid.uuid4().hex}",
-                 "state": {"running": {"startedAt": now_rfc3339()}}} for c in o["spec"]["containers"]]
+                {
+                    "name": c["name"],
+                    "image": c["image"],
+                    "imageID": c["image"],
+                    "ready": True,
+                    "restartCount": 0,
+                    "started": True,
+                    "containerID": f"containerd://{uuid.uuid4().hex}{uuid.uuid4().hex}",
+                    "state": {"running": {"startedAt": now_rfc3339()}},
+                }
+                for c in o["spec"]["containers"]
+            ]
             set_condition(o, new_condition("ContainersReady", "True"))
             set_condition(o, new_condition("kubevirt.io/virtual-machine-unpaused", "True"))
             set_condition(o, new_condition("Ready", "True"))
+
         self.api.mutate(POD, namespace, pod["metadata"]["name"], running)
 
         def scheduled(o: dict[str, Any]) -> None:
@@ -328,6 +393,7 @@ class VirtualMachineInstanceController:
             o["status"]["nodeName"] = node
             o["metadata"].setdefault("labels", {})["kubevirt.io/nodeName"] = node
             o["status"]["launcherContainerImageVersion"] = pod["spec"]["containers"][0]["image"]
+
         self.api.mutate(VMI, namespace, name, scheduled)
         runtime.next_at = self.loop.time() + self._delay(self.config.scheduled_delay)
         self._wait(runtime, runtime.next_at)
@@ -342,12 +408,21 @@ class VirtualMachineInstanceController:
         def failed(o: dict[str, Any]) -> None:
             o["status"]["phase"] = "Failed"
             o["status"]["containerStatuses"] = [
-                {"name": c["name"], "image": c["image"], "imageID": c["image"], "ready": False, "restartCount": 0,
-                 "started": False, "state": {"terminated": {"exitCode": 128, "reason": "StartError",
-                                                            "message": CONTAINER_DISK_ERROR}}
-                 if c["name"] == container else {"terminated": {"exitCode": 0, "reason": "Completed"}}}
-                for c in o["spec"]["containers"]]
+                {
+                    "name": c["name"],
+                    "image": c["image"],
+                    "imageID": c["image"],
+                    "ready": False,
+                    "restartCount": 0,
+                    "started": False,
+                    "state": {"terminated": {"exitCode": 128, "reason": "StartError", "message": CONTAINER_DISK_ERROR}}
+                    if c["name"] == container
+                    else {"terminated": {"exitCode": 0, "reason": "Completed"}},
+                }
+                for c in o["spec"]["containers"]
+            ]
             set_condition(o, new_condition("Ready", "False", "PodFailed"))
+
         self.api.mutate(POD, namespace, pod["metadata"]["name"], failed)
         self.scheduler.release(pod["metadata"]["uid"])
         self._requeue_unschedulable()
@@ -365,24 +440,43 @@ class VirtualMachineInstanceController:
         def running(o: dict[str, Any]) -> None:
             set_phase(o, "Running")
             status = o["status"]
-            status["interfaces"] = [{"ipAddress": runtime.ip, "ipAddresses": [runtime.ip], "mac": mac,
-                                     "name": networks[0]["name"], "interfaceName": "eth0",
-                                     "podInterfaceName": "eth0", "infoSource": "domain", "queueCount": 1,
-                                     "linkState": "up"}]
+            status["interfaces"] = [
+                {
+                    "ipAddress": runtime.ip,
+                    "ipAddresses": [runtime.ip],
+                    "mac": mac,
+                    "name": networks[0]["name"],
+                    "interfaceName": "eth0",
+                    "podInterfaceName": "eth0",
+                    "infoSource": "domain",
+                    "queueCount": 1,
+                    "linkState": "up",
+                }
+            ]
             status["migrationMethod"] = "BlockMigration"
             status["migrationTransport"] = "Unix"
             status["machine"] = {"type": "pc-q35-rhel9.6.0"}
-            status["currentCPUTopology"] = {k: v for k, v in (o["spec"]["domain"].get("cpu") or {}).items()
-                                            if k in ("cores", "sockets", "threads")}
-            status["volumeStatus"] = [{"name": v["name"], "target": f"vd{chr(97 + i)}"}
-                                      for i, v in enumerate(o["spec"].get("volumes") or ())]
+            status["currentCPUTopology"] = {
+                k: v for k, v in (o["spec"]["domain"].get("cpu") or {}).items() if k in ("cores", "sockets", "threads")
+            }
+            status["volumeStatus"] = [
+                {"name": v["name"], "target": f"vd{chr(97 + i)}"} for i, v in enumerate(o["spec"].get("volumes") or ())
+            ]
             status["selinuxContext"] = "none"
             status["runtimeUser"] = 107
             set_condition(o, new_condition("Ready", "True"))
-            set_condition(o, new_condition("LiveMigratable", "False", "DisksNotLiveMigratable",
-                                         "cannot migrate VMI: PVC is not shared, live migration requires that "
-                                         "all PVCs must be shared (using ReadWriteMany access mode)"))
+            set_condition(
+                o,
+                new_condition(
+                    "LiveMigratable",
+                    "False",
+                    "DisksNotLiveMigratable",
+                    "cannot migrate VMI: PVC is not shared, live migration requires that "
+                    "all PVCs must be shared (using ReadWriteMany access mode)",
+                ),
+            )
             set_condition(o, new_condition("StorageLiveMigratable", "True"))
+
         self.api.mutate(VMI, namespace, name, running)
         self.record(vmi, "Normal", "Started", "VirtualMachineInstance started.", "virt-handler", node)
         self.counters.vmis_started += 1
@@ -405,6 +499,7 @@ class VirtualMachineInstanceController:
                 interface["infoSource"] = "domain, guest-agent"
             o["status"]["currentCPUTopology"] = o["status"].get("currentCPUTopology", {})
             o["status"].setdefault("guestHostname", hostname)
+
         self.api.mutate(VMI, runtime.namespace, runtime.name, connected)
 
     def _terminate_vmi(self, vmi: dict[str, Any], runtime: VmiRuntime) -> None:
@@ -416,16 +511,20 @@ class VirtualMachineInstanceController:
             delay = self._delay(self.config.stop_delay) if running and grace != 0 else 0.0
             runtime.stop_at = self.loop.time() + delay
             if running:
-                self.record(vmi, "Normal", "ShuttingDown", "Signaled Graceful Shutdown", "virt-handler",
-                            runtime.node)
+                self.record(vmi, "Normal", "ShuttingDown", "Signaled Graceful Shutdown", "virt-handler", runtime.node)
         if self._wait(runtime, runtime.stop_at):
             return
         self.guests.stop(runtime.uid)
         pod = self._pod_for(runtime)
         if pod is not None:
             self.api.remove(POD, namespace, pod["metadata"]["name"])
-            self.record(vmi, "Normal", "SuccessfulDelete", f"Deleted virtual machine pod {pod['metadata']['name']}",
-                        "virtualmachineinstance-controller")
+            self.record(
+                vmi,
+                "Normal",
+                "SuccessfulDelete",
+                f"Deleted virtual machine pod {pod['metadata']['name']}",
+                "virtualmachineinstance-controller",
+            )
 
         def stopped(o: dict[str, Any]) -> None:
             if o["status"].get("phase") not in FINAL_PHASES:
@@ -434,6 +533,7 @@ class VirtualMachineInstanceController:
             drop_condition(o, "AgentConnected")
             o["metadata"]["finalizers"] = []
             o["metadata"]["deletionGracePeriodSeconds"] = 0
+
         if phase == "Running":
             self.record(vmi, "Normal", "Deleted", "Signaled Deletion", "virt-handler", runtime.node)
         self.api.mutate(VMI, namespace, name, stopped)
@@ -442,15 +542,18 @@ class VirtualMachineInstanceController:
         self.guests.stop(runtime.uid)
         pod = self._pod_for(runtime)
         if pod is not None and (pod.get("status") or {}).get("phase") not in FINAL_PHASES:
+
             def pod_failed(o: dict[str, Any]) -> None:
                 o["status"]["phase"] = "Failed"
                 set_condition(o, new_condition("Ready", "False", "PodFailed"))
+
             self.api.mutate(POD, runtime.namespace, pod["metadata"]["name"], pod_failed)
             if self.scheduler.release(pod["metadata"]["uid"]):
                 self._requeue_unschedulable()
 
-    def fail_vmi(self, namespace: str, name: str, *, reason: str, message: str = "",
-                 record_pod: bool = True) -> dict[str, Any] | None:
+    def fail_vmi(
+        self, namespace: str, name: str, *, reason: str, message: str = "", record_pod: bool = True
+    ) -> dict[str, Any] | None:
         """Move a VMI to Failed (crash, lost node, admin fault); its guest goes and its pod ends."""
         vmi = self.store.get("virtualmachineinstances", namespace, name)
         if vmi is None:
@@ -466,10 +569,16 @@ class VirtualMachineInstanceController:
             drop_condition(o, "AgentConnected")
             if message:
                 set_condition(o, new_condition("Synchronized", "False", reason, message))
+
         updated = self.api.mutate(VMI, namespace, name, failed)
-        self.record(vmi, "Warning", reason, message or f"VirtualMachineInstance failed: {reason}",
-                    "virt-handler" if reason != "PodFailed" else "virtualmachineinstance-controller",
-                    self.runtimes.get(vmi["metadata"]["uid"], VmiRuntime("", "", "")).node)
+        self.record(
+            vmi,
+            "Warning",
+            reason,
+            message or f"VirtualMachineInstance failed: {reason}",
+            "virt-handler" if reason != "PodFailed" else "virtualmachineinstance-controller",
+            self.runtimes.get(vmi["metadata"]["uid"], VmiRuntime("", "", "")).node,
+        )
         runtime = self.runtimes.get(vmi["metadata"]["uid"])
         if runtime is not None:
             self._after_final(updated or vmi, runtime)
@@ -480,4 +589,3 @@ class VirtualMachineInstanceController:
         pod = self.store.get("pods", namespace, name)
         if pod is not None and pod["metadata"].get("deletionTimestamp"):
             self.api.remove(POD, namespace, name)
-

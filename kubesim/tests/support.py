@@ -10,15 +10,28 @@ from typing import Any
 GROUP, VERSION = "kubevirt.io", "v1"
 
 
-def vm_manifest(name: str, *, namespace: str = "default", run_strategy: str | None = "Always",
-                running: bool | None = None, memory: str = "1Gi", cores: int | None = None,
-                image: str = "quay.io/containerdisks/fedora:latest", labels: dict[str, str] | None = None,
-                cloud_init_secret: str | None = None, user_data: str | None = None) -> dict[str, Any]:
+def vm_manifest(
+    name: str,
+    *,
+    namespace: str = "default",
+    run_strategy: str | None = "Always",
+    running: bool | None = None,
+    memory: str = "1Gi",
+    cores: int | None = None,
+    image: str = "quay.io/containerdisks/fedora:latest",
+    labels: dict[str, str] | None = None,
+    cloud_init_secret: str | None = None,
+    user_data: str | None = None,
+) -> dict[str, Any]:
     """A VM as the portal builds it: masquerade pod network, containerDisk, optional cloud-init."""
     spec: dict[str, Any] = {
-        "domain": {"devices": {"disks": [{"name": "containerdisk", "disk": {"bus": "virtio"}}],
-                               "interfaces": [{"name": "default", "masquerade": {}}]},
-                   "resources": {"requests": {"memory": memory}}},
+        "domain": {
+            "devices": {
+                "disks": [{"name": "containerdisk", "disk": {"bus": "virtio"}}],
+                "interfaces": [{"name": "default", "masquerade": {}}],
+            },
+            "resources": {"requests": {"memory": memory}},
+        },
         "networks": [{"name": "default", "pod": {}}],
         "volumes": [{"name": "containerdisk", "containerDisk": {"image": image}}],
     }
@@ -33,17 +46,27 @@ def vm_manifest(name: str, *, namespace: str = "default", run_strategy: str | No
         vm_spec["runStrategy"] = run_strategy
     if running is not None:
         vm_spec["running"] = running
-    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels or {"app": name}}, "spec": vm_spec}
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {"app": name}},
+        "spec": vm_spec,
+    }
 
 
 def secret_manifest(name: str, user_data: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "type": "Opaque",
-            "data": {"userdata": base64.b64encode(user_data.encode()).decode()}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name},
+        "type": "Opaque",
+        "data": {"userdata": base64.b64encode(user_data.encode()).decode()},
+    }
 
 
-def wait_for(predicate: Callable[[], Any], *, timeout: float = 10.0, interval: float = 0.02,
-             what: str = "condition") -> Any:
+def wait_for(
+    predicate: Callable[[], Any], *, timeout: float = 10.0, interval: float = 0.02, what: str = "condition"
+) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -74,7 +97,7 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
 
 
 # A stand-in lab agent for guests: stdlib HTTP with the agent's CLI, answering /healthz with the token check.
-FAKE_AGENT = '''
+FAKE_AGENT = """
 import argparse, http.server, json, os, socketserver
 parser = argparse.ArgumentParser()
 for flag in ("--host", "--port", "--port-file", "--token-file", "--home", "--setup-marker", "--unix-socket"):
@@ -103,16 +126,23 @@ else:
     with open(args.port_file, "w") as handle:
         handle.write(str(server.server_address[1]))
 server.serve_forever()
-'''
+"""
 
 
-def agent_user_data(*, token: str, agent_source: str = FAKE_AGENT, extra_files: list[dict[str, Any]] | None = None
-                    ) -> str:
+def agent_user_data(
+    *, token: str, agent_source: str = FAKE_AGENT, extra_files: list[dict[str, Any]] | None = None
+) -> str:
     """A #cloud-config that installs an agent and its token, as the portal's cloud-init does."""
     import yaml
 
-    files = [{"path": "/opt/lab-agent/agent.py", "permissions": "0755",
-              "encoding": "b64", "content": base64.b64encode(agent_source.encode()).decode()},
-             {"path": "/etc/lab-agent/token", "permissions": "0600", "content": token + "\n"}]
+    files = [
+        {
+            "path": "/opt/lab-agent/agent.py",
+            "permissions": "0755",
+            "encoding": "b64",
+            "content": base64.b64encode(agent_source.encode()).decode(),
+        },
+        {"path": "/etc/lab-agent/token", "permissions": "0600", "content": token + "\n"},
+    ]
     files += extra_files or []
     return "#cloud-config\n" + yaml.safe_dump({"write_files": files})

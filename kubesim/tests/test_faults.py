@@ -27,8 +27,9 @@ def test_latency_per_verb(sim, custom, core, namespace):
     custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines")
     assert time.monotonic() - started >= 1.0
     started = time.monotonic()
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines",
-                                           vm_manifest("fast", namespace=namespace, run_strategy="Halted"))
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "virtualmachines", vm_manifest("fast", namespace=namespace, run_strategy="Halted")
+    )
     assert time.monotonic() - started < 0.9, "other verbs are not delayed"
     started = time.monotonic()
     with pytest.raises(ApiException):
@@ -51,9 +52,12 @@ def test_error_rate_per_verb_and_resource(sim, custom, core, namespace, code):
 def test_429_carries_retry_after(sim, namespace):
     sim.admin.inject_fault(code=429, verbs=["create"], resources=["virtualmachines"], retry_after=7)
     http = urllib3.PoolManager()
-    response = http.request("POST", f"{sim.url}/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachines",
-                            body=json.dumps(vm_manifest("x", namespace=namespace)),
-                            headers={**sim.auth_header(), "Content-Type": "application/json"})
+    response = http.request(
+        "POST",
+        f"{sim.url}/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachines",
+        body=json.dumps(vm_manifest("x", namespace=namespace)),
+        headers={**sim.auth_header(), "Content-Type": "application/json"},
+    )
     assert response.status == 429 and response.headers["Retry-After"] == "7"
     body = json.loads(response.data)
     assert (body["reason"], body["details"]["retryAfterSeconds"]) == ("TooManyRequests", 7)
@@ -75,9 +79,11 @@ def test_partial_error_rate(sim, custom, namespace):
 
 def test_dropped_watch_streams(sim, custom, namespace):
     rv = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines")["metadata"][
-        "resourceVersion"]
-    response = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", watch=True,
-                                                    resource_version=rv, _preload_content=False)
+        "resourceVersion"
+    ]
+    response = custom.list_namespaced_custom_object(
+        GROUP, VERSION, namespace, "virtualmachines", watch=True, resource_version=rv, _preload_content=False
+    )
     wait_for(lambda: sim.admin.counters()["open_watches"] >= 1, what="watch open")
     assert sim.admin.drop_watches() >= 1
     with pytest.raises(urllib3.exceptions.ProtocolError):
@@ -87,18 +93,32 @@ def test_dropped_watch_streams(sim, custom, namespace):
     sim.admin.inject_fault(watch_drop_after=0.3)
     started = time.monotonic()
     with pytest.raises(urllib3.exceptions.ProtocolError):
-        for _ in watch.Watch().stream(custom.list_namespaced_custom_object, GROUP, VERSION, namespace,
-                                      "virtualmachines", resource_version=rv, timeout_seconds=10):
+        for _ in watch.Watch().stream(
+            custom.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            "virtualmachines",
+            resource_version=rv,
+            timeout_seconds=10,
+        ):
             pass
     assert time.monotonic() - started < 5
 
 
 async def test_console_disconnects(sim, custom, namespace):
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines",
-                                           vm_manifest("cut", namespace=namespace))
-    wait_for(lambda: custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachineinstances",
-                                                         "cut").get("status", {}).get("phase") == "Running",
-             what="Running")
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "virtualmachines", vm_manifest("cut", namespace=namespace)
+    )
+    wait_for(
+        lambda: (
+            custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachineinstances", "cut")
+            .get("status", {})
+            .get("phase")
+            == "Running"
+        ),
+        what="Running",
+    )
     url = f"{sim.ws_url}/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachineinstances/cut/console"
     async with aiohttp.ClientSession(headers=sim.auth_header()) as session:
         ws = await session.ws_connect(url, protocols=("plain.kubevirt.io",))
@@ -120,13 +140,20 @@ def test_counters_by_verb_and_resource(sim, custom, core, namespace):
     sim.admin.reset_counters()
     custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachineinstances")
     custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachineinstances")
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines",
-                                           vm_manifest("count", namespace=namespace, run_strategy="Halted"))
-    list(watch.Watch().stream(custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "virtualmachines",
-                              timeout_seconds=1))
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "virtualmachines", vm_manifest("count", namespace=namespace, run_strategy="Halted")
+    )
+    list(
+        watch.Watch().stream(
+            custom.list_namespaced_custom_object, GROUP, VERSION, namespace, "virtualmachines", timeout_seconds=1
+        )
+    )
     counters = sim.admin.counters()
-    assert counters["by_verb_resource"] == {"list virtualmachineinstances": 2, "create virtualmachines": 1,
-                                           "watch virtualmachines": 1}
+    assert counters["by_verb_resource"] == {
+        "list virtualmachineinstances": 2,
+        "create virtualmachines": 1,
+        "watch virtualmachines": 1,
+    }
     assert counters["total"] == 4 and counters["by_verb"]["list"] == 2
     assert counters["by_resource"]["virtualmachineinstances"] == 2
     assert counters["watch_events_sent"] >= 1 and counters["elapsed_seconds"] > 0
@@ -147,8 +174,9 @@ def test_bad_fault_specifications_are_refused(sim):
 def test_fault_flags_apply_from_the_start(tmp_path):
     from kubesim.testing import KubesimServer
 
-    with KubesimServer(tmp_path, guest="none", extra_args=["--error=500:1:list:virtualmachines",
-                                                           "--latency=get:namespaces=0.3"]) as faulty:
+    with KubesimServer(
+        tmp_path, guest="none", extra_args=["--error=500:1:list:virtualmachines", "--latency=get:namespaces=0.3"]
+    ) as faulty:
         api = faulty.api_client()
         started = time.monotonic()
         client.CoreV1Api(api).read_namespace("default")

@@ -21,21 +21,24 @@ def _label(core, namespace, level):
 
 
 def _kubevirt_configuration(custom, configuration):
-    custom.patch_namespaced_custom_object(GROUP, VERSION, "kubevirt", "kubevirts", "kubevirt",
-                                          {"spec": {"configuration": configuration}})
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, "kubevirt", "kubevirts", "kubevirt", {"spec": {"configuration": configuration}}
+    )
 
 
 def test_restricted_namespace_refuses_the_launcher_pod_as_kubevirt_reports_it(custom, core, namespace):
     _label(core, namespace, "restricted")
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines",
-                                           vm_manifest("psa", namespace=namespace))
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "virtualmachines", vm_manifest("psa", namespace=namespace)
+    )
     wait_for(lambda: condition(_vmi(custom, namespace, "psa"), "Synchronized"), what="Synchronized=False")
     vmi = _vmi(custom, namespace, "psa")
     synchronized = condition(vmi, "Synchronized")
     assert (synchronized["status"], synchronized["reason"]) == ("False", "FailedCreate")
     assert synchronized["message"].startswith(
         f"failed to create pod for vmi {namespace}/psa, it needs a privileged namespace to run: "
-        f'pods "virt-launcher-psa-" is forbidden: violates PodSecurity "restricted:latest": seccompProfile')
+        f'pods "virt-launcher-psa-" is forbidden: violates PodSecurity "restricted:latest": seccompProfile'
+    )
     assert vmi["status"]["phase"] == "Pending"
     assert core.list_namespaced_pod(namespace).items == []
     events = [e for e in core.list_namespaced_event(namespace).items if e.reason == "FailedCreate"]
@@ -43,14 +46,18 @@ def test_restricted_namespace_refuses_the_launcher_pod_as_kubevirt_reports_it(cu
     assert events[0].message.startswith("failed to render launch manifest: failed to create pod for vmi")
     # Relabelled privileged, the namespace admits the pod on virt-controller's next try.
     _label(core, namespace, "privileged")
-    wait_for(lambda: (_vmi(custom, namespace, "psa")["status"].get("phase") == "Running"), timeout=15,
-             what="the VMI to run once the namespace is privileged")
+    wait_for(
+        lambda: _vmi(custom, namespace, "psa")["status"].get("phase") == "Running",
+        timeout=15,
+        what="the VMI to run once the namespace is privileged",
+    )
 
 
 def test_baseline_admits_the_non_root_launcher_and_restricted_needs_a_seccomp_profile(custom, core, namespace):
     _label(core, namespace, "baseline")
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines",
-                                           vm_manifest("base", namespace=namespace))
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "virtualmachines", vm_manifest("base", namespace=namespace)
+    )
     wait_for(lambda: _vmi(custom, namespace, "base")["status"].get("phase") == "Running", what="Running")
     pod = core.list_namespaced_pod(namespace).items[0]
     assert pod.spec.security_context.run_as_non_root and pod.spec.security_context.run_as_user == 107
@@ -59,11 +66,18 @@ def test_baseline_admits_the_non_root_launcher_and_restricted_needs_a_seccomp_pr
     assert compute.allow_privilege_escalation is False and compute.capabilities.drop == ["ALL"]
     assert compute.capabilities.add == ["NET_BIND_SERVICE"]
     try:
-        _kubevirt_configuration(custom, {"seccompConfiguration": {"virtualMachineInstanceProfile": {
-            "customProfile": {"runtimeDefaultProfile": True}}}})
+        _kubevirt_configuration(
+            custom,
+            {
+                "seccompConfiguration": {
+                    "virtualMachineInstanceProfile": {"customProfile": {"runtimeDefaultProfile": True}}
+                }
+            },
+        )
         _label(core, namespace, "restricted")
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines",
-                                               vm_manifest("strict", namespace=namespace))
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "virtualmachines", vm_manifest("strict", namespace=namespace)
+        )
         wait_for(lambda: _vmi(custom, namespace, "strict")["status"].get("phase") == "Running", what="Running")
         pod = core.list_namespaced_pod(namespace, label_selector="app=strict").items[0]
         assert pod.spec.security_context.seccomp_profile.type == "RuntimeDefault"
@@ -78,8 +92,9 @@ def test_nodes_advertise_kvm_devices_as_the_kubelet_writes_them(core):
 
 
 def test_launcher_pod_has_the_console_log_sidecar_and_v1_9_overhead(custom, core, namespace):
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", vm_manifest(
-        "shape", namespace=namespace, memory="4Gi", cores=2))
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "virtualmachines", vm_manifest("shape", namespace=namespace, memory="4Gi", cores=2)
+    )
     wait_for(lambda: _vmi(custom, namespace, "shape")["status"].get("phase") == "Running", what="Running")
     pod = core.list_namespaced_pod(namespace).items[0]
     compute = pod.spec.containers[0]
@@ -90,13 +105,18 @@ def test_launcher_pod_has_the_console_log_sidecar_and_v1_9_overhead(custom, core
     assert console.name == "guest-console-log" and console.restart_policy == "Always"
     assert console.resources.requests == {"cpu": "5m", "memory": "35M"}
     assert console.resources.limits == {"cpu": "15m", "memory": "60M"}
-    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q"},
-             "spec": {"hard": {"requests.cpu": "10", "requests.memory": "100Gi"}}}
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "q"},
+        "spec": {"hard": {"requests.cpu": "10", "requests.memory": "100Gi"}},
+    }
     core.create_namespaced_resource_quota(namespace, quota)
 
     def used():
         status = core.read_namespaced_resource_quota("q", namespace).status
         return status and status.used and status.used.get("requests.cpu") not in (None, "0") and status.used
+
     counted = wait_for(used, what="the quota's usage")
     assert counted["requests.cpu"] == "205m"
     assert Decimal(counted["requests.memory"]) == 4380 * MI + 1 + 35_000_000
@@ -105,8 +125,9 @@ def test_launcher_pod_has_the_console_log_sidecar_and_v1_9_overhead(custom, core
 def test_disable_serial_console_log_removes_the_sidecar(custom, core, namespace):
     try:
         _kubevirt_configuration(custom, {"virtualMachineOptions": {"disableSerialConsoleLog": {}}})
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines",
-                                               vm_manifest("quiet", namespace=namespace))
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "virtualmachines", vm_manifest("quiet", namespace=namespace)
+        )
         wait_for(lambda: _vmi(custom, namespace, "quiet")["status"].get("phase") == "Running", what="Running")
         pod = core.list_namespaced_pod(namespace).items[0]
         assert not pod.spec.init_containers

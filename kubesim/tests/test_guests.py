@@ -26,13 +26,18 @@ def _boot_guest(sim: KubesimServer, core: client.CoreV1Api, custom: client.Custo
     import websocket
 
     core.create_namespaced_secret("default", secret_manifest(f"{name}-ci", agent_user_data(token="x" * 20)))
-    custom.create_namespaced_custom_object(GROUP, VERSION, "default", "virtualmachines",
-                                           vm_manifest(name, cloud_init_secret=f"{name}-ci"))
-    wait_for(lambda: (g := sim.admin.guest("default", name)) and g["agent_pid"] and g["ports"].get("8787"),
-             what="agent up")
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, "default", "virtualmachines", vm_manifest(name, cloud_init_secret=f"{name}-ci")
+    )
+    wait_for(
+        lambda: (g := sim.admin.guest("default", name)) and g["agent_pid"] and g["ports"].get("8787"), what="agent up"
+    )
     ws = websocket.create_connection(
         f"{sim.ws_url}/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/{name}/console",
-        header=[f"Authorization: Bearer {sim.token}"], subprotocols=["plain.kubevirt.io"], timeout=10)
+        header=[f"Authorization: Bearer {sim.token}"],
+        subprotocols=["plain.kubevirt.io"],
+        timeout=10,
+    )
     ws.send_binary(b"sleep 300 & echo job=$!\r")
     output = b""
     while b"job=" not in output or not output.split(b"job=")[-1].split(b"\r")[0].strip().isdigit():
@@ -41,8 +46,10 @@ def _boot_guest(sim: KubesimServer, core: client.CoreV1Api, custom: client.Custo
     guest = sim.admin.guest("default", name)
     # The job's number is its PID inside the guest's own PID namespace: find it on the host as a sleep 300
     # descended from the shell's sandbox.
-    guest["job_pid"] = wait_for(lambda: next((pid for pid in _descendants(guest["shell_pid"])
-                                              if _cmdline(pid) == "sleep 300"), None), what="the job on the host")
+    guest["job_pid"] = wait_for(
+        lambda: next((pid for pid in _descendants(guest["shell_pid"]) if _cmdline(pid) == "sleep 300"), None),
+        what="the job on the host",
+    )
     return guest
 
 

@@ -37,11 +37,18 @@ def kubectl(sim, tmp_path):
     env = {**os.environ, "KUBECONFIG": str(sim.tls_kubeconfig)}
 
     def run(*args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run([KUBECTL, "--cache-dir", str(tmp_path / "cache"), *args], input=stdin, env=env,
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [KUBECTL, "--cache-dir", str(tmp_path / "cache"), *args],
+            input=stdin,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
         return result
+
     return run
 
 
@@ -51,8 +58,12 @@ def test_apply_get_watch_and_delete_the_seed_vm(kubectl, tmp_path):
     applied = kubectl("apply", "-f", str(manifest))
     assert applied.stdout.strip() == "virtualmachine.kubevirt.io/my-vm created"
     assert "spec.running is deprecated, please use spec.runStrategy instead" in applied.stderr
-    listing = wait_for(lambda: (out := kubectl("get", "vm,vmi").stdout) and "Running" in out.split(
-        "virtualmachineinstance")[-1] and out, what="VM and VMI Running")
+    listing = wait_for(
+        lambda: (
+            (out := kubectl("get", "vm,vmi").stdout) and "Running" in out.split("virtualmachineinstance")[-1] and out
+        ),
+        what="VM and VMI Running",
+    )
     lines = [line.split() for line in listing.splitlines() if line.strip()]
     assert lines[0] == ["NAME", "AGE", "STATUS", "READY"]
     assert lines[1][0] == "virtualmachine.kubevirt.io/my-vm" and lines[1][2:] == ["Running", "True"]
@@ -63,8 +74,10 @@ def test_apply_get_watch_and_delete_the_seed_vm(kubectl, tmp_path):
     assert kubectl("apply", "-f", str(manifest)).stdout.strip() == "virtualmachine.kubevirt.io/my-vm unchanged"
     manifest.write_text(SEED_VM.replace("memory: 1Gi", "memory: 2Gi"))
     assert kubectl("apply", "-f", str(manifest)).stdout.strip() == "virtualmachine.kubevirt.io/my-vm configured"
-    assert kubectl("get", "vm", "my-vm", "-o", "jsonpath={.spec.template.spec.domain.resources.requests.memory}"
-                   ).stdout == "2Gi"
+    assert (
+        kubectl("get", "vm", "my-vm", "-o", "jsonpath={.spec.template.spec.domain.resources.requests.memory}").stdout
+        == "2Gi"
+    )
     deleted = kubectl("delete", "-f", str(manifest))
     assert deleted.stdout.strip() == 'virtualmachine.kubevirt.io "my-vm" deleted'
     assert kubectl("get", "vm,vmi", "-o", "name").stdout.strip() == ""
@@ -72,8 +85,13 @@ def test_apply_get_watch_and_delete_the_seed_vm(kubectl, tmp_path):
 
 def test_get_watch_streams_changes(kubectl, sim, tmp_path):
     env = {**os.environ, "KUBECONFIG": str(sim.tls_kubeconfig)}
-    watcher = subprocess.Popen([KUBECTL, "--cache-dir", str(tmp_path / "cache"), "get", "vm", "-w"], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watcher = subprocess.Popen(
+        [KUBECTL, "--cache-dir", str(tmp_path / "cache"), "get", "vm", "-w"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(1.0)
         manifest = tmp_path / "watched.yaml"
@@ -110,13 +128,14 @@ def test_imperative_verbs_operators_type(kubectl):
     assert '"pod-security.kubernetes.io/enforce": "baseline"' in shown and '"owner": "ops"' in shown
     assert '"team": "a"' in shown
     kubectl("create", "secret", "generic", "s1", "-n", "ops-x", "--from-literal=userdata=#cloud-config")
-    assert kubectl("get", "secret", "s1", "-n", "ops-x", "-o", "jsonpath={.data.userdata}").stdout == \
-        "I2Nsb3VkLWNvbmZpZw=="
+    assert (
+        kubectl("get", "secret", "s1", "-n", "ops-x", "-o", "jsonpath={.data.userdata}").stdout
+        == "I2Nsb3VkLWNvbmZpZw=="
+    )
     kubectl("create", "configmap", "c1", "-n", "ops-x", "--from-literal=a=b")
     assert kubectl("get", "configmap", "c1", "-n", "ops-x", "-o", "jsonpath={.data.a}").stdout == "b"
     kubectl("create", "quota", "q1", "-n", "ops-x", "--hard=requests.cpu=2,requests.memory=4Gi,pods=3")
-    assert kubectl("get", "quota", "q1", "-n", "ops-x", "-o", "jsonpath={.spec.hard.requests\\.memory}"
-                   ).stdout == "4Gi"
+    assert kubectl("get", "quota", "q1", "-n", "ops-x", "-o", "jsonpath={.spec.hard.requests\\.memory}").stdout == "4Gi"
     kubectl("label", "namespace", "ops-x", "team-")
     assert '"team"' not in kubectl("get", "namespace", "ops-x", "-o", "json").stdout
     kubectl("delete", "namespace", "ops-x")

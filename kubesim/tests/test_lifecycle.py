@@ -15,8 +15,13 @@ def _printable(custom, namespace, name):
 
 
 def test_bad_image_gives_err_image_pull(custom, core, namespace):
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", vm_manifest(
-        "pull", namespace=namespace, image="quay.io/containerdisks/missing:1.0"))
+    custom.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "virtualmachines",
+        vm_manifest("pull", namespace=namespace, image="quay.io/containerdisks/missing:1.0"),
+    )
     wait_for(lambda: _printable(custom, namespace, "pull") == "ErrImagePull", what="ErrImagePull")
     vmi = _get(custom, namespace, "virtualmachineinstances", "pull")
     assert vmi["status"]["phase"] == "Scheduling"
@@ -29,16 +34,22 @@ def test_bad_image_gives_err_image_pull(custom, core, namespace):
     assert ("Failed", "Warning") in reasons
 
 
-def test_image_volume_on_a_runtime_without_image_volumes_fails_every_container_disk_vmi(sim, custom, core,
-                                                                                        namespace):
+def test_image_volume_on_a_runtime_without_image_volumes_fails_every_container_disk_vmi(sim, custom, core, namespace):
     sim.admin.set_kubevirt(image_volume_supported=False)
     try:
         node = core.list_node().items[0]
         assert node.status.node_info.container_runtime_version == "containerd://2.2.3"
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", vm_manifest(
-            "trap", namespace=namespace, run_strategy="Once"))
-        vmi = wait_for(lambda: (v := _get(custom, namespace, "virtualmachineinstances", "trap")) and v.get(
-            "status", {}).get("phase") == "Failed" and v, what="Failed VMI")
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "virtualmachines", vm_manifest("trap", namespace=namespace, run_strategy="Once")
+        )
+        vmi = wait_for(
+            lambda: (
+                (v := _get(custom, namespace, "virtualmachineinstances", "trap"))
+                and v.get("status", {}).get("phase") == "Failed"
+                and v
+            ),
+            what="Failed VMI",
+        )
         assert condition(vmi, "Synchronized")["message"] == CONTAINER_DISK_ERROR
         assert "Running" not in [t["phase"] for t in vmi["status"]["phaseTransitionTimestamps"]]
         events = core.list_namespaced_event(namespace, field_selector="type=Warning").items
@@ -47,13 +58,15 @@ def test_image_volume_on_a_runtime_without_image_volumes_fails_every_container_d
         sim.admin.set_kubevirt(disabled_feature_gates=["ImageVolume"])
         kubevirt = custom.get_namespaced_custom_object(GROUP, VERSION, "kubevirt", "kubevirts", "kubevirt")
         assert kubevirt["spec"]["configuration"]["developerConfiguration"]["disabledFeatureGates"] == ["ImageVolume"]
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", vm_manifest(
-            "fine", namespace=namespace))
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "virtualmachines", vm_manifest("fine", namespace=namespace)
+        )
         wait_for(lambda: _printable(custom, namespace, "fine") == "Running", what="Running with the gate off")
         # KubeVirt before v1.9 does not turn Beta gates on by default.
         sim.admin.set_kubevirt(disabled_feature_gates=[], version="v1.8.2")
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", vm_manifest(
-            "older", namespace=namespace))
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "virtualmachines", vm_manifest("older", namespace=namespace)
+        )
         wait_for(lambda: _printable(custom, namespace, "older") == "Running", what="Running on v1.8")
     finally:
         sim.admin.set_kubevirt(image_volume_supported=True, disabled_feature_gates=[], version="v1.9.0")
@@ -62,8 +75,9 @@ def test_image_volume_on_a_runtime_without_image_volumes_fails_every_container_d
 def test_a_vmi_that_fails_before_running_backs_off(sim, custom, namespace):
     sim.admin.set_kubevirt(image_volume_supported=False)
     try:
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", vm_manifest(
-            "loop", namespace=namespace))
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "virtualmachines", vm_manifest("loop", namespace=namespace)
+        )
         wait_for(lambda: _printable(custom, namespace, "loop") == "CrashLoopBackOff", what="CrashLoopBackOff")
         failure = _get(custom, namespace, "virtualmachines", "loop")["status"]["startFailure"]
         assert failure["consecutiveFailCount"] == 1 and failure["retryAfterTimestamp"]
@@ -73,8 +87,9 @@ def test_a_vmi_that_fails_before_running_backs_off(sim, custom, namespace):
 
 def test_forced_failure_and_restart_by_run_strategy(sim, custom, namespace):
     for name, strategy in (("once", "Once"), ("always", "Always")):
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", vm_manifest(
-            name, namespace=namespace, run_strategy=strategy))
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "virtualmachines", vm_manifest(name, namespace=namespace, run_strategy=strategy)
+        )
         wait_for(lambda n=name: _printable(custom, namespace, n) == "Running", what=f"{name} Running")
     first = _get(custom, namespace, "virtualmachineinstances", "always")["metadata"]["uid"]
     failed = sim.admin.fail_vmi(namespace, "once", reason="GuestPanicked", message="kernel panic")
@@ -85,8 +100,14 @@ def test_forced_failure_and_restart_by_run_strategy(sim, custom, namespace):
     assert _get(custom, namespace, "virtualmachineinstances", "once")["status"]["phase"] == "Failed"
     assert sim.admin.guest(namespace, "once") is None
     sim.admin.fail_vmi(namespace, "always", reason="Crashed")
-    wait_for(lambda: (v := _get(custom, namespace, "virtualmachineinstances", "always")) and v["metadata"][
-        "uid"] != first and v["status"].get("phase") == "Running", what="Always restarts a VMI that ran")
+    wait_for(
+        lambda: (
+            (v := _get(custom, namespace, "virtualmachineinstances", "always"))
+            and v["metadata"]["uid"] != first
+            and v["status"].get("phase") == "Running"
+        ),
+        what="Always restarts a VMI that ran",
+    )
     with pytest.raises(Exception, match="404"):
         sim.admin.fail_vmi(namespace, "ghost")
 
@@ -100,17 +121,30 @@ def test_removing_a_node_fails_its_vmis(tmp_path):
         api = small.api_client()
         custom = client.CustomObjectsApi(api)
         for index in range(4):
-            custom.create_namespaced_custom_object(GROUP, VERSION, "default", "virtualmachines", vm_manifest(
-                f"n{index}", run_strategy="Once"))
-        vmis = wait_for(lambda: (items := custom.list_namespaced_custom_object(
-            GROUP, VERSION, "default", "virtualmachineinstances")["items"]) and all(
-            v["status"].get("phase") == "Running" for v in items) and len(items) == 4 and items, what="4 Running")
+            custom.create_namespaced_custom_object(
+                GROUP, VERSION, "default", "virtualmachines", vm_manifest(f"n{index}", run_strategy="Once")
+            )
+        vmis = wait_for(
+            lambda: (
+                (
+                    items := custom.list_namespaced_custom_object(GROUP, VERSION, "default", "virtualmachineinstances")[
+                        "items"
+                    ]
+                )
+                and all(v["status"].get("phase") == "Running" for v in items)
+                and len(items) == 4
+                and items
+            ),
+            what="4 Running",
+        )
         on_node = sorted(v["metadata"]["name"] for v in vmis if v["status"]["nodeName"] == "node01")
         assert on_node, "the scheduler spreads VMIs over both nodes"
         small.admin.remove_node("node01")
         assert [n.metadata.name for n in client.CoreV1Api(api).list_node().items] == ["node02"]
-        after = {v["metadata"]["name"]: v for v in custom.list_namespaced_custom_object(
-            GROUP, VERSION, "default", "virtualmachineinstances")["items"]}
+        after = {
+            v["metadata"]["name"]: v
+            for v in custom.list_namespaced_custom_object(GROUP, VERSION, "default", "virtualmachineinstances")["items"]
+        }
         for name, vmi in after.items():
             if name in on_node:
                 assert (vmi["status"]["phase"], vmi["status"]["reason"]) == ("Failed", "NodeUnresponsive")
@@ -122,10 +156,17 @@ def test_removing_a_node_fails_its_vmis(tmp_path):
 def test_a_missing_cloud_init_secret_holds_the_vmi_until_it_exists(custom, core, namespace):
     from kubesim.tests.support import agent_user_data, secret_manifest
 
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", vm_manifest(
-        "early", namespace=namespace, cloud_init_secret="early-ci"))
-    wait_for(lambda: any(e.reason == "FailedMount" for e in core.list_namespaced_event(namespace).items),
-             what="FailedMount event")
+    custom.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "virtualmachines",
+        vm_manifest("early", namespace=namespace, cloud_init_secret="early-ci"),
+    )
+    wait_for(
+        lambda: any(e.reason == "FailedMount" for e in core.list_namespaced_event(namespace).items),
+        what="FailedMount event",
+    )
     assert _get(custom, namespace, "virtualmachineinstances", "early")["status"]["phase"] == "Scheduling"
     core.create_namespaced_secret(namespace, secret_manifest("early-ci", agent_user_data(token="y" * 20)))
     wait_for(lambda: _printable(custom, namespace, "early") == "Running", timeout=10, what="Running once it exists")
@@ -134,8 +175,13 @@ def test_a_missing_cloud_init_secret_holds_the_vmi_until_it_exists(custom, core,
 def test_image_pull_errors_flip_with_back_off_and_each_flip_renews_the_condition(sim, custom, core, namespace):
     sim.admin.configure(image_pull_backoff=1.0)
     try:
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", vm_manifest(
-            "flip", namespace=namespace, image="quay.io/containerdisks/missing:2.0"))
+        custom.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            "virtualmachines",
+            vm_manifest("flip", namespace=namespace, image="quay.io/containerdisks/missing:2.0"),
+        )
         seen = []
 
         def flipped_twice():
@@ -143,6 +189,7 @@ def test_image_pull_errors_flip_with_back_off_and_each_flip_renews_the_condition
             if synchronized and (not seen or seen[-1] != (synchronized["reason"], synchronized["lastTransitionTime"])):
                 seen.append((synchronized["reason"], synchronized["lastTransitionTime"]))
             return len(seen) >= 3
+
         wait_for(flipped_twice, timeout=15, what="ErrImagePull, ImagePullBackOff, ErrImagePull")
     finally:
         sim.admin.configure(image_pull_backoff=10.0)
@@ -152,4 +199,3 @@ def test_image_pull_errors_flip_with_back_off_and_each_flip_renews_the_condition
     assert "reason" not in vmi["status"]
     back_off = [e for e in core.list_namespaced_event(namespace).items if e.reason == "BackOff"]
     assert back_off and 'Back-off pulling image "quay.io/containerdisks/missing:2.0"' in back_off[0].message
-

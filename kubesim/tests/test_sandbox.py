@@ -30,8 +30,9 @@ def guests(sim):
     names = []
     for name in ("alice", "bob"):
         core.create_namespaced_secret("default", secret_manifest(f"{name}-ci", agent_user_data(token="x" * 20)))
-        custom.create_namespaced_custom_object(GROUP, VERSION, "default", "virtualmachines",
-                                               vm_manifest(name, cloud_init_secret=f"{name}-ci"))
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, "default", "virtualmachines", vm_manifest(name, cloud_init_secret=f"{name}-ci")
+        )
         names.append(name)
     for name in names:
         wait_for(lambda n=name: (g := sim.admin.guest("default", n)) and g["ports"].get("8787"), what=f"{name} up")
@@ -44,7 +45,10 @@ def run_in(sim, name: str, command: str) -> str:
     marker = uuid.uuid4().hex[:8]
     ws = websocket.create_connection(
         f"{sim.ws_url}/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/{name}/console",
-        header=[f"Authorization: Bearer {sim.token}"], subprotocols=["plain.kubevirt.io"], timeout=10)
+        header=[f"Authorization: Bearer {sim.token}"],
+        subprotocols=["plain.kubevirt.io"],
+        timeout=10,
+    )
     try:
         ws.send_binary(f"{command}; echo; echo END-{marker}\r".encode())
         output = b""
@@ -61,9 +65,13 @@ def host_uid(pid: int) -> int:
 
 
 def test_the_portal_files_are_not_there_to_read_or_write(sim, guests):
-    output = run_in(sim, "alice", f"cat {REPO}/manage.py | head -1; ls {REPO}/var; cat {sim.kubeconfig}; "
-                                  f"touch {REPO}/planted; ls /; "
-                                  "(echo > /dev/tcp/127.0.0.1/5432) 2>/dev/null && echo PG-OPEN || echo PG-CLOSED")
+    output = run_in(
+        sim,
+        "alice",
+        f"cat {REPO}/manage.py | head -1; ls {REPO}/var; cat {sim.kubeconfig}; "
+        f"touch {REPO}/planted; ls /; "
+        "(echo > /dev/tcp/127.0.0.1/5432) 2>/dev/null && echo PG-OPEN || echo PG-CLOSED",
+    )
     assert "import" not in output and "apiVersion" not in output
     assert output.count("No such file or directory") >= 4
     assert not (REPO / "planted").exists()
@@ -72,8 +80,12 @@ def test_the_portal_files_are_not_there_to_read_or_write(sim, guests):
 
 def test_another_guests_files_and_processes_are_out_of_sight(sim, guests):
     run_in(sim, "bob", "echo bobs-secret > ~/secret.txt; sleep 777 & true")
-    output = run_in(sim, "alice", f"cat {guests['bob']['home']}/secret.txt; ls {Path(guests['bob']['root']).parent}; "
-                                  "ps ax | grep -c 'sleep 77[7]'; cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' '")
+    output = run_in(
+        sim,
+        "alice",
+        f"cat {guests['bob']['home']}/secret.txt; ls {Path(guests['bob']['root']).parent}; "
+        "ps ax | grep -c 'sleep 77[7]'; cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' '",
+    )
     assert "bobs-secret" not in output and "sleep 777" not in output
     assert "\r\n0\r\n" in output  # ps sees none of bob's processes
     assert (Path(guests["bob"]["home"]) / "secret.txt").read_text() == "bobs-secret\n"  # it was there to find

@@ -39,12 +39,14 @@ def _running(custom, namespace, name, *, agent: bool = False):
         if agent and condition(vmi, "AgentConnected") is None:
             return None
         return vmi
+
     return wait_for(ready, what=f"{name} Running")
 
 
 def _start_vm(custom, namespace, name, **kwargs):
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines",
-                                           vm_manifest(name, namespace=namespace, **kwargs))
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "virtualmachines", vm_manifest(name, namespace=namespace, **kwargs)
+    )
     return _running(custom, namespace, name)
 
 
@@ -72,14 +74,20 @@ async def test_console_handshake_errors_before_running_missing_and_failed(sim, c
             await session.ws_connect(_console_url(sim, namespace, "ghost"), protocols=("plain.kubevirt.io",))
         assert missing.value.status == 404
         # Too big to schedule: the VMI stays Pending, and the console says "not running" (400).
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines",
-                                               vm_manifest("pending", namespace=namespace, memory="1Ti"))
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "virtualmachines", vm_manifest("pending", namespace=namespace, memory="1Ti")
+        )
         wait_for(lambda: _vmi(custom, namespace, "pending"), what="VMI")
         response = await session.get(_console_url(sim, namespace, "pending").replace("ws://", "http://"))
         assert response.status == 400
         assert (await response.json())["message"] == "VMI is not running"
-        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines",
-                                               vm_manifest("crashy", namespace=namespace, run_strategy="Once"))
+        custom.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            "virtualmachines",
+            vm_manifest("crashy", namespace=namespace, run_strategy="Once"),
+        )
         _running(custom, namespace, "crashy")
         sim.admin.fail_vmi(namespace, "crashy", reason="Crashed")
         with pytest.raises(aiohttp.WSServerHandshakeError) as failed:
@@ -110,8 +118,11 @@ async def test_console_echoes_through_the_guest_shell_and_drops_text_frames(sim,
 
 async def test_the_console_first_says_which_cloud_init_steps_the_guest_did_not_do(sim, core, custom, namespace):
     user_data = agent_user_data(token="t" * 20).replace(
-        "#cloud-config\n", "#cloud-config\nruncmd:\n- systemctl enable --now lab-agent.service\n"
-                           "- [apt-get, install, -y, tree]\npackages: [tree]\n", 1)
+        "#cloud-config\n",
+        "#cloud-config\nruncmd:\n- systemctl enable --now lab-agent.service\n"
+        "- [apt-get, install, -y, tree]\npackages: [tree]\n",
+        1,
+    )
     core.create_namespaced_secret(namespace, secret_manifest("noted-ci", user_data))
     _start_vm(custom, namespace, "noted", cloud_init_secret="noted-ci")
     async with aiohttp.ClientSession(headers=sim.auth_header()) as session:
@@ -128,8 +139,10 @@ async def test_the_console_first_says_which_cloud_init_steps_the_guest_did_not_d
         await ws.send_bytes(b"echo again-$((3+4))\r")
         assert b"kubesim" not in await _read_until(ws, b"again-7")
         await ws.close()
-    assert sim.admin.guest(namespace, "noted")["cloud_init_skipped"] == ["runcmd: apt-get install -y tree",
-                                                                          "packages: tree"]
+    assert sim.admin.guest(namespace, "noted")["cloud_init_skipped"] == [
+        "runcmd: apt-get install -y tree",
+        "packages: tree",
+    ]
 
 
 async def test_second_console_client_disconnects_the_first_with_1006(sim, custom, namespace):
@@ -154,8 +167,9 @@ async def test_second_console_client_disconnects_the_first_with_1006(sim, custom
 def test_console_accepts_a_client_without_subprotocol_and_websocket_client_binary(sim, custom, namespace):
     _start_vm(custom, namespace, "plain")
     url = _console_url(sim, namespace, "plain")
-    ws = websocket.create_connection(url, header=[f"Authorization: Bearer {sim.token}"],
-                                     subprotocols=["plain.kubevirt.io"], timeout=10)
+    ws = websocket.create_connection(
+        url, header=[f"Authorization: Bearer {sim.token}"], subprotocols=["plain.kubevirt.io"], timeout=10
+    )
     assert ws.getsubprotocol() == "plain.kubevirt.io"
     ws.send_binary(b"echo ws$((5*5))\r")
     received = b""
@@ -173,8 +187,9 @@ def _cloud_init_vm(custom, core, namespace, name, *, token, agent_source=None):
     return _start_vm(custom, namespace, name, cloud_init_secret=f"{name}-ci")
 
 
-async def _http_over_portforward(sim, namespace, name, request: bytes, *, port: int = 8787,
-                                 kind: str = "virtualmachineinstances") -> bytes:
+async def _http_over_portforward(
+    sim, namespace, name, request: bytes, *, port: int = 8787, kind: str = "virtualmachineinstances"
+) -> bytes:
     url = f"{sim.ws_url}{SUB}/{namespace}/{kind}/{name}/portforward/{port}/tcp"
     async with aiohttp.ClientSession(headers=sim.auth_header()) as session:
         ws = await session.ws_connect(url, protocols=("plain.kubevirt.io",))
@@ -189,19 +204,25 @@ async def _http_over_portforward(sim, namespace, name, request: bytes, *, port: 
 
 async def test_portforward_reaches_the_agent_installed_by_cloud_init(sim, custom, core, namespace):
     _cloud_init_vm(custom, core, namespace, "graded", token="t0ken-for-the-agent")
-    guest = wait_for(lambda: (g := sim.admin.guest(namespace, "graded")) and g["ports"].get("8787") and g,
-                     what="agent port")
+    guest = wait_for(
+        lambda: (g := sim.admin.guest(namespace, "graded")) and g["ports"].get("8787") and g, what="agent port"
+    )
     token_file, agent_file = Path(guest["root"], "etc/lab-agent/token"), Path(guest["root"], "opt/lab-agent/agent.py")
     assert token_file.read_text().strip() == "t0ken-for-the-agent"  # noqa: ASYNC240 - a tiny local file
     assert agent_file.stat().st_mode & 0o777 == 0o755  # noqa: ASYNC240
-    answer = await _http_over_portforward(sim, namespace, "graded", b"GET /healthz HTTP/1.1\r\nHost: guest\r\n"
-                                          b"Authorization: Bearer t0ken-for-the-agent\r\n\r\n")
+    answer = await _http_over_portforward(
+        sim,
+        namespace,
+        "graded",
+        b"GET /healthz HTTP/1.1\r\nHost: guest\r\nAuthorization: Bearer t0ken-for-the-agent\r\n\r\n",
+    )
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.0 200")
     # Started as the guest's systemd starts it: root, in root's home inside the guest.
     assert json.loads(body) == {"ready": True, "home": "/root", "cwd": "/root"}
-    denied = await _http_over_portforward(sim, namespace, "graded", b"GET /healthz HTTP/1.1\r\n\r\n",
-                                          kind="virtualmachines")
+    denied = await _http_over_portforward(
+        sim, namespace, "graded", b"GET /healthz HTTP/1.1\r\n\r\n", kind="virtualmachines"
+    )
     assert denied.startswith(b"HTTP/1.0 401")
     async with aiohttp.ClientSession(headers=sim.auth_header()) as session:
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
@@ -210,15 +231,21 @@ async def test_portforward_reaches_the_agent_installed_by_cloud_init(sim, custom
 
 
 async def test_portforward_runs_a_check_through_the_real_guest_agent(sim, custom, core, namespace):
-    _cloud_init_vm(custom, core, namespace, "real", token="real-agent-token-123456",
-                   agent_source=REAL_AGENT.read_text())
-    wait_for(lambda: (g := sim.admin.guest(namespace, "real")) and g["ports"].get("8787"), timeout=20,
-             what="agent port")
+    _cloud_init_vm(
+        custom, core, namespace, "real", token="real-agent-token-123456", agent_source=REAL_AGENT.read_text()
+    )
+    wait_for(
+        lambda: (g := sim.admin.guest(namespace, "real")) and g["ports"].get("8787"), timeout=20, what="agent port"
+    )
     body = json.dumps({"checks": [{"id": "home", "command": "cd ~ && pwd", "timeout_s": 5}]}).encode()
-    answer = await _http_over_portforward(sim, namespace, "real", b"POST /v1/run HTTP/1.1\r\nHost: guest\r\n"
-                                          b"Authorization: Bearer real-agent-token-123456\r\nConnection: close\r\n"
-                                          b"Content-Type: application/json\r\nContent-Length: "
-                                          + str(len(body)).encode() + b"\r\n\r\n" + body)
+    answer = await _http_over_portforward(
+        sim,
+        namespace,
+        "real",
+        b"POST /v1/run HTTP/1.1\r\nHost: guest\r\n"
+        b"Authorization: Bearer real-agent-token-123456\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body,
+    )
     head, _, payload = answer.partition(b"\r\n\r\n")
     assert b" 200 " in head.split(b"\r\n")[0]
     result = json.loads(payload)["results"][0]
@@ -229,8 +256,10 @@ def test_guest_agent_reads_answer_500_plain_text_until_the_agent_connects(sim, c
     http = urllib3.PoolManager()
 
     def get(name, what="guestosinfo"):
-        return http.request("GET", f"{sim.url}{SUB}/{namespace}/virtualmachineinstances/{name}/{what}",
-                            headers=sim.auth_header())
+        return http.request(
+            "GET", f"{sim.url}{SUB}/{namespace}/virtualmachineinstances/{name}/{what}", headers=sim.auth_header()
+        )
+
     missing = get("ghost")
     assert missing.status == 500 and missing.headers["Content-Type"].startswith("text/plain")
     assert missing.data.decode() == 'virtualmachineinstance.kubevirt.io "ghost" not found'
@@ -241,8 +270,9 @@ def test_guest_agent_reads_answer_500_plain_text_until_the_agent_connects(sim, c
         sim.admin.configure(agent_delay=0)
     waiting = get("noagent")
     assert (waiting.status, waiting.data.decode()) == (500, "VMI does not have guest agent connected")
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines",
-                                           vm_manifest("stuck", namespace=namespace, memory="1Ti"))
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "virtualmachines", vm_manifest("stuck", namespace=namespace, memory="1Ti")
+    )
     wait_for(lambda: _vmi(custom, namespace, "stuck"), what="VMI")
     assert (get("stuck").status, get("stuck").data.decode()) == (500, "VMI is not running")
     _start_vm(custom, namespace, "agent")
@@ -257,49 +287,83 @@ def test_start_stop_restart_subresources(sim, custom, namespace):
     http = urllib3.PoolManager()
 
     def put(name, action, body=None):
-        response = http.request("PUT", f"{sim.url}{SUB}/{namespace}/virtualmachines/{name}/{action}",
-                                body=json.dumps(body) if body is not None else None, headers=sim.auth_header())
+        response = http.request(
+            "PUT",
+            f"{sim.url}{SUB}/{namespace}/virtualmachines/{name}/{action}",
+            body=json.dumps(body) if body is not None else None,
+            headers=sim.auth_header(),
+        )
         return response.status, (json.loads(response.data) if response.data else None)
 
     assert put("ghost", "start")[0] == 404
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines",
-                                           vm_manifest("life", namespace=namespace, run_strategy="Halted"))
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "virtualmachines", vm_manifest("life", namespace=namespace, run_strategy="Halted")
+    )
     status, body = put("life", "restart")
-    assert (status, body["message"]) == (409, 'Operation cannot be fulfilled on virtualmachine.kubevirt.io "life": '
-                                              "RunStategy Halted does not support manual restart requests")
+    assert (status, body["message"]) == (
+        409,
+        'Operation cannot be fulfilled on virtualmachine.kubevirt.io "life": '
+        "RunStategy Halted does not support manual restart requests",
+    )
     assert put("life", "stop")[1]["message"].endswith("VM is not running")
     assert put("life", "start", {"dryRun": ["All"]}) == (202, None)
-    assert custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", "life")["spec"][
-        "runStrategy"] == "Halted"
+    assert (
+        custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", "life")["spec"]["runStrategy"]
+        == "Halted"
+    )
     assert put("life", "start") == (202, None)
     first = _running(custom, namespace, "life")
-    assert custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", "life")["spec"][
-        "runStrategy"] == "Always"
+    assert (
+        custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", "life")["spec"]["runStrategy"]
+        == "Always"
+    )
     status, body = put("life", "start")
     assert (status, body["reason"]) == (409, "Conflict")
     assert body["message"].endswith("Always does not support manual start requests")
     assert put("life", "restart", {"gracePeriodSeconds": 5})[0] == 400
     assert put("life", "restart") == (202, None)
-    wait_for(lambda: (_vmi(custom, namespace, "life") or {}).get("metadata", {}).get("uid") not in (
-        None, first["metadata"]["uid"]), what="restarted VMI")
+    wait_for(
+        lambda: (
+            (_vmi(custom, namespace, "life") or {}).get("metadata", {}).get("uid")
+            not in (None, first["metadata"]["uid"])
+        ),
+        what="restarted VMI",
+    )
     _running(custom, namespace, "life")
     assert put("life", "stop") == (202, None)
     wait_for(lambda: _vmi(custom, namespace, "life") is None, what="stopped")
     vm = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", "life")
     assert vm["spec"]["runStrategy"] == "Halted"
-    wait_for(lambda: custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", "life")[
-        "status"]["printableStatus"] == "Stopped", what="Stopped")
+    wait_for(
+        lambda: (
+            custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", "life")["status"][
+                "printableStatus"
+            ]
+            == "Stopped"
+        ),
+        what="Stopped",
+    )
     # Manual: start and stop become stateChangeRequests that the controller carries out.
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines",
-                                           vm_manifest("manual", namespace=namespace, run_strategy="Manual"))
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "virtualmachines", vm_manifest("manual", namespace=namespace, run_strategy="Manual")
+    )
     assert put("manual", "start") == (202, None)
     _running(custom, namespace, "manual")
     assert put("manual", "start")[1]["message"].endswith("VM is already running")
     assert put("manual", "stop") == (202, None)
     wait_for(lambda: _vmi(custom, namespace, "manual") is None, what="manual stop")
     # The legacy field is patched instead of runStrategy.
-    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines",
-                                           vm_manifest("legacy", namespace=namespace, run_strategy=None, running=False))
+    custom.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "virtualmachines",
+        vm_manifest("legacy", namespace=namespace, run_strategy=None, running=False),
+    )
     assert put("legacy", "start") == (202, None)
-    assert custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", "legacy")["spec"] \
-        .get("running") is True
+    assert (
+        custom.get_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachines", "legacy")["spec"].get(
+            "running"
+        )
+        is True
+    )

@@ -74,8 +74,9 @@ def test_label_selectors():
 
 
 def test_field_selectors_reject_unsupported_fields():
-    fields = FieldSelector.parse("metadata.name=x,status.phase!=Failed",
-                                 supported=frozenset({"metadata.name", "status.phase"}))
+    fields = FieldSelector.parse(
+        "metadata.name=x,status.phase!=Failed", supported=frozenset({"metadata.name", "status.phase"})
+    )
     assert fields.matches({"metadata": {"name": "x"}, "status": {"phase": "Running"}})
     assert not fields.matches({"metadata": {"name": "x"}, "status": {"phase": "Failed"}})
     assert fields.exact_name() == "x"
@@ -87,10 +88,15 @@ def test_merge_and_json_patch():
     doc = {"spec": {"runStrategy": "Always", "list": [1, 2]}, "metadata": {"labels": {"a": "1"}}}
     merged = merge_patch(doc, {"spec": {"runStrategy": "Halted", "list": [3]}, "metadata": {"labels": {"a": None}}})
     assert merged == {"spec": {"runStrategy": "Halted", "list": [3]}, "metadata": {"labels": {}}}
-    patched = json_patch(doc, [{"op": "test", "path": "/spec/runStrategy", "value": "Always"},
-                               {"op": "replace", "path": "/spec/runStrategy", "value": "Halted"},
-                               {"op": "add", "path": "/spec/list/-", "value": 3},
-                               {"op": "remove", "path": "/metadata/labels/a"}])
+    patched = json_patch(
+        doc,
+        [
+            {"op": "test", "path": "/spec/runStrategy", "value": "Always"},
+            {"op": "replace", "path": "/spec/runStrategy", "value": "Halted"},
+            {"op": "add", "path": "/spec/list/-", "value": 3},
+            {"op": "remove", "path": "/metadata/labels/a"},
+        ],
+    )
     assert patched["spec"] == {"runStrategy": "Halted", "list": [1, 2, 3]} and patched["metadata"]["labels"] == {}
     assert doc["spec"]["runStrategy"] == "Always", "patches work on a copy"
     with pytest.raises(ApiError) as failed:
@@ -109,14 +115,17 @@ def test_admission_rejects_what_kubevirt_rejects():
     with pytest.raises(ApiError, match=r"Invalid RunStrategy \(Sometimes\)"):
         admission.admit_virtual_machine(vm_manifest("a", run_strategy="Sometimes"))
     assert admission.admit_virtual_machine(vm_manifest("a", run_strategy=None, running=True)) == [
-        "spec.running is deprecated, please use spec.runStrategy instead"]
+        "spec.running is deprecated, please use spec.runStrategy instead"
+    ]
     unknown = vm_manifest("a")
     unknown["spec"]["template"]["spec"]["domain"]["devcies"] = {}
     unknown["spec"]["template"]["spec"]["domain"]["devices"]["disks"][0]["bootOrdr"] = 1
     for default in (None, "", "Warn"):  # the API server's default since v1.23: pruned, one warning per field
         pruned, warnings = admission.validate_schema(unknown, field_validation=default)
-        assert warnings == ['unknown field "spec.template.spec.domain.devcies"',
-                            'unknown field "spec.template.spec.domain.devices.disks[0].bootOrdr"']
+        assert warnings == [
+            'unknown field "spec.template.spec.domain.devcies"',
+            'unknown field "spec.template.spec.domain.devices.disks[0].bootOrdr"',
+        ]
         assert "devcies" not in pruned["spec"]["template"]["spec"]["domain"]
         assert "bootOrdr" not in pruned["spec"]["template"]["spec"]["domain"]["devices"]["disks"][0]
     assert "devcies" in unknown["spec"]["template"]["spec"]["domain"], "the request's own object is left as sent"
@@ -126,7 +135,8 @@ def test_admission_rejects_what_kubevirt_rejects():
         admission.validate_schema(unknown, field_validation="Strict")
     assert error.value.code == 400 and error.value.message == (
         'strict decoding error: unknown field "spec.template.spec.domain.devcies", '
-        'unknown field "spec.template.spec.domain.devices.disks[0].bootOrdr"')
+        'unknown field "spec.template.spec.domain.devices.disks[0].bootOrdr"'
+    )
     with pytest.raises(ApiError) as error:
         admission.validate_schema(vm_manifest("a"), field_validation="strict")
     assert error.value.code == 400 and 'Unsupported value: "strict"' in error.value.message
@@ -140,9 +150,15 @@ def test_admission_rejects_what_kubevirt_rejects():
 
 def test_feature_gate_evaluation_order():
     def kubevirt(version, enabled=(), disabled=()):
-        return {"spec": {"configuration": {"developerConfiguration": {
-            "featureGates": list(enabled), "disabledFeatureGates": list(disabled)}}},
-            "status": {"observedKubeVirtVersion": version}}
+        return {
+            "spec": {
+                "configuration": {
+                    "developerConfiguration": {"featureGates": list(enabled), "disabledFeatureGates": list(disabled)}
+                }
+            },
+            "status": {"observedKubeVirtVersion": version},
+        }
+
     assert gate_enabled(kubevirt("v1.9.0"), "ImageVolume"), "Beta gates are on by default from v1.9"
     assert not gate_enabled(kubevirt("v1.8.2"), "ImageVolume")
     assert gate_enabled(kubevirt("v1.8.2", enabled=["ImageVolume"]), "ImageVolume")
@@ -154,10 +170,12 @@ def test_write_files_encodings_permissions_and_confinement(tmp_path):
     assert decode_content(base64.b64encode(payload).decode(), "b64") == payload
     assert decode_content(base64.b64encode(gzip.compress(payload)).decode(), "gz+b64") == payload
     assert decode_content(gzip.compress(payload), "gzip") == payload
-    user_data = ("#cloud-config\nwrite_files:\n"
-                 "- path: /opt/x/run.sh\n  permissions: '0750'\n  encoding: base64\n"
-                 f"  content: {base64.b64encode(payload).decode()}\n"
-                 "- path: /home/student/notes.txt\n  content: hello\n")
+    user_data = (
+        "#cloud-config\nwrite_files:\n"
+        "- path: /opt/x/run.sh\n  permissions: '0750'\n  encoding: base64\n"
+        f"  content: {base64.b64encode(payload).decode()}\n"
+        "- path: /home/student/notes.txt\n  content: hello\n"
+    )
     written = apply_write_files(tmp_path, user_data)
     assert [p.relative_to(tmp_path).as_posix() for p in written] == ["opt/x/run.sh", "home/student/notes.txt"]
     assert (tmp_path / "opt/x/run.sh").read_bytes() == payload
@@ -207,13 +225,17 @@ def test_a_long_list_encoding_lets_the_event_loop_serve_other_streams_meanwhile(
     assert asyncio.run(encoded_items([])) == b""
 
 
-@pytest.mark.parametrize("failure, status, logged", [
-    # The client left while the answer was being written (its socket closing, not yet gone): nobody to answer.
-    (aiohttp.ClientConnectionResetError("Cannot write to closing transport"), 499, False),
-    (ConnectionResetError("Connection lost"), 499, False),
-    # A real failure of the server's: a Status for the client, a traceback for the operator.
-    (KeyError("status"), 500, True),
-], ids=["closing transport", "connection lost", "server failure"])
+@pytest.mark.parametrize(
+    "failure, status, logged",
+    [
+        # The client left while the answer was being written (its socket closing, not yet gone): nobody to answer.
+        (aiohttp.ClientConnectionResetError("Cannot write to closing transport"), 499, False),
+        (ConnectionResetError("Connection lost"), 499, False),
+        # A real failure of the server's: a Status for the client, a traceback for the operator.
+        (KeyError("status"), 500, True),
+    ],
+    ids=["closing transport", "connection lost", "server failure"],
+)
 async def test_a_client_gone_mid_answer_is_not_logged_as_a_server_failure(failure, status, logged, caplog):
     from aiohttp.test_utils import make_mocked_request
 
@@ -222,8 +244,10 @@ async def test_a_client_gone_mid_answer_is_not_logged_as_a_server_failure(failur
 
     sim = KubeSim(config=SimConfig(), token="token")
     request = make_mocked_request(
-        "GET", "/apis/subresources.kubevirt.io/v1/namespaces/n/virtualmachineinstances/v/console",
-        headers={"Authorization": "Bearer token"})
+        "GET",
+        "/apis/subresources.kubevirt.io/v1/namespaces/n/virtualmachineinstances/v/console",
+        headers={"Authorization": "Bearer token"},
+    )
 
     async def handler(_request):
         raise failure
@@ -236,19 +260,31 @@ async def test_a_client_gone_mid_answer_is_not_logged_as_a_server_failure(failur
 
 
 def test_what_cloud_init_asked_for_that_a_simulated_guest_does_not_do_is_named():
-    portal = ("#cloud-config\nwrite_files: []\nusers: [{name: student}]\nruncmd:\n"
-              "- systemctl daemon-reload\n- systemctl enable --now lab-agent.service\n"
-              "- systemctl restart serial-getty@ttyS0.service\n")
+    portal = (
+        "#cloud-config\nwrite_files: []\nusers: [{name: student}]\nruncmd:\n"
+        "- systemctl daemon-reload\n- systemctl enable --now lab-agent.service\n"
+        "- systemctl restart serial-getty@ttyS0.service\n"
+    )
     assert unapplied(portal) == [], "the portal's own steps are simulated"
-    lab = portal + ("- [useradd, alice]\n- echo ready > /etc/motd\npackages: [tree, git]\nbootcmd: [setenforce 0]\n"
-                    "timezone: Asia/Tokyo\n")
-    assert unapplied(lab) == ["runcmd: useradd alice", "runcmd: echo ready > /etc/motd", "packages: tree git",
-                              "bootcmd: setenforce 0", "timezone: (not simulated)"]
+    lab = portal + (
+        "- [useradd, alice]\n- echo ready > /etc/motd\npackages: [tree, git]\nbootcmd: [setenforce 0]\n"
+        "timezone: Asia/Tokyo\n"
+    )
+    assert unapplied(lab) == [
+        "runcmd: useradd alice",
+        "runcmd: echo ready > /etc/motd",
+        "packages: tree git",
+        "bootcmd: setenforce 0",
+        "timezone: (not simulated)",
+    ]
     assert unapplied("#!/bin/sh\necho hi\n") == [
-        "user data of another kind ('#!/bin/sh'): only #cloud-config write_files are applied"]
+        "user data of another kind ('#!/bin/sh'): only #cloud-config write_files are applied"
+    ]
     assert unapplied("") == [] and unapplied("#cloud-config\n: [\n") == []
     assert unapplied("#cloud-config\nusers: [default, {name: student}, {name: alice}]\nhostname: lab1\n") == [
-        "users: alice", "hostname: (not simulated)"]
+        "users: alice",
+        "hostname: (not simulated)",
+    ]
 
 
 def test_quota_usage_follows_every_pod_write_as_a_recount_would():
@@ -265,14 +301,20 @@ def test_quota_usage_follows_every_pod_write_as_a_recount_would():
 
     def pod(name: str, namespace: str, cpu: str, memory: str, phase: str = "Running") -> dict:
         container = {"name": "compute", "resources": {"requests": {"cpu": cpu, "memory": memory}}}
-        return {"metadata": {"name": name, "namespace": namespace},
-                "spec": {"containers": [container, {"name": "guest-console-log"}]}, "status": {"phase": phase}}
+        return {
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"containers": [container, {"name": "guest-console-log"}]},
+            "status": {"phase": phase},
+        }
 
     def recount(namespace: str) -> tuple:
         counted = [pod_requests(entry.obj) for entry in store.entries("pods", namespace)]
         counted = [requests for requests in counted if requests is not None]
-        return (len(counted), sum((cpu for cpu, _ in counted), Decimal(0)),
-                sum((memory for _, memory in counted), Decimal(0)))
+        return (
+            len(counted),
+            sum((cpu for cpu, _ in counted), Decimal(0)),
+            sum((memory for _, memory in counted), Decimal(0)),
+        )
 
     store.create("pods", pod("early", "a", "100m", "1Gi"))
     usage = PodUsage(store)
@@ -282,8 +324,9 @@ def test_quota_usage_follows_every_pod_write_as_a_recount_would():
         if action == "create" or not names:
             namespace = rng.choice(("a", "b"))
             name = f"p{step}"
-            store.create("pods", pod(name, namespace, rng.choice(("100m", "1", "250m")),
-                                     rng.choice(("1286Mi", "2Gi", "512Mi"))))
+            store.create(
+                "pods", pod(name, namespace, rng.choice(("100m", "1", "250m")), rng.choice(("1286Mi", "2Gi", "512Mi")))
+            )
             names.append((namespace, name))
         else:
             namespace, name = rng.choice(names)
@@ -307,10 +350,12 @@ def test_a_serving_kubesim_freezes_its_startup_objects_and_collects_young_ones_l
 
     from kubesim.cli import SERVER_GC_THRESHOLDS
 
-    program = ("import gc\nfrom kubesim.server import KubeSim\nfrom kubesim.config import SimConfig\n"
-               "sim = KubeSim(config=SimConfig(), token='t')\nimport kubesim.cli\n"
-               "print(gc.get_freeze_count(), *gc.get_threshold())\n"
-               "kubesim.cli.settle_heap()\nprint(gc.get_freeze_count(), *gc.get_threshold())")
+    program = (
+        "import gc\nfrom kubesim.server import KubeSim\nfrom kubesim.config import SimConfig\n"
+        "sim = KubeSim(config=SimConfig(), token='t')\nimport kubesim.cli\n"
+        "print(gc.get_freeze_count(), *gc.get_threshold())\n"
+        "kubesim.cli.settle_heap()\nprint(gc.get_freeze_count(), *gc.get_threshold())"
+    )
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=True)
     before, after = ([int(n) for n in line.split()] for line in result.stdout.strip().splitlines()[-2:])
     assert before == [0, 700, 10, 10]

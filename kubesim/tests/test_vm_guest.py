@@ -69,14 +69,24 @@ def _phase(custom, name: str) -> str | None:
 
 def _start(core, custom, name: str, *, run_strategy: str = "Always") -> None:
     core.create_namespaced_secret("default", secret_manifest(f"{name}-ci", render_user_data(token=TOKEN)))
-    custom.create_namespaced_custom_object(GROUP, VERSION, "default", "virtualmachines", vm_manifest(
-        name, cloud_init_secret=f"{name}-ci", image="quay.io/containerdisks/debian:12", run_strategy=run_strategy))
+    custom.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        "default",
+        "virtualmachines",
+        vm_manifest(
+            name, cloud_init_secret=f"{name}-ci", image="quay.io/containerdisks/debian:12", run_strategy=run_strategy
+        ),
+    )
 
 
 def _console(sim, name: str) -> websocket.WebSocket:
     return websocket.create_connection(
         f"{sim.ws_url}/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/{name}/console",
-        header=[f"Authorization: Bearer {sim.token}"], subprotocols=["plain.kubevirt.io"], timeout=30)
+        header=[f"Authorization: Bearer {sim.token}"],
+        subprotocols=["plain.kubevirt.io"],
+        timeout=30,
+    )
 
 
 def _type_until(ws: websocket.WebSocket, keys: bytes, marker: bytes, *, timeout: float) -> bytes:
@@ -100,8 +110,11 @@ def _agent_request(sim, name: str, port: int, request: bytes) -> tuple[int, byte
     """One HTTP exchange with a guest port through the portforward subresource."""
     ws = websocket.create_connection(
         f"{sim.ws_url}/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/{name}"
-        f"/portforward/{port}/tcp", header=[f"Authorization: Bearer {sim.token}"],
-        subprotocols=["plain.kubevirt.io"], timeout=30)
+        f"/portforward/{port}/tcp",
+        header=[f"Authorization: Bearer {sim.token}"],
+        subprotocols=["plain.kubevirt.io"],
+        timeout=30,
+    )
     ws.send_binary(request)
     answer = b""
     while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < _length(answer):
@@ -127,8 +140,12 @@ def test_a_vm_boots_reports_its_agent_and_logs_the_student_in(sim, apis):
     wait_for(lambda: _phase(custom, "boot") == "Running", timeout=60, what="VMI Running")
     guest = sim.admin.guest("default", "boot")
     assert guest["qemu_pid"] and _alive(guest["qemu_pid"])
-    wait_for(lambda: condition(_vmi(custom, "boot"), "AgentConnected"), timeout=BOOT_TIMEOUT, interval=1,
-             what="qemu-guest-agent connected")
+    wait_for(
+        lambda: condition(_vmi(custom, "boot"), "AgentConnected"),
+        timeout=BOOT_TIMEOUT,
+        interval=1,
+        what="qemu-guest-agent connected",
+    )
     agent_connected = time.monotonic() - started
     status = _vmi(custom, "boot")["status"]
     assert status["guestOSInfo"]["id"] == "debian"  # the guest's own answer, not a guess from the image name
@@ -138,11 +155,17 @@ def test_a_vm_boots_reports_its_agent_and_logs_the_student_in(sim, apis):
     # The lab agent, installed and started by real cloud-init under systemd, through portforward.
     def healthz() -> dict | None:
         try:
-            code, body = _agent_request(sim, "boot", 8787, b"GET /healthz HTTP/1.1\r\nHost: agent\r\n"
-                                        b"Authorization: Bearer " + TOKEN.encode() + b"\r\nConnection: close\r\n\r\n")
+            code, body = _agent_request(
+                sim,
+                "boot",
+                8787,
+                b"GET /healthz HTTP/1.1\r\nHost: agent\r\n"
+                b"Authorization: Bearer " + TOKEN.encode() + b"\r\nConnection: close\r\n\r\n",
+            )
         except websocket.WebSocketBadStatusException:
             return None  # 500 while nothing listens on the port yet
         return json.loads(body) if code == 200 and json.loads(body).get("setup_finished") else None
+
     health = wait_for(healthz, timeout=BOOT_TIMEOUT, interval=2, what="lab agent ready")
     assert health["ready"]
     agent_ready = time.monotonic() - started
@@ -151,8 +174,10 @@ def test_a_vm_boots_reports_its_agent_and_logs_the_student_in(sim, apis):
     ws = _console(sim, "boot")
     output = _type_until(ws, b"\recho who=$(id -un)@$(hostname)\r", b"who=student@boot", timeout=BOOT_TIMEOUT)
     assert b"who=student@boot" in output
-    print(f"\nvm guest under {guest['accelerator']}: agent connected {agent_connected:.1f} s, "
-          f"lab agent ready {agent_ready:.1f} s after the VM was created")
+    print(
+        f"\nvm guest under {guest['accelerator']}: agent connected {agent_connected:.1f} s, "
+        f"lab agent ready {agent_ready:.1f} s after the VM was created"
+    )
 
     # One console client at a time: a second one takes the line, the first is dropped.
     second = _console(sim, "boot")
@@ -165,28 +190,42 @@ def test_a_vm_boots_reports_its_agent_and_logs_the_student_in(sim, apis):
 
 
 def test_portforward_to_a_port_nothing_listens_on_is_refused_with_500(sim, apis):
-    wait_for(lambda: condition(_vmi(apis[1], "boot"), "AgentConnected"), timeout=BOOT_TIMEOUT, interval=1,
-             what="guest up")
+    wait_for(
+        lambda: condition(_vmi(apis[1], "boot"), "AgentConnected"), timeout=BOOT_TIMEOUT, interval=1, what="guest up"
+    )
     with pytest.raises(websocket.WebSocketBadStatusException) as refused:
         websocket.create_connection(
             f"{sim.ws_url}/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/boot"
-            "/portforward/2222/tcp", header=[f"Authorization: Bearer {sim.token}"],
-            subprotocols=["plain.kubevirt.io"], timeout=30)
+            "/portforward/2222/tcp",
+            header=[f"Authorization: Bearer {sim.token}"],
+            subprotocols=["plain.kubevirt.io"],
+            timeout=30,
+        )
     assert refused.value.status_code == 500
     assert b"connection refused" in refused.value.resp_body
 
 
 def test_a_guest_power_off_ends_the_vmi_succeeded_and_its_qemu(sim, apis):
     core, custom = apis
-    wait_for(lambda: condition(_vmi(custom, "boot"), "AgentConnected"), timeout=BOOT_TIMEOUT, interval=1,
-             what="guest up")
+    wait_for(
+        lambda: condition(_vmi(custom, "boot"), "AgentConnected"), timeout=BOOT_TIMEOUT, interval=1, what="guest up"
+    )
     pid = sim.admin.guest("default", "boot")["qemu_pid"]
-    custom.patch_namespaced_custom_object(GROUP, VERSION, "default", "virtualmachines", "boot",
-                                          {"spec": {"runStrategy": "Manual"}})
+    custom.patch_namespaced_custom_object(
+        GROUP, VERSION, "default", "virtualmachines", "boot", {"spec": {"runStrategy": "Manual"}}
+    )
     body = json.dumps({"checks": [{"id": "off", "command": "systemctl poweroff", "timeout_s": 10}]}).encode()
-    _agent_request(sim, "boot", 8787, b"POST /v1/run HTTP/1.1\r\nHost: agent\r\nAuthorization: Bearer "
-                   + TOKEN.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: "
-                   + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+    _agent_request(
+        sim,
+        "boot",
+        8787,
+        b"POST /v1/run HTTP/1.1\r\nHost: agent\r\nAuthorization: Bearer "
+        + TOKEN.encode()
+        + b"\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\nConnection: close\r\n\r\n"
+        + body,
+    )
     wait_for(lambda: _phase(custom, "boot") == "Succeeded", timeout=180, interval=1, what="VMI Succeeded")
     wait_for(lambda: not _alive(pid), timeout=30, what="QEMU gone")
 
@@ -196,8 +235,9 @@ def test_killing_kubesim_leaves_no_qemu(image, tmp_path):
     api = sim.api_client()
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     _start(core, custom, "orphan")
-    guest = wait_for(lambda: (g := sim.admin.guest("default", "orphan")) and g["qemu_pid"] and g, timeout=60,
-                     what="QEMU started")
+    guest = wait_for(
+        lambda: (g := sim.admin.guest("default", "orphan")) and g["qemu_pid"] and g, timeout=60, what="QEMU started"
+    )
     api.close()
     os.kill(sim.process.pid, signal.SIGKILL)
     sim.process.wait()

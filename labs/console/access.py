@@ -46,8 +46,13 @@ def console_access(*, user: User, attempt_id: int) -> ConsoleAccess:
     is_staff = not is_student and course_role(user=user, course=Course.objects.get(labs=attempt.lab_id)) in STAFF_ROLES
     if not (is_student or is_staff):
         raise NotFound(_("Attempt not found."))
-    return ConsoleAccess(attempt_id=attempt.id, is_student=is_student, is_staff=is_staff, viewer_name=str(user),
-                         location=_location(attempt))
+    return ConsoleAccess(
+        attempt_id=attempt.id,
+        is_student=is_student,
+        is_staff=is_staff,
+        viewer_name=str(user),
+        location=_location(attempt),
+    )
 
 
 def console_location(*, user: User, attempt_id: int) -> ConsoleLocation:
@@ -68,6 +73,10 @@ def console_control_record(*, actor: User, attempt_id: int, taken: bool) -> None
     """Audit a staff member taking over (or handing back) the keyboard of a student's console."""
     attempt = attempt_get_for_user(user=actor, attempt_id=attempt_id)
     audit_record(
-        actor=actor, action="console.take_control" if taken else "console.release_control", target=attempt,
-        tenant=attempt.tenant, course=attempt.lab.course, data={"attempt": attempt.id},
+        actor=actor,
+        action="console.take_control" if taken else "console.release_control",
+        target=attempt,
+        tenant=attempt.tenant,
+        course=attempt.lab.course,
+        data={"attempt": attempt.id},
     )

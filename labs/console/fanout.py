@@ -35,8 +35,17 @@ ALONE_LINGER_SECONDS = 1.0
 
 
 class OutputFanout:
-    def __init__(self, *, attempt_id: int, scrollback: Scrollback, channel_layer, group: str, origin: str,
-                 start_end: int, others: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        attempt_id: int,
+        scrollback: Scrollback,
+        channel_layer,
+        group: str,
+        origin: str,
+        start_end: int,
+        others: bool = True,
+    ) -> None:
         self.attempt_id = attempt_id
         self.scrollback = scrollback
         # Whether anybody else watches, and as of when (time.monotonic()); see observe_others.
@@ -106,8 +115,9 @@ class OutputFanout:
         if end != self.published_end + len(data):
             # Someone else appended too (a holder that lost its lease without noticing): viewers resynchronise
             # from the scrollback when they see the gap.
-            logger.warning("Console %s: scrollback offset %s, expected %s", self.attempt_id, end,
-                           self.published_end + len(data))
+            logger.warning(
+                "Console %s: scrollback offset %s, expected %s", self.attempt_id, end, self.published_end + len(data)
+            )
         self.published_end = end
         if not self.others:
             return

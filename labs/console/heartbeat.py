@@ -96,8 +96,9 @@ class ConsoleHeartbeat:
         self.watching.discard((attempt_id, viewer))
         self._stop_when_idle()
 
-    def hold(self, *, attempt_id: int, holder: str, on_lost: Callable[[], None],
-             on_others: Callable[[bool, float], None]) -> HeldLease:
+    def hold(
+        self, *, attempt_id: int, holder: str, on_lost: Callable[[], None], on_others: Callable[[bool, float], None]
+    ) -> HeldLease:
         """Renew a lease just acquired, until ``release``."""
         held = HeldLease(attempt_id=attempt_id, holder=holder, on_lost=on_lost, on_others=on_others)
         self.held.add(held)
@@ -178,7 +179,8 @@ class ConsoleHeartbeat:
 
 
 _heartbeats: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, ConsoleHeartbeat]] = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 
 
 def console_heartbeat(*, ttl: float) -> ConsoleHeartbeat:

@@ -51,8 +51,12 @@ def _open_for_append(path: Path, *, title: str) -> tuple[float, int]:
     if header is None or header.get("version") != 2:
         start = time.time()
         header = {
-            "version": 2, "width": DEFAULT_WIDTH, "height": DEFAULT_HEIGHT, "timestamp": int(start),
-            "title": title, "env": {"TERM": "xterm-256color"},
+            "version": 2,
+            "width": DEFAULT_WIDTH,
+            "height": DEFAULT_HEIGHT,
+            "timestamp": int(start),
+            "title": title,
+            "env": {"TERM": "xterm-256color"},
         }
         with path.open("w", encoding="utf-8") as handle:
             handle.write(json.dumps(header) + "\n")
@@ -102,8 +106,11 @@ class RecordingWriter:
 
     async def write(self, recorders: list[AsciicastRecorder]) -> None:
         async with self.lock:
-            batch = [(recorder, recorder.take_pending()) for recorder in recorders
-                     if recorder.pending and not recorder.failed]
+            batch = [
+                (recorder, recorder.take_pending())
+                for recorder in recorders
+                if recorder.pending and not recorder.failed
+            ]
             if not batch:
                 return
             errors = await asyncio.to_thread(_append_all, [(recorder.path, text) for recorder, (text, _) in batch])
@@ -112,7 +119,8 @@ class RecordingWriter:
 
 
 _writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, RecordingWriter]] = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 
 
 def recording_writer(*, interval: float) -> RecordingWriter:

@@ -34,11 +34,15 @@ def shared_redis() -> redis_asyncio.Redis | None:
     if client is None:
         # Cancellable connections (portal.redis_async): a console's tasks are cancelled mid-command when its tab
         # closes.
-        pool = redis_asyncio.BlockingConnectionPool(**pool_options(
-            settings.REDIS_URL, health_check_interval=30, timeout=CONNECTION_WAIT_SECONDS,
-            max_connections=settings.CONSOLE_REDIS_MAX_CONNECTIONS,
-            **settings.REDIS_CONNECTION_OPTIONS,
-        ))
+        pool = redis_asyncio.BlockingConnectionPool(
+            **pool_options(
+                settings.REDIS_URL,
+                health_check_interval=30,
+                timeout=CONNECTION_WAIT_SECONDS,
+                max_connections=settings.CONSOLE_REDIS_MAX_CONNECTIONS,
+                **settings.REDIS_CONNECTION_OPTIONS,
+            )
+        )
         client = redis_asyncio.Redis(connection_pool=pool)
         _clients[loop] = client
     return client

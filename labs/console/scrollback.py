@@ -53,7 +53,7 @@ def tail_for_replay(data: bytes, limit: int) -> bytes:
         return data
     tail = data[-limit:]
     newline = tail.find(b"\n", 0, 1024)
-    return tail[newline + 1:] if newline >= 0 else tail
+    return tail[newline + 1 :] if newline >= 0 else tail
 
 
 class Scrollback(Protocol):

@@ -63,8 +63,15 @@ async def console_target(location: ConsoleLocation) -> StreamTarget:
 
 
 class ConsoleUpstream:
-    def __init__(self, *, locate: Locator, on_output: OutputHandler, on_state: StateHandler,
-                 attempt_changed: asyncio.Event, limits: ConsoleLimits) -> None:
+    def __init__(
+        self,
+        *,
+        locate: Locator,
+        on_output: OutputHandler,
+        on_state: StateHandler,
+        attempt_changed: asyncio.Event,
+        limits: ConsoleLimits,
+    ) -> None:
         self.locate = locate
         self.on_output = on_output
         self.on_state = on_state
@@ -117,10 +124,15 @@ class ConsoleUpstream:
                 try:
                     target = await console_target(location)
                     socket = await session.ws_connect(
-                        target.url, protocols=(CONSOLE_SUBPROTOCOL,), headers=target.headers,
-                        ssl=target.ssl if target.ssl is not None else True, timeout=timeout,
-                        server_hostname=target.server_hostname, proxy=target.proxy,
-                        max_msg_size=self.limits.upstream_max_message_bytes, autoping=True,
+                        target.url,
+                        protocols=(CONSOLE_SUBPROTOCOL,),
+                        headers=target.headers,
+                        ssl=target.ssl if target.ssl is not None else True,
+                        timeout=timeout,
+                        server_hostname=target.server_hostname,
+                        proxy=target.proxy,
+                        max_msg_size=self.limits.upstream_max_message_bytes,
+                        autoping=True,
                     )
                 except aiohttp.WSServerHandshakeError as exc:
                     if exc.status in (400, 404):
@@ -135,8 +147,7 @@ class ConsoleUpstream:
                         backoff = min(backoff * 2, self.limits.upstream_max_backoff_seconds)
                     continue
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    logger.warning("Console upstream for %s/%s unreachable: %s",
-                                   location.namespace, location.name, exc)
+                    logger.warning("Console upstream for %s/%s unreachable: %s", location.namespace, location.name, exc)
                     await self._set_state(UpstreamState.LOST, type(exc).__name__)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, self.limits.upstream_max_backoff_seconds)

@@ -94,7 +94,8 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
             # One thread-pool call resolves the session's user and decides access; not thread-sensitive, so
             # handshakes do not queue one after another on the process's single thread for such code.
             access = await database_sync_to_async(console_handshake, thread_sensitive=False)(
-                user=self.user, attempt_id=self.attempt_id)
+                user=self.user, attempt_id=self.attempt_id
+            )
         except ApplicationError:
             await self.close(code=CLOSE_NOT_FOUND)
             return
@@ -261,10 +262,14 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
         await self.send(text_data=json.dumps(payload))
 
     async def _send_hello(self) -> None:
-        await self._send_json({
-            "type": "hello", "attempt": self.attempt_id, "mode": "rw" if self.can_write else "ro",
-            "can_take_control": self.access.is_staff and not self.access.is_student,
-        })
+        await self._send_json(
+            {
+                "type": "hello",
+                "attempt": self.attempt_id,
+                "mode": "rw" if self.can_write else "ro",
+                "can_take_control": self.access.is_staff and not self.access.is_student,
+            }
+        )
 
     async def _notice(self, code: str, **extra) -> None:
         now = time.monotonic()
@@ -276,7 +281,8 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
     async def _broadcast_notice(self, code: str, **extra) -> None:
         """Tell every other viewer (the student above all) what this one did; its own page knows already."""
         await self.channel_layer.group_send(
-            self.output_group, {"type": "console.notice", "code": code, "origin": self.channel_name, **extra})
+            self.output_group, {"type": "console.notice", "code": code, "origin": self.channel_name, **extra}
+        )
 
     async def _deliver(self, data: bytes, end: int) -> None:
         async with self.deliver_lock:
@@ -301,7 +307,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
             if end <= self.delivered_end:
                 return
         if start < self.delivered_end:
-            data = data[self.delivered_end - start:]
+            data = data[self.delivered_end - start :]
         self.delivered_end = end
         if not self.window.may_send(len(data)):
             await self._send_json({"type": "lagging"})
@@ -447,19 +453,32 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
         # From then on the heartbeat says whether anybody else watches, and newcomers announce themselves.
         others = await self.viewers.others(attempt_id=self.attempt_id, viewer=self.channel_name)
         self.fanout = OutputFanout(
-            attempt_id=self.attempt_id, scrollback=self.scrollback, channel_layer=self.channel_layer,
-            group=self.output_group, origin=self.channel_name, start_end=snapshot.end, others=others,
+            attempt_id=self.attempt_id,
+            scrollback=self.scrollback,
+            channel_layer=self.channel_layer,
+            group=self.output_group,
+            origin=self.channel_name,
+            start_end=snapshot.end,
+            others=others,
         )
-        self.held = self.heartbeat.hold(attempt_id=self.attempt_id, holder=self.channel_name,
-                                        on_lost=self.ownership_changed.set, on_others=self.fanout.observe_others)
+        self.held = self.heartbeat.hold(
+            attempt_id=self.attempt_id,
+            holder=self.channel_name,
+            on_lost=self.ownership_changed.set,
+            on_others=self.fanout.observe_others,
+        )
         self.recorder = AsciicastRecorder(
-            attempt_id=self.attempt_id, max_bytes=self.limits.recording_max_bytes,
+            attempt_id=self.attempt_id,
+            max_bytes=self.limits.recording_max_bytes,
             flush_seconds=self.limits.recording_flush_seconds,
         )
         await self.recorder.open()
         self.upstream = ConsoleUpstream(
-            locate=self._locate, on_output=self._upstream_output, on_state=self._upstream_state,
-            attempt_changed=self.attempt_changed, limits=self.limits,
+            locate=self._locate,
+            on_output=self._upstream_output,
+            on_state=self._upstream_state,
+            attempt_changed=self.attempt_changed,
+            limits=self.limits,
         )
         self.in_input_group = True
         await self.channel_layer.group_add(self.input_group, self.channel_name)

@@ -27,8 +27,15 @@ SUBRESOURCES_PREFIX = "/apis/subresources.kubevirt.io/v1"
 # connection that fails to open is retried, briefly; every other failure goes straight back to the caller, whose
 # retries back off with a cap (labs.tasks) or wait for the next sync.
 REQUEST_RETRIES = urllib3.Retry(
-    total=2, connect=2, read=0, redirect=0, status=0, other=0, backoff_factor=0.2,
-    respect_retry_after_header=False, raise_on_status=False,
+    total=2,
+    connect=2,
+    read=0,
+    redirect=0,
+    status=0,
+    other=0,
+    backoff_factor=0.2,
+    respect_retry_after_header=False,
+    raise_on_status=False,
 )
 
 _lock = threading.Lock()
@@ -177,15 +184,19 @@ def stream_target(path: str) -> StreamTarget:
             headers[setting["key"]] = setting["value"]
     host = cfg.host.rstrip("/")
     if host.startswith("https://"):
-        url = "wss://" + host[len("https://"):] + path
+        url = "wss://" + host[len("https://") :] + path
     elif host.startswith("http://"):
-        url = "ws://" + host[len("http://"):] + path
+        url = "ws://" + host[len("http://") :] + path
     else:
         raise ClusterNotConfigured(f"Unsupported API server address {cfg.host!r}.")
     proxy = cfg.proxy if cfg.proxy and not should_bypass_proxies(cfg.host, no_proxy=cfg.no_proxy or "") else None
-    return StreamTarget(url=url, headers=headers, ssl=_ssl_context(cfg),
-                        server_hostname=(cfg.tls_server_name or None) if url.startswith("wss://") else None,
-                        proxy=proxy)
+    return StreamTarget(
+        url=url,
+        headers=headers,
+        ssl=_ssl_context(cfg),
+        server_hostname=(cfg.tls_server_name or None) if url.startswith("wss://") else None,
+        proxy=proxy,
+    )
 
 
 def vmi_subresource_path(*, namespace: str, name: str, subresource: str) -> str:

@@ -23,10 +23,12 @@ def failed_vmi_words(vmi: Mapping[str, Any]) -> Callable[[], str]:
         return lambda: status.failed_problem(vmi)
     metadata = vmi.get("metadata") or {}
     try:
-        said = status.events_problem(operations.events_for(namespace=metadata.get("namespace", ""),
-                                                           name=metadata.get("name", "")))
+        said = status.events_problem(
+            operations.events_for(namespace=metadata.get("namespace", ""), name=metadata.get("name", ""))
+        )
     except ClusterError as error:
-        logger.info("events of VMI %s/%s unavailable: %s", metadata.get("namespace"), metadata.get("name"),
-                    error.message)
+        logger.info(
+            "events of VMI %s/%s unavailable: %s", metadata.get("namespace"), metadata.get("name"), error.message
+        )
         said = ""
     return lambda: status.failed_problem(vmi, said)

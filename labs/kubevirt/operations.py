@@ -43,15 +43,18 @@ VMIS = "virtualmachineinstances"
 # portal holds no RBAC rights and cannot fix that itself, so the message (shown to operators and instructors, and
 # kept as the namespace's last error) says what to apply.
 RBAC_SIGNATURE = 'is forbidden: User "'
-RBAC_HINT = (" (the portal's Role is not applied in this namespace: a cluster admin applies the tenant's manifests, "
-             "python manage.py tenant_manifests \"<tenant name>\" | kubectl apply -f -)")
+RBAC_HINT = (
+    " (the portal's Role is not applied in this namespace: a cluster admin applies the tenant's manifests, "
+    'python manage.py tenant_manifests "<tenant name>" | kubectl apply -f -)'
+)
 
 
 class ClusterError(Exception):
     """The cluster refused or failed a request. ``transient`` errors are retried with backoff."""
 
-    def __init__(self, message: str, *, status: int | None = None, transient: bool = False,
-                 retry_after: float | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int | None = None, transient: bool = False, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
@@ -102,8 +105,7 @@ def cluster_error(exc: BaseException, *, doing: str) -> ClusterError:
         return ClusterError(f"{doing}: {message}", status=status, transient=transient, retry_after=_retry_after(exc))
     if isinstance(exc, (urllib3.exceptions.HTTPError, OSError, TimeoutError)):
         _count_error(doing=doing, reason="connection")
-        return ClusterError(f"{doing}: cannot reach the cluster API ({exc.__class__.__name__}: {exc})",
-                            transient=True)
+        return ClusterError(f"{doing}: cannot reach the cluster API ({exc.__class__.__name__}: {exc})", transient=True)
     if isinstance(exc, client.ClusterNotConfigured):
         return ClusterError(f"{doing}: {exc}", transient=False)
     raise exc
@@ -136,8 +138,14 @@ def vm_create(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     try:
         response = _kubevirt("create_namespaced_custom_object")(
-            client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION, namespace, VMS, dict(body),
-            field_validation=STRICT, _preload_content=False, _request_timeout=REQUEST_TIMEOUT,
+            client.KUBEVIRT_GROUP,
+            client.KUBEVIRT_VERSION,
+            namespace,
+            VMS,
+            dict(body),
+            field_validation=STRICT,
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT,
         )
         return _json(response), True
     except Exception as exc:
@@ -152,8 +160,13 @@ def vm_create(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
 def vm_get(*, namespace: str, name: str) -> dict[str, Any] | None:
     try:
         response = _kubevirt("get_namespaced_custom_object")(
-            client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION, namespace, VMS, name,
-            _preload_content=False, _request_timeout=REQUEST_TIMEOUT,
+            client.KUBEVIRT_GROUP,
+            client.KUBEVIRT_VERSION,
+            namespace,
+            VMS,
+            name,
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT,
         )
         return _json(response)
     except Exception as exc:
@@ -166,9 +179,14 @@ def vm_delete(*, namespace: str, name: str) -> bool:
     """Delete a VM (its VMI, launcher pod and, by ownerReference, its Secret follow). False if already gone."""
     try:
         _kubevirt("delete_namespaced_custom_object")(
-            client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION, namespace, VMS, name,
+            client.KUBEVIRT_GROUP,
+            client.KUBEVIRT_VERSION,
+            namespace,
+            VMS,
+            name,
             body={"propagationPolicy": "Foreground"},
-            _preload_content=False, _request_timeout=REQUEST_TIMEOUT,
+            _preload_content=False,
+            _request_timeout=REQUEST_TIMEOUT,
         )
         return True
     except Exception as exc:
@@ -179,8 +197,13 @@ def vm_delete(*, namespace: str, name: str) -> bool:
 
 def _list_kubevirt(plural: str, namespace: str) -> list[dict[str, Any]]:
     payload = _call(
-        f"listing {plural} in {namespace}", _kubevirt("list_namespaced_custom_object"),
-        client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION, namespace, plural, label_selector=names.MANAGED_SELECTOR,
+        f"listing {plural} in {namespace}",
+        _kubevirt("list_namespaced_custom_object"),
+        client.KUBEVIRT_GROUP,
+        client.KUBEVIRT_VERSION,
+        namespace,
+        plural,
+        label_selector=names.MANAGED_SELECTOR,
     )
     return list(payload.get("items") or [])
 
@@ -196,7 +219,11 @@ def vms_list(*, namespace: str) -> list[dict[str, Any]]:
     payload = _call(
         f"listing {VMS} in {namespace}",
         client.metadata_custom_objects().list_namespaced_custom_object,
-        client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION, namespace, VMS, label_selector=names.MANAGED_SELECTOR,
+        client.KUBEVIRT_GROUP,
+        client.KUBEVIRT_VERSION,
+        namespace,
+        VMS,
+        label_selector=names.MANAGED_SELECTOR,
     )
     return list(payload.get("items") or [])
 
@@ -243,13 +270,14 @@ def secret_delete(*, namespace: str, name: str) -> bool:
         raise cluster_error(exc, doing=f"deleting Secret {namespace}/{name}") from exc
 
 
-
 def secrets_list(*, namespace: str) -> list[dict[str, Any]]:
     """The portal's Secrets in a namespace, metadata only: each holds a VM's whole cloud-init (the lab agent
     included, about 50 KB), and the sweep reads names and labels. 200 of them were 10 MB per list."""
     payload = _call(
-        f"listing Secrets in {namespace}", client.metadata_core_v1().list_namespaced_secret,
-        namespace, label_selector=names.MANAGED_SELECTOR,
+        f"listing Secrets in {namespace}",
+        client.metadata_core_v1().list_namespaced_secret,
+        namespace,
+        label_selector=names.MANAGED_SELECTOR,
     )
     return list(payload.get("items") or [])
 
@@ -265,8 +293,9 @@ def namespace_bootstrap(
     name = namespace["metadata"]["name"]
     core = client.core_v1()
     try:
-        core.create_namespace(dict(namespace), field_validation=STRICT, _preload_content=False,
-                              _request_timeout=REQUEST_TIMEOUT)
+        core.create_namespace(
+            dict(namespace), field_validation=STRICT, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+        )
     except Exception as exc:
         if not _is(exc, 409):
             raise cluster_error(exc, doing=f"creating namespace {name}") from exc
@@ -289,8 +318,12 @@ def namespace_bootstrap(
         patch = [{"op": "replace", "path": "/spec/hard", "value": dict(quota["spec"]["hard"])}]
         try:
             core.patch_namespaced_resource_quota(
-                quota["metadata"]["name"], name, patch, field_validation=STRICT, _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT
+                quota["metadata"]["name"],
+                name,
+                patch,
+                field_validation=STRICT,
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT,
             )
         except Exception as patch_exc:
             raise cluster_error(patch_exc, doing=f"updating ResourceQuota {name}") from patch_exc
@@ -302,7 +335,9 @@ def namespace_bootstrap(
 def events_for(*, namespace: str, name: str) -> list[dict[str, Any]]:
     """Events about the objects named ``name`` in the namespace (the VM and the VMI share the attempt's name)."""
     payload = _call(
-        f"listing events for {namespace}/{name}", client.core_v1().list_namespaced_event, namespace,
+        f"listing events for {namespace}/{name}",
+        client.core_v1().list_namespaced_event,
+        namespace,
         field_selector=f"involvedObject.name={name}",
     )
     return list(payload.get("items") or [])

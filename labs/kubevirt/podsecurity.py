@@ -21,7 +21,7 @@ AUDIT_LEVEL = "restricted"
 
 def seccomp_profile_configured(kubevirt: Mapping[str, Any] | None) -> bool:
     configuration = ((kubevirt or {}).get("spec") or {}).get("configuration") or {}
-    profile = ((configuration.get("seccompConfiguration") or {}).get("virtualMachineInstanceProfile") or {})
+    profile = (configuration.get("seccompConfiguration") or {}).get("virtualMachineInstanceProfile") or {}
     custom = profile.get("customProfile") or {}
     return bool(custom.get("localhostProfile") or custom.get("runtimeDefaultProfile"))
 
@@ -42,5 +42,4 @@ def fix_command(namespace: str) -> str:
 
 def refusing_namespaces(namespaces: list[Mapping[str, Any]], kubevirt: Mapping[str, Any] | None) -> list[str]:
     """Names of the namespaces whose enforced level would refuse launcher pods, sorted."""
-    return sorted(n["metadata"]["name"] for n in namespaces
-                  if refuses_launcher(enforced_level(n), kubevirt))
+    return sorted(n["metadata"]["name"] for n in namespaces if refuses_launcher(enforced_level(n), kubevirt))

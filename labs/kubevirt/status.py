@@ -37,8 +37,12 @@ CONTAINER_DISK_SIGNATURE = "container-disk"
 # was not made. A Pod Security refusal and a manifest that cannot be rendered end the attempt at once with KubeVirt's
 # message; a pod refused by a ResourceQuota waits (it fits once another VM of the namespace has gone), and so does
 # any other FailedCreate, for the grace.
-POD_NOT_CREATED_REASONS = ("FailedCreate", "FailedCreateValidation", "FailedPvcNotFound",
-                           "ContainerPathVolumesDisabled")
+POD_NOT_CREATED_REASONS = (
+    "FailedCreate",
+    "FailedCreateValidation",
+    "FailedPvcNotFound",
+    "ContainerPathVolumesDisabled",
+)
 QUOTA_SIGNATURE = "exceeded quota"
 POD_SECURITY_SIGNATURE = "violates PodSecurity"
 
@@ -97,7 +101,7 @@ def grace_seconds(observation: VmiObservation) -> int:
 def phase_times(vmi: Mapping[str, Any]) -> dict[str, datetime]:
     """First time the VMI reached each phase, from ``status.phaseTransitionTimestamps``."""
     times: dict[str, datetime] = {}
-    for entry in ((vmi.get("status") or {}).get("phaseTransitionTimestamps") or ()):
+    for entry in (vmi.get("status") or {}).get("phaseTransitionTimestamps") or ():
         phase = entry.get("phase", "")
         when = _time(entry.get("phaseTransitionTimestamp"))
         if phase and when and phase not in times:
@@ -146,16 +150,24 @@ def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
         detail = synchronized.get("message") or ""
         code = Problem.IMAGE_VOLUME if image_volume_hint(detail) else Problem.VMI_FAILED
         return VmiObservation(
-            phase=phase, uid=uid, phase_times=times, node_name=node, problem_code=code,
-            problem=failed_problem(vmi), problem_since=times.get("Failed") or _time(
-                synchronized.get("lastTransitionTime")),
+            phase=phase,
+            uid=uid,
+            phase_times=times,
+            node_name=node,
+            problem_code=code,
+            problem=failed_problem(vmi),
+            problem_since=times.get("Failed") or _time(synchronized.get("lastTransitionTime")),
             explained=bool(_failure_words(vmi)),
         )
 
     scheduled = conditions.get("PodScheduled") or {}
     if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
         return VmiObservation(
-            phase=phase, uid=uid, phase_times=times, node_name=node, problem_code=Problem.UNSCHEDULABLE,
+            phase=phase,
+            uid=uid,
+            phase_times=times,
+            node_name=node,
+            problem_code=Problem.UNSCHEDULABLE,
             problem=_("No node in the cluster has room for this VM right now (the scheduler says: %(why)s).")
             % {"why": scheduled.get("message") or _("no reason given")},
             problem_since=_time(scheduled.get("lastTransitionTime")) or times.get("Pending"),
@@ -169,7 +181,10 @@ def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
         # manifest that cannot be rendered) ends the attempt at once; anything else has the grace.
         final = not waiting and (synchronized.get("reason") != "FailedCreate" or POD_SECURITY_SIGNATURE in message)
         return VmiObservation(
-            phase=phase, uid=uid, phase_times=times, node_name=node,
+            phase=phase,
+            uid=uid,
+            phase_times=times,
+            node_name=node,
             problem_code=Problem.POD_WAITING if waiting else Problem.POD_REFUSED,
             problem=wording.pod_waiting(message) if waiting else wording.pod_refused(message),
             problem_since=_time(synchronized.get("lastTransitionTime")) or times.get("Pending"),
@@ -178,9 +193,15 @@ def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
 
     if synchronized.get("status") == "False" and synchronized.get("reason") in IMAGE_PULL_REASONS:
         return VmiObservation(
-            phase=phase, uid=uid, phase_times=times, node_name=node, problem_code=Problem.IMAGE_PULL,
-            problem=_("The lab's disk image could not be downloaded (%(reason)s: %(message)s). Ask your instructor "
-                      "to check the lab's VM image.")
+            phase=phase,
+            uid=uid,
+            phase_times=times,
+            node_name=node,
+            problem_code=Problem.IMAGE_PULL,
+            problem=_(
+                "The lab's disk image could not be downloaded (%(reason)s: %(message)s). Ask your instructor "
+                "to check the lab's VM image."
+            )
             % {"reason": synchronized.get("reason"), "message": synchronized.get("message") or ""},
             # kubelet flips ErrImagePull ↔ ImagePullBackOff and each flip renews the condition's time: the problem
             # is as old as the phase it keeps the VMI in.

@@ -56,8 +56,9 @@ def read() -> TenantNamespaceFacts:
             continue
         facts.namespaces.append(json.loads(response.data))
         try:
-            core.read_namespaced_resource_quota(names.RESOURCE_QUOTA, namespace, _preload_content=False,
-                                                _request_timeout=REQUEST_TIMEOUT)
+            core.read_namespaced_resource_quota(
+                names.RESOURCE_QUOTA, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
+            )
         except Exception as exc:
             error = _error(exc, f"reading ResourceQuota {namespace}/{names.RESOURCE_QUOTA}")
             if error.status == 403:

@@ -100,8 +100,9 @@ def agent_ask_gap(waiting: int) -> float:
     return max(AGENT_ASK_MIN_SECONDS, waiting / AGENT_ASK_RATE_PER_SECOND)
 
 
-def agent_ask_due(*, booting_for: float, since_last_round: float | None,
-                  min_gap: float = AGENT_ASK_MIN_SECONDS) -> bool:
+def agent_ask_due(
+    *, booting_for: float, since_last_round: float | None, min_gap: float = AGENT_ASK_MIN_SECONDS
+) -> bool:
     """Is an agent that has had ``booting_for`` seconds to come up due for a question in this round, the previous
     round of its namespace having been ``since_last_round`` seconds ago (None: there was none)? It is asked at ages
     0, then every quarter of its age (at least ``min_gap``, at most the sync interval apart): due when one of
@@ -145,15 +146,21 @@ def agents_check(*, namespace: str, since_last_round: float | None = None) -> tu
     just_made = now - timedelta(seconds=AGENT_FAST_PATH_SECONDS)
     # Only what deciding and asking need (the agent's address and token): a round runs every fraction of a second
     # while a class boots, and whole rows of a hundred attempts cost the worker three times as much.
-    waiting = list(Attempt.objects.filter(namespace=namespace, state=AttemptState.STARTING).filter(
-        Q(phase="Running") | Q(provisioned_at__gte=just_made)
-    ).only(*AGENT_CHECK_FIELDS))
+    waiting = list(
+        Attempt.objects.filter(namespace=namespace, state=AttemptState.STARTING)
+        .filter(Q(phase="Running") | Q(provisioned_at__gte=just_made))
+        .only(*AGENT_CHECK_FIELDS)
+    )
     min_gap = agent_ask_gap(len(waiting))
     attempts = [
-        attempt for attempt in waiting
+        attempt
+        for attempt in waiting
         if _first_question_due(attempt, now=now)
-        and agent_ask_due(booting_for=(now - (attempt.vmi_running_at or attempt.provisioned_at or now)).total_seconds(),
-                          since_last_round=since_last_round, min_gap=min_gap)
+        and agent_ask_due(
+            booting_for=(now - (attempt.vmi_running_at or attempt.provisioned_at or now)).total_seconds(),
+            since_last_round=since_last_round,
+            min_gap=min_gap,
+        )
     ]
     if not attempts:
         return 0, len(waiting)
@@ -162,8 +169,11 @@ def agents_check(*, namespace: str, since_last_round: float | None = None) -> tu
     else:
         with ThreadPoolExecutor(max_workers=min(AGENT_CHECK_CONCURRENCY, len(attempts))) as pool:
             answers = list(pool.map(_agent_answers, attempts))
-    now_running = [attempt for attempt, ok in zip(attempts, answers, strict=True)
-                   if ok and attempt_mark_running(attempt_id=attempt.id)]
+    now_running = [
+        attempt
+        for attempt, ok in zip(attempts, answers, strict=True)
+        if ok and attempt_mark_running(attempt_id=attempt.id)
+    ]
     if any(attempt.vmi_running_at is None for attempt in now_running):
         # Answered before a list showed the VMI Running (the fast path): its phase times come from a list.
         namespace_list_soon(namespace)

@@ -69,8 +69,9 @@ class _Sender:
             if self._started is None or self._started[0] != os.getpid():
                 loop = asyncio.new_event_loop()
                 queue: asyncio.Queue = asyncio.Queue()  # bound to the loop that first awaits it: the sender's
-                threading.Thread(target=loop.run_until_complete, args=(self._drain(queue),), name="channel-push",
-                                 daemon=True).start()
+                threading.Thread(
+                    target=loop.run_until_complete, args=(self._drain(queue),), name="channel-push", daemon=True
+                ).start()
                 self._started = (os.getpid(), loop, queue)
             return self._started[1], self._started[2]
 
@@ -113,8 +114,11 @@ def attempt_push_on_commit(*, attempt: Attempt, hold: float = 0.0) -> None:
 
     message = {"type": "attempt.update", "attempt": attempt_status_payload(attempt)}
     # The payload's words are in the active language; the sockets of readers in other languages take theirs here.
-    wording = {key: texts for key, texts in (("failure_reason", attempt.failure_reason_texts),
-                                             ("message", attempt.status_message_texts)) if texts}
+    wording = {
+        key: texts
+        for key, texts in (("failure_reason", attempt.failure_reason_texts), ("message", attempt.status_message_texts))
+        if texts
+    }
     if wording:
         message["wording"] = wording
     group = attempt_group(attempt.id)

@@ -18,12 +18,18 @@ from portal.models import Tenant
 def _namespace_objects(tenant: Tenant) -> tuple[dict, list[dict], dict]:
     namespace = manifests.namespace(name=tenant.namespace, tenant_id=tenant.id)
     policies = manifests.network_policies(
-        namespace=tenant.namespace, tenant_id=tenant.id, agent_port=settings.AGENT_PORT,
-        kubevirt_namespace=settings.KUBEVIRT_NAMESPACE, portal_namespace=settings.PORTAL_NAMESPACE,
+        namespace=tenant.namespace,
+        tenant_id=tenant.id,
+        agent_port=settings.AGENT_PORT,
+        kubevirt_namespace=settings.KUBEVIRT_NAMESPACE,
+        portal_namespace=settings.PORTAL_NAMESPACE,
     )
     quota = manifests.resource_quota(
-        namespace=tenant.namespace, tenant_id=tenant.id, max_vms=tenant.max_concurrent_vms,
-        max_vcpus=tenant.max_vcpus, max_memory_mib=tenant.max_memory_mib,
+        namespace=tenant.namespace,
+        tenant_id=tenant.id,
+        max_vms=tenant.max_concurrent_vms,
+        max_vcpus=tenant.max_vcpus,
+        max_memory_mib=tenant.max_memory_mib,
     )
     return namespace, policies, quota
 

@@ -12,8 +12,9 @@ from labs.models import ACTIVE_STATES, Attempt, AttemptState
 def attempt_seen(*, attempt_id: int, now: datetime | None = None) -> bool:
     """A page of the student has the attempt open now (its events socket): the lab's stop when left counts from
     here. One row, one column; False once the attempt has ended."""
-    return bool(Attempt.objects.filter(id=attempt_id, state__in=ACTIVE_STATES).update(
-        last_seen_at=now or timezone.now()))
+    return bool(
+        Attempt.objects.filter(id=attempt_id, state__in=ACTIVE_STATES).update(last_seen_at=now or timezone.now())
+    )
 
 
 # While the student's page has an attempt open, its events socket stamps the attempt as seen this often
@@ -24,8 +25,9 @@ PRESENCE_STAMP_SECONDS = 60
 PRESENCE_LOST_AFTER_SECONDS = 2 * PRESENCE_STAMP_SECONDS + 30
 
 
-def attempt_stops_as_left_at(attempt: Attempt, *, idle_stop_minutes: int, now: datetime | None = None
-                             ) -> datetime | None:
+def attempt_stops_as_left_at(
+    attempt: Attempt, *, idle_stop_minutes: int, now: datetime | None = None
+) -> datetime | None:
     """When the running attempt will be stopped because no page has it open, while that is so now; None when a
     page has it open, when its lab (``idle_stop_minutes``) never stops attempts for that, or when it is not
     running. For the pages that are not the attempt's own (the dashboard): opening the lab page resets it."""

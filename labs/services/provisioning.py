@@ -55,12 +55,18 @@ def attempt_fail(*, attempt_id: int, reason: Callable[[], str], from_states: tup
     texts = {code: text[:4000] for code, text in in_every_language(reason).items()}
     default = texts.get(settings.LANGUAGE_CODE) or next(iter(texts.values()))
     # The text field keeps the student's own language (Attempt.language), picked in the update itself.
-    in_attempt_language = Case(*(When(language=code, then=Value(text)) for code, text in texts.items()),
-                               default=Value(default))
+    in_attempt_language = Case(
+        *(When(language=code, then=Value(text)) for code, text in texts.items()), default=Value(default)
+    )
     with transaction.atomic():
         failed = attempt_transition(
-            attempt=attempt_id, to=AttemptState.FAILED, from_states=from_states, failure_reason=in_attempt_language,
-            failure_reason_texts=texts, status_message="", status_message_texts={},
+            attempt=attempt_id,
+            to=AttemptState.FAILED,
+            from_states=from_states,
+            failure_reason=in_attempt_language,
+            failure_reason_texts=texts,
+            status_message="",
+            status_message_texts={},
         )
         if failed is None:
             return False
@@ -75,8 +81,12 @@ def attempt_end(*, attempt_id: int) -> bool:
     if attempt is None:
         return False
     final = AttemptState.EXPIRED if attempt.stop_reason == StopReason.EXPIRED else AttemptState.STOPPED
-    return attempt_transition(attempt=attempt, to=final, from_states=(AttemptState.STOPPING,), status_message="",
-                              status_message_texts={}) is not None
+    return (
+        attempt_transition(
+            attempt=attempt, to=final, from_states=(AttemptState.STOPPING,), status_message="", status_message_texts={}
+        )
+        is not None
+    )
 
 
 def attempt_mark_running(*, attempt_id: int, now: datetime | None = None) -> bool:
@@ -85,11 +95,18 @@ def attempt_mark_running(*, attempt_id: int, now: datetime | None = None) -> boo
     attempt = Attempt.objects.select_related("lab").filter(id=attempt_id, state=AttemptState.STARTING).first()
     if attempt is None:
         return False
-    return attempt_transition(
-        attempt=attempt, to=AttemptState.RUNNING, from_states=(AttemptState.STARTING,), now=now,
-        expires_at=now + timedelta(minutes=attempt.lab.time_limit_minutes), status_message="",
-        status_message_texts={},
-    ) is not None
+    return (
+        attempt_transition(
+            attempt=attempt,
+            to=AttemptState.RUNNING,
+            from_states=(AttemptState.STARTING,),
+            now=now,
+            expires_at=now + timedelta(minutes=attempt.lab.time_limit_minutes),
+            status_message="",
+            status_message_texts={},
+        )
+        is not None
+    )
 
 
 # ---- provisioning -------------------------------------------------------------------------------------------
@@ -109,8 +126,15 @@ def attempt_provision(*, attempt_id: int) -> str:
     if attempt is not None and attempt.state == AttemptState.REQUESTED:
         # The claim's push is held back: news only if making the VM takes a while (``starting``, or a failure,
         # from here replaces it sooner).
-        if attempt_transition(attempt=attempt, to=AttemptState.PROVISIONING, from_states=(AttemptState.REQUESTED,),
-                              hold=PROVISIONING_PUSH_HOLD_SECONDS) is None:
+        if (
+            attempt_transition(
+                attempt=attempt,
+                to=AttemptState.PROVISIONING,
+                from_states=(AttemptState.REQUESTED,),
+                hold=PROVISIONING_PUSH_HOLD_SECONDS,
+            )
+            is None
+        ):
             attempt.refresh_from_db(fields=["state"])
     if attempt is None or attempt.state != AttemptState.PROVISIONING:
         return ProvisionOutcome.SKIPPED  # done by an earlier delivery, or stopped before it began
@@ -122,8 +146,12 @@ def attempt_provision(*, attempt_id: int) -> str:
         user_data = render_user_data(token=attempt.agent_token, extra_cloud_config=lab.extra_cloud_init)
     except ValueError as exc:
         error = str(exc)
-        attempt_fail(attempt_id=attempt_id, reason=lambda: _(
-            "The lab's cloud-init settings are invalid (%(error)s). Tell your instructor.") % {"error": error})
+        attempt_fail(
+            attempt_id=attempt_id,
+            reason=lambda: (
+                _("The lab's cloud-init settings are invalid (%(error)s). Tell your instructor.") % {"error": error}
+            ),
+        )
         return ProvisionOutcome.FAILED
 
     tenant_namespace_ensure(tenant=attempt.tenant)
@@ -135,8 +163,14 @@ def attempt_provision(*, attempt_id: int) -> str:
         name=secret_name, namespace=attempt.namespace, labels=labels, user_data=user_data
     )
     vm = manifests.virtual_machine(
-        name=attempt.vm_name, namespace=attempt.namespace, labels=labels, image=lab.image, vcpus=attempt.vcpus,
-        memory_mib=attempt.memory_mib, host_passthrough=lab.nested_virtualization, cloud_init_secret=secret_name,
+        name=attempt.vm_name,
+        namespace=attempt.namespace,
+        labels=labels,
+        image=lab.image,
+        vcpus=attempt.vcpus,
+        memory_mib=attempt.memory_mib,
+        host_passthrough=lab.nested_virtualization,
+        cloud_init_secret=secret_name,
     )
     try:
         operations.secret_create(secret)
@@ -148,9 +182,13 @@ def attempt_provision(*, attempt_id: int) -> str:
         raise
     vm_labels = (created_vm.get("metadata") or {}).get("labels") or {}
     if names.attempt_id_from_labels(vm_labels) != attempt.id:
-        attempt_fail(attempt_id=attempt_id, reason=lambda: _(
-            "A VM named %(name)s that belongs to something else is in the way; an operator must remove it.") % {
-            "name": attempt.vm_name})
+        attempt_fail(
+            attempt_id=attempt_id,
+            reason=lambda: (
+                _("A VM named %(name)s that belongs to something else is in the way; an operator must remove it.")
+                % {"name": attempt.vm_name}
+            ),
+        )
         return ProvisionOutcome.FAILED
     operations.secret_set_owner(
         namespace=attempt.namespace, name=secret_name, owner=manifests.owner_reference(created_vm)
@@ -246,8 +284,9 @@ def _schedule_follow_up(namespace: str, delay: float) -> bool:
     try:
         if cache.add(key, "1", timeout=math.ceil(delay) + FOLLOW_UP_PENDING_GRACE_SECONDS):
             try:
-                sync_namespace.apply_async(args=[namespace], kwargs={"follow_up": delay}, countdown=delay,
-                                           expires=delay + 30)
+                sync_namespace.apply_async(
+                    args=[namespace], kwargs={"follow_up": delay}, countdown=delay, expires=delay + 30
+                )
             except Exception:
                 cache.delete(key)
                 raise
@@ -270,8 +309,9 @@ def grade_final(*, attempt: Attempt, trigger: str) -> None:
     a grading failure must not keep a VM alive."""
     for _receiver, outcome in attempt_final_grading.send_robust(sender=Attempt, attempt=attempt, trigger=trigger):
         if isinstance(outcome, Exception):
-            logger.error("attempt %s: the final grading run failed; deleting its VM anyway", attempt.id,
-                         exc_info=outcome)
+            logger.error(
+                "attempt %s: the final grading run failed; deleting its VM anyway", attempt.id, exc_info=outcome
+            )
 
 
 def attempt_teardown(*, attempt_id: int) -> str:
@@ -288,8 +328,11 @@ def attempt_teardown(*, attempt_id: int) -> str:
             if claimed:
                 trigger = "expiry" if attempt.stop_reason == StopReason.EXPIRED else "stop"
                 grade_final(attempt=attempt, trigger=trigger)
-                cache.set(FINAL_GRADING_DONE_KEY.format(attempt_id=attempt_id), "1",
-                          timeout=settings.CELERY_TASK_TIME_LIMIT + 60)
+                cache.set(
+                    FINAL_GRADING_DONE_KEY.format(attempt_id=attempt_id),
+                    "1",
+                    timeout=settings.CELERY_TASK_TIME_LIMIT + 60,
+                )
             elif _final_grading_elsewhere(attempt_id):
                 # A second delivery of this teardown while the first grades: deleting the VM now would cut that
                 # final run off. The first deletes it; if it died, the sweep queues the teardown again later.
@@ -307,8 +350,11 @@ def attempt_teardown(*, attempt_id: int) -> str:
 def teardowns_resume(*, namespace: str) -> int:
     """The namespace answers a list again after failing: queue the teardown of each of its stopping attempts whose
     VM is still there now, rather than at its next backed-off retry (up to a minute away) or at the sweep."""
-    ids = list(Attempt.objects.filter(namespace=namespace, state=AttemptState.STOPPING, vm_deleted_at__isnull=True)
-               .values_list("id", flat=True))
+    ids = list(
+        Attempt.objects.filter(
+            namespace=namespace, state=AttemptState.STOPPING, vm_deleted_at__isnull=True
+        ).values_list("id", flat=True)
+    )
     for attempt_id in ids:
         enqueue_teardown(attempt_id)
     if ids:

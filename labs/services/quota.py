@@ -33,7 +33,8 @@ def check_start_throttle() -> None:
     if limit and Attempt.objects.filter(state__in=STARTING_STATES).count() >= limit:
         raise Unavailable(
             _("Many labs are starting right now. Try again in a minute."),
-            code="too_many_starts", retry_after=retry_after_seconds(),
+            code="too_many_starts",
+            retry_after=retry_after_seconds(),
         )
 
 
@@ -45,13 +46,17 @@ def per_student_refusal(*, running: int, stopping: int) -> Conflict:
             "You already have %(count)d lab going, as many as your institution allows one person at once, and it is "
             "stopping: try again once it has ended.",
             "You already have %(count)d labs going, as many as your institution allows one person at once, and one "
-            "of them is stopping: try again once it has ended.", running) % {"count": running}
+            "of them is stopping: try again once it has ended.",
+            running,
+        ) % {"count": running}
     else:
         message = ngettext(
             "You already have %(count)d lab going, as many as your institution allows one person at once. Stop it "
             "to start this one.",
             "You already have %(count)d labs going, as many as your institution allows one person at once. Stop one "
-            "of them to start this one.", running) % {"count": running}
+            "of them to start this one.",
+            running,
+        ) % {"count": running}
     return Conflict(message, code="too_many_running")
 
 
@@ -61,14 +66,16 @@ def per_student_cap_message(*, student: User, tenant: Tenant) -> str:
     if not tenant.max_vms_per_student:
         return ""
     going = Attempt.objects.filter(student=student, tenant=tenant, state__in=ACTIVE_STATES).aggregate(
-        running=Count("id"), stopping=Count("id", filter=Q(state=AttemptState.STOPPING)))
+        running=Count("id"), stopping=Count("id", filter=Q(state=AttemptState.STOPPING))
+    )
     if going["running"] < tenant.max_vms_per_student:
         return ""
     return per_student_refusal(running=going["running"], stopping=going["stopping"]).message
 
 
-def quota_refusal(*, tenant: Tenant, used_vms: int, used_vcpus: int, used_memory: int, vcpus: int,
-                   memory_mib: int) -> Unavailable | None:
+def quota_refusal(
+    *, tenant: Tenant, used_vms: int, used_vcpus: int, used_memory: int, vcpus: int, memory_mib: int
+) -> Unavailable | None:
     """The refusal when one more VM of this shape would pass any of the tenant's limits, else None."""
     reasons = []
     if used_vms + 1 > tenant.max_concurrent_vms:
@@ -76,14 +83,16 @@ def quota_refusal(*, tenant: Tenant, used_vms: int, used_vcpus: int, used_memory
     if used_vcpus + vcpus > tenant.max_vcpus:
         reasons.append(_("%(used)d of %(limit)d vCPUs are in use") % {"used": used_vcpus, "limit": tenant.max_vcpus})
     if used_memory + memory_mib > tenant.max_memory_mib:
-        reasons.append(_("%(used)d of %(limit)d MiB of memory are in use")
-                       % {"used": used_memory, "limit": tenant.max_memory_mib})
+        reasons.append(
+            _("%(used)d of %(limit)d MiB of memory are in use") % {"used": used_memory, "limit": tenant.max_memory_mib}
+        )
     if not reasons:
         return None
     return Unavailable(
         _("Your institution's lab capacity is full (%(reasons)s). Try again in a minute or two.")
         % {"reasons": "; ".join(reasons)},
-        code="quota_full", retry_after=retry_after_seconds(),
+        code="quota_full",
+        retry_after=retry_after_seconds(),
     )
 
 
@@ -104,9 +113,16 @@ def tenant_locked(tenant_id: int) -> Tenant:
 def tenant_totals(*, tenant_id: int, student: User) -> TenantTotals:
     """The tenant's active attempts: how many, their vCPUs and launcher memory, and the student's own."""
     totals = Attempt.objects.filter(tenant_id=tenant_id, state__in=ACTIVE_STATES).aggregate(
-        vms=Count("id"), vcpus=Sum("vcpus"), memory=Sum("launcher_memory_mib"),
+        vms=Count("id"),
+        vcpus=Sum("vcpus"),
+        memory=Sum("launcher_memory_mib"),
         students=Count("id", filter=Q(student=student)),
         stopping=Count("id", filter=Q(student=student, state=AttemptState.STOPPING)),
     )
-    return TenantTotals(vms=totals["vms"], vcpus=totals["vcpus"] or 0, memory=totals["memory"] or 0,
-                        students=totals["students"], stopping=totals["stopping"])
+    return TenantTotals(
+        vms=totals["vms"],
+        vcpus=totals["vcpus"] or 0,
+        memory=totals["memory"] or 0,
+        students=totals["students"],
+        stopping=totals["stopping"],
+    )

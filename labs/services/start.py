@@ -44,8 +44,9 @@ def _lab_closed_message(lab: Lab, now, *, actor) -> str:
     if lab.opens_at and now < lab.opens_at:
         # In the student's clock (their own, else the tenant's), even for an API client, whose requests are in UTC.
         zone = person_time_zone(actor, lab.course.tenant)
-        return _("This lab opens on %(when)s.") % {"when": formats.date_format(
-            timezone.localtime(lab.opens_at, zone), "DATETIME_FORMAT")}
+        return _("This lab opens on %(when)s.") % {
+            "when": formats.date_format(timezone.localtime(lab.opens_at, zone), "DATETIME_FORMAT")
+        }
     return _("This lab is closed.")
 
 
@@ -54,8 +55,10 @@ def _check_extra_cloud_init(lab: Lab) -> None:
     if problem := extra_cloud_init_problem(lab.extra_cloud_init):
         logger.error("lab %s cannot start: its extra cloud-init is invalid: %s", lab.pk, problem)
         raise Conflict(
-            _("This lab is misconfigured, so it cannot start. Your course staff see the problem on the lab's "
-              "settings page."),
+            _(
+                "This lab is misconfigured, so it cannot start. Your course staff see the problem on the lab's "
+                "settings page."
+            ),
             code="lab_misconfigured",
         )
 
@@ -71,8 +74,11 @@ def _my_attempts(*, student: User, lab: Lab) -> dict:
 
 
 def _already_active(*, attempt_id: int | None) -> Conflict:
-    return Conflict(_("You already have an attempt of this lab in progress."), code="attempt_active",
-                    extra={"attempt_id": attempt_id} if attempt_id is not None else None)
+    return Conflict(
+        _("You already have an attempt of this lab in progress."),
+        code="attempt_active",
+        extra={"attempt_id": attempt_id} if attempt_id is not None else None,
+    )
 
 
 def _is_one_active_violation(error: IntegrityError) -> bool:
@@ -115,26 +121,39 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
     if mine["active"] is not None:
         raise _already_active(attempt_id=mine["active"])
     if lab.attempt_limit and mine["counted"] >= lab.attempt_limit:
-        raise Conflict(_("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit},
-                       code="attempt_limit")
+        raise Conflict(
+            _("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit}, code="attempt_limit"
+        )
     check_start_throttle()
     number = (mine["number"] or 0) + 1
 
     try:
         with transaction.atomic():
             attempt = Attempt.objects.create(
-                lab=lab, student=actor, tenant=course.tenant, number=number,  # ``requested``, the model's default
-                namespace=course.tenant.namespace, agent_token=secrets.token_urlsafe(32),
+                lab=lab,
+                student=actor,
+                tenant=course.tenant,
+                number=number,  # ``requested``, the model's default
+                namespace=course.tenant.namespace,
+                agent_token=secrets.token_urlsafe(32),
                 # The page's language (the request's): the workers' messages about this attempt are written in it.
                 language=translation.get_language() or "",
-                vcpus=guest.vcpus, memory_mib=guest.memory_mib,
-                launcher_cpu_millicores=launcher.cpu_millicores, launcher_memory_mib=launcher.memory_mib,
+                vcpus=guest.vcpus,
+                memory_mib=guest.memory_mib,
+                launcher_cpu_millicores=launcher.cpu_millicores,
+                launcher_memory_mib=launcher.memory_mib,
                 requested_at=now,
             )
             attempt.vm_name = names.vm_name(attempt.id)
             Attempt.objects.filter(id=attempt.id).update(vm_name=attempt.vm_name)
-            audit_record(actor=actor, action="attempt.start", target=attempt, tenant=course.tenant,
-                         course=course, data={"lab": lab.id, "size": lab.size, "number": number})
+            audit_record(
+                actor=actor,
+                action="attempt.start",
+                target=attempt,
+                tenant=course.tenant,
+                course=course,
+                data={"lab": lab.id, "size": lab.size, "number": number},
+            )
             # Serialises the starts of the tenant: the totals below include every start that committed before
             # this one got the lock.
             tenant = tenant_locked(course.tenant_id)
@@ -142,8 +161,11 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
             if tenant.max_vms_per_student and totals.students > tenant.max_vms_per_student:
                 raise per_student_refusal(running=totals.students - 1, stopping=totals.stopping)
             refusal = quota_refusal(
-                tenant=tenant, used_vms=totals.vms - 1, used_vcpus=totals.vcpus - guest.vcpus,
-                used_memory=totals.memory - launcher.memory_mib, vcpus=guest.vcpus,
+                tenant=tenant,
+                used_vms=totals.vms - 1,
+                used_vcpus=totals.vcpus - guest.vcpus,
+                used_memory=totals.memory - launcher.memory_mib,
+                vcpus=guest.vcpus,
                 memory_mib=launcher.memory_mib,
             )
             if refusal is not None:
@@ -151,8 +173,9 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
     except IntegrityError as error:
         if not _is_one_active_violation(error):
             raise
-        active = Attempt.objects.filter(student=actor, lab=lab, state__in=ACTIVE_STATES).values_list(
-            "id", flat=True).first()
+        active = (
+            Attempt.objects.filter(student=actor, lab=lab, state__in=ACTIVE_STATES).values_list("id", flat=True).first()
+        )
         raise _already_active(attempt_id=active) from None
     # After the commit (or, inside a caller's transaction, on its commit): the task. No update is pushed: nobody can
     # be listening to the group of an attempt that did not exist, and the answer carries its status.
@@ -172,7 +195,8 @@ def attempt_start_limited(*, actor: User, lab: Lab, role: str | None = None) -> 
     waits and retries by itself (``static/js/start.js``) does not use up the limit; every other refusal counts, as a
     start does."""
     counted = rate_limit_hit(
-        scope="attempt_start", key=f"user:{actor.pk}",
+        scope="attempt_start",
+        key=f"user:{actor.pk}",
         message=_("You have started too many labs in a short time. Wait a little before starting another."),
     )
     try:
@@ -212,8 +236,16 @@ def _enqueue_provision(attempt_id: int) -> dict[str, bool]:
 def _fail_unqueued(attempt_id: int) -> None:
     """The task queue refused the provisioning: end the attempt now, in words, rather than leave it requested with
     nobody to serve it. It holds no VM yet, and a failed attempt does not count against the attempt limit."""
-    texts = in_every_language(lambda: _(
-        "Your lab could not be queued for starting: the portal's task queue is not answering. Try again in a minute; "
-        "this attempt does not count against your limit."))
-    attempt_transition(attempt=attempt_id, to=AttemptState.FAILED, from_states=(AttemptState.REQUESTED,),
-                       failure_reason=in_language(texts, "", translation.get_language()), failure_reason_texts=texts)
+    texts = in_every_language(
+        lambda: _(
+            "Your lab could not be queued for starting: the portal's task queue is not answering. Try again in a "
+            "minute; this attempt does not count against your limit."
+        )
+    )
+    attempt_transition(
+        attempt=attempt_id,
+        to=AttemptState.FAILED,
+        from_states=(AttemptState.REQUESTED,),
+        failure_reason=in_language(texts, "", translation.get_language()),
+        failure_reason_texts=texts,
+    )

@@ -62,8 +62,14 @@ def attempt_stop(*, actor: User, attempt: Attempt) -> Attempt:
             return locked
         if locked.state not in ACTIVE_STATES:
             raise Conflict(_("This attempt has already ended."), code="attempt_ended")
-        audit_record(actor=actor, action="attempt.stop", target=locked, tenant=locked.tenant,
-                     course=locked.lab.course, data={"from": locked.state, "by": standing})
+        audit_record(
+            actor=actor,
+            action="attempt.stop",
+            target=locked,
+            tenant=locked.tenant,
+            course=locked.lab.course,
+            data={"from": locked.state, "by": standing},
+        )
         _begin_stopping(locked, reason=standing, now=timezone.now())
     return locked
 
@@ -71,8 +77,9 @@ def attempt_stop(*, actor: User, attempt: Attempt) -> Attempt:
 def _begin_stopping(locked: Attempt, *, reason: str, now: datetime) -> None:
     """Inside the caller's transaction, on the attempt row it locked: ``stopping`` from now, for ``reason``; the
     page hears of it and the teardown (grade once more, then delete the VM) is queued, both on commit."""
-    attempt_transition(attempt=locked, to=AttemptState.STOPPING, from_states=(locked.state,), now=now,
-                       stop_reason=reason)
+    attempt_transition(
+        attempt=locked, to=AttemptState.STOPPING, from_states=(locked.state,), now=now, stop_reason=reason
+    )
     enqueue_teardown(locked.id)
 
 
@@ -87,16 +94,22 @@ def attempt_extend(*, actor: User, attempt: Attempt) -> Attempt:
             raise Conflict(_("Only a running lab can be extended."), code="not_running")
         limit = settings.ATTEMPT_MAX_EXTENSIONS
         if locked.extensions >= limit:
-            raise Conflict(_("This lab has already been extended %(limit)d times, the most allowed.")
-                           % {"limit": limit}, code="extension_limit")
+            raise Conflict(
+                _("This lab has already been extended %(limit)d times, the most allowed.") % {"limit": limit},
+                code="extension_limit",
+            )
         previous = locked.expires_at
         locked.expires_at = previous + timedelta(minutes=settings.ATTEMPT_EXTEND_MINUTES)
         locked.extensions += 1
         locked.save(update_fields=["expires_at", "extensions", "updated_at"])
-        audit_record(actor=actor, action="attempt.extend", target=locked, tenant=locked.tenant,
-                     course=locked.lab.course,
-                     data={"from": previous.isoformat(), "to": locked.expires_at.isoformat(),
-                           "extensions": locked.extensions})
+        audit_record(
+            actor=actor,
+            action="attempt.extend",
+            target=locked,
+            tenant=locked.tenant,
+            course=locked.lab.course,
+            data={"from": previous.isoformat(), "to": locked.expires_at.isoformat(), "extensions": locked.extensions},
+        )
         attempt_push_on_commit(attempt=locked)
     return locked
 
@@ -110,8 +123,7 @@ def attempt_stop_left(*, attempt: Attempt, now: datetime | None = None) -> Attem
         locked = Attempt.objects.select_for_update(of=("self",)).select_related("lab").get(pk=attempt.pk)
         limit = locked.lab.idle_stop_minutes
         since = attempt_left_since(locked)
-        if (locked.state != AttemptState.RUNNING or not limit or since is None
-                or since > now - timedelta(minutes=limit)):
+        if locked.state != AttemptState.RUNNING or not limit or since is None or since > now - timedelta(minutes=limit):
             return locked
         _begin_stopping(locked, reason=StopReason.LEFT, now=now)
     logger.info("attempt %s stopped: no page had it open for %s minutes", locked.id, limit)

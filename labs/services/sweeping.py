@@ -76,8 +76,9 @@ def attempts_sweep(*, now: datetime | None = None) -> SweepReport:
     for tenant in Tenant.objects.all().only("id", "namespace"):
         # A tenant with nothing going on is swept less often: an orphan there can only come from a lost
         # database or a hand-made VM, and every request counts against the API budget.
-        if tenant.id not in busy and not cache.add(IDLE_SWEEP_KEY.format(namespace=tenant.namespace), "1",
-                                                   timeout=IDLE_SWEEP_SECONDS):
+        if tenant.id not in busy and not cache.add(
+            IDLE_SWEEP_KEY.format(namespace=tenant.namespace), "1", timeout=IDLE_SWEEP_SECONDS
+        ):
             continue
         try:
             namespace_sweep(tenant=tenant, report=report, now=now)
@@ -111,8 +112,10 @@ def requeue_requested(*, report: SweepReport, now: datetime) -> None:
     given_up = now - timedelta(seconds=timeout)
 
     def reason() -> str:
-        return _("The lab did not start: the portal's task queue did not pick it up within %(minutes)d minutes. "
-                 "Start it again; this attempt does not count against your limit.") % {"minutes": max(1, timeout // 60)}
+        return _(
+            "The lab did not start: the portal's task queue did not pick it up within %(minutes)d minutes. "
+            "Start it again; this attempt does not count against your limit."
+        ) % {"minutes": max(1, timeout // 60)}
 
     for attempt_id in Attempt.objects.filter(state=AttemptState.REQUESTED, requested_at__lt=given_up).values_list(
         "id", flat=True
@@ -142,8 +145,11 @@ def _ours(vm: dict[str, Any]) -> int | None:
     metadata = vm.get("metadata") or {}
     attempt_id = names.attempt_id_from_labels(metadata.get("labels"))
     if attempt_id is None or names.attempt_id_from_vm_name(metadata.get("name", "")) != attempt_id:
-        logger.warning("VM %s/%s carries the portal's label but no matching attempt label; leaving it alone",
-                       metadata.get("namespace"), metadata.get("name"))
+        logger.warning(
+            "VM %s/%s carries the portal's label but no matching attempt label; leaving it alone",
+            metadata.get("namespace"),
+            metadata.get("name"),
+        )
         return None
     return attempt_id
 
@@ -160,7 +166,8 @@ def namespace_sweep(*, tenant: Tenant, report: SweepReport, now: datetime) -> No
     attempt_ids = {names.attempt_id_from_vm_name(name) for name in vms}
     attempt_ids |= {names.attempt_id_from_labels((s.get("metadata") or {}).get("labels")) for s in secrets}
     known = {
-        a.id: a for a in Attempt.objects.filter(id__in=[i for i in attempt_ids if i is not None]).only(
+        a.id: a
+        for a in Attempt.objects.filter(id__in=[i for i in attempt_ids if i is not None]).only(
             "id", "state", "namespace", "tenant_id", "vm_deleted_at", "vm_name"
         )
     }
@@ -196,8 +203,9 @@ def namespace_sweep(*, tenant: Tenant, report: SweepReport, now: datetime) -> No
     TenantNamespace.objects.filter(namespace=namespace).update(swept_at=timezone.now())
 
 
-def _sweep_attempt(*, attempt: Attempt, vm: dict[str, Any] | None, listed_at: datetime, now: datetime,
-                   report: SweepReport) -> None:
+def _sweep_attempt(
+    *, attempt: Attempt, vm: dict[str, Any] | None, listed_at: datetime, now: datetime, report: SweepReport
+) -> None:
     from labs.tasks import provision_attempt, teardown_attempt
 
     provision_cutoff = now - timedelta(seconds=provision_redelivery_seconds())
@@ -205,8 +213,11 @@ def _sweep_attempt(*, attempt: Attempt, vm: dict[str, Any] | None, listed_at: da
         timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
         if attempt.requested_at < now - timedelta(seconds=timeout):
             # Queued again sweep after sweep and still not through: say so instead of retrying for ever.
-            if attempt_fail(attempt_id=attempt.id, reason=lambda: _start_timed_out(timeout),
-                            from_states=(AttemptState.PROVISIONING,)):
+            if attempt_fail(
+                attempt_id=attempt.id,
+                reason=lambda: _start_timed_out(timeout),
+                from_states=(AttemptState.PROVISIONING,),
+            ):
                 report.timed_out.append(attempt.id)
         elif attempt.updated_at < provision_cutoff:
             _queue_again(provision_attempt, attempt.id, report=report)  # a worker died mid-provision
@@ -214,8 +225,11 @@ def _sweep_attempt(*, attempt: Attempt, vm: dict[str, Any] | None, listed_at: da
     if attempt.state in (AttemptState.STARTING, AttemptState.RUNNING):
         made_before_list = attempt.provisioned_at is not None and attempt.provisioned_at < listed_at
         if vm is None and made_before_list:
-            if attempt_fail(attempt_id=attempt.id, reason=lambda: _("The VM was deleted outside the portal."),
-                            from_states=(AttemptState.STARTING, AttemptState.RUNNING)):
+            if attempt_fail(
+                attempt_id=attempt.id,
+                reason=lambda: _("The VM was deleted outside the portal."),
+                from_states=(AttemptState.STARTING, AttemptState.RUNNING),
+            ):
                 report.vanished.append(attempt.id)
             return
         timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS

@@ -100,7 +100,8 @@ def attempts_stop_left(*, now: datetime | None = None) -> int:
         Attempt.objects.filter(state=AttemptState.RUNNING, lab__idle_stop_minutes__gt=0)
         .annotate(left_since=Greatest(Coalesce(F("last_seen_at"), F("agent_ready_at")), F("agent_ready_at")))
         .filter(left_since__lte=now - timedelta(minutes=IDLE_STOP_MIN_MINUTES))
-        .select_related("lab").only("id", "last_seen_at", "agent_ready_at", "lab__idle_stop_minutes")
+        .select_related("lab")
+        .only("id", "last_seen_at", "agent_ready_at", "lab__idle_stop_minutes")
     )
     stopped = 0
     for attempt in candidates:
@@ -124,7 +125,8 @@ def namespaces_due(*, now: datetime | None = None) -> list[str]:
     listed = dict(TenantNamespace.objects.filter(namespace__in=list(moving)).values_list("namespace", "listed_at"))
     resync_before = now - timedelta(seconds=settings.ATTEMPT_RESYNC_SECONDS)
     return sorted(
-        namespace for namespace, count in moving.items()
+        namespace
+        for namespace, count in moving.items()
         if count or listed.get(namespace) is None or listed[namespace] <= resync_before
     )
 
@@ -176,8 +178,9 @@ def _namespace_sync(*, namespace: str, report: SyncReport) -> SyncReport:
     # Attempts are read after the list, so none is judged on a list older than its own last change.
     attempts = list(Attempt.objects.filter(namespace=namespace, state__in=TRACKED_STATES))
     # A namespace whose last list failed is answering again: teardowns cut off meanwhile go on now.
-    recovered = TenantNamespace.objects.filter(namespace=namespace).exclude(last_error="").update(
-        listed_at=now, last_error="")
+    recovered = (
+        TenantNamespace.objects.filter(namespace=namespace).exclude(last_error="").update(listed_at=now, last_error="")
+    )
     if recovered:
         teardowns_resume(namespace=namespace)
     else:
@@ -210,8 +213,10 @@ def _looks_inconsistent(*, attempts: list[Attempt], by_name: dict[str, dict[str,
             return True
     settle = now - timedelta(seconds=VANISHED_AFTER_SECONDS)
     return any(
-        attempt.state in (AttemptState.STARTING, AttemptState.RUNNING) and attempt.vm_name not in by_name
-        and attempt.provisioned_at is not None and attempt.provisioned_at < settle
+        attempt.state in (AttemptState.STARTING, AttemptState.RUNNING)
+        and attempt.vm_name not in by_name
+        and attempt.provisioned_at is not None
+        and attempt.provisioned_at < settle
         for attempt in attempts
     )
 
@@ -264,9 +269,13 @@ def _fail_restarted(attempt: Attempt) -> str:
         detail = ""
 
     def reason() -> str:
-        return with_cluster_words(_(
-            "The VM stopped unexpectedly (it crashed or was shut down from inside) and was restarted from a fresh "
-            "disk, so the work in it is lost."), detail)
+        return with_cluster_words(
+            _(
+                "The VM stopped unexpectedly (it crashed or was shut down from inside) and was restarted from a fresh "
+                "disk, so the work in it is lost."
+            ),
+            detail,
+        )
 
     return Outcome.FAILED if attempt_fail(attempt_id=attempt.id, reason=reason) else Outcome.UNCHANGED
 
@@ -305,11 +314,14 @@ def _observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> 
         _apply(attempt, changes, to=to)
         failure = explain.failed_vmi_words(vmi)
         if attempt.state == AttemptState.RUNNING:
+
             def reason() -> str:
                 return _("The VM stopped unexpectedly.") + " " + failure()
         else:
+
             def reason() -> str:
                 return failure() + " " + start_again_hint()
+
         return Outcome.FAILED if attempt_fail(attempt_id=attempt.id, reason=reason) else Outcome.UNCHANGED
 
     if attempt.state != AttemptState.RUNNING:
@@ -317,9 +329,14 @@ def _observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> 
             since = observation.problem_since or now
             if observation.problem_final or (now - since).total_seconds() >= status.grace_seconds(observation):
                 _apply(attempt, changes, to=to)
-                return Outcome.FAILED if attempt_fail(
-                    attempt_id=attempt.id, reason=lambda: _problem(vmi) + " " + start_again_hint(),
-                ) else Outcome.UNCHANGED
+                return (
+                    Outcome.FAILED
+                    if attempt_fail(
+                        attempt_id=attempt.id,
+                        reason=lambda: _problem(vmi) + " " + start_again_hint(),
+                    )
+                    else Outcome.UNCHANGED
+                )
             message = _problem
         elif observation.running:
             message = _waiting_for_agent
@@ -347,8 +364,7 @@ def _apply(attempt: Attempt, changes: dict[str, Any], *, to: str | None = None) 
         return attempt_transition(attempt=attempt, to=to, from_states=(attempt.state,), **changes) is not None
     if not changes:
         return False
-    updated = Attempt.objects.filter(id=attempt.id, state=attempt.state).update(
-        **changes, updated_at=timezone.now())
+    updated = Attempt.objects.filter(id=attempt.id, state=attempt.state).update(**changes, updated_at=timezone.now())
     if not updated:
         return False
     for name, value in changes.items():

@@ -45,8 +45,14 @@ def lifecycle(cluster, settings, eager_tasks) -> Iterator[object]:
             pass
 
 
-def wait_until(predicate: Callable[[], bool], *, timeout: float = 20.0, step: Callable[[], None] | None = None,
-               interval: float = 0.05, what: str = "condition") -> None:
+def wait_until(
+    predicate: Callable[[], bool],
+    *,
+    timeout: float = 20.0,
+    step: Callable[[], None] | None = None,
+    interval: float = 0.05,
+    what: str = "condition",
+) -> None:
     deadline = time.monotonic() + timeout
     while True:
         if step is not None:
@@ -66,8 +72,12 @@ def sync_until(attempt: Attempt, states: str | tuple[str, ...], *, timeout: floa
         attempt.refresh_from_db()
         return attempt.state in wanted
 
-    wait_until(reached, timeout=timeout, step=lambda: tracking.namespace_sync(namespace=attempt.namespace),
-               what=f"attempt {attempt.id} to reach {wanted} (now {attempt.state}: {attempt.status_message!r})")
+    wait_until(
+        reached,
+        timeout=timeout,
+        step=lambda: tracking.namespace_sync(namespace=attempt.namespace),
+        what=f"attempt {attempt.id} to reach {wanted} (now {attempt.state}: {attempt.status_message!r})",
+    )
     return attempt
 
 
@@ -93,8 +103,9 @@ def start_together(starts: list[tuple[object, object]], *, timeout: float = 120.
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=press_start, args=(index, student, lab))
-               for index, (student, lab) in enumerate(starts)]
+    threads = [
+        threading.Thread(target=press_start, args=(index, student, lab)) for index, (student, lab) in enumerate(starts)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

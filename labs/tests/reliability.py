@@ -41,8 +41,14 @@ PASSWORD = "correct-horse-battery-staple"
 # ---- waiting ----------------------------------------------------------------------------------------------------
 
 
-def wait_until(predicate: Callable[[], Any], *, timeout: float, interval: float = 0.1, what: str = "condition",
-               describe: Callable[[], str] | None = None) -> Any:
+def wait_until(
+    predicate: Callable[[], Any],
+    *,
+    timeout: float,
+    interval: float = 0.1,
+    what: str = "condition",
+    describe: Callable[[], str] | None = None,
+) -> Any:
     """Poll ``predicate`` until it returns something truthy (which is returned); fail after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
@@ -65,8 +71,12 @@ def drive_to(attempt: Attempt, wanted: str, *, timeout: float = 30.0) -> Attempt
         attempt.refresh_from_db()
         return attempt.state == wanted
 
-    wait_until(step, timeout=timeout, what=f"attempt {attempt.id} to be {wanted}",
-               describe=lambda: f"{attempt.state}: {attempt.failure_reason or attempt.status_message}")
+    wait_until(
+        step,
+        timeout=timeout,
+        what=f"attempt {attempt.id} to be {wanted}",
+        describe=lambda: f"{attempt.state}: {attempt.failure_reason or attempt.status_message}",
+    )
     return attempt
 
 
@@ -199,11 +209,19 @@ def make_course(tenant: Tenant, code: str = "REL101") -> Course:
 def make_lab(course: Course, *, title: str = "Linux basics", check_timeout_s: int = 30, **fields: Any) -> Lab:
     """A lab with two checks, as the personas' lab has: a file exists, and it says hello world."""
     lab = Lab.objects.create(course=course, title=title, image="quay.io/containerdisks/fedora:41", **fields)
-    Check.objects.create(lab=lab, order=1, title="hello.txt exists", command="test -f ~/hello.txt", points=1,
-                         timeout_s=check_timeout_s)
-    Check.objects.create(lab=lab, order=2, title="hello.txt says hello world", command="cat ~/hello.txt",
-                         stdout_match=StdoutMatch.CONTAINS, stdout_pattern="hello world", points=2,
-                         timeout_s=check_timeout_s)
+    Check.objects.create(
+        lab=lab, order=1, title="hello.txt exists", command="test -f ~/hello.txt", points=1, timeout_s=check_timeout_s
+    )
+    Check.objects.create(
+        lab=lab,
+        order=2,
+        title="hello.txt says hello world",
+        command="cat ~/hello.txt",
+        stdout_match=StdoutMatch.CONTAINS,
+        stdout_pattern="hello world",
+        points=2,
+        timeout_s=check_timeout_s,
+    )
     return lab
 
 
@@ -212,11 +230,18 @@ def make_students(course: Course, count: int, *, prefix: str = "student") -> lis
     from django.contrib.auth.hashers import make_password
 
     password = make_password(PASSWORD)
-    users = User.objects.bulk_create([
-        User(username=f"{prefix}{course.pk}_{i}", password=password, email=f"{prefix}{course.pk}_{i}@example.test",
-             tenant=course.tenant, full_name=f"Student {i}")
-        for i in range(count)
-    ])
+    users = User.objects.bulk_create(
+        [
+            User(
+                username=f"{prefix}{course.pk}_{i}",
+                password=password,
+                email=f"{prefix}{course.pk}_{i}@example.test",
+                tenant=course.tenant,
+                full_name=f"Student {i}",
+            )
+            for i in range(count)
+        ]
+    )
     Membership.objects.bulk_create([Membership(user=user, course=course, role=Role.STUDENT) for user in users])
     return users
 
@@ -302,15 +327,17 @@ class PortalProcesses:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({
-            "PORTAL_ENV": "test",
-            "DATABASE_URL": test_database_url(),
-            "REDIS_URL": settings.REDIS_URL,
-            "KUBECONFIG": str(self.kubeconfig),
-            "PYTHONPATH": str(REPO_ROOT),
-            "LOG_LEVEL": "INFO",
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "PORTAL_ENV": "test",
+                "DATABASE_URL": test_database_url(),
+                "REDIS_URL": settings.REDIS_URL,
+                "KUBECONFIG": str(self.kubeconfig),
+                "PYTHONPATH": str(REPO_ROOT),
+                "LOG_LEVEL": "INFO",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         env.pop("KUBERNETES_SERVICE_HOST", None)
         env.update(self.env_overrides)
         return env
@@ -319,8 +346,15 @@ class PortalProcesses:
         self.directory.mkdir(parents=True, exist_ok=True)
         log = open(self.directory / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it open
         try:
-            process = subprocess.Popen(command, cwd=str(REPO_ROOT), env=self.env(), stdout=log, stderr=log,
-                                       stdin=subprocess.DEVNULL, start_new_session=True)
+            process = subprocess.Popen(
+                command,
+                cwd=str(REPO_ROOT),
+                env=self.env(),
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         finally:
             log.close()
         self.processes[name] = process
@@ -329,16 +363,52 @@ class PortalProcesses:
     def start(self, *, daphne: bool = False) -> PortalProcesses:
         self.starts += 1
         celery = [sys.executable, "-m", "celery", "-A", "portal"]
-        self._spawn("worker", [*celery, "worker", "--loglevel", "INFO", "--concurrency", str(self.concurrency),
-                               "--prefetch-multiplier", "1", "--without-gossip", "--without-mingle",
-                               "--without-heartbeat", "-n", f"reliability{self.starts}@%h"])
-        self._spawn("beat", [*celery, "beat", "--loglevel", "INFO",
-                             "--schedule", str(self.directory / f"beat-schedule-{self.starts}"),
-                             "--pidfile", ""])
+        self._spawn(
+            "worker",
+            [
+                *celery,
+                "worker",
+                "--loglevel",
+                "INFO",
+                "--concurrency",
+                str(self.concurrency),
+                "--prefetch-multiplier",
+                "1",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-n",
+                f"reliability{self.starts}@%h",
+            ],
+        )
+        self._spawn(
+            "beat",
+            [
+                *celery,
+                "beat",
+                "--loglevel",
+                "INFO",
+                "--schedule",
+                str(self.directory / f"beat-schedule-{self.starts}"),
+                "--pidfile",
+                "",
+            ],
+        )
         if daphne:
             self.daphne_port = free_port()
-            self._spawn("daphne", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.daphne_port),
-                                   "portal.asgi:application"])
+            self._spawn(
+                "daphne",
+                [
+                    sys.executable,
+                    "-m",
+                    "daphne",
+                    "-b",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.daphne_port),
+                    "portal.asgi:application",
+                ],
+            )
         self.wait_ready()
         return self
 
@@ -353,8 +423,9 @@ class PortalProcesses:
 
         wait_until(worker_ready, timeout=timeout, what="the Celery worker to be ready", describe=self.log_tail)
         if "daphne" in self.processes:
-            wait_until(lambda: self.http_get("/healthz")[0] == 200, timeout=timeout, what="daphne",
-                       describe=self.log_tail)
+            wait_until(
+                lambda: self.http_get("/healthz")[0] == 200, timeout=timeout, what="daphne", describe=self.log_tail
+            )
 
     def check_alive(self) -> None:
         for name, process in self.processes.items():
@@ -454,10 +525,12 @@ def agreement(tenants: list[Tenant]) -> Agreement:
         total_vmis += len(vmis)
         active = {a.vm_name: a for a in Attempt.objects.filter(tenant=tenant, state__in=ACTIVE_STATES)}
         orphan_vms += [f"{namespace}/{name}" for name in vms if name not in active]
-        active_without_vm += [a.id for name, a in active.items()
-                              if name not in vms and a.state != AttemptState.REQUESTED]
+        active_without_vm += [
+            a.id for name, a in active.items() if name not in vms and a.state != AttemptState.REQUESTED
+        ]
         totals = Attempt.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).aggregate(
-            vms=Count("id"), memory=Sum("launcher_memory_mib"), cpu=Sum("launcher_cpu_millicores"))
+            vms=Count("id"), memory=Sum("launcher_memory_mib"), cpu=Sum("launcher_cpu_millicores")
+        )
         used = quota_used(namespace)
         cluster_pods = launcher_pods(namespace)
         cluster_memory = mebibytes(used.get("requests.memory", "0"))
@@ -469,12 +542,16 @@ def agreement(tenants: list[Tenant]) -> Agreement:
         if (portal[0], portal[0]) != (len(vms), cluster_pods) or not memory_agrees or portal[2] != cluster_cpu:
             quota_mismatches.append(
                 f"{namespace}: portal counts {portal[0]} VMs, {portal[1]} MiB, {portal[2]}m CPU; the cluster has "
-                f"{len(vms)} VMs, {cluster_pods} launcher pods, {cluster_memory} MiB, {cluster_cpu}m CPU")
+                f"{len(vms)} VMs, {cluster_pods} launcher pods, {cluster_memory} MiB, {cluster_cpu}m CPU"
+            )
     attempts = Attempt.objects.filter(tenant__in=tenants)
     runs = GradingRun.objects.filter(attempt__tenant__in=tenants)
     return Agreement(
         attempts_by_state=dict(attempts.values_list("state").annotate(n=Count("id")).order_by()),
-        vms=total_vms, vmis=total_vmis, orphan_vms=orphan_vms, active_without_vm=active_without_vm,
+        vms=total_vms,
+        vmis=total_vmis,
+        orphan_vms=orphan_vms,
+        active_without_vm=active_without_vm,
         runs_by_state=dict(runs.values_list("state").annotate(n=Count("id")).order_by()),
         unfinished_runs=list(runs.exclude(state__in=(RunState.DONE, RunState.ERROR)).values_list("id", flat=True)),
         quota_mismatches=quota_mismatches,

@@ -23,8 +23,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def world(course_a, lab_a, lab_b, student_a, ta_a, instructor_a, student_b, superuser):
-    other_course_student = make_person(username="student_a2", tenant=course_a.tenant, course=course_a,
-                                       role=Role.STUDENT)
+    other_course_student = make_person(
+        username="student_a2", tenant=course_a.tenant, course=course_a, role=Role.STUDENT
+    )
     return {
         "mine": make_attempt(lab=lab_a, student=student_a),
         "classmate": make_attempt(lab=lab_a, student=other_course_student, state=AttemptState.STOPPED),
@@ -83,8 +84,15 @@ def test_an_api_token_sees_what_its_user_sees(world, student_a):
 
 
 # Functions that decide which labs or attempts a person may see are defined in labs/access.py only.
-ACCESS_FUNCTION_PREFIXES = ("attempts_for_", "attempts_visible_", "attempt_get_for_", "attempt_own", "labs_for_",
-                            "labs_visible_", "lab_get_for_")
+ACCESS_FUNCTION_PREFIXES = (
+    "attempts_for_",
+    "attempts_visible_",
+    "attempt_get_for_",
+    "attempt_own",
+    "labs_for_",
+    "labs_visible_",
+    "lab_get_for_",
+)
 
 
 def test_access_rules_are_defined_in_labs_access_only():

@@ -21,8 +21,9 @@ CHANGELIST = "admin:labs_attempt_changelist"
 def running_attempt(student, lab) -> Attempt:
     attempt = attempt_start(actor=student, lab=lab)
     now = timezone.now()
-    Attempt.objects.filter(id=attempt.id).update(state=AttemptState.RUNNING, agent_ready_at=now,
-                                                 expires_at=now + timedelta(minutes=20))
+    Attempt.objects.filter(id=attempt.id).update(
+        state=AttemptState.RUNNING, agent_ready_at=now, expires_at=now + timedelta(minutes=20)
+    )
     attempt.refresh_from_db()
     return attempt
 
@@ -83,7 +84,8 @@ def test_capacity_page_is_refused_to_non_instructors(client, instructor_b, ta_a)
 
 
 def test_capacity_page_says_what_to_apply_when_the_portal_lacks_the_tenants_role(
-        client, instructor_a, lifecycle, tenant_a, student_a, lab_a):
+    client, instructor_a, lifecycle, tenant_a, student_a, lab_a
+):
     from labs.services import tenant_namespace_ensure, tracking
 
     tenant_namespace_ensure(tenant=tenant_a)

@@ -21,8 +21,16 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pyte
 
 TOKYO = ZoneInfo("Asia/Tokyo")
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 ARTIFACTS = REPO_ROOT / "artifacts"
 
 
@@ -31,8 +39,13 @@ def start_live_portal(kubesim_server, workdir, extra_env: dict[str, str] | None 
         pytest.fail("The browser test needs the production wiring: DATABASE_URL (PostgreSQL) and REDIS_URL.")
     # Tasks queued by earlier tests must not reach this test's worker.
     delete_run_keys()
-    return LivePortal(database_url=subprocess_database_url(), redis_url=settings.REDIS_URL,
-                      kubeconfig=kubesim_server.kubeconfig, workdir=workdir, extra_env=extra_env).start()
+    return LivePortal(
+        database_url=subprocess_database_url(),
+        redis_url=settings.REDIS_URL,
+        kubeconfig=kubesim_server.kubeconfig,
+        workdir=workdir,
+        extra_env=extra_env,
+    ).start()
 
 
 @pytest.fixture
@@ -46,9 +59,14 @@ def live_portal(transactional_db, kubesim_server, tmp_path):
 @pytest.fixture
 def impatient_portal(transactional_db, kubesim_server, tmp_path):
     """A portal that calls a start slow after 2 s and gives up on an unpullable image after 4 s."""
-    portal = start_live_portal(kubesim_server, tmp_path / "portal", extra_env={
-        "ATTEMPT_SLOW_START_NOTICE_SECONDS": "2", "ATTEMPT_FAILURE_GRACE_SECONDS": "4",
-    })
+    portal = start_live_portal(
+        kubesim_server,
+        tmp_path / "portal",
+        extra_env={
+            "ATTEMPT_SLOW_START_NOTICE_SECONDS": "2",
+            "ATTEMPT_FAILURE_GRACE_SECONDS": "4",
+        },
+    )
     yield portal
     portal.stop()
     print(portal.logs())
@@ -75,6 +93,7 @@ def known_unrelated_console_error(text: str) -> bool:
 def in_a_thread(work):
     """Run ``work`` (database access) in a thread of its own: Playwright's event loop runs in the test's thread,
     where Django refuses synchronous queries."""
+
     def run():
         try:
             return work()
@@ -113,8 +132,7 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_
 
     # The browser's own clock is UTC here: the page must draw its times in the tenant's.
     in_a_thread(lambda: Tenant.objects.filter(id=tenant_a.id).update(time_zone="Asia/Tokyo"))
-    context = browser.new_context(base_url=live_portal.url, viewport={"width": 1400, "height": 1000},
-                                  timezone_id="UTC")
+    context = browser.new_context(base_url=live_portal.url, viewport={"width": 1400, "height": 1000}, timezone_id="UTC")
     context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live_portal.url)
     context.set_default_timeout(30_000)
     page = context.new_page()
@@ -153,7 +171,8 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_
     at = datetime.fromisoformat(requested.get_attribute("datetime").replace("Z", "+00:00")).astimezone(TOKYO)
     assert " ".join(requested.inner_text().split()) == f"{at:%-I:%M:%S %p}"
     expect(page.locator("#history [data-history-attempt] time").first).to_have_text(
-        re.compile(rf"\w+\.? {at.day}, {at.year}, {at:%-I:%M %p} JST"))
+        re.compile(rf"\w+\.? {at.day}, {at.year}, {at:%-I:%M %p} JST")
+    )
     expect(page.locator("#history [data-history-attempt] .state")).to_have_text("Running")
     expect(page.locator("#countdown")).to_have_text(re.compile(r"\d+:\d\d"))
     expect(page.locator("#live-indicator")).to_have_class(re.compile(r"\bon\b"))
@@ -248,8 +267,9 @@ def unpullable_lab(lab_a):
     return lab_a
 
 
-def test_a_start_that_cannot_pull_its_image_says_it_is_slow_then_why_it_failed(student_a, unpullable_lab,
-                                                                               impatient_portal, browser):
+def test_a_start_that_cannot_pull_its_image_says_it_is_slow_then_why_it_failed(
+    student_a, unpullable_lab, impatient_portal, browser
+):
     from playwright.sync_api import expect
 
     lab_a = unpullable_lab
@@ -329,8 +349,9 @@ def test_a_refused_start_says_why_on_the_page_and_can_be_tried_again(student_a, 
     context.close()
 
 
-def test_start_is_posted_over_http_and_the_panel_follows_the_attempt_on_its_own_socket(student_a, lab_a,
-                                                                                     live_portal, browser):
+def test_start_is_posted_over_http_and_the_panel_follows_the_attempt_on_its_own_socket(
+    student_a, lab_a, live_portal, browser
+):
     from playwright.sync_api import expect
 
     from labs.models import Attempt
@@ -353,8 +374,7 @@ def test_start_is_posted_over_http_and_the_panel_follows_the_attempt_on_its_own_
     context.close()
 
 
-def test_a_start_the_portal_was_too_busy_to_answer_is_tried_again_by_the_page(student_a, lab_a, live_portal,
-                                                                              browser):
+def test_a_start_the_portal_was_too_busy_to_answer_is_tried_again_by_the_page(student_a, lab_a, live_portal, browser):
     """``portal.server_errors`` answers 503
     ``portal_busy`` with Retry-After when no database connection came free in time; the lab page waits that out and
     tries again by itself, as for full capacity. The first Start is answered as the portal answers then (its
@@ -363,15 +383,18 @@ def test_a_start_the_portal_was_too_busy_to_answer_is_tried_again_by_the_page(st
 
     from labs.models import Attempt
 
-    busy = {"error": "The portal is very busy right now and could not answer. Try again in a few seconds.",
-            "code": "portal_busy"}
+    busy = {
+        "error": "The portal is very busy right now and could not answer. Try again in a few seconds.",
+        "code": "portal_busy",
+    }
     answered: list[str] = []
 
     def start_route(route):
         if not answered:
             answered.append("busy")
-            route.fulfill(status=503, headers={"Retry-After": "4", "Content-Type": "application/json"},
-                          body=json.dumps(busy))
+            route.fulfill(
+                status=503, headers={"Retry-After": "4", "Content-Type": "application/json"}, body=json.dumps(busy)
+            )
         else:
             answered.append("portal")
             route.continue_()
@@ -392,8 +415,9 @@ def test_a_start_the_portal_was_too_busy_to_answer_is_tried_again_by_the_page(st
     context.close()
 
 
-def test_at_the_per_student_cap_the_lab_page_offers_start_once_the_other_lab_has_ended(student_a, lab_a, course_a,
-                                                                                        live_portal, browser):
+def test_at_the_per_student_cap_the_lab_page_offers_start_once_the_other_lab_has_ended(
+    student_a, lab_a, course_a, live_portal, browser
+):
     from playwright.sync_api import expect
 
     from conftest import make_lab
@@ -403,8 +427,9 @@ def test_at_the_per_student_cap_the_lab_page_offers_start_once_the_other_lab_has
     def setup():
         Tenant.objects.filter(id=course_a.tenant_id).update(max_vms_per_student=1)
         other = make_lab(course_a, title="Networking")
-        return other, Attempt.objects.create(lab=other, student=student_a, tenant=course_a.tenant,
-                                             state=AttemptState.STOPPING)
+        return other, Attempt.objects.create(
+            lab=other, student=student_a, tenant=course_a.tenant, state=AttemptState.STOPPING
+        )
 
     _other_lab, going = in_a_thread(setup)
     context, page = student_page(browser, live_portal.url)
@@ -445,8 +470,9 @@ def lab_page_following(student, lab, state: str, live_portal, browser):
 
     from labs.models import Attempt
 
-    attempt = in_a_thread(lambda: Attempt.objects.create(lab=lab, student=student, tenant=lab.course.tenant,
-                                                         state=state))
+    attempt = in_a_thread(
+        lambda: Attempt.objects.create(lab=lab, student=student, tenant=lab.course.tenant, state=state)
+    )
     context, page = student_page(browser, live_portal.url)
     page.goto(f"/labs/{lab.id}/")
     expect(page.locator("#live-indicator")).to_have_class(re.compile(r"\bon\b"))
@@ -495,8 +521,7 @@ def test_a_late_update_from_another_process_does_not_take_the_page_back(student_
     context.close()
 
 
-def test_a_student_abroad_takes_the_browsers_time_zone_for_every_page(student_a, lab_a, tenant_a, live_portal,
-                                                                      browser):
+def test_a_student_abroad_takes_the_browsers_time_zone_for_every_page(student_a, lab_a, tenant_a, live_portal, browser):
     from playwright.sync_api import expect
 
     from portal.models import Tenant

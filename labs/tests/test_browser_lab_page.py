@@ -17,8 +17,11 @@ def test_run_in_terminal_fit_check_cooldown_and_start_again(student_a, lab_a, li
 
     from labs.models import Lab
 
-    in_a_thread(lambda: Lab.objects.filter(id=lab_a.id).update(
-        instructions="# Linux basics\n\n```sh\necho hello world > ~/hello.txt\necho ran-$((20+3))\n```\n"))
+    in_a_thread(
+        lambda: Lab.objects.filter(id=lab_a.id).update(
+            instructions="# Linux basics\n\n```sh\necho hello world > ~/hello.txt\necho ran-$((20+3))\n```\n"
+        )
+    )
     context, page = student_page(browser, live_portal.url)
     page.set_viewport_size({"width": 1280, "height": 900})
     errors: list[str] = []
@@ -61,7 +64,8 @@ def test_run_in_terminal_fit_check_cooldown_and_start_again(student_a, lab_a, li
     page.click("#stop-button")
     expect(page.locator("#attempt-state")).to_have_class(re.compile(r"\bstate-stopped\b"), timeout=90_000)
     expect(page.locator("#history [data-history-attempt] .history-ended time")).to_have_text(
-        re.compile(r"\w+ \d+, \d{4}, \d+:\d\d [AP]M UTC"))  # as the server writes the Started cell
+        re.compile(r"\w+ \d+, \d{4}, \d+:\d\d [AP]M UTC")
+    )  # as the server writes the Started cell
     expect(page.locator("#ended")).not_to_contain_text("Reload")
     page.click("#start-again-button")
     expect(page.locator("#attempt-heading")).to_have_text("Attempt 2", timeout=60_000)

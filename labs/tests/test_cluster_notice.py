@@ -50,20 +50,31 @@ def unreachable_cluster(settings, tmp_path):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("state", "says", "never"), [
-    (AttemptState.RUNNING,
-     "The cluster is not answering. Your VM may still be running; Check and Stop will work when it is back.",
-     "slow to start"),
-    (AttemptState.STOPPING,
-     "The cluster is not answering; your lab will finish stopping when it is back.", "slow to start"),
-    (AttemptState.STARTING, NOTICE, "Check and Stop"),
-])
+@pytest.mark.parametrize(
+    ("state", "says", "never"),
+    [
+        (
+            AttemptState.RUNNING,
+            "The cluster is not answering. Your VM may still be running; Check and Stop will work when it is back.",
+            "slow to start",
+        ),
+        (
+            AttemptState.STOPPING,
+            "The cluster is not answering; your lab will finish stopping when it is back.",
+            "slow to start",
+        ),
+        (AttemptState.STARTING, NOTICE, "Check and Stop"),
+    ],
+)
 def test_unreachable_cluster_notice_says_what_is_true_for_the_attempt(
-        client, unreachable_cluster, lab_a, student_a, state, says, never):
+    client, unreachable_cluster, lab_a, student_a, state, says, never
+):
     attempt = Attempt.objects.create(lab=lab_a, student=student_a, tenant=lab_a.course.tenant, state=state)
     client.login(username=student_a.username, password=PASSWORD)
-    pages = [client.get(reverse("labs:lab_detail", args=[lab_a.id])),
-             client.get(reverse("labs:attempt_detail", args=[attempt.id]))]
+    pages = [
+        client.get(reverse("labs:lab_detail", args=[lab_a.id])),
+        client.get(reverse("labs:attempt_detail", args=[attempt.id])),
+    ]
     for page in pages:
         assert page.status_code == 200
         text = page.content.decode()

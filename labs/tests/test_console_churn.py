@@ -62,8 +62,9 @@ def attempt(cluster, student_a, lab_a):
 def channel_layer_kind(request, settings):
     if request.param == "memory":
         settings.REDIS_URL = None
-        settings.CHANNEL_LAYERS = {"default": {"BACKEND": "portal.memory_channel_layer.InMemoryChannelLayer",
-                                              "CONFIG": {"capacity": 1500}}}
+        settings.CHANNEL_LAYERS = {
+            "default": {"BACKEND": "portal.memory_channel_layer.InMemoryChannelLayer", "CONFIG": {"capacity": 1500}}
+        }
     elif not settings.REDIS_URL:
         pytest.fail("The Redis channel layer needs REDIS_URL.")
     return request.param
@@ -131,8 +132,9 @@ async def assert_nothing_left(attempt_id: int, cluster) -> None:
         assert layer.channels == {}, f"{len(layer.channels)} channels of gone consumers kept"
 
 
-async def test_console_survives_rounds_of_sockets_closing_at_random_moments(channel_layer_kind, attempt, cluster,
-                                                                            student_a):
+async def test_console_survives_rounds_of_sockets_closing_at_random_moments(
+    channel_layer_kind, attempt, cluster, student_a
+):
     rng = random.Random(31)
     cookie = await sync_to_async(session_cookie)(student_a)
     path = f"/ws/attempts/{attempt.id}/console/"
@@ -144,6 +146,7 @@ async def test_console_survives_rounds_of_sockets_closing_at_random_moments(chan
 
 
 # -- two daphne processes on one Redis --------------------------------------------------------------------------
+
 
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -169,9 +172,16 @@ def redis_console_state(attempt_id: int) -> tuple[str | None, set[str]]:
 def two_daphnes(attempt, kubesim_server, tmp_path):
     if not settings.REDIS_URL:
         pytest.fail("Several portal processes share state through Redis: set REDIS_URL.")
-    portals = [LivePortal(database_url=subprocess_database_url(), redis_url=settings.REDIS_URL,
-                          kubeconfig=kubesim_server.kubeconfig, workdir=tmp_path / f"portal-{n}", worker=False)
-               for n in (1, 2)]
+    portals = [
+        LivePortal(
+            database_url=subprocess_database_url(),
+            redis_url=settings.REDIS_URL,
+            kubeconfig=kubesim_server.kubeconfig,
+            workdir=tmp_path / f"portal-{n}",
+            worker=False,
+        )
+        for n in (1, 2)
+    ]
     try:
         for portal in portals:
             portal.start()
@@ -247,14 +257,16 @@ async def test_console_survives_churn_across_two_daphne_processes(two_daphnes, a
             clients = []
             for index in range(SOCKETS_PER_ROUND):
                 side = rng.randrange(2)
-                clients.append(churning_client(session, urls[side], headers[side], MOMENTS[index % len(MOMENTS)],
-                                               rng))
+                clients.append(churning_client(session, urls[side], headers[side], MOMENTS[index % len(MOMENTS)], rng))
             await asyncio.gather(*clients)
             side = number % 2
             await check_through(session, urls[side], headers[side], f"round{number}")
             await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to close")
-            await wait_for(lambda: redis_console_state(attempt.id) == (None, set()), within=3,
-                           what="the lease and registrations handed back")
+            await wait_for(
+                lambda: redis_console_state(attempt.id) == (None, set()),
+                within=3,
+                what="the lease and registrations handed back",
+            )
             sizes = [rss_mb(pid) for pid in pids]
             if not baseline:
                 baseline = sizes

@@ -40,8 +40,9 @@ def attempt(cluster, student_a, lab_a):
 
 def console_tasks(attempt_id: int) -> list[asyncio.Task]:
     """This loop's tasks that belong to the attempt's console (named ``console-<id>-...``)."""
-    return [task for task in asyncio.all_tasks()
-            if task.get_name().startswith(f"console-{attempt_id}-") and not task.done()]
+    return [
+        task for task in asyncio.all_tasks() if task.get_name().startswith(f"console-{attempt_id}-") and not task.done()
+    ]
 
 
 def stalled_once(original, reached: asyncio.Event, *, when=lambda *args, **kwargs: True):
@@ -78,15 +79,21 @@ def stall_point(point: str, monkeypatch, reached: asyncio.Event) -> None:
         monkeypatch.setattr(AsciicastRecorder, "open", stalled_once(AsciicastRecorder.open, reached))
     elif point == "input_group_join":
         layer_class = type(get_channel_layer())
-        monkeypatch.setattr(layer_class, "group_add", stalled_once(
-            layer_class.group_add, reached, when=lambda self, group, channel: group.startswith("console-input-")))
+        monkeypatch.setattr(
+            layer_class,
+            "group_add",
+            stalled_once(
+                layer_class.group_add, reached, when=lambda self, group, channel: group.startswith("console-input-")
+            ),
+        )
     else:
         raise AssertionError(point)
 
 
 @pytest.mark.parametrize("point", ["lease_acquire", "viewers_look", "recording_open", "input_group_join"])
-async def test_a_tab_closed_while_taking_the_console_leaves_nothing_behind(point, attempt, cluster, student_a,
-                                                                           monkeypatch):
+async def test_a_tab_closed_while_taking_the_console_leaves_nothing_behind(
+    point, attempt, cluster, student_a, monkeypatch
+):
     reached = asyncio.Event()
     stall_point(point, monkeypatch, reached)
     leaving = await open_console(student_a, attempt.id)
@@ -134,8 +141,7 @@ async def test_a_start_that_fails_half_way_hands_back_and_tries_again(attempt, c
     assert heartbeat.held == set()
 
 
-async def test_a_tab_whose_announcement_was_lost_asks_again_and_gets_a_status(attempt, cluster, student_a,
-                                                                              monkeypatch):
+async def test_a_tab_whose_announcement_was_lost_asks_again_and_gets_a_status(attempt, cluster, student_a, monkeypatch):
     """The holder never hears a newcomer (its announcement fell off a full channel): the newcomer announces itself
     again, rather than showing the scrollback without a status for good."""
     from channels.layers import get_channel_layer
@@ -182,8 +188,11 @@ def console_session_figures(settings) -> tuple[float, float]:
     settings.METRICS_TOKEN = "console-metrics-token"
     response = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer console-metrics-token")
     assert response.status_code == 200
-    samples = {sample.name: sample.value for family in text_string_to_metric_families(response.content.decode())
-               for sample in family.samples}
+    samples = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for sample in family.samples
+    }
     return samples["portal_console_sessions_opened_total"], samples["portal_console_sessions_active"]
 
 
@@ -200,8 +209,9 @@ async def test_console_sessions_are_counted_as_sockets_open_and_close(attempt, c
 
 async def test_a_refused_console_socket_is_not_counted(attempt, cluster, student_b, settings):
     await sync_to_async(metrics.counters.clear)(metrics.CONSOLE_SESSIONS_KEY)
-    viewer = Viewer(f"/ws/attempts/{attempt.id}/console/",
-                    [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(student_b))])
+    viewer = Viewer(
+        f"/ws/attempts/{attempt.id}/console/", [ORIGIN, (b"cookie", await sync_to_async(session_cookie)(student_b))]
+    )
     connected, _ = await viewer.connect()
     assert not connected
     await viewer.communicator.disconnect()  # the consumer ends when its connection does, as under daphne

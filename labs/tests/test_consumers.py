@@ -127,7 +127,7 @@ class Viewer:
 
     @property
     def screen(self) -> bytes:
-        return bytes(self.output[self.screen_starts:])
+        return bytes(self.output[self.screen_starts :])
 
     def has_output(self, needle: bytes) -> bool:
         return needle in self.output
@@ -148,8 +148,9 @@ class Viewer:
         await self.communicator.disconnect()
 
 
-async def open_console(user, attempt_id: int, *, origin: tuple[bytes, bytes] | None = ORIGIN,
-                       app=application) -> Viewer:
+async def open_console(
+    user, attempt_id: int, *, origin: tuple[bytes, bytes] | None = ORIGIN, app=application
+) -> Viewer:
     headers = [HOST, origin] if origin else [HOST]
     if user is not None:
         headers.append((b"cookie", await sync_to_async(session_cookie)(user)))
@@ -177,8 +178,11 @@ async def wait_for(condition, *, within: float = 10.0, what: str = "condition") 
 
 async def open_events(user, attempt_id: int, *, app=application) -> Viewer:
     """The attempt's events socket, open, with its first message (the current status) read."""
-    viewer = Viewer(f"/ws/attempts/{attempt_id}/events/",
-                    [ORIGIN, HOST, (b"cookie", await sync_to_async(session_cookie)(user))], app=app)
+    viewer = Viewer(
+        f"/ws/attempts/{attempt_id}/events/",
+        [ORIGIN, HOST, (b"cookie", await sync_to_async(session_cookie)(user))],
+        app=app,
+    )
     assert (await viewer.connect())[0]
     await viewer.read_until(lambda v: len(v.messages) >= 1)
     return viewer
@@ -192,12 +196,16 @@ async def connected_student(user, attempt_id: int, *, app=application) -> Viewer
 
 # -- refusals -------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("who", ["anonymous", "classmate", "other_tenant_student", "other_tenant_instructor",
-                                 "bad_origin", "missing_origin"])
-async def test_refused_before_kubesim_sees_a_console_request(who, attempt, cluster, student_a, student_b,
-                                                             instructor_b, tenant_a, course_a):
-    classmate = await sync_to_async(make_person)(username="classmate_a", tenant=tenant_a, course=course_a,
-                                                 role=Role.STUDENT)
+
+@pytest.mark.parametrize(
+    "who", ["anonymous", "classmate", "other_tenant_student", "other_tenant_instructor", "bad_origin", "missing_origin"]
+)
+async def test_refused_before_kubesim_sees_a_console_request(
+    who, attempt, cluster, student_a, student_b, instructor_b, tenant_a, course_a
+):
+    classmate = await sync_to_async(make_person)(
+        username="classmate_a", tenant=tenant_a, course=course_a, role=Role.STUDENT
+    )
     user, origin = {
         "anonymous": (None, ORIGIN),
         "classmate": (classmate, ORIGIN),
@@ -220,14 +228,17 @@ async def test_refused_before_kubesim_sees_a_console_request(who, attempt, clust
 
 
 async def test_refused_for_an_unknown_attempt(cluster, student_a):
-    communicator = WebsocketCommunicator(application, "/ws/attempts/999999/console/",
-                                         headers=[ORIGIN, HOST,
-                                                  (b"cookie", await sync_to_async(session_cookie)(student_a))])
+    communicator = WebsocketCommunicator(
+        application,
+        "/ws/attempts/999999/console/",
+        headers=[ORIGIN, HOST, (b"cookie", await sync_to_async(session_cookie)(student_a))],
+    )
     connected, code = await communicator.connect(timeout=10)
     assert not connected and code == 4404
 
 
 # -- sharing ----------------------------------------------------------------------------------------------------
+
 
 async def test_student_types_and_sees_the_echo_and_a_ta_watches_read_only(attempt, cluster, student_a, ta_a):
     student = await connected_student(student_a, attempt.id)
@@ -439,8 +450,9 @@ def count_stale_connection_closes(monkeypatch):
     return start
 
 
-async def test_typing_takes_no_worker_thread_per_keystroke(attempt, cluster, student_a, monkeypatch,
-                                                           count_stale_connection_closes):
+async def test_typing_takes_no_worker_thread_per_keystroke(
+    attempt, cluster, student_a, monkeypatch, count_stale_connection_closes
+):
     """channels' own dispatch closes stale database connections in a worker thread before every message; with
     hundreds of typists that thread hop was most of a daphne's work. Typing, acknowledging and pinging must not
     touch the database layer at all."""
@@ -459,6 +471,7 @@ async def test_typing_takes_no_worker_thread_per_keystroke(attempt, cluster, stu
 
 
 # -- limits, loss and recovery, recording ---------------------------------------------------------------------
+
 
 async def test_oversized_input_frames_are_refused(attempt, cluster, student_a, settings):
     student = await connected_student(student_a, attempt.id)
@@ -522,8 +535,9 @@ async def test_output_is_recorded_as_asciicast_v2(attempt, cluster, student_a):
 
 
 @pytest.mark.parametrize("fresh_seconds", [2.0, 0.0])
-async def test_a_console_opened_on_a_running_vmi_dials_with_what_its_handshake_read(attempt, cluster, student_a,
-                                                                                     monkeypatch, fresh_seconds):
+async def test_a_console_opened_on_a_running_vmi_dials_with_what_its_handshake_read(
+    attempt, cluster, student_a, monkeypatch, fresh_seconds
+):
     lookups = []
     looked_up = console_consumer._console_location
 
@@ -544,8 +558,9 @@ async def test_a_console_opened_on_a_running_vmi_dials_with_what_its_handshake_r
     await student.close()
 
 
-async def test_a_lone_holder_tells_nobody_its_status_yet_a_tab_that_arrives_learns_it(attempt, cluster, student_a,
-                                                                                       monkeypatch):
+async def test_a_lone_holder_tells_nobody_its_status_yet_a_tab_that_arrives_learns_it(
+    attempt, cluster, student_a, monkeypatch
+):
     sent = []
     layer = get_channel_layer()
     group_send = layer.group_send
@@ -581,7 +596,8 @@ async def test_console_waits_like_virtctl_while_the_vmi_is_not_running(cluster, 
         student = await open_console(student_a, attempt.id)
         # Its own thread: the consumer's database calls must not queue behind this loop.
         syncing = asyncio.ensure_future(
-            sync_to_async(attempt_run_to, thread_sensitive=False)(attempt=attempt, timeout=60))
+            sync_to_async(attempt_run_to, thread_sensitive=False)(attempt=attempt, timeout=60)
+        )
         await student.read_until(lambda v: "waiting" in v.statuses())
         await asyncio.sleep(2.0)
         dialled = await sync_to_async(console_requests)(cluster) - before
@@ -623,6 +639,7 @@ async def test_ended_attempt_reports_ended_instead_of_dialling(cluster, student_
 
 # -- attempt events ---------------------------------------------------------------------------------------------
 
+
 async def test_events_socket_sends_the_current_status_then_pushes(attempt, cluster, student_a, ta_a):
     viewer = await open_events(student_a, attempt.id)
     first = viewer.messages[0]
@@ -630,8 +647,9 @@ async def test_events_socket_sends_the_current_status_then_pushes(attempt, clust
     assert first["attempt"]["timestamps"]["agent_ready"] is not None
 
     await sync_to_async(attempt_extend)(actor=student_a, attempt=attempt)
-    await viewer.read_until(lambda v: any(m["type"] == "attempt.update" and m["attempt"]["extensions"] == 1
-                                          for m in v.messages))
+    await viewer.read_until(
+        lambda v: any(m["type"] == "attempt.update" and m["attempt"]["extensions"] == 1 for m in v.messages)
+    )
     await get_channel_layer().group_send(f"attempt-{attempt.id}", {"type": "grading.update", "run": {"id": 7}})
     await viewer.read_until(lambda v: {"type": "grading.update", "run": {"id": 7}} in v.messages)
     await viewer.close()
@@ -672,7 +690,8 @@ async def group_size(group: str) -> int:
 
 
 async def test_a_push_to_a_closing_events_socket_is_dropped_and_the_socket_still_leaves_its_group(
-        attempt, cluster, student_a):
+    attempt, cluster, student_a
+):
     group = f"attempt-{attempt.id}"
     before = await group_size(group)
     socket = ClosingSocket()
@@ -705,8 +724,9 @@ async def test_console_output_for_a_closing_tab_is_dropped_and_the_other_tab_goe
     await staying.close()
 
 
-async def test_pushes_to_the_events_socket_take_no_worker_thread(attempt, cluster, student_a,
-                                                                 count_stale_connection_closes):
+async def test_pushes_to_the_events_socket_take_no_worker_thread(
+    attempt, cluster, student_a, count_stale_connection_closes
+):
     """As for the console's keystrokes: a push or a ping is relayed without channels' stale-connection close in a
     worker thread (a thread hop per message, on the process's one thread for such calls)."""
     viewer = await open_events(student_a, attempt.id)
@@ -714,8 +734,9 @@ async def test_pushes_to_the_events_socket_take_no_worker_thread(attempt, cluste
     for number in range(3):
         await get_channel_layer().group_send(f"attempt-{attempt.id}", {"type": "grading.update", "run": {"id": number}})
     await viewer.send_json({"type": "ping"})
-    await viewer.read_until(lambda v: {"type": "pong"} in v.messages
-                            and {"type": "grading.update", "run": {"id": 2}} in v.messages)
+    await viewer.read_until(
+        lambda v: {"type": "pong"} in v.messages and {"type": "grading.update", "run": {"id": 2}} in v.messages
+    )
     assert calls == []
     await viewer.close()
 
@@ -751,8 +772,15 @@ async def test_events_socket_speaks_the_language_of_its_page(attempt, cluster, s
     cookie = await sync_to_async(session_cookie)(student_a)
     path = f"/ws/attempts/{attempt.id}/events/"
     japanese = Viewer(path, [ORIGIN, HOST, (b"cookie", cookie), (b"accept-language", b"ja,en;q=0.5")])
-    chosen_english = Viewer(path, [ORIGIN, HOST, (b"cookie", cookie + f"; {settings.LANGUAGE_COOKIE_NAME}=en".encode()),
-                                   (b"accept-language", b"ja")])
+    chosen_english = Viewer(
+        path,
+        [
+            ORIGIN,
+            HOST,
+            (b"cookie", cookie + f"; {settings.LANGUAGE_COOKIE_NAME}=en".encode()),
+            (b"accept-language", b"ja"),
+        ],
+    )
     viewers = (japanese, chosen_english)
     for viewer in viewers:
         assert (await viewer.connect())[0]
@@ -765,7 +793,8 @@ async def test_events_socket_speaks_the_language_of_its_page(attempt, cluster, s
         await viewer.read_until(lambda v: feedback(v, 1) is not None)
     assert feedback(japanese, 1).startswith("このチェックは判定できませんでした") and "0.1 秒" in feedback(japanese, 1)
     assert feedback(chosen_english, 1).startswith("This check could not be judged") and "0.1 s" in feedback(
-        chosen_english, 1)
+        chosen_english, 1
+    )
 
     await sync_to_async(push_run_on_commit)(run=run)  # as the worker pushes once it has graded
     for viewer in viewers:
@@ -776,8 +805,9 @@ async def test_events_socket_speaks_the_language_of_its_page(attempt, cluster, s
         await viewer.close()
 
 
-async def test_why_an_attempt_failed_reaches_each_socket_in_its_own_language(attempt, cluster, student_a, ta_a,
-                                                                           monkeypatch):
+async def test_why_an_attempt_failed_reaches_each_socket_in_its_own_language(
+    attempt, cluster, student_a, ta_a, monkeypatch
+):
     """A worker words a failure in every language; the push carries them all, and each page (the Japanese
     student's, an English TA's) shows its own, in the push and in the snapshot of a socket opened later."""
     from labs.services import provisioning
@@ -785,24 +815,28 @@ async def test_why_an_attempt_failed_reaches_each_socket_in_its_own_language(att
     monkeypatch.setattr(provisioning, "enqueue_teardown", lambda attempt_id: None)  # the VM is not the point here
     await sync_to_async(Attempt.objects.filter(id=attempt.id).update)(language="ja")
     path = f"/ws/attempts/{attempt.id}/events/"
-    student = Viewer(path, [ORIGIN, HOST, (b"cookie", await sync_to_async(session_cookie)(student_a)),
-                            (b"accept-language", b"ja")])
-    ta = Viewer(path, [ORIGIN, HOST, (b"cookie", await sync_to_async(session_cookie)(ta_a)),
-                       (b"accept-language", b"en")])
+    student = Viewer(
+        path, [ORIGIN, HOST, (b"cookie", await sync_to_async(session_cookie)(student_a)), (b"accept-language", b"ja")]
+    )
+    ta = Viewer(
+        path, [ORIGIN, HOST, (b"cookie", await sync_to_async(session_cookie)(ta_a)), (b"accept-language", b"en")]
+    )
     for viewer in (student, ta):
         assert (await viewer.connect())[0]
         await viewer.read_until(lambda v: len(v.messages) >= 1)
 
     def fail() -> None:
         with translation.override("en"):  # a worker's language is nobody's in particular
-            assert provisioning.attempt_fail(attempt_id=attempt.id,
-                                             reason=lambda: gettext("The VM was deleted outside the portal."))
+            assert provisioning.attempt_fail(
+                attempt_id=attempt.id, reason=lambda: gettext("The VM was deleted outside the portal.")
+            )
 
     await sync_to_async(fail)()
 
     def failure(viewer):
-        failed = [m["attempt"] for m in viewer.messages
-                  if m["type"] == "attempt.update" and m["attempt"]["state"] == "failed"]
+        failed = [
+            m["attempt"] for m in viewer.messages if m["type"] == "attempt.update" and m["attempt"]["state"] == "failed"
+        ]
         return failed[-1]["failure_reason"] if failed else None
 
     for viewer in (student, ta):
@@ -818,6 +852,7 @@ async def test_why_an_attempt_failed_reaches_each_socket_in_its_own_language(att
 
 
 # -- embedded mode ----------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def embedded_mode(settings):

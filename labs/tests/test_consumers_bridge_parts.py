@@ -34,6 +34,7 @@ async def clear_console_keys(client) -> None:
 
 # -- lease ----------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("backend", ["local", "redis"])
 async def test_lease_has_one_holder_until_released_or_expired(backend, settings):
     if backend == "redis":
@@ -63,6 +64,7 @@ async def test_lease_has_one_holder_until_released_or_expired(backend, settings)
 
 # -- scrollback -----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("backend", ["local", "redis"])
 async def test_scrollback_keeps_the_tail_and_a_running_offset(backend, settings):
     if backend == "redis":
@@ -89,6 +91,7 @@ def test_tail_for_replay_starts_on_a_line_when_it_can():
 
 # -- flow control ---------------------------------------------------------------------------------------------
 
+
 def test_input_rate_limiter_allows_a_burst_then_the_rate():
     limiter = InputRateLimiter(rate=1000, burst=4000)
     assert limiter.allow(4000)
@@ -113,6 +116,7 @@ def test_output_window_lags_then_asks_for_a_redraw_once_caught_up():
 
 
 # -- recording ------------------------------------------------------------------------------------------------
+
 
 async def test_recorder_writes_asciicast_v2_and_continues_the_same_file(settings, tmp_path):
     settings.CONSOLE_RECORDINGS_DIR = tmp_path
@@ -149,14 +153,22 @@ async def test_recorder_stops_at_its_size_cap_with_a_marker(settings, tmp_path):
 
 # -- fan-out --------------------------------------------------------------------------------------------------
 
+
 async def test_fanout_publishes_in_order_with_scrollback_offsets_and_batches_a_backlog():
     layer = InMemoryChannelLayer()
     viewer = await layer.new_channel()
     await layer.group_add("console-900", viewer)
     LocalScrollback._buffers.pop(900, None)
     scrollback = LocalScrollback(limit=1 << 20)
-    fanout = OutputFanout(attempt_id=900, scrollback=scrollback, channel_layer=layer,
-                          group="console-900", origin="holder", start_end=0, others=True)
+    fanout = OutputFanout(
+        attempt_id=900,
+        scrollback=scrollback,
+        channel_layer=layer,
+        group="console-900",
+        origin="holder",
+        start_end=0,
+        others=True,
+    )
     chunks = [f"{i:04d}".encode() for i in range(40)]
     for chunk in chunks:
         assert fanout.claim(len(chunk)) == fanout.end
@@ -183,8 +195,15 @@ async def test_a_flush_asked_for_as_the_fanout_closes_returns():
             await asyncio.sleep(60)
             return 0
 
-    fanout = OutputFanout(attempt_id=904, scrollback=SilentScrollback(limit=1024), channel_layer=InMemoryChannelLayer(),
-                          group="console-904", origin="holder", start_end=0, others=True)
+    fanout = OutputFanout(
+        attempt_id=904,
+        scrollback=SilentScrollback(limit=1024),
+        channel_layer=InMemoryChannelLayer(),
+        group="console-904",
+        origin="holder",
+        start_end=0,
+        others=True,
+    )
     fanout.claim(5)
     await fanout.put(b"hello")
     await fanout.close(within=0.1)
@@ -197,8 +216,15 @@ async def test_a_holder_alone_keeps_the_scrollback_but_publishes_nothing_until_a
     await layer.group_add("console-901", listener)  # in the group, but not registered as watching
     LocalScrollback._buffers.pop(901, None)
     scrollback = LocalScrollback(limit=1 << 20)
-    fanout = OutputFanout(attempt_id=901, scrollback=scrollback, channel_layer=layer,
-                          group="console-901", origin="holder", start_end=0, others=False)
+    fanout = OutputFanout(
+        attempt_id=901,
+        scrollback=scrollback,
+        channel_layer=layer,
+        group="console-901",
+        origin="holder",
+        start_end=0,
+        others=False,
+    )
     await fanout.put(b"alone")
     await fanout.flush()
     assert (await scrollback.snapshot(attempt_id=901)).end == 5
@@ -237,8 +263,15 @@ async def test_viewer_registry_sees_others_until_they_leave_or_expire(backend, m
 def test_fanout_ignores_a_look_at_the_viewers_older_than_the_last_newcomer():
     async def scenario():
         layer = InMemoryChannelLayer()
-        fanout = OutputFanout(attempt_id=903, scrollback=LocalScrollback(limit=1024), channel_layer=layer,
-                              group="console-903", origin="holder", start_end=0, others=False)
+        fanout = OutputFanout(
+            attempt_id=903,
+            scrollback=LocalScrollback(limit=1024),
+            channel_layer=layer,
+            group="console-903",
+            origin="holder",
+            start_end=0,
+            others=False,
+        )
         looked_at = time.monotonic()
         fanout.viewer_joined()
         fanout.observe_others(False, looked_at)  # a heartbeat that started before the newcomer registered
@@ -251,6 +284,7 @@ def test_fanout_ignores_a_look_at_the_viewers_older_than_the_last_newcomer():
 
 
 # -- one process, many consoles: shared Redis connections, one round trip per beat -------------------------------
+
 
 async def test_hundreds_of_simultaneous_console_commands_wait_for_a_connection_instead_of_failing(settings):
     settings.CONSOLE_REDIS_MAX_CONNECTIONS = 8
@@ -282,10 +316,15 @@ async def test_heartbeat_renews_registers_and_reports_in_one_beat(backend, setti
     lost, seen = [], []
     for attempt_id in (910, 911, 912):
         assert await lease.acquire(attempt_id=attempt_id, holder=f"holder-{attempt_id}", ttl=0.6)
-    held = {attempt_id: heartbeat.hold(attempt_id=attempt_id, holder=f"holder-{attempt_id}",
-                                       on_lost=lambda a=attempt_id: lost.append(a),
-                                       on_others=lambda others, as_of, a=attempt_id: seen.append((a, others)))
-            for attempt_id in (910, 911, 912)}
+    held = {
+        attempt_id: heartbeat.hold(
+            attempt_id=attempt_id,
+            holder=f"holder-{attempt_id}",
+            on_lost=lambda a=attempt_id: lost.append(a),
+            on_others=lambda others, as_of, a=attempt_id: seen.append((a, others)),
+        )
+        for attempt_id in (910, 911, 912)
+    }
     await viewers.add(attempt_id=910, viewer="holder-910")
     heartbeat.watch(attempt_id=910, viewer="holder-910")
     heartbeat.watch(attempt_id=910, viewer="tab-2")  # another tab of 910 in this process
@@ -332,8 +371,9 @@ async def test_appends_asked_for_together_go_to_redis_in_one_call(settings):
 
     appends.script = counting
     try:
-        ends = await asyncio.gather(*(sb.append(attempt_id=1000 + i, data=b"x" * (i + 1))
-                                      for i, sb in enumerate(scrollbacks)))
+        ends = await asyncio.gather(
+            *(sb.append(attempt_id=1000 + i, data=b"x" * (i + 1)) for i, sb in enumerate(scrollbacks))
+        )
         assert ends == [i + 1 for i in range(50)]
         assert calls == [50]
         again = await scrollbacks[3].append(attempt_id=1003, data=b"yz")
@@ -372,18 +412,22 @@ async def test_recordings_of_many_consoles_are_written_in_one_worker_thread_call
 
 # -- waiting for the VMI ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("state", "phase", "stage"), [
-    ("requested", "", "waiting"),
-    ("provisioning", "", "waiting"),
-    ("starting", "Scheduling", "waiting"),
-    ("starting", "Scheduled", "waiting"),
-    ("starting", "Running", "ready"),  # the VMI runs; the agent has not answered yet
-    ("running", "Running", "ready"),
-    ("running", "", "ready"),  # the agent answered before any list showed the phase
-    ("stopping", "Running", "ended"),
-    ("failed", "", "ended"),
-    ("expired", "Running", "ended"),
-])
+
+@pytest.mark.parametrize(
+    ("state", "phase", "stage"),
+    [
+        ("requested", "", "waiting"),
+        ("provisioning", "", "waiting"),
+        ("starting", "Scheduling", "waiting"),
+        ("starting", "Scheduled", "waiting"),
+        ("starting", "Running", "ready"),  # the VMI runs; the agent has not answered yet
+        ("running", "Running", "ready"),
+        ("running", "", "ready"),  # the agent answered before any list showed the phase
+        ("stopping", "Running", "ended"),
+        ("failed", "", "ended"),
+        ("expired", "Running", "ended"),
+    ],
+)
 def test_console_dials_only_once_the_vmi_runs(state, phase, stage):
     assert console_stage(state=state, phase=phase) == stage
 
@@ -410,8 +454,9 @@ async def test_an_update_during_the_lookup_is_not_lost(settings):
     async def on_output(data: bytes) -> None:
         raise AssertionError("nothing is dialled here")
 
-    upstream = ConsoleUpstream(locate=locate, on_output=on_output, on_state=on_state, attempt_changed=changed,
-                               limits=console_limits())
+    upstream = ConsoleUpstream(
+        locate=locate, on_output=on_output, on_state=on_state, attempt_changed=changed, limits=console_limits()
+    )
     task = asyncio.create_task(upstream.run())
     try:
         for _ in range(100):
@@ -428,8 +473,9 @@ async def test_an_update_during_the_lookup_is_not_lost(settings):
 async def test_a_waiting_console_wakes_only_for_updates_that_can_change_its_answer():
     consumer = AttemptConsoleConsumer()
     consumer.attempt_changed = asyncio.Event()
-    consumer.upstream = ConsoleUpstream(locate=None, on_output=None, on_state=None,
-                                        attempt_changed=consumer.attempt_changed, limits=console_limits())
+    consumer.upstream = ConsoleUpstream(
+        locate=None, on_output=None, on_state=None, attempt_changed=consumer.attempt_changed, limits=console_limits()
+    )
     consumer.upstream.state = UpstreamState.WAITING
 
     async def woken_by(attempt: dict) -> bool:

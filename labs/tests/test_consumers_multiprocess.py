@@ -36,9 +36,16 @@ def two_portals(attempt, kubesim_server, tmp_path):
     if keys:
         client.delete(*keys)
     client.close()
-    portals = [LivePortal(database_url=subprocess_database_url(), redis_url=settings.REDIS_URL,
-                          kubeconfig=kubesim_server.kubeconfig, workdir=tmp_path / f"portal-{n}", worker=False)
-               for n in (1, 2)]
+    portals = [
+        LivePortal(
+            database_url=subprocess_database_url(),
+            redis_url=settings.REDIS_URL,
+            kubeconfig=kubesim_server.kubeconfig,
+            workdir=tmp_path / f"portal-{n}",
+            worker=False,
+        )
+        for n in (1, 2)
+    ]
     try:
         for portal in portals:
             portal.start()
@@ -80,13 +87,14 @@ class Tab:
 
 
 async def open_tab(session, portal, attempt_id: int, cookie: str) -> Tab:
-    socket = await session.ws_connect(f"ws://127.0.0.1:{portal.port}/ws/attempts/{attempt_id}/console/",
-                                      headers={"Cookie": cookie, "Origin": portal.url})
+    socket = await session.ws_connect(
+        f"ws://127.0.0.1:{portal.port}/ws/attempts/{attempt_id}/console/",
+        headers={"Cookie": cookie, "Origin": portal.url},
+    )
     return Tab(socket)
 
 
-async def test_tabs_on_two_processes_share_one_upstream_and_hand_it_over(two_portals, attempt, cluster,
-                                                                         student_a):
+async def test_tabs_on_two_processes_share_one_upstream_and_hand_it_over(two_portals, attempt, cluster, student_a):
     cookie = await sync_to_async(cookie_for)(student_a)
     first_portal, second_portal = two_portals
     before = (await sync_to_async(cluster.admin.counters)())["by_resource"].get(CONSOLE_RESOURCE, 0)

@@ -30,7 +30,8 @@ async def _receive_all(channel: str, *, quiet: float) -> list[dict]:
 
 
 def test_updates_are_pushed_on_change_and_never_when_nothing_changed(
-        lifecycle, student_a, lab_a, django_capture_on_commit_callbacks):
+    lifecycle, student_a, lab_a, django_capture_on_commit_callbacks
+):
     attempt = attempt_start(actor=student_a, lab=lab_a)
     channel = f"lifecycle-test-{attempt.id}-{secrets.token_hex(4)}"
     async_to_sync(channel_layers.make_backend("default").group_add)(f"attempt-{attempt.id}", channel)
@@ -57,7 +58,8 @@ def test_updates_are_pushed_on_change_and_never_when_nothing_changed(
 
 
 def test_a_start_pushes_nothing_since_nobody_can_follow_an_attempt_that_did_not_exist(
-        student_a, lab_a, monkeypatch, django_capture_on_commit_callbacks):
+    student_a, lab_a, monkeypatch, django_capture_on_commit_callbacks
+):
     from labs.services import events, start, stopping
 
     pushed, queued = [], []
@@ -105,8 +107,11 @@ def test_a_held_update_replaced_by_a_newer_one_of_its_attempt_is_never_sent():
     sender.submit(layer, "attempt-2", update("provisioning"), hold=0.3)  # another attempt's: its own
     sender.submit(layer, "attempt-1", {"type": "grading.update", "run": {}})  # another kind: replaces nothing
     sender.submit(layer, "attempt-1", update("starting"))
-    assert sent_after(layer, 0.6) == [("attempt-1", "grading.update"), ("attempt-1", "starting"),
-                                      ("attempt-2", "provisioning")]
+    assert sent_after(layer, 0.6) == [
+        ("attempt-1", "grading.update"),
+        ("attempt-1", "starting"),
+        ("attempt-2", "provisioning"),
+    ]
 
 
 def test_a_held_update_nothing_replaces_is_sent_once_its_hold_is_over():
@@ -121,4 +126,3 @@ def test_a_held_update_nothing_replaces_is_sent_once_its_hold_is_over():
     sender.submit(layer, "attempt-1", update("starting"), hold=0.3)
     sender.submit(layer, "attempt-1", update("running"), hold=0.3)
     assert sent_after(layer, 0.6) == [("attempt-1", "provisioning"), ("attempt-1", "running")]
-

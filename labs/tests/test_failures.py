@@ -42,11 +42,13 @@ def started(student, lab, capture) -> Attempt:
 
 
 def test_a_running_vmi_that_fails_fails_the_attempt_with_the_cluster_reason(
-        tight_cluster, student_a, lab_a, django_capture_on_commit_callbacks):
+    tight_cluster, student_a, lab_a, django_capture_on_commit_callbacks
+):
     attempt = started(student_a, lab_a, django_capture_on_commit_callbacks)
     sync_until(attempt, AttemptState.RUNNING)
-    tight_cluster.admin.fail_vmi(attempt.namespace, attempt.vm_name, reason="Crashed",
-                                 message="qemu exited with signal 9")
+    tight_cluster.admin.fail_vmi(
+        attempt.namespace, attempt.vm_name, reason="Crashed", message="qemu exited with signal 9"
+    )
     with django_capture_on_commit_callbacks(execute=True):
         sync_until(attempt, AttemptState.FAILED)
     assert attempt.failure_reason.startswith("The VM stopped unexpectedly")
@@ -57,7 +59,8 @@ def test_a_running_vmi_that_fails_fails_the_attempt_with_the_cluster_reason(
 
 
 def test_an_unschedulable_vm_fails_with_the_schedulers_words(
-        tight_cluster, student_a, course_a, django_capture_on_commit_callbacks):
+    tight_cluster, student_a, course_a, django_capture_on_commit_callbacks
+):
     from conftest import make_lab
 
     large = make_lab(course_a, title="Kubernetes the hard way", size="large")
@@ -75,7 +78,8 @@ def test_an_unschedulable_vm_fails_with_the_schedulers_words(
 
 
 def test_the_reason_is_written_in_the_language_the_student_started_in(
-        tight_cluster, client, student_a, ta_a, course_a, django_capture_on_commit_callbacks):
+    tight_cluster, client, student_a, ta_a, course_a, django_capture_on_commit_callbacks
+):
     from django.conf import settings
     from django.urls import reverse
     from django.utils import translation
@@ -85,8 +89,9 @@ def test_the_reason_is_written_in_the_language_the_student_started_in(
     large = make_lab(course_a, title="Kubernetes the hard way", size="large")
     client.force_login(student_a)
     with django_capture_on_commit_callbacks(execute=True):
-        response = client.post(reverse("labs:attempt_start", args=[large.id]), HTTP_ACCEPT="application/json",
-                               HTTP_ACCEPT_LANGUAGE="ja")
+        response = client.post(
+            reverse("labs:attempt_start", args=[large.id]), HTTP_ACCEPT="application/json", HTTP_ACCEPT_LANGUAGE="ja"
+        )
     assert response.status_code == 201
     attempt = Attempt.objects.get(pk=response.json()["attempt"]["id"])
     assert attempt.language == "ja"
@@ -111,7 +116,8 @@ def test_the_reason_is_written_in_the_language_the_student_started_in(
 
 
 def test_unschedulable_within_its_own_grace_is_shown_as_progress_not_failure(
-        tight_cluster, settings, student_a, course_a, django_capture_on_commit_callbacks):
+    tight_cluster, settings, student_a, course_a, django_capture_on_commit_callbacks
+):
     from conftest import make_lab
 
     # A VM that waits for room is given the autoscaler's minutes, whatever the grace for other problems.
@@ -126,8 +132,11 @@ def test_unschedulable_within_its_own_grace_is_shown_as_progress_not_failure(
 
     from labs.services import tracking
 
-    wait_until(waiting_with_reason, step=lambda: tracking.namespace_sync(namespace=attempt.namespace),
-               what="the unschedulable message")
+    wait_until(
+        waiting_with_reason,
+        step=lambda: tracking.namespace_sync(namespace=attempt.namespace),
+        what="the unschedulable message",
+    )
     assert attempt.state == AttemptState.STARTING and attempt.failure_reason == ""
     # Also worded in Japanese, for a page in Japanese (the scheduler's own words stay as it wrote them).
     assert attempt.status_message_texts["en"] == attempt.status_message
@@ -136,7 +145,8 @@ def test_unschedulable_within_its_own_grace_is_shown_as_progress_not_failure(
 
 
 def test_a_bad_image_fails_with_an_image_pull_reason(
-        tight_cluster, student_a, course_a, django_capture_on_commit_callbacks):
+    tight_cluster, student_a, course_a, django_capture_on_commit_callbacks
+):
     from conftest import make_lab
 
     lab = make_lab(course_a, title="Typo in the image")
@@ -151,7 +161,8 @@ def test_a_bad_image_fails_with_an_image_pull_reason(
 
 
 def test_image_volume_without_runtime_support_explains_the_fix(
-        tight_cluster, student_a, lab_a, django_capture_on_commit_callbacks):
+    tight_cluster, student_a, lab_a, django_capture_on_commit_callbacks
+):
     tight_cluster.admin.set_kubevirt(image_volume_supported=False)
     attempt = started(student_a, lab_a, django_capture_on_commit_callbacks)
     with django_capture_on_commit_callbacks(execute=True):
@@ -161,7 +172,8 @@ def test_image_volume_without_runtime_support_explains_the_fix(
 
 
 def test_a_namespace_that_refuses_launcher_pods_ends_the_start_within_seconds_with_kubevirts_message(
-        tight_cluster, student_a, lab_a, tenant_a, django_capture_on_commit_callbacks):
+    tight_cluster, student_a, lab_a, tenant_a, django_capture_on_commit_callbacks
+):
     import time
 
     from kubernetes import client as k8s
@@ -188,7 +200,8 @@ def test_a_namespace_that_refuses_launcher_pods_ends_the_start_within_seconds_wi
 
 
 def test_a_quota_refusal_holds_the_attempt_with_kubevirts_message(
-        tight_cluster, settings, student_a, lab_a, tenant_a, django_capture_on_commit_callbacks):
+    tight_cluster, settings, student_a, lab_a, tenant_a, django_capture_on_commit_callbacks
+):
     from kubernetes import client as k8s
 
     from labs.services import tenant_namespace_ensure, tracking
@@ -197,8 +210,9 @@ def test_a_quota_refusal_holds_the_attempt_with_kubevirts_message(
     tenant_namespace_ensure(tenant=tenant_a)
     namespace = tenant_a.cluster_namespace.namespace
     core = k8s.CoreV1Api(tight_cluster.api_client())
-    core.create_namespaced_resource_quota(namespace, {"metadata": {"name": "tiny"},
-                                                      "spec": {"hard": {"requests.memory": "100Mi"}}})
+    core.create_namespaced_resource_quota(
+        namespace, {"metadata": {"name": "tiny"}, "spec": {"hard": {"requests.memory": "100Mi"}}}
+    )
     try:
         attempt = started(student_a, lab_a, django_capture_on_commit_callbacks)
 
@@ -213,7 +227,8 @@ def test_a_quota_refusal_holds_the_attempt_with_kubevirts_message(
 
 
 def test_image_pull_back_off_flips_do_not_restart_the_grace(
-        tight_cluster, settings, student_a, course_a, django_capture_on_commit_callbacks):
+    tight_cluster, settings, student_a, course_a, django_capture_on_commit_callbacks
+):
     import time
 
     from conftest import make_lab
@@ -238,7 +253,8 @@ def test_image_pull_back_off_flips_do_not_restart_the_grace(
 
 
 def test_a_vmi_that_fails_without_a_status_reason_is_explained_from_conditions_and_events(
-        tight_cluster, student_a, lab_a, django_capture_on_commit_callbacks):
+    tight_cluster, student_a, lab_a, django_capture_on_commit_callbacks
+):
     from labs.services import tracking
 
     tight_cluster.admin.configure(scheduling_delay=30)
@@ -249,8 +265,11 @@ def test_a_vmi_that_fails_without_a_status_reason_is_explained_from_conditions_a
             attempt.refresh_from_db()
             return attempt.scheduling_at is not None
 
-        wait_until(scheduling, step=lambda: tracking.namespace_sync(namespace=attempt.namespace),
-                   what="the VMI to be scheduling")
+        wait_until(
+            scheduling,
+            step=lambda: tracking.namespace_sync(namespace=attempt.namespace),
+            what="the VMI to be scheduling",
+        )
         # No message: KubeVirt v1.9 leaves status.reason empty, and only the Event names what happened.
         tight_cluster.admin.fail_vmi(attempt.namespace, attempt.vm_name, reason="GuestPanicked")
         with django_capture_on_commit_callbacks(execute=True):

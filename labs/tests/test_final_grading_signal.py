@@ -35,8 +35,9 @@ def test_grading_listens_for_the_final_grading():
 
 
 @pytest.mark.django_db
-def test_the_final_grading_is_sent_and_a_failing_receiver_does_not_stop_the_teardown(receivers, lab_a, student_a,
-                                                                                    monkeypatch):
+def test_the_final_grading_is_sent_and_a_failing_receiver_does_not_stop_the_teardown(
+    receivers, lab_a, student_a, monkeypatch
+):
     monkeypatch.setattr("grading.services.grading_run_final", lambda **kwargs: None)
     attempt = make_attempt(lab=lab_a, student=student_a)
     grade_final(attempt=attempt, trigger="expiry")  # the failing receiver is logged, not raised

@@ -75,8 +75,10 @@ def test_every_vm_is_listed_within_each_delay_of_its_creation(broker, lag):
     broker.advance(created[-1] + 10)
     for when in created:
         for delay in DELAYS:
-            assert any(when < began <= when + delay + lag + 1e-9 for d, began in broker.runs if d == delay), \
-                (when, delay)
+            assert any(when < began <= when + delay + lag + 1e-9 for d, began in broker.runs if d == delay), (
+                when,
+                delay,
+            )
     # Far fewer listings than four per VM; fewer still when the worker is behind.
     assert len(broker.runs) <= sum(5 / (delay + lag) + 2 for delay in DELAYS)
     assert len(broker.runs) < len(created)
@@ -86,8 +88,11 @@ def test_a_follow_up_lets_the_next_one_be_queued_as_it_begins(broker, monkeypatc
     namespace = f"lab-{secrets.token_hex(4)}"
     provisioning._schedule_follow_ups(namespace)
     assert len(broker.queued) == len(DELAYS)
-    monkeypatch.setattr(tasks.tracking, "namespace_sync",
-                        lambda namespace: mock.Mock(skipped=False, awaiting_agent=0, changed=0, failed=0))
+    monkeypatch.setattr(
+        tasks.tracking,
+        "namespace_sync",
+        lambda namespace: mock.Mock(skipped=False, awaiting_agent=0, changed=0, failed=0),
+    )
     tasks.sync_namespace(namespace, follow_up=0.3)  # as the worker runs it
     provisioning._schedule_follow_ups(namespace)
     assert sorted(item["delay"] for item in broker.queued) == sorted([*DELAYS, 0.3])
@@ -101,8 +106,10 @@ def test_a_vm_made_while_every_follow_up_waits_asks_the_cache_once(broker):
 
     namespace = f"lab-{secrets.token_hex(4)}"
     provisioning._schedule_follow_ups(namespace)
-    with mock.patch.object(cache, "add", wraps=cache.add) as add, \
-            mock.patch.object(cache, "get_many", wraps=cache.get_many) as get_many:
+    with (
+        mock.patch.object(cache, "add", wraps=cache.add) as add,
+        mock.patch.object(cache, "get_many", wraps=cache.get_many) as get_many,
+    ):
         provisioning._schedule_follow_ups(namespace)
         assert (get_many.call_count, add.call_count) == (1, 0)
         broker.advance(broker.now + 0.06)  # the shortest began: only it is queued again
@@ -122,8 +129,10 @@ def test_a_vm_made_while_its_namespaces_lists_and_agent_checks_are_under_way_ask
     provisioning._watch_new_vm(namespace)  # the first VM: everything is queued
     assert started == [namespace] and len(broker.queued) == len(DELAYS)
     cache.set(agents.agent_wait_key(namespace), "1")  # the agent checks are under way (agent_wait_start's key)
-    with mock.patch.object(cache, "add", wraps=cache.add) as add, \
-            mock.patch.object(cache, "get_many", wraps=cache.get_many) as get_many:
+    with (
+        mock.patch.object(cache, "add", wraps=cache.add) as add,
+        mock.patch.object(cache, "get_many", wraps=cache.get_many) as get_many,
+    ):
         provisioning._watch_new_vm(namespace)
         assert (get_many.call_count, add.call_count) == (1, 0)
     assert started == [namespace] and len(broker.queued) == len(DELAYS)

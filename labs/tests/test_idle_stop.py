@@ -30,8 +30,12 @@ def running(student, lab, *, ready_minutes_ago: float, seen_minutes_ago: float |
     """A running attempt row (no cluster): its agent answered, and a page last had it open, that long ago."""
     now = timezone.now()
     return Attempt.objects.create(
-        lab=lab, student=student, tenant=lab.course.tenant, state=AttemptState.RUNNING,
-        agent_ready_at=now - timedelta(minutes=ready_minutes_ago), expires_at=now + timedelta(hours=1),
+        lab=lab,
+        student=student,
+        tenant=lab.course.tenant,
+        state=AttemptState.RUNNING,
+        agent_ready_at=now - timedelta(minutes=ready_minutes_ago),
+        expires_at=now + timedelta(hours=1),
         last_seen_at=None if seen_minutes_ago is None else now - timedelta(minutes=seen_minutes_ago),
     )
 
@@ -54,7 +58,8 @@ def test_the_limit_is_at_least_five_minutes_or_never(lab_a):
 
 
 def test_an_attempt_nobody_had_open_for_the_labs_limit_is_stopped_and_the_rest_are_not(
-        student_a, lab_a, course_a, django_capture_on_commit_callbacks, monkeypatch):
+    student_a, lab_a, course_a, django_capture_on_commit_callbacks, monkeypatch
+):
     from conftest import make_lab, make_person
     from portal.models import Role
 
@@ -125,7 +130,8 @@ def test_seen_stamps_only_attempts_still_active(student_a, lab_a):
 
 
 def test_a_stopped_as_left_attempt_is_graded_once_more_and_its_vm_deleted(
-        lifecycle, student_a, lab_a, django_capture_on_commit_callbacks):
+    lifecycle, student_a, lab_a, django_capture_on_commit_callbacks
+):
     leaves_after(lab_a, 5)
     with django_capture_on_commit_callbacks(execute=True):
         attempt = attempt_start(actor=student_a, lab=lab_a)
@@ -164,10 +170,20 @@ def test_instructors_set_the_limit_in_admin(instructor_a, lab_a):
     form = client.get(url)
     assert form.status_code == 200 and 'name="idle_stop_minutes"' in form.content.decode()
     data = {
-        "course": lab_a.course_id, "title": lab_a.title, "instructions": lab_a.instructions, "image": lab_a.image,
-        "size": lab_a.size, "time_limit_minutes": lab_a.time_limit_minutes, "late_penalty_percent_per_day": "0",
-        "attempt_limit": 0, "grade_policy": lab_a.grade_policy, "extra_cloud_init": "",
-        "checks-TOTAL_FORMS": 0, "checks-INITIAL_FORMS": 0, "checks-MIN_NUM_FORMS": 0, "checks-MAX_NUM_FORMS": 1000,
+        "course": lab_a.course_id,
+        "title": lab_a.title,
+        "instructions": lab_a.instructions,
+        "image": lab_a.image,
+        "size": lab_a.size,
+        "time_limit_minutes": lab_a.time_limit_minutes,
+        "late_penalty_percent_per_day": "0",
+        "attempt_limit": 0,
+        "grade_policy": lab_a.grade_policy,
+        "extra_cloud_init": "",
+        "checks-TOTAL_FORMS": 0,
+        "checks-INITIAL_FORMS": 0,
+        "checks-MIN_NUM_FORMS": 0,
+        "checks-MAX_NUM_FORMS": 1000,
     }
     refused = client.post(url, {**data, "idle_stop_minutes": 3})
     assert refused.status_code == 200 and "At least 5 minutes" in refused.content.decode()
@@ -183,8 +199,9 @@ def test_instructors_set_the_limit_in_admin(instructor_a, lab_a):
 
 async def open_events(user, attempt_id: int) -> WebsocketCommunicator:
     cookie = await sync_to_async(session_cookie)(user)
-    communicator = WebsocketCommunicator(application, f"/ws/attempts/{attempt_id}/events/",
-                                         headers=[ORIGIN, HOST, (b"cookie", cookie)])
+    communicator = WebsocketCommunicator(
+        application, f"/ws/attempts/{attempt_id}/events/", headers=[ORIGIN, HOST, (b"cookie", cookie)]
+    )
     connected, _code = await communicator.connect(timeout=10)
     assert connected
     await communicator.receive_json_from(timeout=10)  # the snapshot
@@ -197,8 +214,7 @@ async def last_seen(attempt_id: int):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(60)
-def test_the_students_open_page_stamps_the_attempt_and_a_tas_does_not(student_a, ta_a, lab_a, settings,
-                                                                        monkeypatch):
+def test_the_students_open_page_stamps_the_attempt_and_a_tas_does_not(student_a, ta_a, lab_a, settings, monkeypatch):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     monkeypatch.setattr(events, "PRESENCE_STAMP_SECONDS", 0.2)
     leaves_after(lab_a, 20)
@@ -257,6 +273,7 @@ def test_the_handshake_reads_the_labs_rule_with_the_attempt(student_a, lab_a, dj
 
 # -- the warning on other pages -----------------------------------------------------------------------------------
 
+
 def test_when_a_left_attempt_stops_is_known_only_while_no_page_has_it_open(student_a, lab_a):
     from labs.services.presence import PRESENCE_LOST_AFTER_SECONDS, attempt_stops_as_left_at
 
@@ -286,8 +303,9 @@ def test_the_dashboard_warns_of_a_stop_when_left_in_the_students_clock(student_a
     html = client.get(reverse("dashboard")).content.decode()
     warning = re.search(r'<p class="stop-warning" data-stops-as-left>(.*?)</p>', html, re.S)
     assert warning is not None, html
-    stops_at = timezone.localtime(attempt.last_seen_at + timedelta(minutes=10),
-                                  person_time_zone(student_a, student_a.tenant))
+    stops_at = timezone.localtime(
+        attempt.last_seen_at + timedelta(minutes=10), person_time_zone(student_a, student_a.tenant)
+    )
     assert stops_at.utcoffset() == timedelta(hours=9)
     assert "No page has this lab open" in warning.group(1)
     assert f'datetime="{stops_at.isoformat()}"' in warning.group(1)

@@ -67,8 +67,13 @@ def test_metadata_lists_ask_for_partial_objects_through_the_public_api(cluster):
     core = kube_client.core_v1()
     core.create_namespace({"metadata": {"name": namespace}})
     try:
-        core.create_namespaced_secret(namespace, {"metadata": {"name": "s", "labels": {
-            "app.kubernetes.io/managed-by": "lab-portal"}}, "stringData": {"userdata": "x" * 1000}})
+        core.create_namespaced_secret(
+            namespace,
+            {
+                "metadata": {"name": "s", "labels": {"app.kubernetes.io/managed-by": "lab-portal"}},
+                "stringData": {"userdata": "x" * 1000},
+            },
+        )
         (secret,) = operations.secrets_list(namespace=namespace)
         assert secret["kind"] == "PartialObjectMetadata" and "data" not in secret
         assert secret["metadata"]["name"] == "s"
@@ -78,7 +83,8 @@ def test_metadata_lists_ask_for_partial_objects_through_the_public_api(cluster):
 
 
 def test_streams_follow_the_whole_kubeconfig_server_name_proxy_and_client_certificate(
-        kubesim_server, settings, monkeypatch):
+    kubesim_server, settings, monkeypatch
+):
     settings.KUBECONFIG = str(kubesim_server.cert_kubeconfig)
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
     monkeypatch.delenv("NO_PROXY", raising=False)
@@ -96,7 +102,8 @@ def test_streams_follow_the_whole_kubeconfig_server_name_proxy_and_client_certif
 
 @pytest.mark.django_db
 def test_the_whole_flow_with_a_client_certificate_kubeconfig(
-        kubesim_server, lifecycle, settings, student_a, lab_a, django_capture_on_commit_callbacks):
+    kubesim_server, lifecycle, settings, student_a, lab_a, django_capture_on_commit_callbacks
+):
     # kind and k3s write kubeconfigs with a client certificate and no token; the REST client and the portforward
     # stream to the grading agent (running means the agent answered through it) authenticate with it.
     from labs.models import AttemptState

@@ -50,7 +50,8 @@ def test_admin_shows_the_instructor_the_error_at_save_and_keeps_what_they_typed(
 
 
 def test_a_student_meets_a_lab_broken_before_validation_with_plain_words_and_staff_see_the_error(
-        client, student_a, instructor_a, lab_a):
+    client, student_a, instructor_a, lab_a
+):
     lab_a.extra_cloud_init = "- just\n- a list\n"
     lab_a.save()  # saved before save-time checks existed, or by code that skips them
     with pytest.raises(Conflict) as refusal:

@@ -22,8 +22,9 @@ def start(student, lab, capture) -> Attempt:
         return attempt_start(actor=student, lab=lab)
 
 
-def test_start_reaches_running_with_every_phase_timestamp(lifecycle, student_a, lab_a,
-                                                          django_capture_on_commit_callbacks):
+def test_start_reaches_running_with_every_phase_timestamp(
+    lifecycle, student_a, lab_a, django_capture_on_commit_callbacks
+):
     attempt = start(student_a, lab_a, django_capture_on_commit_callbacks)
     attempt.refresh_from_db()
     assert attempt.state == AttemptState.STARTING
@@ -34,8 +35,15 @@ def test_start_reaches_running_with_every_phase_timestamp(lifecycle, student_a, 
     sync_until(attempt, AttemptState.RUNNING)
     assert attempt.phase == "Running"
     assert attempt.node_name
-    stamps = [attempt.requested_at, attempt.provisioned_at, attempt.pending_at, attempt.scheduling_at,
-              attempt.scheduled_at, attempt.vmi_running_at, attempt.agent_ready_at]
+    stamps = [
+        attempt.requested_at,
+        attempt.provisioned_at,
+        attempt.pending_at,
+        attempt.scheduling_at,
+        attempt.scheduled_at,
+        attempt.vmi_running_at,
+        attempt.agent_ready_at,
+    ]
     assert all(stamps), stamps
     assert attempt.pending_at <= attempt.scheduling_at <= attempt.scheduled_at <= attempt.vmi_running_at
     assert attempt.vmi_running_at <= attempt.agent_ready_at
@@ -54,8 +62,9 @@ def test_start_reaches_running_with_every_phase_timestamp(lifecycle, student_a, 
     assert TenantNamespace.objects.get(namespace=attempt.namespace).bootstrapped_at is not None
 
 
-def test_the_page_is_told_of_each_provisioning_step_as_the_database_has_it(lifecycle, student_a, lab_a,
-                                                                          django_capture_on_commit_callbacks):
+def test_the_page_is_told_of_each_provisioning_step_as_the_database_has_it(
+    lifecycle, student_a, lab_a, django_capture_on_commit_callbacks
+):
     from unittest import mock
 
     with mock.patch("labs.services.events.send_to_group") as send:
@@ -65,14 +74,17 @@ def test_the_page_is_told_of_each_provisioning_step_as_the_database_has_it(lifec
     assert [update["state"] for update in pushed] == ["provisioning", "starting"]
     # "provisioning" is held back (sent only if no newer update of the attempt replaces it in time), "starting" not.
     assert [call.kwargs.get("hold", 0.0) for call in send.call_args_list] == [
-        provisioning.PROVISIONING_PUSH_HOLD_SECONDS, 0.0]
+        provisioning.PROVISIONING_PUSH_HOLD_SECONDS,
+        0.0,
+    ]
     attempt.refresh_from_db()
     assert pushed[-1]["timestamps"]["provisioned"] == attempt.provisioned_at.isoformat()
     assert pushed[-1]["timestamps"]["requested"] == attempt.requested_at.isoformat()
 
 
-def test_a_namespace_sync_reads_the_attempts_without_their_labs(lifecycle, student_a, lab_a,
-                                                                django_capture_on_commit_callbacks):
+def test_a_namespace_sync_reads_the_attempts_without_their_labs(
+    lifecycle, student_a, lab_a, django_capture_on_commit_callbacks
+):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -102,8 +114,7 @@ def test_stop_deletes_the_vm_and_ends_the_attempt(lifecycle, student_a, lab_a, d
     assert attempt.runs.filter(trigger="stop").count() == 1
 
 
-def test_expiry_grades_once_more_then_deletes_the_vm(lifecycle, student_a, lab_a,
-                                                     django_capture_on_commit_callbacks):
+def test_expiry_grades_once_more_then_deletes_the_vm(lifecycle, student_a, lab_a, django_capture_on_commit_callbacks):
     attempt = start(student_a, lab_a, django_capture_on_commit_callbacks)
     sync_until(attempt, AttemptState.RUNNING)
     Attempt.objects.filter(id=attempt.id).update(expires_at=timezone.now() - timedelta(seconds=1))
@@ -133,7 +144,8 @@ def test_the_same_provision_delivered_twice_makes_one_vm(lifecycle, student_a, l
 
 
 def test_a_vm_field_the_cluster_does_not_know_fails_the_attempt_instead_of_being_dropped(
-        lifecycle, student_a, lab_a, monkeypatch):
+    lifecycle, student_a, lab_a, monkeypatch
+):
     # The API server's default is to drop an unknown field with a warning; the portal asks it to refuse instead,
     # so a misspelt (or newer-than-the-cluster) setting cannot silently go missing from a student's VM.
     make_vm = manifests.virtual_machine
@@ -159,11 +171,17 @@ def test_a_worker_killed_mid_provision_converges_on_rerun(lifecycle, student_a, 
     namespaces.tenant_namespace_ensure(tenant=lab_a.course.tenant)
     from guest.cloud_init import render_user_data
 
-    labels = names.attempt_labels(tenant_id=attempt.tenant_id, course_id=lab_a.course_id, lab_id=lab_a.id,
-                                  attempt_id=attempt.id)
-    operations.secret_create(manifests.cloud_init_secret(
-        name=names.cloud_init_secret_name(attempt.vm_name), namespace=attempt.namespace, labels=labels,
-        user_data=render_user_data(token=attempt.agent_token)))
+    labels = names.attempt_labels(
+        tenant_id=attempt.tenant_id, course_id=lab_a.course_id, lab_id=lab_a.id, attempt_id=attempt.id
+    )
+    operations.secret_create(
+        manifests.cloud_init_secret(
+            name=names.cloud_init_secret_name(attempt.vm_name),
+            namespace=attempt.namespace,
+            labels=labels,
+            user_data=render_user_data(token=attempt.agent_token),
+        )
+    )
     assert vm_names(attempt.namespace) == []
 
     assert tasks.provision_attempt(attempt.id) == "created"
@@ -172,7 +190,8 @@ def test_a_worker_killed_mid_provision_converges_on_rerun(lifecycle, student_a, 
 
 
 def test_the_tenant_namespace_is_applied_once_until_its_objects_or_the_namespace_change(
-        lifecycle, lab_a, django_assert_num_queries):
+    lifecycle, lab_a, django_assert_num_queries
+):
     tenant = lab_a.course.tenant
     assert namespaces.tenant_namespace_ensure(tenant=tenant)
     with django_assert_num_queries(0):  # every later provision in this process: neither database nor cluster
@@ -180,9 +199,14 @@ def test_the_tenant_namespace_is_applied_once_until_its_objects_or_the_namespace
     tenant.max_vcpus += 4  # the quota changed: applied again
     assert namespaces.tenant_namespace_ensure(tenant=tenant)
     quota = client.core_v1().read_namespaced_resource_quota(names.RESOURCE_QUOTA, tenant.namespace)
-    assert quota.spec.hard["requests.cpu"] == manifests.quota_hard(
-        max_vms=tenant.max_concurrent_vms, max_vcpus=tenant.max_vcpus, max_memory_mib=tenant.max_memory_mib,
-    )["requests.cpu"]
+    assert (
+        quota.spec.hard["requests.cpu"]
+        == manifests.quota_hard(
+            max_vms=tenant.max_concurrent_vms,
+            max_vcpus=tenant.max_vcpus,
+            max_memory_mib=tenant.max_memory_mib,
+        )["requests.cpu"]
+    )
     assert not namespaces.tenant_namespace_ensure(tenant=tenant)
     # Deleted behind the portal's back: a create answers 404 and provisioning forces the objects again.
     client.core_v1().delete_namespace(tenant.namespace)
@@ -200,8 +224,9 @@ def test_a_vm_created_but_never_recorded_is_picked_up_by_the_sync(lifecycle, stu
     assert attempt.provisioned_at is not None
 
 
-def test_stopping_before_provisioning_ran_ends_without_a_vm(lifecycle, student_a, lab_a,
-                                                            django_capture_on_commit_callbacks):
+def test_stopping_before_provisioning_ran_ends_without_a_vm(
+    lifecycle, student_a, lab_a, django_capture_on_commit_callbacks
+):
     attempt = attempt_start(actor=student_a, lab=lab_a)  # provisioning never delivered (callbacks not run)
     with django_capture_on_commit_callbacks(execute=True):
         attempt_stop(actor=student_a, attempt=attempt)
@@ -213,28 +238,41 @@ def test_stopping_before_provisioning_ran_ends_without_a_vm(lifecycle, student_a
 
 
 def test_an_agent_that_answers_before_any_list_gets_its_phase_times_from_a_prompt_list(
-        lifecycle, student_a, lab_a, django_capture_on_commit_callbacks, monkeypatch, settings):
+    lifecycle, student_a, lab_a, django_capture_on_commit_callbacks, monkeypatch, settings
+):
     attempt = start(student_a, lab_a, django_capture_on_commit_callbacks)
     settings.ATTEMPT_FOLLOW_UP_SECONDS = (0.05, 0.3)
-    wait_until(lambda: any(vmi["metadata"]["name"] == attempt.vm_name
-                           and (vmi.get("status") or {}).get("phase") == "Running"
-                           for vmi in operations.vmis_list(namespace=attempt.namespace)), what="the VMI running")
+    wait_until(
+        lambda: any(
+            vmi["metadata"]["name"] == attempt.vm_name and (vmi.get("status") or {}).get("phase") == "Running"
+            for vmi in operations.vmis_list(namespace=attempt.namespace)
+        ),
+        what="the VMI running",
+    )
     # The fast path: the agent answers while the attempt still shows no phase (no list has seen the VMI yet).
     listed: list[str] = []
-    monkeypatch.setattr(tasks.sync_namespace, "apply_async",
-                        lambda *, args, kwargs, countdown, expires: listed.append(args[0]))
+    monkeypatch.setattr(
+        tasks.sync_namespace, "apply_async", lambda *, args, kwargs, countdown, expires: listed.append(args[0])
+    )
     asked: list[int] = []
     monkeypatch.setattr(agents, "_agent_answers", lambda attempt: asked.append(attempt.id) or True)
     # A VM made a moment ago is not asked yet (no guest can be up): only from AGENT_ASK_MIN_SECONDS on.
     Attempt.objects.filter(id=attempt.id).update(provisioned_at=timezone.now())
     assert agents.agents_check(namespace=attempt.namespace) == (0, 1) and asked == []
     Attempt.objects.filter(id=attempt.id).update(
-        provisioned_at=timezone.now() - timedelta(seconds=agents.AGENT_ASK_MIN_SECONDS))
+        provisioned_at=timezone.now() - timedelta(seconds=agents.AGENT_ASK_MIN_SECONDS)
+    )
     assert agents.agents_check(namespace=attempt.namespace) == (1, 0) and asked == [attempt.id]
     attempt.refresh_from_db()
     assert attempt.state == AttemptState.RUNNING and attempt.vmi_running_at is None
     assert listed == [attempt.namespace]  # a list is queued at once, not left to the resync
     # That list records the VMI's phase times for the page's progress.
-    wait_until(lambda: (tracking.namespace_sync(namespace=attempt.namespace), attempt.refresh_from_db(),
-                        attempt.vmi_running_at is not None)[-1], what="the VMI's phase times")
+    wait_until(
+        lambda: (
+            tracking.namespace_sync(namespace=attempt.namespace),
+            attempt.refresh_from_db(),
+            attempt.vmi_running_at is not None,
+        )[-1],
+        what="the VMI's phase times",
+    )
     assert attempt.phase == "Running" and attempt.scheduled_at and attempt.vmi_running_at <= attempt.agent_ready_at

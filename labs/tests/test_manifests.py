@@ -14,8 +14,14 @@ LABELS = names.attempt_labels(tenant_id=3, course_id=5, lab_id=7, attempt_id=42)
 
 def small_vm(**overrides):
     arguments = dict(
-        name="attempt-42", namespace="lab-tenant-a-1a2b3c", labels=LABELS, image="quay.io/containerdisks/fedora:41",
-        vcpus=1, memory_mib=2048, host_passthrough=False, cloud_init_secret="attempt-42-cloudinit",
+        name="attempt-42",
+        namespace="lab-tenant-a-1a2b3c",
+        labels=LABELS,
+        image="quay.io/containerdisks/fedora:41",
+        vcpus=1,
+        memory_mib=2048,
+        host_passthrough=False,
+        cloud_init_secret="attempt-42-cloudinit",
     )
     arguments.update(overrides)
     return manifests.virtual_machine(**arguments)
@@ -120,8 +126,14 @@ def test_cloud_init_secret_carries_user_data_under_the_key_kubevirt_reads():
 
 def test_owner_reference_points_at_the_vm():
     reference = manifests.owner_reference({"metadata": {"name": "attempt-42", "uid": "u-1"}})
-    assert reference == {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": "attempt-42",
-                         "uid": "u-1", "blockOwnerDeletion": False, "controller": False}
+    assert reference == {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "name": "attempt-42",
+        "uid": "u-1",
+        "blockOwnerDeletion": False,
+        "controller": False,
+    }
     assert core_errors(reference, "V1OwnerReference") == []
 
 
@@ -145,13 +157,17 @@ def test_network_policies_deny_ingress_and_open_only_the_agent_port_to_virt_api(
     assert agent["spec"] == {
         "podSelector": {"matchLabels": {"app.kubernetes.io/managed-by": "lab-portal"}},
         "policyTypes": ["Ingress"],
-        "ingress": [{
-            "from": [{
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kubevirt"}},
-                "podSelector": {"matchLabels": {"kubevirt.io": "virt-api"}},
-            }],
-            "ports": [{"protocol": "TCP", "port": 8787}],
-        }],
+        "ingress": [
+            {
+                "from": [
+                    {
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kubevirt"}},
+                        "podSelector": {"matchLabels": {"kubevirt.io": "virt-api"}},
+                    }
+                ],
+                "ports": [{"protocol": "TCP", "port": 8787}],
+            }
+        ],
     }
     for policy in (deny, agent):
         assert core_errors(policy, "V1NetworkPolicy") == []

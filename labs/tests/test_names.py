@@ -24,17 +24,27 @@ def test_foreign_names_map_to_no_attempt(name):
 
 def test_labels_name_ids_and_the_manager():
     labels = names.attempt_labels(tenant_id=1, course_id=2, lab_id=3, attempt_id=4)
-    assert labels == {"app.kubernetes.io/managed-by": "lab-portal", "labs.portal/tenant": "1",
-                      "labs.portal/course": "2", "labs.portal/lab": "3", "labs.portal/attempt": "4"}
+    assert labels == {
+        "app.kubernetes.io/managed-by": "lab-portal",
+        "labs.portal/tenant": "1",
+        "labs.portal/course": "2",
+        "labs.portal/lab": "3",
+        "labs.portal/attempt": "4",
+    }
     assert names.attempt_id_from_labels(labels) == 4
     assert names.MANAGED_SELECTOR == "app.kubernetes.io/managed-by=lab-portal"
 
 
-@pytest.mark.parametrize("labels", [
-    None, {}, {"labs.portal/attempt": "4"},
-    {"app.kubernetes.io/managed-by": "someone-else", "labs.portal/attempt": "4"},
-    {"app.kubernetes.io/managed-by": "lab-portal", "labs.portal/attempt": "x4"},
-    {"app.kubernetes.io/managed-by": "lab-portal", "labs.portal/attempt": "04"},
-])
+@pytest.mark.parametrize(
+    "labels",
+    [
+        None,
+        {},
+        {"labs.portal/attempt": "4"},
+        {"app.kubernetes.io/managed-by": "someone-else", "labs.portal/attempt": "4"},
+        {"app.kubernetes.io/managed-by": "lab-portal", "labs.portal/attempt": "x4"},
+        {"app.kubernetes.io/managed-by": "lab-portal", "labs.portal/attempt": "04"},
+    ],
+)
 def test_objects_without_our_label_or_a_clean_attempt_id_are_not_ours(labels):
     assert names.attempt_id_from_labels(labels) is None

@@ -30,7 +30,7 @@ class TestSearch:
     def test_input_past_the_agents_cap_is_not_searched(self):
         text = "x" * patterns.MATCH_INPUT_MAX_CHARS + "needle"
         assert not patterns.search("needle", text)
-        assert patterns.search("needle", text[-patterns.MATCH_INPUT_MAX_CHARS:])
+        assert patterns.search("needle", text[-patterns.MATCH_INPUT_MAX_CHARS :])
 
 
 class TestPatternProblem:
@@ -65,28 +65,53 @@ def test_admin_refuses_a_catastrophic_pattern_and_keeps_what_was_typed(client, i
     url = reverse("admin:labs_lab_change", args=[lab_a.pk])
     existing = list(lab_a.checks.order_by("order", "id"))
     data = {
-        "course": lab_a.course_id, "title": lab_a.title, "instructions": lab_a.instructions, "image": lab_a.image,
-        "size": lab_a.size, "time_limit_minutes": lab_a.time_limit_minutes, "late_penalty_percent_per_day": "0",
-        "attempt_limit": 0, "idle_stop_minutes": 0, "grade_policy": lab_a.grade_policy, "extra_cloud_init": "",
-        "checks-TOTAL_FORMS": len(existing) + 1, "checks-INITIAL_FORMS": len(existing),
-        "checks-MIN_NUM_FORMS": 0, "checks-MAX_NUM_FORMS": 1000,
+        "course": lab_a.course_id,
+        "title": lab_a.title,
+        "instructions": lab_a.instructions,
+        "image": lab_a.image,
+        "size": lab_a.size,
+        "time_limit_minutes": lab_a.time_limit_minutes,
+        "late_penalty_percent_per_day": "0",
+        "attempt_limit": 0,
+        "idle_stop_minutes": 0,
+        "grade_policy": lab_a.grade_policy,
+        "extra_cloud_init": "",
+        "checks-TOTAL_FORMS": len(existing) + 1,
+        "checks-INITIAL_FORMS": len(existing),
+        "checks-MIN_NUM_FORMS": 0,
+        "checks-MAX_NUM_FORMS": 1000,
     }
     for i, check in enumerate(existing):
-        data.update({
-            f"checks-{i}-id": check.pk, f"checks-{i}-lab": lab_a.pk, f"checks-{i}-order": check.order,
-            f"checks-{i}-title": check.title, f"checks-{i}-command": check.command,
-            f"checks-{i}-expected_exit_code": "" if check.expected_exit_code is None else check.expected_exit_code,
-            f"checks-{i}-stdout_match": check.stdout_match, f"checks-{i}-stdout_pattern": check.stdout_pattern,
-            f"checks-{i}-points": str(check.points), f"checks-{i}-timeout_s": check.timeout_s,
-            f"checks-{i}-hint": check.hint,
-        })
+        data.update(
+            {
+                f"checks-{i}-id": check.pk,
+                f"checks-{i}-lab": lab_a.pk,
+                f"checks-{i}-order": check.order,
+                f"checks-{i}-title": check.title,
+                f"checks-{i}-command": check.command,
+                f"checks-{i}-expected_exit_code": "" if check.expected_exit_code is None else check.expected_exit_code,
+                f"checks-{i}-stdout_match": check.stdout_match,
+                f"checks-{i}-stdout_pattern": check.stdout_pattern,
+                f"checks-{i}-points": str(check.points),
+                f"checks-{i}-timeout_s": check.timeout_s,
+                f"checks-{i}-hint": check.hint,
+            }
+        )
     new = len(existing)
-    data.update({
-        f"checks-{new}-lab": lab_a.pk, f"checks-{new}-order": 9, f"checks-{new}-title": "only a",
-        f"checks-{new}-command": "cat ~/a", f"checks-{new}-expected_exit_code": 0,
-        f"checks-{new}-stdout_match": "regex", f"checks-{new}-stdout_pattern": CATASTROPHIC,
-        f"checks-{new}-points": "1", f"checks-{new}-timeout_s": 30, f"checks-{new}-hint": "",
-    })
+    data.update(
+        {
+            f"checks-{new}-lab": lab_a.pk,
+            f"checks-{new}-order": 9,
+            f"checks-{new}-title": "only a",
+            f"checks-{new}-command": "cat ~/a",
+            f"checks-{new}-expected_exit_code": 0,
+            f"checks-{new}-stdout_match": "regex",
+            f"checks-{new}-stdout_pattern": CATASTROPHIC,
+            f"checks-{new}-points": "1",
+            f"checks-{new}-timeout_s": 30,
+            f"checks-{new}-hint": "",
+        }
+    )
 
     response = client.post(url, data)
 

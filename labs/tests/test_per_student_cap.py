@@ -37,16 +37,20 @@ def test_a_student_at_the_cap_must_stop_a_lab_before_starting_another(student_a,
     assert info.value.code == "too_many_running" and info.value.status_code == 409
     assert info.value.retry_after is None  # waiting would not help
     # One of them is on its way out already: the student is told to wait for it rather than to stop one.
-    assert info.value.message == ("You already have 2 labs going, as many as your institution allows one person at "
-                                  "once, and one of them is stopping: try again once it has ended.")
+    assert info.value.message == (
+        "You already have 2 labs going, as many as your institution allows one person at "
+        "once, and one of them is stopping: try again once it has ended."
+    )
     assert not Attempt.objects.filter(lab=third).exists()
     assert not AuditEvent.objects.filter(action="attempt.start").exists()  # rolled back with the attempt
 
     Attempt.objects.filter(lab=second).update(state=AttemptState.RUNNING)
     with pytest.raises(Conflict) as info:
         attempt_start(actor=student_a, lab=third)
-    assert info.value.message == ("You already have 2 labs going, as many as your institution allows one person at "
-                                  "once. Stop one of them to start this one.")
+    assert info.value.message == (
+        "You already have 2 labs going, as many as your institution allows one person at "
+        "once. Stop one of them to start this one."
+    )
 
     Attempt.objects.filter(lab=second).update(state=AttemptState.STOPPED)
     assert attempt_start(actor=student_a, lab=third).state == AttemptState.REQUESTED
@@ -67,15 +71,16 @@ def test_the_cap_counts_one_student_not_the_class_and_zero_means_none(student_a,
 
     with pytest.raises(Conflict) as info:
         attempt_start(actor=student_a, lab=second)
-    assert info.value.message == ("You already have 1 lab going, as many as your institution allows one person at "
-                                  "once. Stop it to start this one.")
+    assert info.value.message == (
+        "You already have 1 lab going, as many as your institution allows one person at "
+        "once. Stop it to start this one."
+    )
     cap(course_a.tenant, 0)
     assert attempt_start(actor=student_a, lab=second).state == AttemptState.REQUESTED
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_starts_of_one_student_at_the_same_moment_get_one_lab_under_a_cap_of_one(student_a, course_a,
-                                                                                     monkeypatch):
+def test_two_starts_of_one_student_at_the_same_moment_get_one_lab_under_a_cap_of_one(student_a, course_a, monkeypatch):
     monkeypatch.setattr("labs.tasks.provision_attempt.delay", lambda attempt_id: None)
     labs = [make_lab(course_a, title=f"Lab {index}") for index in range(4)]
     cap(course_a.tenant, 1)
@@ -110,7 +115,13 @@ def test_the_lab_page_says_why_and_superusers_set_the_cap(student_a, lab_a, cour
     admin.force_login(superuser)
     url = reverse("admin:portal_tenant_change", args=[course_a.tenant_id])
     assert 'name="max_vms_per_student"' in admin.get(url).content.decode()
-    data = {"name": course_a.tenant.name, "max_concurrent_vms": 10, "max_vcpus": 20, "max_memory_mib": 1024,
-            "time_zone": "", "max_vms_per_student": 3}
+    data = {
+        "name": course_a.tenant.name,
+        "max_concurrent_vms": 10,
+        "max_vcpus": 20,
+        "max_memory_mib": 1024,
+        "time_zone": "",
+        "max_vms_per_student": 3,
+    }
     assert admin.post(url, data).status_code == 302
     assert Tenant.objects.get(pk=course_a.tenant_id).max_vms_per_student == 3

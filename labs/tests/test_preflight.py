@@ -16,13 +16,19 @@ def kubevirt(version="v1.9.0", gates=(), disabled=(), phase="Deployed", emulatio
         developer["disabledFeatureGates"] = list(disabled)
     if emulation:
         developer["useEmulation"] = True
-    return {"spec": {"configuration": {"developerConfiguration": developer}},
-            "status": {"observedKubeVirtVersion": version, "phase": phase}}
+    return {
+        "spec": {"configuration": {"developerConfiguration": developer}},
+        "status": {"observedKubeVirtVersion": version, "phase": phase},
+    }
 
 
 def node(runtime="containerd://2.3.2", kvm="1000"):
-    return {"status": {"allocatable": {"cpu": "16", "devices.kubevirt.io/kvm": kvm},
-                       "nodeInfo": {"containerRuntimeVersion": runtime}}}
+    return {
+        "status": {
+            "allocatable": {"cpu": "16", "devices.kubevirt.io/kvm": kvm},
+            "nodeInfo": {"containerRuntimeVersion": runtime},
+        }
+    }
 
 
 def codes(findings):
@@ -45,8 +51,9 @@ def test_image_volume_on_with_an_old_containerd_is_blocking_and_names_the_fix():
 
 
 def test_image_volume_disabled_explicitly_is_clean_even_with_an_old_runtime():
-    findings = preflight.assess(ClusterFacts("v1.33.5", kubevirt(disabled=["ImageVolume"]),
-                                             [node("containerd://2.2.3")]))
+    findings = preflight.assess(
+        ClusterFacts("v1.33.5", kubevirt(disabled=["ImageVolume"]), [node("containerd://2.2.3")])
+    )
     assert "image_volume_unsupported" not in codes(findings)
 
 
@@ -79,10 +86,18 @@ def test_missing_kubevirt_and_unfinished_deploy():
     assert codes(deploying)["kubevirt_not_deployed"] == "warning"
 
 
-@pytest.mark.parametrize(("runtime", "verdict"), [
-    ("containerd://2.2.3", False), ("containerd://2.3.0", True), ("containerd://1.7.27", False),
-    ("cri-o://1.30.4", False), ("cri-o://1.31.0", True), ("docker://27.1.0", None), ("", None),
-])
+@pytest.mark.parametrize(
+    ("runtime", "verdict"),
+    [
+        ("containerd://2.2.3", False),
+        ("containerd://2.3.0", True),
+        ("containerd://1.7.27", False),
+        ("cri-o://1.30.4", False),
+        ("cri-o://1.31.0", True),
+        ("docker://27.1.0", None),
+        ("", None),
+    ],
+)
 def test_runtime_support_table(runtime, verdict):
     assert preflight.runtime_mounts_image_volumes(runtime) is verdict
 
@@ -94,8 +109,9 @@ def test_runtime_support_table(runtime, verdict):
 def kubevirt_config(cluster, db):
     """Change the session kubesim's KubeVirt CR and runtime for one test, then put them back."""
     yield cluster.admin.set_kubevirt
-    cluster.admin.set_kubevirt(version="v1.9.0", feature_gates=[], disabled_feature_gates=[],
-                               image_volume_supported=True)
+    cluster.admin.set_kubevirt(
+        version="v1.9.0", feature_gates=[], disabled_feature_gates=[], image_volume_supported=True
+    )
 
 
 def run_cluster_check(*args):
@@ -191,7 +207,8 @@ def test_a_restricted_tenant_namespace_is_blocking_unless_kubevirt_sets_a_seccom
     assert "kubectl label --overwrite namespace lab-a pod-security.kubernetes.io/enforce=privileged" in finding.fix
     profiled = kubevirt()
     profiled["spec"]["configuration"]["seccompConfiguration"] = {
-        "virtualMachineInstanceProfile": {"customProfile": {"runtimeDefaultProfile": True}}}
+        "virtualMachineInstanceProfile": {"customProfile": {"runtimeDefaultProfile": True}}
+    }
     clean = preflight.assess(ClusterFacts("v1.33.5", profiled, [node()], namespaces=[restricted]))
     assert "namespace_pod_security" not in codes(clean)
 
@@ -203,8 +220,7 @@ def test_cluster_check_names_a_restricted_tenant_namespace_and_the_fix(kubevirt_
 
     name = "lab-psa-check"
     core = k8s.CoreV1Api(cluster.api_client())
-    core.create_namespace({"metadata": {"name": name, "labels": {
-        "pod-security.kubernetes.io/enforce": "restricted"}}})
+    core.create_namespace({"metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}})
     TenantNamespace.objects.update_or_create(tenant=tenant_a, defaults={"namespace": name})
     try:
         code, output = run_cluster_check()
@@ -216,7 +232,8 @@ def test_cluster_check_names_a_restricted_tenant_namespace_and_the_fix(kubevirt_
 
 
 def test_cluster_check_names_a_tenant_namespace_without_the_portals_role_and_what_to_apply(
-        kubevirt_config, cluster, tenant_a):
+    kubevirt_config, cluster, tenant_a
+):
     from labs.models import TenantNamespace
     from labs.services import tenant_namespace_ensure
 

@@ -26,10 +26,15 @@ def test_twenty_concurrent_starts_for_the_last_slot_make_exactly_one_vm(lifecycl
     # Nine of the ten slots are held by attempts already running.
     for index in range(9):
         holder = make_person(username=f"holder{index}", tenant=tenant, course=course, role=Role.STUDENT)
-        Attempt.objects.create(lab=other_lab, student=holder, tenant=tenant, state=AttemptState.RUNNING,
-                               namespace=tenant.namespace, vm_name=f"held-{index}")
-    racers = [make_person(username=f"racer{i}", tenant=tenant, course=course, role=Role.STUDENT)
-              for i in range(RACERS)]
+        Attempt.objects.create(
+            lab=other_lab,
+            student=holder,
+            tenant=tenant,
+            state=AttemptState.RUNNING,
+            namespace=tenant.namespace,
+            vm_name=f"held-{index}",
+        )
+    racers = [make_person(username=f"racer{i}", tenant=tenant, course=course, role=Role.STUDENT) for i in range(RACERS)]
 
     outcomes = start_together([(student, lab) for student in racers])
 

@@ -50,10 +50,14 @@ cluster = cluster_fixture(database=False, HEALTH_SYNC_MAX_AGE_SECONDS=3, HEALTH_
 def portal(cluster, tmp_path, transactional_db):
     flush_redis()
     processes = PortalProcesses(
-        directory=tmp_path / "processes", kubeconfig=cluster.kubeconfig, concurrency=3,
-        env_overrides={"ATTEMPT_SYNC_INTERVAL_SECONDS": str(SYNC_SECONDS),
-                       "ATTEMPT_SWEEP_INTERVAL_SECONDS": str(SWEEP_SECONDS),
-                       "ATTEMPT_RESYNC_SECONDS": str(RESYNC_SECONDS)},
+        directory=tmp_path / "processes",
+        kubeconfig=cluster.kubeconfig,
+        concurrency=3,
+        env_overrides={
+            "ATTEMPT_SYNC_INTERVAL_SECONDS": str(SYNC_SECONDS),
+            "ATTEMPT_SWEEP_INTERVAL_SECONDS": str(SWEEP_SECONDS),
+            "ATTEMPT_RESYNC_SECONDS": str(RESYNC_SECONDS),
+        },
     )
     processes.start()
     yield processes
@@ -132,14 +136,22 @@ def test_a_burst_of_500s_on_lists_converges_with_bounded_requests_and_readiness_
     assert state(kept) == state(untouched) == AttemptState.RUNNING
 
     cluster.admin.clear_faults()
-    wait_until(lambda: state(crashed) == AttemptState.FAILED and state(stopped) == AttemptState.STOPPED,
-               timeout=20, what="the state to converge", describe=portal.log_tail)
+    wait_until(
+        lambda: state(crashed) == AttemptState.FAILED and state(stopped) == AttemptState.STOPPED,
+        timeout=20,
+        what="the state to converge",
+        describe=portal.log_tail,
+    )
     crashed.refresh_from_db()
     assert "Crashed" in crashed.failure_reason or "panicked" in crashed.failure_reason, crashed.failure_reason
     assert state(kept) == state(untouched) == AttemptState.RUNNING
     wait_until(lambda: readyz()[0] == 200, timeout=15, what="/readyz ready again", describe=lambda: str(readyz()[1]))
-    wait_until(lambda: not agreement(tenants).problems, timeout=20, what="database and cluster to agree",
-               describe=lambda: str(agreement(tenants).problems))
+    wait_until(
+        lambda: not agreement(tenants).problems,
+        timeout=20,
+        what="database and cluster to agree",
+        describe=lambda: str(agreement(tenants).problems),
+    )
     # The portal never opened a watch: 410 Gone and dropped watch streams cannot leave it stale.
     assert cluster.admin.drop_watches() == 0
     assert cluster.admin.counters()["open_watches"] == 0
@@ -159,8 +171,9 @@ def test_a_429_with_a_long_retry_after_does_not_stall_the_sync(portal, cluster):
     cleared = time.monotonic()
     # A request that honoured the 30 s Retry-After itself (three times over, as urllib3 does by default) would hold
     # the sync for a minute and a half; the portal answers at its own pace once the API server does.
-    wait_until(lambda: state(crashed) == AttemptState.FAILED, timeout=15, what="the crash to be seen",
-               describe=portal.log_tail)
+    wait_until(
+        lambda: state(crashed) == AttemptState.FAILED, timeout=15, what="the crash to be seen", describe=portal.log_tail
+    )
     assert time.monotonic() - cleared < 10
     assert state(kept) == AttemptState.RUNNING
 
@@ -193,8 +206,12 @@ def test_503_on_every_request_with_latency_backs_off_then_starts_the_lab(portal,
     assert state(started) == AttemptState.PROVISIONING  # still trying, not failed, not stuck silently
 
     cluster.admin.clear_faults()
-    wait_until(lambda: state(started) == AttemptState.RUNNING, timeout=90, what="the delayed start to run",
-               describe=portal.log_tail)
+    wait_until(
+        lambda: state(started) == AttemptState.RUNNING,
+        timeout=90,
+        what="the delayed start to run",
+        describe=portal.log_tail,
+    )
     assert operations.vm_get(namespace=started.namespace, name=started.vm_name) is not None
     wait_until(lambda: readyz()[0] == 200, timeout=15, what="/readyz ready again", describe=lambda: str(readyz()[1]))
 
@@ -232,8 +249,9 @@ def test_a_stop_during_an_outage_finishes_as_soon_as_the_cluster_answers(portal,
 
     cluster.admin.clear_faults()
     cleared = time.monotonic()
-    wait_until(lambda: state(attempt) == AttemptState.STOPPED, timeout=60, what="the stop to finish",
-               describe=portal.log_tail)
+    wait_until(
+        lambda: state(attempt) == AttemptState.STOPPED, timeout=60, what="the stop to finish", describe=portal.log_tail
+    )
     # The first sync that reaches the cluster resumes the teardown: not its next retry, not the sweep.
     assert time.monotonic() - cleared < 6
     again = attempt_start(actor=attempt.student, lab=attempt.lab)  # no 409: the student starts again at once

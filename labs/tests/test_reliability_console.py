@@ -120,8 +120,11 @@ def cookie_for(user) -> bytes:
 
 async def connected(attempt: Attempt) -> Viewer:
     cookie = await sync_to_async(cookie_for)(attempt.student)
-    viewer = Viewer(WebsocketCommunicator(application, f"/ws/attempts/{attempt.id}/console/",
-                                          headers=[ORIGIN, HOST, (b"cookie", cookie)]))
+    viewer = Viewer(
+        WebsocketCommunicator(
+            application, f"/ws/attempts/{attempt.id}/console/", headers=[ORIGIN, HOST, (b"cookie", cookie)]
+        )
+    )
     accepted, code = await viewer.communicator.connect(timeout=10)
     assert accepted, code
     await viewer.read_until(lambda v: "connected" in v.statuses(), what="to connect")
@@ -190,8 +193,11 @@ async def test_stopping_the_vm_under_a_connected_student_ends_the_console_in_wor
     assert viewer.statuses()[-1] == "ended"
     # Typing into it is answered in words, not silently swallowed.
     await viewer.type(b"ls\r")
-    await viewer.read_until(lambda v: any(m["type"] == "notice" and m["code"] == "not_connected"
-                                          for m in v.messages), within=5, what="the not-connected notice")
+    await viewer.read_until(
+        lambda v: any(m["type"] == "notice" and m["code"] == "not_connected" for m in v.messages),
+        within=5,
+        what="the not-connected notice",
+    )
     await viewer.close()
 
 
@@ -205,8 +211,9 @@ async def test_a_browser_that_stops_reading_costs_bounded_memory_and_catches_up(
     viewer.acking = False
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     # 40 MiB of output; the browser acknowledges nothing while it scrolls past.
-    await viewer.type(f"head -c {flood} /dev/zero | tr '\\0' x; touch ~/{marker.name}; echo; "
-                      "echo flood-$((6*7))\r".encode())
+    await viewer.type(
+        f"head -c {flood} /dev/zero | tr '\\0' x; touch ~/{marker.name}; echo; echo flood-$((6*7))\r".encode()
+    )
     deadline = time.monotonic() + 60
     while not marker.exists():
         assert time.monotonic() < deadline, "the guest's output stalled: the bridge stopped reading"

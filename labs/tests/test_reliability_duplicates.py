@@ -31,8 +31,12 @@ from labs.tests.reliability import (
 )
 from portal.errors import Conflict
 
-pytestmark = [pytest.mark.reliability, pytest.mark.embedded_db, pytest.mark.django_db(transaction=True),
-              pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.reliability,
+    pytest.mark.embedded_db,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(120),
+]
 
 
 kubesim = kubesim_fixture("duplicates")
@@ -77,8 +81,9 @@ def test_start_delivered_twice_at_once_and_again_later_makes_one_vm(cluster, lab
     attempt = started[0]
 
     outcomes = at_once(lambda: tasks.provision_attempt(attempt.id), lambda: tasks.provision_attempt(attempt.id))
-    assert sorted(map(str, outcomes)) in (["abandoned", "created"], ["created", "created"], ["created", "skipped"]), \
+    assert sorted(map(str, outcomes)) in (["abandoned", "created"], ["created", "created"], ["created", "skipped"]), (
         outcomes
+    )
     first_uid = vms_by_name(attempt.namespace)[attempt.vm_name]["metadata"]["uid"]
     drive_to(attempt, AttemptState.RUNNING)
     # Redelivered after it succeeded (a visibility timeout passing): nothing happens.
@@ -99,8 +104,9 @@ def test_stop_delivered_twice_grades_once_and_deletes_once(cluster, lab):
     tasks.provision_attempt(attempt.id)
     drive_to(attempt, AttemptState.RUNNING)
 
-    pressed = at_once(lambda: attempt_stop(actor=student, attempt=attempt),
-                      lambda: attempt_stop(actor=student, attempt=attempt))
+    pressed = at_once(
+        lambda: attempt_stop(actor=student, attempt=attempt), lambda: attempt_stop(actor=student, attempt=attempt)
+    )
     assert [getattr(r, "state", r) for r in pressed] == [AttemptState.STOPPING] * 2, pressed
     outcomes = at_once(lambda: tasks.teardown_attempt(attempt.id), lambda: tasks.teardown_attempt(attempt.id))
     # The second delivery finds the first grading the VM and leaves the deletion to it (or, had it come late,
@@ -125,8 +131,9 @@ def test_check_delivered_twice_runs_the_checks_once(cluster, lab):
     drive_to(attempt, AttemptState.RUNNING)
 
     run = grading_run_request(actor=student, attempt=attempt)
-    outcomes = at_once(lambda: grading_tasks.grading_run_execute(run.id),
-                       lambda: grading_tasks.grading_run_execute(run.id))
+    outcomes = at_once(
+        lambda: grading_tasks.grading_run_execute(run.id), lambda: grading_tasks.grading_run_execute(run.id)
+    )
     assert sorted(map(str, outcomes)) == ["done", "skipped"], outcomes
     assert grading_tasks.grading_run_execute(run.id) == "skipped"
     assert GradingRun.objects.filter(attempt=attempt).count() == 1

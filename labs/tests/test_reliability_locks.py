@@ -20,7 +20,9 @@ from labs.services import attempt_extend, attempt_start, attempt_stop
 from labs.tests.reliability import flush_redis, make_course, make_lab, make_students, make_tenant
 
 pytestmark = [
-    pytest.mark.reliability, pytest.mark.django_db(transaction=True), pytest.mark.timeout(60),
+    pytest.mark.reliability,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(60),
     # SQLite has one writer at a time: there the second transaction waits for the first by design.
     pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's row locks"),
 ]
@@ -38,8 +40,9 @@ def lab(transactional_db):
 def running_attempt(student, lab) -> Attempt:
     """A running attempt as the database knows it (row locks are all this test is about: no VM needed)."""
     attempt = attempt_start(actor=student, lab=lab)
-    Attempt.objects.filter(pk=attempt.pk).update(state=AttemptState.RUNNING, agent_ready_at=timezone.now(),
-                                                expires_at=timezone.now() + timedelta(hours=1))
+    Attempt.objects.filter(pk=attempt.pk).update(
+        state=AttemptState.RUNNING, agent_ready_at=timezone.now(), expires_at=timezone.now() + timedelta(hours=1)
+    )
     attempt.refresh_from_db()
     return attempt
 

@@ -44,10 +44,13 @@ cluster = cluster_fixture(database=False)  # the portal fixture sets up the data
 def portal(cluster, tmp_path, transactional_db):
     flush_redis()
     processes = PortalProcesses(
-        directory=tmp_path / "processes", kubeconfig=cluster.kubeconfig,
-        env_overrides={"ATTEMPT_SYNC_INTERVAL_SECONDS": str(SYNC_SECONDS),
-                       "ATTEMPT_SWEEP_INTERVAL_SECONDS": str(SWEEP_SECONDS),
-                       "HEALTH_SYNC_MAX_AGE_SECONDS": "10"},
+        directory=tmp_path / "processes",
+        kubeconfig=cluster.kubeconfig,
+        env_overrides={
+            "ATTEMPT_SYNC_INTERVAL_SECONDS": str(SYNC_SECONDS),
+            "ATTEMPT_SWEEP_INTERVAL_SECONDS": str(SWEEP_SECONDS),
+            "HEALTH_SYNC_MAX_AGE_SECONDS": "10",
+        },
     )
     yield processes
     processes.stop()
@@ -65,14 +68,22 @@ def test_restart_with_labs_running_keeps_live_ones_and_frees_the_dead_one(portal
     portal.start(daphne=True)
 
     attempts = [attempt_start(actor=student, lab=lab) for student in students[:3]]
-    wait_until(lambda: states(attempts) == [AttemptState.RUNNING] * 3, timeout=60, what="three attempts running",
-               describe=lambda: f"{states(attempts)}\n{portal.log_tail()}")
+    wait_until(
+        lambda: states(attempts) == [AttemptState.RUNNING] * 3,
+        timeout=60,
+        what="three attempts running",
+        describe=lambda: f"{states(attempts)}\n{portal.log_tail()}",
+    )
     namespace = tenant.namespace
     vm_uids = {name: vm["metadata"]["uid"] for name, vm in vms_by_name(namespace).items()}
     vmi_uids = {name: vmi["metadata"]["uid"] for name, vmi in vmis_by_name(namespace).items()}
     assert sorted(vm_uids) == sorted(a.vm_name for a in attempts)
-    wait_until(lambda: portal.http_get("/readyz")[0] == 200, timeout=20, what="/readyz to be ready",
-               describe=lambda: portal.http_get("/readyz")[1].decode())
+    wait_until(
+        lambda: portal.http_get("/readyz")[0] == 200,
+        timeout=20,
+        what="/readyz to be ready",
+        describe=lambda: portal.http_get("/readyz")[1].decode(),
+    )
 
     portal.kill()  # worker (and its pool), beat and daphne: SIGKILL, no shutdown of any kind
     # Killed in the middle of a sync and a sweep (a second earlier or later, and it would have been): their locks
@@ -90,13 +101,21 @@ def test_restart_with_labs_running_keeps_live_ones_and_frees_the_dead_one(portal
 
     portal.start(daphne=True)
 
-    wait_until(lambda: Attempt.objects.get(pk=dead.pk).state == AttemptState.FAILED, timeout=30,
-               what="the attempt whose VM vanished to fail", describe=portal.log_tail)
+    wait_until(
+        lambda: Attempt.objects.get(pk=dead.pk).state == AttemptState.FAILED,
+        timeout=30,
+        what="the attempt whose VM vanished to fail",
+        describe=portal.log_tail,
+    )
     dead.refresh_from_db()
     assert dead.failure_reason == "The VM was deleted outside the portal."
     assert dead.ended_at is not None
-    wait_until(lambda: Attempt.objects.get(pk=waiting.pk).state == AttemptState.RUNNING, timeout=60,
-               what="the start pressed during the outage to be served", describe=portal.log_tail)
+    wait_until(
+        lambda: Attempt.objects.get(pk=waiting.pk).state == AttemptState.RUNNING,
+        timeout=60,
+        what="the start pressed during the outage to be served",
+        describe=portal.log_tail,
+    )
 
     # The live attempts never noticed: still running, on the very VMs and VMIs they had (no re-creation).
     assert states([survivor_a, survivor_b]) == [AttemptState.RUNNING] * 2
@@ -111,8 +130,12 @@ def test_restart_with_labs_running_keeps_live_ones_and_frees_the_dead_one(portal
     seen = agreement([tenant])
     assert seen.problems == [], seen.problems
     # The restarted web process reports ready once the restarted beat and worker have synced again.
-    wait_until(lambda: portal.http_get("/readyz")[0] == 200, timeout=20, what="/readyz after the restart",
-               describe=lambda: portal.http_get("/readyz")[1].decode())
+    wait_until(
+        lambda: portal.http_get("/readyz")[0] == 200,
+        timeout=20,
+        what="/readyz after the restart",
+        describe=lambda: portal.http_get("/readyz")[1].decode(),
+    )
     body = json.loads(portal.http_get("/readyz")[1])
     assert body["status"] == "ready" and body["failing"] == []
     # One VM per attempt across the whole test: the kubesim counters saw no second create succeed.

@@ -53,8 +53,11 @@ DRIVER_THREADS = 6
 TENANTS = 2
 SETTLE_SECONDS = 240
 
-pytestmark = [pytest.mark.reliability, pytest.mark.django_db(transaction=True),
-              pytest.mark.timeout(int(SOAK_SECONDS) + 2 * SETTLE_SECONDS + 120)]
+pytestmark = [
+    pytest.mark.reliability,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(int(SOAK_SECONDS) + 2 * SETTLE_SECONDS + 120),
+]
 
 
 kubesim = kubesim_fixture("soak", seed=SOAK_SEED)
@@ -66,9 +69,15 @@ def portal(kubesim, settings, tmp_path, transactional_db):
     flush_redis()
     with portal_pointed_at(kubesim, settings):
         processes = PortalProcesses(
-            directory=tmp_path / "processes", kubeconfig=kubesim.kubeconfig, concurrency=4,
-            env_overrides={"ATTEMPT_SYNC_INTERVAL_SECONDS": "1", "ATTEMPT_SWEEP_INTERVAL_SECONDS": "5",
-                           "ATTEMPT_RESYNC_SECONDS": "5", "GRADING_MIN_INTERVAL_SECONDS": "2"},
+            directory=tmp_path / "processes",
+            kubeconfig=kubesim.kubeconfig,
+            concurrency=4,
+            env_overrides={
+                "ATTEMPT_SYNC_INTERVAL_SECONDS": "1",
+                "ATTEMPT_SWEEP_INTERVAL_SECONDS": "5",
+                "ATTEMPT_RESYNC_SECONDS": "5",
+                "GRADING_MIN_INTERVAL_SECONDS": "2",
+            },
         )
         processes.start()
         yield processes
@@ -104,8 +113,17 @@ class Tally:
             getattr(self, counter)[key] += amount
 
 
-FAULTS = ("list_500", "create_503", "list_429", "latency", "delete_500", "agent_streams_cut", "vmi_crash",
-          "vm_deleted", "time_up")
+FAULTS = (
+    "list_500",
+    "create_503",
+    "list_429",
+    "latency",
+    "delete_500",
+    "agent_streams_cut",
+    "vmi_crash",
+    "vm_deleted",
+    "time_up",
+)
 
 
 def fault_order(rng: random.Random):
@@ -239,14 +257,16 @@ def test_soak_200_attempts_with_random_faults_leaves_nothing_behind(portal, kube
         lab = make_lab(make_course(tenant), check_timeout_s=5)
         for user in make_students(lab.course, ATTEMPTS // TENANTS):
             start_at = rng.uniform(0.0, SOAK_SECONDS * 0.6)
-            students.append(Student(user=user, lab=lab, start_at=start_at, next_action_at=start_at,
-                                    rng=random.Random(rng.random())))
+            students.append(
+                Student(user=user, lab=lab, start_at=start_at, next_action_at=start_at, rng=random.Random(rng.random()))
+            )
     tally = Tally()
     began = time.monotonic()
     kubesim.admin.reset_counters()
     stop_faults = threading.Event()
-    injector = threading.Thread(target=inject_faults, args=(random.Random(rng.random()), kubesim, tally, stop_faults),
-                                name="soak-faults")
+    injector = threading.Thread(
+        target=inject_faults, args=(random.Random(rng.random()), kubesim, tally, stop_faults), name="soak-faults"
+    )
     injector.start()
 
     # The soak: students act when due while the faults come and go.
@@ -265,8 +285,9 @@ def test_soak_200_attempts_with_random_faults_leaves_nothing_behind(portal, kube
             list(pool.map(act, due, [now] * len(due), [tally] * len(due)))
             tally.add("seconds", "acting", time.monotonic() - acting)
             counting = time.monotonic()
-            tally.most_running = max(tally.most_running,
-                                     Attempt.objects.filter(tenant__in=tenants, state=AttemptState.RUNNING).count())
+            tally.most_running = max(
+                tally.most_running, Attempt.objects.filter(tenant__in=tenants, state=AttemptState.RUNNING).count()
+            )
             tally.add("seconds", "counting", time.monotonic() - counting)
             loops += 1
             time.sleep(0.05)
@@ -279,8 +300,13 @@ def test_soak_200_attempts_with_random_faults_leaves_nothing_behind(portal, kube
     api_requests = kubesim.admin.counters()["total"]
 
     # Settled: faults gone, every attempt running or ended; then the database and the cluster must agree.
-    wait_until(lambda: settled(tenants), timeout=SETTLE_SECONDS, interval=1.0, what="the soak to settle",
-               describe=lambda: f"{by_state(tenants)} {agreement(tenants).problems[:5]}\n{portal.log_tail(10)}")
+    wait_until(
+        lambda: settled(tenants),
+        timeout=SETTLE_SECONDS,
+        interval=1.0,
+        what="the soak to settle",
+        describe=lambda: f"{by_state(tenants)} {agreement(tenants).problems[:5]}\n{portal.log_tail(10)}",
+    )
     checkpoint = agreement(tenants)
     running_after_soak = checkpoint.attempts_by_state.get(AttemptState.RUNNING, 0)
     assert checkpoint.problems == []
@@ -292,14 +318,20 @@ def test_soak_200_attempts_with_random_faults_leaves_nothing_behind(portal, kube
             attempt_stop(actor=attempt.student, attempt=attempt)
         except ApplicationError as refusal:
             tally.add("refusals", refusal.code, 1)
+
     def nothing_left() -> bool:
         if not all_final(tenants):
             return False
         seen = agreement(tenants)
         return not seen.problems and seen.vms == 0
 
-    wait_until(nothing_left, timeout=SETTLE_SECONDS, interval=1.0, what="every attempt to end and every VM to go",
-               describe=lambda: f"{by_state(tenants)} {agreement(tenants).problems[:5]}\n{portal.log_tail(10)}")
+    wait_until(
+        nothing_left,
+        timeout=SETTLE_SECONDS,
+        interval=1.0,
+        what="every attempt to end and every VM to go",
+        describe=lambda: f"{by_state(tenants)} {agreement(tenants).problems[:5]}\n{portal.log_tail(10)}",
+    )
     final = agreement(tenants)
     started = Attempt.objects.filter(tenant__in=tenants).count()
     assert started == ATTEMPTS

@@ -104,8 +104,11 @@ def test_a_start_that_never_runs_fails_at_the_start_timeout_and_frees_the_quota(
     (student, classmate) = make_students(course, 2)
     stuck = attempt_start(actor=student, lab=broken)
     assert tasks.provision_attempt(stuck.id) == "created"
-    wait_until(lambda: "could not be downloaded" in (drive_to(stuck, AttemptState.STARTING).status_message or ""),
-               timeout=20, what="the image pull problem to show")
+    wait_until(
+        lambda: "could not be downloaded" in (drive_to(stuck, AttemptState.STARTING).status_message or ""),
+        timeout=20,
+        what="the image pull problem to show",
+    )
     # The quota is held while it tries: the tenant's single VM slot is taken.
     with pytest.raises(Unavailable) as full:
         attempt_start(actor=classmate, lab=working)

@@ -87,8 +87,9 @@ def test_agent_checks_are_quick_at_first_then_at_the_sync_pace(settings):
     assert delays[-1] == 3.0 and max(delays) == 3.0
 
 
-def asked_rounds(*, round_seconds: float = 0.2, until: float = 120.0,
-                 min_gap: float = agents.AGENT_ASK_MIN_SECONDS) -> list[float]:
+def asked_rounds(
+    *, round_seconds: float = 0.2, until: float = 120.0, min_gap: float = agents.AGENT_ASK_MIN_SECONDS
+) -> list[float]:
     """The ages at which a chain of rounds every ``round_seconds`` asks an agent, up to ``until``."""
     asked, age, previous = [], 0.0, None
     while age <= until:
@@ -121,8 +122,9 @@ def test_a_chain_asks_only_the_agents_due_and_counts_the_rest_as_waiting(student
 
     attempt = attempt_start(actor=student_a, lab=lab_a)
     booted = timezone.now() - timedelta(seconds=30)
-    Attempt.objects.filter(id=attempt.id).update(state=AttemptState.STARTING, phase="Running",
-                                                 provisioned_at=booted, vmi_running_at=booted)
+    Attempt.objects.filter(id=attempt.id).update(
+        state=AttemptState.STARTING, phase="Running", provisioned_at=booted, vmi_running_at=booted
+    )
     asked = []
     monkeypatch.setattr(agents, "_agent_answers", lambda attempt: asked.append(attempt.id) or False)
     # Its last question was just now (30 s into the boot, the next one is about 7 s away): not asked again.
@@ -162,11 +164,20 @@ def test_a_round_asks_a_class_booting_together_less_often(student_a, lab_a, cour
     def booting(count: int) -> None:
         Attempt.objects.filter(namespace=namespace).delete()
         for index in range(count):
-            student = make_person(username=f"class-{count}-{index}", tenant=course_a.tenant, course=course_a,
-                                  role=Role.STUDENT)
-            Attempt.objects.create(lab=lab_a, student=student, tenant=course_a.tenant, namespace=namespace,
-                                   vm_name=f"attempt-{count}-{index}", state=AttemptState.STARTING, phase="Running",
-                                   provisioned_at=booted, vmi_running_at=booted)
+            student = make_person(
+                username=f"class-{count}-{index}", tenant=course_a.tenant, course=course_a, role=Role.STUDENT
+            )
+            Attempt.objects.create(
+                lab=lab_a,
+                student=student,
+                tenant=course_a.tenant,
+                namespace=namespace,
+                vm_name=f"attempt-{count}-{index}",
+                state=AttemptState.STARTING,
+                phase="Running",
+                provisioned_at=booted,
+                vmi_running_at=booted,
+            )
 
     asked = []
     monkeypatch.setattr(agents, "_agent_answers", lambda attempt: asked.append(attempt.id) or False)
@@ -182,7 +193,8 @@ def test_a_round_asks_a_class_booting_together_less_often(student_a, lab_a, cour
 
 
 def test_a_round_reads_the_waiting_attempts_in_one_query_with_all_it_asks_with(
-        student_a, lab_a, course_a, monkeypatch, django_assert_num_queries):
+    student_a, lab_a, course_a, monkeypatch, django_assert_num_queries
+):
     from datetime import timedelta
 
     from django.utils import timezone
@@ -195,22 +207,34 @@ def test_a_round_reads_the_waiting_attempts_in_one_query_with_all_it_asks_with(
     namespace = course_a.tenant.namespace
     for index in range(5):
         student = make_person(username=f"round-{index}", tenant=course_a.tenant, course=course_a, role=Role.STUDENT)
-        Attempt.objects.create(lab=lab_a, student=student, tenant=course_a.tenant, namespace=namespace,
-                               vm_name=f"attempt-round-{index}", agent_token=f"token-{index}",
-                               state=AttemptState.STARTING, phase="Running", provisioned_at=booted,
-                               vmi_running_at=booted)
+        Attempt.objects.create(
+            lab=lab_a,
+            student=student,
+            tenant=course_a.tenant,
+            namespace=namespace,
+            vm_name=f"attempt-round-{index}",
+            agent_token=f"token-{index}",
+            state=AttemptState.STARTING,
+            phase="Running",
+            provisioned_at=booted,
+            vmi_running_at=booted,
+        )
     asked = []
     # What the agent client reads to reach the agent (labs.agent_client.agent_request): each a loaded field, so
     # asking a hundred agents costs no query each.
-    monkeypatch.setattr(agents, "_agent_answers",
-                        lambda attempt: asked.append((attempt.namespace, attempt.vm_name, attempt.agent_token)))
+    monkeypatch.setattr(
+        agents,
+        "_agent_answers",
+        lambda attempt: asked.append((attempt.namespace, attempt.vm_name, attempt.agent_token)),
+    )
     with django_assert_num_queries(1):
         assert agents.agents_check(namespace=namespace) == (0, 5)
     assert sorted(asked) == [(namespace, f"attempt-round-{index}", f"token-{index}") for index in range(5)]
 
 
 def test_a_teardown_cut_off_by_an_outage_resumes_on_the_first_sync_that_reaches_the_cluster(
-        faults, student_a, lab_a, django_capture_on_commit_callbacks):
+    faults, student_a, lab_a, django_capture_on_commit_callbacks
+):
     attempt = attempt_start(actor=student_a, lab=lab_a)
     tasks.provision_attempt(attempt.id)
     faults.inject_fault(code=503)  # the cluster stops answering anything

@@ -26,8 +26,9 @@ def fast_passwords(settings):
 
 def running(attempt: Attempt, *, minutes_left: int = 30) -> Attempt:
     now = timezone.now()
-    Attempt.objects.filter(id=attempt.id).update(state=AttemptState.RUNNING, agent_ready_at=now,
-                                                 expires_at=now + timedelta(minutes=minutes_left))
+    Attempt.objects.filter(id=attempt.id).update(
+        state=AttemptState.RUNNING, agent_ready_at=now, expires_at=now + timedelta(minutes=minutes_left)
+    )
     attempt.refresh_from_db()
     return attempt
 
@@ -57,8 +58,7 @@ def test_only_students_of_the_course_may_start(lab_a, ta_a, instructor_a, studen
     assert not Attempt.objects.exists()
 
 
-def test_a_start_whose_caller_read_the_students_role_with_the_lab_does_not_read_it_again(student_a, lab_a,
-                                                                                        superuser):
+def test_a_start_whose_caller_read_the_students_role_with_the_lab_does_not_read_it_again(student_a, lab_a, superuser):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -71,8 +71,11 @@ def test_a_start_whose_caller_read_the_students_role_with_the_lab_does_not_read_
     # A superuser's lab came without a membership: the role is read, and only students start.
     assert student_role_shown(user=superuser) is None
     with pytest.raises(PermissionDenied):
-        attempt_start(actor=superuser, lab=lab_get_for_student(user=superuser, lab_id=lab_a.id),
-                      role=student_role_shown(user=superuser))
+        attempt_start(
+            actor=superuser,
+            lab=lab_get_for_student(user=superuser, lab_id=lab_a.id),
+            role=student_role_shown(user=superuser),
+        )
 
 
 def test_a_closed_lab_says_when_it_opens(student_a, lab_a):
@@ -152,7 +155,8 @@ def test_invalid_extra_cloud_init_is_refused_before_anything_is_made(student_a, 
 
 
 def test_stop_by_student_and_by_instructor_but_not_by_ta_or_other_tenant(
-        student_a, instructor_a, ta_a, instructor_b, lab_a):
+    student_a, instructor_a, ta_a, instructor_b, lab_a
+):
     attempt = attempt_start(actor=student_a, lab=lab_a)
     with pytest.raises(PermissionDenied):
         attempt_stop(actor=ta_a, attempt=attempt)
@@ -197,10 +201,32 @@ def test_status_payload_shape(settings, student_a, lab_a):
     settings.ATTEMPT_SLOW_START_NOTICE_SECONDS = 90
     attempt = attempt_start(actor=student_a, lab=lab_a)
     payload = attempt_status_payload(attempt)
-    assert set(payload) == {"id", "state", "phase", "failure_reason", "message", "node_name", "expires_at",
-                            "extensions", "can_extend", "timestamps", "slow_start", "console", "stop_reason"}
-    assert set(payload["timestamps"]) == {"requested", "provisioned", "pending", "scheduling", "scheduled",
-                                          "vmi_running", "agent_ready", "stopping", "ended"}
+    assert set(payload) == {
+        "id",
+        "state",
+        "phase",
+        "failure_reason",
+        "message",
+        "node_name",
+        "expires_at",
+        "extensions",
+        "can_extend",
+        "timestamps",
+        "slow_start",
+        "console",
+        "stop_reason",
+    }
+    assert set(payload["timestamps"]) == {
+        "requested",
+        "provisioned",
+        "pending",
+        "scheduling",
+        "scheduled",
+        "vmi_running",
+        "agent_ready",
+        "stopping",
+        "ended",
+    }
     assert payload["timestamps"]["requested"] == attempt.requested_at.isoformat()
     assert payload["timestamps"]["vmi_running"] is None and payload["slow_start"] is False
     assert payload["console"] == "waiting"  # no VM yet: the page does not open the console socket
@@ -221,8 +247,9 @@ def test_status_payload_shape(settings, student_a, lab_a):
     assert attempt_status_payload(attempt)["console"] == "ended"
 
 
-def test_attempts_are_scoped_to_their_student_and_course_staff(student_a, ta_a, instructor_b, student_b, lab_a,
-                                                               course_a):
+def test_attempts_are_scoped_to_their_student_and_course_staff(
+    student_a, ta_a, instructor_b, student_b, lab_a, course_a
+):
     attempt = attempt_start(actor=student_a, lab=lab_a)
     classmate = make_person(username="classmate", tenant=lab_a.course.tenant, course=course_a, role=Role.STUDENT)
     assert attempt_get_for_user(user=student_a, attempt_id=attempt.id) == attempt

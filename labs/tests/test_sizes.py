@@ -56,9 +56,16 @@ def test_every_size_agrees_with_the_launcher_pod_kubesim_builds_to_the_mib(size,
     namespace = f"sizes-{uuid.uuid4().hex[:8]}"
     core.create_namespace({"metadata": {"name": namespace}})
     guest = guest_resources(size)
-    vm = manifests.virtual_machine(name="sized", namespace=namespace, labels={"app": "sized"},
-                                   image="quay.io/containerdisks/debian:12", vcpus=guest.vcpus,
-                                   memory_mib=guest.memory_mib, host_passthrough=False, cloud_init_secret="none")
+    vm = manifests.virtual_machine(
+        name="sized",
+        namespace=namespace,
+        labels={"app": "sized"},
+        image="quay.io/containerdisks/debian:12",
+        vcpus=guest.vcpus,
+        memory_mib=guest.memory_mib,
+        host_passthrough=False,
+        cloud_init_secret="none",
+    )
     vm["spec"]["template"]["spec"]["volumes"].pop()  # no cloud-init Secret needed for the pod's shape
     vm["spec"]["template"]["spec"]["domain"]["devices"]["disks"].pop()
     try:

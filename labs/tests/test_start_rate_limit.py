@@ -81,8 +81,9 @@ def test_a_refund_after_its_window_ended_takes_nothing_from_the_next(settings):
 
 
 @pytest.mark.django_db
-def test_a_start_the_database_was_too_busy_for_does_not_use_up_the_limit(client, settings, lab_a, student_a,
-                                                                          monkeypatch):
+def test_a_start_the_database_was_too_busy_for_does_not_use_up_the_limit(
+    client, settings, lab_a, student_a, monkeypatch
+):
     """No pooled connection came free in time (answered 503 portal_busy, which the page retries by itself):
     nothing started, so nothing is counted."""
     from portal.tests.test_server_errors import pool_timeout_error

@@ -21,9 +21,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def pushed(monkeypatch) -> list[tuple[int, str]]:
     sent: list[tuple[int, str]] = []
-    monkeypatch.setattr(events, "attempt_push_on_commit",
-                        lambda *, attempt, hold=0.0: transaction.on_commit(
-                            lambda: sent.append((attempt.id, attempt.state))))
+    monkeypatch.setattr(
+        events,
+        "attempt_push_on_commit",
+        lambda *, attempt, hold=0.0: transaction.on_commit(lambda: sent.append((attempt.id, attempt.state))),
+    )
     return sent
 
 
@@ -35,14 +37,19 @@ def test_a_transition_moves_a_waiting_attempt_stamps_it_and_pushes_on_commit(lab
     assert moved.state == AttemptState.STOPPING and moved.stopping_at is not None
     assert pushed == [(attempt.id, AttemptState.STOPPING)]
     stored = Attempt.objects.get(id=attempt.id)
-    assert (stored.state, stored.stop_reason, stored.stopping_at) == (AttemptState.STOPPING, "student",
-                                                                      moved.stopping_at)
+    assert (stored.state, stored.stop_reason, stored.stopping_at) == (
+        AttemptState.STOPPING,
+        "student",
+        moved.stopping_at,
+    )
 
 
 def test_an_attempt_that_moved_on_is_left_alone(lab_a, student_a, pushed):
     attempt = make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED)
-    assert states.attempt_transition(attempt=attempt, to=AttemptState.RUNNING, from_states=(AttemptState.STARTING,)
-                                     ) is None
+    assert (
+        states.attempt_transition(attempt=attempt, to=AttemptState.RUNNING, from_states=(AttemptState.STARTING,))
+        is None
+    )
     assert Attempt.objects.get(id=attempt.id).state == AttemptState.STOPPED
     assert pushed == []
 
@@ -68,15 +75,21 @@ def state_writes(path: Path) -> list[str]:
                 if keyword.arg == "state" and "AttemptState" in ast.unparse(keyword.value) and name not in readers:
                     found.append(node.lineno)
                 saved = ast.unparse(getattr(node.func, "value", node.func))
-                if (keyword.arg == "update_fields" and "'state'" in ast.unparse(keyword.value)
-                        and ("attempt" in saved or saved == "locked")):  # a grading run's own state is not one
+                if (
+                    keyword.arg == "update_fields"
+                    and "'state'" in ast.unparse(keyword.value)
+                    and ("attempt" in saved or saved == "locked")
+                ):  # a grading run's own state is not one
                     found.append(node.lineno)
         elif isinstance(node, ast.Assign | ast.AugAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
                 for part in ast.walk(target):
-                    if isinstance(part, ast.Attribute) and part.attr == "state" and "AttemptState" in ast.unparse(
-                            node.value):
+                    if (
+                        isinstance(part, ast.Attribute)
+                        and part.attr == "state"
+                        and "AttemptState" in ast.unparse(node.value)
+                    ):
                         found.append(node.lineno)
         elif isinstance(node, ast.Dict):
             for key, value in zip(node.keys, node.values, strict=True):
@@ -102,5 +115,7 @@ def test_the_scan_sees_each_way_of_writing_a_state(tmp_path):
         "Attempt.objects.filter(id=1, state=AttemptState.RUNNING).update(state=AttemptState.STOPPED)\n"
         "attempt.state = AttemptState.STOPPING\n"
         "attempt.save(update_fields=['state'])\n"
-        "changes = {'state': AttemptState.FAILED}\n", encoding="utf-8")
+        "changes = {'state': AttemptState.FAILED}\n",
+        encoding="utf-8",
+    )
     assert state_writes(module) == ["m.py:1", "m.py:2", "m.py:3", "m.py:4"]

@@ -25,8 +25,16 @@ def provisioned(student, lab) -> Attempt:
 
 
 def foreign_vm(namespace: str, name: str, labels: dict[str, str]) -> None:
-    body = manifests.virtual_machine(name=name, namespace=namespace, labels=labels, image="quay.io/x/y:1",
-                                     vcpus=1, memory_mib=512, host_passthrough=False, cloud_init_secret="none")
+    body = manifests.virtual_machine(
+        name=name,
+        namespace=namespace,
+        labels=labels,
+        image="quay.io/x/y:1",
+        vcpus=1,
+        memory_mib=512,
+        host_passthrough=False,
+        cloud_init_secret="none",
+    )
     body["spec"]["runStrategy"] = "Halted"  # a stopped VM: no guest needed to prove it is left alone
     client.custom_objects().create_namespaced_custom_object("kubevirt.io", "v1", namespace, "virtualmachines", body)
 
@@ -37,7 +45,8 @@ def sweep(capture) -> sweeping.SweepReport:
 
 
 def test_orphan_vms_are_deleted_and_nothing_without_our_labels_is_touched(
-        lifecycle, student_a, lab_a, django_capture_on_commit_callbacks):
+    lifecycle, student_a, lab_a, django_capture_on_commit_callbacks
+):
     attempt = provisioned(student_a, lab_a)
     namespace = attempt.namespace
     # The database says the attempt ended, but its VM is still there (a lost teardown, a restored backup).
@@ -47,16 +56,17 @@ def test_orphan_vms_are_deleted_and_nothing_without_our_labels_is_touched(
     foreign_vm(namespace, "attempt-999999", ghost_labels)
     # Not ours: no label, someone else's manager, and our label on a name that does not match its attempt.
     foreign_vm(namespace, "teacher-demo", {"app": "demo"})
-    foreign_vm(namespace, "attempt-999998", {names.MANAGED_BY_LABEL: "someone-else",
-                                             names.ATTEMPT_LABEL: "999998"})
+    foreign_vm(namespace, "attempt-999998", {names.MANAGED_BY_LABEL: "someone-else", names.ATTEMPT_LABEL: "999998"})
     foreign_vm(namespace, "hand-made", {**ghost_labels, names.ATTEMPT_LABEL: "999997"})
 
     report = sweep(django_capture_on_commit_callbacks)
 
-    assert sorted(report.orphan_vms_deleted) == sorted([f"{namespace}/{attempt.vm_name}",
-                                                        f"{namespace}/attempt-999999"])
-    remaining = client.custom_objects().list_namespaced_custom_object("kubevirt.io", "v1", namespace,
-                                                                      "virtualmachines")["items"]
+    assert sorted(report.orphan_vms_deleted) == sorted(
+        [f"{namespace}/{attempt.vm_name}", f"{namespace}/attempt-999999"]
+    )
+    remaining = client.custom_objects().list_namespaced_custom_object(
+        "kubevirt.io", "v1", namespace, "virtualmachines"
+    )["items"]
     # "hand-made" carries our manager label, but its name names no attempt of its label: left alone too.
     wait_until(lambda: vm_names(namespace) == ["hand-made"], what="our orphans to go")
     assert {"teacher-demo", "attempt-999998", "hand-made"} <= {vm["metadata"]["name"] for vm in remaining}
@@ -65,12 +75,12 @@ def test_orphan_vms_are_deleted_and_nothing_without_our_labels_is_touched(
     attempt.refresh_from_db()
     assert attempt.vm_deleted_at is not None
     for name in ("teacher-demo", "attempt-999998", "hand-made"):
-        client.custom_objects().delete_namespaced_custom_object("kubevirt.io", "v1", namespace, "virtualmachines",
-                                                                name)
+        client.custom_objects().delete_namespaced_custom_object("kubevirt.io", "v1", namespace, "virtualmachines", name)
 
 
 def test_an_active_attempt_whose_vm_vanished_fails_with_a_reason(
-        lifecycle, student_a, lab_a, django_capture_on_commit_callbacks):
+    lifecycle, student_a, lab_a, django_capture_on_commit_callbacks
+):
     attempt = provisioned(student_a, lab_a)
     sync_until(attempt, AttemptState.RUNNING)
     operations.vm_delete(namespace=attempt.namespace, name=attempt.vm_name)  # someone ran kubectl delete vm
@@ -83,7 +93,8 @@ def test_an_active_attempt_whose_vm_vanished_fails_with_a_reason(
 
 
 def test_an_attempt_stuck_starting_fails_with_the_clusters_reason_and_is_cleaned_up(
-        lifecycle, settings, student_a, course_a, django_capture_on_commit_callbacks):
+    lifecycle, settings, student_a, course_a, django_capture_on_commit_callbacks
+):
     from conftest import make_lab
 
     settings.ATTEMPT_FAILURE_GRACE_SECONDS = 3600  # the sync alone would wait; the start timeout decides
@@ -97,8 +108,7 @@ def test_an_attempt_stuck_starting_fails_with_the_clusters_reason_and_is_cleaned
         return "could not be downloaded" in attempt.status_message
 
     wait_until(image_trouble_seen, what="the image pull problem")
-    Attempt.objects.filter(id=attempt.id).update(requested_at=timezone.now() - timedelta(minutes=11),
-                                                 status_message="")
+    Attempt.objects.filter(id=attempt.id).update(requested_at=timezone.now() - timedelta(minutes=11), status_message="")
     lifecycle.admin.reset_counters()
 
     report = sweep(django_capture_on_commit_callbacks)
@@ -113,12 +123,14 @@ def test_an_attempt_stuck_starting_fails_with_the_clusters_reason_and_is_cleaned
 
 
 def test_a_stopping_attempt_whose_vm_is_gone_ends_and_frees_its_quota(
-        lifecycle, student_a, lab_a, django_capture_on_commit_callbacks):
+    lifecycle, student_a, lab_a, django_capture_on_commit_callbacks
+):
     attempt = provisioned(student_a, lab_a)
     operations.vm_delete(namespace=attempt.namespace, name=attempt.vm_name)
     wait_until(lambda: vm_names(attempt.namespace) == [], what="the VM to go")
-    Attempt.objects.filter(id=attempt.id).update(state=AttemptState.STOPPING, stop_reason="student",
-                                                 stopping_at=timezone.now(), vm_deleted_at=timezone.now())
+    Attempt.objects.filter(id=attempt.id).update(
+        state=AttemptState.STOPPING, stop_reason="student", stopping_at=timezone.now(), vm_deleted_at=timezone.now()
+    )
     report = sweep(django_capture_on_commit_callbacks)
     assert report.ended == [attempt.id]
     attempt.refresh_from_db()
@@ -136,7 +148,8 @@ def test_lost_provisioning_is_queued_again(lifecycle, student_a, lab_a, django_c
 
 
 def test_the_sync_brings_the_sweep_forward_for_an_orphan_and_a_vanished_vm(
-        lifecycle, student_a, lab_a, course_a, django_capture_on_commit_callbacks):
+    lifecycle, student_a, lab_a, course_a, django_capture_on_commit_callbacks
+):
     from conftest import make_lab
     from labs.services import tracking
 
@@ -164,8 +177,9 @@ def test_the_sync_brings_the_sweep_forward_for_an_orphan_and_a_vanished_vm(
     assert running.failure_reason == "The VM was deleted outside the portal."
 
 
-def test_idle_tenants_and_secrets_are_swept_less_often(lifecycle, tenant_a, tenant_b, student_a, lab_a,
-                                                       django_capture_on_commit_callbacks):
+def test_idle_tenants_and_secrets_are_swept_less_often(
+    lifecycle, tenant_a, tenant_b, student_a, lab_a, django_capture_on_commit_callbacks
+):
     attempt = provisioned(student_a, lab_a)  # tenant A is busy, tenant B has never had an attempt
     counters = lifecycle.admin
     counters.reset_counters()

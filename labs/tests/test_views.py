@@ -31,14 +31,18 @@ def make_attempt(*, lab, student, state=AttemptState.RUNNING, number=1, **fields
     """An attempt row as the lifecycle leaves it (no cluster involved: these tests are about pages)."""
     now = timezone.now()
     defaults = {
-        "namespace": lab.course.tenant.namespace, "vm_name": "attempt-x", "requested_at": now - timedelta(minutes=3),
-        "provisioned_at": now - timedelta(minutes=2), "expires_at": now + timedelta(minutes=57),
+        "namespace": lab.course.tenant.namespace,
+        "vm_name": "attempt-x",
+        "requested_at": now - timedelta(minutes=3),
+        "provisioned_at": now - timedelta(minutes=2),
+        "expires_at": now + timedelta(minutes=57),
     }
     if state == AttemptState.RUNNING:
         defaults.update(vmi_running_at=now - timedelta(minutes=1), agent_ready_at=now - timedelta(seconds=50))
     defaults.update(fields)
-    attempt = Attempt.objects.create(lab=lab, student=student, tenant=lab.course.tenant, state=state, number=number,
-                                     **defaults)
+    attempt = Attempt.objects.create(
+        lab=lab, student=student, tenant=lab.course.tenant, state=state, number=number, **defaults
+    )
     Attempt.objects.filter(pk=attempt.pk).update(vm_name=f"attempt-{attempt.pk}")
     attempt.refresh_from_db()
     return attempt
@@ -64,13 +68,15 @@ def page_config(html: str, element_id: str = "attempt-config") -> dict:
 
 # -- login and language ---------------------------------------------------------------------------------------
 
+
 def test_login_page_logs_a_student_in_and_lands_on_the_dashboard(student_a):
     client = Client(enforce_csrf_checks=True)
     page = client.get(reverse("login"))
     assert page.status_code == 200
     token = page.cookies["csrftoken"].value
-    response = client.post(reverse("login"), {"username": "student_a", "password": PASSWORD,
-                                              "csrfmiddlewaretoken": token})
+    response = client.post(
+        reverse("login"), {"username": "student_a", "password": PASSWORD, "csrfmiddlewaretoken": token}
+    )
     assert response.status_code == 302 and response["Location"] == reverse("dashboard")
     assert client.get(reverse("dashboard")).status_code == 200
 
@@ -83,9 +89,12 @@ def test_login_with_a_wrong_password_says_so(student_a):
 
 def test_pages_require_login(lab_a, student_a):
     attempt = make_attempt(lab=lab_a, student=student_a)
-    for url in (reverse("dashboard"), reverse("labs:lab_detail", args=[lab_a.id]),
-                reverse("labs:attempt_detail", args=[attempt.id]),
-                reverse("labs:attempt_recording", args=[attempt.id])):
+    for url in (
+        reverse("dashboard"),
+        reverse("labs:lab_detail", args=[lab_a.id]),
+        reverse("labs:attempt_detail", args=[attempt.id]),
+        reverse("labs:attempt_recording", args=[attempt.id]),
+    ):
         response = Client().get(url)
         assert response.status_code == 302 and response["Location"].startswith(reverse("login")), url
 
@@ -100,6 +109,7 @@ def test_language_switcher_posts_to_set_language_and_switches_to_japanese(studen
 
 
 # -- dashboard ------------------------------------------------------------------------------------------------
+
 
 def test_dashboard_lists_courses_labs_state_due_date_and_grade(student_a, lab_a, course_a):
     lab_a.due_at = timezone.now() + timedelta(days=3)
@@ -133,11 +143,13 @@ def test_dashboard_gives_staff_a_watch_link_for_running_attempts(ta_a, student_a
 
 
 def test_dashboard_links_staff_to_each_courses_gradebook_and_students_to_their_grades(
-        ta_a, student_a, instructor_b, course_a, course_b, lab_a):
+    ta_a, student_a, instructor_b, course_a, course_b, lab_a
+):
     gradebook = reverse("grading:gradebook", args=[course_a.id])
     staff_page = logged_in(ta_a).get(reverse("dashboard")).content.decode()
-    card = re.search(rf'<section class="card course" data-staff-course="{course_a.id}">(.*?)</section>',
-                     staff_page, re.S).group(1)
+    card = re.search(
+        rf'<section class="card course" data-staff-course="{course_a.id}">(.*?)</section>', staff_page, re.S
+    ).group(1)
     assert f'href="{gradebook}"' in card
     # A TA takes no course: no empty "My labs" heading above the courses they teach, which title the page.
     assert "<h1>My labs</h1>" not in staff_page and "<title>Courses I teach" in staff_page
@@ -169,6 +181,7 @@ def test_dashboard_query_count_does_not_grow_with_labs(student_a, course_a, djan
 
 # -- lab page -------------------------------------------------------------------------------------------------
 
+
 def test_lab_page_renders_sanitised_markdown_and_offers_start(student_a, lab_a):
     lab_a.instructions = (
         "# Set up\n\nRun `ls`.\n\n<script>alert('x')</script>\n\n[bad](javascript:alert(1)) "
@@ -193,8 +206,9 @@ def test_lab_instructions_are_rendered_once_per_text_and_anew_after_an_edit(stud
 
     rendered = []
     real = instructions.markdown.markdown
-    monkeypatch.setattr(instructions.markdown, "markdown",
-                        lambda text, **options: rendered.append(text) or real(text, **options))
+    monkeypatch.setattr(
+        instructions.markdown, "markdown", lambda text, **options: rendered.append(text) or real(text, **options)
+    )
     marker = uuid.uuid4().hex  # text no earlier test rendered in this process
     lab_a.instructions = f"# First {marker}"
     lab_a.save()
@@ -212,8 +226,15 @@ def test_lab_page_before_start_loads_the_panels_scripts_and_start_answers_with_t
     client, page = logged_in(student_a), reverse("labs:lab_detail", args=[lab_a.id])
     html = client.get(page).content.decode()
     scripts = [url.rsplit("/", 1)[-1] for url in re.findall(r'<script src="([^"]+)"', html)]
-    assert scripts == ["forms.js", "xterm.js", "addon-fit.js", "console.js", "attempt.js", "instructions.js",
-                       "start.js"]
+    assert scripts == [
+        "forms.js",
+        "xterm.js",
+        "addon-fit.js",
+        "console.js",
+        "attempt.js",
+        "instructions.js",
+        "start.js",
+    ]
     assert 'id="attempt-config"' not in html and 'id="start-card"' in html and 'id="attempt-history"' in html
 
     # Start as start.js posts it: the answer carries what replaces the Start card and the history.
@@ -285,13 +306,13 @@ def test_lab_page_with_a_running_attempt_has_the_panel_and_terminal(student_a, l
 
 
 def test_lab_page_lists_attempt_history(student_a, lab_a):
-    first = make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED, number=1,
-                         ended_at=timezone.now())
+    first = make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED, number=1, ended_at=timezone.now())
     second = make_attempt(lab=lab_a, student=student_a, state=AttemptState.FAILED, number=2)
     html = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.id])).content.decode()
     history = re.search(r'<table class="table" id="history">(.*?)</table>', html, re.S).group(1)
     assert history.index(reverse("labs:attempt_detail", args=[second.id])) < history.index(
-        reverse("labs:attempt_detail", args=[first.id]))
+        reverse("labs:attempt_detail", args=[first.id])
+    )
     assert "Failed" in history and "Stopped" in history
 
 
@@ -317,6 +338,7 @@ def test_lab_page_for_staff_lists_attempts_to_watch(instructor_a, student_a, lab
 
 # -- attempt page ---------------------------------------------------------------------------------------------
 
+
 def test_attempt_page_for_the_student_and_for_course_staff(student_a, ta_a, lab_a):
     attempt = make_attempt(lab=lab_a, student=student_a)
     own = logged_in(student_a).get(reverse("labs:attempt_detail", args=[attempt.id])).content.decode()
@@ -335,8 +357,9 @@ def test_attempt_page_for_the_student_and_for_course_staff(student_a, ta_a, lab_
     assert reverse("grading:lab_report", args=[lab_a.id]) in crumbs(staff)
 
 
-def test_attempt_page_refuses_another_student_and_the_other_tenant(student_a, lab_a, course_a, student_b,
-                                                                    instructor_b, tenant_a):
+def test_attempt_page_refuses_another_student_and_the_other_tenant(
+    student_a, lab_a, course_a, student_b, instructor_b, tenant_a
+):
     attempt = make_attempt(lab=lab_a, student=student_a)
     classmate = make_person(username="classmate_a", tenant=tenant_a, course=course_a, role=Role.STUDENT)
     for user in (classmate, student_b, instructor_b):
@@ -350,6 +373,7 @@ def test_ended_attempt_page_has_no_terminal(student_a, lab_a):
 
 
 # -- buttons --------------------------------------------------------------------------------------------------
+
 
 def test_start_requires_the_csrf_token(student_a, lab_a):
     client = Client(enforce_csrf_checks=True)
@@ -367,23 +391,20 @@ def test_start_creates_an_attempt_and_returns_to_the_lab_page(student_a, lab_a):
 
 
 def test_start_as_json_returns_the_status_payload(student_a, lab_a):
-    response = logged_in(student_a).post(reverse("labs:attempt_start", args=[lab_a.id]),
-                                         HTTP_ACCEPT="application/json")
+    response = logged_in(student_a).post(reverse("labs:attempt_start", args=[lab_a.id]), HTTP_ACCEPT="application/json")
     assert response.status_code == 201
     assert response.json()["attempt"]["state"] == "requested"
 
 
 def test_start_twice_is_refused_with_the_services_message(student_a, lab_a):
     make_attempt(lab=lab_a, student=student_a)
-    response = logged_in(student_a).post(reverse("labs:attempt_start", args=[lab_a.id]),
-                                         HTTP_ACCEPT="application/json")
+    response = logged_in(student_a).post(reverse("labs:attempt_start", args=[lab_a.id]), HTTP_ACCEPT="application/json")
     assert response.status_code == 409 and "in progress" in response.json()["error"]
     assert Attempt.objects.filter(lab=lab_a).count() == 1
 
 
 def test_start_of_the_other_tenants_lab_is_not_found_and_changes_nothing(student_b, lab_a):
-    response = logged_in(student_b).post(reverse("labs:attempt_start", args=[lab_a.id]),
-                                         HTTP_ACCEPT="application/json")
+    response = logged_in(student_b).post(reverse("labs:attempt_start", args=[lab_a.id]), HTTP_ACCEPT="application/json")
     assert response.status_code == 404
     assert not Attempt.objects.exists()
 
@@ -409,8 +430,9 @@ def test_ta_may_not_stop_and_other_tenant_gets_not_found(student_a, ta_a, instru
     attempt = make_attempt(lab=lab_a, student=student_a)
     refused = logged_in(ta_a).post(reverse("labs:attempt_stop", args=[attempt.id]), HTTP_ACCEPT="application/json")
     assert refused.status_code == 403
-    hidden = logged_in(instructor_b).post(reverse("labs:attempt_stop", args=[attempt.id]),
-                                          HTTP_ACCEPT="application/json")
+    hidden = logged_in(instructor_b).post(
+        reverse("labs:attempt_stop", args=[attempt.id]), HTTP_ACCEPT="application/json"
+    )
     assert hidden.status_code == 404
     attempt.refresh_from_db()
     assert attempt.state == AttemptState.RUNNING
@@ -418,8 +440,9 @@ def test_ta_may_not_stop_and_other_tenant_gets_not_found(student_a, ta_a, instru
 
 def test_check_queues_a_grading_run(student_a, lab_a):
     attempt = make_attempt(lab=lab_a, student=student_a)
-    response = logged_in(student_a).post(reverse("labs:attempt_check", args=[attempt.id]),
-                                         HTTP_ACCEPT="application/json")
+    response = logged_in(student_a).post(
+        reverse("labs:attempt_check", args=[attempt.id]), HTTP_ACCEPT="application/json"
+    )
     assert response.status_code == 202
     run = response.json()["run"]
     assert run["attempt_id"] == attempt.id and run["state"] == "queued"
@@ -428,16 +451,18 @@ def test_check_queues_a_grading_run(student_a, lab_a):
 
 def test_check_of_a_stopped_attempt_is_refused_with_a_reason(student_a, lab_a):
     attempt = make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED)
-    response = logged_in(student_a).post(reverse("labs:attempt_check", args=[attempt.id]),
-                                         HTTP_ACCEPT="application/json")
+    response = logged_in(student_a).post(
+        reverse("labs:attempt_check", args=[attempt.id]), HTTP_ACCEPT="application/json"
+    )
     assert response.status_code == 409 and "not running" in response.json()["error"]
     assert not GradingRun.objects.exists()
 
 
 def test_check_by_the_other_tenant_is_not_found(student_a, student_b, lab_a):
     attempt = make_attempt(lab=lab_a, student=student_a)
-    response = logged_in(student_b).post(reverse("labs:attempt_check", args=[attempt.id]),
-                                         HTTP_ACCEPT="application/json")
+    response = logged_in(student_b).post(
+        reverse("labs:attempt_check", args=[attempt.id]), HTTP_ACCEPT="application/json"
+    )
     assert response.status_code == 404
     assert not GradingRun.objects.exists()
 
@@ -451,6 +476,7 @@ def test_buttons_refuse_get(student_a, lab_a):
 
 
 # -- recordings -----------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def recordings_dir(settings, tmp_path):

@@ -47,13 +47,18 @@ class AttemptStartView(LoginRequiredMixin, View):
         fallback = reverse("labs:lab_detail", args=[lab_id])
         try:
             lab = lab_get_for_student(user=request.user, lab_id=lab_id)
-            attempt = attempt_start_limited(actor=request.user, lab=lab,  # the API's start limit too
-                                            role=student_role_shown(user=request.user))
+            attempt = attempt_start_limited(
+                actor=request.user,
+                lab=lab,  # the API's start limit too
+                role=student_role_shown(user=request.user),
+            )
         except ApplicationError as error:
             return refusal(request, error, fallback_url=fallback)
         if wants_json(request):
-            return JsonResponse({"attempt": attempt_status_payload(attempt),
-                                 **lab_start_fragments(request=request, attempt=attempt)}, status=201)
+            return JsonResponse(
+                {"attempt": attempt_status_payload(attempt), **lab_start_fragments(request=request, attempt=attempt)},
+                status=201,
+            )
         return redirect(fallback)
 
 

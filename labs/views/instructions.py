@@ -12,9 +12,45 @@ from django.utils.safestring import SafeString, mark_safe
 MARKDOWN_EXTENSIONS = ["fenced_code", "tables", "sane_lists", "def_list"]
 
 ALLOWED_TAGS = {
-    "a", "abbr", "b", "blockquote", "br", "code", "dd", "del", "details", "dl", "dt", "em", "h1", "h2", "h3", "h4",
-    "h5", "h6", "hr", "i", "img", "kbd", "li", "ol", "p", "pre", "s", "samp", "strong", "sub", "summary", "sup",
-    "table", "tbody", "td", "th", "thead", "tr", "ul",
+    "a",
+    "abbr",
+    "b",
+    "blockquote",
+    "br",
+    "code",
+    "dd",
+    "del",
+    "details",
+    "dl",
+    "dt",
+    "em",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "hr",
+    "i",
+    "img",
+    "kbd",
+    "li",
+    "ol",
+    "p",
+    "pre",
+    "s",
+    "samp",
+    "strong",
+    "sub",
+    "summary",
+    "sup",
+    "table",
+    "tbody",
+    "td",
+    "th",
+    "thead",
+    "tr",
+    "ul",
 }
 ALLOWED_ATTRIBUTES = {
     "a": {"href", "title"},
@@ -36,7 +72,7 @@ def render_instructions(text: str, *, title: str = "") -> SafeString:
     html = _render(text or "")
     repeated_title = f"<h1>{escape(title)}</h1>"
     if title and html.lstrip().startswith(repeated_title):
-        return mark_safe(html.lstrip()[len(repeated_title):].lstrip())  # noqa: S308  (already sanitised)
+        return mark_safe(html.lstrip()[len(repeated_title) :].lstrip())  # noqa: S308  (already sanitised)
     return html
 
 
@@ -44,7 +80,10 @@ def render_instructions(text: str, *, title: str = "") -> SafeString:
 def _render(text: str) -> SafeString:
     html = markdown.markdown(text, extensions=MARKDOWN_EXTENSIONS, output_format="html")
     cleaned = nh3.clean(
-        html, tags=ALLOWED_TAGS, attributes=ALLOWED_ATTRIBUTES, url_schemes={"http", "https", "mailto"},
+        html,
+        tags=ALLOWED_TAGS,
+        attributes=ALLOWED_ATTRIBUTES,
+        url_schemes={"http", "https", "mailto"},
         link_rel="noopener noreferrer nofollow",
     )
     return mark_safe(cleaned)  # noqa: S308  (sanitised by nh3 just above)

@@ -115,8 +115,7 @@ def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> StartRefusa
     if not message:
         return StartRefusal()
     # Stopping a lab in another tab or on another page brings Start back here.
-    return StartRefusal(message, recheck_in=START_RECHECK_SECONDS,
-                        going=tuple(attempts_going_for_student(user=user)))
+    return StartRefusal(message, recheck_in=START_RECHECK_SECONDS, going=tuple(attempts_going_for_student(user=user)))
 
 
 class LabDetailView(LoginRequiredMixin, View):
@@ -137,7 +136,8 @@ class LabDetailView(LoginRequiredMixin, View):
             "start_refusal": lab_start_refusal(user=request.user, lab=lab, attempts=attempts),
             "progress_steps": PROGRESS_STEPS,
             "page_config": attempt_page_config(request=request, attempt=current, is_student=True, is_staff=False)
-            if current is not None else None,
+            if current is not None
+            else None,
             # A degraded cluster is said in plain words, never left to look like a stuck progress bar.
             "cluster_notice": cluster_notice(state=current.state if current is not None else None),
         }
@@ -178,9 +178,11 @@ class AttemptDetailView(LoginRequiredMixin, View):
             "active": attempt.state in ACTIVE_STATES,
             # In the student's words ("your VM"): course staff read the cluster's state on the operations pages.
             "cluster_notice": cluster_notice(state=attempt.state)
-            if is_student and attempt.state in ACTIVE_STATES else None,
+            if is_student and attempt.state in ACTIVE_STATES
+            else None,
             "progress_steps": PROGRESS_STEPS,
-            "page_config": attempt_page_config(request=request, attempt=attempt, is_student=is_student,
-                                               is_staff=is_staff),
+            "page_config": attempt_page_config(
+                request=request, attempt=attempt, is_student=is_student, is_staff=is_staff
+            ),
         }
         return render(request, "labs/attempt_detail.html", context)

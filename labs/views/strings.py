@@ -57,8 +57,10 @@ def _strings_in(language: str | None) -> dict[str, object]:
         "passed": _("Passed"),
         "not_passed": _("Not passed"),
         # By the maximum's plural category in the page's language (Intl.PluralRules): "0 / 1 point", "0 / 2 points".
-        "points": {category: ngettext("%(points)s / %(max)s point", "%(points)s / %(max)s points", count)
-                   for category, count in (("one", 1), ("other", 2))},
+        "points": {
+            category: ngettext("%(points)s / %(max)s point", "%(points)s / %(max)s points", count)
+            for category, count in (("one", 1), ("other", 2))
+        },
         "timed_out": _("Timed out"),
         "live_connected": _("Live updates on"),
         "live_reconnecting": _("Live updates interrupted; reconnecting…"),

@@ -27,16 +27,39 @@ def both_tenants_busy(lab_a, lab_b):
     now = timezone.now()
     # Tenant A: two running medium VMs with recorded launcher requests, one starting small VM without them.
     for index, total in enumerate((1.0, 3.0)):
-        attempt(lab_a, state=AttemptState.RUNNING, username=f"run_a{index}", vcpus=2, memory_mib=4096,
-                launcher_cpu_millicores=200, launcher_memory_mib=4400,
-                requested_at=now - timedelta(minutes=10), agent_ready_at=now - timedelta(minutes=10, seconds=-total))
+        attempt(
+            lab_a,
+            state=AttemptState.RUNNING,
+            username=f"run_a{index}",
+            vcpus=2,
+            memory_mib=4096,
+            launcher_cpu_millicores=200,
+            launcher_memory_mib=4400,
+            requested_at=now - timedelta(minutes=10),
+            agent_ready_at=now - timedelta(minutes=10, seconds=-total),
+        )
     attempt(lab_a, state=AttemptState.STARTING, username="start_a", vcpus=1, memory_mib=2048)
-    attempt(lab_a, state=AttemptState.STOPPED, username="done_a", vcpus=2, memory_mib=4096,
-            launcher_cpu_millicores=200, launcher_memory_mib=4400)
+    attempt(
+        lab_a,
+        state=AttemptState.STOPPED,
+        username="done_a",
+        vcpus=2,
+        memory_mib=4096,
+        launcher_cpu_millicores=200,
+        launcher_memory_mib=4400,
+    )
     # Tenant B: one running VM.
-    attempt(lab_b, state=AttemptState.RUNNING, username="run_b0", vcpus=4, memory_mib=8192,
-            launcher_cpu_millicores=400, launcher_memory_mib=8500,
-            requested_at=now - timedelta(minutes=3), agent_ready_at=now - timedelta(minutes=3, seconds=-9))
+    attempt(
+        lab_b,
+        state=AttemptState.RUNNING,
+        username="run_b0",
+        vcpus=4,
+        memory_mib=8192,
+        launcher_cpu_millicores=400,
+        launcher_memory_mib=8500,
+        requested_at=now - timedelta(minutes=3),
+        agent_ready_at=now - timedelta(minutes=3, seconds=-9),
+    )
 
 
 def test_percentile_interpolates_between_ranks():
@@ -135,9 +158,16 @@ def test_a_vmi_phase_stamped_in_whole_seconds_reads_as_zero_not_negative(instruc
     """The VMI's phase times come from the cluster without fractions: Pending in the second the VM was created
     reads before the portal's precise provisioned_at, which showed on the dashboard as a negative latency."""
     requested = timezone.now().replace(microsecond=0) - timedelta(minutes=5)
-    attempt(lab_a, state=AttemptState.RUNNING, username="whole_seconds", requested_at=requested,
-            provisioned_at=requested + timedelta(seconds=1.8), pending_at=requested + timedelta(seconds=1),
-            scheduling_at=requested + timedelta(seconds=3), agent_ready_at=requested + timedelta(seconds=4.5))
+    attempt(
+        lab_a,
+        state=AttemptState.RUNNING,
+        username="whole_seconds",
+        requested_at=requested,
+        provisioned_at=requested + timedelta(seconds=1.8),
+        pending_at=requested + timedelta(seconds=1),
+        scheduling_at=requested + timedelta(seconds=3),
+        agent_ready_at=requested + timedelta(seconds=4.5),
+    )
     overview = ops_overview_for_user(user=instructor_a)
     assert overview.phases["pending"].p50 == 0
     assert overview.phases["scheduling"].p50 == pytest.approx(2)

@@ -26,12 +26,18 @@ def closed_port() -> int:
 
 
 def write_kubeconfig(path: Path, server: str) -> Path:
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "broken",
-        "clusters": [{"name": "broken", "cluster": {"server": server}}],
-        "users": [{"name": "broken", "user": {"token": "not-a-real-token-but-secret-looking"}}],
-        "contexts": [{"name": "broken", "context": {"cluster": "broken", "user": "broken"}}],
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "broken",
+                "clusters": [{"name": "broken", "cluster": {"server": server}}],
+                "users": [{"name": "broken", "user": {"token": "not-a-real-token-but-secret-looking"}}],
+                "contexts": [{"name": "broken", "context": {"cluster": "broken", "user": "broken"}}],
+            }
+        )
+    )
     return path
 
 
@@ -179,8 +185,12 @@ def test_readyz_names_redis_when_it_is_down(client, cluster, settings, fresh_syn
 
 @pytest.mark.django_db
 def test_readyz_names_the_cache_when_the_heartbeat_cannot_be_read(client, cluster):
-    unreachable = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
-                               "LOCATION": f"redis://127.0.0.1:{closed_port()}/0"}}
+    unreachable = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": f"redis://127.0.0.1:{closed_port()}/0",
+        }
+    }
     with override_settings(CACHES=unreachable):
         body = client.get("/readyz").json()
     assert "sync" in body["failing"]

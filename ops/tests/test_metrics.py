@@ -42,8 +42,10 @@ def scrape(client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def students(course, count: int, prefix: str):
-    return [make_person(username=f"{prefix}{index}", tenant=course.tenant, course=course, role=Role.STUDENT)
-            for index in range(count)]
+    return [
+        make_person(username=f"{prefix}{index}", tenant=course.tenant, course=course, role=Role.STUDENT)
+        for index in range(count)
+    ]
 
 
 def attempt(lab, student, *, state: str, **fields) -> Attempt:
@@ -111,7 +113,10 @@ def test_start_phase_histogram_buckets_the_recent_attempts(client, lab_a, course
     def started(person, *, provision: float, total: float, requested_ago: timedelta = timedelta(minutes=5)):
         requested = now - requested_ago
         attempt(
-            lab_a, person, state=AttemptState.RUNNING, requested_at=requested,
+            lab_a,
+            person,
+            state=AttemptState.RUNNING,
+            requested_at=requested,
             provisioned_at=requested + timedelta(seconds=provision),
             vmi_running_at=requested + timedelta(seconds=total - 0.01),
             agent_ready_at=requested + timedelta(seconds=total),
@@ -142,10 +147,17 @@ def test_a_vmi_phase_stamped_in_whole_seconds_never_makes_a_negative_span(client
     """Kubernetes writes the VMI's phase times without fractions: a VMI Pending in the second its VM was created
     reads up to a second before the portal's precise provisioned_at. That span is 0, not negative."""
     requested = timezone.now().replace(microsecond=0) - timedelta(minutes=5)
-    attempt(lab_a, students(course_a, 1, "w")[0], state=AttemptState.RUNNING, requested_at=requested,
-            provisioned_at=requested + timedelta(seconds=1.8), pending_at=requested + timedelta(seconds=1),
-            scheduling_at=requested + timedelta(seconds=3), vmi_running_at=requested + timedelta(seconds=4),
-            agent_ready_at=requested + timedelta(seconds=4.5))
+    attempt(
+        lab_a,
+        students(course_a, 1, "w")[0],
+        state=AttemptState.RUNNING,
+        requested_at=requested,
+        provisioned_at=requested + timedelta(seconds=1.8),
+        pending_at=requested + timedelta(seconds=1),
+        scheduling_at=requested + timedelta(seconds=3),
+        vmi_running_at=requested + timedelta(seconds=4),
+        agent_ready_at=requested + timedelta(seconds=4.5),
+    )
     samples = scrape(client)
     assert samples[("portal_attempt_phase_seconds_count", (("phase", "pending"),))] == 1
     assert samples[("portal_attempt_phase_seconds_sum", (("phase", "pending"),))] == 0
@@ -161,7 +173,10 @@ def test_grading_outcomes_and_durations_come_from_runs(client, lab_a, student_a)
     def run(state: str, *, seconds: float | None, trigger: str = RunTrigger.STUDENT):
         started = now - timedelta(seconds=30)
         return GradingRun.objects.create(
-            attempt=owner, state=state, trigger=trigger, started_at=started,
+            attempt=owner,
+            state=state,
+            trigger=trigger,
+            started_at=started,
             finished_at=started + timedelta(seconds=seconds) if seconds is not None else None,
             score=Decimal("1") if state == RunState.DONE else None,
         )
@@ -225,8 +240,9 @@ def test_a_scrape_costs_a_fixed_handful_of_queries(client, lab_a, course_a, djan
 
 @pytest.mark.django_db
 def test_a_broken_source_is_reported_and_the_rest_still_served(client, settings):
-    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
-                                   "LOCATION": "redis://127.0.0.1:1/0"}}
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": "redis://127.0.0.1:1/0"}
+    }
     samples = scrape(client)
     assert samples[("portal_metrics_source_up", (("source", "sync"),))] == 0
     assert samples[("portal_metrics_source_up", (("source", "attempts"),))] == 1

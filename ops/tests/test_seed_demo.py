@@ -115,8 +115,13 @@ def run_demo_checks(home: str) -> list[bool]:
     verdicts = []
     for definition in demo.CHECKS:
         check = Check(**definition)
-        result = run_check(check_id=str(check.order), command=check.command, timeout_s=check.timeout_s, home=home,
-                           groups=ProcessGroups())
+        result = run_check(
+            check_id=str(check.order),
+            command=check.command,
+            timeout_s=check.timeout_s,
+            home=home,
+            groups=ProcessGroups(),
+        )
         verdicts.append(evaluate_check(check=check, result=result).passed)
     return verdicts
 
@@ -130,8 +135,14 @@ def test_demo_checks_fail_before_and_pass_after_following_the_instructions(tmp_p
     blocks = re.findall(r"```sh\n(.*?)```", demo.LAB_INSTRUCTIONS, flags=re.DOTALL)
     assert len(blocks) == 3
     for block in blocks:
-        subprocess.run(["bash", "-e", "-c", block], cwd=home, env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
-                       check=True, capture_output=True, timeout=30)
+        subprocess.run(
+            ["bash", "-e", "-c", block],
+            cwd=home,
+            env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
     assert run_demo_checks(str(home)) == [True, True, True]
 
     # A near miss still fails: the directory readable by others.

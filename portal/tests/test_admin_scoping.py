@@ -19,8 +19,18 @@ from portal.models import AuditEvent, Course, Membership, Role, Tenant, User
 from portal.services import audit_record
 
 # Text that appears only in tenant B's objects (see the world fixtures below and the personas in conftest).
-TENANT_B_MARKERS = ("Tenant B College", "NET201", "Networks", "Routing", "student_b", "instructor_b",
-                    "Student B", "Instructor B", "b-secret-check", "vm-b-secret")
+TENANT_B_MARKERS = (
+    "Tenant B College",
+    "NET201",
+    "Networks",
+    "Routing",
+    "student_b",
+    "instructor_b",
+    "Student B",
+    "Instructor B",
+    "b-secret-check",
+    "vm-b-secret",
+)
 
 
 def assert_no_tenant_b(response) -> None:
@@ -32,31 +42,52 @@ def assert_no_tenant_b(response) -> None:
 def make_world(*, tenant: Tenant, course: Course, lab: Lab, student: User, vm_name: str, check_title: str) -> dict:
     """One object of every admin-registered model, all hanging off ``course``."""
     attempt = Attempt.objects.create(
-        lab=lab, student=student, tenant=tenant, state=AttemptState.RUNNING, vm_name=vm_name,
-        namespace=tenant.namespace, phase="Running", node_name="node-1",
-        expires_at=timezone.now() + timedelta(minutes=30), agent_token="token-must-never-show",
+        lab=lab,
+        student=student,
+        tenant=tenant,
+        state=AttemptState.RUNNING,
+        vm_name=vm_name,
+        namespace=tenant.namespace,
+        phase="Running",
+        node_name="node-1",
+        expires_at=timezone.now() + timedelta(minutes=30),
+        agent_token="token-must-never-show",
     )
     run = GradingRun.objects.create(attempt=attempt, state=RunState.DONE, score=Decimal(1), max_score=Decimal(3))
     result = CheckResult.objects.create(run=run, check_ref=lab.checks.first(), check_title=check_title, passed=True)
     grade = Grade.objects.create(lab=lab, student=student, source_run=run, score=Decimal(1), max_score=Decimal(3))
     event = audit_record(actor=None, action="test.event", target=course, tenant=tenant, course=course)
     return {
-        Tenant: tenant, Course: course, Membership: Membership.objects.get(user=student, course=course),
-        User: student, Lab: lab, Attempt: attempt, GradingRun: run, CheckResult: result, Grade: grade,
+        Tenant: tenant,
+        Course: course,
+        Membership: Membership.objects.get(user=student, course=course),
+        User: student,
+        Lab: lab,
+        Attempt: attempt,
+        GradingRun: run,
+        CheckResult: result,
+        Grade: grade,
         AuditEvent: event,
     }
 
 
 @pytest.fixture
 def world_a(tenant_a, course_a, lab_a, student_a, instructor_a, ta_a) -> dict:
-    return make_world(tenant=tenant_a, course=course_a, lab=lab_a, student=student_a, vm_name="vm-a-1",
-                      check_title="a-visible-check")
+    return make_world(
+        tenant=tenant_a, course=course_a, lab=lab_a, student=student_a, vm_name="vm-a-1", check_title="a-visible-check"
+    )
 
 
 @pytest.fixture
 def world_b(tenant_b, course_b, lab_b, student_b, instructor_b) -> dict:
-    return make_world(tenant=tenant_b, course=course_b, lab=lab_b, student=student_b, vm_name="vm-b-secret",
-                      check_title="b-secret-check")
+    return make_world(
+        tenant=tenant_b,
+        course=course_b,
+        lab=lab_b,
+        student=student_b,
+        vm_name="vm-b-secret",
+        check_title="b-secret-check",
+    )
 
 
 @pytest.fixture
@@ -106,8 +137,9 @@ def test_change_delete_and_history_urls_of_tenant_b_never_show_the_object(instru
 
 
 def test_posting_to_tenant_b_change_urls_changes_nothing(instructor_client, world_b, course_b, lab_b):
-    response = instructor_client.post(admin_url(Course, "change", course_b.pk),
-                                      {"code": "HACKED", "title": "Hacked", "term": ""})
+    response = instructor_client.post(
+        admin_url(Course, "change", course_b.pk), {"code": "HACKED", "title": "Hacked", "term": ""}
+    )
     assert response.status_code in {302, 403, 404}
     response = instructor_client.post(admin_url(Lab, "delete", lab_b.pk), {"post": "yes"})
     assert response.status_code in {302, 403, 404}
@@ -131,9 +163,15 @@ def test_user_password_change_of_tenant_b_user_is_unreachable(instructor_client,
 
 
 def autocomplete(client, *, app_label: str, model_name: str, field_name: str, term: str = ""):
-    return client.get(reverse("admin:autocomplete"), {
-        "app_label": app_label, "model_name": model_name, "field_name": field_name, "term": term,
-    })
+    return client.get(
+        reverse("admin:autocomplete"),
+        {
+            "app_label": app_label,
+            "model_name": model_name,
+            "field_name": field_name,
+            "term": term,
+        },
+    )
 
 
 def test_autocomplete_offers_only_tenant_a(instructor_client, world_a, world_b, instructor_a, ta_a, student_a):
@@ -142,8 +180,9 @@ def test_autocomplete_offers_only_tenant_a(instructor_client, world_a, world_b, 
     assert {row["text"] for row in users.json()["results"]} == {str(instructor_a), str(ta_a), str(student_a)}
     assert_no_tenant_b(users)
 
-    searched = autocomplete(instructor_client, app_label="portal", model_name="membership", field_name="user",
-                            term="student")
+    searched = autocomplete(
+        instructor_client, app_label="portal", model_name="membership", field_name="user", term="student"
+    )
     assert [row["id"] for row in searched.json()["results"]] == [str(student_a.pk)]
 
     courses = autocomplete(instructor_client, app_label="portal", model_name="membership", field_name="course")
@@ -156,8 +195,9 @@ def test_autocomplete_offers_only_tenant_a(instructor_client, world_a, world_b, 
     assert tenants.status_code == 403
 
 
-def test_foreign_key_choices_on_lab_membership_and_check_forms(instructor_client, world_a, world_b, course_a,
-                                                               student_a, ta_a, instructor_a):
+def test_foreign_key_choices_on_lab_membership_and_check_forms(
+    instructor_client, world_a, world_b, course_a, student_a, ta_a, instructor_a
+):
     lab_form = instructor_client.get(admin_url(Lab, "add")).context["adminform"].form
     assert list(lab_form.fields["course"].queryset) == [course_a]
 
@@ -175,14 +215,30 @@ def test_foreign_key_choices_on_lab_membership_and_check_forms(instructor_client
 
 def lab_post_data(*, course: Course, title: str, check_title: str = "file exists") -> dict:
     return {
-        "course": course.pk, "title": title, "instructions": "Do it.", "image": "quay.io/containerdisks/fedora:41",
-        "size": "small", "time_limit_minutes": 60, "idle_stop_minutes": 0, "late_penalty_percent_per_day": "0",
+        "course": course.pk,
+        "title": title,
+        "instructions": "Do it.",
+        "image": "quay.io/containerdisks/fedora:41",
+        "size": "small",
+        "time_limit_minutes": 60,
+        "idle_stop_minutes": 0,
+        "late_penalty_percent_per_day": "0",
         "attempt_limit": 0,
-        "grade_policy": "best", "extra_cloud_init": "",
-        "checks-TOTAL_FORMS": 1, "checks-INITIAL_FORMS": 0, "checks-MIN_NUM_FORMS": 0, "checks-MAX_NUM_FORMS": 1000,
-        "checks-0-order": 1, "checks-0-title": check_title, "checks-0-command": "test -f ~/x",
-        "checks-0-expected_exit_code": 0, "checks-0-stdout_match": "none", "checks-0-stdout_pattern": "",
-        "checks-0-points": "1", "checks-0-timeout_s": 30, "checks-0-hint": "",
+        "grade_policy": "best",
+        "extra_cloud_init": "",
+        "checks-TOTAL_FORMS": 1,
+        "checks-INITIAL_FORMS": 0,
+        "checks-MIN_NUM_FORMS": 0,
+        "checks-MAX_NUM_FORMS": 1000,
+        "checks-0-order": 1,
+        "checks-0-title": check_title,
+        "checks-0-command": "test -f ~/x",
+        "checks-0-expected_exit_code": 0,
+        "checks-0-stdout_match": "none",
+        "checks-0-stdout_pattern": "",
+        "checks-0-points": "1",
+        "checks-0-timeout_s": 30,
+        "checks-0-hint": "",
     }
 
 
@@ -203,18 +259,21 @@ def test_instructor_adds_a_lab_with_checks_in_their_course(instructor_client, co
 
 
 def test_membership_with_a_tenant_b_user_is_refused(instructor_client, course_a, student_b):
-    response = instructor_client.post(admin_url(Membership, "add"),
-                                      {"user": student_b.pk, "course": course_a.pk, "role": Role.STUDENT})
+    response = instructor_client.post(
+        admin_url(Membership, "add"), {"user": student_b.pk, "course": course_a.pk, "role": Role.STUDENT}
+    )
     assert response.status_code == 200
     assert "user" in response.context["adminform"].form.errors
     assert not Membership.objects.filter(user=student_b, course=course_a).exists()
 
 
-def test_instructor_enrols_a_tenant_user_and_the_role_change_is_audited(instructor_client, course_a, tenant_a,
-                                                                        instructor_a):
+def test_instructor_enrols_a_tenant_user_and_the_role_change_is_audited(
+    instructor_client, course_a, tenant_a, instructor_a
+):
     newcomer = User.objects.create_user(username="newcomer", tenant=tenant_a, email="n@example.test")
-    response = instructor_client.post(admin_url(Membership, "add"),
-                                      {"user": newcomer.pk, "course": course_a.pk, "role": Role.STUDENT})
+    response = instructor_client.post(
+        admin_url(Membership, "add"), {"user": newcomer.pk, "course": course_a.pk, "role": Role.STUDENT}
+    )
     assert response.status_code == 302
     membership = Membership.objects.get(user=newcomer, course=course_a)
     response = instructor_client.post(admin_url(Membership, "change", membership.pk), {"role": Role.INSTRUCTOR})
@@ -234,8 +293,11 @@ def test_list_filters_offer_only_reachable_courses(instructor_client, instructor
     make_lab(second, title="Second lab")
     for model in (Membership, Lab, Attempt, GradingRun, Grade):
         response = instructor_client.get(admin_url(model, "changelist"))
-        choices = [choice["display"] for spec in response.context["cl"].filter_specs
-                   for choice in spec.choices(response.context["cl"])]
+        choices = [
+            choice["display"]
+            for spec in response.context["cl"].filter_specs
+            for choice in spec.choices(response.context["cl"])
+        ]
         if model in (Membership, Lab):  # the models with rows in both taught courses
             assert "LNX101 Linux basics (2026 fall)" in [str(choice) for choice in choices], model
         # Filters list only what the scoped queryset holds: a leak would add tenant B's course here.
@@ -251,10 +313,18 @@ def test_instructor_cannot_make_anyone_superuser_or_move_them(instructor_client,
     assert page.status_code == 200
     form = page.context["adminform"].form
     assert not {"is_superuser", "is_staff", "groups", "user_permissions", "tenant"} & set(form.fields)
-    response = instructor_client.post(admin_url(User, "change", student_a.pk), {
-        "username": "student_a", "full_name": "Student A", "email": "student_a@example.test", "is_active": "on",
-        "is_superuser": "on", "is_staff": "on", "tenant": tenant_b.pk,
-    })
+    response = instructor_client.post(
+        admin_url(User, "change", student_a.pk),
+        {
+            "username": "student_a",
+            "full_name": "Student A",
+            "email": "student_a@example.test",
+            "is_active": "on",
+            "is_superuser": "on",
+            "is_staff": "on",
+            "tenant": tenant_b.pk,
+        },
+    )
     assert response.status_code == 302
     student_a.refresh_from_db()
     assert (student_a.is_superuser, student_a.is_staff, student_a.tenant.name) == (False, False, "Tenant A University")
@@ -265,9 +335,14 @@ def test_instructor_cannot_edit_their_own_rights(instructor_client, instructor_a
     # Their own account is staff: shown read-only, and a post is refused.
     assert page.status_code == 200
     assert 'name="is_superuser"' not in page.content.decode()
-    response = instructor_client.post(admin_url(User, "change", instructor_a.pk), {
-        "username": "instructor_a", "is_active": "on", "is_superuser": "on",
-    })
+    response = instructor_client.post(
+        admin_url(User, "change", instructor_a.pk),
+        {
+            "username": "instructor_a",
+            "is_active": "on",
+            "is_superuser": "on",
+        },
+    )
     assert response.status_code == 403
     instructor_a.refresh_from_db()
     assert not instructor_a.is_superuser
@@ -284,21 +359,34 @@ def test_student_of_a_colleagues_course_cannot_be_changed(instructor_client, ten
 
 
 def test_users_added_by_an_instructor_land_in_their_tenant_without_rights(instructor_client, tenant_a, tenant_b):
-    response = instructor_client.post(admin_url(User, "add"), {
-        "username": "fresh", "email": "fresh@example.test", "full_name": "Fresh Person", "usable_password": "false",
-        "tenant": tenant_b.pk, "is_superuser": "on", "is_staff": "on",
-    })
+    response = instructor_client.post(
+        admin_url(User, "add"),
+        {
+            "username": "fresh",
+            "email": "fresh@example.test",
+            "full_name": "Fresh Person",
+            "usable_password": "false",
+            "tenant": tenant_b.pk,
+            "is_superuser": "on",
+            "is_staff": "on",
+        },
+    )
     assert response.status_code == 302, response.context["adminform"].form.errors
     fresh = User.objects.get(username="fresh")
     assert (fresh.tenant, fresh.is_staff, fresh.is_superuser, fresh.has_usable_password()) == (
-        tenant_a, False, False, False)
+        tenant_a,
+        False,
+        False,
+        False,
+    )
 
 
 def test_add_course_lands_in_the_instructors_tenant(instructor_client, instructor_a, tenant_a, tenant_b):
     add_page = instructor_client.get(admin_url(Course, "add"))
     assert "tenant" not in add_page.context["adminform"].form.fields
-    response = instructor_client.post(admin_url(Course, "add"),
-                                      {"code": "SEC400", "title": "Security", "term": "2027", "tenant": tenant_b.pk})
+    response = instructor_client.post(
+        admin_url(Course, "add"), {"code": "SEC400", "title": "Security", "term": "2027", "tenant": tenant_b.pk}
+    )
     assert response.status_code == 302
     course = Course.objects.get(code="SEC400")
     assert course.tenant == tenant_a
@@ -309,8 +397,9 @@ def test_add_course_lands_in_the_instructors_tenant(instructor_client, instructo
 
 
 def test_duplicate_course_code_is_a_form_error_not_a_crash(instructor_client, course_a):
-    response = instructor_client.post(admin_url(Course, "add"),
-                                      {"code": course_a.code, "title": "Again", "term": course_a.term})
+    response = instructor_client.post(
+        admin_url(Course, "add"), {"code": course_a.code, "title": "Again", "term": course_a.term}
+    )
     assert response.status_code == 200
     assert response.context["adminform"].form.non_field_errors()
     assert Course.objects.filter(code=course_a.code).count() == 1
@@ -367,9 +456,13 @@ def test_admin_index_lists_the_instructors_models_but_not_tenants(instructor_cli
 
 
 def test_set_password_links_only_for_people_the_instructor_manages(instructor_client, student_a, ta_a, instructor_a):
-    response = instructor_client.post(admin_url(User, "changelist"), {
-        "action": "issue_password_links", "_selected_action": [student_a.pk, instructor_a.pk],
-    })
+    response = instructor_client.post(
+        admin_url(User, "changelist"),
+        {
+            "action": "issue_password_links",
+            "_selected_action": [student_a.pk, instructor_a.pk],
+        },
+    )
     assert response.status_code == 200
     body = response.content.decode()
     assert "/accounts/reset/" in body and "student_a" in body

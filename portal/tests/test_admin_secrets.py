@@ -24,8 +24,13 @@ def instructor_client(instructor_a) -> Client:
 def test_an_instructor_cannot_filter_attempts_by_their_agent_token(instructor_client, student_a, lab_a):
     attempt = attempt_start(actor=student_a, lab=lab_a)
     Attempt.objects.filter(id=attempt.id).update(agent_token="Ksecret-token")
-    for query in ("agent_token__startswith=K", "agent_token__startswith=Z", "agent_token__regex=^K",
-                  "agent_token=Ksecret-token", "student__password__startswith=md5"):
+    for query in (
+        "agent_token__startswith=K",
+        "agent_token__startswith=Z",
+        "agent_token__regex=^K",
+        "agent_token=Ksecret-token",
+        "student__password__startswith=md5",
+    ):
         response = instructor_client.get(f"/admin/labs/attempt/?{query}")
         assert response.status_code == 400, query
     page = instructor_client.get(f"/admin/labs/attempt/{attempt.id}/change/").content.decode()

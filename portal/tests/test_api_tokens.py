@@ -40,20 +40,24 @@ def test_create_and_revoke_are_audited_and_never_record_the_key(student_a):
 
 def test_the_token_endpoints_go_through_the_services(student_a):
     client = APIClient()
-    key = client.post("/api/v1/auth/token/", {"username": "student_a", "password": PASSWORD},
-                      format="json").json()["token"]
+    key = client.post("/api/v1/auth/token/", {"username": "student_a", "password": PASSWORD}, format="json").json()[
+        "token"
+    ]
     client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     assert client.delete("/api/v1/me/token/").status_code == 204
-    assert list(AuditEvent.objects.filter(action__startswith="api_token.").values_list("action", flat=True)
-                .order_by("id")) == ["api_token.create", "api_token.revoke"]
+    assert list(
+        AuditEvent.objects.filter(action__startswith="api_token.").values_list("action", flat=True).order_by("id")
+    ) == ["api_token.create", "api_token.revoke"]
 
 
 def test_a_password_change_revokes_the_token(student_a):
     key = api_token_create(actor=student_a, user=student_a).key
     client = Client()
     client.force_login(student_a)
-    response = client.post("/accounts/password_change/", {
-        "old_password": PASSWORD, "new_password1": NEW_PASSWORD, "new_password2": NEW_PASSWORD})
+    response = client.post(
+        "/accounts/password_change/",
+        {"old_password": PASSWORD, "new_password1": NEW_PASSWORD, "new_password2": NEW_PASSWORD},
+    )
     assert response.status_code == 302
     assert not token_works(key)
     assert AuditEvent.objects.get(action="api_token.revoke").data == {"reason": "password_changed"}

@@ -32,7 +32,6 @@ async def test_a_receive_with_nothing_to_read_outlasts_the_blocking_pop():
         await layer.close_pools()
 
 
-
 class SlowAnswers:
     """A layer's Redis connection that is slow at one step, as on a loaded event loop: ``pop``, BZPOPMIN's answer
     reaches the layer late (Redis has popped the message, the layer has not read it yet); ``backup``, the backup
@@ -123,6 +122,7 @@ class Recording:
         def call(*args, **kwargs):
             self._calls.append(name)
             return attribute(*args, **kwargs)
+
         return call
 
 

@@ -28,8 +28,9 @@ def production_env(**overrides: str) -> dict[str, str]:
 
 
 def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "manage.py", *args], cwd=BASE_DIR, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=BASE_DIR, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_check_deploy_with_production_settings_is_clean(kubesim_server):

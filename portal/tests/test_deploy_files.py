@@ -47,9 +47,11 @@ def test_directories_compose_mounts_volumes_on_are_made_in_the_image_for_its_use
             if source not in named:
                 continue  # a bind mount (the kubeconfig, read-only) is the host's to get right
             assert any(target == path or target.startswith(path.rstrip("/") + "/") for path in made), (
-                f"{name}: {target} is not made in the image")
+                f"{name}: {target} is not made in the image"
+            )
             assert any(target == path or target.startswith(path.rstrip("/") + "/") for path in owned), (
-                f"{name}: {target} is not owned by {user} in the image")
+                f"{name}: {target} is not owned by {user} in the image"
+            )
 
 
 def test_recordings_go_where_compose_keeps_them():

@@ -143,8 +143,11 @@ def test_no_role_in_deploy_has_a_wildcard_pod_write_or_cluster_wide_secret(docum
         ({"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}, "Role", "may ['create'] pods"),
         ({"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get"]}, "Role", "pods/exec"),
         ({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}, "ClusterRole", "Secrets cluster-wide"),
-        ({"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["rolebindings"], "verbs": ["create"]}, "Role",
-         "may change RBAC"),
+        (
+            {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["rolebindings"], "verbs": ["create"]},
+            "Role",
+            "may change RBAC",
+        ),
         ({"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"]}, "Role", "escalation"),
     ],
 )
@@ -211,9 +214,18 @@ def test_tenant_egress_blocks_cloud_metadata_and_private_ranges(documents):
     egress = policies["lab-portal-restrict-egress"]["spec"]
     assert egress["podSelector"] == {} and egress["policyTypes"] == ["Egress"]
     blocks = [peer["ipBlock"] for rule in egress["egress"] for peer in rule["to"] if "ipBlock" in peer]
-    assert blocks == [{"cidr": "0.0.0.0/0", "except": [
-        "169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
-    ]}]
+    assert blocks == [
+        {
+            "cidr": "0.0.0.0/0",
+            "except": [
+                "169.254.0.0/16",
+                "10.0.0.0/8",
+                "172.16.0.0/12",
+                "192.168.0.0/16",
+                "100.64.0.0/10",
+            ],
+        }
+    ]
 
 
 def test_tenant_quota_and_limit_range_exist(documents):
@@ -239,8 +251,11 @@ def test_template_matches_what_the_portal_creates_itself(documents):
     assert _without_file(namespace) == manifests.namespace(name=SAMPLE["TENANT_NAMESPACE"], tenant_id=tenant_id)
     ours = {p["metadata"]["name"]: _without_file(p) for p in of_kind(objects, "NetworkPolicy")}
     for policy in manifests.network_policies(
-        namespace=SAMPLE["TENANT_NAMESPACE"], tenant_id=tenant_id, agent_port=8787,
-        kubevirt_namespace=SAMPLE["KUBEVIRT_NAMESPACE"], portal_namespace=SAMPLE["PORTAL_NAMESPACE"],
+        namespace=SAMPLE["TENANT_NAMESPACE"],
+        tenant_id=tenant_id,
+        agent_port=8787,
+        kubevirt_namespace=SAMPLE["KUBEVIRT_NAMESPACE"],
+        portal_namespace=SAMPLE["PORTAL_NAMESPACE"],
     ):
         assert ours[policy["metadata"]["name"]] == policy
     (quota,) = of_kind(objects, "ResourceQuota")
@@ -282,13 +297,19 @@ def test_tenant_manifests_command_fills_the_template_with_the_tenants_figures(te
     assert namespace == manifests.namespace(name=tenant_a.namespace, tenant_id=tenant_a.pk)
     (quota,) = of_kind(objects, "ResourceQuota")
     assert quota == manifests.resource_quota(
-        namespace=tenant_a.namespace, tenant_id=tenant_a.pk, max_vms=tenant_a.max_concurrent_vms,
-        max_vcpus=tenant_a.max_vcpus, max_memory_mib=tenant_a.max_memory_mib,
+        namespace=tenant_a.namespace,
+        tenant_id=tenant_a.pk,
+        max_vms=tenant_a.max_concurrent_vms,
+        max_vcpus=tenant_a.max_vcpus,
+        max_memory_mib=tenant_a.max_memory_mib,
     )
     policies = {p["metadata"]["name"]: p for p in of_kind(objects, "NetworkPolicy")}
     for policy in manifests.network_policies(
-        namespace=tenant_a.namespace, tenant_id=tenant_a.pk, agent_port=settings.AGENT_PORT,
-        kubevirt_namespace=settings.KUBEVIRT_NAMESPACE, portal_namespace="lab-portal",
+        namespace=tenant_a.namespace,
+        tenant_id=tenant_a.pk,
+        agent_port=settings.AGENT_PORT,
+        kubevirt_namespace=settings.KUBEVIRT_NAMESPACE,
+        portal_namespace="lab-portal",
     ):
         assert policies[policy["metadata"]["name"]] == policy
     (role,) = of_kind(objects, "Role")
@@ -308,13 +329,25 @@ def test_tenant_manifests_command_refuses_an_unknown_tenant(tenant_a):
 # cannot reach production without its RBAC line (and a review of why it is needed).
 SOURCE_DIRS = ("labs", "grading", "portal")
 CORE_RESOURCES = {
-    "namespace": ("", "namespaces"), "node": ("", "nodes"), "secret": ("", "secrets"), "event": ("", "events"),
-    "resource_quota": ("", "resourcequotas"), "limit_range": ("", "limitranges"), "pod": ("", "pods"),
-    "service_account": ("", "serviceaccounts"), "config_map": ("", "configmaps"),
+    "namespace": ("", "namespaces"),
+    "node": ("", "nodes"),
+    "secret": ("", "secrets"),
+    "event": ("", "events"),
+    "resource_quota": ("", "resourcequotas"),
+    "limit_range": ("", "limitranges"),
+    "pod": ("", "pods"),
+    "service_account": ("", "serviceaccounts"),
+    "config_map": ("", "configmaps"),
     "network_policy": ("networking.k8s.io", "networkpolicies"),
 }
-CLIENT_VERBS = {"create": "create", "delete": "delete", "patch": "patch", "replace": "update", "read": "get",
-                "list": "list"}
+CLIENT_VERBS = {
+    "create": "create",
+    "delete": "delete",
+    "patch": "patch",
+    "replace": "update",
+    "read": "get",
+    "list": "list",
+}
 # ``.create_namespaced_secret(`` or a method named in a string, as in ``_kubevirt("create_namespaced_...")``.
 CLIENT_CALL = re.compile(
     r"[.\"](create|delete|patch|replace|read|list)_(namespaced_|cluster_)?([a-z_]+?)(_for_all_namespaces)?[(\"]"
@@ -332,7 +365,9 @@ CUSTOM_OBJECT_CALLS = {
 def portal_sources() -> list[Path]:
     root = DEPLOY.parent
     return [
-        path for directory in SOURCE_DIRS for path in (root / directory).rglob("*.py")
+        path
+        for directory in SOURCE_DIRS
+        for path in (root / directory).rglob("*.py")
         if "tests" not in path.parts and "migrations" not in path.parts
     ]
 
@@ -340,13 +375,20 @@ def portal_sources() -> list[Path]:
 def kubernetes_client_methods() -> set[str]:
     from kubernetes import client
 
-    apis = (client.CoreV1Api, client.NetworkingV1Api, client.CustomObjectsApi, client.RbacAuthorizationV1Api,
-            client.AppsV1Api, client.BatchV1Api)
+    apis = (
+        client.CoreV1Api,
+        client.NetworkingV1Api,
+        client.CustomObjectsApi,
+        client.RbacAuthorizationV1Api,
+        client.AppsV1Api,
+        client.BatchV1Api,
+    )
     return {name for api in apis for name in dir(api) if not name.startswith("_")}
 
 
-def ungranted_calls(text: str, *, where: str, namespaced: dict, cluster_wide: dict,
-                    seen_custom: set | None = None) -> list[str]:
+def ungranted_calls(
+    text: str, *, where: str, namespaced: dict, cluster_wide: dict, seen_custom: set | None = None
+) -> list[str]:
     """The Kubernetes API calls in ``text`` that the Role (namespaced) or ClusterRole does not grant."""
     methods = kubernetes_client_methods()
     missing = []
@@ -386,20 +428,28 @@ def test_every_cluster_call_in_the_code_is_granted(documents):
     missing: list[str] = []
     seen_custom: set = set()
     for path in portal_sources():
-        missing += ungranted_calls(path.read_text(), where=str(path.relative_to(DEPLOY.parent)),
-                                   namespaced=namespaced, cluster_wide=cluster_wide, seen_custom=seen_custom)
+        missing += ungranted_calls(
+            path.read_text(),
+            where=str(path.relative_to(DEPLOY.parent)),
+            namespaced=namespaced,
+            cluster_wide=cluster_wide,
+            seen_custom=seen_custom,
+        )
     assert missing == [], "\n".join(missing)
     # The scan itself found the calls this test is about.
     assert {("namespaced", "create"), ("namespaced", "list"), ("cluster", "list")} <= seen_custom
 
 
-@pytest.mark.parametrize("snippet", [
-    "core.create_namespaced_pod(namespace, body)",
-    "core.list_secret_for_all_namespaces()",
-    'api("patch_namespaced_custom_object")(group, version, ns, "virtualmachines", name, patch)',
-    "core.delete_namespace(name)",
-    "core.create_namespaced_config_map(namespace, body)",
-])
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "core.create_namespaced_pod(namespace, body)",
+        "core.list_secret_for_all_namespaces()",
+        'api("patch_namespaced_custom_object")(group, version, ns, "virtualmachines", name, patch)',
+        "core.delete_namespace(name)",
+        "core.create_namespaced_config_map(namespace, body)",
+    ],
+)
 def test_the_call_scan_catches_an_ungranted_call(documents, snippet):
     namespaced, cluster_wide = rbac_tables(documents)
     assert ungranted_calls(snippet, where="snippet", namespaced=namespaced, cluster_wide=cluster_wide)

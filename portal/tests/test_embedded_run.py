@@ -40,7 +40,8 @@ def embedded_env(var_dir: Path, port: int) -> dict[str, str]:
 
 def api(port: int, method: str, path: str, *, token: str | None = None, body: dict | None = None) -> tuple[int, dict]:
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}", method=method,
+        f"http://127.0.0.1:{port}{path}",
+        method=method,
         data=json.dumps(body).encode() if body is not None else None,
         headers={"Content-Type": "application/json", **({"Authorization": f"Token {token}"} if token else {})},
     )
@@ -87,8 +88,9 @@ def seeded_var(tmp_path_factory) -> tuple[Path, str]:
 
 
 @contextlib.contextmanager
-def running_portal(tmp_path: Path, seeded_var: tuple[Path, str], *args: str,
-                   env: dict[str, str] | None = None) -> Iterator[RunningPortal]:
+def running_portal(
+    tmp_path: Path, seeded_var: tuple[Path, str], *args: str, env: dict[str, str] | None = None
+) -> Iterator[RunningPortal]:
     """``manage.py run_portal`` on a copy of the seeded var directory, in a session of its own, until it answers."""
     port = free_port()
     var_dir = tmp_path / "var"
@@ -97,13 +99,18 @@ def running_portal(tmp_path: Path, seeded_var: tuple[Path, str], *args: str,
     log = log_path.open("wb")
     process = subprocess.Popen(
         [sys.executable, str(BASE_DIR / "manage.py"), "run_portal", "--kubesim-arg=--zero-delays", *args],
-        env={**embedded_env(var_dir, port), **(env or {})}, stdout=log, stderr=subprocess.STDOUT,
+        env={**embedded_env(var_dir, port), **(env or {})},
+        stdout=log,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     portal = RunningPortal(process=process, port=port, var_dir=var_dir, log_path=log_path)
     try:
-        wait_for(lambda: api(port, "GET", "/healthz")[0] == 200 if process.poll() is None else "exited",
-                 timeout=60, what="the portal to answer /healthz")
+        wait_for(
+            lambda: api(port, "GET", "/healthz")[0] == 200 if process.poll() is None else "exited",
+            timeout=60,
+            what="the portal to answer /healthz",
+        )
         assert process.poll() is None, portal.log()
         yield portal
     finally:
@@ -159,8 +166,11 @@ def test_embedded_default_starts_a_lab_and_grades_it(embedded_portal, tmp_path):
 
     status, stopped = api(port, "POST", f"/api/v1/attempts/{attempt['id']}/stop/", token=token)
     assert status in (200, 202), stopped
-    wait_for(lambda: api(port, "GET", f"/api/v1/attempts/{attempt['id']}/", token=token)[1].get("state") == "stopped",
-             timeout=60, what="the attempt to stop")
+    wait_for(
+        lambda: api(port, "GET", f"/api/v1/attempts/{attempt['id']}/", token=token)[1].get("state") == "stopped",
+        timeout=60,
+        what="the attempt to stop",
+    )
 
 
 # ---- faults: kubesim killed, shutdown with work in flight ----------------------------------------------------------
@@ -212,8 +222,12 @@ def database_write_locked(portal: RunningPortal) -> Iterator[None]:
 def start_a_lab_in_a_thread(port: int, token: str) -> threading.Thread:
     _, labs = api(port, "GET", "/api/v1/labs/", token=token)
     lab = next(item for item in labs["results"] if item["title"] == "Linux basics")
-    thread = threading.Thread(target=api, args=(port, "POST", "/api/v1/attempts/"),
-                              kwargs={"token": token, "body": {"lab": lab["id"]}}, daemon=True)
+    thread = threading.Thread(
+        target=api,
+        args=(port, "POST", "/api/v1/attempts/"),
+        kwargs={"token": token, "body": {"lab": lab["id"]}},
+        daemon=True,
+    )
     thread.start()
     return thread
 
@@ -247,8 +261,13 @@ def test_kubesim_killed_is_started_again_with_a_note_and_labs_start_on_it(tmp_pa
         lab = next(item for item in labs["results"] if item["title"] == "Linux basics")
         status, attempt = api(portal.port, "POST", "/api/v1/attempts/", token=token, body={"lab": lab["id"]})
         assert status in (200, 201, 202), attempt
-        wait_for(lambda: api(portal.port, "GET", f"/api/v1/attempts/{attempt['id']}/", token=token)[1].get("state")
-                 == "running", timeout=90, what="the attempt to run on the new kubesim")
+        wait_for(
+            lambda: (
+                api(portal.port, "GET", f"/api/v1/attempts/{attempt['id']}/", token=token)[1].get("state") == "running"
+            ),
+            timeout=90,
+            what="the attempt to run on the new kubesim",
+        )
 
 
 def test_sigterm_with_a_request_in_flight_ends_the_portal_within_its_grace(tmp_path, seeded_var):

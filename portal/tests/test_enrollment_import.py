@@ -35,8 +35,9 @@ def test_good_file_creates_accounts_and_memberships(course_a, instructor_a):
     assert {user.tenant_id for user in people.values()} == {course_a.tenant_id}
     assert people["alice"].full_name == "Alice Liddell" and people["alice"].email == "alice@example.test"
     assert not any(user.has_usable_password() for user in people.values())
-    roles = dict(Membership.objects.filter(course=course_a, user__in=people.values())
-                 .values_list("user__username", "role"))
+    roles = dict(
+        Membership.objects.filter(course=course_a, user__in=people.values()).values_list("user__username", "role")
+    )
     assert roles == {"alice": Role.STUDENT, "bob": Role.TA, "carol": Role.INSTRUCTOR}
     # The new instructor can open the admin; students and TAs cannot.
     assert (people["carol"].is_staff, people["bob"].is_staff, people["alice"].is_staff) == (True, False, False)
@@ -72,18 +73,18 @@ def test_one_bad_row_imports_nothing_and_names_the_line(course_a, instructor_a):
 
 def test_every_bad_row_is_reported(course_a, instructor_a, student_a, ta_a, student_b):
     text = (
-        "username,email,name,role\n"                                      # 1
-        "dora,dora@example.test,Dora Explorer,student\n"                  # 2 good
-        ",nobody@example.test,No Name,student\n"                          # 3 missing username
-        "erin,erin@example,Erin,student\n"                                # 4 bad email
-        "fred,fred@example.test,Fred,professor\n"                         # 5 unknown role
-        "dora,dora2@example.test,Dora Again,student\n"                    # 6 duplicate in file
-        "student_b,student_b@example.test,Somebody,student\n"             # 7 another tenant's username
-        "ta_a,ta_a@example.test,Ta A,student\n"                           # 8 already in course as TA
-        "student_a,someone.else@example.test,Student A,student\n"         # 9 existing account, other email
-        "gina,gina@example.test\n"                                        # 10 too few values
-        "\n"                                                              # 11 blank: ignored
-        "hugo,hugo@example.test,,student\n"                               # 12 missing name
+        "username,email,name,role\n"  # 1
+        "dora,dora@example.test,Dora Explorer,student\n"  # 2 good
+        ",nobody@example.test,No Name,student\n"  # 3 missing username
+        "erin,erin@example,Erin,student\n"  # 4 bad email
+        "fred,fred@example.test,Fred,professor\n"  # 5 unknown role
+        "dora,dora2@example.test,Dora Again,student\n"  # 6 duplicate in file
+        "student_b,student_b@example.test,Somebody,student\n"  # 7 another tenant's username
+        "ta_a,ta_a@example.test,Ta A,student\n"  # 8 already in course as TA
+        "student_a,someone.else@example.test,Student A,student\n"  # 9 existing account, other email
+        "gina,gina@example.test\n"  # 10 too few values
+        "\n"  # 11 blank: ignored
+        "hugo,hugo@example.test,,student\n"  # 12 missing name
     )
     with pytest.raises(ApplicationError) as caught:
         enrollment_import(actor=instructor_a, course=course_a, csv_file=text.encode())
@@ -98,10 +99,14 @@ def test_every_bad_row_is_reported(course_a, instructor_a, student_a, ta_a, stud
 
 
 def test_existing_account_of_the_tenant_is_enrolled_as_it_is(course_a, instructor_a, tenant_a):
-    existing = User.objects.create_user(username="ivy", email="Ivy@Example.test", full_name="Ivy", tenant=tenant_a,
-                                        password="ivy-own-password")
-    result = enrollment_import(actor=instructor_a, course=course_a,
-                               csv_file=b"username,email,name,role\nivy,ivy@example.test,Ivy Other Name,student\n")
+    existing = User.objects.create_user(
+        username="ivy", email="Ivy@Example.test", full_name="Ivy", tenant=tenant_a, password="ivy-own-password"
+    )
+    result = enrollment_import(
+        actor=instructor_a,
+        course=course_a,
+        csv_file=b"username,email,name,role\nivy,ivy@example.test,Ivy Other Name,student\n",
+    )
     assert (result.accounts_created, result.memberships_created) == (0, 1)
     existing.refresh_from_db()
     assert existing.full_name == "Ivy" and existing.has_usable_password()
@@ -119,9 +124,11 @@ def test_japanese_names_headers_and_roles_in_utf8_with_bom(course_a, instructor_
     assert result.accounts_created == 3
     hanako = User.objects.get(username="tanaka.hanako")
     assert hanako.full_name == "田中 花子"
-    assert dict(Membership.objects.filter(course=course_a, user__username__in=[
-        "tanaka.hanako", "suzuki.ichiro", "yamada.sensei"]).values_list("user__username", "role")) == {
-        "tanaka.hanako": Role.STUDENT, "suzuki.ichiro": Role.TA, "yamada.sensei": Role.INSTRUCTOR}
+    assert dict(
+        Membership.objects.filter(
+            course=course_a, user__username__in=["tanaka.hanako", "suzuki.ichiro", "yamada.sensei"]
+        ).values_list("user__username", "role")
+    ) == {"tanaka.hanako": Role.STUDENT, "suzuki.ichiro": Role.TA, "yamada.sensei": Role.INSTRUCTOR}
 
 
 def test_a_shift_jis_file_is_refused_with_the_line_and_how_to_fix_it(course_a, instructor_a):
@@ -133,12 +140,15 @@ def test_a_shift_jis_file_is_refused_with_the_line_and_how_to_fix_it(course_a, i
     assert not User.objects.filter(username="tanaka").exists()
 
 
-@pytest.mark.parametrize("text, line", [
-    ("alice,alice@example.test,Alice,student\n", 1),      # no header
-    ("username,email,role\nalice,a@example.test,student\n", 1),
-    ("", None),
-    ("username,email,name,role\n", None),
-])
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("alice,alice@example.test,Alice,student\n", 1),  # no header
+        ("username,email,role\nalice,a@example.test,student\n", 1),
+        ("", None),
+        ("username,email,name,role\n", None),
+    ],
+)
 def test_header_problems(course_a, instructor_a, text, line):
     with pytest.raises(ApplicationError) as caught:
         enrollment_import(actor=instructor_a, course=course_a, csv_file=text.encode())
@@ -177,8 +187,9 @@ def test_admin_page_is_reachable_from_the_course_and_imports(client, instructor_
     form_page = client.get(path, follow=True)
     assert form_page.status_code == 200
     set_password_url = form_page.redirect_chain[-1][0]
-    done = client.post(set_password_url, {"new_password1": "a-long-fresh-pass-42",
-                                          "new_password2": "a-long-fresh-pass-42"})
+    done = client.post(
+        set_password_url, {"new_password1": "a-long-fresh-pass-42", "new_password2": "a-long-fresh-pass-42"}
+    )
     assert done.status_code == 302
     assert client.login(username="alice", password="a-long-fresh-pass-42")
     # ... and the link is spent.

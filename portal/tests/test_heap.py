@@ -11,8 +11,15 @@ def frozen_after(statement: str) -> int:
     """gc.get_freeze_count() in a fresh interpreter after ``statement`` (a process's startup)."""
     program = f"import gc\n{statement}\nprint(gc.get_freeze_count())"
     environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "portal.settings"}
-    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
-                            cwd=settings.BASE_DIR, env=environment, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=settings.BASE_DIR,
+        env=environment,
+        check=True,
+    )
     return int(result.stdout.strip().splitlines()[-1])
 
 
@@ -26,8 +33,15 @@ def thresholds_after(statement: str) -> tuple[int, ...]:
     """gc.get_threshold() in a fresh interpreter after ``statement``."""
     program = f"import gc\n{statement}\nprint(*gc.get_threshold())"
     environment = {**os.environ, "DJANGO_SETTINGS_MODULE": "portal.settings"}
-    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
-                            cwd=settings.BASE_DIR, env=environment, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=settings.BASE_DIR,
+        env=environment,
+        check=True,
+    )
     return tuple(int(n) for n in result.stdout.strip().splitlines()[-1].split())
 
 
@@ -39,19 +53,25 @@ def test_serving_processes_collect_young_objects_less_often_and_scripts_keep_the
 
 
 def test_each_celery_pool_process_freezes_once_it_is_set_up():
-    assert frozen_after(
-        "import django; django.setup()\n"
-        "from celery.signals import worker_process_init\n"
-        "import portal.celery\n"
-        "worker_process_init.send(sender=None)"
-    ) > 100_000
+    assert (
+        frozen_after(
+            "import django; django.setup()\n"
+            "from celery.signals import worker_process_init\n"
+            "import portal.celery\n"
+            "worker_process_init.send(sender=None)"
+        )
+        > 100_000
+    )
 
 
 def test_the_celery_worker_process_freezes_once_ready_for_thread_and_solo_pools():
     # With --pool threads or solo no pool process is forked, and the tasks run in the worker's own process.
-    assert frozen_after(
-        "import django; django.setup()\n"
-        "from celery.signals import worker_ready\n"
-        "import portal.celery\n"
-        "worker_ready.send(sender=None)"
-    ) > 100_000
+    assert (
+        frozen_after(
+            "import django; django.setup()\n"
+            "from celery.signals import worker_ready\n"
+            "import portal.celery\n"
+            "worker_ready.send(sender=None)"
+        )
+        > 100_000
+    )

@@ -76,7 +76,7 @@ def parse_po(path: Path) -> list[Entry]:
         elif keyword == "msgstr":
             entry.msgstr[0], target = text, ("msgstr", 0)
         elif keyword.startswith("msgstr["):
-            index = int(keyword[len("msgstr["):-1])
+            index = int(keyword[len("msgstr[") : -1])
             entry.msgstr[index], target = text, ("msgstr", index)
         elif keyword == "" and target is not None:
             name, index = target
@@ -119,8 +119,7 @@ def test_login_page_follows_accept_language(client):
 
 
 def test_login_failure_message_in_japanese(client, student_a):
-    response = client.post(reverse("login"), {"username": "student_a", "password": "wrong"},
-                           HTTP_ACCEPT_LANGUAGE="ja")
+    response = client.post(reverse("login"), {"username": "student_a", "password": "wrong"}, HTTP_ACCEPT_LANGUAGE="ja")
     assert response.status_code == 200
     assert "ユーザー名とパスワードが一致しませんでした。もう一度お試しください。" in response.content.decode()
 
@@ -130,31 +129,42 @@ def test_student_dashboard_in_japanese(client, student_a, lab_a):
     client.force_login(student_a)
     page = ja_get(client, reverse("dashboard"))
     # Headings, column titles, the attempt's state (a lazy model choice label) and the empty due date and grade.
-    for text in ("自分の演習", "<th scope=\"col\">演習</th>", "<th scope=\"col\">提出期限</th>",
-                 "<th scope=\"col\">成績</th>", "実行中", "提出期限なし", "未採点", "ログアウト"):
+    for text in (
+        "自分の演習",
+        '<th scope="col">演習</th>',
+        '<th scope="col">提出期限</th>',
+        '<th scope="col">成績</th>',
+        "実行中",
+        "提出期限なし",
+        "未採点",
+        "ログアウト",
+    ):
         assert text in page, text
     for english in ("My labs", "No due date", "Not graded", "Running"):
         assert english not in page, english
 
 
 def test_attempt_page_and_its_script_strings_in_japanese(client, student_a, lab_a):
-    attempt = Attempt.objects.create(lab=lab_a, student=student_a, tenant=lab_a.course.tenant,
-                                     state=AttemptState.RUNNING)
+    attempt = Attempt.objects.create(
+        lab=lab_a, student=student_a, tenant=lab_a.course.tenant, state=AttemptState.RUNNING
+    )
     client.force_login(student_a)
     page = ja_get(client, reverse("labs:attempt_detail", args=[attempt.id]))
     for text in ("延長", "チェック", "停止", "ターミナル"):
         assert text in page, text
     # attempt.js shows only what the server translated into the page's JSON block.
-    config = json.loads(re.search(r'<script id="attempt-config" type="application/json">(.*?)</script>',
-                                  page, re.S).group(1))
+    config = json.loads(
+        re.search(r'<script id="attempt-config" type="application/json">(.*?)</script>', page, re.S).group(1)
+    )
     strings = config["strings"]
     assert strings["time_left"] == "残り時間: %(time)s"
     assert strings["states"]["running"] == "実行中"
     assert strings["console"]["read_only"] == "閲覧のみ: このコンソールを見ています。"
     # The strings are built once per language: the next page in English gets English ones.
     page = client.get(reverse("labs:attempt_detail", args=[attempt.id]), HTTP_ACCEPT_LANGUAGE="en").content.decode()
-    config = json.loads(re.search(r'<script id="attempt-config" type="application/json">(.*?)</script>',
-                                  page, re.S).group(1))
+    config = json.loads(
+        re.search(r'<script id="attempt-config" type="application/json">(.*?)</script>', page, re.S).group(1)
+    )
     assert config["strings"]["time_left"] == "Time left: %(time)s"
 
 

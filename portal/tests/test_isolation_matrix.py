@@ -111,8 +111,13 @@ MATRIX: dict[str, list[Probe]] = {
     "": [page(SIGNED_IN_PAGE, tenant_a_object=False)],
     "favicon.ico": [page(answers(302, 302, 302, 302, 302), tenant_a_object=False)],  # to the static icon
     "healthz": [page(PUBLIC_PAGE, tenant_a_object=False)],
-    "readyz": [page(answers((200, 503), (200, 503), (200, 503), (200, 503), (200, 503)), tenant_a_object=False,
-                    refusals_are_side_effect_free=False)],
+    "readyz": [
+        page(
+            answers((200, 503), (200, 503), (200, 503), (200, 503), (200, 503)),
+            tenant_a_object=False,
+            refusals_are_side_effect_free=False,
+        )
+    ],
     # A bearer token or a superuser's session; nobody in the personas has either.
     "metrics": [page(answers(401, 401, 401, 401, 401), tenant_a_object=False)],
     # ---- accounts -------------------------------------------------------------------------------------------
@@ -125,9 +130,10 @@ MATRIX: dict[str, list[Probe]] = {
     "accounts/reset/<uidb64>/<token>/": [page(PUBLIC_PAGE, tenant_a_object=False)],
     "accounts/reset/done/": [page(PUBLIC_PAGE, tenant_a_object=False)],
     # The signed-in person's own clock: nobody else's to read or set.
-    "accounts/time-zone/": [page(SIGNED_IN_PAGE, tenant_a_object=False),
-                            form_post(answers(LOGIN, 302, 302, 302, 302), data={"time_zone": "Europe/Berlin"},
-                                      tenant_a_object=False)],
+    "accounts/time-zone/": [
+        page(SIGNED_IN_PAGE, tenant_a_object=False),
+        form_post(answers(LOGIN, 302, 302, 302, 302), data={"time_zone": "Europe/Berlin"}, tenant_a_object=False),
+    ],
     "i18n/setlang/": [form_post(answers(302, 302, 302, 302, 302), data={"language": "ja"}, tenant_a_object=False)],
     # ---- labs: student pages and buttons --------------------------------------------------------------------
     "labs/<id:lab_id>/": [page(answers(LOGIN, 200, 404, 200, 404))],
@@ -167,23 +173,36 @@ MATRIX: dict[str, list[Probe]] = {
     # ---- API --------------------------------------------------------------------------------------------------
     "api/schema/": [page(PUBLIC_PAGE, tenant_a_object=False)],
     "api/docs/": [page(PUBLIC_PAGE, tenant_a_object=False)],
-    "api/v1/me/": [api_get(API_LIST, tenant_a_object=False),
-                   Probe(expect=answers(401, 200, 200, 200, 200), method="PATCH", api=True,
-                         data={"time_zone": "Europe/Berlin"}, tenant_a_object=False)],
-    "api/v1/auth/token/": [
-        api_post(answers(400, 400, 400, 400, 400), data={"username": "student_a", "password": "wrong"},
-                 tenant_a_object=False),
+    "api/v1/me/": [
+        api_get(API_LIST, tenant_a_object=False),
+        Probe(
+            expect=answers(401, 200, 200, 200, 200),
+            method="PATCH",
+            api=True,
+            data={"time_zone": "Europe/Berlin"},
+            tenant_a_object=False,
+        ),
     ],
-    "api/v1/me/token/": [Probe(expect=answers(401, 204, 204, 204, 204), method="DELETE", api=True,
-                               tenant_a_object=False)],
-    "api/v1/courses/": [api_get(API_LIST, tenant_a_object=False),
-                        api_get(API_LIST, query="?ordering=-title&page_size=1", tenant_a_object=False)],
+    "api/v1/auth/token/": [
+        api_post(
+            answers(400, 400, 400, 400, 400), data={"username": "student_a", "password": "wrong"}, tenant_a_object=False
+        ),
+    ],
+    "api/v1/me/token/": [
+        Probe(expect=answers(401, 204, 204, 204, 204), method="DELETE", api=True, tenant_a_object=False)
+    ],
+    "api/v1/courses/": [
+        api_get(API_LIST, tenant_a_object=False),
+        api_get(API_LIST, query="?ordering=-title&page_size=1", tenant_a_object=False),
+    ],
     "api/v1/courses/<id:course_id>/": [api_get(API_OWN)],
     "api/v1/courses/<id:course_id>/report/": [api_get(API_STAFF)],
     "api/v1/courses/<id:course_id>/report.csv": [api_get(API_STAFF)],
     "api/v1/courses/<id:course_id>/audit/": [api_get(answers(401, 403, 404, 403, 404))],
-    "api/v1/labs/": [api_get(API_LIST, tenant_a_object=False),
-                     api_get(API_LIST, query="?course={course_b}", tenant_a_object=False)],
+    "api/v1/labs/": [
+        api_get(API_LIST, tenant_a_object=False),
+        api_get(API_LIST, query="?course={course_b}", tenant_a_object=False),
+    ],
     "api/v1/labs/<id:lab_id>/": [api_get(API_OWN)],
     "api/v1/labs/<id:lab_id>/report/": [api_get(API_STAFF)],
     "api/v1/attempts/": [
@@ -195,11 +214,15 @@ MATRIX: dict[str, list[Probe]] = {
     "api/v1/attempts/<id:attempt_id>/stop/": [api_post(answers(401, 200, 404, 403, 404))],
     "api/v1/attempts/<id:attempt_id>/extend/": [api_post(answers(401, 409, 404, 403, 404))],
     "api/v1/attempts/<id:attempt_id>/check/": [api_post(answers(401, 429, 404, 429, 404))],
-    "api/v1/grading-runs/": [api_get(API_LIST, tenant_a_object=False),
-                             api_get(API_LIST, query="?lab={lab_a}", tenant_a_object=False)],
+    "api/v1/grading-runs/": [
+        api_get(API_LIST, tenant_a_object=False),
+        api_get(API_LIST, query="?lab={lab_a}", tenant_a_object=False),
+    ],
     "api/v1/grading-runs/<id:run_id>/": [api_get(API_OWN)],
-    "api/v1/grades/": [api_get(API_LIST, tenant_a_object=False),
-                       api_get(API_LIST, query="?course={course_a}&ordering=-score", tenant_a_object=False)],
+    "api/v1/grades/": [
+        api_get(API_LIST, tenant_a_object=False),
+        api_get(API_LIST, query="?course={course_a}&ordering=-score", tenant_a_object=False),
+    ],
     "api/v1/grades/<id:grade_id>/": [api_get(API_OWN)],
     "api/v1/grades/<id:grade_id>/override/": [
         api_post(answers(401, 403, 404, 200, 404), data={"score": "2.00", "reason": "Partial credit"}),
@@ -219,14 +242,17 @@ ADMIN_PROBES: list[tuple[str, Probe]] = [
     ("/admin/portal/auditevent/", page(answers(AL, AL, AL, AL, (200, 403)), tenant_a_object=False)),
     ("/admin/portal/tenant/", page(answers(AL, AL, AL, AL, 403), tenant_a_object=False)),
     # Filters, search and autocomplete are list views too: naming tenant A's ids or names finds nothing.
-    ("/admin/labs/lab/?course__id__exact={course_a}", page(answers(AL, AL, AL, AL, (200, 302)),
-                                                           tenant_a_object=False)),
+    ("/admin/labs/lab/?course__id__exact={course_a}", page(answers(AL, AL, AL, AL, (200, 302)), tenant_a_object=False)),
     ("/admin/labs/attempt/?q=student_a", page(answers(AL, AL, AL, AL, 200), tenant_a_object=False)),
     ("/admin/portal/membership/?q=LNX101", page(answers(AL, AL, AL, AL, 200), tenant_a_object=False)),
-    ("/admin/autocomplete/?app_label=portal&model_name=membership&field_name=user&term=student",
-     page(answers(AL, AL, AL, AL, (200, 403)), tenant_a_object=False)),
-    ("/admin/autocomplete/?app_label=portal&model_name=membership&field_name=course&term=",
-     page(answers(AL, AL, AL, AL, (200, 403)), tenant_a_object=False)),
+    (
+        "/admin/autocomplete/?app_label=portal&model_name=membership&field_name=user&term=student",
+        page(answers(AL, AL, AL, AL, (200, 403)), tenant_a_object=False),
+    ),
+    (
+        "/admin/autocomplete/?app_label=portal&model_name=membership&field_name=course&term=",
+        page(answers(AL, AL, AL, AL, (200, 403)), tenant_a_object=False),
+    ),
 ]
 
 # WebSocket routes: "accept", or the close code the consumer refuses with before accepting.
@@ -287,8 +313,7 @@ def test_tenant_b_personas_get_404_for_every_tenant_a_object():
 # ---------------------------------------------------------------------------------------------------------------
 # Running the probes
 
-KEY_TABLES = (Tenant, User, Course, Membership, Lab, Check, Attempt, GradingRun, CheckResult, Grade, AuditEvent,
-              Token)
+KEY_TABLES = (Tenant, User, Course, Membership, Lab, Check, Attempt, GradingRun, CheckResult, Grade, AuditEvent, Token)
 
 
 def row_counts() -> dict[str, int]:
@@ -309,16 +334,36 @@ def tenant_a_state(world: World) -> dict[str, Any]:
 def markers(world: World) -> dict[str, list[str]]:
     """Strings that only a page about that tenant can contain."""
     return {
-        "A": [world.course_a.code, world.course_a.tenant.name, world.course_a.tenant.namespace, "student_a",
-              "instructor_a", world.attempt_a.vm_name, world.attempt_a.agent_token],
-        "B": [world.course_b.code, world.course_b.tenant.name, world.course_b.tenant.namespace, "student_b",
-              "instructor_b", world.lab_b.title, world.attempt_b.vm_name, world.attempt_b.agent_token],
+        "A": [
+            world.course_a.code,
+            world.course_a.tenant.name,
+            world.course_a.tenant.namespace,
+            "student_a",
+            "instructor_a",
+            world.attempt_a.vm_name,
+            world.attempt_a.agent_token,
+        ],
+        "B": [
+            world.course_b.code,
+            world.course_b.tenant.name,
+            world.course_b.tenant.namespace,
+            "student_b",
+            "instructor_b",
+            world.lab_b.title,
+            world.attempt_b.vm_name,
+            world.attempt_b.agent_token,
+        ],
     }
 
 
 def fill(text: str, world: World) -> str:
-    return text.format(course_a=world.course_a.id, course_b=world.course_b.id, lab_a=world.lab_a.id,
-                       lab_b=world.lab_b.id, attempt_a=world.attempt_a.id)
+    return text.format(
+        course_a=world.course_a.id,
+        course_b=world.course_b.id,
+        lab_a=world.lab_a.id,
+        lab_b=world.lab_b.id,
+        attempt_a=world.attempt_a.id,
+    )
 
 
 def url_for(route: str, probe: Probe, world: World, pattern: URLPattern | None) -> str:
@@ -374,8 +419,14 @@ def world(lab_a, lab_b, student_a, student_b, instructor_a, instructor_b, ta_a, 
     settings.CACHES = fresh_cache_settings()
     settings.GRADING_MIN_INTERVAL_SECONDS = 3600
     settings.CONSOLE_RECORDINGS_DIR = tmp_path
-    world = build_world(lab_a=lab_a, lab_b=lab_b, student_a=student_a, student_b=student_b,
-                        instructor_a=instructor_a, instructor_b=instructor_b)
+    world = build_world(
+        lab_a=lab_a,
+        lab_b=lab_b,
+        student_a=student_a,
+        student_b=student_b,
+        instructor_a=instructor_a,
+        instructor_b=instructor_b,
+    )
     # A console recording of tenant A's attempt, for the staff-only replay routes.
     (tmp_path / f"attempt-{world.attempt_a.id}.cast").write_text(
         '{"version": 2, "width": 80, "height": 24}\n[0.1, "o", "$ "]\n'
@@ -388,8 +439,9 @@ def users(student_a, student_b, ta_a, instructor_b) -> dict[str, User]:
     return {SA: student_a, SB: student_b, TA: ta_a, IB: instructor_b}
 
 
-def run_probe(route: str, pattern: URLPattern | None, probe: Probe, world: World, users: dict[str, User],
-              cluster) -> list[str]:
+def run_probe(
+    route: str, pattern: URLPattern | None, probe: Probe, world: World, users: dict[str, User], cluster
+) -> list[str]:
     """Every persona in turn, each inside a rolled-back savepoint so one persona's change never shapes the next
     one's answer. Returns the mismatches, in words."""
     problems = []
@@ -538,12 +590,15 @@ urlpatterns = [
 
 @pytest.mark.django_db
 @pytest.mark.urls(__name__)
-@pytest.mark.parametrize(("route", "expect", "problem"), [
-    ("leaky/", answers(200, 200, 200, 200, 200), "contains"),
-    ("oracle/<id:attempt_id>/", answers(200, 200, 404, 200, 404), "got 403, expected 404"),
-    ("writes/<id:attempt_id>/", answers(404, 404, 404, 404, 404), "changed the database"),
-    ("calls/<id:attempt_id>/", answers(404, 404, 404, 404, 404), "called the cluster"),
-])
+@pytest.mark.parametrize(
+    ("route", "expect", "problem"),
+    [
+        ("leaky/", answers(200, 200, 200, 200, 200), "contains"),
+        ("oracle/<id:attempt_id>/", answers(200, 200, 404, 200, 404), "got 403, expected 404"),
+        ("writes/<id:attempt_id>/", answers(404, 404, 404, 404, 404), "changed the database"),
+        ("calls/<id:attempt_id>/", answers(404, 404, 404, 404, 404), "called the cluster"),
+    ],
+)
 def test_the_matrix_checks_catch_broken_views(route, expect, problem, world, users, cluster):
     patterns = dict(walk(get_resolver().url_patterns))
     problems = run_probe(route, patterns[route], page(expect), world, users, cluster)

@@ -25,15 +25,23 @@ def test_a_child_that_keeps_exiting_stops_the_portal_with_a_clear_message(tmp_pa
         started.append(child("raise SystemExit(3)"))
         return started[-1]
 
-    supervisor = KubesimSupervisor(start=start, restarted=lambda: None, give_up=lambda message: gave_up.set(),
-                                   kubeconfigs=(), log_path=tmp_path / "kubesim.log", max_restarts=2)
+    supervisor = KubesimSupervisor(
+        start=start,
+        restarted=lambda: None,
+        give_up=lambda message: gave_up.set(),
+        kubeconfigs=(),
+        log_path=tmp_path / "kubesim.log",
+        max_restarts=2,
+    )
     with caplog.at_level(logging.ERROR, logger="portal.kubesim_supervision"):
         supervisor.run()
         assert gave_up.wait(20), "the supervisor never gave up"
     assert len(started) == 3  # the first start and two restarts
     assert all(process.returncode == 3 for process in started)  # every one reaped, none left defunct
-    assert supervisor.gave_up.startswith("kubesim, the portal's cluster, exited with status 3, 3 times within 60 s; "
-                                         "stopping the portal rather than running without a cluster.")
+    assert supervisor.gave_up.startswith(
+        "kubesim, the portal's cluster, exited with status 3, 3 times within 60 s; "
+        "stopping the portal rather than running without a cluster."
+    )
     assert str(tmp_path / "kubesim.log") in supervisor.gave_up
     assert sum("starting it again" in record.getMessage() for record in caplog.records) == 2
 
@@ -49,9 +57,13 @@ def test_a_restart_reuses_the_ports_and_tells_the_portal(tmp_path):
         # The first one dies at once; the one started again keeps running until stopped.
         return child("raise SystemExit(0)" if len(calls) == 1 else "import time; time.sleep(60)")
 
-    supervisor = KubesimSupervisor(start=start, restarted=restarted.set, give_up=lambda message: None,
-                                   kubeconfigs=(kubeconfig, Path(tmp_path / "missing")),
-                                   log_path=tmp_path / "kubesim.log")
+    supervisor = KubesimSupervisor(
+        start=start,
+        restarted=restarted.set,
+        give_up=lambda message: None,
+        kubeconfigs=(kubeconfig, Path(tmp_path / "missing")),
+        log_path=tmp_path / "kubesim.log",
+    )
     supervisor.run()
     try:
         assert restarted.wait(20)
@@ -69,8 +81,13 @@ def test_an_exit_while_the_portal_shuts_down_is_not_taken_for_a_crash(tmp_path):
         calls.append(extra_args)
         return child("pass")  # a Ctrl-C in the terminal ends kubesim a moment before the portal hears of it
 
-    supervisor = KubesimSupervisor(start=start, restarted=lambda: None, give_up=lambda message: None,
-                                   kubeconfigs=(), log_path=tmp_path / "kubesim.log")
+    supervisor = KubesimSupervisor(
+        start=start,
+        restarted=lambda: None,
+        give_up=lambda message: None,
+        kubeconfigs=(),
+        log_path=tmp_path / "kubesim.log",
+    )
     supervisor.run()
     time.sleep(0.3)
     supervisor.shutting_down()

@@ -45,6 +45,11 @@ def test_the_import_linter_contracts_hold():
     import subprocess
     import sys
 
-    result = subprocess.run([str(Path(sys.executable).with_name("lint-imports")), "--no-cache"],
-                            cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("lint-imports")), "--no-cache"],
+        cwd=settings.BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout[-3000:]

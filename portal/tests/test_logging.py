@@ -19,8 +19,14 @@ def configured(**environment: str) -> subprocess.CompletedProcess:
         f"print(json.dumps({{n: logging.getLevelName(logging.getLogger(n).getEffectiveLevel()) for n in {NAMES!r}}}))"
     )
     env = {key: value for key, value in os.environ.items() if key not in ("LOG_LEVEL", "TASK_LOG_LEVEL")}
-    return subprocess.run([sys.executable, "-c", script], cwd=BASE_DIR, capture_output=True, text=True,
-                          timeout=60, env={**env, **environment, "DJANGO_SETTINGS_MODULE": "portal.settings"})
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, **environment, "DJANGO_SETTINGS_MODULE": "portal.settings"},
+    )
 
 
 def levels(**environment: str) -> dict[str, str]:
@@ -48,11 +54,18 @@ def test_a_level_is_read_in_any_case_and_a_misspelt_one_is_refused_by_name():
 
 def test_a_request_warning_is_written_once_in_development():
     # Django's own console handler (DEBUG only) and the root's would each write it.
-    script = ("import logging, django; django.setup(); "
-              "logging.getLogger('django.request').warning('Not Found: /nowhere-%s', 42)")
+    script = (
+        "import logging, django; django.setup(); "
+        "logging.getLogger('django.request').warning('Not Found: /nowhere-%s', 42)"
+    )
     env = {key: value for key, value in os.environ.items() if key not in ("LOG_LEVEL", "DATABASE_URL")}
-    result = subprocess.run([sys.executable, "-c", script], cwd=BASE_DIR, capture_output=True, text=True, timeout=60,
-                            env={**env, "PORTAL_ENV": "development", "DEBUG": "1",
-                                 "DJANGO_SETTINGS_MODULE": "portal.settings"})
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "PORTAL_ENV": "development", "DEBUG": "1", "DJANGO_SETTINGS_MODULE": "portal.settings"},
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("Not Found: /nowhere-42") == 1, result.stderr

@@ -38,7 +38,8 @@ def sign_in(address: str, username: str, password: str):
 
 
 def test_failures_past_the_free_ones_delay_that_account_from_that_address_more_each_time(
-        instructor_a, throttle_settings):
+    instructor_a, throttle_settings
+):
     now = throttle_settings
     for _ in range(3):
         assert sign_in(ATTACKER, "instructor_a", "guess").status_code == 200  # the form again, with its error
@@ -63,15 +64,15 @@ def test_nobody_can_lock_an_account_out_from_another_address(instructor_a):
     # The instructor, in class, before the lesson.
     assert sign_in(CLASSROOM, "instructor_a", PASSWORD).status_code == 302
     api = APIClient(REMOTE_ADDR=CLASSROOM).post(
-        "/api/v1/auth/token/", {"username": "instructor_a", "password": PASSWORD}, format="json")
+        "/api/v1/auth/token/", {"username": "instructor_a", "password": PASSWORD}, format="json"
+    )
     assert api.status_code == 200
 
 
 def test_the_token_endpoint_counts_and_refuses_alike(student_a):
     client = APIClient(REMOTE_ADDR=ATTACKER)
     for _ in range(3):
-        response = client.post("/api/v1/auth/token/", {"username": "student_a", "password": "guess"},
-                               format="json")
+        response = client.post("/api/v1/auth/token/", {"username": "student_a", "password": "guess"}, format="json")
         assert response.status_code == 400
     # The same account by another spelling of its username, the right password: still delayed.
     response = client.post("/api/v1/auth/token/", {"username": "Student_A", "password": PASSWORD}, format="json")

@@ -65,12 +65,16 @@ class Tour:
     def write(self) -> None:
         summary = {
             name: {
-                **{f"serious_or_critical_at_{width}": sum(v["nodes"] for v in f[f"axe_{width}"]
-                                                          if v["impact"] in ("serious", "critical"))
-                   for width in WIDTHS},
+                **{
+                    f"serious_or_critical_at_{width}": sum(
+                        v["nodes"] for v in f[f"axe_{width}"] if v["impact"] in ("serious", "critical")
+                    )
+                    for width in WIDTHS
+                },
                 **{f"all_at_{width}": sum(v["nodes"] for v in f[f"axe_{width}"]) for width in WIDTHS},
                 "rules": sorted({f"{v['id']} ({v['impact']})" for v in f["axe_1280"] + f["axe_390"]}),
-                "width_at_390": f["width_at_390"], "width_at_360": f["width_at_360"],
+                "width_at_390": f["width_at_390"],
+                "width_at_360": f["width_at_360"],
             }
             for name, f in self.figures.items()
         }
@@ -80,8 +84,11 @@ class Tour:
         found = []
         for name, f in self.figures.items():
             for width in WIDTHS:
-                found += [f"{name} @{width}: {v['id']} ({v['impact']}) at {v['targets']}"
-                          for v in f[f"axe_{width}"] if v["impact"] in ("serious", "critical")]
+                found += [
+                    f"{name} @{width}: {v['id']} ({v['impact']}) at {v['targets']}"
+                    for v in f[f"axe_{width}"]
+                    if v["impact"] in ("serious", "critical")
+                ]
             for width in (390, NARROWEST):
                 if f[f"width_at_{width}"] > width:
                     found.append(f"{name}: {f[f'width_at_{width}']} px wide in a {width} px viewport")
@@ -93,8 +100,14 @@ def log_in(browser, base_url: str, username: str | None):  # noqa: F811
     context.set_default_timeout(30_000)
     page = context.new_page()
     page.on("pageerror", lambda error: PAGE_ERRORS.append(f"{page.url}: {error}"))
-    page.on("console", lambda message: PAGE_ERRORS.append(f"{page.url}: {message.text}")
-            if message.type == "error" and "Content Security Policy" not in message.text else None)
+    page.on(
+        "console",
+        lambda message: (
+            PAGE_ERRORS.append(f"{page.url}: {message.text}")
+            if message.type == "error" and "Content Security Policy" not in message.text
+            else None
+        ),
+    )
     if username is not None:
         page.goto("/accounts/login/")
         page.fill("#id_username", username)
@@ -105,7 +118,14 @@ def log_in(browser, base_url: str, username: str | None):  # noqa: F811
 
 
 def test_every_page_type_is_accessible_fits_a_phone_and_is_photographed(
-        student_a, ta_a, instructor_a, lab_a, course_a, live_portal, browser):  # noqa: F811
+    student_a,
+    ta_a,
+    instructor_a,
+    lab_a,
+    course_a,
+    live_portal,  # noqa: F811
+    browser,  # noqa: F811
+):
     from playwright.sync_api import expect
 
     from conftest import make_lab

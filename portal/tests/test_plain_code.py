@@ -19,7 +19,9 @@ INTERNALS = re.compile(
 def product_modules() -> list[Path]:
     base = Path(settings.BASE_DIR)
     return [
-        path for app in PRODUCT_APPS for path in sorted((base / app).rglob("*.py"))
+        path
+        for app in PRODUCT_APPS
+        for path in sorted((base / app).rglob("*.py"))
         if "tests" not in path.parts and "migrations" not in path.parts
     ]
 

@@ -12,8 +12,10 @@ from portal.prepared import replan_stale_statements
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),  # autocommit, as the portal's reads run
-    pytest.mark.skipif(not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"),
-                       reason="prepared statements are PostgreSQL's (bin/test and CI run on PostgreSQL)"),
+    pytest.mark.skipif(
+        not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"),
+        reason="prepared statements are PostgreSQL's (bin/test and CI run on PostgreSQL)",
+    ),
 ]
 
 QUERY = "SELECT id, name FROM portal_prepared_probe WHERE id = %s"
@@ -38,8 +40,9 @@ def prepared_then_altered() -> None:
             cursor.execute(QUERY, [1])
             assert cursor.fetchone() == (1, "first")
     dsn = connection.connection.info.dsn
-    with psycopg.connect(dsn, password=settings.DATABASES["default"].get("PASSWORD") or None,
-                         autocommit=True) as migration:
+    with psycopg.connect(
+        dsn, password=settings.DATABASES["default"].get("PASSWORD") or None, autocommit=True
+    ) as migration:
         migration.execute("ALTER TABLE portal_prepared_probe ALTER COLUMN name TYPE varchar(40)")
 
 
@@ -64,8 +67,10 @@ def test_without_the_wrapper_the_connection_keeps_failing(probe_table):
     try:
         prepared_then_altered()
         for _ in range(2):
-            with pytest.raises(NotSupportedError, match="cached plan must not change result type"), \
-                    connection.cursor() as cursor:
+            with (
+                pytest.raises(NotSupportedError, match="cached plan must not change result type"),
+                connection.cursor() as cursor,
+            ):
                 cursor.execute(QUERY, [1])
     finally:
         connection.execute_wrappers.insert(0, replan_stale_statements)
@@ -73,8 +78,11 @@ def test_without_the_wrapper_the_connection_keeps_failing(probe_table):
 
 def test_inside_a_transaction_the_error_ends_it_and_the_next_one_works(probe_table):
     prepared_then_altered()
-    with pytest.raises(NotSupportedError, match="cached plan must not change result type"), transaction.atomic(), \
-            connection.cursor() as cursor:
+    with (
+        pytest.raises(NotSupportedError, match="cached plan must not change result type"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
         cursor.execute(QUERY, [1])
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(QUERY, [1])

@@ -117,11 +117,18 @@ async def test_commands_go_through_as_before():
         await connection.disconnect()
 
 
-@pytest.mark.parametrize("url, connection_class, where", [
-    ("redis://:secret@cache.example:6380/3", CancellableConnection, {"host": "cache.example", "port": 6380, "db": 3}),
-    ("rediss://cache.example/2", CancellableSSLConnection, {"host": "cache.example", "db": 2}),
-    ("unix:///run/redis.sock?db=4", CancellableUnixConnection, {"path": "/run/redis.sock", "db": 4}),
-])
+@pytest.mark.parametrize(
+    "url, connection_class, where",
+    [
+        (
+            "redis://:secret@cache.example:6380/3",
+            CancellableConnection,
+            {"host": "cache.example", "port": 6380, "db": 3},
+        ),
+        ("rediss://cache.example/2", CancellableSSLConnection, {"host": "cache.example", "db": 2}),
+        ("unix:///run/redis.sock?db=4", CancellableUnixConnection, {"path": "/run/redis.sock", "db": 4}),
+    ],
+)
 def test_pool_options_keep_the_url_and_pick_the_class_for_its_scheme(url, connection_class, where):
     options = pool_options(url, socket_timeout=30, max_connections=10)
     assert options["connection_class"] is connection_class

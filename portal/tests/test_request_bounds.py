@@ -15,9 +15,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 CHUNK = 64 * 1024
 
 
-async def call(path: str, *, body_chunks: int, declare_length: bool, content_type: bytes = b"application/json",
-               chunk: bytes = b" " * CHUNK, method: str = "POST",
-               extra_headers: tuple = ()) -> tuple[int, bytes, int]:
+async def call(
+    path: str,
+    *,
+    body_chunks: int,
+    declare_length: bool,
+    content_type: bytes = b"application/json",
+    chunk: bytes = b" " * CHUNK,
+    method: str = "POST",
+    extra_headers: tuple = (),
+) -> tuple[int, bytes, int]:
     """Send ``body_chunks`` chunks to ``path``; the status, the body and how many chunks the portal read."""
     headers = [(b"host", b"testserver"), (b"content-type", content_type), *extra_headers]
     if declare_length:
@@ -35,9 +42,19 @@ async def call(path: str, *, body_chunks: int, declare_length: bool, content_typ
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "http_version": "1.1", "method": method, "path": path, "raw_path": path.encode(),
-             "root_path": "", "scheme": "http", "query_string": b"", "headers": headers,
-             "client": ("127.0.0.1", 50000), "server": ("testserver", 80)}
+    scope = {
+        "type": "http",
+        "http_version": "1.1",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "scheme": "http",
+        "query_string": b"",
+        "headers": headers,
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }
     await application(scope, receive, send)
     start = next(message for message in sent if message["type"] == "http.response.start")
     body = b"".join(message.get("body", b"") for message in sent if message["type"] == "http.response.body")
@@ -52,7 +69,9 @@ async def test_a_body_declared_past_the_bound_is_refused_before_any_of_it_is_rea
     assert read == 0
     if path.startswith("/api/"):
         assert json.loads(body)["error"] == {
-            "code": "request_too_large", "message": f"The request is too large: at most {4 * CHUNK} bytes may be sent."}
+            "code": "request_too_large",
+            "message": f"The request is too large: at most {4 * CHUNK} bytes may be sent.",
+        }
     else:
         assert b"The request is too large" in body
 
@@ -84,9 +103,14 @@ async def test_uploads_have_their_own_larger_bound(settings):
 
 async def test_the_refusal_speaks_the_persons_language(settings):
     settings.REQUEST_BODY_MAX_BYTES = CHUNK
-    _status, body, _read = await call("/accounts/login/", body_chunks=2, declare_length=True,
-                                      extra_headers=((b"accept-language", b"ja,en;q=0.5"),))
+    _status, body, _read = await call(
+        "/accounts/login/", body_chunks=2, declare_length=True, extra_headers=((b"accept-language", b"ja,en;q=0.5"),)
+    )
     assert "リクエストが大きすぎます" in body.decode()
-    _status, body, _read = await call("/api/v1/me/", body_chunks=2, declare_length=True,
-                                      extra_headers=((b"cookie", f"{settings.LANGUAGE_COOKIE_NAME}=ja".encode()),))
+    _status, body, _read = await call(
+        "/api/v1/me/",
+        body_chunks=2,
+        declare_length=True,
+        extra_headers=((b"cookie", f"{settings.LANGUAGE_COOKIE_NAME}=ja".encode()),),
+    )
     assert "リクエストが大きすぎます" in json.loads(body)["error"]["message"]

@@ -23,8 +23,10 @@ BROKEN_BODIES = [
     (DEEP_JSON, "application/json"),
     ("{not json", "application/json"),
     ("username=%ff%fe&&=&password=" + "x" * 5000, "application/x-www-form-urlencoded"),
-    ("--x\r\nContent-Disposition: form-data; name=\"csv_file\"; filename=\"a.csv\"\r\n\r\nno end",
-     "multipart/form-data; boundary=x"),
+    (
+        '--x\r\nContent-Disposition: form-data; name="csv_file"; filename="a.csv"\r\n\r\nno end',
+        "multipart/form-data; boundary=x",
+    ),
     ("garbage", "multipart/form-data"),  # no boundary
 ]
 
@@ -62,8 +64,7 @@ def test_ids_too_large_on_every_route_are_never_a_server_error(signed_in):
     assert len(routes) >= 30
     problems: list[str] = []
 
-    @settings(max_examples=6, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=6, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(number=st.integers(min_value=2**63, max_value=2**256))
     def check(number: int) -> None:
         for client in signed_in:
@@ -99,7 +100,8 @@ def test_bodies_past_the_bound_are_413_on_every_route(settings):
         for content_type in (b"application/json", b"multipart/form-data; boundary=x"):
             for declare_length in (True, False):
                 status, _body, _read = async_to_sync(asgi_call)(
-                    url, body_chunks=3, declare_length=declare_length, content_type=content_type)
+                    url, body_chunks=3, declare_length=declare_length, content_type=content_type
+                )
                 if status != 413:
                     problems.append(f"POST {url} ({content_type.decode()}, length {declare_length}): {status}")
     assert problems == [], "\n".join(problems[:20])

@@ -43,7 +43,11 @@ def production_settings(**overrides: str) -> dict:
         "print(json.dumps({n: getattr(settings, n) for n in names}))"
     )
     result = subprocess.run(
-        [sys.executable, "-c", script], cwd=BASE_DIR, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", script],
+        cwd=BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**env, "DJANGO_SETTINGS_MODULE": "portal.settings"},
     )
     assert result.returncode == 0, result.stderr
@@ -76,7 +80,9 @@ def test_production_csp_allows_only_secure_websockets_to_the_portals_own_hosts(p
     directives = production["CONTENT_SECURITY_POLICY"]["DIRECTIVES"]
     assert "csp.middleware.CSPMiddleware" in production["MIDDLEWARE"]
     assert directives["connect-src"] == [
-        "'self'", "wss://portal.example.org", "wss://*.labs.example.org",
+        "'self'",
+        "wss://portal.example.org",
+        "wss://*.labs.example.org",
     ]
     assert directives["script-src"] == ["'self'"]
 
@@ -149,8 +155,9 @@ def test_login_needs_the_csrf_token_and_rotates_the_session(student_a):
     session["language_note"] = "before"
     session.save()
     before = session.session_key
-    response = client.post("/accounts/login/", {"username": "student_a", "password": PASSWORD,
-                                                "csrfmiddlewaretoken": token})
+    response = client.post(
+        "/accounts/login/", {"username": "student_a", "password": PASSWORD, "csrfmiddlewaretoken": token}
+    )
     assert response.status_code == 302
     assert client.session.session_key != before
     cookie = response.cookies["sessionid"]

@@ -68,8 +68,9 @@ def test_database_busy_follows_the_cause_chain():
     assert not database_busy(None)
 
 
-def test_start_from_the_page_script_is_told_to_retry_when_the_pool_is_dry(client, student_a, lab_a,
-                                                                          failing_session_user, caplog):
+def test_start_from_the_page_script_is_told_to_retry_when_the_pool_is_dry(
+    client, student_a, lab_a, failing_session_user, caplog
+):
     client.force_login(student_a)
     failing_session_user["error"] = pool_timeout_error()
     with caplog.at_level(logging.ERROR, logger="django.request"):

@@ -13,15 +13,21 @@ DEFAULTED_READ = re.compile(r"getattr\(\s*settings\s*,")
 
 
 def defaulted_reads(path: Path) -> list[str]:
-    return [f"{path.name}:{number}" for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-            if DEFAULTED_READ.search(line)]
+    return [
+        f"{path.name}:{number}"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if DEFAULTED_READ.search(line)
+    ]
 
 
 def test_no_module_reads_a_setting_with_a_default_of_its_own():
     base = Path(settings.BASE_DIR)
     offenders = [
-        hit for app in PRODUCT_APPS for path in sorted((base / app).rglob("*.py"))
-        if "tests" not in path.parts and "migrations" not in path.parts for hit in defaulted_reads(path)
+        hit
+        for app in PRODUCT_APPS
+        for path in sorted((base / app).rglob("*.py"))
+        if "tests" not in path.parts and "migrations" not in path.parts
+        for hit in defaulted_reads(path)
     ]
     assert offenders == []
 

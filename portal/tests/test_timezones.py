@@ -100,11 +100,23 @@ def test_instructors_enter_due_dates_in_their_tenant_clock(instructor_a, lab_a):
     client = logged_in(instructor_a)
     url = reverse("admin:labs_lab_change", args=[lab_a.pk])
     data = {
-        "course": lab_a.course_id, "title": lab_a.title, "instructions": lab_a.instructions, "image": lab_a.image,
-        "size": lab_a.size, "time_limit_minutes": lab_a.time_limit_minutes, "late_penalty_percent_per_day": "0",
-        "attempt_limit": 0, "idle_stop_minutes": 0, "grade_policy": lab_a.grade_policy, "extra_cloud_init": "",
-        "due_at_0": "2026-12-05", "due_at_1": "23:59:00",
-        "checks-TOTAL_FORMS": 0, "checks-INITIAL_FORMS": 0, "checks-MIN_NUM_FORMS": 0, "checks-MAX_NUM_FORMS": 1000,
+        "course": lab_a.course_id,
+        "title": lab_a.title,
+        "instructions": lab_a.instructions,
+        "image": lab_a.image,
+        "size": lab_a.size,
+        "time_limit_minutes": lab_a.time_limit_minutes,
+        "late_penalty_percent_per_day": "0",
+        "attempt_limit": 0,
+        "idle_stop_minutes": 0,
+        "grade_policy": lab_a.grade_policy,
+        "extra_cloud_init": "",
+        "due_at_0": "2026-12-05",
+        "due_at_1": "23:59:00",
+        "checks-TOTAL_FORMS": 0,
+        "checks-INITIAL_FORMS": 0,
+        "checks-MIN_NUM_FORMS": 0,
+        "checks-MAX_NUM_FORMS": 1000,
     }
     lab_a.checks.all().delete()
 
@@ -133,8 +145,13 @@ def test_the_tenant_admin_offers_the_known_zones_and_refuses_others(superuser, t
     client = logged_in(superuser)
     url = reverse("admin:portal_tenant_change", args=[tenant_a.pk])
     assert '<option value="Asia/Tokyo">Asia/Tokyo</option>' in client.get(url).content.decode()
-    data = {"name": tenant_a.name, "max_concurrent_vms": 10, "max_vms_per_student": 0, "max_vcpus": 20,
-            "max_memory_mib": 1024}
+    data = {
+        "name": tenant_a.name,
+        "max_concurrent_vms": 10,
+        "max_vms_per_student": 0,
+        "max_vcpus": 20,
+        "max_memory_mib": 1024,
+    }
 
     refused = client.post(url, {**data, "time_zone": "Mars/Olympus_Mons"})
     assert refused.status_code == 200
@@ -175,8 +192,7 @@ def test_sessions_signed_in_by_djangos_own_backend_stay_valid_and_zoned(student_
 # ---- a person's own clock --------------------------------------------------------------------------------------
 
 
-def test_a_person_who_chose_a_zone_sees_every_page_in_it_and_the_others_keep_the_tenants(student_a, lab_a,
-                                                                                       ta_a):
+def test_a_person_who_chose_a_zone_sees_every_page_in_it_and_the_others_keep_the_tenants(student_a, lab_a, ta_a):
     tokyo(student_a.tenant)
     Lab.objects.filter(pk=lab_a.pk).update(due_at=DUE)
     student_a.time_zone = "Europe/Berlin"  # 14:59 UTC is 15:59 in Berlin in December (CET, UTC+1)
@@ -284,8 +300,9 @@ def test_the_api_answers_in_utc_however_the_client_signed_in(student_a, lab_a):
     from labs.models import Attempt, AttemptState
 
     tokyo(student_a.tenant)
-    attempt = Attempt.objects.create(lab=lab_a, student=student_a, tenant=lab_a.course.tenant,
-                                     state=AttemptState.RUNNING)
+    attempt = Attempt.objects.create(
+        lab=lab_a, student=student_a, tenant=lab_a.course.tenant, state=AttemptState.RUNNING
+    )
     Attempt.objects.filter(pk=attempt.pk).update(requested_at=DUE)
     url = reverse("api:attempt-detail", args=[attempt.pk])
 
@@ -308,8 +325,13 @@ def test_instructors_set_a_persons_zone_in_admin_from_the_known_ones(instructor_
     url = reverse("admin:portal_user_change", args=[student_a.pk])
     form = client.get(url).content.decode()
     assert '<option value="Europe/Berlin">Europe/Berlin</option>' in form
-    data = {"username": student_a.username, "full_name": "Student A", "email": "a@example.test",
-            "is_active": "on", "tenant": student_a.tenant_id}
+    data = {
+        "username": student_a.username,
+        "full_name": "Student A",
+        "email": "a@example.test",
+        "is_active": "on",
+        "tenant": student_a.tenant_id,
+    }
     refused = client.post(url, {**data, "time_zone": "Mars/Olympus_Mons"})
     assert refused.status_code == 200 and "Select a valid choice" in refused.content.decode()
     student_a.refresh_from_db()

@@ -28,8 +28,11 @@ def all_routes(patterns: list, prefix: str = "") -> list[tuple[str, URLPattern]]
 
 def id_routes() -> list[tuple[str, URLPattern]]:
     """Every route with an id in its path, as ``(route, pattern)``."""
-    return [(route, pattern) for route, pattern in all_routes(get_resolver().url_patterns)
-            if any(isinstance(c, (IdConverter, IntConverter)) for c in pattern.pattern.converters.values())]
+    return [
+        (route, pattern)
+        for route, pattern in all_routes(get_resolver().url_patterns)
+        if any(isinstance(c, (IdConverter, IntConverter)) for c in pattern.pattern.converters.values())
+    ]
 
 
 def fill(route: str, pattern: URLPattern, number: int) -> str:
@@ -65,8 +68,9 @@ async def test_websocket_ids_too_large_are_refused():
     from portal.asgi import application
 
     for path in ("/ws/attempts/{}/events/", "/ws/attempts/{}/console/"):
-        communicator = WebsocketCommunicator(application, path.format(2**64),
-                                             headers=[(b"origin", b"http://testserver"), (b"host", b"testserver")])
+        communicator = WebsocketCommunicator(
+            application, path.format(2**64), headers=[(b"origin", b"http://testserver"), (b"host", b"testserver")]
+        )
         connected, _code = await communicator.connect(timeout=10)
         assert not connected
         await communicator.disconnect(timeout=10)

@@ -34,10 +34,15 @@ async def test_sockets_from_another_origin_are_refused_and_end_with_their_connec
     # First a socket that reaches its consumer, which joins its group on the channel layer before the session
     # decides (none here: refused); the refusals after it must not wait on the layer either.
     await assert_refused("/ws/attempts/1/events/", [ORIGIN, HOST])
-    for headers in ([(b"origin", b"http://evil.example")], [(b"origin", b"null")], [],
-                    [(b"origin", b"http://testserver.evil.example")],
-                    # Malformed: the URL parser raises on these, which must refuse, not crash
-                    [(b"origin", b"http://[::1")], [(b"origin", b"http://[zz]")]):
+    for headers in (
+        [(b"origin", b"http://evil.example")],
+        [(b"origin", b"null")],
+        [],
+        [(b"origin", b"http://testserver.evil.example")],
+        # Malformed: the URL parser raises on these, which must refuse, not crash
+        [(b"origin", b"http://[::1")],
+        [(b"origin", b"http://[zz]")],
+    ):
         await assert_refused("/ws/attempts/1/events/", headers)
         await assert_refused("/ws/nope/", headers)
 
@@ -47,7 +52,6 @@ async def handshake(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[bool
     answer = await communicator.connect(timeout=10)
     await communicator.disconnect(timeout=10)
     return answer
-
 
 
 @pytest.mark.django_db(transaction=True)
@@ -67,8 +71,7 @@ async def test_the_origin_must_match_scheme_host_and_port_exactly(settings):
     ):
         headers = [(b"origin", origin)] + ([(b"host", host)] if host else [])
         assert await handshake(path, headers) != reached, (origin, host)
-    assert (await handshake(path, [(b"origin", b"http://testserver:8000"), (b"host", b"testserver:8000")])
-            == reached)
+    assert await handshake(path, [(b"origin", b"http://testserver:8000"), (b"host", b"testserver:8000")]) == reached
 
 
 @pytest.mark.django_db(transaction=True)

@@ -46,8 +46,17 @@ def log_tail(path: Path, lines: int = 40) -> str:
 
 
 class LivePortal:
-    def __init__(self, *, database_url: str, redis_url: str, kubeconfig: str | Path, workdir: str | Path,
-                 extra_env: dict[str, str] | None = None, worker: bool = True, startup_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        database_url: str,
+        redis_url: str,
+        kubeconfig: str | Path,
+        workdir: str | Path,
+        extra_env: dict[str, str] | None = None,
+        worker: bool = True,
+        startup_timeout: float = 60.0,
+    ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -72,21 +81,48 @@ class LivePortal:
     def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
         log_path = self.workdir / f"{name}.log"
         with log_path.open("ab") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       cwd=REPO_ROOT, env=self.env, start_new_session=True)
+            process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=REPO_ROOT,
+                env=self.env,
+                start_new_session=True,
+            )
         self.processes.append((name, process, log_path))
         return process
 
     def start(self) -> LivePortal:
         python = sys.executable
         try:
-            self._spawn("daphne", [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                                   "portal.asgi:application"])
+            self._spawn(
+                "daphne", [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "portal.asgi:application"]
+            )
             if self.worker:
-                self._spawn("celery", [python, "-m", "celery", "-A", "portal", "worker", "--beat",
-                                       "--schedule", str(self.workdir / "beat-schedule"), "--pool", "threads",
-                                       "--concurrency", "4", "--loglevel", "INFO", "--without-gossip",
-                                       "--without-mingle", "--without-heartbeat"])
+                self._spawn(
+                    "celery",
+                    [
+                        python,
+                        "-m",
+                        "celery",
+                        "-A",
+                        "portal",
+                        "worker",
+                        "--beat",
+                        "--schedule",
+                        str(self.workdir / "beat-schedule"),
+                        "--pool",
+                        "threads",
+                        "--concurrency",
+                        "4",
+                        "--loglevel",
+                        "INFO",
+                        "--without-gossip",
+                        "--without-mingle",
+                        "--without-heartbeat",
+                    ],
+                )
             self._wait_until_serving()
         except BaseException:
             self.stop()

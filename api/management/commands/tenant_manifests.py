@@ -23,8 +23,9 @@ PLACEHOLDER = re.compile(r"\$\{([A-Z_]+)\}")
 
 
 def tenant_values(tenant: Tenant) -> dict[str, str]:
-    hard = quota_hard(max_vms=tenant.max_concurrent_vms, max_vcpus=tenant.max_vcpus,
-                      max_memory_mib=tenant.max_memory_mib)
+    hard = quota_hard(
+        max_vms=tenant.max_concurrent_vms, max_vcpus=tenant.max_vcpus, max_memory_mib=tenant.max_memory_mib
+    )
     return {
         "TENANT_NAMESPACE": tenant.namespace,
         "TENANT_ID": str(tenant.pk),

@@ -25,19 +25,27 @@ class Command(BaseCommand):
         facts = preflight.gather()
         findings = preflight.assess(facts)
         if options["json"]:
-            self.stdout.write(json.dumps({
-                "server_version": facts.server_version,
-                "kubevirt_version": preflight.kubevirt_version(facts.kubevirt),
-                "nodes": len(facts.nodes),
-                "findings": preflight.findings_as_json(findings),
-            }, indent=2))
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "server_version": facts.server_version,
+                        "kubevirt_version": preflight.kubevirt_version(facts.kubevirt),
+                        "nodes": len(facts.nodes),
+                        "findings": preflight.findings_as_json(findings),
+                    },
+                    indent=2,
+                )
+            )
         else:
             self.stdout.write(
                 f"Kubernetes {facts.server_version or '?'}, KubeVirt "
                 f"{preflight.kubevirt_version(facts.kubevirt) or '?'}, {len(facts.nodes)} node(s)."
             )
-            styles = {preflight.ERROR: self.style.ERROR, preflight.WARNING: self.style.WARNING,
-                      preflight.INFO: self.style.NOTICE}
+            styles = {
+                preflight.ERROR: self.style.ERROR,
+                preflight.WARNING: self.style.WARNING,
+                preflight.INFO: self.style.NOTICE,
+            }
             for finding in findings:
                 self.stdout.write(styles[finding.level](f"{finding.level.upper()}: {finding.message}"))
                 if finding.fix:

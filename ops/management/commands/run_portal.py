@@ -34,10 +34,24 @@ def start_kubesim(*, kubeconfig: Path, log_path: Path, extra_args: list[str]) ->
         kubeconfig.unlink()
     log = log_path.open("ab")
     process = subprocess.Popen(
-        [sys.executable, "-m", "kubesim", "serve", "--host", "127.0.0.1", "--port", "0",
-         "--kubeconfig", str(kubeconfig), "--tls-kubeconfig", str(kubeconfig.with_name("kubeconfig-kubectl")),
-         *extra_args],
-        stdout=subprocess.PIPE, stderr=log, cwd=settings.BASE_DIR,
+        [
+            sys.executable,
+            "-m",
+            "kubesim",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--tls-kubeconfig",
+            str(kubeconfig.with_name("kubeconfig-kubectl")),
+            *extra_args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        cwd=settings.BASE_DIR,
     )
     atexit.register(stop_process, process)
     url_line = process.stdout.readline().decode().strip() if process.stdout else ""
@@ -68,7 +82,11 @@ def start_embedded_celery() -> None:
     from portal.celery import app
 
     worker = app.WorkController(
-        pool_cls="threads", concurrency=4, loglevel="INFO", without_heartbeat=True, without_mingle=True,
+        pool_cls="threads",
+        concurrency=4,
+        loglevel="INFO",
+        without_heartbeat=True,
+        without_mingle=True,
         without_gossip=True,
     )
     threading.Thread(target=worker.start, name="celery-worker", daemon=True).start()
@@ -84,17 +102,22 @@ class Command(BaseCommand):
         parser.add_argument("--host", default=os.environ.get("PORTAL_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORTAL_PORT", "8000")))
         parser.add_argument(
-            "--kubesim-arg", action="append", default=[],
+            "--kubesim-arg",
+            action="append",
+            default=[],
             help="Extra argument for kubesim (repeatable), e.g. --kubesim-arg=--phase-delay=1",
         )
         parser.add_argument("--no-kubesim", action="store_true", help="Do not start kubesim.")
         parser.add_argument(
-            "--shutdown-grace", type=float, default=float(os.environ.get("PORTAL_SHUTDOWN_GRACE_SECONDS", "10")),
+            "--shutdown-grace",
+            type=float,
+            default=float(os.environ.get("PORTAL_SHUTDOWN_GRACE_SECONDS", "10")),
             help="Seconds that requests and tasks in flight get after SIGTERM before the process exits anyway.",
         )
 
-    def handle(self, *args, host: str, port: int, kubesim_arg: list[str], no_kubesim: bool, shutdown_grace: float,
-               **options) -> None:
+    def handle(
+        self, *args, host: str, port: int, kubesim_arg: list[str], no_kubesim: bool, shutdown_grace: float, **options
+    ) -> None:
         # First: importing daphne installs its asyncio Twisted reactor, which the supervisor and shutdown hook use.
         from daphne.cli import CommandLineInterface
         from twisted.internet import reactor as twisted_reactor
@@ -145,7 +168,8 @@ class Command(BaseCommand):
             start=lambda more: start_kubesim(kubeconfig=kubeconfig, log_path=log_path, extra_args=[*extra_args, *more]),
             restarted=kube_client.reset,  # the new kubesim has a new token
             give_up=lambda _message: reactor.callFromThread(reactor.stop),
-            kubeconfigs=(kubeconfig, kubeconfig.with_name("kubeconfig-kubectl")), log_path=log_path,
+            kubeconfigs=(kubeconfig, kubeconfig.with_name("kubeconfig-kubectl")),
+            log_path=log_path,
         )
         supervisor.run()
         return supervisor

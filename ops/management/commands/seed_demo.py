@@ -11,14 +11,19 @@ from portal.errors import ApplicationError
 
 
 class Command(BaseCommand):
-    help = ("Create the demo tenant \"Demo University\", a course, the lab \"Linux basics\" with three checks, an "
-            "instructor, a TA and three students, then print the URL and their logins. Re-running changes "
-            "nothing. DEMO_PASSWORD sets one password for all demo accounts (required in production).")
+    help = (
+        'Create the demo tenant "Demo University", a course, the lab "Linux basics" with three checks, an '
+        "instructor, a TA and three students, then print the URL and their logins. Re-running changes "
+        "nothing. DEMO_PASSWORD sets one password for all demo accounts (required in production)."
+    )
 
     def add_arguments(self, parser) -> None:
         port = os.environ.get("PORTAL_PORT", "8000")
-        parser.add_argument("--url", default=f"http://127.0.0.1:{port}/",
-                            help="Where the portal is served, for the printed hint (default %(default)s).")
+        parser.add_argument(
+            "--url",
+            default=f"http://127.0.0.1:{port}/",
+            help="Where the portal is served, for the printed hint (default %(default)s).",
+        )
 
     def handle(self, *args, url: str, **options) -> None:
         try:
@@ -31,8 +36,9 @@ class Command(BaseCommand):
         else:
             self.stdout.write("Demo data already present; nothing changed.")
         self.stdout.write(f"Portal: {url}    Admin (instructor): {url}admin/")
-        self.stdout.write(f"Course {seed.course.code} \"{seed.course.title}\", lab \"{seed.lab.title}\" "
-                          f"in {seed.tenant.name}.")
+        self.stdout.write(
+            f'Course {seed.course.code} "{seed.course.title}", lab "{seed.lab.title}" in {seed.tenant.name}.'
+        )
         self.stdout.write("Logins (username / password):")
         width = max(len(login.username) for login in seed.logins)
         for login in seed.logins:
