@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import time
 from collections import Counter
@@ -53,11 +54,12 @@ def rss_mb(pid: int) -> float:
 def redis_console_state(attempt_id: int) -> tuple[str | None, list[str]]:
     import redis
 
+    prefix = os.environ.get("REDIS_KEY_PREFIX", "")
     client = redis.Redis.from_url(bench_redis_url(), decode_responses=True)
     try:
         return (
-            client.get(f"portal:console:lease:{attempt_id}"),
-            client.zrangebyscore(f"portal:console:viewers:{attempt_id}", time.time(), "+inf"),
+            client.get(f"{prefix}portal:console:lease:{attempt_id}"),
+            client.zrangebyscore(f"{prefix}portal:console:viewers:{attempt_id}", time.time(), "+inf"),
         )
     finally:
         client.close()

@@ -33,7 +33,7 @@ clock: Callable[[], float] = time.time
 
 def client_address(request: HttpRequest) -> str:
     """The client's address: REMOTE_ADDR, or the header the trusted proxy in front sets (settings)."""
-    header = getattr(settings, "RATE_LIMIT_CLIENT_ADDRESS_HEADER", None) or "REMOTE_ADDR"
+    header = settings.RATE_LIMIT_CLIENT_ADDRESS_HEADER or "REMOTE_ADDR"
     value = request.META.get(header, "") or request.META.get("REMOTE_ADDR", "")
     # X-Forwarded-For style lists: the proxy appends the address it saw last.
     return value.split(",")[-1].strip() or "unknown"

@@ -50,13 +50,21 @@ def run_in(sim, name: str, command: str) -> str:
         timeout=10,
     )
     try:
-        ws.send_binary(f"{command}; echo; echo END-{marker}\r".encode())
-        output = b""
-        while f"\r\nEND-{marker}".encode() not in output:
-            output += ws.recv()
+        # Echo off first: a long command line wraps on the 80-column console, and its echo must not be mistaken for
+        # output. The markers are computed by the shell, so only its output contains them as written here.
+        read_until(ws, f"stty -echo; echo READY-$((6*7))-{marker}\r", f"READY-42-{marker}")
+        output = read_until(ws, f"{command}; echo; echo END-$((6*7))-{marker}\r", f"END-42-{marker}")
     finally:
         ws.close()
-    return output.decode(errors="replace").split(f"END-{marker}\r\n", 1)[-1]
+    return output.split(f"END-42-{marker}", 1)[0]
+
+
+def read_until(ws, typed: str, marker: str) -> str:
+    ws.send_binary(typed.encode())
+    output = b""
+    while marker.encode() not in output:
+        output += ws.recv()
+    return output.decode(errors="replace")
 
 
 def host_uid(pid: int) -> int:

@@ -31,6 +31,7 @@ from labs.consumers.console import console_group, console_input_group
 from labs.consumers.events import attempt_group
 from labs.tests.test_console_handover import console_tasks
 from labs.tests.test_consumers import (  # noqa: F401 - the autouse fixtures apply here too
+    HOST,
     ORIGIN,
     fast_password_hasher,
     isolated_console_state,
@@ -72,7 +73,7 @@ def channel_layer_kind(request, settings):
 
 async def churning_socket(path: str, cookie: bytes, moment: str, rng: random.Random) -> None:
     """One tab that closes at ``moment``, a random fraction of a second into it."""
-    communicator = WebsocketCommunicator(application, path, headers=[ORIGIN, (b"cookie", cookie)])
+    communicator = WebsocketCommunicator(application, path, headers=[ORIGIN, HOST, (b"cookie", cookie)])
     await asyncio.sleep(rng.uniform(0, 0.3))
     if moment == "during_handshake":
         await communicator.send_input({"type": "websocket.connect"})
@@ -161,8 +162,10 @@ def redis_console_state(attempt_id: int) -> tuple[str | None, set[str]]:
 
     client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
     try:
-        holder = client.get(f"portal:console:lease:{attempt_id}")
-        viewers = set(client.zrangebyscore(f"portal:console:viewers:{attempt_id}", time.time(), "+inf"))
+        holder = client.get(f"{settings.REDIS_KEY_PREFIX}portal:console:lease:{attempt_id}")
+        viewers = set(
+            client.zrangebyscore(f"{settings.REDIS_KEY_PREFIX}portal:console:viewers:{attempt_id}", time.time(), "+inf")
+        )
     finally:
         client.close()
     return holder, viewers

@@ -97,8 +97,10 @@ def running_portal(
     shutil.copytree(seeded_var[0], var_dir)
     log_path = tmp_path / "portal.log"
     log = log_path.open("wb")
+    # The sandboxed shell guest: this is the embedded flow under test; real VMs have tests of their own (marked vm).
+    command = ["run_portal", "--kubesim-arg=--zero-delays", "--kubesim-arg=--guest=shell", *args]
     process = subprocess.Popen(
-        [sys.executable, str(BASE_DIR / "manage.py"), "run_portal", "--kubesim-arg=--zero-delays", *args],
+        [sys.executable, str(BASE_DIR / "manage.py"), *command],
         env={**embedded_env(var_dir, port), **(env or {})},
         stdout=log,
         stderr=subprocess.STDOUT,
