@@ -38,6 +38,9 @@ class SimConfig:
     guest_images: list[str] = field(default_factory=list)  # vm: "DIR" or "containerDisk-name=DIR"
     guest_max_cpus: int = 1  # vm: caps on what a VMI asks for (0: none), for small hosts
     guest_max_memory_mib: int = 1024
+    # vm: what the guests run under ("kvm" or "tcg") and why, found by probing at start; "" for other guests.
+    accelerator: str = ""
+    accelerator_reason: str = ""
     watch_history: int = 10_000
     bookmark_interval: float = 60.0
     watch_timeout: float = 1800.0

@@ -44,6 +44,10 @@ def gate_enabled(kubevirt: dict[str, Any] | None, gate: str) -> bool:
     return state == "Beta" and parse_version(version) >= (1, 9, 0)
 
 
+ACCELERATOR = "kubesim.io/accelerator"
+ACCELERATOR_REASON = "kubesim.io/accelerator-reason"
+
+
 def default_kubevirt(config: SimConfig) -> dict[str, Any]:
     """The ``kubevirt/kubevirt`` CR a freshly installed operator leaves behind."""
     developer: dict[str, Any] = {}
@@ -51,6 +55,13 @@ def default_kubevirt(config: SimConfig) -> dict[str, Any]:
         developer["featureGates"] = list(config.feature_gates)
     if config.disabled_feature_gates:
         developer["disabledFeatureGates"] = list(config.disabled_feature_gates)
+    annotations = {}
+    if config.accelerator:
+        # KubeVirt reports no accelerator; a cluster whose nodes lack KVM must allow emulation (useEmulation), and
+        # kubesim says which one its guests run under, and why, beside it.
+        annotations = {ACCELERATOR: config.accelerator, ACCELERATOR_REASON: config.accelerator_reason}
+        if config.accelerator == "tcg":
+            developer["useEmulation"] = True
     version = config.kubevirt_version
     return {
         "apiVersion": "kubevirt.io/v1",
@@ -60,6 +71,7 @@ def default_kubevirt(config: SimConfig) -> dict[str, Any]:
             "namespace": "kubevirt",
             "generation": 1,
             "finalizers": ["foregroundDeleteKubeVirt"],
+            **({"annotations": annotations} if annotations else {}),
         },
         "spec": {
             "certificateRotateStrategy": {},

@@ -57,6 +57,7 @@ class GuestManager:
         self.store = store
         self.guests: dict[str, Any] = {}
         self.api: Any = None  # set by the server: guests report back (agent connected, QEMU gone) through it
+        self.record: Any = None  # set by the server: the cluster's event recorder
         self.images: dict[str, Path] = {}
         self.accelerator = ""
         if config.guest == "shell" and not sandbox.bwrap_available():
@@ -72,7 +73,7 @@ class GuestManager:
             self.base = None
         self._shutting_down: list[Any] = []  # vm guests between the ACPI power button and the kill
         if config.guest == "vm":
-            from kubesim.qemu import QEMU, probe_accelerator
+            from kubesim.qemu import QEMU, accelerator_reason, probe_accelerator
 
             missing = [tool for tool in (QEMU, "genisoimage") if shutil.which(tool) is None]
             if missing:
@@ -83,11 +84,9 @@ class GuestManager:
             self.images = guest_images(config.guest_images)
             default = self.images.get("", next(iter(self.images.values())))
             self.accelerator = probe_accelerator(str(default / "vmlinuz"))
-            log.info(
-                "vm guests run under %s (%s)",
-                self.accelerator.upper(),
-                "KVM works here" if self.accelerator == "kvm" else "no usable KVM here: QEMU emulates the CPU",
-            )
+            config.accelerator = self.accelerator
+            config.accelerator_reason = accelerator_reason(self.accelerator)
+            log.info("vm guests run under %s (%s)", self.accelerator.upper(), config.accelerator_reason)
         self._processes: list[subprocess.Popen] = []
         self._reaper: asyncio.TimerHandle | None = None
 
@@ -119,8 +118,12 @@ class GuestManager:
         self.api.mutate(VMI, guest.namespace, guest.name, connected)
 
     def guest_exited(self, guest: Any, *, powered_off: bool, code: int | None) -> None:
-        """QEMU ended on its own: Succeeded after a guest power-off, Failed otherwise (virt-handler's reading)."""
+        """QEMU ended on its own: Succeeded after a guest power-off, Failed otherwise, as virt-handler reads the
+        domain's Shutoff (reason Shutdown) or Crashed state (``pkg/virt-handler/vm.go``, ``calculateVmPhase...``):
+        no ``status.reason``, a ``Stopped`` event saying which."""
         from kubesim.controllers.objects import VMI, drop_condition, new_condition, set_condition, set_phase
+
+        ended_now = []
 
         def ended(o: dict[str, Any]) -> None:
             if o["metadata"]["uid"] != guest.uid or (o.get("status") or {}).get("phase") != "Running":
@@ -128,10 +131,14 @@ class GuestManager:
             set_phase(o, "Succeeded" if powered_off else "Failed")
             set_condition(o, new_condition("Ready", "False", "GuestNotRunning", "Guest VM is not reported as running"))
             drop_condition(o, "AgentConnected")
-            if not powered_off:
-                o["status"]["reason"] = "GuestFailed"
+            ended_now.append(True)
 
-        self.api.mutate(VMI, guest.namespace, guest.name, ended)
+        vmi = self.api.mutate(VMI, guest.namespace, guest.name, ended)
+        if ended_now and vmi is not None and self.record is not None:
+            if powered_off:
+                self.record(vmi, "Normal", "Stopped", "The VirtualMachineInstance was shut down.", "virt-handler")
+            else:
+                self.record(vmi, "Warning", "Stopped", "The VirtualMachineInstance crashed.", "virt-handler")
 
     def start(self, vmi: dict[str, Any], *, agent_after: float = 0.0) -> Guest:
         """The VMI's guest, booted; a shell guest's lab agent starts ``agent_after`` seconds later."""

@@ -10,6 +10,7 @@ import string
 from decimal import Decimal
 from typing import Any
 
+from kubesim.featuregates import developer_configuration
 from kubesim.quantity import format_cpu, format_memory, parse_quantity
 
 MI = Decimal(2**20)
@@ -133,11 +134,9 @@ def render_pod(
     )
     grace = int(spec.get("terminationGracePeriodSeconds", 30))
     resources = spec.get("domain", {}).get("resources") or {}
-    limits: dict[str, str] = {
-        "devices.kubevirt.io/kvm": "1",
-        "devices.kubevirt.io/tun": "1",
-        "devices.kubevirt.io/vhost-net": "1",
-    }
+    limits: dict[str, str] = {"devices.kubevirt.io/tun": "1"}
+    if not developer_configuration(kubevirt).get("useEmulation"):  # renderresources.go, getRequiredResources
+        limits.update({"devices.kubevirt.io/kvm": "1", "devices.kubevirt.io/vhost-net": "1"})
     if (resources.get("limits") or {}).get("memory"):
         limits["memory"] = format_memory(memory)
     if (resources.get("limits") or {}).get("cpu"):

@@ -74,6 +74,15 @@ def probe_accelerator(probe_kernel: str) -> str:
     return "kvm" if works else "tcg"
 
 
+def accelerator_reason(accelerator: str) -> str:
+    """Why the guests run under this accelerator, in a few words."""
+    if accelerator == "kvm":
+        return "a probe guest ran under KVM here"
+    if not Path("/dev/kvm").exists():
+        return "no /dev/kvm here: QEMU emulates the CPU (TCG)"
+    return "/dev/kvm is here but a probe guest did not run under it: QEMU emulates the CPU (TCG)"
+
+
 def vmi_size(vmi: dict[str, Any], *, max_cpus: int, max_memory_mib: int) -> tuple[int, int]:
     """vCPUs and guest memory (MiB) the VMI asks for, each capped when a cap is set (0: none)."""
     domain = (vmi.get("spec") or {}).get("domain") or {}

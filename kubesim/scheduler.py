@@ -24,7 +24,7 @@ class NodeUsage:
     used_kvm: int = 0
     free_ips: list[int] = field(default_factory=lambda: list(range(254, 1, -1)))
 
-    def shortfalls(self, cpu: Decimal, memory: Decimal) -> list[str]:
+    def shortfalls(self, cpu: Decimal, memory: Decimal, kvm: int = 1) -> list[str]:
         reasons = []
         if self.used_pods + 1 > self.pods:
             reasons.append("Too many pods")
@@ -32,7 +32,7 @@ class NodeUsage:
             reasons.append("Insufficient cpu")
         if self.used_memory + memory > self.memory:
             reasons.append("Insufficient memory")
-        if self.used_kvm + 1 > self.kvm:
+        if kvm and self.used_kvm + kvm > self.kvm:
             reasons.append("Insufficient devices.kubevirt.io/kvm")
         return reasons
 
@@ -46,14 +46,16 @@ def decimal_si(count: int) -> str:
 
 
 def render_node(config: SimConfig, index: int, name: str) -> dict[str, Any]:
-    # virt-handler's device plugins advertise 1000 devices each (cmd/virt-handler/virt-handler.go, maxDevices).
+    # virt-handler's device plugins advertise 1000 devices each (cmd/virt-handler/virt-handler.go, maxDevices);
+    # none of KVM where guests cannot use it.
     devices = decimal_si(config.node_kvm_devices)
+    kvm = devices if config.accelerator != "tcg" else "0"
     allocatable = {
         "cpu": config.node_cpu,
         "memory": config.node_memory,
         "pods": str(config.node_pods),
         "ephemeral-storage": "100Gi",
-        "devices.kubevirt.io/kvm": devices,
+        "devices.kubevirt.io/kvm": kvm,
         "devices.kubevirt.io/tun": devices,
         "devices.kubevirt.io/vhost-net": devices,
         "hugepages-2Mi": "0",
@@ -111,7 +113,8 @@ class Scheduler:
 
     def __init__(self) -> None:
         self.nodes: dict[str, NodeUsage] = {}
-        self._bound: dict[str, tuple[str, Decimal, Decimal, int]] = {}  # pod uid → (node, cpu, memory, ip)
+        # pod uid → (node, cpu, memory, ip, KVM devices)
+        self._bound: dict[str, tuple[str, Decimal, Decimal, int, int]] = {}
 
     def add_node(self, node: dict[str, Any], index: int) -> None:
         allocatable = node["status"]["allocatable"]
@@ -130,11 +133,11 @@ class Scheduler:
             if node == name:
                 del self._bound[uid]
 
-    def pick(self, cpu: Decimal, memory: Decimal) -> tuple[str | None, str]:
+    def pick(self, cpu: Decimal, memory: Decimal, kvm: int = 1) -> tuple[str | None, str]:
         """The least-allocated node that fits, or None and the scheduler's FailedScheduling message."""
         best, best_score, reasons = None, None, {}
         for usage in self.nodes.values():
-            shortfalls = usage.shortfalls(cpu, memory)
+            shortfalls = usage.shortfalls(cpu, memory, kvm)
             if shortfalls:
                 for reason in shortfalls:
                     reasons[reason] = reasons.get(reason, 0) + 1
@@ -150,27 +153,27 @@ class Scheduler:
         message += f" preemption: 0/{total} nodes are available: {total} No preemption victims found for incoming pod."
         return None, message
 
-    def bind(self, pod_uid: str, node: str, cpu: Decimal, memory: Decimal) -> str:
+    def bind(self, pod_uid: str, node: str, cpu: Decimal, memory: Decimal, kvm: int = 1) -> str:
         usage = self.nodes[node]
         usage.used_cpu += cpu
         usage.used_memory += memory
         usage.used_pods += 1
-        usage.used_kvm += 1
+        usage.used_kvm += kvm
         host = usage.free_ips.pop() if usage.free_ips else 255
-        self._bound[pod_uid] = (node, cpu, memory, host)
+        self._bound[pod_uid] = (node, cpu, memory, host, kvm)
         return f"10.244.{usage.index}.{host}"
 
     def release(self, pod_uid: str) -> bool:
         bound = self._bound.pop(pod_uid, None)
         if bound is None:
             return False
-        node, cpu, memory, host = bound
+        node, cpu, memory, host, kvm = bound
         usage = self.nodes.get(node)
         if usage is not None:
             usage.used_cpu -= cpu
             usage.used_memory -= memory
             usage.used_pods -= 1
-            usage.used_kvm -= 1
+            usage.used_kvm -= kvm
             if host != 255:
                 usage.free_ips.append(host)
         return True

@@ -172,6 +172,7 @@ class KubeSim:
         self.guests = GuestManager(config=config, store=self.store)
         self.guests.api = self.api
         self.cluster = Cluster(store=self.store, api=self.api, config=config, guests=self.guests)
+        self.guests.record = self.cluster.record
         self.faults = Faults()
         self.counters = RequestCounters()
         self.consoles: set[Any] = set()
@@ -598,6 +599,8 @@ class KubeSim:
             "pods": self.store.count("pods"),
             "guests": len(self.guests.guests),
             "profile": self.config.profile,
+            "accelerator": self.config.accelerator,
+            "accelerator_reason": self.config.accelerator_reason,
             "reconciles": self.cluster.counters.reconciles,
             "controller_errors": self.cluster.counters.errors,
             "last_controller_error": self.cluster.counters.last_error,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import time
 from decimal import Decimal
@@ -114,3 +115,17 @@ async def test_a_lab_on_a_real_vm_start_console_check_fix_check_stop(
         f"\nthrough the portal under {guest['accelerator']}: Start → agent ready {agent_ready:.1f} s, "
         f"→ console prompt answering {prompt:.1f} s"
     )
+
+
+def test_a_vm_whose_qemu_dies_fails_the_attempt_and_says_it_crashed(
+    vm_cluster, student_a, lab_a, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        attempt = attempt_start(actor=student_a, lab=lab_a)
+    deadline = time.monotonic() + 120
+    while not ((guest := vm_cluster.admin.guest(attempt.namespace, attempt.vm_name)) and guest["qemu_pid"]):
+        assert time.monotonic() < deadline, "QEMU did not start"
+        time.sleep(0.2)
+    os.kill(guest["qemu_pid"], signal.SIGKILL)
+    sync_until(attempt, AttemptState.FAILED, timeout=60)
+    assert "The VirtualMachineInstance crashed." in attempt.failure_reason, attempt.failure_reason

@@ -235,7 +235,9 @@ class VirtualMachineInstanceController:
         cpu, memory = effective_requests(pod)
         if pod["spec"].get("nodeName"):
             return
-        node, why = self.scheduler.pick(cpu, memory)
+        limits = pod["spec"]["containers"][0].get("resources", {}).get("limits") or {}
+        kvm = 1 if "devices.kubevirt.io/kvm" in limits else 0
+        node, why = self.scheduler.pick(cpu, memory, kvm)
         if node is None:
             self._unschedulable.add((namespace, name))
             self.record(pod, "Warning", "FailedScheduling", why, "default-scheduler")
@@ -259,7 +261,7 @@ class VirtualMachineInstanceController:
             self.api.mutate(VMI, namespace, name, vmi_unschedulable)
             return
         self._unschedulable.discard((namespace, name))
-        ip = self.scheduler.bind(pod["metadata"]["uid"], node, cpu, memory)
+        ip = self.scheduler.bind(pod["metadata"]["uid"], node, cpu, memory, kvm)
         runtime.node, runtime.ip = node, ip
         host_ip = self.store.get("nodes", "", node)["status"]["addresses"][0]["address"]
 

@@ -378,3 +378,51 @@ def test_protobuf_bodies_of_unknown_kinds_are_415_and_malformed_ones_400():
     assert broken.value.code == 400
     namespace = protobuf.MAGIC + field(1, field(1, b"v1") + field(2, b"Namespace")) + field(2, field(1, field(1, b"x")))
     assert protobuf.decode(namespace) == {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}
+
+
+@pytest.mark.parametrize("accelerator", ["tcg", "kvm", ""])
+def test_the_accelerator_is_told_as_a_cluster_tells_it(accelerator):
+    """Under TCG: the KubeVirt CR allows emulation, nodes offer no KVM, launcher pods ask for none and still
+    schedule; the CR's annotations say which accelerator and why."""
+    import random
+
+    from kubesim.config import SimConfig
+    from kubesim.featuregates import default_kubevirt
+    from kubesim.launcher import render_pod
+    from kubesim.scheduler import Scheduler, render_node
+
+    config = SimConfig(accelerator=accelerator, accelerator_reason="because" if accelerator else "")
+    kubevirt = default_kubevirt(config)
+    developer = kubevirt["spec"]["configuration"]["developerConfiguration"]
+    annotations = kubevirt["metadata"].get("annotations") or {}
+    node = render_node(config, 1, "node01")
+    vmi = {
+        "metadata": {"name": "a", "namespace": "n", "uid": "u"},
+        "spec": vm_manifest("a")["spec"]["template"]["spec"],
+    }
+    pod = render_pod(
+        vmi,
+        cpu=Decimal("0.1"),
+        memory=Decimal(2**30),
+        kubevirt_version="v1.9.0",
+        rng=random.Random(1),
+        kubevirt=kubevirt,
+    )
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    scheduler = Scheduler()
+    scheduler.add_node(node, 1)
+    if accelerator == "tcg":
+        assert developer.get("useEmulation") is True
+        assert annotations == {"kubesim.io/accelerator": "tcg", "kubesim.io/accelerator-reason": "because"}
+        assert node["status"]["allocatable"]["devices.kubevirt.io/kvm"] == "0"
+        assert "devices.kubevirt.io/kvm" not in limits and "devices.kubevirt.io/vhost-net" not in limits
+        assert scheduler.pick(Decimal("0.1"), Decimal(2**30), kvm=0)[0] == "node01"
+        assert "Insufficient devices.kubevirt.io/kvm" in scheduler.pick(Decimal("0.1"), Decimal(2**30), kvm=1)[1]
+    else:
+        assert "useEmulation" not in developer
+        assert annotations == (
+            {"kubesim.io/accelerator": "kvm", "kubesim.io/accelerator-reason": "because"} if accelerator else {}
+        )
+        assert node["status"]["allocatable"]["devices.kubevirt.io/kvm"] == "1k"
+        assert limits["devices.kubevirt.io/kvm"] == "1"
+        assert scheduler.pick(Decimal("0.1"), Decimal(2**30), kvm=1)[0] == "node01"

@@ -189,6 +189,45 @@ def test_a_vm_boots_reports_its_agent_and_logs_the_student_in(sim, apis):
     second.close()
 
 
+def test_the_cluster_says_which_accelerator_its_guests_run_under(sim, apis):
+    core, custom = apis
+    kubevirt = custom.get_namespaced_custom_object(GROUP, VERSION, "kubevirt", "kubevirts", "kubevirt")
+    state = sim.admin.state()
+    accelerator = state["accelerator"]
+    assert accelerator in ("kvm", "tcg") and state["accelerator_reason"]
+    annotations = kubevirt["metadata"]["annotations"]
+    assert annotations["kubesim.io/accelerator"] == accelerator
+    assert annotations["kubesim.io/accelerator-reason"] == state["accelerator_reason"]
+    emulated = kubevirt["spec"]["configuration"]["developerConfiguration"].get("useEmulation", False)
+    assert emulated == (accelerator == "tcg")
+    for node in core.list_node().items:
+        assert (node.status.allocatable["devices.kubevirt.io/kvm"] == "0") == (accelerator == "tcg")
+
+
+def test_a_vmi_whose_qemu_dies_fails_as_virt_handler_reports_a_crash(sim, apis):
+    core, custom = apis
+    _start(core, custom, "crash", run_strategy="Once")
+    guest = wait_for(
+        lambda: (g := sim.admin.guest("default", "crash")) and g["qemu_pid"] and g, timeout=60, what="QEMU started"
+    )
+    assert _phase(custom, "crash") == "Running"
+    os.kill(guest["qemu_pid"], signal.SIGKILL)
+    wait_for(lambda: _phase(custom, "crash") == "Failed", timeout=30, what="VMI Failed")
+    status = _vmi(custom, "crash")["status"]
+    assert "reason" not in status  # v1.9 writes status.reason only for a lost node
+    ready = condition({"status": status}, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "GuestNotRunning")
+    assert condition({"status": status}, "AgentConnected") is None
+    events = core.list_namespaced_event("default", field_selector="involvedObject.name=crash").items
+    crashed = [e for e in events if e.reason == "Stopped" and e.type == "Warning"]
+    assert crashed and crashed[0].message == "The VirtualMachineInstance crashed."
+    assert crashed[0].source.component == "virt-handler"
+    pods = core.list_namespaced_pod("default", label_selector="kubevirt.io=virt-launcher").items
+    assert all(p.status.phase == "Failed" for p in pods if p.metadata.name.startswith("virt-launcher-crash-"))
+    wait_for(lambda: not _alive(guest["qemu_pid"]), timeout=10, what="QEMU reaped")
+    assert sim.admin.guest("default", "crash") is None
+
+
 def test_portforward_to_a_port_nothing_listens_on_is_refused_with_500(sim, apis):
     wait_for(
         lambda: condition(_vmi(apis[1], "boot"), "AgentConnected"), timeout=BOOT_TIMEOUT, interval=1, what="guest up"
