@@ -29,7 +29,9 @@ from django.utils.translation import gettext as _
 
 from labs import wording
 from labs.kubevirt.operations import ClusterError
+from labs.models import Attempt
 from labs.services import agents, provisioning, sweeping, tracking
+from labs.services.namespaces import is_rbac_refusal, tenant_namespace_refused
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +88,8 @@ def provision_attempt(self, attempt_id: int) -> str:
         logger.error("provisioning attempt %s failed for good: %s", attempt_id, error.message)
         said = error.message
         if error.status == 403:  # RBAC: the tenant's Role is not applied yet (cluster_check says what to apply)
+            if is_rbac_refusal(error):  # the next Starts are refused before they make an attempt
+                tenant_namespace_refused(namespace=Attempt.objects.get(id=attempt_id).namespace, said=said)
             provisioning.attempt_fail(attempt_id=attempt_id, reason=lambda: wording.course_not_ready(said))
         else:
             provisioning.attempt_fail(

@@ -1,5 +1,6 @@
 """The tenant's namespace on the cluster (namespace, NetworkPolicies, ResourceQuota): made once, and again when
-the tenant's settings change or the namespace was deleted behind the portal's back."""
+the tenant's settings change or the namespace was deleted behind the portal's back; whether the cluster lets the
+portal in (a new tenant's Role may not be applied yet)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from django.db import IntegrityError
 from django.utils import timezone
 
 from labs.kubevirt import manifests, operations
+from labs.kubevirt.operations import RBAC_SIGNATURE, ClusterError
 from labs.models import TenantNamespace
 from portal.models import Tenant
 
@@ -63,4 +65,44 @@ def tenant_namespace_ensure(*, tenant: Tenant, force: bool = False) -> bool:
     operations.namespace_bootstrap(namespace=namespace, policies=policies, quota=quota)
     TenantNamespace.objects.filter(pk=row.pk).update(bootstrapped_at=timezone.now(), bootstrap_digest=digest)
     _applied_digests[tenant.id] = digest
+    return True
+
+
+# A namespace known to refuse the portal is tried again by the first Start after this long.
+NOT_READY_RECHECK_SECONDS = 30
+
+
+def is_rbac_refusal(error: ClusterError) -> bool:
+    return error.status == 403 and RBAC_SIGNATURE in error.message
+
+
+def tenant_namespace_refused(*, namespace: str, said: str) -> None:
+    """Record that RBAC refuses the portal in the namespace (the tenant's Role is not applied): Starts are refused
+    until it is, and the capacity page shows the cluster's words with what to apply."""
+    tenant = Tenant.objects.filter(namespace=namespace).only("id", "namespace").first()
+    if tenant is not None:
+        TenantNamespace.objects.update_or_create(
+            tenant=tenant,
+            defaults={"namespace": namespace, "last_error": said[:2000], "last_error_at": timezone.now()},
+        )
+
+
+def tenant_namespace_ready(*, tenant: Tenant) -> bool:
+    """False while the portal knows RBAC refuses it in the tenant's namespace. A record older than
+    ``NOT_READY_RECHECK_SECONDS`` is checked by setting the namespace up again: once the Role is applied, the
+    namespace is ready. Any other cluster trouble is left to the Start to meet."""
+    row = TenantNamespace.objects.filter(tenant=tenant).values("last_error", "last_error_at").first()
+    if row is None or RBAC_SIGNATURE not in row["last_error"]:
+        return True
+    since = timezone.now() - row["last_error_at"] if row["last_error_at"] else None
+    if since is not None and since.total_seconds() < NOT_READY_RECHECK_SECONDS:
+        return False
+    try:
+        tenant_namespace_ensure(tenant=tenant, force=True)
+    except ClusterError as error:
+        if is_rbac_refusal(error):
+            tenant_namespace_refused(namespace=tenant.namespace, said=error.message)
+            return False
+        return True
+    TenantNamespace.objects.filter(tenant=tenant).update(last_error="")
     return True

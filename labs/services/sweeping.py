@@ -29,6 +29,7 @@ from django.utils.translation import gettext as _
 from labs.kubevirt import names, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, TenantNamespace
+from labs.services.namespaces import is_rbac_refusal, tenant_namespace_refused
 from labs.services.provisioning import attempt_end, attempt_fail
 from labs.wording import with_cluster_words
 from portal.models import Tenant
@@ -85,9 +86,12 @@ def attempts_sweep(*, now: datetime | None = None) -> SweepReport:
             report.namespaces += 1
         except ClusterError as error:
             report.errors.append(error.message)
-            TenantNamespace.objects.filter(namespace=tenant.namespace).update(
-                last_error=error.message[:2000], last_error_at=timezone.now()
-            )
+            if is_rbac_refusal(error):  # a new tenant's Role not applied: known before its first Start
+                tenant_namespace_refused(namespace=tenant.namespace, said=error.message)
+            else:
+                TenantNamespace.objects.filter(namespace=tenant.namespace).update(
+                    last_error=error.message[:2000], last_error_at=timezone.now()
+                )
             logger.warning("sweep of %s failed: %s", tenant.namespace, error.message)
     requeue_requested(report=report, now=now)
     return report

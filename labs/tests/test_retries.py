@@ -3,6 +3,8 @@ list in one namespace does not stop the sync of the others; the agent-check paci
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from labs import tasks
@@ -266,3 +268,69 @@ def test_a_namespace_without_the_portals_role_reads_as_a_course_not_ready(faults
     assert attempt.failure_reason.startswith("This course is not ready yet")
     assert "tell your instructor" in attempt.failure_reason.lower()
     assert attempt.failure_reason_texts["ja"]
+
+
+def _starts(student, lab) -> tuple:
+    """The Start's answers: the lab page's (its script's, and a form's without script) and the API's."""
+    from django.test import Client
+    from django.urls import reverse
+
+    client = Client()
+    client.force_login(student)
+    url = reverse("labs:attempt_start", kwargs={"lab_id": lab.id})
+    script = client.post(url, HTTP_ACCEPT="application/json")
+    form = client.post(url, follow=True)
+    api = client.post("/api/v1/attempts/", {"lab": lab.id}, content_type="application/json")
+    return script, form, api
+
+
+def test_a_course_known_not_ready_refuses_the_start_before_any_attempt_and_starts_once_the_role_is_applied(
+    faults, student_a, lab_a
+):
+    from labs.models import TenantNamespace
+    from labs.services import namespaces, sweeping
+    from portal.errors import Conflict
+
+    faults.inject_fault(code=403, verbs=["list"], resources=["virtualmachines"])
+    sweeping.attempts_sweep()  # a new tenant, never started: the sweep finds RBAC refusing the portal
+    row = TenantNamespace.objects.get(tenant=lab_a.course.tenant)
+    assert "is forbidden" in row.last_error and "tenant_manifests" in row.last_error  # the capacity page's words
+    with pytest.raises(Conflict) as refused:
+        attempt_start(actor=student_a, lab=lab_a)
+    assert refused.value.code == "course_not_ready"
+    assert str(refused.value.message) == "This course is not ready yet; your instructor has been told."
+    script, form, api = _starts(student_a, lab_a)
+    assert script.status_code == 409 and script.json() == {
+        "error": str(refused.value.message),
+        "code": "course_not_ready",
+    }
+    assert form.status_code == 200 and "This course is not ready yet" in form.content.decode()
+    assert api.status_code == 409 and api.json()["error"]["code"] == "course_not_ready"
+    assert Attempt.objects.count() == 0  # nothing failed: nothing was made
+
+    faults.clear_faults()  # a cluster admin applies the tenant's manifests
+    with pytest.raises(Conflict):  # known for a while yet: not asked again at every Start
+        attempt_start(actor=student_a, lab=lab_a)
+    TenantNamespace.objects.filter(pk=row.pk).update(
+        last_error_at=row.last_error_at - timedelta(seconds=namespaces.NOT_READY_RECHECK_SECONDS + 1)
+    )
+    attempt = attempt_start(actor=student_a, lab=lab_a)  # checked again: the namespace is set up now
+    assert TenantNamespace.objects.get(pk=row.pk).last_error == ""
+    assert tasks.provision_attempt(attempt.id) == "created"
+
+
+def test_a_provisioning_refused_by_rbac_makes_the_next_start_refused_rather_than_failed(
+    faults, student_a, tenant_a, course_a, lab_a
+):
+    from conftest import make_person
+    from portal.errors import Conflict
+    from portal.models import Role
+
+    student_b = make_person(username="student_a2", tenant=tenant_a, course=course_a, role=Role.STUDENT)
+    first = attempt_start(actor=student_a, lab=lab_a)
+    faults.inject_fault(code=403, verbs=["create"], resources=["networkpolicies", "secrets", "virtualmachines"])
+    assert tasks.provision_attempt.delay(first.id).get() == "failed"
+    with pytest.raises(Conflict) as refused:
+        attempt_start(actor=student_b, lab=lab_a)
+    assert refused.value.code == "course_not_ready"
+    assert list(Attempt.objects.values_list("student_id", flat=True)) == [student_a.id]
