@@ -89,6 +89,18 @@ def register(app: web.Application, sim: KubeSim) -> None:
             raise ApiError(404, f'nodes "{name}" not found')
         return json_response({"removed": name})
 
+    async def drain_node(request: web.Request) -> web.Response:
+        drained = sim.cluster.drain_node(request.match_info["name"])
+        if drained is None:
+            raise ApiError(404, f'nodes "{request.match_info["name"]}" not found')
+        return json_response(drained)
+
+    async def uncordon_node(request: web.Request) -> web.Response:
+        node = sim.cluster.cordon_node(request.match_info["name"], False)
+        if node is None:
+            raise ApiError(404, f'nodes "{request.match_info["name"]}" not found')
+        return json_response(node)
+
     async def add_node(request: web.Request) -> web.Response:
         body = await optional_json_object(request)
         name = body.get("name")
@@ -176,6 +188,8 @@ def register(app: web.Application, sim: KubeSim) -> None:
     router.add_post("/kubesim/vmis/{namespace}/{name}/fail", fail_vmi)
     router.add_delete("/kubesim/nodes/{name}", remove_node)
     router.add_post("/kubesim/nodes", add_node)
+    router.add_post("/kubesim/nodes/{name}/drain", drain_node)
+    router.add_post("/kubesim/nodes/{name}/uncordon", uncordon_node)
     router.add_post("/kubesim/kubevirt", set_kubevirt)
     router.add_get("/kubesim/guests", guests)
     router.add_get("/kubesim/state", state)

@@ -210,6 +210,18 @@ def resource_list(group: str, version: str) -> dict | None:
         if resource.categories:
             entry["categories"] = list(resource.categories)
         entries.append(entry)
+        if resource.plural == "pods":
+            entries.append(
+                {
+                    "name": "pods/eviction",
+                    "singularName": "",
+                    "namespaced": True,
+                    "group": "policy",
+                    "version": "v1",
+                    "kind": "Eviction",
+                    "verbs": ["create"],
+                }
+            )
         if resource.status_subresource:
             entries.append(
                 {

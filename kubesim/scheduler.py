@@ -22,9 +22,12 @@ class NodeUsage:
     used_memory: Decimal = Decimal(0)
     used_pods: int = 0
     used_kvm: int = 0
+    unschedulable: bool = False  # cordoned
     free_ips: list[int] = field(default_factory=lambda: list(range(254, 1, -1)))
 
     def shortfalls(self, cpu: Decimal, memory: Decimal, kvm: int = 1) -> list[str]:
+        if self.unschedulable:
+            return ["node(s) were unschedulable"]
         reasons = []
         if self.used_pods + 1 > self.pods:
             reasons.append("Too many pods")
@@ -126,6 +129,10 @@ class Scheduler:
             pods=int(allocatable["pods"]),
             kvm=int(parse_quantity(allocatable.get("devices.kubevirt.io/kvm", "0"))),
         )
+
+    def cordon(self, name: str, unschedulable: bool) -> None:
+        if name in self.nodes:
+            self.nodes[name].unschedulable = unschedulable
 
     def remove_node(self, name: str) -> None:
         self.nodes.pop(name, None)

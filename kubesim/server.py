@@ -336,7 +336,11 @@ class KubeSim:
             raise ApiError(404, "the server could not find the requested resource")
         if rt.namespaced and route.name == "" and request.method not in ("GET", "DELETE") and not route.namespace:
             raise ApiError(404, "the server could not find the requested resource")
-        if route.extra or (route.subresource and not (route.subresource == "status" and rt.status_subresource)):
+        if route.extra or (
+            route.subresource
+            and not (route.subresource == "status" and rt.status_subresource)
+            and not (route.subresource == "eviction" and rt.plural == "pods")
+        ):
             raise ApiError(404, "the server could not find the requested resource")
         query = request.query
         dry_run = "All" in query.getall("dryRun", [])
@@ -350,6 +354,9 @@ class KubeSim:
                 return await serve_watch(self, request, rt, namespace or None, labels, fields)
             return await self._list(request, rt, namespace or None)
         if request.method == "POST":
+            if route.name and rt.plural == "pods" and route.subresource == "eviction":
+                await self._body(request)  # policy/v1 Eviction; its delete options are not honoured
+                return json_response(self.cluster.evict_pod(namespace, route.name), status=201)
             if route.name:
                 raise ApiError(
                     405, "the server does not allow this method on the requested resource", reason="MethodNotAllowed"

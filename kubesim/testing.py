@@ -138,6 +138,13 @@ class AdminClient:
     def remove_node(self, name: str) -> None:
         self.request("DELETE", f"/kubesim/nodes/{name}")
 
+    def drain_node(self, name: str) -> dict[str, Any]:
+        """Cordon the node and evict its pods as ``kubectl drain`` does: ``{"evicted": [...], "refused": [...]}``."""
+        return self.request("POST", f"/kubesim/nodes/{name}/drain")
+
+    def uncordon_node(self, name: str) -> dict[str, Any]:
+        return self.request("POST", f"/kubesim/nodes/{name}/uncordon")
+
     def add_node(self, name: str | None = None) -> dict[str, Any]:
         return self.request("POST", "/kubesim/nodes", {"name": name} if name else {})
 

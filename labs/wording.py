@@ -85,6 +85,17 @@ def pod_waiting(said: str) -> str:
     )
 
 
+def node_drained(said: str) -> str:
+    """The VM ran on a node an operator drained (maintenance): it was shut down and started afresh elsewhere."""
+    return with_cluster_words(
+        _(
+            "The node your lab ran on was drained for maintenance, so its VM was shut down and the work in it is "
+            "lost. You can start the lab again; a failed attempt does not count against your attempt limit."
+        ),
+        said,
+    )
+
+
 def course_not_ready(said: str) -> str:
     """The cluster refuses the portal in the course's namespace: a cluster admin has not set it up yet."""
     return with_cluster_words(

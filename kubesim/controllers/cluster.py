@@ -17,6 +17,7 @@ from typing import Any
 
 from kubesim.apiserver import ApiServer
 from kubesim.config import SimConfig
+from kubesim.controllers.drain import DrainController
 from kubesim.controllers.images import ImagePullController
 from kubesim.controllers.objects import EVENT, KUBEVIRT, NAMESPACE, NODE, POD, VmiRuntime
 from kubesim.controllers.quota import PodUsage
@@ -41,7 +42,7 @@ class Counters:
     last_error: str = ""
 
 
-class Cluster(VirtualMachineController, VirtualMachineInstanceController, ImagePullController):
+class Cluster(VirtualMachineController, VirtualMachineInstanceController, ImagePullController, DrainController):
     """Owns the controllers and the scheduler; wired to the store as a listener."""
 
     def __init__(self, *, store: Store, api: ApiServer, config: SimConfig, guests: Any) -> None:
@@ -59,6 +60,7 @@ class Cluster(VirtualMachineController, VirtualMachineInstanceController, ImageP
         self._draining = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unschedulable: set[tuple[str, str]] = set()
+        self._evicting: set[str] = set()  # uids of evicted launcher pods whose guest is shutting down
         self._event_keys: deque[tuple[str, str]] = deque()
         self._event_index: dict[tuple[str, str, str, str], str] = {}
         self._node_index = 0

@@ -108,6 +108,9 @@ class VirtualMachineInstanceController:
             self._boot(vmi, runtime)
         elif phase == "Running":
             pod = self._pod_for(runtime)
+            if pod is not None and pod["metadata"]["uid"] in self._evicting:
+                self.shut_down_evicted(vmi, runtime, pod)
+                return
             if pod is None:
                 self.fail_vmi(namespace, name, reason="PodTerminating", message="virt-launcher pod was deleted")
                 return
@@ -588,4 +591,6 @@ class VirtualMachineInstanceController:
         """kubelet: a pod being deleted has its containers killed and goes; its VMI notices."""
         pod = self.store.get("pods", namespace, name)
         if pod is not None and pod["metadata"].get("deletionTimestamp"):
+            if pod["metadata"]["uid"] in self._evicting:
+                return  # an evicted launcher: it goes once its guest has shut down (drain.py)
             self.api.remove(POD, namespace, name)

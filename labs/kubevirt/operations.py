@@ -341,3 +341,14 @@ def events_for(*, namespace: str, name: str) -> list[dict[str, Any]]:
         field_selector=f"involvedObject.name={name}",
     )
     return list(payload.get("items") or [])
+
+
+def node_cordoned(name: str) -> bool:
+    """Whether the node is cordoned (``spec.unschedulable``: a drain under way or done); False for a node gone."""
+    try:
+        node = _call(f"reading node {name}", client.core_v1().read_node, name)
+    except ClusterError as error:
+        if error.status == 404:
+            return False
+        raise
+    return bool((node.get("spec") or {}).get("unschedulable"))

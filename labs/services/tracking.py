@@ -43,7 +43,7 @@ from labs.services.provisioning import (
 )
 from labs.services.stopping import attempt_expire, attempt_stop_left
 from labs.states import attempt_transition
-from labs.wording import in_every_language, with_cluster_words
+from labs.wording import in_every_language, node_drained, with_cluster_words
 
 logger = logging.getLogger(__name__)
 
@@ -267,8 +267,15 @@ def _fail_restarted(attempt: Attempt) -> str:
     except ClusterError as error:
         logger.info("attempt %s: events unavailable (%s)", attempt.id, error.message)
         detail = ""
+    try:  # a drain shuts down what cannot live-migrate (evictionStrategy None, or LiveMigrateIfPossible)
+        drained = bool(attempt.node_name) and operations.node_cordoned(attempt.node_name)
+    except ClusterError as error:
+        logger.info("attempt %s: node %s unreadable (%s)", attempt.id, attempt.node_name, error.message)
+        drained = False
 
     def reason() -> str:
+        if drained:
+            return node_drained(detail)
         return with_cluster_words(
             _(
                 "The VM stopped unexpectedly (it crashed or was shut down from inside) and was restarted from a fresh "

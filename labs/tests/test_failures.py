@@ -278,3 +278,25 @@ def test_a_vmi_that_fails_without_a_status_reason_is_explained_from_conditions_a
         tight_cluster.admin.configure(scheduling_delay=0)
     assert "no reason given" not in attempt.failure_reason
     assert "GuestPanicked" in attempt.failure_reason
+
+
+def test_a_node_drained_under_a_running_lab_fails_the_attempt_saying_so(
+    tight_cluster, student_a, lab_a, django_capture_on_commit_callbacks
+):
+    from labs.kubevirt import operations
+
+    attempt = started(student_a, lab_a, django_capture_on_commit_callbacks)
+    sync_until(attempt, AttemptState.RUNNING)
+    vm = operations.vm_get(namespace=attempt.namespace, name=attempt.vm_name)
+    assert vm["spec"]["template"]["spec"]["evictionStrategy"] == "LiveMigrateIfPossible"
+    try:
+        drained = tight_cluster.admin.drain_node(attempt.node_name)
+        assert drained["refused"] == []  # a containerDisk VM cannot live-migrate: it is shut down
+        with django_capture_on_commit_callbacks(execute=True):
+            sync_until(attempt, AttemptState.FAILED)
+    finally:
+        tight_cluster.admin.uncordon_node(attempt.node_name)
+    assert attempt.failure_reason.startswith("The node your lab ran on was drained for maintenance"), (
+        attempt.failure_reason
+    )
+    assert attempt.failure_reason_texts["en"] == attempt.failure_reason
