@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kubesim.guest")
 
 AGENT_GUEST_PORT = 8787
+AGENT_DIR = "/etc/lab-agent"  # the agent's token (and what the portal's cloud-init puts beside it)
 _PAUSE_ABOVE = 256  # queued output chunks before the serial line stops reading the pty
 _RESUME_BELOW = 32
 
@@ -160,6 +161,7 @@ class Guest:
         self._pending_input = bytearray()  # keystrokes the pty could not take yet
         self._agent_task: asyncio.Task | None = None
         self._agent_after = agent_after  # seconds of boot before systemd starts the lab agent (timing profiles)
+        self.agent_dir: Path | None = None  # /etc/lab-agent, kept beside the guest's tree
         self._stopped = False
 
     # ---- boot --------------------------------------------------------------------------------------------
@@ -186,14 +188,17 @@ class Guest:
                 "; ".join(self.cloud_init_skipped),
             )
         agent = self.root / "opt/lab-agent/agent.py"
-        token = self.root / "etc/lab-agent/token"
-        if agent.exists() and token.exists():
+        has_agent = agent.exists() and (self.root / AGENT_DIR.lstrip("/") / "token").exists()
+        if has_agent:
             # cloud-init's last act: the marker the agent's unit waits for (--setup-marker).
             marker = self.root / "var/lib/cloud/instance/boot-finished"
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text("kubesim guest boot finished\n")
         sandbox.prepare_root(self.root, hostname=self.hostname)
-        if agent.exists() and token.exists():
+        if has_agent:
+            # Out of the student's reach, bound into the agent's sandbox only (sandbox.py).
+            self.agent_dir = sandbox.keep_apart(self.root, AGENT_DIR)
+            token = Path(AGENT_DIR) / "token"
             if self._agent_after > 0:
                 asyncio.get_running_loop().call_later(self._agent_after, self._spawn_agent, agent, token)
             else:
@@ -228,7 +233,14 @@ class Guest:
         with open(self.root / "var/log/lab-agent.log", "ab") as log_file:
             try:
                 self.agent = subprocess.Popen(
-                    sandbox.command(self.root, argv, user="root", hostname=self.hostname, cwd="/root"),
+                    sandbox.command(
+                        self.root,
+                        argv,
+                        user="root",
+                        hostname=self.hostname,
+                        cwd="/root",
+                        binds=((self.agent_dir, AGENT_DIR),) if self.agent_dir else (),
+                    ),
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
@@ -426,6 +438,7 @@ class Guest:
             "name": self.name,
             "uid": self.uid,
             "root": str(self.root) if self.root else None,
+            "agent_dir": str(self.agent_dir) if self.agent_dir else None,
             "home": str(self.home) if self.home else None,
             "shell_pid": self.shell.pid if self.shell and self.shell.poll() is None else None,
             "agent_pid": self.agent.pid if self.agent and self.agent.poll() is None else None,

@@ -175,9 +175,10 @@ class GuestManager:
         sessions = guest.sessions()
         if sessions:
             kill_sessions(sessions)
-        if guest.root is not None:
-            # Off the event loop: removing a directory tree is slow on overlay filesystems.
-            asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, guest.root, True)
+        for tree in (guest.root, getattr(guest, "agent_dir", None)):
+            if tree is not None:
+                # Off the event loop: removing a directory tree is slow on overlay filesystems.
+                asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, tree, True)
 
     def track(self, process: subprocess.Popen) -> None:
         self._processes.append(process)

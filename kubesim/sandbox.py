@@ -4,6 +4,11 @@ Each process gets its own user, PID, mount, network, IPC and UTS namespaces; its
 with the host's /usr read-only and nothing else of the host (the portal's checkout, var/, database and kubeconfig
 are simply not there, and localhost is the sandbox's own). When kubesim runs as root the sandbox runs as an
 unprivileged user, so that nobody in a guest is root on the host.
+
+Every sandbox of a guest maps the same host user, so the student would own every file of the guest tree, the lab
+agent's token among them. The agent's directory (/etc/lab-agent) is therefore kept beside the guest's tree, out of
+it, and bound into the agent's sandbox only: the student's shell sees it empty, as a real guest's student cannot
+read the root-only token.
 """
 
 from __future__ import annotations
@@ -48,14 +53,43 @@ def prepare_root(root: Path, *, hostname: str) -> None:
         host, guest = Path("/") / top, root / top
         if host.is_symlink() and not guest.is_symlink() and not guest.exists():
             guest.symlink_to(os.readlink(host))
+    hand_over(root)
+
+
+def hand_over(tree: Path) -> None:
+    """When kubesim is root: the tree to the sandbox's host user."""
     uid = host_uid()
     if uid is not None:
-        for path in (root, *root.rglob("*")):
+        for path in (tree, *tree.rglob("*")):
             os.lchown(path, uid, uid)
 
 
-def command(root: Path, argv: list[str], *, user: str, hostname: str, cwd: str = "/home/student") -> list[str]:
-    """bwrap's command line that runs ``argv`` inside the guest rooted at ``root`` as the guest's ``user``."""
+def keep_apart(root: Path, directory: str) -> Path | None:
+    """Move ``directory`` (a guest path) out of the guest's tree, to a sibling only the sandbox that binds it
+    (``command(binds=...)``) can see; an empty directory stays in its place. None when the guest has none."""
+    inside = root / directory.strip("/")
+    if not inside.is_dir():
+        return None
+    apart = root.parent / f"{root.name}.{inside.name}"
+    shutil.rmtree(apart, ignore_errors=True)
+    shutil.move(str(inside), str(apart))
+    inside.mkdir(mode=0o755)
+    apart.chmod(0o700)
+    hand_over(apart)
+    return apart
+
+
+def command(
+    root: Path,
+    argv: list[str],
+    *,
+    user: str,
+    hostname: str,
+    cwd: str = "/home/student",
+    binds: tuple[tuple[Path, str], ...] = (),
+) -> list[str]:
+    """bwrap's command line that runs ``argv`` inside the guest rooted at ``root`` as the guest's ``user``, with
+    each host directory of ``binds`` mounted (writable) at its guest path."""
     args = [
         BWRAP,
         "--unshare-all",
@@ -85,4 +119,6 @@ def command(root: Path, argv: list[str], *, user: str, hostname: str, cwd: str =
             args += ["--ro-bind", str(path), f"/{top}"]
     for name in _HOST_ETC:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    for host, guest in binds:
+        args += ["--bind", str(host), guest]
     return [*args, "--chdir", cwd, "--", *argv]

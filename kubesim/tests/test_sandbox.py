@@ -115,3 +115,39 @@ def _cmdline(pid: str) -> str:
             return handle.read().replace(b"\0", b" ").decode().strip()
     except OSError:
         return ""
+
+
+def test_the_student_cannot_read_the_agent_token_and_the_agent_still_checks(sim, guests):
+    token = "x" * 20  # what agent_user_data installed in both guests
+    output = run_in(
+        sim,
+        "alice",
+        "cat /etc/lab-agent/token; ls -A /etc/lab-agent | wc -l; "
+        "grep -rs xxxxxxxxxxxxxxxxxxxx / --exclude-dir=proc --exclude-dir=usr -l | grep -v bash_history",
+    )
+    assert token not in output.replace(f"grep -rs {token}", "")
+    assert "No such file or directory" in output and "\r\n0\r\n" in output  # the directory is empty here
+    agent_dir = Path(guests["alice"]["agent_dir"])
+    assert (agent_dir / "token").read_text().strip() == token  # kept beside the guest's tree
+    assert not str(agent_dir).startswith(guests["alice"]["root"] + "/")
+    # The agent, in its own sandbox, reads it: a request with the token passes, one without is refused.
+    assert _agent_status(sim, "alice", token) == 200
+    assert _agent_status(sim, "alice", "not-the-token-at-all") == 401
+
+
+def _agent_status(sim, name: str, token: str) -> int:
+    ws = websocket.create_connection(
+        f"{sim.ws_url}/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/{name}"
+        "/portforward/8787/tcp",
+        header=[f"Authorization: Bearer {sim.token}"],
+        subprotocols=["plain.kubevirt.io"],
+        timeout=10,
+    )
+    try:
+        ws.send_binary(f"GET /healthz HTTP/1.1\r\nHost: guest\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+        answer = b""
+        while b"\r\n" not in answer:
+            answer += ws.recv()
+    finally:
+        ws.close()
+    return int(answer.split(b" ", 2)[1])

@@ -207,7 +207,8 @@ async def test_portforward_reaches_the_agent_installed_by_cloud_init(sim, custom
     guest = wait_for(
         lambda: (g := sim.admin.guest(namespace, "graded")) and g["ports"].get("8787") and g, what="agent port"
     )
-    token_file, agent_file = Path(guest["root"], "etc/lab-agent/token"), Path(guest["root"], "opt/lab-agent/agent.py")
+    # The token is kept beside the guest's tree, out of the student's reach (sandbox.py).
+    token_file, agent_file = Path(guest["agent_dir"], "token"), Path(guest["root"], "opt/lab-agent/agent.py")
     assert token_file.read_text().strip() == "t0ken-for-the-agent"  # noqa: ASYNC240 - a tiny local file
     assert agent_file.stat().st_mode & 0o777 == 0o755  # noqa: ASYNC240
     answer = await _http_over_portforward(
