@@ -5,6 +5,7 @@ Every endpoint needs the same bearer token as the API. Documented in README.md (
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -12,6 +13,7 @@ from aiohttp import web
 from kubesim.bodies import json_response, optional_json_object
 from kubesim.controllers.objects import KUBEVIRT, NODE
 from kubesim.errors import ApiError
+from kubesim.profiles import PROFILES
 
 if TYPE_CHECKING:
     from kubesim.server import KubeSim
@@ -133,6 +135,15 @@ def register(app: web.Application, sim: KubeSim) -> None:
     async def guests(request: web.Request) -> web.Response:
         return json_response({"guests": [guest.describe() for guest in sim.guests.guests.values()]})
 
+    async def plans(request: web.Request) -> web.Response:
+        """The delays the timing profile drew for each VMI kubesim is running, in order of creation."""
+        drawn = [
+            {"namespace": r.namespace, "name": r.name, **asdict(r.plan), "to_running": r.plan.to_running}
+            for r in sim.cluster.runtimes.values()
+            if r.plan is not None
+        ]
+        return json_response({"profile": sim.config.profile, "plans": drawn})
+
     async def state(request: web.Request) -> web.Response:
         return json_response(sim.describe())
 
@@ -141,6 +152,10 @@ def register(app: web.Application, sim: KubeSim) -> None:
         for key, value in body.items():
             if key == "bad_image_pattern":
                 sim.config.bad_image_pattern = str(value)
+            elif key == "profile":
+                if value and value not in PROFILES:
+                    raise ApiError(400, f"profile must be one of {', '.join(sorted(PROFILES))} or empty")
+                sim.config.profile = str(value or "")  # VMIs created from now on
             elif key in _DELAYS:
                 try:
                     setattr(sim.config, key, float(value))
@@ -148,7 +163,7 @@ def register(app: web.Application, sim: KubeSim) -> None:
                     raise ApiError(400, f"{key} must be a number") from exc
             else:
                 raise ApiError(400, f"unknown setting {key!r}")
-        return json_response({key: getattr(sim.config, key) for key in _DELAYS + ("bad_image_pattern",)})
+        return json_response({key: getattr(sim.config, key) for key in _DELAYS + ("bad_image_pattern", "profile")})
 
     router = app.router
     router.add_get("/kubesim/counters", counters)
@@ -164,4 +179,5 @@ def register(app: web.Application, sim: KubeSim) -> None:
     router.add_post("/kubesim/kubevirt", set_kubevirt)
     router.add_get("/kubesim/guests", guests)
     router.add_get("/kubesim/state", state)
+    router.add_get("/kubesim/plans", plans)
     router.add_post("/kubesim/config", set_config)

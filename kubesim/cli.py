@@ -21,6 +21,7 @@ from aiohttp import web
 
 from kubesim.config import SimConfig
 from kubesim.errors import ApiError
+from kubesim.profiles import PROFILES
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 # The collector's thresholds once serving (young, middle, old). Every stored object lives until it is deleted and
@@ -79,7 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="shorthand: Pending, Scheduling and Scheduled each last this many seconds",
     )
-    serve.add_argument("--zero-delays", action="store_true", help="set every phase delay and the jitter to 0")
+    serve.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="",
+        help="draw each VMI's phase delays and its guest's boot from real timings (README: timing profiles); "
+        "replaces the delays above but --stop-delay; --zero-delays wins over it",
+    )
+    serve.add_argument(
+        "--zero-delays", action="store_true", help="set every phase delay and the jitter to 0 (and no --profile)"
+    )
     serve.add_argument("--nodes", type=int, default=defaults.nodes, help="number of nodes")
     serve.add_argument("--node-cpu", default=defaults.node_cpu, help="allocatable CPU per node")
     serve.add_argument("--node-memory", default=defaults.node_memory, help="allocatable memory per node")
@@ -181,6 +191,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         "agent_delay",
         "stop_delay",
         "jitter",
+        "profile",
         "restart_backoff",
         "image_pull_backoff",
         "nodes",
@@ -210,6 +221,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     if args.zero_delays:
         for field in ("pending_delay", "scheduling_delay", "scheduled_delay", "agent_delay", "stop_delay", "jitter"):
             setattr(config, field, 0.0)
+        config.profile = ""
     both = set(config.feature_gates) & set(config.disabled_feature_gates)
     if both:
         raise SystemExit(

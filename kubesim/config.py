@@ -17,6 +17,9 @@ class SimConfig:
     agent_delay: float = 2.0  # Running → qemu-guest-agent connected (AgentConnected, guestOSInfo)
     stop_delay: float = 0.5  # a deleted VMI's guest shutting down before the VMI goes
     jitter: float = 0.0
+    # "realistic" or "realistic-kvm" (profiles.py): per-VMI delays drawn from real clusters' and guests' timings,
+    # instead of the four delays above and the jitter; "" keeps them.
+    profile: str = ""
     restart_backoff: float = 10.0  # first start-failure backoff; doubles per consecutive failure, max 300 s
     image_pull_backoff: float = 10.0  # kubelet's first image pull back-off; doubles per failed pull, max 300 s
     nodes: int = 3

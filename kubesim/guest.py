@@ -137,7 +137,9 @@ class SerialLine:
 class Guest:
     """One running VMI's guest."""
 
-    def __init__(self, *, manager: GuestManager, vmi: dict[str, Any], root: Path | None) -> None:
+    def __init__(
+        self, *, manager: GuestManager, vmi: dict[str, Any], root: Path | None, agent_after: float = 0.0
+    ) -> None:
         meta = vmi["metadata"]
         self.manager = manager
         self.uid = meta["uid"]
@@ -157,6 +159,7 @@ class Guest:
         self._master: int | None = None
         self._pending_input = bytearray()  # keystrokes the pty could not take yet
         self._agent_task: asyncio.Task | None = None
+        self._agent_after = agent_after  # seconds of boot before systemd starts the lab agent (timing profiles)
         self._stopped = False
 
     # ---- boot --------------------------------------------------------------------------------------------
@@ -191,12 +194,17 @@ class Guest:
             marker.write_text("kubesim guest boot finished\n")
         sandbox.prepare_root(self.root, hostname=self.hostname)
         if agent.exists() and token.exists():
-            self._spawn_agent(agent, token)
+            if self._agent_after > 0:
+                asyncio.get_running_loop().call_later(self._agent_after, self._spawn_agent, agent, token)
+            else:
+                self._spawn_agent(agent, token)
 
     def _spawn_agent(self, agent: Path, token: Path) -> None:
         """Start the lab agent in the sandbox as the guest's systemd unit would, on a Unix socket in the guest's
         /run (the sandbox has no network the host could reach): guest port 8787 leads there."""
         assert self.root is not None
+        if self._stopped:
+            return  # stopped while it booted
         agent_socket = self.root / "run/lab-agent.sock"
         with contextlib.suppress(FileNotFoundError):
             agent_socket.unlink()

@@ -133,7 +133,8 @@ class GuestManager:
 
         self.api.mutate(VMI, guest.namespace, guest.name, ended)
 
-    def start(self, vmi: dict[str, Any]) -> Guest:
+    def start(self, vmi: dict[str, Any], *, agent_after: float = 0.0) -> Guest:
+        """The VMI's guest, booted; a shell guest's lab agent starts ``agent_after`` seconds later."""
         uid = vmi["metadata"]["uid"]
         existing = self.guests.get(uid)
         if existing is not None:
@@ -147,7 +148,7 @@ class GuestManager:
 
             guest: Any = VmGuest(manager=self, vmi=vmi, root=root, image=self.image_for(vmi))
         else:
-            guest = Guest(manager=self, vmi=vmi, root=root)
+            guest = Guest(manager=self, vmi=vmi, root=root, agent_after=agent_after)
         self.guests[uid] = guest
         guest.boot(vmi)
         return guest

@@ -597,6 +597,7 @@ class KubeSim:
             "vmi_phases": phases,
             "pods": self.store.count("pods"),
             "guests": len(self.guests.guests),
+            "profile": self.config.profile,
             "reconciles": self.cluster.counters.reconciles,
             "controller_errors": self.cluster.counters.errors,
             "last_controller_error": self.cluster.counters.last_error,

@@ -8,7 +8,7 @@
 ``kubeconfig`` (plain HTTP) is for the Python client; ``tls_kubeconfig`` (HTTPS, self-signed CA embedded; pass
 ``tls=False`` to skip it) is for kubectl, which sends bearer tokens only over TLS.
 Keyword options become ``serve`` flags (``node_memory="8Gi"`` → ``--node-memory 8Gi``; ``True`` → a bare flag;
-lists → comma-separated). Unless a delay is given, the server runs with ``--zero-delays``.
+lists → comma-separated). Unless a delay or a ``profile`` is given, the server runs with ``--zero-delays``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ _DELAY_OPTIONS = {
     "stop_delay",
     "jitter",
     "phase_delay",
+    "profile",
 }
 
 
@@ -163,6 +164,10 @@ class AdminClient:
     def configure(self, **settings: Any) -> dict[str, Any]:
         """Change delays (``pending_delay``, ``agent_delay``, ...) or ``bad_image_pattern`` at run time."""
         return self.request("POST", "/kubesim/config", settings)
+
+    def plans(self) -> list[dict[str, Any]]:
+        """The delays the timing profile drew per VMI (``pending``, ``scheduling``, ``scheduled``, ``agent``)."""
+        return self.request("GET", "/kubesim/plans")["plans"]
 
     def guests(self) -> list[dict[str, Any]]:
         return self.request("GET", "/kubesim/guests")["guests"]

@@ -23,6 +23,7 @@ from kubesim.controllers.quota import PodUsage
 from kubesim.controllers.vm import VirtualMachineController
 from kubesim.controllers.vmi import VirtualMachineInstanceController
 from kubesim.featuregates import default_kubevirt
+from kubesim.profiles import PROFILES, PhasePlan, profile_rng
 from kubesim.resources import BY_KEY
 from kubesim.scheduler import Scheduler, render_node
 from kubesim.store import Store, WatchEvent, now_rfc3339
@@ -49,6 +50,7 @@ class Cluster(VirtualMachineController, VirtualMachineInstanceController, ImageP
         self.config = config
         self.guests = guests
         self.rng = random.Random(config.seed)
+        self.profile_rng = profile_rng(config.seed)
         self.scheduler = Scheduler()
         self.runtimes: dict[str, VmiRuntime] = {}
         self._runtime_uids: dict[tuple[str, str], str] = {}  # (namespace, name) → uid of the VMI known by it
@@ -161,6 +163,17 @@ class Cluster(VirtualMachineController, VirtualMachineInstanceController, ImageP
         if base <= 0 and self.config.jitter <= 0:
             return 0.0
         return max(0.0, base + self.rng.uniform(0, self.config.jitter))
+
+    def _draw_plan(self) -> PhasePlan | None:
+        """A new VMI's delays under the timing profile, or None without one."""
+        profile = PROFILES.get(self.config.profile)
+        return profile.draw(self.profile_rng) if profile else None
+
+    def _phase_delay(self, runtime: VmiRuntime, phase: str) -> float:
+        """Seconds the VMI spends in ``phase`` (pending, scheduling, scheduled, agent): its plan's or the flags'."""
+        if runtime.plan is not None:
+            return float(getattr(runtime.plan, phase))
+        return self._delay(getattr(self.config, f"{phase}_delay"))
 
     # ---- events ------------------------------------------------------------------------------------------
     def record(

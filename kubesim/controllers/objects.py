@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from kubesim.profiles import PhasePlan
 from kubesim.quantity import format_cpu, format_memory
 from kubesim.resources import BY_KEY
 from kubesim.store import now_rfc3339
@@ -146,6 +147,7 @@ class VmiRuntime:
     image_backing_off: bool = False
     image_next_at: float | None = None
     create_refused: bool = False
+    plan: PhasePlan | None = None  # the delays drawn for this VMI under a timing profile
 
 
 def format_quantity(resource: str, value: Decimal) -> str:

@@ -60,12 +60,8 @@ class VirtualMachineInstanceController:
         meta = vmi["metadata"]
         runtime = self.runtimes.get(meta["uid"])
         if runtime is None:
-            runtime = VmiRuntime(
-                meta["uid"],
-                meta["namespace"],
-                meta["name"],
-                next_at=self.loop.time() + self._delay(self.config.pending_delay),
-            )
+            runtime = VmiRuntime(meta["uid"], meta["namespace"], meta["name"], plan=self._draw_plan())
+            runtime.next_at = self.loop.time() + self._phase_delay(runtime, "pending")
             self.runtimes[meta["uid"]] = runtime
             self._runtime_uids[(meta["namespace"], meta["name"])] = meta["uid"]
         return runtime
@@ -301,7 +297,7 @@ class VirtualMachineInstanceController:
             o["status"]["activePods"] = {pod["metadata"]["uid"]: node}
 
         self.api.mutate(VMI, namespace, name, scheduling)
-        runtime.next_at = self.loop.time() + self._delay(self.config.scheduling_delay)
+        runtime.next_at = self.loop.time() + self._phase_delay(runtime, "scheduling")
         self._wait(runtime, runtime.next_at)
 
     def _container_disk_images(self, vmi: dict[str, Any]) -> list[str]:
@@ -395,7 +391,7 @@ class VirtualMachineInstanceController:
             o["status"]["launcherContainerImageVersion"] = pod["spec"]["containers"][0]["image"]
 
         self.api.mutate(VMI, namespace, name, scheduled)
-        runtime.next_at = self.loop.time() + self._delay(self.config.scheduled_delay)
+        runtime.next_at = self.loop.time() + self._phase_delay(runtime, "scheduled")
         self._wait(runtime, runtime.next_at)
 
     def _fail_launcher_start(self, vmi: dict[str, Any], runtime: VmiRuntime, pod: dict[str, Any]) -> None:
@@ -481,10 +477,12 @@ class VirtualMachineInstanceController:
         self.record(vmi, "Normal", "Started", "VirtualMachineInstance started.", "virt-handler", node)
         self.counters.vmis_started += 1
         current = self.store.get("virtualmachineinstances", namespace, name)
+        agent = self._phase_delay(runtime, "agent") if self.guests.simulates_agent else 0.0
         if current is not None:
-            self.guests.start(current)
+            # Under a profile the shell guest's lab agent also waits out the guest's boot.
+            self.guests.start(current, agent_after=agent if runtime.plan is not None else 0.0)
         if self.guests.simulates_agent:  # a vm guest's own qemu-guest-agent reports in when it is up
-            runtime.agent_at = self.loop.time() + self._delay(self.config.agent_delay)
+            runtime.agent_at = self.loop.time() + agent
             self._wait(runtime, runtime.agent_at)
 
     def _connect_agent(self, vmi: dict[str, Any], runtime: VmiRuntime) -> None:
