@@ -49,5 +49,6 @@ class LabPoolAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
             }
         return text + "."
 
-    def audit_scope(self, obj: LabPool) -> dict:
+    def audit_scope(self, obj: models.Model) -> dict:
+        assert isinstance(obj, LabPool)
         return {"tenant": obj.lab.course.tenant, "course": obj.lab.course}
