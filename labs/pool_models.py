@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import datetime
 
 from django.core.exceptions import ValidationError
@@ -63,6 +65,12 @@ class LabPool(models.Model):
         return self.size
 
 
+def pool_vm_recipe(lab: Lab) -> str:
+    """A digest of the lab's settings that go into its VMs: image, size, CPU model, extra cloud-init."""
+    recipe = json.dumps([lab.image, lab.size, lab.nested_virtualization, lab.extra_cloud_init])
+    return hashlib.sha256(recipe.encode("utf-8")).hexdigest()
+
+
 def _opens_later(lab: Lab, now: datetime) -> bool:
     # A scheduled pool warms up before the lab opens (the class begins at the opening): that is not "closed".
     return bool(lab.opens_at and now < lab.opens_at)
@@ -91,6 +99,8 @@ class PoolVm(models.Model):
     )
     vm_name = models.CharField(_("VM name"), max_length=63, blank=True)
     namespace = models.CharField(_("namespace"), max_length=63)
+    # What the VM was made from (``pool_vm_recipe``): one made before the lab's VM settings changed is not claimed.
+    recipe = models.CharField(max_length=64, blank=True)
     # The token the VM booted with; replaced in the guest by the attempt's at the claim.
     agent_token = models.CharField(max_length=128, editable=False)
     vcpus = models.PositiveIntegerField(_("vCPUs"))

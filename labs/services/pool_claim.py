@@ -15,7 +15,7 @@ from django.utils import timezone
 from labs.kubevirt import names, operations
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, AttemptState, Lab
-from labs.pool_models import POOL_HOLDING_STATES, LabPool, PoolMode, PoolVm, PoolVmState
+from labs.pool_models import POOL_HOLDING_STATES, LabPool, PoolMode, PoolVm, PoolVmState, pool_vm_recipe
 from labs.services.pools import EndReason, pool_vm_delete_on_cluster
 from labs.services.quota import TenantTotals
 from labs.states import attempt_transition
@@ -30,17 +30,16 @@ class ClaimOutcome:
 
 
 def pool_vm_claim(*, attempt: Attempt, lab: Lab, now: datetime) -> PoolVm | None:
-    """Inside the Start's transaction: take the lab's longest-ready pool VM of the attempt's tenant and size for
-    ``attempt`` (its ``vm_name`` becomes the VM's), or None. A VM another Start has locked is skipped, not waited
-    for: that Start takes it, this one the next."""
+    """Inside the Start's transaction: take the lab's longest-ready pool VM of the attempt's tenant, made from the
+    lab's current VM settings, for ``attempt`` (its ``vm_name`` becomes the VM's), or None. A VM another Start has
+    locked is skipped, not waited for: that Start takes it, this one the next."""
     pool_vm = (
         PoolVm.objects.select_for_update(skip_locked=True)
         .filter(
             lab=lab,
             tenant_id=attempt.tenant_id,
             state=PoolVmState.READY,
-            vcpus=attempt.vcpus,
-            memory_mib=attempt.memory_mib,
+            recipe=pool_vm_recipe(lab),
         )
         .order_by("ready_at", "id")
         .first()

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from labs.kubevirt import manifests, names, operations
 from labs.kubevirt.operations import ClusterError
-from labs.pool_models import POOL_HOLDING_STATES, LabPool, PoolMode, PoolVm, PoolVmState
+from labs.pool_models import POOL_HOLDING_STATES, LabPool, PoolMode, PoolVm, PoolVmState, pool_vm_recipe
 from labs.services.namespaces import tenant_namespace_ensure
 from labs.services.quota import quota_refusal, tenant_locked, tenant_totals
 from labs.sizes import guest_resources, launcher_requests
@@ -30,6 +30,7 @@ POOL_AGENT_TIMEOUT_SECONDS = 3.0
 
 class EndReason:
     DRAINED = "drained"
+    STALE = "stale"  # the lab's VM settings changed after it was made
     GAVE_WAY = "gave_way"  # a cold Start needed its quota
     AGENT_LOST = "agent_lost"
     BOOT_TIMEOUT = "boot_timeout"
@@ -54,6 +55,11 @@ def pools_refill(*, now: datetime | None = None) -> PoolReport:
         holding=Count("vms", filter=Q(vms__state__in=POOL_HOLDING_STATES))
     )
     for pool in pools.filter(Q(holding__gt=0) | ~Q(mode=PoolMode.OFF)):
+        stale = PoolVm.objects.filter(pool=pool, state__in=POOL_HOLDING_STATES).exclude(recipe=pool_vm_recipe(pool.lab))
+        for pool_vm in stale:
+            if pool_vm_end(pool_vm=pool_vm, reason=EndReason.STALE):
+                report.deleted.append(pool_vm.vm_name)
+                pool.holding -= 1
         target = pool.target(now)
         if pool.holding > target:
             # Booting ones first (they cost the least to give up), then the most recently ready.
@@ -100,6 +106,7 @@ def pool_vm_create(*, pool: LabPool) -> PoolVm | None:
             lab=lab,
             namespace=tenant.namespace,
             agent_token=secrets.token_urlsafe(32),
+            recipe=pool_vm_recipe(lab),
             vcpus=guest.vcpus,
             memory_mib=guest.memory_mib,
             launcher_memory_mib=launcher.memory_mib,

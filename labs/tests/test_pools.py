@@ -199,3 +199,18 @@ def test_a_pool_vm_of_one_tenant_is_never_claimed_by_another(
     # Nor does it count against the other tenant's quota, or show on its pages.
     assert tenant_totals(tenant_id=tenant_b.id, student=None).vms == 1
     assert pool_stats(tenant_ids=[tenant_b.id]) == []
+
+
+def test_a_pool_vm_made_before_the_labs_settings_changed_is_replaced_not_claimed(
+    lifecycle, student_a, lab_a, django_capture_on_commit_callbacks
+):
+    warm_pool(lab_a, 1)
+    old = PoolVm.objects.get(lab=lab_a)
+    lab_a.image = "quay.io/containerdisks/fedora:42"
+    lab_a.save(update_fields=["image"])
+    attempt = start(student_a, lab_a, django_capture_on_commit_callbacks)
+    assert attempt.vm_name == names.vm_name(attempt.id)
+    report = pools.pools_refill()
+    assert old.vm_name in report.deleted and len(report.created) == 1
+    old.refresh_from_db()
+    assert (old.state, old.end_reason) == (PoolVmState.DELETED, pools.EndReason.STALE)

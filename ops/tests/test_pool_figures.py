@@ -54,7 +54,7 @@ def test_pool_stats_count_states_hits_misses_and_idle_time(busy_pool):
     assert (stats.target, stats.ready, stats.booting, stats.claimed) == (3, 1, 1, 1)
     assert (stats.hits, stats.misses, stats.hit_ratio) == (1, 1, 0.5)
     # 10 + 1 minutes unclaimed so far, and 5 before the claim.
-    assert stats.idle_vm_minutes == pytest.approx(16, abs=0.1)
+    assert 16 <= stats.idle_vm_minutes < 18
 
 
 def test_metrics_show_each_pool(client, settings, busy_pool):
@@ -65,7 +65,8 @@ def test_metrics_show_each_pool(client, settings, busy_pool):
     assert samples[("portal_pool_hits_total", key)] == 1
     assert samples[("portal_pool_misses_total", key)] == 1
     assert samples[("portal_pool_hit_ratio", key)] == 0.5
-    assert samples[("portal_pool_idle_vm_seconds_total", key)] == pytest.approx(16 * 60, abs=5)
+    # At least the 16 minutes of the fixture; the two unclaimed VMs keep adding while the test runs.
+    assert 16 * 60 <= samples[("portal_pool_idle_vm_seconds_total", key)] < 16 * 60 + 120
     assert samples[("portal_metrics_source_up", (("source", "pools"),))] == 1
 
 
