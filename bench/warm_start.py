@@ -95,11 +95,12 @@ def main() -> None:
     from labs.models import LabPool, PoolMode
 
     start_overhead.START_TIMEOUT_SECONDS = BURST_TIMEOUT_SECONDS  # a cold start on this profile takes a minute or more
-    seeded = seed_course(students=3 * CLASS_SIZE, labs=3, name="Bench Warm Pool University")
+    # Short names: kubesim's guests listen on Unix sockets whose path holds the namespace and VM names.
+    seeded = seed_course(students=3 * CLASS_SIZE, labs=3, name="Bench Warm")
     cold_lab, warm_lab, partial_lab = seeded.labs
     classes = [seeded.students[i * CLASS_SIZE : (i + 1) * CLASS_SIZE] for i in range(3)]
     result: dict[str, Any] = {"benchmark": "warm_start", "machine": machine(), "profile": PROFILE}
-    with kubesim(name="kubesim-warm", guest="shell", profile=PROFILE) as server:
+    with kubesim(name="ks-warm", guest="shell", profile=PROFILE) as server:
         settings.KUBECONFIG = str(server.kubeconfig)
         kube_client.reset()
         env = {"POOL_PASS_SECONDS": "2", "POOL_REFILL_PER_PASS": str(CLASS_SIZE)}
@@ -112,16 +113,19 @@ def main() -> None:
             result["warm_pool_fill_seconds"] = round(fill(pool, CLASS_SIZE), 1)
             log("warm burst")
             result["warm"] = figures(burst(portal, warm_lab.id, classes[1]))
-            LabPool.objects.filter(id=pool.id).update(mode=PoolMode.OFF)  # no refill behind the next bursts
+            # Its figures as the class got its VMs; then switched off (drained), so that its refill (VMs made as the
+            # class claimed them) does not boot behind the next bursts.
             result["warm"]["pool"] = pool_figures(warm_lab.id)
+            LabPool.objects.filter(id=pool.id).update(mode=PoolMode.OFF)
 
             partial = LabPool.objects.create(lab=partial_lab, mode=PoolMode.ALWAYS, size=PARTIAL_POOL)
             log(f"filling a pool of {PARTIAL_POOL}")
             fill(partial, PARTIAL_POOL)
-            LabPool.objects.filter(id=partial.id).update(mode=PoolMode.OFF)  # the ten only: the rest start cold
             log("class against a pool of ten")
+            # The pool stays on: its refill starts as the ten are claimed, beside the twenty cold starts.
             result["partial"] = figures(burst(portal, partial_lab.id, classes[2]))
             result["partial"]["pool"] = pool_figures(partial_lab.id)
+            LabPool.objects.filter(id=partial.id).update(mode=PoolMode.OFF)
 
             log("cold burst")
             result["cold"] = figures(burst(portal, cold_lab.id, classes[0]))

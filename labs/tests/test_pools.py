@@ -214,3 +214,11 @@ def test_a_pool_vm_made_before_the_labs_settings_changed_is_replaced_not_claimed
     assert old.vm_name in report.deleted and len(report.created) == 1
     old.refresh_from_db()
     assert (old.state, old.end_reason) == (PoolVmState.DELETED, pools.EndReason.STALE)
+
+
+def test_a_refill_makes_at_most_its_per_pass_share(lifecycle, settings, lab_a):
+    settings.POOL_REFILL_PER_PASS = 2
+    LabPool.objects.create(lab=lab_a, mode=PoolMode.ALWAYS, size=3)
+    assert len(pools.pools_refill().created) == 2
+    assert len(pools.pools_refill().created) == 1
+    assert pools.pools_refill().created == []
