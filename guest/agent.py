@@ -12,6 +12,8 @@ API (every request needs `Authorization: Bearer <token>`, else 401):
     POST /v1/run   {"checks": [{"id": str, "command": str, "timeout_s": number}, ...]}
                    -> {"results": [{"id", "exit_code", "stdout", "stderr", "duration_ms", "timed_out",
                                     "stdout_truncated", "stderr_truncated"}, ...]}
+    POST /v1/token {"token": str} -> {"rotated": true}   (the old token is refused from then on, and the new one is
+                   written to the token file, so a restarted agent keeps it: a warm pool's VM becomes an attempt's)
 
 The agent never sees expectations: the portal decides pass or fail from the raw results.
 """
@@ -343,14 +345,55 @@ def parse_run_request(body: bytes) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Token rotation
+
+MAX_TOKEN_CHARS = 128
+
+
+def rotate_token(config: AgentConfig, body: bytes) -> None:
+    """Replace the bearer token (the request was authenticated with the current one): in the token file first, so
+    that a restarted agent never comes back with the old one, then in memory."""
+    try:
+        payload = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise RequestError(400, "the body must be a JSON object") from None
+    token = payload.get("token") if isinstance(payload, dict) else None
+    if not isinstance(token, str) or not 16 <= len(token) <= MAX_TOKEN_CHARS or not token.isascii():
+        raise RequestError(400, f"token must be 16 to {MAX_TOKEN_CHARS} ASCII characters")
+    if not all(ch.isalnum() or ch in "-_." for ch in token):
+        raise RequestError(400, "token may hold letters, digits, '-', '_' and '.' only")
+    if config.token_file:
+        directory = os.path.dirname(os.path.abspath(config.token_file))
+        fd, tmp_path = tempfile.mkstemp(prefix=".token-", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as handle:
+                handle.write(token + "\n")
+            os.replace(tmp_path, config.token_file)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_path)
+            raise RequestError(500, f"cannot write the token file: {exc.strerror or exc}") from None
+    config.token = token.encode("utf-8")
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # HTTP
 
 
 class AgentConfig:
     """What the request handler needs to know, fixed at start."""
 
-    def __init__(self, *, token: str, home: str | None, max_concurrent: int, setup_marker: str | None) -> None:
+    def __init__(
+        self,
+        *,
+        token: str,
+        home: str | None,
+        max_concurrent: int,
+        setup_marker: str | None,
+        token_file: str | None = None,
+    ) -> None:
         self.token = token.encode("utf-8")
+        self.token_file = token_file
         self.configured_home = home
         self.run_slots = threading.BoundedSemaphore(max_concurrent)
         self.setup_marker = setup_marker
@@ -379,7 +422,7 @@ def resolve_default_home() -> str:
     return "/"
 
 
-ROUTES: dict[str, tuple[str, ...]] = {"/healthz": ("GET",), "/v1/run": ("POST",)}
+ROUTES: dict[str, tuple[str, ...]] = {"/healthz": ("GET",), "/v1/run": ("POST",), "/v1/token": ("POST",)}
 
 
 class AgentHandler(http.server.BaseHTTPRequestHandler):
@@ -433,6 +476,9 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
                     200,
                     {"ready": True, "version": AGENT_VERSION, "setup_finished": self.config.setup_finished()},
                 )
+            elif path == "/v1/token":
+                rotate_token(self.config, self._read_body())
+                self._send_json(200, {"rotated": True})
             else:
                 self._run_checks()
         except RequestError as exc:
@@ -655,7 +701,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     token = read_token(args.token_file)
     config = AgentConfig(
-        token=token, home=args.home, max_concurrent=args.max_concurrent, setup_marker=args.setup_marker
+        token=token,
+        home=args.home,
+        max_concurrent=args.max_concurrent,
+        setup_marker=args.setup_marker,
+        token_file=args.token_file,
     )
     try:
         server = make_server(host=args.host, port=args.port, config=config, unix_socket=args.unix_socket)

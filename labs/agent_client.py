@@ -10,6 +10,7 @@ Public entry points (synchronous, safe to call from Celery tasks):
 
     healthz(attempt, *, timeout_s=...) -> dict      # {"ready": true, "version": ..., "setup_finished": ...}
     run_checks(attempt, checks) -> list[dict]       # one raw agent result per check, in the checks' order
+    rotate_token(target, *, new_token=...)          # the agent takes the new token; the old one is refused
 
 Failures raise a subclass of :class:`AgentError` whose ``code`` names the cause:
 
@@ -134,6 +135,17 @@ def healthz(attempt: AgentTarget, *, timeout_s: float = HEALTHZ_TIMEOUT_S) -> di
     if not isinstance(payload, dict) or payload.get("ready") is not True:
         raise AgentBadResponse(f"the agent's health answer is not ready: {payload!r}"[:500], status=response.status)
     return payload
+
+
+def rotate_token(target: AgentTarget, *, new_token: str, timeout_s: float = HEALTHZ_TIMEOUT_S) -> None:
+    """Make the agent, reached with ``target.agent_token``, take ``new_token`` instead (a warm pool's VM claimed by
+    an attempt): the old token is refused from then on."""
+    response = agent_request(
+        target, method="POST", path="/v1/token", json_body={"token": new_token}, timeout_s=timeout_s
+    )
+    payload = _expect_ok_json(response)
+    if not isinstance(payload, dict) or payload.get("rotated") is not True:
+        raise AgentBadResponse(f"the agent did not take the new token: {payload!r}"[:500], status=response.status)
 
 
 def run_checks(attempt: AgentTarget, checks: Sequence[CheckLike]) -> list[dict[str, Any]]:

@@ -304,3 +304,7 @@ class TenantNamespace(models.Model):
 
     def __str__(self) -> str:
         return self.namespace
+
+
+# Registered with the app's models (defined apart to keep this module readable).
+from labs.pool_models import LabPool, PoolMode, PoolVm, PoolVmState  # noqa: E402, F401

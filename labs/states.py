@@ -24,7 +24,8 @@ S = AttemptState
 TRANSITIONS: dict[str, frozenset[str]] = {
     S.PROVISIONING: frozenset({S.REQUESTED}),
     S.STARTING: frozenset({S.PROVISIONING}),
-    S.RUNNING: frozenset({S.STARTING}),
+    # From requested too: an attempt that claimed a warm pool's VM is running as soon as the claim is finished.
+    S.RUNNING: frozenset({S.STARTING, S.REQUESTED}),
     S.STOPPING: frozenset({S.REQUESTED, S.PROVISIONING, S.STARTING, S.RUNNING}),
     S.STOPPED: frozenset({S.STOPPING}),
     S.EXPIRED: frozenset({S.STOPPING}),

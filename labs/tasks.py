@@ -222,3 +222,7 @@ def sweep_attempts() -> dict:
     finally:
         cache.delete(SWEEP_LOCK_KEY)
     return _sweep_summary(report)
+
+
+# The warm pools' tasks, registered with these (the worker imports this module).
+from labs import tasks_pools  # noqa: E402, F401

@@ -18,6 +18,7 @@ from django.utils.translation import gettext as _
 
 from labs import health
 from labs.models import ACTIVE_STATES, Attempt, AttemptState
+from labs.pool_selectors import pool_stats
 from labs.sizes import launcher_requests
 from ops import health as ops_health
 from ops.metrics import START_PHASES
@@ -199,5 +200,6 @@ def ops_dashboard_view(request: AuthenticatedRequest) -> HttpResponse:
         "components": components,
         "heartbeat": heartbeat,
         "window_minutes": int(LATENCY_WINDOW.total_seconds() // 60),
+        "pools": pool_stats(tenant_ids=ops_tenant_ids_for_user(user=request.user)),
     }
     return TemplateResponse(request, "admin/ops_dashboard.html", context)

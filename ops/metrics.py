@@ -20,8 +20,12 @@ the embedded default, which is one process): ``portal_cluster_api_errors_total{o
 ``console_session_closed()`` (``portal_console_sessions_active`` and ``portal_console_sessions_opened_total``).
 A process that dies with sessions open leaves them counted as active; the opened counter stays exact.
 
-``portal_metrics_source_up{source}`` is 0 for a source (attempts, start_phases, grading, sync, counters) that could
-not be read at this scrape; the others are still served.
+Warm pools (``ops.pool_metrics``): ``portal_pool_vms{tenant,lab,state}`` (ready, booting, claimed),
+``portal_pool_target``, ``portal_pool_hits_total``, ``portal_pool_misses_total``,
+``portal_pool_idle_vm_seconds_total`` and ``portal_pool_hit_ratio``.
+
+``portal_metrics_source_up{source}`` is 0 for a source (attempts, start_phases, grading, sync, counters, pools)
+that could not be read at this scrape; the others are still served.
 
 Access: ``Authorization: Bearer <METRICS_TOKEN>`` when that setting is set, or a superuser's session; the
 figures span every tenant, so an instructor's session is not enough.
@@ -47,6 +51,7 @@ from prometheus_client.registry import Collector
 from grading.models import GradingRun, RunState
 from labs.models import Attempt, AttemptState
 from labs.services.stopping import StopReason
+from ops.pool_metrics import pool_families
 from portal.metrics import (
     CLUSTER_API_ERRORS_KEY,
     CONSOLE_SESSIONS_KEY,
@@ -131,6 +136,7 @@ class PortalCollector(Collector):
             "grading": self._grading,
             "sync": self._sync,
             "counters": self._counters,
+            "pools": pool_families,
         }
         up = GaugeMetricFamily(
             "portal_metrics_source_up",

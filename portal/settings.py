@@ -370,6 +370,10 @@ PORTAL_NAMESPACE = env_str("PORTAL_NAMESPACE")
 # main queue one runs as soon as a worker process is free, instead of after the backlog. A pass waiting for a free
 # process stays valid for a few periods (an expiry of one period discarded every pass that had to wait).
 CELERY_TASK_QUEUES = [Queue("celery"), Queue("periodic")]
+# Warm pools (labs.services.pools): one pass every POOL_PASS_SECONDS asks the pools' agents and refills, making at
+# most POOL_REFILL_PER_PASS VMs per pool per pass, so a pool filling up never floods the cluster.
+POOL_PASS_SECONDS = env_int("POOL_PASS_SECONDS", 5)
+POOL_REFILL_PER_PASS = env_int("POOL_REFILL_PER_PASS", 5)
 
 
 def periodic_options(interval: float) -> dict:
@@ -386,6 +390,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "labs.tasks.sweep_attempts",
         "schedule": float(ATTEMPT_SWEEP_INTERVAL_SECONDS),
         "options": periodic_options(float(ATTEMPT_SWEEP_INTERVAL_SECONDS)),
+    },
+    "labs-tend-pools": {
+        "task": "labs.tasks_pools.tend_pools",
+        "schedule": float(POOL_PASS_SECONDS),
+        "options": periodic_options(float(POOL_PASS_SECONDS)),
     },
     # Grading runs whose worker never came or died, so they stop showing as in progress.
     "grading-sweep-runs": {

@@ -16,6 +16,8 @@ TENANT_LABEL = "labs.portal/tenant"
 COURSE_LABEL = "labs.portal/course"
 LAB_LABEL = "labs.portal/lab"
 ATTEMPT_LABEL = "labs.portal/attempt"
+# A warm pool's VM carries this (its PoolVm id) from creation on; the claim adds ATTEMPT_LABEL beside it.
+POOL_VM_LABEL = "labs.portal/pool-vm"
 
 # The only selector the portal lists or deletes with: nothing without this label is ever touched.
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
@@ -23,6 +25,8 @@ MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 VM_PREFIX = "attempt-"
 CLOUD_INIT_SUFFIX = "-cloudinit"
 _VM_NAME_RE = re.compile(r"^attempt-([1-9][0-9]*)$")
+POOL_VM_PREFIX = "pool-"
+_POOL_VM_NAME_RE = re.compile(r"^pool-([1-9][0-9]*)$")
 
 DEFAULT_DENY_POLICY = "lab-portal-default-deny-ingress"
 AGENT_POLICY = "lab-portal-allow-agent"
@@ -55,6 +59,37 @@ def attempt_labels(*, tenant_id: int, course_id: int, lab_id: int, attempt_id: i
         LAB_LABEL: str(lab_id),
         ATTEMPT_LABEL: str(attempt_id),
     }
+
+
+def pool_vm_name(pool_vm_id: int) -> str:
+    """The VM name of a warm pool's VM: ``pool-<id>``; it keeps it when an attempt claims it."""
+    if not isinstance(pool_vm_id, int) or isinstance(pool_vm_id, bool) or pool_vm_id <= 0:
+        raise ValueError(f"A pool VM id is a positive integer, not {pool_vm_id!r}.")
+    return f"{POOL_VM_PREFIX}{pool_vm_id}"
+
+
+def pool_vm_id_from_vm_name(name: str) -> int | None:
+    match = _POOL_VM_NAME_RE.match(name or "")
+    return int(match.group(1)) if match else None
+
+
+def pool_vm_labels(*, tenant_id: int, course_id: int, lab_id: int, pool_vm_id: int) -> dict[str, str]:
+    """Labels of an unclaimed pool VM: the tenant's and lab's (NetworkPolicy and quota see it as the lab's), no
+    attempt's yet."""
+    return {
+        MANAGED_BY_LABEL: MANAGED_BY,
+        TENANT_LABEL: str(tenant_id),
+        COURSE_LABEL: str(course_id),
+        LAB_LABEL: str(lab_id),
+        POOL_VM_LABEL: str(pool_vm_id),
+    }
+
+
+def pool_vm_id_from_labels(labels: Mapping[str, str] | None) -> int | None:
+    if not labels or labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
+        return None
+    value = labels.get(POOL_VM_LABEL, "")
+    return int(value) if value.isdigit() and not value.startswith("0") else None
 
 
 def namespace_labels(*, tenant_id: int) -> dict[str, str]:

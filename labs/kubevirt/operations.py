@@ -195,6 +195,30 @@ def vm_delete(*, namespace: str, name: str) -> bool:
         raise cluster_error(exc, doing=f"deleting VM {namespace}/{name}") from exc
 
 
+def vm_label(*, namespace: str, name: str, labels: Mapping[str, str]) -> bool:
+    """Add ``labels`` to a VM, its VMI template (so a restarted VMI carries them) and its running VMI, in two merge
+    patches (labels not named are kept). False when the VM is gone."""
+    vm_patch = {"metadata": {"labels": dict(labels)}, "spec": {"template": {"metadata": {"labels": dict(labels)}}}}
+    vmi_patch = {"metadata": {"labels": dict(labels)}}
+    for plural, patch in ((VMS, vm_patch), (VMIS, vmi_patch)):
+        try:
+            _kubevirt("patch_namespaced_custom_object")(
+                client.KUBEVIRT_GROUP,
+                client.KUBEVIRT_VERSION,
+                namespace,
+                plural,
+                name,
+                patch,
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        except Exception as exc:
+            if _is(exc, 404):
+                return False
+            raise cluster_error(exc, doing=f"labelling {plural} {namespace}/{name}") from exc
+    return True
+
+
 def _list_kubevirt(plural: str, namespace: str) -> list[dict[str, Any]]:
     payload = _call(
         f"listing {plural} in {namespace}",

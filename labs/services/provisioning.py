@@ -123,6 +123,16 @@ def attempt_provision(*, attempt_id: int) -> str:
     """Create the attempt's cloud-init Secret and VM (and the namespace first if needed); the attempt becomes
     ``starting``. Raises ``ClusterError`` for the caller to retry or give up on."""
     attempt = Attempt.objects.select_related("lab", "tenant").filter(id=attempt_id).first()
+    if (
+        attempt is not None
+        and attempt.state == AttemptState.REQUESTED
+        and names.pool_vm_id_from_vm_name(attempt.vm_name)
+    ):
+        # It claimed a warm pool's VM (a lost claim task, queued again by the sweep): finish that claim instead.
+        from labs.services.pool_claim import pool_claim_finish
+
+        pool_claim_finish(attempt_id=attempt_id)
+        return ProvisionOutcome.SKIPPED
     if attempt is not None and attempt.state == AttemptState.REQUESTED:
         # The claim's push is held back: news only if making the VM takes a while (``starting``, or a failure,
         # from here replaces it sooner).

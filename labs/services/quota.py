@@ -14,6 +14,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from labs.models import ACTIVE_STATES, Attempt, AttemptState
+from labs.pool_models import POOL_HOLDING_STATES, PoolVm
 from labs.selectors import STARTING_STATES
 from portal.errors import Conflict, Unavailable
 from portal.models import Tenant, User
@@ -110,8 +111,9 @@ def tenant_locked(tenant_id: int) -> Tenant:
     return Tenant.objects.select_for_update(no_key=True).get(id=tenant_id)
 
 
-def tenant_totals(*, tenant_id: int, student: User) -> TenantTotals:
-    """The tenant's active attempts: how many, their vCPUs and launcher memory, and the student's own."""
+def tenant_totals(*, tenant_id: int, student: User | None) -> TenantTotals:
+    """The tenant's active attempts and its warm pools' unclaimed VMs: how many, their vCPUs and launcher memory;
+    and the student's own attempts."""
     totals = Attempt.objects.filter(tenant_id=tenant_id, state__in=ACTIVE_STATES).aggregate(
         vms=Count("id"),
         vcpus=Sum("vcpus"),
@@ -119,10 +121,13 @@ def tenant_totals(*, tenant_id: int, student: User) -> TenantTotals:
         students=Count("id", filter=Q(student=student)),
         stopping=Count("id", filter=Q(student=student, state=AttemptState.STOPPING)),
     )
+    pool = PoolVm.objects.filter(tenant_id=tenant_id, state__in=POOL_HOLDING_STATES).aggregate(
+        vms=Count("id"), vcpus=Sum("vcpus"), memory=Sum("launcher_memory_mib")
+    )
     return TenantTotals(
-        vms=totals["vms"],
-        vcpus=totals["vcpus"] or 0,
-        memory=totals["memory"] or 0,
+        vms=totals["vms"] + pool["vms"],
+        vcpus=(totals["vcpus"] or 0) + (pool["vcpus"] or 0),
+        memory=(totals["memory"] or 0) + (pool["memory"] or 0),
         students=totals["students"],
         stopping=totals["stopping"],
     )

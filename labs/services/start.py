@@ -17,7 +17,9 @@ from django.utils.translation import gettext as _
 from labs.kubevirt import names
 from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab, extra_cloud_init_problem
 from labs.services.namespaces import tenant_namespace_ready
+from labs.services.pool_claim import pool_give_way, pool_miss_record, pool_vm_claim, pool_vms_delete_on_commit
 from labs.services.quota import (
+    TenantTotals,
     check_start_throttle,
     per_student_refusal,
     quota_refusal,
@@ -149,8 +151,11 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
                 launcher_memory_mib=launcher.memory_mib,
                 requested_at=now,
             )
-            attempt.vm_name = names.vm_name(attempt.id)
-            Attempt.objects.filter(id=attempt.id).update(vm_name=attempt.vm_name)
+            # A ready VM of the lab's warm pool, when there is one; else the attempt's own VM, made on commit.
+            claimed = pool_vm_claim(attempt=attempt, lab=lab, now=now)
+            if claimed is None:
+                attempt.vm_name = names.vm_name(attempt.id)
+                Attempt.objects.filter(id=attempt.id).update(vm_name=attempt.vm_name)
             audit_record(
                 actor=actor,
                 action="attempt.start",
@@ -165,16 +170,27 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
             totals = tenant_totals(tenant_id=course.tenant_id, student=actor)
             if tenant.max_vms_per_student and totals.students > tenant.max_vms_per_student:
                 raise per_student_refusal(running=totals.students - 1, stopping=totals.stopping)
-            refusal = quota_refusal(
-                tenant=tenant,
-                used_vms=totals.vms - 1,
-                used_vcpus=totals.vcpus - guest.vcpus,
-                used_memory=totals.memory - launcher.memory_mib,
-                vcpus=guest.vcpus,
-                memory_mib=launcher.memory_mib,
-            )
+
+            def refusal_at(totals: TenantTotals) -> Unavailable | None:
+                return quota_refusal(
+                    tenant=tenant,
+                    used_vms=totals.vms - 1,
+                    used_vcpus=totals.vcpus - guest.vcpus,
+                    used_memory=totals.memory - launcher.memory_mib,
+                    vcpus=guest.vcpus,
+                    memory_mib=launcher.memory_mib,
+                )
+
+            refusal = refusal_at(totals)
             if refusal is not None:
-                raise refusal
+                # Idle pool VMs of the tenant give way to a student's Start.
+                totals, given = pool_give_way(
+                    tenant_id=course.tenant_id, totals=totals, fits=lambda t: refusal_at(t) is None
+                )
+                refusal = refusal_at(totals)
+                if refusal is not None:
+                    raise refusal
+                pool_vms_delete_on_commit(given)
     except IntegrityError as error:
         if not _is_one_active_violation(error):
             raise
@@ -184,6 +200,10 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
         raise _already_active(attempt_id=active) from None
     # After the commit (or, inside a caller's transaction, on its commit): the task. No update is pushed: nobody can
     # be listening to the group of an attempt that did not exist, and the answer carries its status.
+    if claimed is not None:
+        _enqueue_claim_finish(attempt.id)
+        return attempt
+    pool_miss_record(lab=lab, now=now)
     queued = _enqueue_provision(attempt.id)
     if not transaction.get_connection().in_atomic_block and not queued.get("sent", True):
         # The provisioning could not be handed to the broker: the attempt was failed in words.
@@ -236,6 +256,20 @@ def _enqueue_provision(attempt_id: int) -> dict[str, bool]:
 
     transaction.on_commit(send)
     return outcome
+
+
+def _enqueue_claim_finish(attempt_id: int) -> None:
+    """Queue the claim's second half on commit (``labs.services.pool_claim.pool_claim_finish``). A broker that
+    refuses it leaves the attempt requested; the sweep queues its provisioning again, which finishes the claim."""
+    from labs.tasks_pools import finish_pool_claim
+
+    def send() -> None:
+        try:
+            finish_pool_claim.delay(attempt_id)
+        except Exception:
+            logger.exception("could not queue the claim of attempt %s; the sweep retries it", attempt_id)
+
+    transaction.on_commit(send)
 
 
 def _fail_unqueued(attempt_id: int) -> None:

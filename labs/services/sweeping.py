@@ -4,7 +4,8 @@ Per tenant namespace, one list of the portal's VMs and, every ten minutes, one o
 object without the portal's ``managed-by`` label is never read, let alone deleted); tenants with no attempt active
 or ended in the last hour only every ten minutes. Then:
 
-- a VM of ours whose attempt is not active (or unknown to this database) is deleted, with its Secret;
+- a VM of ours whose attempt is not active (or unknown to this database) is deleted, with its Secret; a warm
+  pool's VM is kept while its pool holds it or its attempt is active (``labs.services.pool_sweeping``);
 - an attempt starting or running whose VM has vanished fails, saying so;
 - an attempt still starting after ``ATTEMPT_START_TIMEOUT_SECONDS`` fails with what the cluster says (the VM's
   printable status, the last problem seen, Warning events) and its VM is deleted;
@@ -30,6 +31,7 @@ from labs.kubevirt import names, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, TenantNamespace
 from labs.services.namespaces import is_rbac_refusal, tenant_namespace_refused
+from labs.services.pool_sweeping import is_pool_vm, pool_vms_sweep
 from labs.services.provisioning import attempt_end, attempt_fail
 from labs.wording import with_cluster_words
 from portal.models import Tenant
@@ -161,7 +163,11 @@ def _ours(vm: dict[str, Any]) -> int | None:
 def namespace_sweep(*, tenant: Tenant, report: SweepReport, now: datetime) -> None:
     namespace = tenant.namespace
     listed_at = timezone.now()
-    vms = {vm["metadata"]["name"]: vm for vm in operations.vms_list(namespace=namespace) if _ours(vm) is not None}
+    listed = operations.vms_list(namespace=namespace)
+    vms = {vm["metadata"]["name"]: vm for vm in listed if not is_pool_vm(vm) and _ours(vm) is not None}
+    claimed = pool_vms_sweep(
+        tenant=tenant, listed=[vm for vm in listed if is_pool_vm(vm)], orphans=report.orphan_vms_deleted
+    )
     # Secrets are owned by their VM (garbage-collected with it); only one made just before a crash can be left
     # behind, so they are listed now and then rather than on every sweep.
     secrets = []
@@ -203,7 +209,8 @@ def namespace_sweep(*, tenant: Tenant, report: SweepReport, now: datetime) -> No
             report.orphan_secrets_deleted.append(f"{namespace}/{metadata['name']}")
 
     for attempt in Attempt.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).select_related("lab"):
-        _sweep_attempt(attempt=attempt, vm=vms.get(attempt.vm_name), listed_at=listed_at, now=now, report=report)
+        vm = vms.get(attempt.vm_name) or claimed.get(attempt.vm_name)
+        _sweep_attempt(attempt=attempt, vm=vm, listed_at=listed_at, now=now, report=report)
     TenantNamespace.objects.filter(namespace=namespace).update(swept_at=timezone.now())
 
 

@@ -29,7 +29,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from labs.kubevirt import explain, operations, status
+from labs.kubevirt import explain, names, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import IDLE_STOP_MIN_MINUTES, Attempt, AttemptState, TenantNamespace
 from labs.services.agents import agent_wait_start
@@ -209,7 +209,9 @@ def _looks_inconsistent(*, attempts: list[Attempt], by_name: dict[str, dict[str,
     on the VMs themselves; this only brings it forward."""
     owned = {attempt.vm_name for attempt in attempts}
     for name, vmi in by_name.items():
-        if name not in owned and not (vmi.get("metadata") or {}).get("deletionTimestamp"):
+        if name in owned or (vmi.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        if names.pool_vm_id_from_vm_name(name) is None:  # a warm pool's VMs are the periodic sweep's to judge
             return True
     settle = now - timedelta(seconds=VANISHED_AFTER_SECONDS)
     return any(

@@ -15,6 +15,7 @@ from django.utils import timezone
 from conftest import make_lab
 from grading.models import CheckResult, Grade, GradingRun, RunState
 from labs.models import Attempt, AttemptState, Check, Lab
+from labs.pool_models import LabPool, PoolMode
 from portal.models import AuditEvent, Course, Membership, Role, Tenant, User
 from portal.services import audit_record
 
@@ -68,6 +69,7 @@ def make_world(*, tenant: Tenant, course: Course, lab: Lab, student: User, vm_na
         CheckResult: result,
         Grade: grade,
         AuditEvent: event,
+        LabPool: LabPool.objects.create(lab=lab, mode=PoolMode.ALWAYS, size=2),
     }
 
 

@@ -30,8 +30,8 @@ PLACEHOLDER = re.compile(r"\$\{([A-Z_]+)\}")
 
 # What the portal may do in a tenant namespace, and nothing more: (apiGroup, resource) -> verbs.
 TENANT_GRANTS = {
-    ("kubevirt.io", "virtualmachines"): {"create", "get", "list", "watch", "delete"},
-    ("kubevirt.io", "virtualmachineinstances"): {"get", "list", "watch"},
+    ("kubevirt.io", "virtualmachines"): {"create", "get", "list", "watch", "delete", "patch"},
+    ("kubevirt.io", "virtualmachineinstances"): {"get", "list", "watch", "patch"},
     ("subresources.kubevirt.io", "virtualmachines/start"): {"update"},
     ("subresources.kubevirt.io", "virtualmachines/stop"): {"update"},
     ("subresources.kubevirt.io", "virtualmachineinstances/console"): {"get"},
@@ -358,6 +358,8 @@ CUSTOM_OBJECT_CALLS = {
     ("namespaced", "get"): [("kubevirt.io", "virtualmachines")],
     ("namespaced", "delete"): [("kubevirt.io", "virtualmachines")],
     ("namespaced", "list"): [("kubevirt.io", "virtualmachines"), ("kubevirt.io", "virtualmachineinstances")],
+    # A warm pool's VM labelled with the attempt that claimed it (operations.vm_label): the VM and its VMI.
+    ("namespaced", "patch"): [("kubevirt.io", "virtualmachines"), ("kubevirt.io", "virtualmachineinstances")],
     ("cluster", "list"): [("kubevirt.io", "kubevirts")],
 }
 
@@ -445,7 +447,7 @@ def test_every_cluster_call_in_the_code_is_granted(documents):
     [
         "core.create_namespaced_pod(namespace, body)",
         "core.list_secret_for_all_namespaces()",
-        'api("patch_namespaced_custom_object")(group, version, ns, "virtualmachines", name, patch)',
+        'api("replace_namespaced_custom_object")(group, version, ns, "virtualmachines", name, body)',
         "core.delete_namespace(name)",
         "core.create_namespaced_config_map(namespace, body)",
     ],

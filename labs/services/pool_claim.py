@@ -1,0 +1,162 @@
+"""How a Start takes a warm pool's VM: claimed in the Start's transaction (one row lock, skipping VMs another Start
+holds, so no VM is claimed twice), then finished by a task: the agent's token rotated to the attempt's over
+portforward, the VM and its VMI labelled with the attempt, the attempt ``running`` with its time starting now. A
+claim that cannot finish falls back to a cold start at once. Also the pool giving way to a cold Start's quota."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from labs.kubevirt import names, operations
+from labs.kubevirt.operations import ClusterError
+from labs.models import Attempt, AttemptState, Lab
+from labs.pool_models import POOL_HOLDING_STATES, LabPool, PoolMode, PoolVm, PoolVmState, pool_vm_recipe
+from labs.services.pools import EndReason, pool_vm_delete_on_cluster
+from labs.services.quota import TenantTotals
+from labs.states import attempt_transition
+
+logger = logging.getLogger(__name__)
+
+
+class ClaimOutcome:
+    RUNNING = "running"
+    SKIPPED = "skipped"
+    COLD = "cold"
+
+
+def pool_vm_claim(*, attempt: Attempt, lab: Lab, now: datetime) -> PoolVm | None:
+    """Inside the Start's transaction: take the lab's longest-ready pool VM of the attempt's tenant, made from the
+    lab's current VM settings, for ``attempt`` (its ``vm_name`` becomes the VM's), or None. A VM another Start has
+    locked is skipped, not waited for: that Start takes it, this one the next."""
+    pool_vm = (
+        PoolVm.objects.select_for_update(skip_locked=True)
+        .filter(
+            lab=lab,
+            tenant_id=attempt.tenant_id,
+            state=PoolVmState.READY,
+            recipe=pool_vm_recipe(lab),
+        )
+        .order_by("ready_at", "id")
+        .first()
+    )
+    if pool_vm is None:
+        return None
+    PoolVm.objects.filter(id=pool_vm.id).update(state=PoolVmState.CLAIMED, claimed_at=now, attempt=attempt)
+    attempt.vm_name = pool_vm.vm_name
+    Attempt.objects.filter(id=attempt.id).update(vm_name=pool_vm.vm_name)
+    return pool_vm
+
+
+def pool_miss_record(*, lab: Lab, now: datetime) -> None:
+    """A Start of a lab whose pool is meant to be warm found no ready VM."""
+    pool = LabPool.objects.filter(lab=lab).exclude(mode=PoolMode.OFF).select_related("lab").first()
+    if pool is not None and pool.target(now):
+        LabPool.objects.filter(id=pool.id).update(misses=F("misses") + 1)
+
+
+def pool_give_way(*, tenant_id: int, totals: TenantTotals, fits) -> tuple[TenantTotals, list[PoolVm]]:
+    """Inside the Start's transaction, under the tenant's lock: end unclaimed pool VMs of the tenant (booting ones
+    first) until ``fits(totals)`` says the Start fits. Returns the totals without them and the VMs ended, to be
+    deleted on the cluster after the commit."""
+    given: list[PoolVm] = []
+    candidates = (
+        PoolVm.objects.select_for_update(skip_locked=True)
+        .filter(tenant_id=tenant_id, state__in=POOL_HOLDING_STATES)
+        .order_by("state", "-id")  # "booting" sorts before "ready"
+    )
+    for pool_vm in candidates:
+        if fits(totals):
+            break
+        PoolVm.objects.filter(id=pool_vm.id).update(
+            state=PoolVmState.DELETED, ended_at=timezone.now(), end_reason=EndReason.GAVE_WAY
+        )
+        totals = replace_totals(totals, pool_vm)
+        given.append(pool_vm)
+    return totals, given
+
+
+def replace_totals(totals: TenantTotals, pool_vm: PoolVm) -> TenantTotals:
+    return totals._replace(
+        vms=totals.vms - 1,
+        vcpus=totals.vcpus - pool_vm.vcpus,
+        memory=totals.memory - pool_vm.launcher_memory_mib,
+    )
+
+
+def pool_vms_delete_on_commit(pool_vms: list[PoolVm]) -> None:
+    def delete() -> None:
+        for pool_vm in pool_vms:
+            logger.info("pool VM %s gave way to a cold start", pool_vm.vm_name)
+            pool_vm_delete_on_cluster(pool_vm=pool_vm)
+
+    if pool_vms:
+        transaction.on_commit(delete)
+
+
+def pool_claim_finish(*, attempt_id: int) -> str:
+    """The claim's second half, in a task: rotate the agent's token, label the VM, make the attempt running. Safe
+    to run twice (a token already rotated is recognised by the attempt's own token answering). Raises a transient
+    ``ClusterError`` for the task to retry; anything else that goes wrong makes the attempt start cold."""
+    from labs.agent_client import AgentError, AgentTokenRejected, healthz, rotate_token
+
+    attempt = Attempt.objects.select_related("lab").filter(id=attempt_id, state=AttemptState.REQUESTED).first()
+    if attempt is None:
+        return ClaimOutcome.SKIPPED
+    pool_vm = PoolVm.objects.filter(attempt_id=attempt_id, state=PoolVmState.CLAIMED).first()
+    if pool_vm is None or pool_vm.vm_name != attempt.vm_name:
+        return _start_cold(attempt=attempt, pool_vm=pool_vm, why="no claimed pool VM")
+    try:
+        rotate_token(pool_vm, new_token=attempt.agent_token)
+    except AgentTokenRejected:
+        try:  # a delivery before this one rotated it already
+            healthz(attempt)
+        except AgentError as error:
+            return _start_cold(attempt=attempt, pool_vm=pool_vm, why=error.message)
+    except AgentError as error:
+        return _start_cold(attempt=attempt, pool_vm=pool_vm, why=error.message)
+    try:
+        labelled = operations.vm_label(
+            namespace=pool_vm.namespace, name=pool_vm.vm_name, labels={names.ATTEMPT_LABEL: str(attempt.id)}
+        )
+    except ClusterError as error:
+        if error.transient:
+            raise
+        return _start_cold(attempt=attempt, pool_vm=pool_vm, why=error.message)
+    if not labelled:
+        return _start_cold(attempt=attempt, pool_vm=pool_vm, why="the VM is gone")
+    now = timezone.now()
+    running = attempt_transition(
+        attempt=attempt,
+        to=AttemptState.RUNNING,
+        from_states=(AttemptState.REQUESTED,),
+        now=now,
+        provisioned_at=pool_vm.created_at,
+        phase="Running",
+        expires_at=now + timedelta(minutes=attempt.lab.time_limit_minutes),
+    )
+    if running is None:
+        return ClaimOutcome.SKIPPED  # stopped meanwhile: its teardown deletes the VM by its name
+    return ClaimOutcome.RUNNING
+
+
+def _start_cold(*, attempt: Attempt, pool_vm: PoolVm | None, why: str) -> str:
+    """The claimed VM cannot be this attempt's: delete it and provision the attempt's own VM now."""
+    from labs.tasks import provision_attempt
+
+    logger.warning("attempt %s: claimed pool VM unusable (%s); starting it cold", attempt.id, why)
+    if pool_vm is not None:
+        ended = PoolVm.objects.filter(id=pool_vm.id, state=PoolVmState.CLAIMED).update(
+            state=PoolVmState.DELETED, ended_at=timezone.now(), end_reason=EndReason.CLAIM_FAILED, attempt=None
+        )
+        if ended:
+            pool_vm_delete_on_cluster(pool_vm=pool_vm)
+    own = names.vm_name(attempt.id)
+    if not Attempt.objects.filter(id=attempt.id, state=AttemptState.REQUESTED).update(vm_name=own):
+        return ClaimOutcome.SKIPPED
+    provision_attempt.delay(attempt.id)
+    return ClaimOutcome.COLD

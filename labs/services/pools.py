@@ -1,0 +1,212 @@
+"""Warm pools kept at their size: VMs made ahead of Starts (within the tenant's quota, a few per pass), asked until
+their agent answers, replaced when it stops answering, and drained when the pool is off, its schedule ends or
+its lab closes. How an attempt takes one: ``labs.services.pool_claim``."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from labs.kubevirt import manifests, names, operations
+from labs.kubevirt.operations import ClusterError
+from labs.pool_models import POOL_HOLDING_STATES, LabPool, PoolMode, PoolVm, PoolVmState, pool_vm_recipe
+from labs.services.namespaces import tenant_namespace_ensure
+from labs.services.quota import quota_refusal, tenant_locked, tenant_totals
+from labs.sizes import guest_resources, launcher_requests
+
+logger = logging.getLogger(__name__)
+
+POOL_CHECK_CONCURRENCY = 8
+POOL_AGENT_TIMEOUT_SECONDS = 3.0
+
+
+class EndReason:
+    DRAINED = "drained"
+    STALE = "stale"  # the lab's VM settings changed after it was made
+    GAVE_WAY = "gave_way"  # a cold Start needed its quota
+    AGENT_LOST = "agent_lost"
+    BOOT_TIMEOUT = "boot_timeout"
+    CREATE_FAILED = "create_failed"
+    CLAIM_FAILED = "claim_failed"
+
+
+@dataclass
+class PoolReport:
+    created: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    ready: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def pools_refill(*, now: datetime | None = None) -> PoolReport:
+    """One pass over every pool that holds VMs or wants some: drain what is beyond its target (all of it when it
+    is off or out of its window), then make up to ``POOL_REFILL_PER_PASS`` VMs of the deficit, within the quota."""
+    now = now or timezone.now()
+    report = PoolReport()
+    pools = LabPool.objects.select_related("lab__course__tenant").annotate(
+        holding=Count("vms", filter=Q(vms__state__in=POOL_HOLDING_STATES))
+    )
+    for pool in pools.filter(Q(holding__gt=0) | ~Q(mode=PoolMode.OFF)):
+        stale = PoolVm.objects.filter(pool=pool, state__in=POOL_HOLDING_STATES).exclude(recipe=pool_vm_recipe(pool.lab))
+        for pool_vm in stale:
+            if pool_vm_end(pool_vm=pool_vm, reason=EndReason.STALE):
+                report.deleted.append(pool_vm.vm_name)
+                pool.holding -= 1
+        target = pool.target(now)
+        if pool.holding > target:
+            # Booting ones first (they cost the least to give up), then the most recently ready.
+            extra = PoolVm.objects.filter(pool=pool, state__in=POOL_HOLDING_STATES).order_by("-state", "-id")
+            for pool_vm in extra[: pool.holding - target]:
+                if pool_vm_end(pool_vm=pool_vm, reason=EndReason.DRAINED):
+                    report.deleted.append(pool_vm.vm_name)
+            continue
+        for _n in range(min(target - pool.holding, settings.POOL_REFILL_PER_PASS)):
+            try:
+                made = pool_vm_create(pool=pool)
+            except ClusterError as error:
+                report.errors.append(error.message)
+                break
+            if made is None:
+                break  # the tenant's quota is used up
+            report.created.append(made.vm_name)
+    return report
+
+
+def pool_vm_create(*, pool: LabPool) -> PoolVm | None:
+    """Make one VM for the pool if the tenant's quota has room for it (decided under the tenant's lock, as a Start
+    decides), else None. Its row is written first, so a crash leaves a VM the sweep can tell from an orphan."""
+    lab = pool.lab
+    tenant = lab.course.tenant
+    guest = guest_resources(lab.size)
+    launcher = launcher_requests(vcpus=guest.vcpus, memory_mib=guest.memory_mib)
+    with transaction.atomic():
+        locked = tenant_locked(tenant.id)
+        totals = tenant_totals(tenant_id=tenant.id, student=None)
+        refusal = quota_refusal(
+            tenant=locked,
+            used_vms=totals.vms,
+            used_vcpus=totals.vcpus,
+            used_memory=totals.memory,
+            vcpus=guest.vcpus,
+            memory_mib=launcher.memory_mib,
+        )
+        if refusal is not None:
+            return None
+        pool_vm = PoolVm.objects.create(
+            pool=pool,
+            tenant=tenant,
+            lab=lab,
+            namespace=tenant.namespace,
+            agent_token=secrets.token_urlsafe(32),
+            recipe=pool_vm_recipe(lab),
+            vcpus=guest.vcpus,
+            memory_mib=guest.memory_mib,
+            launcher_memory_mib=launcher.memory_mib,
+        )
+        pool_vm.vm_name = names.pool_vm_name(pool_vm.id)
+        PoolVm.objects.filter(id=pool_vm.id).update(vm_name=pool_vm.vm_name)
+    try:
+        _put_on_cluster(pool_vm)
+    except (ClusterError, ValueError):
+        pool_vm_end(pool_vm=pool_vm, reason=EndReason.CREATE_FAILED)
+        raise
+    return pool_vm
+
+
+def _put_on_cluster(pool_vm: PoolVm) -> None:
+    from guest.cloud_init import render_user_data
+
+    lab = pool_vm.lab
+    user_data = render_user_data(token=pool_vm.agent_token, extra_cloud_config=lab.extra_cloud_init)
+    tenant_namespace_ensure(tenant=pool_vm.tenant)
+    labels = names.pool_vm_labels(
+        tenant_id=pool_vm.tenant_id, course_id=lab.course_id, lab_id=lab.id, pool_vm_id=pool_vm.id
+    )
+    secret_name = names.cloud_init_secret_name(pool_vm.vm_name)
+    operations.secret_create(
+        manifests.cloud_init_secret(name=secret_name, namespace=pool_vm.namespace, labels=labels, user_data=user_data)
+    )
+    created_vm, _created = operations.vm_create(
+        manifests.virtual_machine(
+            name=pool_vm.vm_name,
+            namespace=pool_vm.namespace,
+            labels=labels,
+            image=lab.image,
+            vcpus=pool_vm.vcpus,
+            memory_mib=pool_vm.memory_mib,
+            host_passthrough=lab.nested_virtualization,
+            cloud_init_secret=secret_name,
+        )
+    )
+    operations.secret_set_owner(
+        namespace=pool_vm.namespace, name=secret_name, owner=manifests.owner_reference(created_vm)
+    )
+
+
+def pool_vm_end(*, pool_vm: PoolVm, reason: str, from_states: tuple[str, ...] = POOL_HOLDING_STATES) -> bool:
+    """Take an unclaimed VM out of the pool (it stops counting against the quota at once) and delete it. False
+    when it had been claimed or ended meanwhile."""
+    ended = PoolVm.objects.filter(id=pool_vm.id, state__in=from_states).update(
+        state=PoolVmState.DELETED, ended_at=timezone.now(), end_reason=reason
+    )
+    if not ended:
+        return False
+    logger.info("pool VM %s/%s ended: %s", pool_vm.namespace, pool_vm.vm_name, reason)
+    pool_vm_delete_on_cluster(pool_vm=pool_vm)
+    return True
+
+
+def pool_vm_delete_on_cluster(*, pool_vm: PoolVm) -> None:
+    """Delete an ended pool VM's VM and Secret; a cluster that does not answer leaves them to the sweep."""
+    if not pool_vm.vm_name:
+        return
+    try:
+        operations.vm_delete(namespace=pool_vm.namespace, name=pool_vm.vm_name)
+        operations.secret_delete(namespace=pool_vm.namespace, name=names.cloud_init_secret_name(pool_vm.vm_name))
+    except ClusterError as error:
+        logger.warning("pool VM %s: delete failed (%s); the sweep removes it", pool_vm.vm_name, error.message)
+
+
+def _agent_answers(pool_vm: PoolVm) -> bool:
+    from labs.agent_client import AgentError, healthz
+
+    try:
+        healthz(pool_vm, timeout_s=POOL_AGENT_TIMEOUT_SECONDS)
+    except AgentError:
+        return False
+    return True
+
+
+def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
+    """Ask the agent of every unclaimed pool VM (booting and ready, in parallel): a booting one that answers is
+    ready; a ready one that does not answer, or a booting one past the start timeout, is replaced."""
+    now = now or timezone.now()
+    report = PoolReport()
+    vms = list(PoolVm.objects.filter(state__in=POOL_HOLDING_STATES).exclude(vm_name=""))
+    if not vms:
+        return report
+    with ThreadPoolExecutor(max_workers=min(POOL_CHECK_CONCURRENCY, len(vms))) as executor:
+        answers = list(executor.map(_agent_answers, vms))
+    boot_limit = now - timedelta(seconds=settings.ATTEMPT_START_TIMEOUT_SECONDS)
+    for pool_vm, answers_now in zip(vms, answers, strict=True):
+        if pool_vm.state == PoolVmState.BOOTING and answers_now:
+            stamp = timezone.now()
+            if PoolVm.objects.filter(id=pool_vm.id, state=PoolVmState.BOOTING).update(
+                state=PoolVmState.READY, ready_at=stamp
+            ):
+                report.ready.append(pool_vm.vm_name)
+        elif pool_vm.state == PoolVmState.READY and not answers_now:
+            if pool_vm_end(pool_vm=pool_vm, reason=EndReason.AGENT_LOST, from_states=(PoolVmState.READY,)):
+                report.deleted.append(pool_vm.vm_name)
+        elif pool_vm.state == PoolVmState.BOOTING and pool_vm.created_at < boot_limit:
+            if pool_vm_end(pool_vm=pool_vm, reason=EndReason.BOOT_TIMEOUT, from_states=(PoolVmState.BOOTING,)):
+                report.deleted.append(pool_vm.vm_name)
+    return report
