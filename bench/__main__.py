@@ -109,6 +109,8 @@ def run_one(name: str, *, timeout: float) -> dict:
         return {
             "benchmark": name,
             "error": f"did not finish within its {timeout:.0f} s share of the budget",
+            # What a module that prints its figures so far when stopped (start_overhead) had measured.
+            "partial": last_json_object(stdout),
             "stderr_tail": stderr[-2000:],
             "seconds": round(time.monotonic() - started, 1),
         }

@@ -35,6 +35,11 @@ process's CPU over a burst includes every page's console. The time is measured f
 The guest-less portal takes two bursts of 100, side by side in one run (how much two runs differ on this machine).
 Each phase's VMs are deleted from kubesim before the next phase, so every burst begins with a namespace as empty as
 the first's (``vmis_in_cluster_before``).
+
+The phases run in the order of what they are for: DESIGN §9's two figures first (the guest-less burst and its
+baseline, then single starts on real guests), the 100 starts on real guests last. The result says how long each
+phase took (``phase_seconds``); stopped at the end of its share of ``python -m bench``'s budget, the module prints
+what it measured so far (``incomplete``) before it stops its servers.
 """
 
 from __future__ import annotations
@@ -45,8 +50,10 @@ import json
 import random
 import re
 import secrets
+import signal
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
@@ -75,7 +82,6 @@ GUESTLESS_BURSTS = 2
 START_TIMEOUT_SECONDS = 60
 TARGET_P95_SINGLE_MS = 500
 TARGET_P95_CONCURRENT_MS = 5000
-BASELINE_NAMESPACE = "bench-direct"
 RETRY_MAX_SECONDS = 30.0  # the lab page's RETRY_MAX_MS
 WARM_UP_PARALLEL = 12
 # After the last page of a burst saw its attempt get there, how long its console socket may take to open before the
@@ -478,18 +484,129 @@ def sequential_cpu(*, portal, server, lab_id: int, browsers: list[Browser]) -> d
     }
 
 
-def measure_portal(*, portal, server, lab_id: int, students: list, single: bool, until: str) -> dict[str, Any]:
-    """One start at a time for ``SINGLE_STARTS`` students (when ``single``), then ``CONCURRENT_STARTS`` together."""
+class Progress:
+    """Where the run is: how long each phase took, and what it has measured so far. When ``python -m bench`` stops
+    the module at the end of its share (SIGTERM), what is here is printed before the portal and kubesim are
+    stopped, so the figures already measured are not lost with the rest."""
+
+    def __init__(self) -> None:
+        self.phase_seconds: dict[str, float] = {}
+        self.current: str | None = None
+        self.figures: dict[str, Any] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        log(name)
+        self.current = name
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phase_seconds[name] = round(time.monotonic() - began, 1)
+            self.current = None
+
+    def stopped(self, signum: int, frame: Any) -> None:
+        """SIGTERM: print what was measured, then unwind as ``bench.common`` does (its servers are stopped)."""
+        emit(
+            {
+                "benchmark": "start_overhead",
+                "incomplete": f"stopped during {self.current or 'the set-up'}",
+                "phase_seconds": self.phase_seconds,
+                "figures": self.figures,
+                "machine": machine(),
+            }
+        )
+        raise SystemExit(128 + signum)
+
+
+def warmed_browsers(*, portal, lab_id: int, students: list) -> list[Browser]:
+    """The students' browsers, each with the lab page loaded (see ``warm_up``)."""
     browsers = [Browser(session_cookie(student)) for student in students]
     asyncio.run(warm_up(base_url=portal.base_url, lab_id=lab_id, browsers=browsers))
     time.sleep(1)  # let the page loads' own work settle before the first start
-    measured: dict[str, Any] = {}
-    if not single:
+    return browsers
+
+
+def measure_singles(*, portal, server, lab_id: int, browsers: list[Browser], until: str) -> dict[str, Any]:
+    """One start at a time, one per browser."""
+    singles = []
+    for browser in browsers:
+        singles += asyncio.run(
+            browser_starts(
+                base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id, browsers=[browser], until=until
+            )
+        )
+    # Their guests keep running otherwise, on the cores the burst is measured on.
+    end_attempts([outcome["attempt_id"] for outcome in singles if "attempt_id" in outcome], server=server)
+    return portal_figures(singles)
+
+
+def measure_burst(
+    *, portal, server, lab_id: int, browsers: list[Browser], until: str, clear_after: bool = True
+) -> dict[str, Any]:
+    """Every browser presses Start at once; with ``clear_after``, its attempts are ended and their VMs deleted
+    after."""
+    pids = {**{name: process.pid for name, process in portal.processes.items()}, "kubesim": server.process.pid}
+    vmis_before = vmis_in_cluster(server)
+    server.admin.reset_counters()
+    together = asyncio.run(
+        browser_starts(
+            base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id, browsers=browsers, until=until, pids=pids
+        )
+    )
+    cpu = together[0].pop("_cpu")
+    commands = together[0].pop("_redis_commands")
+    consoles_opened = together[0].pop("_consoles_opened")
+    cluster = server.admin.counters()
+    figures = {**portal_figures(together), "consoles_opened": consoles_opened, "vmis_in_cluster_before": vmis_before}
+    # What the burst asked of the cluster, per start: the creates, the lists that follow the VMIs, and the agent
+    # questions (each a portforward), counted by kubesim until the last browser saw its attempt get there.
+    figures["cluster_requests_per_start"] = {
+        name: round(count / len(browsers), 2) for name, count in sorted(cluster["by_verb_resource"].items())
+    }
+    # Where the machine went: CPU seconds per process over the burst (from the first Start pressed), and per
+    # start; PostgreSQL and Redis as every process of each on the machine
+    # (nothing else uses them during a benchmark run).
+    figures["cpu_seconds"] = cpu
+    figures["cpu_ms_per_start"] = per_start_ms(cpu, len(browsers))
+    # Round trips to Redis per start over the same window (channel layer, broker, cache): a count, steady where
+    # CPU moves with the machine's load.
+    figures["redis_commands_per_start"] = {name: round(count / len(browsers), 1) for name, count in commands.items()}
+    if clear_after:  # out of the way of the next burst (the start throttle counts starting attempts)
+        end_attempts([result["attempt_id"] for result in together if "attempt_id" in result], server=server)
+    return figures
+
+
+def burst_line(burst: dict[str, Any]) -> dict[str, Any]:
+    """A burst's headline figures, to set bursts of one run side by side."""
+    return {
+        "to_vmi_running_p50_ms": burst["to_vmi_running"]["p50_ms"],
+        "to_vmi_running_p95_ms": burst["to_vmi_running"]["p95_ms"],
+        "failed": burst["failed"],
+        "consoles_opened": burst["consoles_opened"],
+        "vmis_in_cluster_before": burst["vmis_in_cluster_before"],
+        "cpu_ms_per_start": burst["cpu_ms_per_start"],
+        "redis_commands_per_start": burst["redis_commands_per_start"]["total"],
+        "cluster_requests_per_start": burst["cluster_requests_per_start"],
+    }
+
+
+def measure_guestless(
+    *, portal, server, lab_id: int, students: list, measured: dict[str, Any], progress: Progress
+) -> None:
+    """On the guest-less kubesim, into ``measured`` as each part is done: a warm-up start, ``SEQUENTIAL_STARTS``
+    one at a time, then ``GUESTLESS_BURSTS`` bursts of ``CONCURRENT_STARTS``."""
+    with progress.phase("no guests: portal warm-up"):
+        browsers = warmed_browsers(portal=portal, lab_id=lab_id, students=students)
         # Nor has a served portal never started a lab: one start (page, sockets and all) before the burst, so
         # that the burst does not pay for the first use of each code path.
         warm = asyncio.run(
             browser_starts(
-                base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id, browsers=browsers[:1], until=until
+                base_url=portal.base_url,
+                ws_url=portal.ws_url,
+                lab_id=lab_id,
+                browsers=browsers[:1],
+                until="vmi_running",
             )
         )
         if "error" in warm[0]:
@@ -497,81 +614,32 @@ def measure_portal(*, portal, server, lab_id: int, students: list, single: bool,
         # Out of the way of the burst: a guest-less attempt stays starting, and the global start throttle
         # (ATTEMPT_CONCURRENT_START_LIMIT, 100) counts it.
         end_attempts([warm[0]["attempt_id"]], server=server)
-        browsers = browsers[1:]
+    browsers = browsers[1:]
+    with progress.phase("no guests: portal, starts one at a time"):
         measured["sequential"] = sequential_cpu(
             portal=portal, server=server, lab_id=lab_id, browsers=browsers[:SEQUENTIAL_STARTS]
         )
-        browsers = browsers[SEQUENTIAL_STARTS:]
-    if single:
-        singles = []
-        for browser in browsers[:SINGLE_STARTS]:
-            singles += asyncio.run(
-                browser_starts(
-                    base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id, browsers=[browser], until=until
+    browsers = browsers[SEQUENTIAL_STARTS:]
+    bursts: list[dict[str, Any]] = []
+    for index in range(GUESTLESS_BURSTS):
+        with progress.phase(f"no guests: portal, {CONCURRENT_STARTS} simultaneous starts ({index + 1})"):
+            group = browsers[index * CONCURRENT_STARTS : (index + 1) * CONCURRENT_STARTS]
+            last = index + 1 == GUESTLESS_BURSTS
+            bursts.append(
+                measure_burst(
+                    portal=portal,
+                    server=server,
+                    lab_id=lab_id,
+                    browsers=group,
+                    until="vmi_running",
+                    clear_after=not last,
                 )
             )
-        measured["single"] = portal_figures(singles)
-        browsers = browsers[SINGLE_STARTS:]
-        # Their guests keep running otherwise, on the cores the burst is measured on.
-        end_attempts([outcome["attempt_id"] for outcome in singles if "attempt_id" in outcome], server=server)
-    pids = {**{name: process.pid for name, process in portal.processes.items()}, "kubesim": server.process.pid}
-    order = range(1 if single else GUESTLESS_BURSTS)
-    bursts = []
-    for index in order:
-        log(f"portal: {CONCURRENT_STARTS} simultaneous starts, until {until}")
-        group = browsers[index * CONCURRENT_STARTS : (index + 1) * CONCURRENT_STARTS]
-        vmis_before = vmis_in_cluster(server)
-        server.admin.reset_counters()
-        together = asyncio.run(
-            browser_starts(
-                base_url=portal.base_url, ws_url=portal.ws_url, lab_id=lab_id, browsers=group, until=until, pids=pids
-            )
-        )
-        cpu = together[0].pop("_cpu")
-        commands = together[0].pop("_redis_commands")
-        consoles_opened = together[0].pop("_consoles_opened")
-        cluster = server.admin.counters()
-        figures = {
-            **portal_figures(together),
-            "consoles_opened": consoles_opened,
-            "vmis_in_cluster_before": vmis_before,
-        }
-        # What the burst asked of the cluster, per start: the creates, the lists that follow the VMIs, and the agent
-        # questions (each a portforward), counted by kubesim until the last browser saw its attempt get there.
-        figures["cluster_requests_per_start"] = {
-            name: round(count / CONCURRENT_STARTS, 2) for name, count in sorted(cluster["by_verb_resource"].items())
-        }
-        # Where the machine went: CPU seconds per process over the burst (from the first Start pressed), and per
-        # start; PostgreSQL and Redis as every process of each on the machine
-        # (nothing else uses them during a benchmark run).
-        figures["cpu_seconds"] = cpu
-        figures["cpu_ms_per_start"] = per_start_ms(cpu, CONCURRENT_STARTS)
-        # Round trips to Redis per start over the same window (channel layer, broker, cache): a count, steady where
-        # CPU moves with the machine's load.
-        figures["redis_commands_per_start"] = {
-            name: round(count / CONCURRENT_STARTS, 1) for name, count in commands.items()
-        }
-        bursts.append(figures)
-        if index + 1 < len(order):  # out of the way of the next burst (the start throttle counts starting ones)
-            end_attempts([result["attempt_id"] for result in together if "attempt_id" in result], server=server)
-            time.sleep(3)
-    measured["concurrent_100"] = bursts[0]
-    if len(bursts) > 1:
+        measured["concurrent_100"] = bursts[0]
         # Every burst on one portal, side by side: how much they differ is the machine's noise.
-        measured["bursts"] = [
-            {
-                "to_vmi_running_p50_ms": burst["to_vmi_running"]["p50_ms"],
-                "to_vmi_running_p95_ms": burst["to_vmi_running"]["p95_ms"],
-                "failed": burst["failed"],
-                "consoles_opened": burst["consoles_opened"],
-                "vmis_in_cluster_before": burst["vmis_in_cluster_before"],
-                "cpu_ms_per_start": burst["cpu_ms_per_start"],
-                "redis_commands_per_start": burst["redis_commands_per_start"]["total"],
-                "cluster_requests_per_start": burst["cluster_requests_per_start"],
-            }
-            for burst in bursts
-        ]
-    return measured
+        measured["bursts"] = [burst_line(burst) for burst in bursts]
+        if not last:
+            time.sleep(3)
 
 
 # --- the baseline: the kubernetes client directly ------------------------------------------------------------
@@ -590,6 +658,7 @@ class VmiRunningWatch:
         self._api = client.CustomObjectsApi(api_client)
         self._namespace = namespace
         self._ready = threading.Event()
+        self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         self._ready.wait(10)
@@ -599,12 +668,14 @@ class VmiRunningWatch:
             return self.events.setdefault(name, threading.Event())
 
     def _run(self) -> None:
+        from urllib3.exceptions import ProtocolError
+
         listing = self._api.list_namespaced_custom_object(
             "kubevirt.io", "v1", self._namespace, "virtualmachineinstances"
         )
         version = listing["metadata"]["resourceVersion"]
         self._ready.set()
-        for event in self._watch.stream(
+        events = self._watch.stream(
             self._api.list_namespaced_custom_object,
             "kubevirt.io",
             "v1",
@@ -612,20 +683,29 @@ class VmiRunningWatch:
             "virtualmachineinstances",
             resource_version=version,
             timeout_seconds=600,
-        ):
-            vmi = event["object"]
-            name = vmi["metadata"]["name"]
-            if (vmi.get("status") or {}).get("phase") == "Running":
-                with self.lock:
-                    if name not in self.running_at:
-                        self.running_at[name] = time.perf_counter()
-                self.event_for(name).set()
+        )
+        try:
+            for event in events:
+                vmi = event["object"]
+                name = vmi["metadata"]["name"]
+                if (vmi.get("status") or {}).get("phase") == "Running":
+                    with self.lock:
+                        if name not in self.running_at:
+                            self.running_at[name] = time.perf_counter()
+                    self.event_for(name).set()
+        except ProtocolError:
+            if not self._stopped.is_set():
+                raise
+            # Stopped, then its namespace deleted: the watch's answer ends there.
 
     def stop(self) -> None:
+        self._stopped.set()
         self._watch.stop()
 
 
-def direct_start(*, api_client, running: VmiRunningWatch, index: int, tag: str, agent: bool) -> dict[str, float]:
+def direct_start(
+    *, api_client, running: VmiRunningWatch, namespace: str, index: int, tag: str, agent: bool
+) -> dict[str, float]:
     """Create the same Secret and VM the portal would, wait for Running, then (``agent``) for the agent to answer."""
     from kubernetes import client
 
@@ -637,11 +717,11 @@ def direct_start(*, api_client, running: VmiRunningWatch, index: int, tag: str, 
     token = secrets.token_urlsafe(32)
     labels = {"app.kubernetes.io/managed-by": "bench"}
     secret = manifests.cloud_init_secret(
-        name=f"{name}-cloud-init", namespace=BASELINE_NAMESPACE, labels=labels, user_data=render_user_data(token=token)
+        name=f"{name}-cloud-init", namespace=namespace, labels=labels, user_data=render_user_data(token=token)
     )
     vm = manifests.virtual_machine(
         name=name,
-        namespace=BASELINE_NAMESPACE,
+        namespace=namespace,
         labels=labels,
         image="quay.io/containerdisks/fedora:41",
         vcpus=1,
@@ -651,16 +731,16 @@ def direct_start(*, api_client, running: VmiRunningWatch, index: int, tag: str, 
     )
     event = running.event_for(name)
     started = time.perf_counter()
-    client.CoreV1Api(api_client).create_namespaced_secret(BASELINE_NAMESPACE, secret)
+    client.CoreV1Api(api_client).create_namespaced_secret(namespace, secret)
     client.CustomObjectsApi(api_client).create_namespaced_custom_object(
-        "kubevirt.io", "v1", BASELINE_NAMESPACE, "virtualmachines", vm
+        "kubevirt.io", "v1", namespace, "virtualmachines", vm
     )
     if not event.wait(START_TIMEOUT_SECONDS):
         return {"error": 1.0}
     running_seconds = running.running_at[name] - started
     if not agent:
         return {"running": running_seconds}
-    target = SimpleNamespace(namespace=BASELINE_NAMESPACE, vm_name=name, agent_token=token)
+    target = SimpleNamespace(namespace=namespace, vm_name=name, agent_token=token)
     deadline = time.perf_counter() + START_TIMEOUT_SECONDS
     while True:
         try:
@@ -673,35 +753,33 @@ def direct_start(*, api_client, running: VmiRunningWatch, index: int, tag: str, 
     return {"running": running_seconds, "agent_ready": time.perf_counter() - started}
 
 
-def measure_direct(*, server, single: bool, agent: bool) -> dict[str, Any]:
+def measure_direct(*, server, single: bool, concurrent: bool, agent: bool, namespace: str) -> dict[str, Any]:
+    """The baseline in a namespace of its own (deleted after): ``SINGLE_STARTS`` one at a time (``single``), then
+    ``CONCURRENT_STARTS`` at once (``concurrent``)."""
     from kubernetes import client, config
 
     configuration = client.Configuration()
     configuration.connection_pool_maxsize = CONCURRENT_STARTS + 10  # one connection per creating thread
     api_client = config.new_client_from_config(config_file=str(server.kubeconfig), client_configuration=configuration)
-    client.CoreV1Api(api_client).create_namespace({"metadata": {"name": BASELINE_NAMESPACE}})
-    running = VmiRunningWatch(api_client, BASELINE_NAMESPACE)
+    client.CoreV1Api(api_client).create_namespace({"metadata": {"name": namespace}})
+    running = VmiRunningWatch(api_client, namespace)
     results: dict[str, list[dict]] = {}
+
+    def start(index: int, tag: str) -> dict[str, float]:
+        return direct_start(
+            api_client=api_client, running=running, namespace=namespace, index=index, tag=tag, agent=agent
+        )
+
     try:
         if single:
-            results["single"] = [
-                direct_start(api_client=api_client, running=running, index=index, tag="one", agent=agent)
-                for index in range(SINGLE_STARTS)
-            ]
-        log(f"direct: {CONCURRENT_STARTS} simultaneous creates")
-        with ThreadPoolExecutor(max_workers=CONCURRENT_STARTS) as pool:
-            results["concurrent_100"] = list(
-                pool.map(
-                    lambda index: direct_start(
-                        api_client=api_client, running=running, index=index, tag="many", agent=agent
-                    ),
-                    range(CONCURRENT_STARTS),
-                )
-            )
+            results["single"] = [start(index, "one") for index in range(SINGLE_STARTS)]
+        if concurrent:
+            with ThreadPoolExecutor(max_workers=CONCURRENT_STARTS) as pool:
+                results["concurrent_100"] = list(pool.map(lambda index: start(index, "many"), range(CONCURRENT_STARTS)))
     finally:
         running.stop()
     # The baseline's VMs make room for the portal's: deleted before the portal is measured.
-    client.CoreV1Api(api_client).delete_namespace(BASELINE_NAMESPACE)
+    client.CoreV1Api(api_client).delete_namespace(namespace)
 
     def figures(rows: list[dict]) -> dict[str, Any]:
         measured = {
@@ -797,38 +875,71 @@ def main() -> None:
     )
     real = seed_course(students=SINGLE_STARTS + CONCURRENT_STARTS, labs=1, name="Bench Start University")
 
-    log("kubesim --guest none: direct baseline to VMI Running")
+    # The figures DESIGN §9 names come first (the guest-less burst, then single starts on real guests), the rest
+    # after: a run stopped at the end of its share (SIGTERM) prints what it has (``Progress``).
+    progress = Progress()
+    signal.signal(signal.SIGTERM, progress.stopped)
+    direct_fast: dict[str, Any] = {}
+    portal_fast: dict[str, Any] = {}
+    direct: dict[str, Any] = {}
+    measured: dict[str, Any] = {}
+    progress.figures.update(
+        {
+            "no_guests": portal_fast,
+            "real_guests": measured,
+            "baseline": {"no_guests": direct_fast, "real_guests": direct},
+        }
+    )
     with kubesim(name="kubesim-start-noguest", guest="none") as server:
         settings.KUBECONFIG = str(server.kubeconfig)
         kube_client.reset()
-        direct_fast = measure_direct(server=server, single=False, agent=False)
+        with progress.phase("no guests: direct baseline, 100 creates to VMI Running"):
+            direct_fast.update(
+                measure_direct(server=server, single=False, concurrent=True, agent=False, namespace="bench-direct-fast")
+            )
         with live_portal(kubeconfig=server.kubeconfig, worker_concurrency=8) as portal:
-            portal_fast = measure_portal(
+            measure_guestless(
                 portal=portal,
                 server=server,
                 lab_id=fast.labs[0].id,
                 students=fast.students,
-                single=False,
-                until="vmi_running",
+                measured=portal_fast,
+                progress=progress,
             )
             portal.check_alive()
     end_attempts(list(Attempt.objects.filter(tenant=fast.tenant).values_list("id", flat=True)))
 
-    log("kubesim with real guests: direct baseline to VMI Running and the agent answering")
     with kubesim(name="kubesim-start", guest="shell") as server:
         settings.KUBECONFIG = str(server.kubeconfig)  # the baseline's agent checks use the same cluster
         kube_client.reset()
-        direct = measure_direct(server=server, single=True, agent=True)
-        with live_portal(kubeconfig=server.kubeconfig, worker_concurrency=8) as portal:
-            log("portal: single starts")
-            measured = measure_portal(
-                portal=portal,
-                server=server,
-                lab_id=real.labs[0].id,
-                students=real.students,
-                single=True,
-                until="running",
+        with progress.phase("real guests: direct baseline, single creates"):
+            direct.update(
+                measure_direct(server=server, single=True, concurrent=False, agent=True, namespace="bench-direct-one")
             )
+        with live_portal(kubeconfig=server.kubeconfig, worker_concurrency=8) as portal:
+            lab_id = real.labs[0].id
+            with progress.phase("real guests: portal warm-up"):
+                browsers = warmed_browsers(portal=portal, lab_id=lab_id, students=real.students)
+            with progress.phase("real guests: portal, single starts"):
+                measured["single"] = measure_singles(
+                    portal=portal, server=server, lab_id=lab_id, browsers=browsers[:SINGLE_STARTS], until="running"
+                )
+            # The portal idles beside this baseline (its sync finds nothing of the baseline's namespace to do).
+            with progress.phase(f"real guests: direct baseline, {CONCURRENT_STARTS} creates"):
+                direct.update(
+                    measure_direct(
+                        server=server, single=False, concurrent=True, agent=True, namespace="bench-direct-many"
+                    )
+                )
+            with progress.phase(f"real guests: portal, {CONCURRENT_STARTS} simultaneous starts"):
+                measured["concurrent_100"] = measure_burst(
+                    portal=portal,
+                    server=server,
+                    lab_id=lab_id,
+                    browsers=browsers[SINGLE_STARTS:],
+                    until="running",
+                    clear_after=False,
+                )
             portal.check_alive()
 
     design = {  # DESIGN §9 as worded: Start → VM created → Running seen in the browser
@@ -874,6 +985,7 @@ def main() -> None:
             "start_to_agent_ready_in_browser": agent_ready,
             "figures": {"real_guests": measured, "no_guests": portal_fast},
             "baseline": {"real_guests": direct, "no_guests": direct_fast},
+            "phase_seconds": progress.phase_seconds,
             "verdict": {
                 "single_meets_target": verdict(design["single"]["portal"]["p95_ms"], TARGET_P95_SINGLE_MS),
                 "concurrent_100_meets_target": verdict(

@@ -19,6 +19,20 @@ from kubesim.store import Store
 
 log = logging.getLogger("kubesim.guest")
 
+# The longest path of a Unix socket under a guest's directory (the shell guest's agent; a vm guest's console, QMP
+# and agent sockets are shorter), and the longest path a Unix socket can have (sun_path: 108 bytes with its NUL).
+LONGEST_GUEST_SOCKET = "run/lab-agent.sock"
+UNIX_PATH_MAX = 107
+UID_CHARS = 8
+
+
+def guest_root_name(base: Path, *, namespace: str, name: str, uid: str) -> str:
+    """A guest's directory under ``base``: its namespace and name, cut short so that every socket under it has a
+    path a Unix socket can take (a long tenant namespace left the agent unreachable: "AF_UNIX path too long"),
+    and the first characters of its uid."""
+    room = UNIX_PATH_MAX - len(f"{base}/_{uid[:UID_CHARS]}/{LONGEST_GUEST_SOCKET}")
+    return f"{f'{namespace}_{name}'[: max(0, room)]}_{uid[:UID_CHARS]}"
+
 
 def _sweep_orphaned_bases() -> None:
     """Remove guest directories left by a kubesim that was killed outright (its pid is in the name)."""
@@ -69,6 +83,12 @@ class GuestManager:
             _sweep_orphaned_bases()
             self.base: Path | None = Path(tempfile.mkdtemp(prefix=f"kubesim-guests-{os.getpid()}-"))
             self.base.chmod(0o711)  # the sandbox's user passes through to its own guest, lists none
+            if len(f"{self.base}/_{'u' * UID_CHARS}/{LONGEST_GUEST_SOCKET}") > UNIX_PATH_MAX:
+                shutil.rmtree(self.base, ignore_errors=True)
+                raise RuntimeError(
+                    f"the guests' directory {self.base} is too long for the Unix sockets under it: "
+                    "set TMPDIR to a shorter directory"
+                )
         else:
             self.base = None
         self._shutting_down: list[Any] = []  # vm guests between the ACPI power button and the kill
@@ -148,7 +168,8 @@ class GuestManager:
             return existing
         root = None
         if self.base is not None:
-            root = self.base / f"{vmi['metadata']['namespace']}_{vmi['metadata']['name']}_{uid[:8]}"
+            meta = vmi["metadata"]
+            root = self.base / guest_root_name(self.base, namespace=meta["namespace"], name=meta["name"], uid=uid)
             root.mkdir(parents=True, exist_ok=True)
         if self.config.guest == "vm":
             from kubesim.vmguest import VmGuest

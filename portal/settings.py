@@ -298,7 +298,8 @@ else:
 if REDIS_URL:
     CACHES = {
         "default": {
-            "BACKEND": "django_redis.cache.RedisCache",
+            # django-redis's, whose clear() removes only this cache's keys, not the whole database (portal.redis_cache).
+            "BACKEND": "portal.redis_cache.PrefixedRedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": REDIS_KEY_PREFIX,
             "OPTIONS": {

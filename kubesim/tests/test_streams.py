@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from pathlib import Path
 
 import aiohttp
@@ -229,6 +230,27 @@ async def test_portforward_reaches_the_agent_installed_by_cloud_init(sim, custom
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
             await session.ws_connect(f"{sim.ws_url}{SUB}/{namespace}/virtualmachineinstances/graded/portforward/22")
         assert refused.value.status == 500, "nothing listens on port 22 in the guest"
+
+
+async def test_portforward_reaches_the_agent_of_a_guest_in_a_namespace_as_long_as_allowed(sim, custom, core):
+    # A tenant's namespace can be this long (a DNS label): the agent's socket under the guest's directory must
+    # still have a path a Unix socket can connect to (it had not: "AF_UNIX path too long", and no Start of a long
+    # named institution's lab ever saw its agent answer).
+    namespace = f"lab-{uuid.uuid4().hex[:6]}-{'a' * 63}"[:63]
+    name = "attempt-1234567"
+    core.create_namespace({"metadata": {"name": namespace}})
+    try:
+        _cloud_init_vm(custom, core, namespace, name, token="t0ken-for-the-long-agent")
+        wait_for(lambda: (g := sim.admin.guest(namespace, name)) and g["ports"].get("8787"), what="agent port")
+        answer = await _http_over_portforward(
+            sim,
+            namespace,
+            name,
+            b"GET /healthz HTTP/1.1\r\nHost: guest\r\nAuthorization: Bearer t0ken-for-the-long-agent\r\n\r\n",
+        )
+        assert answer.startswith(b"HTTP/1.0 200"), answer[:200]
+    finally:
+        core.delete_namespace(namespace)
 
 
 async def test_portforward_runs_a_check_through_the_real_guest_agent(sim, custom, core, namespace):

@@ -59,3 +59,22 @@ def test_a_test_own_cache_prefix_stays_under_the_run_prefix():
 
     prefix = fresh_cache_settings()["default"].get("KEY_PREFIX", "")
     assert prefix.startswith(settings.REDIS_KEY_PREFIX) and prefix != settings.REDIS_KEY_PREFIX
+
+
+def test_clearing_the_cache_leaves_every_other_key_in_redis(redis_client):
+    """django-redis's own clear() was FLUSHDB: a test clearing its cache emptied the database under every other
+    test process, and a page of theirs open at that moment lost its live update (its channel-layer group was gone)."""
+    import uuid
+
+    elsewhere = f"test-{uuid.uuid4().hex[:12]}-elsewhere:asgi:group:attempt-1"  # another process's page, say
+    ours = f"{settings.REDIS_KEY_PREFIX}asgi:group:run-isolation-clear"
+    try:
+        redis_client.zadd(elsewhere, {"specific.other!x": 1})
+        async_to_sync(get_channel_layer().group_add)("run-isolation-clear", "specific.probe!x")
+        cache.set("run-isolation-clear", 1, 30)
+        cache.set("run-isolation-clear-v2", 1, 30, version=2)
+        cache.clear()
+        assert cache.get("run-isolation-clear") is None and cache.get("run-isolation-clear-v2", version=2) is None
+        assert redis_client.exists(elsewhere) and redis_client.exists(ours)
+    finally:
+        redis_client.delete(elsewhere, ours)
