@@ -75,7 +75,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         message, fields = _validation_error(exc)
     elif isinstance(exc, exceptions.Throttled):
         status_code, code = status.HTTP_429_TOO_MANY_REQUESTS, "throttled"
-        retry_after = math.ceil(exc.wait) if exc.wait is not None else None
+        wait: float | None = exc.wait  # type: ignore[attr-defined]  # set by Throttled.__init__, absent from the stubs
+        retry_after = math.ceil(wait) if wait is not None else None
         message = _("Too many requests. Try again in %(seconds)s seconds.") % {"seconds": retry_after or 1}
     elif isinstance(exc, exceptions.APIException):
         status_code, code, message = exc.status_code, _code_of(exc), str(exc.detail)

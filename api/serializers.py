@@ -166,7 +166,9 @@ class StaffViewMixin:
     """Staff-only values are filled in only for objects of a course where the reader is staff
     (``context["staff_course_ids"]``); everyone else reads null there."""
 
-    def staff_view(self, course_id: int) -> bool:
+    context: dict[str, Any]
+
+    def staff_view(self, course_id: int | None) -> bool:
         return course_id in self.context.get("staff_course_ids", ())
 
 
@@ -347,7 +349,8 @@ class GradingRunDetailSerializer(GradingRunSerializer):
     def get_results(self, run: GradingRun) -> list[dict]:
         context = {**self.context, "course_id": run.attempt.lab.course_id}
         results = sorted(run.results.all(), key=lambda r: (r.order, r.pk))
-        return CheckResultSerializer(results, many=True, context=context).data
+        # many=True makes a list; the stubs type every serializer's data as one dict.
+        return CheckResultSerializer(results, many=True, context=context).data  # type: ignore[return-value]
 
 
 class GradeSerializer(serializers.ModelSerializer):
@@ -400,7 +403,10 @@ class ErrorDetailSerializer(serializers.Serializer):
     code = serializers.CharField()
     message = serializers.CharField()
     retry_after = serializers.IntegerField(required=False)
-    fields = serializers.DictField(child=serializers.ListField(child=serializers.CharField()), required=False)
+    # A field named "fields": DRF's metaclass moves it into the declared fields, Serializer.fields is untouched.
+    fields = serializers.DictField(  # type: ignore[assignment]
+        child=serializers.ListField(child=serializers.CharField()), required=False
+    )
 
 
 class ErrorSerializer(serializers.Serializer):

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import csv
 import io
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -37,6 +39,7 @@ from portal.forms import (
     TenantUserChangeForm,
     TenantUserCreationForm,
 )
+from portal.http import request_user
 from portal.models import AuditEvent, Course, Membership, Role, Tenant, User
 from portal.services import (
     PasswordSetupToken,
@@ -54,6 +57,14 @@ admin.site.index_title = _("Courses, labs and people")
 # password change or reset, or deactivation (portal.services).
 if admin.site.is_registered(TokenProxy):
     admin.site.unregister(TokenProxy)
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+
+class _CourseCounts(TypedDict):
+    num_members: int
+    num_labs: int
 
 
 def password_setup_url(request: HttpRequest, token: PasswordSetupToken) -> str:
@@ -103,10 +114,10 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     search_fields = ("code", "title", "term")
     ordering = ("code", "term")
 
-    def get_fields(self, request: HttpRequest, obj: Course | None = None) -> list[str]:
-        fields = ["code", "title", "term"]
+    def get_fields(self, request: HttpRequest, obj: Course | None = None) -> tuple[str, ...]:
+        fields = ("code", "title", "term")
         # The tenant is chosen by superusers only; an instructor's course always lands in their own tenant.
-        return ["tenant", *fields] if admin_access(request).is_superuser else fields
+        return ("tenant", *fields) if admin_access(request).is_superuser else fields
 
     def get_list_filter(self, request: HttpRequest) -> tuple:
         return ("term", "tenant") if admin_access(request).is_superuser else ("term",)
@@ -120,16 +131,19 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
         )
 
     @admin.display(description=_("members"), ordering="num_members")
-    def member_count(self, course: Course) -> int:
+    def member_count(self, course: WithAnnotations[Course, _CourseCounts]) -> int:
         return course.num_members
 
     @admin.display(description=_("labs"), ordering="num_labs")
-    def lab_count(self, course: Course) -> int:
+    def lab_count(self, course: WithAnnotations[Course, _CourseCounts]) -> int:
         return course.num_labs
 
-    def get_form(self, request: HttpRequest, obj: Course | None = None, **kwargs):
-        form = super().get_form(request, obj, **kwargs)
-        form.tenant = request.user.tenant
+    def get_form(
+        self, request: HttpRequest, obj: Course | None = None, change: bool = False, **kwargs: Any
+    ) -> type[CourseAdminForm]:
+        # The admin builds a subclass of ``self.form`` (CourseAdminForm), typed as any model form.
+        form = cast("type[CourseAdminForm]", super().get_form(request, obj, change, **kwargs))
+        form.tenant = request_user(request).tenant
         return form
 
     def save_model(self, request: HttpRequest, obj: Course, form, change: bool) -> None:
@@ -137,8 +151,11 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
             super().save_model(request, obj, form, change)
             return
         if not admin_access(request).is_superuser:
-            obj.tenant = request.user.tenant
-        course_create(actor=request.user, course=obj)
+            tenant = request_user(request).tenant
+            if tenant is None:
+                raise PermissionDenied
+            obj.tenant = tenant
+        course_create(actor=request_user(request), course=obj)
         forget_admin_access(request)
 
     def audit_scope(self, obj: Course) -> dict:
@@ -175,7 +192,7 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
             if form.is_valid():
                 try:
                     result = enrollment_import(
-                        actor=request.user, course=course, csv_file=form.cleaned_data["csv_file"]
+                        actor=request_user(request), course=course, csv_file=form.cleaned_data["csv_file"]
                     )
                 except ApplicationError as exc:
                     context.update(form=form, import_error=exc.message, row_errors=exc.extra.get("errors", []))
@@ -241,10 +258,10 @@ class MembershipAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmi
         if change:
             # The form has already put the new role on ``obj``; the service compares with the stored one.
             stored = Membership.objects.select_related("user", "course__tenant").get(pk=obj.pk)
-            membership_set_role(actor=request.user, membership=stored, role=obj.role)
+            membership_set_role(actor=request_user(request), membership=stored, role=obj.role)
             return
-        membership_create(actor=request.user, membership=obj)
-        if obj.user_id == request.user.pk:
+        membership_create(actor=request_user(request), membership=obj)
+        if obj.user_id == request_user(request).pk:
             forget_admin_access(request)
 
     def audit_scope(self, obj: Membership) -> dict:
@@ -301,7 +318,7 @@ class UserAdmin(TenantUserAdminMixin, AuditedAdminMixin, DjangoUserAdmin):
         if not change and not admin_access(request).is_superuser:
             # Set here, not by a form field: an instructor's new account always joins their own tenant, with
             # no rights beyond what memberships give.
-            obj.tenant = request.user.tenant
+            obj.tenant = request_user(request).tenant
             obj.is_staff = False
             obj.is_superuser = False
         super().save_model(request, obj, form, change)
@@ -331,7 +348,7 @@ class UserAdmin(TenantUserAdminMixin, AuditedAdminMixin, DjangoUserAdmin):
                 "username": user.username,
                 "email": user.email,
                 "name": user.full_name,
-                "link": password_setup_url(request, user_password_setup_token(actor=request.user, user=user)),
+                "link": password_setup_url(request, user_password_setup_token(actor=request_user(request), user=user)),
             }
             for user in users
         ]

@@ -28,7 +28,8 @@ def session_user(scope: dict[str, Any]):
 
     if "session" not in scope:
         raise ValueError("The WebSocket scope has no session: wrap the route in SessionMiddleware.")
-    return get_user(SimpleNamespace(session=scope["session"]))
+    # get_user reads only the request's session.
+    return get_user(SimpleNamespace(session=scope["session"]))  # type: ignore[arg-type]
 
 
 class LazySessionAuthMiddleware(BaseMiddleware):

@@ -23,7 +23,7 @@ from django.utils.http import is_same_domain
 class RefusedWebSocket(AsyncWebsocketConsumer):
     """Closes the handshake; nothing is ever sent to it, so it has no channel to wait on."""
 
-    channel_layer_alias = None
+    channel_layer_alias = None  # type: ignore[assignment]  # Channels reads None as "no channel layer"
 
     async def connect(self) -> None:
         await self.close()
@@ -84,5 +84,6 @@ class SameOriginGate:
 
 def websocket_gate(routes: list, *, middleware) -> SameOriginGate:
     """``routes`` behind ``middleware`` (session and user) and the Origin check; any other path is refused."""
-    router = URLRouter([*routes, re_path(r"", RefusedWebSocket.as_asgi())])
+    # Channels routes Django's path()/re_path() to ASGI applications; the stubs type their target as a view.
+    router = URLRouter([*routes, re_path(r"", RefusedWebSocket.as_asgi())])  # type: ignore[arg-type,list-item]
     return SameOriginGate(middleware(router))

@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import TYPE_CHECKING, TypedDict
 
 from django.db.models import Count, Sum
 from django.utils.translation import gettext as _
@@ -17,6 +18,13 @@ from grading.selectors.check_rates import CheckPassRate, check_pass_rates
 from labs.models import Attempt, Lab
 from portal.models import Course, Membership, Role, User
 from portal.selectors import courses_for_user, user_tenant_ids
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+
+class _MaxPoints(TypedDict):
+    max_points: Decimal | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +60,7 @@ class GradebookRow:
 @dataclass(frozen=True)
 class Gradebook:
     course: Course
-    labs: list[Lab]  # each annotated with ``max_points``
+    labs: list[WithAnnotations[Lab, _MaxPoints]]
     rows: list[GradebookRow]
 
     @property
@@ -60,7 +68,7 @@ class Gradebook:
         return sum((lab.max_points or Decimal(0) for lab in self.labs), Decimal(0))
 
 
-def course_labs(*, course: Course) -> list[Lab]:
+def course_labs(*, course: Course) -> list[WithAnnotations[Lab, _MaxPoints]]:
     return list(
         Lab.objects.filter(course=course).annotate(max_points=Sum("checks__points")).order_by("due_at", "title", "id")
     )
@@ -225,7 +233,7 @@ def lab_report(*, lab: Lab) -> LabReport:
 
 @dataclass(frozen=True)
 class StudentLabGrade:
-    lab: Lab  # annotated with max_points
+    lab: WithAnnotations[Lab, _MaxPoints]
     grade: Grade | None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Sum
@@ -179,7 +180,7 @@ def _reevaluate_run(*, actor: User, original: GradingRun, checks: Sequence[Check
     rows, score, max_score = [], Decimal(0), Decimal(0)
     for check in checks:
         old = stored.get(check.pk)
-        result = (
+        result: dict[str, Any] = (
             {"exit_code": old.exit_code, "stdout": old.stdout, "stderr": old.stderr, "timed_out": old.timed_out}
             if old is not None
             # A check added after the original run has no output to judge: it fails, as it would have then.

@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Sequence
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -238,7 +239,8 @@ def grading_run_record(
         logger.warning("grading run %s is %s; late results discarded", run.pk, run.state)
         return run
     lab = run.attempt.lab
-    rows, score, max_score = [], 0, 0
+    rows: list[CheckResult] = []
+    score, max_score = Decimal(0), Decimal(0)
     for check, result in zip(checks, results, strict=True):
         verdict = evaluate_check(check=check, result=result)
         score += verdict.points

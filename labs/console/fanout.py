@@ -88,7 +88,8 @@ class OutputFanout:
         self.wakeup.set()
 
     def _take_batch(self) -> tuple[bytes, int]:
-        parts, size = [], 0
+        parts: list[bytes] = []
+        size = 0
         while self.pending and (not parts or size + len(self.pending[0]) <= BATCH_BYTES):
             part = self.pending.popleft()
             parts.append(part)

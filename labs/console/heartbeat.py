@@ -18,6 +18,8 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from redis.commands.core import AsyncScript
+
 from labs.console.lease import LocalConsoleLease, lease_key
 from labs.console.redis_client import shared_redis
 from labs.console.viewers import VIEWER_TTL_SECONDS, LocalConsoleViewers, viewers_key
@@ -137,7 +139,7 @@ class ConsoleHeartbeat:
         held, watching = list(self.held), list(self.watching)
         started = time.monotonic()
         if self.script is not None:
-            results = await self._beat_redis(held, watching)
+            results = await self._beat_redis(self.script, held, watching)
         else:
             results = await self._beat_local(held, watching)
         for lease, (state, others) in zip(held, results, strict=True):
@@ -153,13 +155,21 @@ class ConsoleHeartbeat:
                 logger.warning("Console %s: lease had expired; taken again", lease.attempt_id)
             lease.on_others(bool(others), started)
 
-    async def _beat_redis(self, held: list[HeldLease], watching: list[tuple[int, str]]) -> list[tuple[int, int]]:
+    async def _beat_redis(
+        self, script: AsyncScript, held: list[HeldLease], watching: list[tuple[int, str]]
+    ) -> list[tuple[int, int]]:
         now = time.time()
         keys = [key for lease in held for key in (lease_key(lease.attempt_id), viewers_key(lease.attempt_id))]
         keys += [viewers_key(attempt_id) for attempt_id, _ in watching]
-        args = [len(held), int(self.ttl * 1000), now + VIEWER_TTL_SECONDS, int(VIEWER_TTL_SECONDS * 6), now]
+        args: list[float | str] = [
+            len(held),
+            int(self.ttl * 1000),
+            now + VIEWER_TTL_SECONDS,
+            int(VIEWER_TTL_SECONDS * 6),
+            now,
+        ]
         args += [lease.holder for lease in held] + [viewer for _, viewer in watching]
-        flat = await self.script(keys=keys, args=args)
+        flat = await script(keys=keys, args=args)
         return [(int(flat[2 * i]), int(flat[2 * i + 1])) for i in range(len(held))]
 
     async def _beat_local(self, held: list[HeldLease], watching: list[tuple[int, str]]) -> list[tuple[int, int]]:

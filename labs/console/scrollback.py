@@ -113,9 +113,10 @@ class RedisScrollback:
     def __init__(self, client, *, limit: int) -> None:
         self.client = client
         self.limit = limit
-        self.appends = _appends.get(client)
-        if self.appends is None:
-            self.appends = _appends[client] = ScrollbackAppends(client)
+        appends = _appends.get(client)
+        if appends is None:
+            appends = _appends[client] = ScrollbackAppends(client)
+        self.appends = appends
 
     async def append(self, *, attempt_id: int, data: bytes) -> int:
         return await self.appends.append(attempt_id=attempt_id, data=data, limit=self.limit)

@@ -52,7 +52,8 @@ class Handshake:
 def _initial(*, user, attempt_id: int) -> Handshake:
     attempt = attempt_get_for_user(user=user, attempt_id=attempt_id, related=False, with_idle_stop=True)
     # The student's own page keeps the attempt from being stopped as left, where the lab does that.
-    stamps = bool(attempt.student_id == user.pk and attempt.state in ACTIVE_STATES and attempt.lab_idle_stop_minutes)
+    idle_stop = attempt.lab_idle_stop_minutes  # type: ignore[attr-defined]  # annotated by with_idle_stop
+    stamps = bool(attempt.student_id == user.pk and attempt.state in ACTIVE_STATES and idle_stop)
     if stamps:
         attempt_seen(attempt_id=attempt.id)
     messages = [{"type": "attempt.update", "attempt": attempt_status_payload(attempt)}]
@@ -94,10 +95,11 @@ _handshake = database_sync_to_async(attempt_events_handshake, thread_sensitive=F
 _seen = database_sync_to_async(attempt_seen, thread_sensitive=False)
 
 
-class AttemptEventsConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):
+# PortalConsumer's send is AsyncConsumer's (one message), which the WebSocket send calls through the MRO.
+class AttemptEventsConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):  # type: ignore[misc]
     group: str | None = None
     language: str = ""
-    attempt_id: int | None = None
+    attempt_id: int = 0
     presence: asyncio.Task | None = None
 
     async def connect(self) -> None:

@@ -10,7 +10,7 @@ only when the KubeVirt CR has ``spec.configuration.seccompConfiguration.virtualM
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
@@ -40,6 +40,6 @@ def fix_command(namespace: str) -> str:
     return f"kubectl label --overwrite namespace {namespace} {ENFORCE_LABEL}={ENFORCE_LEVEL}"
 
 
-def refusing_namespaces(namespaces: list[Mapping[str, Any]], kubevirt: Mapping[str, Any] | None) -> list[str]:
+def refusing_namespaces(namespaces: Sequence[Mapping[str, Any]], kubevirt: Mapping[str, Any] | None) -> list[str]:
     """Names of the namespaces whose enforced level would refuse launcher pods, sorted."""
     return sorted(n["metadata"]["name"] for n in namespaces if refuses_launcher(enforced_level(n), kubevirt))

@@ -89,12 +89,12 @@ def gather() -> ClusterFacts:
         return facts
     try:
         facts.kubevirt = _read_kubevirt()
-    except ClusterError as error:
+    except ClusterError as unreadable:
         facts.problems.append(
             Finding(
                 ERROR,
                 "kubevirt_unreadable",
-                _("Cannot read the KubeVirt resource: %(error)s") % {"error": error.message},
+                _("Cannot read the KubeVirt resource: %(error)s") % {"error": unreadable.message},
                 _("Grant the portal get/list on kubevirts.kubevirt.io, or check that KubeVirt is installed."),
             )
         )

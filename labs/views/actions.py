@@ -13,6 +13,7 @@ from django.contrib.auth.mixins import LoginRequiredMixin
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.urls import reverse
+from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views import View
@@ -25,6 +26,7 @@ from labs.selectors import attempt_status_payload
 from labs.services import attempt_extend, attempt_start_limited, attempt_stop
 from labs.views.pages import lab_start_fragments
 from portal.errors import ApplicationError
+from portal.http import AuthenticatedRequest
 from portal.server_errors import wants_json
 
 
@@ -43,7 +45,7 @@ def lab_url(attempt: Attempt) -> str:
 
 
 class AttemptStartView(LoginRequiredMixin, View):
-    def post(self, request: HttpRequest, lab_id: int) -> HttpResponse:
+    def post(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
         fallback = reverse("labs:lab_detail", args=[lab_id])
         try:
             lab = lab_get_for_student(user=request.user, lab_id=lab_id)
@@ -65,12 +67,12 @@ class AttemptStartView(LoginRequiredMixin, View):
 class _AttemptActionView(LoginRequiredMixin, View):
     """Look the attempt up for this user (same 404 for missing and forbidden), run the service, answer."""
 
-    success_message: str = ""
+    success_message: str | Promise = ""
 
-    def act(self, request: HttpRequest, attempt: Attempt) -> Attempt:
+    def act(self, request: AuthenticatedRequest, attempt: Attempt) -> Attempt:
         raise NotImplementedError
 
-    def post(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
+    def post(self, request: AuthenticatedRequest, attempt_id: int) -> HttpResponse:
         fallback = reverse("dashboard")
         try:
             attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
@@ -88,21 +90,21 @@ class _AttemptActionView(LoginRequiredMixin, View):
 class AttemptStopView(_AttemptActionView):
     success_message = gettext_lazy("Stopping the lab.")
 
-    def act(self, request: HttpRequest, attempt: Attempt) -> Attempt:
+    def act(self, request: AuthenticatedRequest, attempt: Attempt) -> Attempt:
         return attempt_stop(actor=request.user, attempt=attempt)
 
 
 class AttemptExtendView(_AttemptActionView):
     success_message = gettext_lazy("The time limit was extended.")
 
-    def act(self, request: HttpRequest, attempt: Attempt) -> Attempt:
+    def act(self, request: AuthenticatedRequest, attempt: Attempt) -> Attempt:
         return attempt_extend(actor=request.user, attempt=attempt)
 
 
 class AttemptCheckView(LoginRequiredMixin, View):
     """The Check button: queue a grading run; results arrive on the attempt's events socket."""
 
-    def post(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
+    def post(self, request: AuthenticatedRequest, attempt_id: int) -> HttpResponse:
         fallback = reverse("dashboard")
         try:
             attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)

@@ -32,6 +32,7 @@ from labs.views.instructions import render_instructions
 from labs.views.strings import PROGRESS_STEPS, attempt_page_strings
 from labs.wording import cluster_notice
 from portal.errors import NotFound
+from portal.http import AuthenticatedRequest
 from portal.models import STAFF_ROLES
 from portal.selectors import course_role
 
@@ -121,7 +122,7 @@ def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> StartRefusa
 class LabDetailView(LoginRequiredMixin, View):
     """A student's lab page; course staff get the instructions and the attempts they may watch."""
 
-    def get(self, request: HttpRequest, lab_id: int) -> HttpResponse:
+    def get(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
         try:
             lab = lab_get_for_student(user=request.user, lab_id=lab_id)
         except NotFound:
@@ -143,7 +144,7 @@ class LabDetailView(LoginRequiredMixin, View):
         }
         return render(request, "labs/lab_detail.html", context)
 
-    def _staff_page(self, request: HttpRequest, lab_id: int) -> HttpResponse:
+    def _staff_page(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
         try:
             lab = lab_get_for_staff(user=request.user, lab_id=lab_id)
         except NotFound as exc:
@@ -158,7 +159,7 @@ class LabDetailView(LoginRequiredMixin, View):
 class AttemptDetailView(LoginRequiredMixin, View):
     """One attempt: its progress and terminal while active (read-only for staff), its timeline and results."""
 
-    def get(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
+    def get(self, request: AuthenticatedRequest, attempt_id: int) -> HttpResponse:
         try:
             attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
         except NotFound as exc:
