@@ -143,7 +143,7 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "ops.urls"
-ASGI_APPLICATION = "portal.asgi.application"
+ASGI_APPLICATION = "ops.asgi.application"
 WSGI_APPLICATION = "portal.wsgi.application"
 
 TEMPLATES = [

@@ -22,11 +22,11 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils import translation
 
-from grading.selectors import grading_run_payload
 from labs.access import attempt_get_for_user
 from labs.models import ACTIVE_STATES
 from labs.selectors import attempt_status_payload
 from labs.services.presence import PRESENCE_STAMP_SECONDS, attempt_seen
+from labs.signals import socket_parts
 from portal.errors import ApplicationError
 from portal.websocket_consumer import PortalConsumer
 from portal.websocket_language import scope_language
@@ -56,14 +56,9 @@ def _initial(*, user, attempt_id: int) -> Handshake:
     stamps = bool(attempt.student_id == user.pk and attempt.state in ACTIVE_STATES and idle_stop)
     if stamps:
         attempt_seen(attempt_id=attempt.id)
-    messages = [{"type": "attempt.update", "attempt": attempt_status_payload(attempt)}]
-    # Reached through the attempt just checked above, so scoped like it. Checks run only once the guest's agent has
-    # answered (a student's on a running attempt, a final one when agent_ready_at is set, regrades of earlier runs):
-    # a page opened on a starting attempt, every Start's, has none to ask for.
-    if attempt.agent_ready_at is not None:
-        run = attempt.runs.prefetch_related("results").order_by("-created_at", "-id").first()
-        if run is not None:
-            messages.append({"type": "grading.update", "run": grading_run_payload(run)})
+    messages: list[dict] = [{"type": "attempt.update", "attempt": attempt_status_payload(attempt)}]
+    for part in socket_parts:  # given the attempt just checked above, so scoped like it
+        messages.extend(part(attempt))
     return Handshake(messages=messages, stamps_presence=stamps)
 
 

@@ -1,9 +1,7 @@
-"""The attempt's buttons: Start, Stop, Extend and Check. POST only, CSRF-protected, one class per endpoint.
+"""The attempt's buttons: Start, Stop and Extend (Check is grading's: ``grading.lab_page``). POST only, with CSRF.
 
-The page's scripts post with ``fetch`` and ``Accept: application/json`` and get JSON (the attempt's status, or
-the queued grading run; an answered Start also brings the attempt panel and its history row for the lab page);
-a plain form post (no script) gets a redirect and a message. Refusals from the services (``ApplicationError``)
-come back with their status code and message either way.
+Scripts post with ``Accept: application/json`` and get the attempt's status as JSON; a plain form post gets a
+redirect and a message. Refusals (``ApplicationError``) come back with their status code and message either way.
 """
 
 from __future__ import annotations
@@ -14,12 +12,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils.functional import Promise
-from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 from django.views import View
 
-from grading.selectors import grading_run_payload
-from grading.services import grading_run_request
 from labs.access import attempt_get_for_user, lab_get_for_student, student_role_shown
 from labs.models import Attempt
 from labs.selectors import attempt_status_payload
@@ -99,20 +94,3 @@ class AttemptExtendView(_AttemptActionView):
 
     def act(self, request: AuthenticatedRequest, attempt: Attempt) -> Attempt:
         return attempt_extend(actor=request.user, attempt=attempt)
-
-
-class AttemptCheckView(LoginRequiredMixin, View):
-    """The Check button: queue a grading run; results arrive on the attempt's events socket."""
-
-    def post(self, request: AuthenticatedRequest, attempt_id: int) -> HttpResponse:
-        fallback = reverse("dashboard")
-        try:
-            attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
-            fallback = lab_url(attempt)
-            run = grading_run_request(actor=request.user, attempt=attempt)
-        except ApplicationError as error:
-            return refusal(request, error, fallback_url=fallback)
-        if wants_json(request):
-            return JsonResponse({"run": grading_run_payload(run)}, status=202)
-        messages.success(request, _("Checking your work; the results appear on this page."))
-        return redirect(fallback)

@@ -17,12 +17,10 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views import View
 
-from grading.selectors.class_view import class_view
 from labs.access import (
     attempt_get_for_user,
     attempts_for_student,
     attempts_going_for_student,
-    lab_get_for_staff,
     lab_get_for_student,
 )
 from labs.models import ACTIVE_STATES, Attempt, Lab
@@ -145,15 +143,9 @@ class LabDetailView(LoginRequiredMixin, View):
         return render(request, "labs/lab_detail.html", context)
 
     def _staff_page(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
-        try:
-            lab = lab_get_for_staff(user=request.user, lab_id=lab_id)
-        except NotFound as exc:
-            raise Http404(exc.message) from exc
-        rows = class_view(lab=lab)
-        if request.GET.get("part") == "class":  # the class view's own refresh (static/js/class_view.js)
-            return render(request, "labs/_class_view.html", {"lab": lab, "rows": rows})
-        context = {"lab": lab, "instructions": render_instructions(lab.instructions, title=lab.title), "rows": rows}
-        return render(request, "labs/lab_staff.html", context)
+        """Course staff's version of the page; grading's subclass (``grading.lab_page``) serves it with the class
+        view, and that subclass is what the URLconf routes."""
+        raise Http404
 
 
 class AttemptDetailView(LoginRequiredMixin, View):

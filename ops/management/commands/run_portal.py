@@ -148,7 +148,7 @@ class Command(BaseCommand):
         reactor.addSystemEventTrigger("before", "shutdown", shutdown.begin)
         if supervisor is not None:
             reactor.addSystemEventTrigger("before", "shutdown", supervisor.shutting_down)
-        CommandLineInterface().run(["--bind", host, "--port", str(port), "portal.asgi:application"])
+        CommandLineInterface().run(["--bind", host, "--port", str(port), "ops.asgi:application"])
         if supervisor is not None:
             supervisor.stop()
             if supervisor.gave_up:
