@@ -1,7 +1,7 @@
 """Reading an enrollment CSV (username, email, name, role) into validated rows, with every problem per line.
 
 This module only reads and checks the file itself; what the rows mean against the database (existing
-accounts, other tenants, current memberships) is decided by ``portal.services.enrollment_import``.
+accounts, other tenants, current memberships) is decided by ``portal.enrollment_import``.
 
 Format: UTF-8 (a byte-order mark, as Excel's "CSV UTF-8" writes, is fine), comma-separated, a header row
 naming the columns ``username,email,name,role`` in any order (Japanese column names are accepted too), one

@@ -14,13 +14,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.serializers import (
-    AttemptSerializer,
-    AttemptStartSerializer,
-    EmptyInputSerializer,
-    ErrorSerializer,
-    GradingRunDetailSerializer,
-)
+from api.grading_serializers import GradingRunDetailSerializer
+from api.serializers import AttemptSerializer, AttemptStartSerializer, EmptyInputSerializer, ErrorSerializer
 from api.views.common import PortalPagination, choice_param, int_param, ordered, signed_in
 from grading import services as grading_services
 from labs import services as lab_services

@@ -14,8 +14,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from api.grading_serializers import CourseReportSerializer
 from api.selectors import staff_course_get_for_user
-from api.serializers import AuditEventSerializer, CourseReportSerializer, CourseSerializer, ErrorSerializer
+from api.serializers import AuditEventSerializer, CourseSerializer, ErrorSerializer
 from api.views.common import PortalPagination, int_param, ordered, signed_in
 from grading.selectors import Gradebook, course_gradebook, gradebook_csv_rows
 from portal.models import Membership, Role, User

@@ -12,14 +12,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from api.grading_serializers import GradeSerializer, GradingRunDetailSerializer, GradingRunSerializer
 from api.selectors import grade_get_for_user, grades_for_user, grading_runs_for_user
-from api.serializers import (
-    ErrorSerializer,
-    GradeSerializer,
-    GradingRunDetailSerializer,
-    GradingRunSerializer,
-    StrictInputSerializer,
-)
+from api.serializers import ErrorSerializer, StrictInputSerializer
 from api.views.attempts import staff_course_ids
 from api.views.common import PortalPagination, choice_param, int_param, ordered, signed_in
 from grading.models import RunState

@@ -9,13 +9,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.serializers import (
-    ErrorSerializer,
-    LabReportSerializer,
-    LabSerializer,
-    StaffLabDetailSerializer,
-    StudentLabDetailSerializer,
-)
+from api.grading_serializers import LabReportSerializer
+from api.serializers import ErrorSerializer, LabSerializer, StaffLabDetailSerializer, StudentLabDetailSerializer
 from api.views.common import PortalPagination, int_param, ordered, signed_in
 from grading.selectors import lab_report
 from labs.access import lab_get_for_user, labs_visible_to
