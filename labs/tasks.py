@@ -110,7 +110,7 @@ def teardown_attempt(self, attempt_id: int) -> str:
 
 def _record_heartbeat(errors: list[str]) -> None:
     """Tell the readiness probe (``ops.health``) whether the sync loop can see the cluster."""
-    from labs import health
+    from labs import sync_health as health
 
     if errors:
         health.record_sync_error(message="; ".join(errors))

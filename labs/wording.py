@@ -16,7 +16,7 @@ from django.conf import settings
 from django.utils import translation
 from django.utils.translation import gettext as _
 
-from labs.health import CLUSTER_NOT_ANSWERING, cluster_trouble, sync_delayed_notice
+from labs.sync_health import CLUSTER_NOT_ANSWERING, cluster_trouble, sync_delayed_notice
 
 
 def in_every_language(build: Callable[[], str]) -> dict[str, str]:

@@ -4,6 +4,7 @@ Split by subject (``runs``, ``grades``, ``regrades`` for the lab-wide regrade ca
 below are the public contract other apps import.
 """
 
+from grading.services.final import grading_run_final
 from grading.services.grades import (
     LabRegradeOutcome,
     RegradeOutcome,
@@ -18,7 +19,6 @@ from grading.services.regrades import lab_regrade_execute, lab_regrade_request, 
 from grading.services.runs import (
     grading_run_execute,
     grading_run_fail,
-    grading_run_final,
     grading_run_record,
     grading_run_request,
     grading_runs_fail_stale,

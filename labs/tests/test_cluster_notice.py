@@ -7,9 +7,9 @@ from django.utils import translation
 from django.utils.translation import gettext
 
 from conftest import PASSWORD
-from labs.health import record_sync_success
 from labs.kubevirt import client as kube_client
 from labs.models import Attempt, AttemptState
+from labs.sync_health import record_sync_success
 
 NOTICE = "The cluster is not answering; your lab may be slow to start."
 
