@@ -1,13 +1,6 @@
-"""The API's one error format and the single DRF exception handler that produces it.
-
-Every refusal the API makes, whether raised by a service (``portal.errors.ApplicationError``), by DRF itself
-(validation, authentication, throttling, parsing) or by Django (``Http404``), reaches the client as::
-
-    {"error": {"code": "not_found", "message": "Attempt not found.", "retry_after": 30, "fields": {...}}}
-
-``retry_after`` (seconds, also sent as the ``Retry-After`` header) appears only when waiting helps, and
-``fields`` only for input errors, mapping a field name to its messages.
-"""
+"""The API's one error format, ``{"error": {"code", "message", "retry_after"?, "fields"?}}``, and the DRF exception
+handler that gives it to every refusal (services, DRF, Django's ``Http404``), with ``Retry-After`` when waiting
+helps."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Serializers of the API's grading: runs and their check results, grades, and the course and lab reports.
-
-Read-only throughout; command output and exit codes are filled in for course staff only (``StaffViewMixin``).
-"""
+"""Serializers of the API's grading: runs and their results, grades, the course and lab reports. Read-only; command
+output and exit codes are filled in for course staff only (``StaffViewMixin``)."""
 
 from __future__ import annotations
 

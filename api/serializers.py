@@ -1,10 +1,6 @@
-"""Serializers of the API: read-only representations, and strict input serializers for the few writes.
-
-Nothing a client sends can set a server-owned field (tenant, student, state, score, VM name, namespace): output
-serializers are read-only throughout, and input serializers name the one or two fields an action takes and
-refuse any other key with 400, so a client learns that ``state`` or ``vm_name`` was not accepted instead of
-having it silently dropped. The agent token is never serialized at all.
-"""
+"""Serializers of the API: read-only output, and strict input serializers that refuse any key but their one or two
+fields with 400, so no client can set a server-owned field (tenant, state, score, VM name). The agent token is
+never serialized."""
 
 from __future__ import annotations
 

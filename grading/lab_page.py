@@ -1,7 +1,5 @@
-"""Grading's part of labs' pages: the Check button and the staff's lab page with its class view.
-
-The URLconf routes them at labs' addresses and names (``grading.urls.lab_page_urlpatterns``).
-"""
+"""Grading's part of labs' pages: the Check button and the staff's lab page with its class view, routed at labs'
+addresses and names (``grading.urls.lab_page_urlpatterns``)."""
 
 from __future__ import annotations
 

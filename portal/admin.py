@@ -1,8 +1,5 @@
-"""The instructor admin for the core domain: tenants (superusers), courses, memberships, users, the audit log.
-
-What each person sees is decided in ``portal.admin_scoping``; this module says what each page shows and routes
-every write with a business rule (creating a course, enrolling, importing a CSV) through ``portal.services``.
-"""
+"""The instructor admin for the core domain: tenants (superusers), courses, memberships, the audit log. Who sees
+what is ``portal.admin_scoping``'s; writes with a business rule go through ``portal.services``."""
 
 from __future__ import annotations
 

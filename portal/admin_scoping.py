@@ -1,11 +1,6 @@
-"""Tenant scoping for the Django admin: who may see and change what is decided by course role, not model perms.
-
-A staff instructor's admin rights come from their instructor memberships: they see the courses they teach and
-the objects hanging off those courses, and nothing of another tenant, whether by changelist, change URL,
-autocomplete, foreign-key dropdown or list filter. TAs and students get nothing in the admin (TAs review grades
-in the portal's own pages). Superusers see everything. Every ModelAdmin of the portal mixes in one of the
-classes below; the querysets they return are also what foreign-key choices and autocomplete draw from.
-"""
+"""Tenant scoping for the Django admin, by course role rather than model permissions: instructors see the courses
+they teach and what hangs off them (changelists, URLs, autocomplete, dropdowns, filters), TAs and students nothing,
+superusers everything. Every portal ModelAdmin mixes in one of these classes."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""What every WebSocket passes before it reaches a consumer: the Origin check, and the refusal of any path the
-portal does not serve.
-
-The Origin must be the page's own, compared as Django's CSRF check compares it: scheme, host and port exactly
-against the Host the socket was addressed to (which must be in ``ALLOWED_HOSTS``), or one of
-``CSRF_TRUSTED_ORIGINS``. A refused socket is closed at the handshake (daphne answers 403) by a consumer without a
-channel layer, so it holds no channel-layer connection while it ends; a path no route matched is refused the same
-way instead of raising ``URLRouter``'s "No route found".
-"""
+"""What every WebSocket passes before a consumer: an Origin compared as Django's CSRF check compares it (the Host's
+own, or ``CSRF_TRUSTED_ORIGINS``), and a refusal for any path the portal does not serve, closed at the handshake
+by a consumer without a channel layer."""
 
 from __future__ import annotations
 

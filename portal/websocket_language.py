@@ -1,9 +1,5 @@
-"""The language a WebSocket speaks: the one the page that opened it was served in.
-
-Channels runs no ``LocaleMiddleware``, so a consumer would build its messages in the default language whatever
-the student reads. The handshake carries what a page request carries (the language cookie the switcher sets, the
-browser's ``Accept-Language``), and Django's own rules pick from them, as they do for pages.
-"""
+"""The language a WebSocket speaks: the page's, picked by Django's own rules from what the handshake carries (the
+language cookie, ``Accept-Language``), since Channels runs no ``LocaleMiddleware``."""
 
 from __future__ import annotations
 

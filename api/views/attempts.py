@@ -1,8 +1,5 @@
-"""Attempts: list, start, detail, and the stop, extend and check actions.
-
-Each action resolves the attempt through a tenant- and role-scoped selector first (404 for anything the user
-may not see), then hands over to the lifecycle or grading service, which decides what the user may do.
-"""
+"""Attempts: list, start, detail, and the stop, extend and check actions. Each resolves the attempt through a scoped
+selector first (404 for what the user may not see), then the service decides what the user may do."""
 
 from __future__ import annotations
 

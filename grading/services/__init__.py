@@ -1,8 +1,5 @@
-"""Every write of grading: runs (the Check button, execution, the final run), grades, overrides and regrades.
-
-Split by subject (``runs``, ``final``, ``grades`` with overrides, ``regrades`` with the lab-wide one a task carries
-out); the names below are the public contract other apps import.
-"""
+"""Every write of grading, by subject (``runs``, ``final``, ``grades`` with overrides, ``regrades``); the names below
+are the public contract other apps import."""
 
 from grading.services.final import grading_run_final
 from grading.services.grades import grade_override, grade_recompute, lab_max_points, parse_override_score

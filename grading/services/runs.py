@@ -1,9 +1,5 @@
-"""Grading runs: the Check button, the Celery execution, and clean-up of stuck runs (the final run: ``final``).
-
-A run moves ``queued → running → done | error``. Only a run that finished ``done`` counts towards a grade: a run
-that could not reach the agent (or got an incomplete answer) ends ``error`` with a reason and no score, and the
-student can check again.
-"""
+"""Grading runs (``queued → running → done | error``): the Check button, the Celery execution, clean-up of stuck runs.
+Only a ``done`` run counts towards a grade; one that could not reach the agent ends ``error`` with a reason."""
 
 from __future__ import annotations
 

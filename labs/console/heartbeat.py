@@ -1,13 +1,6 @@
-"""One round trip per period keeps every console of this process current in Redis: the leases its holders hold,
-its viewers' registrations, and for each holder whether anybody else watches.
-
-Each console used to do this on its own (a lease renewal every two seconds, a registration every three, a look at
-the viewer list every five): with two hundred consoles in one daphne that was a few hundred Redis round trips a
-second, a third of the process's work. Here one script per period covers them all. A lease that expired while the
-process was too busy to renew it is taken again if nobody took it meanwhile; one somebody else holds now is
-reported lost, and its holder hands the upstream over. Without Redis (the embedded single-process mode) the same
-is done against the process-local tables.
-"""
+"""One round trip per period keeps every console of this process current in Redis: its holders' leases, its
+viewers' registrations, and whether anybody else watches each holder. A lease someone else took is reported lost;
+without Redis (the embedded mode) the same runs against process-local tables."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Recent console output per attempt, replayed to a tab that (re)connects, with a running byte offset.
-
-Every chunk of output gets the offset just past it (``end``). A viewer that replays a snapshot ending at
-``end`` skips chunks it already has, so a snapshot taken while output flows is neither doubled nor torn.
-With Redis the buffer lives there (any process may hold the upstream next); otherwise in this process.
-"""
+"""Recent console output per attempt, replayed to a tab that (re)connects; each chunk's running offset lets a viewer
+skip what it has, so a snapshot taken while output flows is neither doubled nor torn. In Redis, or in-process."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Which Pod Security level lets KubeVirt's virt-launcher pods into a tenant namespace.
-
-KubeVirt v1.9's launcher pod runs as non-root with every capability dropped but NET_BIND_SERVICE and no privilege
-escalation, so ``baseline`` admits it; ``restricted`` also wants a seccomp profile, which virt-controller sets
-only when the KubeVirt CR has ``spec.configuration.seccompConfiguration.virtualMachineInstanceProfile``
-(``pkg/virt-controller/services/template.go``). Without it the pod is refused and the VMI stays Pending with
-``Synchronized=False/FailedCreate`` ("it needs a privileged namespace to run"). The portal's namespaces enforce
-``privileged``, as KubeVirt's own functional tests label theirs (``tests/libwait/wait.go``).
-"""
+"""Which Pod Security level admits KubeVirt v1.9's virt-launcher pods: ``baseline`` does; ``restricted`` also needs
+the KubeVirt CR's seccomp profile (``virtualMachineInstanceProfile``), or the VMI stays Pending with FailedCreate.
+The portal's namespaces enforce ``privileged``, as KubeVirt's functional tests label theirs."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The attempt's buttons: Start, Stop and Extend (Check is grading's: ``grading.lab_page``). POST only, with CSRF.
-
-Scripts post with ``Accept: application/json`` and get the attempt's status as JSON; a plain form post gets a
-redirect and a message. Refusals (``ApplicationError``) come back with their status code and message either way.
-"""
+"""The attempt's buttons: Start, Stop and Extend (Check is grading's: ``grading.lab_page``), POST with CSRF. Scripts
+get JSON, a plain form a redirect and a message; refusals keep their status code and message either way."""
 
 from __future__ import annotations
 
