@@ -99,8 +99,3 @@ def launcher_requests(
 def namespace_cpu_millicores(*, max_vcpus: int, max_vms: int) -> int:
     """The CPU a tenant's namespace must allow: its vCPUs' compute requests, and each VM's console log sidecar."""
     return cpu_millicores_for(max_vcpus) + CONSOLE_LOG_CPU_MILLICORES * max_vms
-
-
-def launcher_requests_for_size(size: str) -> LauncherRequests:
-    guest = guest_resources(size)
-    return launcher_requests(vcpus=guest.vcpus, memory_mib=guest.memory_mib)

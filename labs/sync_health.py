@@ -180,16 +180,5 @@ def cluster_trouble() -> str | None:
     return None
 
 
-def cluster_health_summary() -> str | None:
-    """A sentence for a page with no attempt in it when the cluster is in trouble, or None when all is well (a
-    student's attempt has its own words: ``labs.wording.cluster_notice``)."""
-    trouble = cluster_trouble()
-    if trouble == CLUSTER_NOT_ANSWERING:
-        return _("The cluster is not answering; your lab may be slow to start.")
-    if trouble == SYNC_DELAYED:
-        return sync_delayed_notice()
-    return None
-
-
 def sync_delayed_notice() -> str:
     return _("Lab status updates are delayed; what you see here may be out of date for a while.")

@@ -15,6 +15,7 @@ from django.test import override_settings
 
 from labs import health, sync_health
 from labs.kubevirt import client as kube_client
+from labs.wording import cluster_notice
 from portal.metrics import CLUSTER_API_ERRORS_KEY, counters
 
 
@@ -233,13 +234,13 @@ def test_readyz_exclude_skips_named_components_and_rejects_unknown_ones(client, 
 
 
 @pytest.mark.django_db
-def test_cluster_health_summary_speaks_to_students(broken_cluster, fresh_sync):
-    assert sync_health.cluster_health_summary() == "The cluster is not answering; your lab may be slow to start."
+def test_cluster_notice_speaks_to_students(broken_cluster, fresh_sync):
+    assert cluster_notice(state=None) == "The cluster is not answering; your lab may be slow to start."
 
 
 @pytest.mark.django_db
-def test_cluster_health_summary_is_silent_when_all_is_well(cluster, fresh_sync):
-    assert sync_health.cluster_health_summary() is None
+def test_cluster_notice_is_silent_when_all_is_well(cluster, fresh_sync):
+    assert cluster_notice(state=None) is None
 
 
 @pytest.mark.django_db
