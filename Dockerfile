@@ -15,4 +15,4 @@ RUN SECRET_KEY=build-only-collectstatic-key-not-used-at-runtime-0123456789 \
 RUN useradd --system --home /app portal && mkdir -p /app/var/recordings && chown -R portal /app/var
 USER portal
 EXPOSE 8000
-CMD ["daphne", "--bind", "0.0.0.0", "--port", "8000", "--proxy-headers", "portal.asgi:application"]
+CMD ["daphne", "--bind", "0.0.0.0", "--port", "8000", "--proxy-headers", "ops.asgi:application"]

@@ -1,13 +1,6 @@
-"""The API's one error format and the single DRF exception handler that produces it.
-
-Every refusal the API makes, whether raised by a service (``portal.errors.ApplicationError``), by DRF itself
-(validation, authentication, throttling, parsing) or by Django (``Http404``), reaches the client as::
-
-    {"error": {"code": "not_found", "message": "Attempt not found.", "retry_after": 30, "fields": {...}}}
-
-``retry_after`` (seconds, also sent as the ``Retry-After`` header) appears only when waiting helps, and
-``fields`` only for input errors, mapping a field name to its messages.
-"""
+"""The API's one error format, ``{"error": {"code", "message", "retry_after"?, "fields"?}}``, and the DRF exception
+handler that gives it to every refusal (services, DRF, Django's ``Http404``), with ``Retry-After`` when waiting
+helps."""
 
 from __future__ import annotations
 
@@ -75,7 +68,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         message, fields = _validation_error(exc)
     elif isinstance(exc, exceptions.Throttled):
         status_code, code = status.HTTP_429_TOO_MANY_REQUESTS, "throttled"
-        retry_after = math.ceil(exc.wait) if exc.wait is not None else None
+        wait: float | None = exc.wait  # type: ignore[attr-defined]  # set by Throttled.__init__, absent from the stubs
+        retry_after = math.ceil(wait) if wait is not None else None
         message = _("Too many requests. Try again in %(seconds)s seconds.") % {"seconds": retry_after or 1}
     elif isinstance(exc, exceptions.APIException):
         status_code, code, message = exc.status_code, _code_of(exc), str(exc.detail)

@@ -1,9 +1,5 @@
-"""Tenant- and role-scoped querysets the API lists from, where the apps' own selectors offer no such list.
-
-Labs and attempts come from ``labs.access``; the lists of grading runs and grades, the staff check on a course and
-the audit log are here, each built on ``labs.access`` or ``portal.selectors`` (which keep to the user's tenant).
-A missing row and a forbidden one raise the same ``NotFound``.
-"""
+"""Tenant- and role-scoped querysets the API lists from where the apps offer none (grading runs, grades, a course's
+staff check, the audit log), built on ``labs.access`` and ``portal.selectors``."""
 
 from __future__ import annotations
 

@@ -365,7 +365,7 @@ def live_portal(
     logs.mkdir(parents=True, exist_ok=True)
     schedule = logs / "celerybeat-schedule"
     commands = {
-        "web": [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "portal.asgi:application"],
+        "web": [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "ops.asgi:application"],
         "worker": [
             sys.executable,
             "-m",

@@ -1,8 +1,5 @@
-"""Read-only admin views of grading: runs with their per-check results, and grades, scoped by course role.
-
-Grades are overridden and runs requested through the grading services (the TA and instructor pages), never by
-editing rows here, so every model in this module is read-only for everyone, superusers included.
-"""
+"""Read-only admin views of grading (runs with their results, grades), scoped by course role: grades are overridden
+and runs requested through the grading services, never by editing rows."""
 
 from __future__ import annotations
 

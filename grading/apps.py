@@ -10,12 +10,24 @@ class GradingConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from labs.signals import attempt_final_grading
+        from labs.signals import attempt_final_grading, socket_part_register
 
         attempt_final_grading.connect(grade_before_teardown, dispatch_uid="grading.final")
+        socket_part_register(latest_run_message)
 
 
 def grade_before_teardown(sender, *, attempt, trigger: str, **kwargs) -> None:
     from grading.services import grading_run_final
 
     grading_run_final(attempt=attempt, trigger=trigger)
+
+
+def latest_run_message(attempt) -> list[dict]:
+    """The attempt's latest run for its newly opened events socket. Checks run only once the guest's agent has
+    answered, so an attempt still starting (every Start's page) has none to ask for."""
+    from grading.selectors import grading_run_payload
+
+    if attempt.agent_ready_at is None:
+        return []
+    run = attempt.runs.prefetch_related("results").order_by("-created_at", "-id").first()
+    return [] if run is None else [{"type": "grading.update", "run": grading_run_payload(run)}]

@@ -1,25 +1,6 @@
-"""Pure grading rules: a check's raw result into points and feedback, lateness into a penalty, runs into a grade.
-
-Nothing here touches the database or the cluster, so every rule is tested with literal inputs.
-
-Rules, as students and staff are told them:
-
-- A check passes when it did not time out, its command could be started, its exit code equals the expected one
-  (when one is set), and its output matches the expectation (when one is set): ``contains`` is a plain substring
-  test, ``regex`` is ``re.search`` with ``MULTILINE`` (run by ``labs.patterns`` under a time limit). A pass earns
-  the check's points, a failure none (partial credit comes from the lab's several checks, not from within one).
-- Feedback on a failure is the check's hint; a pass carries none. A pattern that runs out of time fails the check
-  with feedback saying so instead of the hint (the student's work was not judged; the instructor should fix it).
-  That verdict carries the time limit rather than the words, which are put together when someone reads them, in
-  that reader's language (:func:`pattern_timeout_feedback`).
-- Lateness is judged on when the guest's outputs were measured. Every started day after ``due_at`` costs
-  ``late_penalty_percent_per_day`` (partial days round up: one minute late is one day late), capped at 100%.
-- No credit after the credit window closes: ``late_cutoff_at`` when set; ``due_at`` itself when the lab has no
-  per-day penalty (the same rule ``Lab.is_open`` applies). Runs measured after it are kept, shown, and ignored by
-  the grade.
-- The grade of a student for a lab is chosen among the scored runs of all their attempts: ``best`` takes the
-  highest score after penalty (the earliest such run on a tie), ``last`` takes the most recently measured run.
-"""
+"""Pure grading rules, tested with literal inputs: a check's raw result into points and feedback (exit code, then
+``contains`` or a time-limited ``regex``), lateness into a per-started-day penalty up to the credit window's
+close, and the scored runs of a student's attempts into a grade (``best`` or ``last``)."""
 
 from __future__ import annotations
 

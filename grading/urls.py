@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from grading import views
+from grading import lab_page, views
 
 app_name = "grading"
 
@@ -24,4 +24,10 @@ urlpatterns = [
     ),
     path("attempts/<id:attempt_id>/", views.AttemptDetailView.as_view(), name="attempt_detail"),
     path("attempts/<id:attempt_id>/regrade/", views.AttemptRegradeView.as_view(), name="attempt_regrade"),
+]
+
+# Labs' pages that show grading: routed in the ``labs`` namespace at labs' addresses (see ``ops.urls``).
+lab_page_urlpatterns = [
+    path("labs/<id:lab_id>/", lab_page.LabPageView.as_view(), name="lab_detail"),
+    path("attempts/<id:attempt_id>/check/", lab_page.AttemptCheckView.as_view(), name="attempt_check"),
 ]

@@ -620,6 +620,10 @@ class AgentServer(http.server.ThreadingHTTPServer):
     request_queue_size = 64
 
 
+class AgentServer6(AgentServer):
+    address_family = socket.AF_INET6
+
+
 class UnixAgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     """The agent on a Unix socket: for a sandbox without a network of its own that its host could reach."""
 
@@ -635,9 +639,7 @@ def make_server(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(unix_socket)
         return UnixAgentServer(unix_socket, handler)
-    server_class = AgentServer
-    if ":" in host:
-        server_class = type("AgentServer6", (AgentServer,), {"address_family": socket.AF_INET6})
+    server_class = AgentServer6 if ":" in host else AgentServer
     return server_class((host, port), handler)
 
 
@@ -722,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
 
     where = args.unix_socket
     if where is None:
-        port = server.server_address[1]
+        port = int(server.server_address[1])  # type: ignore[index]  # a TCP server's address: (host, port[, ...])
         where = f"{args.host}:{port}"
         if args.port_file:
             write_port_file(args.port_file, port)

@@ -1,9 +1,5 @@
-"""Which labs and attempts a person may see, for every persona: the tenant boundary, decided here only.
-
-A student sees the labs of the courses they take and their own attempts; a TA or instructor also the labs and
-attempts of the courses they teach; a superuser everything. An API token acts as its user. Everything stays inside
-the user's own tenant, and a missing row and a forbidden one raise the same ``NotFound``.
-"""
+"""Which labs and attempts a person may see, for every persona (student, TA, instructor, superuser, API token):
+the tenant boundary, decided here only. A missing row and a forbidden one raise the same ``NotFound``."""
 
 from __future__ import annotations
 

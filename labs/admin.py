@@ -7,6 +7,8 @@ actions belong with the lifecycle services and can be added to it as admin actio
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TypedDict
+
 from django import forms
 from django.contrib import admin, messages
 from django.db import models
@@ -19,7 +21,15 @@ from labs.admin_lifecycle import AttemptLifecycleAdminMixin
 from labs.models import Attempt, Check, Lab, extra_cloud_init_problem
 from portal.admin_scoping import AuditedAdminMixin, CourseScopedAdminMixin, CourseScopedInlineMixin
 from portal.admin_widgets import LabelledSplitDateTime
+from portal.http import request_user
 from portal.services import audit_record
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+
+class _CheckCount(TypedDict):
+    num_checks: int
 
 
 class CheckInline(CourseScopedInlineMixin, admin.StackedInline):
@@ -88,7 +98,7 @@ class LabAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
         return super().get_queryset(request).annotate(num_checks=Count("checks"))
 
     @admin.display(description=_("checks"), ordering="num_checks")
-    def check_count(self, lab: Lab) -> int:
+    def check_count(self, lab: WithAnnotations[Lab, _CheckCount]) -> int:
         return lab.num_checks
 
     def audit_scope(self, obj: Lab) -> dict:
@@ -110,7 +120,7 @@ class LabAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
             # Check edits change how every later run is scored: record them with the lab.
             lab = form.instance
             audit_record(
-                actor=request.user,
+                actor=request_user(request),
                 action="admin.lab.checks",
                 target=lab,
                 tenant=lab.course.tenant,
@@ -198,7 +208,8 @@ class AttemptAdmin(AttemptLifecycleAdminMixin, CourseScopedAdminMixin, admin.Mod
             },
         ),
     )
-    readonly_fields = tuple(field for _title, options in fieldsets for field in options["fields"])
+    # Each entry of these fieldsets is a field name (the stubs allow groups of names too).
+    readonly_fields = tuple(field for _title, options in fieldsets for field in options["fields"])  # type: ignore[misc]
 
     @admin.display(description=_("course"), ordering="lab__course__code")
     def course(self, attempt: Attempt):

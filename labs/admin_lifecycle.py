@@ -18,11 +18,13 @@ from django.utils.translation import gettext_lazy
 from labs.models import Attempt, TenantNamespace
 from labs.selectors import tenant_capacity, tenants_for_capacity_view
 from labs.services import attempt_extend, attempt_stop
+from portal.admin_scoping import CourseScopedAdminMixin
 from portal.errors import ApplicationError
+from portal.http import request_user
 
 
-class AttemptLifecycleAdminMixin:
-    """Mixed into ``labs.admin.AttemptAdmin``; needs ``instructs(request, obj)`` from the course scoping."""
+class AttemptLifecycleAdminMixin(CourseScopedAdminMixin):
+    """Mixed into ``labs.admin.AttemptAdmin``: the stop and extend actions and the capacity page."""
 
     actions = ("stop_attempts", "extend_attempts")
     change_list_template = "admin/labs/attempt/change_list.html"
@@ -42,7 +44,7 @@ class AttemptLifecycleAdminMixin:
                 refusals.append(f"{attempt}: {refusal}")
                 continue
             try:
-                service(actor=request.user, attempt=attempt)
+                service(actor=request_user(request), attempt=attempt)
                 done += 1
             except ApplicationError as error:
                 refusals.append(f"{attempt}: {error.message}")
@@ -76,7 +78,7 @@ class AttemptLifecycleAdminMixin:
     def capacity_view(self, request: HttpRequest) -> TemplateResponse:
         if not self.instructs(request):
             raise PermissionDenied
-        tenants = list(tenants_for_capacity_view(user=request.user))
+        tenants = list(tenants_for_capacity_view(user=request_user(request)))
         namespaces = {row.tenant_id: row for row in TenantNamespace.objects.filter(tenant__in=tenants)}
         rows = []
         for tenant in tenants:

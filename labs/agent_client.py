@@ -1,27 +1,6 @@
-"""Client for the in-guest grading agent, reached through the VMI ``portforward/<port>/tcp`` subresource.
-
-KubeVirt has no exec into a VM: the portal opens a WebSocket to
-``/apis/subresources.kubevirt.io/v1/namespaces/<ns>/virtualmachineinstances/<vmi>/portforward/8787/tcp`` with the
-cluster client's own address, credentials and TLS settings, and speaks HTTP/1.1 to the agent over it. Each binary
-frame carries raw TCP bytes in either direction; one WebSocket is one TCP connection, so every request is sent with
-``Connection: close`` and the response is read up to its ``Content-Length``.
-
-Public entry points (synchronous, safe to call from Celery tasks):
-
-    healthz(attempt, *, timeout_s=...) -> dict      # {"ready": true, "version": ..., "setup_finished": ...}
-    run_checks(attempt, checks) -> list[dict]       # one raw agent result per check, in the checks' order
-    rotate_token(target, *, new_token=...)          # the agent takes the new token; the old one is refused
-
-Failures raise a subclass of :class:`AgentError` whose ``code`` names the cause:
-
-    VMNotRunning        "vm_not_running"       handshake answered 400, 404 or 409 (VMI missing, not Running, failed)
-    AgentNotAnswering   "agent_not_answering"  nothing listens in the guest, or the connection closed early
-    AgentTimeout        "agent_timeout"        no complete answer within the deadline
-    AgentTokenRejected  "agent_token_rejected" the agent answered 401 (token in the Secret and attempt differ)
-    AgentBusy           "agent_busy"           the agent answered 429 (too many runs at once)
-    AgentBadResponse    "agent_bad_response"   any other status, or a response that is not the agent's JSON
-    ClusterUnavailable  "cluster_unavailable"  the API server could not be reached or refused the portal
-"""
+"""Client for the in-guest grading agent: HTTP/1.1 over a WebSocket to the VMI's ``portforward/<port>/tcp``
+subresource (KubeVirt has no exec into a VM), one request per connection. ``healthz``, ``run_checks`` and
+``rotate_token`` are synchronous; failures raise an ``AgentError`` whose ``code`` names the cause (``labs.agent_http``)."""
 
 from __future__ import annotations
 
@@ -30,14 +9,42 @@ import socket
 import ssl
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
 import websocket
 from django.conf import settings
 
+from labs.agent_http import (
+    AgentBadResponse,
+    AgentBusy,
+    AgentError,
+    AgentNotAnswering,
+    AgentResponse,
+    AgentTimeout,
+    AgentTokenRejected,
+    ClusterUnavailable,
+    HTTPResponseParser,
+    VMNotRunning,
+    build_request,
+)
 from labs.kubevirt.client import StreamTarget, stream_target, vmi_subresource_path
+
+# The errors are part of this client's interface: callers catch ``agent_client.AgentError`` and its kinds.
+__all__ = [
+    "AgentBadResponse",
+    "AgentBusy",
+    "AgentError",
+    "AgentNotAnswering",
+    "AgentTimeout",
+    "AgentTokenRejected",
+    "ClusterUnavailable",
+    "VMNotRunning",
+    "agent_request",
+    "deadline_for_checks",
+    "healthz",
+    "run_checks",
+]
 
 # Per check, beyond its own timeout: the agent waits this long between SIGTERM and SIGKILL for a check that ran
 # out of time, and drains the pipes briefly after the shell exits.
@@ -45,49 +52,7 @@ PER_CHECK_GRACE_S = 1.5
 # Once per request: WebSocket handshake, TLS, the guest's TCP connect, JSON encoding on both sides.
 REQUEST_MARGIN_S = 10.0
 HEALTHZ_TIMEOUT_S = 5.0
-# 100 checks with 64 KiB of stdout and of stderr each come to about 13 MiB; anything past this is not the agent.
-MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 CLOSE_TIMEOUT_S = 0.5
-
-
-class AgentError(Exception):
-    """The agent could not be asked or did not answer usefully. ``code`` is stable; the message is for logs and
-    for the run's error text shown to staff."""
-
-    code = "agent_error"
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-
-
-class VMNotRunning(AgentError):
-    code = "vm_not_running"
-
-
-class AgentNotAnswering(AgentError):
-    code = "agent_not_answering"
-
-
-class AgentTimeout(AgentError):
-    code = "agent_timeout"
-
-
-class AgentTokenRejected(AgentError):
-    code = "agent_token_rejected"
-
-
-class AgentBusy(AgentError):
-    code = "agent_busy"
-
-
-class AgentBadResponse(AgentError):
-    code = "agent_bad_response"
-
-
-class ClusterUnavailable(AgentError):
-    code = "cluster_unavailable"
 
 
 class AgentTarget(Protocol):
@@ -102,19 +67,6 @@ class CheckLike(Protocol):
     pk: Any
     command: str
     timeout_s: int
-
-
-@dataclass(frozen=True)
-class AgentResponse:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        try:
-            return json.loads(self.body.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise AgentBadResponse(f"the agent's answer is not JSON: {exc}", status=self.status) from None
 
 
 def run_deadline_s(timeouts_s: Sequence[float]) -> float:
@@ -191,21 +143,6 @@ def agent_request(
     return http_over_websocket(
         target, method=method, path=path, token=attempt.agent_token, json_body=json_body, timeout_s=timeout_s
     )
-
-
-def build_request(*, method: str, path: str, token: str, json_body: Mapping[str, Any] | None) -> bytes:
-    body = b"" if json_body is None else json.dumps(json_body, ensure_ascii=False).encode("utf-8")
-    lines = [
-        f"{method} {path} HTTP/1.1",
-        f"Host: localhost:{settings.AGENT_PORT}",
-        f"Authorization: Bearer {token}",
-        "Accept: application/json",
-        "Connection: close",
-        f"Content-Length: {len(body)}",
-    ]
-    if json_body is not None:
-        lines.append("Content-Type: application/json")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
 def http_over_websocket(
@@ -337,106 +274,6 @@ def _agent_error_text(response: AgentResponse) -> str:
     if isinstance(payload, dict) and isinstance(payload.get("error"), str):
         return payload["error"][:300]
     return str(payload)[:300]
-
-
-class HTTPResponseParser:
-    """An incremental parser for one HTTP/1.1 response (status line, headers, a Content-Length or
-    read-to-close body; chunked bodies too, though the agent never sends them)."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-        self.status: int | None = None
-        self.headers: dict[str, str] = {}
-        self._header_end: int | None = None
-        self._length: int | None = None
-        self._chunked = False
-        self._eof = False
-        self._eof_reason = ""
-        self.complete = False
-
-    def feed(self, data: bytes) -> None:
-        self._buffer.extend(data)
-        if len(self._buffer) > MAX_RESPONSE_BYTES:
-            raise AgentBadResponse(f"the agent's answer exceeds {MAX_RESPONSE_BYTES} bytes")
-        if self._header_end is None:
-            self._parse_head()
-        if self._header_end is not None:
-            self._check_complete()
-
-    def feed_eof(self, *, reason: str) -> None:
-        self._eof = True
-        self._eof_reason = reason
-        if self._header_end is not None and self._length is None and not self._chunked:
-            self.complete = True  # a body delimited by the end of the connection
-
-    def response(self) -> AgentResponse:
-        if not self.complete:
-            if not self._buffer:
-                raise AgentNotAnswering(f"the agent closed the connection without answering ({self._eof_reason})")
-            raise AgentBadResponse(
-                f"the agent's answer was cut off after {len(self._buffer)} bytes ({self._eof_reason})"
-            )
-        assert self.status is not None and self._header_end is not None
-        body = bytes(self._buffer[self._header_end :])
-        if self._chunked:
-            body = _dechunk(body)
-        elif self._length is not None:
-            body = body[: self._length]
-        return AgentResponse(status=self.status, headers=self.headers, body=body)
-
-    def _parse_head(self) -> None:
-        end = self._buffer.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self._buffer) > 64 * 1024:
-                raise AgentBadResponse("the agent's answer has no end of headers")
-            return
-        head = bytes(self._buffer[:end]).decode("latin-1")
-        status_line, *header_lines = head.split("\r\n")
-        parts = status_line.split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-            raise AgentBadResponse(f"the agent's answer is not HTTP: {status_line[:80]!r}")
-        self.status = int(parts[1])
-        for line in header_lines:
-            name, sep, value = line.partition(":")
-            if sep:
-                self.headers[name.strip().lower()] = value.strip()
-        self._header_end = end + 4
-        if "chunked" in self.headers.get("transfer-encoding", "").lower():
-            self._chunked = True
-        elif "content-length" in self.headers:
-            try:
-                self._length = int(self.headers["content-length"])
-            except ValueError:
-                raise AgentBadResponse("the agent's answer has an invalid Content-Length") from None
-            if self._length < 0 or self._length > MAX_RESPONSE_BYTES:
-                raise AgentBadResponse(f"the agent's answer has an unusable Content-Length {self._length}")
-
-    def _check_complete(self) -> None:
-        assert self._header_end is not None
-        received = len(self._buffer) - self._header_end
-        if self._length is not None:
-            self.complete = received >= self._length
-        elif self._chunked:
-            self.complete = bytes(self._buffer).endswith(b"0\r\n\r\n")
-
-
-def _dechunk(body: bytes) -> bytes:
-    out = bytearray()
-    position = 0
-    while True:
-        line_end = body.find(b"\r\n", position)
-        if line_end < 0:
-            raise AgentBadResponse("the agent's chunked answer is malformed")
-        size_text = body[position:line_end].split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise AgentBadResponse("the agent's chunked answer is malformed") from None
-        if size == 0:
-            return bytes(out)
-        start = line_end + 2
-        out.extend(body[start : start + size])
-        position = start + size + 2
 
 
 def deadline_for_checks(checks: Sequence[CheckLike]) -> float:

@@ -1,9 +1,5 @@
-"""The Django system check tagged ``cluster``: the preflight (``labs.kubevirt.preflight``) as check messages.
-
-Registered as a deployment check, so a plain ``manage.py check`` (and ``migrate``, ``runserver``) never touches
-the network; ``manage.py check --deploy`` runs it, and ``manage.py check --deploy --tag cluster`` runs only it.
-``manage.py cluster_check`` gives the same findings with their fixes and a non-zero exit on a blocking problem.
-"""
+"""The deploy-tagged system check ``cluster``: the preflight as check messages, run by ``manage.py check --deploy``
+(never by a plain ``check``, ``migrate`` or ``runserver``)."""
 
 from __future__ import annotations
 

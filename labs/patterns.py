@@ -1,11 +1,6 @@
-"""Checks' output patterns: compiled and matched by the ``regex`` engine under a time limit, and vetted on save.
-
-Instructors write the patterns and students' guests write the output, so a pattern with catastrophic
-backtracking (``^(a|a)*$``) could otherwise hold a worker or a web process for hours. Every match here is given
-``GRADING_PATTERN_TIMEOUT_MS`` and an input of at most ``MATCH_INPUT_MAX_CHARS``; running out of time raises
-``PatternTimeout``, which grading turns into a failed check with a plain message. ``pattern_problem`` is what
-saving a check asks: a syntax error, or a pattern that is already too slow on short, repetitive probe inputs.
-"""
+"""Checks' output patterns, matched by the ``regex`` engine under ``GRADING_PATTERN_TIMEOUT_MS`` on bounded input, so
+an instructor's catastrophic backtracking cannot hold a process (``PatternTimeout`` fails the check in plain
+words); ``pattern_problem`` vets a pattern on save."""
 
 from __future__ import annotations
 

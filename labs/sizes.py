@@ -1,20 +1,6 @@
-"""The lab VM size table and the virt-launcher pod's resource requests for a size (KubeVirt v1.9.0's arithmetic).
-
-KubeVirt schedules a VM as a virt-launcher pod whose requests are larger than the guest
-(``pkg/virt-controller/services/renderresources.go``, ``pkg/hypervisor/kvm/hypervisorbackend.go``):
-
-- the ``compute`` container: CPU is the vCPU count divided by ``cpuAllocationRatio`` (default 10); memory is the
-  guest memory plus an overhead of: page tables, one byte per 512 of guest memory (counted, as
-  ``resource.Quantity`` does, on the guest's bytes rounded up to whole kB); 220Mi fixed (virt-launcher-monitor
-  25Mi + virt-launcher 100Mi + virtlogd 25Mi + virtqemud 40Mi + qemu 30Mi); 8Mi per vCPU and 8Mi for the IOThread;
-  32Mi of video RAM (graphics device attached by default);
-- the ``guest-console-log`` sidecar (``serialconsolelog.go``): 5m CPU and 35M (decimal) memory, unless the
-  cluster sets ``disableSerialConsoleLog`` (the portal then counts a little more than the pod asks).
-
-For 2 vCPU / 4Gi the compute container asks 200m and 4380Mi and a byte (a real cluster of an earlier release
-measured 200m and 4372Mi), the pod 205m and 4414Mi rounded up. Quotas and the capacity page count the pod's total,
-rounded up to the MiB, so the portal never admits a VM the namespace's ResourceQuota would then refuse.
-"""
+"""The lab VM sizes and the virt-launcher pod's requests for a size, by KubeVirt v1.9.0's arithmetic
+(``renderresources.go``: guest memory plus fixed, per-vCPU and page-table overhead, and the console-log sidecar),
+so quotas never admit a VM the namespace's ResourceQuota would refuse."""
 
 from __future__ import annotations
 
@@ -113,8 +99,3 @@ def launcher_requests(
 def namespace_cpu_millicores(*, max_vcpus: int, max_vms: int) -> int:
     """The CPU a tenant's namespace must allow: its vCPUs' compute requests, and each VM's console log sidecar."""
     return cpu_millicores_for(max_vcpus) + CONSOLE_LOG_CPU_MILLICORES * max_vms
-
-
-def launcher_requests_for_size(size: str) -> LauncherRequests:
-    guest = guest_resources(size)
-    return launcher_requests(vcpus=guest.vcpus, memory_mib=guest.memory_mib)

@@ -1,19 +1,6 @@
-"""Celery tasks of the attempt lifecycle. Thin: each calls a service and decides about retries.
-
-- ``provision_attempt(attempt_id)``: Secret and VM on the cluster (queued on commit by ``attempt_start``).
-- ``teardown_attempt(attempt_id)``: final grading, then VM and Secret deleted (queued by stop, expiry, failure).
-- ``sync_attempts()`` (beat, every ``ATTEMPT_SYNC_INTERVAL_SECONDS``): expiry and stops of attempts nobody has open,
-  then one VMI list per due namespace.
-- ``sync_namespace(namespace)``: the same for one namespace, queued right after a VM is created.
-- ``await_agents(namespace)``: booting attempts' agents asked until they answer; then each attempt is running.
-- ``sweep_attempts()`` (beat, every ``ATTEMPT_SWEEP_INTERVAL_SECONDS``): orphans, vanished VMs, timeouts.
-- ``sweep_namespace(namespace)``: the same for one namespace, queued by the sync when its list looks inconsistent.
-
-Tasks are idempotent (see ``labs.services.provisioning``), run with ``acks_late`` (a worker lost mid-task means a
-redelivery, which converges), and retry transient cluster errors (5xx, 429, connection trouble) with capped
-exponential backoff; a provisioning that keeps failing marks the attempt failed with the cluster's words. Called
-directly (``provision_attempt(42)``) they are plain functions, which is how the tests drive them.
-"""
+"""Celery tasks of the attempt lifecycle, each a thin call to a service: provision, teardown, sync, agent waits and
+sweeps. They are idempotent and ``acks_late`` (a lost worker means a redelivery that converges), and retry
+transient cluster errors with capped backoff; called directly, they are plain functions."""
 
 from __future__ import annotations
 
@@ -114,7 +101,7 @@ def teardown_attempt(self, attempt_id: int) -> str:
 
 def _record_heartbeat(errors: list[str]) -> None:
     """Tell the readiness probe (``ops.health``) whether the sync loop can see the cluster."""
-    from labs import health
+    from labs import sync_health as health
 
     if errors:
         health.record_sync_error(message="; ".join(errors))

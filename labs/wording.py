@@ -1,12 +1,6 @@
-"""What the workers say about an attempt (why it failed, what the cluster is waiting for), in every language.
-
-The workers have no request to take a language from. Each message is written in each of the portal's languages
-(``settings.LANGUAGES``) when it is decided, and shown in the reader's: a student who switches the page's language,
-and course staff reading a classmate's attempt, read it in their own. The attempt's text fields keep the message in
-the language its student pressed Start in (``Attempt.language``): what an attempt without translations (made before
-them) shows, and what the admin searches. Words that come from the cluster (a scheduler's reason, an event) stay in
-the cluster's words in every language.
-"""
+"""What the workers say about an attempt (why it failed, what the cluster waits for), written in every language when
+decided and shown in the reader's; the attempt's text fields keep its student's language (what the admin
+searches). Words from the cluster stay the cluster's."""
 
 from __future__ import annotations
 
@@ -16,7 +10,7 @@ from django.conf import settings
 from django.utils import translation
 from django.utils.translation import gettext as _
 
-from labs.health import CLUSTER_NOT_ANSWERING, cluster_trouble, sync_delayed_notice
+from labs.sync_health import CLUSTER_NOT_ANSWERING, cluster_trouble, sync_delayed_notice
 
 
 def in_every_language(build: Callable[[], str]) -> dict[str, str]:

@@ -16,7 +16,7 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from labs import health
+from labs import sync_health
 from labs.models import ACTIVE_STATES, Attempt, AttemptState
 from labs.pool_selectors import pool_stats
 from labs.sizes import launcher_requests
@@ -190,7 +190,7 @@ def ops_dashboard_view(request: AuthenticatedRequest) -> HttpResponse:
     heartbeat = None
     if request.user.is_superuser:  # the sync error text may name any tenant's namespace
         try:
-            heartbeat = health.sync_heartbeat()
+            heartbeat = sync_health.sync_heartbeat()
         except Exception:  # the readiness row above already says the cache is down
             heartbeat = None
     context = {

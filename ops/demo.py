@@ -1,10 +1,5 @@
-"""Demo data: the tenant "Demo University", a course, the lab "Linux basics" with three checks, and five people.
-
-``demo_seed`` is idempotent: it creates what is missing and leaves everything that exists as it is (an
-instructor's edits to the demo lab survive a re-run), so running it twice changes nothing and reports the same
-logins. Passwords are fixed demo passwords (it is a demo), or ``DEMO_PASSWORD`` for everyone when set; in
-production ``DEMO_PASSWORD`` is required.
-"""
+"""Demo data ("Demo University", a course, the lab "Linux basics", five people), created idempotently: what exists,
+edits included, is left as it is. Passwords are fixed demo ones, or ``DEMO_PASSWORD`` (required in production)."""
 
 from __future__ import annotations
 

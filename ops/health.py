@@ -16,7 +16,8 @@ from django.utils.translation import gettext_noop
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from labs.health import ComponentStatus, check_cluster, check_sync, elapsed_ms, say
+from labs.health import ComponentStatus, check_cluster, elapsed_ms, say
+from labs.sync_health import check_sync
 
 logger = logging.getLogger(__name__)
 

@@ -245,7 +245,7 @@ class PortalCollector(Collector):
         yield queue_seconds
 
     def _sync(self, now) -> Iterator[Metric]:
-        from labs.health import sync_heartbeat
+        from labs.sync_health import sync_heartbeat
 
         beat = sync_heartbeat()
         if beat.last_success is not None:

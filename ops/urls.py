@@ -3,6 +3,8 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from grading.urls import lab_page_urlpatterns
+from labs import urls as labs_urls
 from ops.dashboard import ops_dashboard_view
 from ops.health import healthz_view, readyz_view
 from ops.home import DashboardView
@@ -13,7 +15,7 @@ from portal.views import TimeZoneView, favicon_view
 urlpatterns = [
     path("", DashboardView.as_view(), name="dashboard"),
     path("favicon.ico", favicon_view, name="favicon"),
-    path("", include("labs.urls")),
+    path("", include(([*labs_urls.urlpatterns, *lab_page_urlpatterns], "labs"))),
     path("healthz", healthz_view, name="healthz"),
     path("readyz", readyz_view, name="readyz"),
     path("metrics", metrics_view, name="metrics"),

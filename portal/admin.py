@@ -1,21 +1,17 @@
-"""The instructor admin for the core domain: tenants (superusers), courses, memberships, users, the audit log.
-
-What each person sees is decided in ``portal.admin_scoping``; this module says what each page shows and routes
-every write with a business rule (creating a course, enrolling, importing a CSV) through ``portal.services``.
-"""
+"""The instructor admin for the core domain: tenants (superusers), courses, memberships, the audit log. Who sees
+what is ``portal.admin_scoping``'s; writes with a business rule go through ``portal.services``."""
 
 from __future__ import annotations
 
-import csv
-import io
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
-from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import path
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 from rest_framework.authtoken.models import TokenProxy
@@ -24,27 +20,26 @@ from portal.admin_scoping import (
     AuditedAdminMixin,
     CourseScopedAdminMixin,
     SuperuserOnlyAdminMixin,
-    TenantUserAdminMixin,
     admin_access,
     forget_admin_access,
 )
+
+# Importing admin_users also registers the people's admin.
+from portal.admin_users import password_links_csv, password_setup_url
+from portal.enrollment_import import enrollment_import
 from portal.errors import ApplicationError
 from portal.forms import (
     CourseAdminForm,
     EnrollmentImportForm,
     MembershipAdminForm,
     TenantAdminForm,
-    TenantUserChangeForm,
-    TenantUserCreationForm,
 )
-from portal.models import AuditEvent, Course, Membership, Role, Tenant, User
+from portal.http import request_user
+from portal.models import AuditEvent, Course, Membership, Role, Tenant
 from portal.services import (
-    PasswordSetupToken,
     course_create,
-    enrollment_import,
     membership_create,
     membership_set_role,
-    user_password_setup_token,
 )
 
 admin.site.site_header = _("Lab portal administration")
@@ -55,21 +50,13 @@ admin.site.index_title = _("Courses, labs and people")
 if admin.site.is_registered(TokenProxy):
     admin.site.unregister(TokenProxy)
 
-
-def password_setup_url(request: HttpRequest, token: PasswordSetupToken) -> str:
-    return request.build_absolute_uri(
-        reverse("password_reset_confirm", kwargs={"uidb64": token.uidb64, "token": token.token})
-    )
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
 
 
-def password_links_csv(rows: list[dict[str, str]]) -> str:
-    """The links as a CSV the instructor can mail-merge (opened by Excel as UTF-8 thanks to the BOM)."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(["username", "email", "name", "link"])
-    for row in rows:
-        writer.writerow([row["username"], row["email"], row["name"], row["link"]])
-    return "\ufeff" + buffer.getvalue()
+class _CourseCounts(TypedDict):
+    num_members: int
+    num_labs: int
 
 
 @admin.register(Tenant)
@@ -103,10 +90,10 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     search_fields = ("code", "title", "term")
     ordering = ("code", "term")
 
-    def get_fields(self, request: HttpRequest, obj: Course | None = None) -> list[str]:
-        fields = ["code", "title", "term"]
+    def get_fields(self, request: HttpRequest, obj: Course | None = None) -> tuple[str, ...]:
+        fields = ("code", "title", "term")
         # The tenant is chosen by superusers only; an instructor's course always lands in their own tenant.
-        return ["tenant", *fields] if admin_access(request).is_superuser else fields
+        return ("tenant", *fields) if admin_access(request).is_superuser else fields
 
     def get_list_filter(self, request: HttpRequest) -> tuple:
         return ("term", "tenant") if admin_access(request).is_superuser else ("term",)
@@ -120,16 +107,19 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
         )
 
     @admin.display(description=_("members"), ordering="num_members")
-    def member_count(self, course: Course) -> int:
+    def member_count(self, course: WithAnnotations[Course, _CourseCounts]) -> int:
         return course.num_members
 
     @admin.display(description=_("labs"), ordering="num_labs")
-    def lab_count(self, course: Course) -> int:
+    def lab_count(self, course: WithAnnotations[Course, _CourseCounts]) -> int:
         return course.num_labs
 
-    def get_form(self, request: HttpRequest, obj: Course | None = None, **kwargs):
-        form = super().get_form(request, obj, **kwargs)
-        form.tenant = request.user.tenant
+    def get_form(
+        self, request: HttpRequest, obj: Course | None = None, change: bool = False, **kwargs: Any
+    ) -> type[CourseAdminForm]:
+        # The admin builds a subclass of ``self.form`` (CourseAdminForm), typed as any model form.
+        form = cast("type[CourseAdminForm]", super().get_form(request, obj, change, **kwargs))
+        form.tenant = request_user(request).tenant
         return form
 
     def save_model(self, request: HttpRequest, obj: Course, form, change: bool) -> None:
@@ -137,8 +127,11 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
             super().save_model(request, obj, form, change)
             return
         if not admin_access(request).is_superuser:
-            obj.tenant = request.user.tenant
-        course_create(actor=request.user, course=obj)
+            tenant = request_user(request).tenant
+            if tenant is None:
+                raise PermissionDenied
+            obj.tenant = tenant
+        course_create(actor=request_user(request), course=obj)
         forget_admin_access(request)
 
     def audit_scope(self, obj: Course) -> dict:
@@ -175,7 +168,7 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
             if form.is_valid():
                 try:
                     result = enrollment_import(
-                        actor=request.user, course=course, csv_file=form.cleaned_data["csv_file"]
+                        actor=request_user(request), course=course, csv_file=form.cleaned_data["csv_file"]
                     )
                 except ApplicationError as exc:
                     context.update(form=form, import_error=exc.message, row_errors=exc.extra.get("errors", []))
@@ -241,109 +234,14 @@ class MembershipAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmi
         if change:
             # The form has already put the new role on ``obj``; the service compares with the stored one.
             stored = Membership.objects.select_related("user", "course__tenant").get(pk=obj.pk)
-            membership_set_role(actor=request.user, membership=stored, role=obj.role)
+            membership_set_role(actor=request_user(request), membership=stored, role=obj.role)
             return
-        membership_create(actor=request.user, membership=obj)
-        if obj.user_id == request.user.pk:
+        membership_create(actor=request_user(request), membership=obj)
+        if obj.user_id == request_user(request).pk:
             forget_admin_access(request)
 
     def audit_scope(self, obj: Membership) -> dict:
         return {"tenant": obj.course.tenant, "course": obj.course}
-
-
-@admin.register(User)
-class UserAdmin(TenantUserAdminMixin, AuditedAdminMixin, DjangoUserAdmin):
-    form = TenantUserChangeForm
-    add_form = TenantUserCreationForm
-    list_display = ("username", "full_name", "email", "tenant", "is_active", "is_staff")
-    search_fields = ("username", "full_name", "email")
-    actions = ("issue_password_links",)
-
-    superuser_fieldsets = (
-        (None, {"fields": ("username", "password")}),
-        (_("Personal info"), {"fields": ("full_name", "email", "tenant", "time_zone")}),
-        (_("Permissions"), {"fields": ("is_active", "is_staff", "is_superuser", "groups", "user_permissions")}),
-        (_("Important dates"), {"fields": ("last_login", "date_joined")}),
-    )
-    # Instructors never see the fields that grant rights or move someone to another tenant.
-    instructor_fieldsets = (
-        (None, {"fields": ("username", "password")}),
-        (_("Personal info"), {"fields": ("full_name", "email", "tenant", "time_zone")}),
-        (_("Status"), {"fields": ("is_active",)}),
-        (_("Important dates"), {"fields": ("last_login", "date_joined")}),
-    )
-
-    def get_fieldsets(self, request: HttpRequest, obj: User | None = None):
-        superuser = admin_access(request).is_superuser
-        if obj is None:
-            fields = ["username", "email", "full_name", "usable_password", "password1", "password2"]
-            if superuser:
-                fields.insert(3, "tenant")
-            return ((None, {"classes": ("wide",), "fields": fields}),)
-        return self.superuser_fieldsets if superuser else self.instructor_fieldsets
-
-    def get_readonly_fields(self, request: HttpRequest, obj: User | None = None) -> tuple[str, ...]:
-        if admin_access(request).is_superuser:
-            return ()
-        return ("tenant", "last_login", "date_joined")
-
-    def get_list_filter(self, request: HttpRequest) -> tuple:
-        if admin_access(request).is_superuser:
-            return ("is_active", "is_staff", "is_superuser", "tenant")
-        return ("is_active",)
-
-    def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
-        if admin_access(request).is_superuser:
-            return self.list_display
-        return ("username", "full_name", "email", "is_active")
-
-    def save_model(self, request: HttpRequest, obj: User, form, change: bool) -> None:
-        if not change and not admin_access(request).is_superuser:
-            # Set here, not by a form field: an instructor's new account always joins their own tenant, with
-            # no rights beyond what memberships give.
-            obj.tenant = request.user.tenant
-            obj.is_staff = False
-            obj.is_superuser = False
-        super().save_model(request, obj, form, change)
-
-    def audit_scope(self, obj: User) -> dict:
-        return {"tenant": obj.tenant}
-
-    @admin.action(description=_("Issue set-password links"), permissions=["change"])
-    def issue_password_links(self, request: HttpRequest, queryset: QuerySet[User]) -> HttpResponse | None:
-        """Links with which the selected people choose a password (new accounts, or a forgotten password)."""
-        users = [user for user in queryset.select_related("tenant") if self.has_change_permission(request, user)]
-        skipped = queryset.count() - len(users)
-        if skipped:
-            self.message_user(
-                request,
-                gettext(
-                    "%(count)d selected accounts were skipped: staff accounts and people in courses you do not teach "
-                    "get their links from a superuser."
-                )
-                % {"count": skipped},
-                messages.WARNING,
-            )
-        if not users:
-            return None
-        links = [
-            {
-                "username": user.username,
-                "email": user.email,
-                "name": user.full_name,
-                "link": password_setup_url(request, user_password_setup_token(actor=request.user, user=user)),
-            }
-            for user in users
-        ]
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": gettext("Set-password links"),
-            "links": links,
-            "links_csv": password_links_csv(links),
-        }
-        # admin_view marks every admin response never_cache, so the links are not kept by any cache.
-        return TemplateResponse(request, "admin/portal/user/password_links.html", context)
 
 
 @admin.register(AuditEvent)

@@ -1,11 +1,6 @@
-"""Tenant scoping for the Django admin: who may see and change what is decided by course role, not model perms.
-
-A staff instructor's admin rights come from their instructor memberships: they see the courses they teach and
-the objects hanging off those courses, and nothing of another tenant, whether by changelist, change URL,
-autocomplete, foreign-key dropdown or list filter. TAs and students get nothing in the admin (TAs review grades
-in the portal's own pages). Superusers see everything. Every ModelAdmin of the portal mixes in one of the
-classes below; the querysets they return are also what foreign-key choices and autocomplete draw from.
-"""
+"""Tenant scoping for the Django admin, by course role rather than model permissions: instructors see the courses
+they teach and what hangs off them (changelists, URLs, autocomplete, dropdowns, filters), TAs and students nothing,
+superusers everything. Every portal ModelAdmin mixes in one of these classes."""
 
 from __future__ import annotations
 
@@ -17,6 +12,7 @@ from django.db import models
 from django.http import HttpRequest
 
 from portal.admin_secrets import SecretFieldsHiddenMixin
+from portal.http import request_user
 from portal.models import Membership, Role, User
 from portal.selectors import courses_for_user
 from portal.services import audit_record
@@ -168,6 +164,7 @@ class CourseScopedInlineMixin(ScopedFormFieldsMixin):
     """An inline whose rights follow the parent object's course (the parent admin's ``course_lookup``)."""
 
     read_only = False
+    parent_model: type[models.Model]  # set by Django's InlineModelAdmin, which this is mixed into
 
     def _parent_instructs(self, request: HttpRequest, obj: models.Model | None) -> bool:
         parent_admin = self.admin_site._registry.get(self.parent_model)
@@ -243,7 +240,12 @@ class TenantUserAdminMixin(TenantScopedAdminMixin):
         access = admin_access(request)
         if obj is None or access.is_superuser:
             return access.is_instructor
-        return access.is_instructor and obj.tenant_id is not None and obj.tenant_id == access.tenant_id
+        return (
+            access.is_instructor
+            and isinstance(obj, User)
+            and obj.tenant_id is not None
+            and obj.tenant_id == access.tenant_id
+        )
 
     def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
         access = admin_access(request)
@@ -252,7 +254,7 @@ class TenantUserAdminMixin(TenantScopedAdminMixin):
     def has_change_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
         if obj is None:
             return self.has_add_permission(request)
-        return self.user_is_managed_by(request, obj)
+        return isinstance(obj, User) and self.user_is_managed_by(request, obj)
 
     def has_delete_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
         return admin_access(request).is_superuser
@@ -262,14 +264,14 @@ class AuditedAdminMixin:
     """Every save and delete made through the admin is also an AuditEvent (the admin's LogEntry is not
     tenant-scoped and is not what the portal's reports read)."""
 
-    def audit_scope(self, obj: models.Model) -> dict[str, Any]:
+    def audit_scope(self, obj: Any) -> dict[str, Any]:
         """The tenant and course an object's events belong to; admins override for their model."""
         return {}
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
         audit_record(
-            actor=request.user,
+            actor=request_user(request),
             action=f"admin.{obj._meta.model_name}.{'change' if change else 'add'}",
             target=obj,
             data={"fields": sorted(form.changed_data)} if change else {},
@@ -278,13 +280,13 @@ class AuditedAdminMixin:
 
     def delete_model(self, request, obj):
         scope = self.audit_scope(obj)
-        audit_record(actor=request.user, action=f"admin.{obj._meta.model_name}.delete", target=obj, **scope)
+        audit_record(actor=request_user(request), action=f"admin.{obj._meta.model_name}.delete", target=obj, **scope)
         super().delete_model(request, obj)
 
     def delete_queryset(self, request, queryset):
         for obj in queryset:
             audit_record(
-                actor=request.user,
+                actor=request_user(request),
                 action=f"admin.{obj._meta.model_name}.delete",
                 target=obj,
                 **self.audit_scope(obj),

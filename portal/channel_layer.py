@@ -1,38 +1,6 @@
-"""channels_redis's channel layer, with a receive that loses no message when its consumer goes away mid-pop.
-
-A process receives all its consumers' messages through one Redis sorted set: whichever consumer holds the layer's
-receive lock runs BZPOPMIN on it for everyone, and channels_redis copies each popped message to a backup queue, to
-be put back if its receiver is cancelled. But the copy is written after BZPOPMIN's answer has been read, so a
-cancellation that lands in between, while the answer is on its way or being read, loses the message: it has left
-Redis and reached nobody. A consumer is cancelled whenever its socket closes, and under load (a class starting its
-labs together, sockets closing as each page gets what it waited for) the event loop lags enough for the answer to
-be in flight: a page then never hears that its VM runs (3 of 20 bursts of 100 starts with two daphne processes;
-channels_redis issue #366 describes the same window).
-
-Here the pop (channels_redis's own, BZPOPMIN then the backup copy) runs in a task of its own that the consumer's
-cancellation does not stop, so what it takes after its receiver left reaches the backup queue. The next receiver
-lets it finish before popping itself, and its first step, as in channels_redis, puts the backup back in front of
-the channel: one BZPOPMIN at a time serves the channel, as channels_redis means it to, and the message reaches its
-consumer in order, once. Waiting costs the next receiver nothing: the first message to arrive ends the abandoned
-pop.
-
-Each pop also takes one round trip where channels_redis takes three when a message is already waiting (as it is
-for a busy process): channels_redis's first step, a script putting the backup back in front of the channel, here
-goes on to pop the channel's first message into the backup in the same script, atomically, so nothing is ever
-out of both; only an empty channel is then waited on with BZPOPMIN (and its message backed up after), as before.
-
-Its connections come from a pool of bounded size that makes a command wait for a free one (``create_pool``).
-
-``group_add`` is channels_redis's ZADD and EXPIRE in one script: one round trip, not two (a console joins three
-groups as it opens).
-
-``group_send`` is channels_redis's, in two scripts rather than four round trips and six commands: the group's
-current members (dropping those past ``group_expiry``, then reading the rest), and per Redis connection the send to
-each member's channel (dropping its messages past ``expiry``, then adding the message unless the channel is at
-capacity). Each script runs by its SHA once Redis has it, so its text is not sent with every message. The same
-commands run in the same order on the same keys; they are only batched. Every ``attempt.update`` a worker pushes,
-and every console notice, is a group send.
-"""
+"""channels_redis's channel layer, with a receive that loses no message when its consumer is cancelled mid-pop
+(channels_redis #366: the pop runs in a task of its own and its backup is put back first), and with
+``group_add``, ``group_send`` and each pop batched into scripts: the same commands, fewer round trips."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Reading an enrollment CSV (username, email, name, role) into validated rows, with every problem per line.
-
-This module only reads and checks the file itself; what the rows mean against the database (existing
-accounts, other tenants, current memberships) is decided by ``portal.services.enrollment_import``.
-
-Format: UTF-8 (a byte-order mark, as Excel's "CSV UTF-8" writes, is fine), comma-separated, a header row
-naming the columns ``username,email,name,role`` in any order (Japanese column names are accepted too), one
-person per row. Roles are ``instructor``, ``ta`` or ``student`` (or 教員, TA, 学生 and the like). Blank lines
-are ignored.
-"""
+"""Reading an enrollment CSV into validated rows, with every problem per line: UTF-8 (a BOM is fine), a header naming
+``username,email,name,role`` in any order (Japanese names too), roles ``instructor``, ``ta`` or ``student``.
+What the rows mean against the database is ``portal.enrollment_import``'s."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
-"""The garbage collector and a long-lived server process.
-
-Python's full collections walk every object the process holds, and a started portal holds a few hundred thousand
-that live as long as it does: modules, the app registry, URL resolvers, compiled templates. A page that allocates a
-lot (the gradebook of a large course) set off full collections that doubled its time now and then. Frozen once
-startup is done, those objects are left out of every later collection.
-
-Serving processes also collect their young objects less often than Python's default (every 700 allocations net):
-a request, a socket's message or a task allocates thousands of objects that are freed by reference counting when
-it ends, and collecting in the middle of it only walks them and moves the ones still in use to an older generation,
-which the next full collection then walks as well. Measured side by side in a burst of 100 lab starts (README,
-"Benchmarks"): daphne spent 4.5–6.3 % of its CPU collecting with the default thresholds, 2.0–2.9 % with these.
-"""
+"""The garbage collector in a long-lived server: objects alive once startup is done are frozen out of later full
+collections, and young objects are collected less often, since a request's allocations are freed by reference
+counting when it ends (side-by-side figures: bench/RESULTS.md)."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ portal's User (annotate a view's ``request`` with it, or a class-based view's ``
 
 from __future__ import annotations
 
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 
 from portal.models import User
@@ -10,3 +11,11 @@ from portal.models import User
 
 class AuthenticatedRequest(HttpRequest):
     user: User
+
+
+def request_user(request: HttpRequest) -> User:
+    """The signed-in user of a request that a login check (the admin site's, a mixin's) already let through."""
+    user = request.user
+    if not isinstance(user, User):
+        raise PermissionDenied
+    return user

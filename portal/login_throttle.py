@@ -1,12 +1,6 @@
-"""Throttling of password guessing, for the portal's sign-in page, the admin's and the API's token endpoint.
-
-Failures are counted per (account, address). After ``LOGIN_FAILURES_BEFORE_DELAY`` of them, each further try for
-that account from that address must wait a delay that doubles with every failure (``LOGIN_DELAY_SECONDS`` up to
-``LOGIN_DELAY_MAX_SECONDS``); a try within it is refused with 429 and Retry-After before any password is checked.
-Nobody can lock an account out from elsewhere: the right password from another address goes through. Each
-address also has a limit on failures across all accounts (``RATE_LIMITS["login_address"]``). A successful
-sign-in forgets that (account, address)'s failures. Counters live in the shared cache.
-"""
+"""Throttling of password guessing (sign-in page, admin, API token): after a few failures per (account, address) each
+try waits a doubling delay (429 with Retry-After, before any password check); the right password from elsewhere
+still works. Each address also has a limit across accounts; counters live in the shared cache."""
 
 from __future__ import annotations
 

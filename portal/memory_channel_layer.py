@@ -1,11 +1,6 @@
-"""Channels' in-memory channel layer (the embedded default's), forgetting a consumer's channel once it has ended.
-
-Channels keeps a channel's queue until its messages pass ``expiry`` and somebody next receives or sends to a
-group; an idle process never drops them, and every message sent to a gone consumer (a console announcing itself to
-a tab that just closed) starts a new queue. Here a consumer that ends says so (``discard_channel``, called by
-``portal.websocket_consumer``): its queue and group memberships go at once, and later messages for it are dropped,
-as they expire unread with channels_redis.
-"""
+"""Channels' in-memory channel layer (the embedded default's), dropping a consumer's queue and groups as soon as it
+ends (``discard_channel``, from ``portal.websocket_consumer``): an idle process would otherwise keep them, and
+messages for a gone consumer are dropped as they expire unread with channels_redis."""
 
 from __future__ import annotations
 

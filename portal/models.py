@@ -138,7 +138,7 @@ class Role(models.TextChoices):
     STUDENT = "student", _("Student")
 
 
-STAFF_ROLES = (Role.INSTRUCTOR, Role.TA)
+STAFF_ROLES: tuple[str, ...] = (Role.INSTRUCTOR, Role.TA)
 
 
 class Membership(models.Model):

@@ -1,17 +1,5 @@
-"""Prepared statements that a migration made stale are planned anew instead of failing until the process restarts.
-
-psycopg prepares the queries a connection runs again and again (``DB_PREPARE_THRESHOLD``). When a migration changes
-the type of a column such a query returns (a ``CharField``'s ``max_length`` is enough: ``varchar(20)`` to
-``varchar(40)``), PostgreSQL refuses to run the prepared statement again: "cached plan must not change result
-type". Inside a transaction the error ends it, and the rollback makes psycopg forget its prepared statements. Outside
-one (autocommit, as most of the portal's reads run) nothing does: every process that was running while the
-migration ran (old web, worker and beat processes during a rolling update) failed that query on that connection, on
-every request, until the pool retired the connection an hour later.
-
-Outside a transaction, the failed statement changed nothing: the connection's prepared statements are deallocated
-(psycopg notices ``DEALLOCATE ALL`` and forgets them) and the statement runs once more, planned against the new
-schema. Inside one (and for an ``executemany``), the error is raised as before.
-"""
+"""Prepared statements a migration made stale ("cached plan must not change result type") are deallocated and run
+again outside a transaction, instead of failing on that connection until the pool retires it."""
 
 from __future__ import annotations
 

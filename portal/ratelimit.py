@@ -1,10 +1,5 @@
-"""Cache-backed rate limits: lab starts per user, checks per attempt, failed logins per address.
-
-Limits live in ``settings.RATE_LIMITS`` as ``scope -> (limit, window_seconds)``. Counters are fixed windows in
-the shared cache (Redis in production, so every web process counts together). A refusal is an
-``ApplicationError`` with status 429 and ``retry_after`` set to the seconds left in the window, which the API's
-exception handler turns into the ``Retry-After`` header.
-"""
+"""Cache-backed fixed-window rate limits (``settings.RATE_LIMITS``: scope to limit and window), shared by every web
+process through the cache. A refusal is a 429 ``ApplicationError`` whose ``retry_after`` becomes ``Retry-After``."""
 
 from __future__ import annotations
 

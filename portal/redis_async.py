@@ -1,15 +1,6 @@
-"""Connection pools for redis-py's asyncio client whose writes keep a cancellation: the channel layer's and the
-console bridge's.
-
-redis-py writes each command under ``asyncio.wait_for`` when the connection has a socket timeout (redis-py 8 gives
-every connection one; the channel layer sets 30 s). On Python 3.11 ``wait_for`` runs the write as a task of its own
-and loses a cancellation of the caller that lands in the turn in which that write finishes (python/cpython#86296,
-see ``portal.waiting``). A consumer whose tab closed then went on: channels cancels a consumer's channel-layer
-receive when it ends, and a receive that lost its cancellation kept daphne waiting until it killed the consumer.
-
-The connections here write under ``asyncio.timeout`` instead, in the calling task, so the caller's cancellation
-always arrives; the time limit, the disconnect on failure and the errors raised are redis-py's own.
-"""
+"""Connection pools for redis-py's asyncio client that write under ``asyncio.timeout`` in the calling task rather
+than ``wait_for``, which on Python 3.11 can lose the caller's cancellation (cpython#86296, ``portal.waiting``);
+the time limit, disconnect on failure and errors are redis-py's own."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""The bound on request bodies, for every HTTP request the portal serves (API, forms, admin): 413 past it.
-
-What it protects: Twisted spools a body to a temporary file as it arrives, and daphne then hands the whole of it to
-the application in 8 KB ``http.request`` messages queued at once; Django's ``ASGIHandler`` reads them all before
-any view runs, and the API's parsers read the body whole and build its objects (a 200 MB JSON document grew the
-process by more than a gigabyte, which it kept). Here a body whose ``Content-Length`` is past the bound is refused
-before any of it is read, and one without (chunked) is refused as soon as the bytes read pass it. The spooled file
-and daphne's queue hold the body briefly regardless: a proxy in front should bound it too (deploy/README.md).
-"""
+"""The bound on request bodies for every HTTP request: 413 before any of the body is read when its
+``Content-Length`` is past it, or as soon as a chunked body passes it (Django and the API's parsers would read it
+whole). A proxy in front should bound it too (deploy/README.md)."""
 
 from __future__ import annotations
 

@@ -24,6 +24,8 @@ def courses_for_user(*, user: User, roles: tuple[str, ...] | None = None) -> Que
         return Course.objects.none()
     if user.is_superuser:
         return Course.objects.all()
+    if user.tenant_id is None:
+        return Course.objects.none()
     memberships = Membership.objects.filter(user=user, course__tenant_id=user.tenant_id)
     if roles:
         memberships = memberships.filter(role__in=roles)

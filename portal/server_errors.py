@@ -1,12 +1,6 @@
-"""What a request that failed inside the portal gets back (Django's ``handler500``): 503 with Retry-After when every
-database connection of the process was in use for the pool's whole timeout (a class arriving at once on a pool too
-small for it: waiting helps), else 500. The API answers in its error format, the pages' scripts (``Accept:
-application/json``) in theirs, and a browser gets a page in its language that says what to do.
-
-Django calls the handler from inside the ``except`` block that caught the error (``handle_uncaught_exception``),
-after logging it with its traceback, so the failure stays in the log; the handler only reads the exception to tell
-the two cases apart. It touches neither the database nor the session: either may be what failed.
-"""
+"""Django's ``handler500``: 503 with Retry-After when the database pool stayed exhausted (waiting helps), else 500,
+in the API's format, as JSON for the pages' scripts, or as a page in the browser's language. It touches neither the
+database nor the session, either of which may be what failed."""
 
 from __future__ import annotations
 

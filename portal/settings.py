@@ -1,9 +1,5 @@
-"""Settings for the lab portal, read from the environment.
-
-With no variables set the portal runs in its embedded default: SQLite, an in-memory channel layer, Celery on
-an in-memory transport with an in-process worker, and kubesim as the cluster. ``PORTAL_ENV=production``
-switches to the production wiring and refuses to start without its secrets (see README, "Configuration").
-"""
+"""Settings for the lab portal, read from the environment once, here. With nothing set it runs embedded (SQLite,
+in-memory channel layer and Celery, kubesim); ``PORTAL_ENV=production`` refuses to start without its secrets."""
 
 from __future__ import annotations
 
@@ -143,7 +139,7 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "ops.urls"
-ASGI_APPLICATION = "portal.asgi.application"
+ASGI_APPLICATION = "ops.asgi.application"
 WSGI_APPLICATION = "portal.wsgi.application"
 
 TEMPLATES = [

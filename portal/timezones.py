@@ -1,15 +1,6 @@
-"""Time zones: the tenant's and the person's, their validation, and the middleware that shows pages in them.
-
-A tenant is an institution, and its due dates, opening times and attempt histories mean its own clock: a
-deadline of 23:59 in Tokyo is 14:59 in UTC. Pages are rendered in the signed-in person's own zone when they chose
-one (``User.time_zone``, for a student abroad), else in their tenant's (``Tenant.time_zone``), else in the
-deployment's ``TIME_ZONE``; date-and-time formats end with the zone's abbreviation, and the page tells its scripts
-the zone (``<html data-time-zone>``) so that times drawn in the browser use the same clock. Django admin forms read
-the times an instructor types in the same zone.
-
-The JSON API answers in UTC whoever asks and however they signed in: a client reads the same text for the same
-instant with a session as with a token, and converts it to whatever clock it shows.
-"""
+"""Time zones: a page shows the person's own zone, else their tenant's, else ``TIME_ZONE`` (a deadline means the
+institution's clock), and tells its scripts which (``<html data-time-zone>``); admin forms read typed times in it.
+The JSON API answers in UTC, whoever asks."""
 
 from __future__ import annotations
 

@@ -1,18 +1,6 @@
-"""Waiting in asyncio code without losing a cancellation: for an event with a time limit, and for a task to end.
-
-Python 3.11's ``asyncio.wait_for`` runs what it waits for as a task of its own. When the task waiting in
-``wait_for`` is cancelled in the same turn of the loop in which that inner task finishes, ``wait_for`` returns the
-result and the cancellation is gone (python/cpython#86296, fixed in 3.12 by building ``wait_for`` on
-``asyncio.timeout``). redis-py's asyncio client writes every command under ``wait_for`` (its socket timeout), so a
-task cancelled while a Redis command is on its way could simply go on (the portal's asyncio Redis pools now write
-under ``asyncio.timeout``: ``portal.redis_async``). A console's lease loop, upstream and fan-out
-all talk to Redis and are cancelled when their tab closes: when a cancellation was lost, ``disconnect()`` waited
-for the task forever and daphne killed the consumer ten seconds later, without its cleanup (its upstream, lease and
-viewer registration left behind).
-
-``wait_event`` waits in the calling task (``asyncio.timeout`` tells its own expiry apart from any other
-cancellation); ``cancel_and_wait`` cancels again until the task has really ended.
-"""
+"""Waiting in asyncio without losing a cancellation (Python 3.11's ``wait_for`` can swallow one,
+cpython#86296): ``wait_event`` waits for an event with a time limit, ``cancel_and_wait`` cancels a task again
+until it has really ended, so a closing console's ``disconnect()`` never waits forever."""
 
 from __future__ import annotations
 

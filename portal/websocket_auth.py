@@ -1,16 +1,6 @@
-"""Session authentication for the portal's WebSockets, resolved in the consumer's own database call.
-
-channels' ``AuthMiddlewareStack`` loads the session and the user before the consumer runs, through
-``database_sync_to_async`` with its default ``thread_sensitive=True``: every handshake of a daphne process then
-queues for the one thread that runs thread-sensitive code, and a class opening its pages together waits past
-daphne's connect timeout. Here ``scope["user"]`` is a lazy object instead: it is resolved (session row, user row,
-session hash check, exactly as ``django.contrib.auth.get_user`` does for a request) the first time sync code
-touches it, which a consumer does inside the one ``database_sync_to_async(..., thread_sensitive=False)`` call
-that also decides access, so handshakes run side by side on the thread pool.
-
-Touching ``scope["user"]`` from async code before that call raises Django's ``SynchronousOnlyOperation``: pass it
-to the sync function unexamined.
-"""
+"""Session authentication for WebSockets: ``scope["user"]`` is lazy, resolved (as ``get_user`` does) inside the
+consumer's one ``thread_sensitive=False`` database call, so handshakes do not queue on the process's single thread
+for sync code. Touching it from async code raises ``SynchronousOnlyOperation``: pass it to sync code unexamined."""
 
 from __future__ import annotations
 
@@ -28,7 +18,8 @@ def session_user(scope: dict[str, Any]):
 
     if "session" not in scope:
         raise ValueError("The WebSocket scope has no session: wrap the route in SessionMiddleware.")
-    return get_user(SimpleNamespace(session=scope["session"]))
+    # get_user reads only the request's session.
+    return get_user(SimpleNamespace(session=scope["session"]))  # type: ignore[arg-type]
 
 
 class LazySessionAuthMiddleware(BaseMiddleware):

@@ -1,17 +1,6 @@
-"""What the portal's WebSocket consumers share, below channels' ``AsyncWebsocketConsumer``.
-
-Sending to a browser that has just closed its socket: between a browser's close frame and the end of its
-connection, daphne (autobahn underneath) refuses every send with ``autobahn.exception.Disconnected``. A push that
-landed in that window (an attempt update, a grading result, console output) raised out of the consumer: channels
-logged it as "Exception inside application" and dropped the consumer without running its ``disconnect()``, so its
-group memberships, console viewer registration and lease stayed behind until they expired. The message was for a
-page that is gone: it is dropped, and the ``websocket.disconnect`` that daphne delivers next ends the consumer the
-usual way (channels/channels#1466).
-
-Dispatching a message: channels' own dispatch first closes stale database connections in a worker thread, a
-thread hop (on the process's one thread for such calls) before every keystroke, output chunk and push. The
-consumers read the database only through ``database_sync_to_async``, which closes them itself.
-"""
+"""What the portal's WebSocket consumers share: a send to a browser that has just closed is dropped rather than
+killing the consumer before its ``disconnect()`` (channels#1466), and messages are dispatched without channels'
+per-message thread hop (the consumers close their database connections through ``database_sync_to_async``)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""What every WebSocket passes before it reaches a consumer: the Origin check, and the refusal of any path the
-portal does not serve.
-
-The Origin must be the page's own, compared as Django's CSRF check compares it: scheme, host and port exactly
-against the Host the socket was addressed to (which must be in ``ALLOWED_HOSTS``), or one of
-``CSRF_TRUSTED_ORIGINS``. A refused socket is closed at the handshake (daphne answers 403) by a consumer without a
-channel layer, so it holds no channel-layer connection while it ends; a path no route matched is refused the same
-way instead of raising ``URLRouter``'s "No route found".
-"""
+"""What every WebSocket passes before a consumer: an Origin compared as Django's CSRF check compares it (the Host's
+own, or ``CSRF_TRUSTED_ORIGINS``), and a refusal for any path the portal does not serve, closed at the handshake
+by a consumer without a channel layer."""
 
 from __future__ import annotations
 
@@ -23,7 +17,7 @@ from django.utils.http import is_same_domain
 class RefusedWebSocket(AsyncWebsocketConsumer):
     """Closes the handshake; nothing is ever sent to it, so it has no channel to wait on."""
 
-    channel_layer_alias = None
+    channel_layer_alias = None  # type: ignore[assignment]  # Channels reads None as "no channel layer"
 
     async def connect(self) -> None:
         await self.close()
@@ -84,5 +78,6 @@ class SameOriginGate:
 
 def websocket_gate(routes: list, *, middleware) -> SameOriginGate:
     """``routes`` behind ``middleware`` (session and user) and the Origin check; any other path is refused."""
-    router = URLRouter([*routes, re_path(r"", RefusedWebSocket.as_asgi())])
+    # Channels routes Django's path()/re_path() to ASGI applications; the stubs type their target as a view.
+    router = URLRouter([*routes, re_path(r"", RefusedWebSocket.as_asgi())])  # type: ignore[arg-type,list-item]
     return SameOriginGate(middleware(router))

@@ -1,4 +1,4 @@
-"""WSGI entry point (management tooling only; the portal is served by daphne through ``portal.asgi``)."""
+"""WSGI entry point (management tooling only; the portal is served by daphne through ``ops.asgi``)."""
 
 import os
 

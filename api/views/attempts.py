@@ -1,8 +1,5 @@
-"""Attempts: list, start, detail, and the stop, extend and check actions.
-
-Each action resolves the attempt through a tenant- and role-scoped selector first (404 for anything the user
-may not see), then hands over to the lifecycle or grading service, which decides what the user may do.
-"""
+"""Attempts: list, start, detail, and the stop, extend and check actions. Each resolves the attempt through a scoped
+selector first (404 for what the user may not see), then the service decides what the user may do."""
 
 from __future__ import annotations
 
@@ -14,14 +11,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.serializers import (
-    AttemptSerializer,
-    AttemptStartSerializer,
-    EmptyInputSerializer,
-    ErrorSerializer,
-    GradingRunDetailSerializer,
-)
-from api.views.common import PortalPagination, choice_param, int_param, ordered
+from api.grading_serializers import GradingRunDetailSerializer
+from api.serializers import AttemptSerializer, AttemptStartSerializer, EmptyInputSerializer, ErrorSerializer
+from api.views.common import PortalPagination, choice_param, int_param, ordered, signed_in
 from grading import services as grading_services
 from labs import services as lab_services
 from labs.access import attempt_get_for_user, attempts_visible_to, lab_get_for_user
@@ -105,25 +97,28 @@ class AttemptListView(ListAPIView):
     def post(self, request: Request) -> Response:
         serializer = AttemptStartSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        lab = lab_get_for_user(user=request.user, lab_id=serializer.validated_data["lab"])
-        attempt = lab_services.attempt_start_limited(actor=request.user, lab=lab)
-        return Response(attempt_data(attempt, user=request.user), status=status.HTTP_201_CREATED)
+        user = signed_in(request)
+        lab = lab_get_for_user(user=user, lab_id=serializer.validated_data["lab"])
+        attempt = lab_services.attempt_start_limited(actor=user, lab=lab)
+        return Response(attempt_data(attempt, user=user), status=status.HTTP_201_CREATED)
 
 
 class AttemptDetailView(APIView):
     @extend_schema(responses={200: AttemptSerializer, 404: ErrorSerializer}, summary="An attempt")
     def get(self, request: Request, attempt_id: int) -> Response:
-        attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
-        return Response(attempt_data(attempt, user=request.user))
+        user = signed_in(request)
+        attempt = attempt_get_for_user(user=user, attempt_id=attempt_id)
+        return Response(attempt_data(attempt, user=user))
 
 
 class AttemptStopView(APIView):
     @extend_schema(request=None, responses={200: AttemptSerializer, **REFUSALS}, summary="Stop an attempt")
     def post(self, request: Request, attempt_id: int) -> Response:
         refuse_body(request)
-        attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
-        attempt = lab_services.attempt_stop(actor=request.user, attempt=attempt)
-        return Response(attempt_data(attempt, user=request.user))
+        user = signed_in(request)
+        attempt = attempt_get_for_user(user=user, attempt_id=attempt_id)
+        attempt = lab_services.attempt_stop(actor=user, attempt=attempt)
+        return Response(attempt_data(attempt, user=user))
 
 
 class AttemptExtendView(APIView):
@@ -132,9 +127,10 @@ class AttemptExtendView(APIView):
     )
     def post(self, request: Request, attempt_id: int) -> Response:
         refuse_body(request)
-        attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
-        attempt = lab_services.attempt_extend(actor=request.user, attempt=attempt)
-        return Response(attempt_data(attempt, user=request.user))
+        user = signed_in(request)
+        attempt = attempt_get_for_user(user=user, attempt_id=attempt_id)
+        attempt = lab_services.attempt_extend(actor=user, attempt=attempt)
+        return Response(attempt_data(attempt, user=user))
 
 
 class AttemptCheckView(APIView):
@@ -147,12 +143,13 @@ class AttemptCheckView(APIView):
     )
     def post(self, request: Request, attempt_id: int) -> Response:
         refuse_body(request)
-        attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
+        user = signed_in(request)
+        attempt = attempt_get_for_user(user=user, attempt_id=attempt_id)
         rate_limit_hit(
             scope="attempt_check",
             key=f"attempt:{attempt.pk}",
             message=_("This attempt has been checked too often in a short time. Wait a little and check again."),
         )
-        run = grading_services.grading_run_request(actor=request.user, attempt=attempt)
-        context = {"staff_course_ids": staff_course_ids(user=request.user)}
+        run = grading_services.grading_run_request(actor=user, attempt=attempt)
+        context = {"staff_course_ids": staff_course_ids(user=user)}
         return Response(GradingRunDetailSerializer(run, context=context).data, status=status.HTTP_202_ACCEPTED)

@@ -12,16 +12,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from api.grading_serializers import GradeSerializer, GradingRunDetailSerializer, GradingRunSerializer
 from api.selectors import grade_get_for_user, grades_for_user, grading_runs_for_user
-from api.serializers import (
-    ErrorSerializer,
-    GradeSerializer,
-    GradingRunDetailSerializer,
-    GradingRunSerializer,
-    StrictInputSerializer,
-)
+from api.serializers import ErrorSerializer, StrictInputSerializer
 from api.views.attempts import staff_course_ids
-from api.views.common import PortalPagination, choice_param, int_param, ordered
+from api.views.common import PortalPagination, choice_param, int_param, ordered, signed_in
 from grading.models import RunState
 from grading.selectors import run_get_for_user
 from grading.services import grade_override
@@ -74,8 +69,9 @@ class GradingRunDetailView(APIView):
         summary="A grading run with its per-check results",
     )
     def get(self, request: Request, run_id: int) -> Response:
-        run = run_get_for_user(user=request.user, run_id=run_id)
-        context = {"staff_course_ids": staff_course_ids(user=request.user)}
+        user = signed_in(request)
+        run = run_get_for_user(user=user, run_id=run_id)
+        context = {"staff_course_ids": staff_course_ids(user=user)}
         return Response(GradingRunDetailSerializer(run, context=context).data)
 
 
@@ -107,7 +103,8 @@ class GradeListView(ListAPIView):
 class GradeDetailView(APIView):
     @extend_schema(responses={200: GradeSerializer, 404: ErrorSerializer}, summary="A grade")
     def get(self, request: Request, grade_id: int) -> Response:
-        return Response(GradeSerializer(grade_get_for_user(user=request.user, grade_id=grade_id)).data)
+        user = signed_in(request)
+        return Response(GradeSerializer(grade_get_for_user(user=user, grade_id=grade_id)).data)
 
 
 class GradeOverrideSerializer(StrictInputSerializer):
@@ -130,11 +127,12 @@ class GradeOverrideView(APIView):
     def post(self, request: Request, grade_id: int) -> Response:
         serializer = GradeOverrideSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        grade = grade_get_for_user(user=request.user, grade_id=grade_id)
-        if grade.lab.course_id not in staff_course_ids(user=request.user):
+        user = signed_in(request)
+        grade = grade_get_for_user(user=user, grade_id=grade_id)
+        if grade.lab.course_id not in staff_course_ids(user=user):
             raise PermissionDenied(_("Only the course's staff may override grades."))
         grade = grade_override(
-            actor=request.user,
+            actor=user,
             lab=grade.lab,
             student=grade.student,
             score=serializer.validated_data["score"],

@@ -9,14 +9,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.serializers import (
-    ErrorSerializer,
-    LabReportSerializer,
-    LabSerializer,
-    StaffLabDetailSerializer,
-    StudentLabDetailSerializer,
-)
-from api.views.common import PortalPagination, int_param, ordered
+from api.grading_serializers import LabReportSerializer
+from api.serializers import ErrorSerializer, LabSerializer, StaffLabDetailSerializer, StudentLabDetailSerializer
+from api.views.common import PortalPagination, int_param, ordered, signed_in
 from grading.selectors import lab_report
 from labs.access import lab_get_for_user, labs_visible_to
 from portal.errors import PermissionDenied
@@ -61,8 +56,9 @@ class LabDetailView(APIView):
         summary="A lab, with its checks (staff see how each check is graded)",
     )
     def get(self, request: Request, lab_id: int) -> Response:
-        lab = lab_get_for_user(user=request.user, lab_id=lab_id)
-        staff = course_role(user=request.user, course=lab.course) in STAFF_ROLES
+        user = signed_in(request)
+        lab = lab_get_for_user(user=user, lab_id=lab_id)
+        staff = course_role(user=user, course=lab.course) in STAFF_ROLES
         serializer_class = StaffLabDetailSerializer if staff else StudentLabDetailSerializer
         return Response(serializer_class(lab).data)
 
@@ -73,7 +69,8 @@ class LabReportView(APIView):
         summary="Score summary of a lab (course staff)",
     )
     def get(self, request: Request, lab_id: int) -> Response:
-        lab = lab_get_for_user(user=request.user, lab_id=lab_id)
-        if course_role(user=request.user, course=lab.course) not in STAFF_ROLES:
+        user = signed_in(request)
+        lab = lab_get_for_user(user=user, lab_id=lab_id)
+        if course_role(user=user, course=lab.course) not in STAFF_ROLES:
             raise PermissionDenied(_("Only the course's staff may see this."))
         return Response(LabReportSerializer(lab_report(lab=lab)).data)

@@ -1,18 +1,15 @@
-"""Reads of grading, always tenant- and role-scoped: access lookups, run payloads, reports and CSV rows.
-
-Split by subject (``access``, ``attempts``, ``runs``, ``reports``); the names below are the public contract.
-"""
+"""Reads of grading, always tenant- and role-scoped, by subject (``access``, ``attempts``, ``runs``, ``reports``,
+``gradebook_csv``); the names below are the public contract."""
 
 from grading.selectors.access import course_student_get, run_get_for_user, staff_course_get
 from grading.selectors.attempts import AttemptDetail, attempt_detail, attempt_timeline, student_lab_attempts
+from grading.selectors.gradebook_csv import csv_text, gradebook_csv_rows
 from grading.selectors.reports import (
     Gradebook,
     GradeCell,
     LabReport,
     course_gradebook,
-    csv_text,
     grade_of_student,
-    gradebook_csv_rows,
     lab_report,
     score_distribution,
     student_grades,

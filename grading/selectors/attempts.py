@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Count, Prefetch, Q, QuerySet
+from django.db.models import Count, Field, Prefetch, Q, QuerySet
 
 from grading.models import CheckResult, Grade, GradingRun, RunState
 from labs.models import Attempt, Lab
@@ -29,6 +29,8 @@ def student_lab_attempts(*, lab: Lab, student: User) -> list[Attempt]:
     """The student's attempts at the lab, newest first, annotated like the lab report's (``runs_done``,
     ``runs_error``); one query whatever their number. Callers have checked access to the lab and that the student
     takes its course; the tenant is matched too, so a mismatched pair finds nothing."""
+    if student.tenant_id is None:
+        return []
     return list(
         attempts_with_run_counts(
             Attempt.objects.filter(lab=lab, student=student, tenant_id=student.tenant_id)
@@ -59,12 +61,17 @@ TIMELINE_FIELDS = (
 )
 
 
+def _field_label(name: str) -> str:
+    field = Attempt._meta.get_field(name)
+    return str(field.verbose_name) if isinstance(field, Field) else name
+
+
 def attempt_timeline(attempt: Attempt) -> list[TimelineEntry]:
     """The attempt's phases with their times, in time order (labels are the fields' translated names). The
     cluster's times are whole seconds and the portal's are not, so times are compared by the second, and phases
     within one second keep their lifecycle order (a VMI's "pending" at :28 comes after a request at :28.4)."""
     entries = [
-        (position, TimelineEntry(label=str(Attempt._meta.get_field(name).verbose_name), at=getattr(attempt, name)))
+        (position, TimelineEntry(label=_field_label(name), at=getattr(attempt, name)))
         for position, name in enumerate(TIMELINE_FIELDS)
         if getattr(attempt, name) is not None
     ]

@@ -1,15 +1,14 @@
-"""Reports for course staff and students: the course gradebook, a lab's report, a student's own grades, and the
-gradebook as CSV rows. Each runs a fixed number of queries whatever the class size."""
+"""Reports for course staff and students: the course gradebook, a lab's report, a student's own grades. Each runs
+a fixed number of queries whatever the class size (the CSV: ``gradebook_csv``)."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import TYPE_CHECKING, TypedDict
 
 from django.db.models import Count, Sum
-from django.utils.translation import gettext as _
 
 from grading.models import Grade, GradingRun, LabRegrade
 from grading.selectors.attempts import attempts_with_run_counts, runs_with_results
@@ -17,6 +16,13 @@ from grading.selectors.check_rates import CheckPassRate, check_pass_rates
 from labs.models import Attempt, Lab
 from portal.models import Course, Membership, Role, User
 from portal.selectors import courses_for_user, user_tenant_ids
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+
+class _MaxPoints(TypedDict):
+    max_points: Decimal | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +58,7 @@ class GradebookRow:
 @dataclass(frozen=True)
 class Gradebook:
     course: Course
-    labs: list[Lab]  # each annotated with ``max_points``
+    labs: list[WithAnnotations[Lab, _MaxPoints]]
     rows: list[GradebookRow]
 
     @property
@@ -60,7 +66,7 @@ class Gradebook:
         return sum((lab.max_points or Decimal(0) for lab in self.labs), Decimal(0))
 
 
-def course_labs(*, course: Course) -> list[Lab]:
+def course_labs(*, course: Course) -> list[WithAnnotations[Lab, _MaxPoints]]:
     return list(
         Lab.objects.filter(course=course).annotate(max_points=Sum("checks__points")).order_by("due_at", "title", "id")
     )
@@ -225,7 +231,7 @@ def lab_report(*, lab: Lab) -> LabReport:
 
 @dataclass(frozen=True)
 class StudentLabGrade:
-    lab: Lab  # annotated with max_points
+    lab: WithAnnotations[Lab, _MaxPoints]
     grade: Grade | None
 
 
@@ -265,41 +271,3 @@ def student_lab_runs(*, user: User, lab: Lab) -> StudentLabRuns:
         ).select_related("attempt")
     )
     return StudentLabRuns(lab=lab, grade=Grade.objects.filter(lab=lab, student=user).first(), runs=runs)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# CSV
-
-
-# Characters that make spreadsheet programs read a cell as a formula (OWASP "CSV injection"), with the
-# full-width forms that Japanese input methods produce.
-FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r", "\n", "＝", "＋", "－", "＠")
-
-
-def csv_text(value: object) -> str:
-    """A text cell that a spreadsheet shows as text, never evaluates."""
-    text = "" if value is None else str(value)
-    return "'" + text if text.startswith(FORMULA_PREFIXES) else text
-
-
-def _csv_number(value: Decimal | None) -> str:
-    return "" if value is None else f"{value:.2f}"
-
-
-def gradebook_csv_rows(*, course: Course) -> Iterator[list[str]]:
-    """The gradebook as rows: identity columns, then per lab its final score and its flags, then the total."""
-    book = course_gradebook(course=course)
-    header = [_("Username"), _("Full name"), _("Email")]
-    for lab in book.labs:
-        title = csv_text(lab.title)
-        header += [f"{title} (/{_csv_number(lab.max_points or Decimal(0))})", _("%(lab)s: flags") % {"lab": title}]
-    header.append(_("Total (/%(max)s)") % {"max": _csv_number(book.max_total)})
-    yield header
-    late, overridden = _("late"), _("override")
-    for row in book.rows:
-        cells = [csv_text(row.student.username), csv_text(row.student.full_name), csv_text(row.student.email)]
-        for cell in row.cells:
-            flags = [flag for flag, on in ((late, cell.late), (overridden, cell.overridden)) if on]
-            cells += [_csv_number(cell.final), " ".join(flags)]
-        cells.append(_csv_number(row.total))
-        yield cells

@@ -1,24 +1,20 @@
-"""Every write of grading: runs (the Check button, execution, the final run), grades, overrides and regrades.
+"""Every write of grading, by subject (``runs``, ``final``, ``grades`` with overrides, ``regrades``); the names below
+are the public contract other apps import."""
 
-Split by subject (``runs``, ``grades``, ``regrades`` for the lab-wide regrade carried out by a task); the names
-below are the public contract other apps import.
-"""
-
-from grading.services.grades import (
+from grading.services.final import grading_run_final
+from grading.services.grades import grade_override, grade_recompute, lab_max_points, parse_override_score
+from grading.services.regrades import (
     LabRegradeOutcome,
     RegradeOutcome,
-    grade_override,
-    grade_recompute,
     grading_regrade,
     grading_regrade_lab,
-    lab_max_points,
-    parse_override_score,
+    lab_regrade_execute,
+    lab_regrade_request,
+    lab_regrades_fail_stale,
 )
-from grading.services.regrades import lab_regrade_execute, lab_regrade_request, lab_regrades_fail_stale
 from grading.services.runs import (
     grading_run_execute,
     grading_run_fail,
-    grading_run_final,
     grading_run_record,
     grading_run_request,
     grading_runs_fail_stale,

@@ -1,11 +1,6 @@
-"""Browser updates: ``grading.update`` messages sent to the attempt's channel-layer group after commit.
-
-Sending through ``async_to_sync`` makes a new event loop, and with it a new Redis connection, for every message
-(about 20 ms each, twice per run, on the grading path). Instead each process keeps one sender thread with a
-persistent loop; messages are queued to it in order and sent one after another, so a run's ``running`` update
-never overtakes its ``done``. The caller never waits for Redis: the run is stored whatever happens to the push,
-and a page that reconnects reads the current state.
-"""
+"""``grading.update`` messages to the attempt's channel-layer group after commit, through one sender thread per
+process with a persistent loop (``async_to_sync`` would open a Redis connection per message), in order, and
+never waited for: a page that reconnects reads the current state."""
 
 from __future__ import annotations
 

@@ -1,32 +1,191 @@
-"""Lab-wide regrades: the request queues one (answered at once), a Celery task carries it out.
-
-Regrading every attempt at a lab re-evaluates every counted run and may take long for a large class, so the
-request only records a ``LabRegrade`` and sends ``grading.tasks.lab_regrade_execute`` after commit. The task
-does the whole regrade, its audit record and the ``done`` state in one transaction on the locked row: a worker
-that dies halfway leaves it ``queued`` for the redelivered message, and a message for a regrade already done
-does nothing.
-"""
+"""Regrades: an attempt's counted runs evaluated again against the lab's current checks, and the lab-wide regrade,
+which the request only queues (``LabRegrade``) and a Celery task carries out in one transaction on the locked row:
+a worker that dies halfway leaves it ``queued`` for the redelivered message."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
+from decimal import Decimal
+from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
-from grading.models import LabRegrade, RunState
-from grading.services.grades import _require_course_staff, grading_regrade_lab
-from labs.models import Attempt, AttemptState, Lab
-from portal.errors import ApplicationError
+from grading.evaluation import evaluate_check, late_penalty_percent
+from grading.models import CheckResult, GradingRun, LabRegrade, RunState, RunTrigger
+from grading.services.grades import _require_course_staff, grade_recompute
+from grading.services.push import push_run_on_commit
+from grading.services.runs import UNFINISHED_STATES, enqueue_run_on_commit, lab_checks
+from labs.models import Attempt, AttemptState, Check, Lab
+from portal.errors import ApplicationError, NotFound, PermissionDenied
 from portal.models import STAFF_ROLES, User
 from portal.selectors import course_role
 from portal.services import audit_record
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RegradeOutcome:
+    reevaluated: list[GradingRun] = field(default_factory=list)
+    queued: GradingRun | None = None
+    # True when the attempt is running but a run was already in progress, so no new guest run was queued.
+    guest_run_skipped: bool = False
+
+
+def _reevaluate_run(*, actor: User, original: GradingRun, checks: Sequence[Check], lab: Lab) -> GradingRun:
+    """A new ``done`` run scoring ``original``'s stored outputs against the current checks."""
+    measured_at = original.measured_at or original.started_at or original.created_at
+    now = timezone.now()
+    regrade = GradingRun.objects.create(
+        attempt_id=original.attempt_id,
+        state=RunState.DONE,
+        trigger=RunTrigger.REGRADE,
+        requested_by=actor,
+        regrade_of=original,
+        started_at=now,
+        finished_at=now,
+        measured_at=measured_at,
+        late_penalty_percent=late_penalty_percent(lab, measured_at=measured_at),
+    )
+    stored = {r.check_ref_id: r for r in original.results.all() if r.check_ref_id is not None}
+    rows, score, max_score = [], Decimal(0), Decimal(0)
+    for check in checks:
+        old = stored.get(check.pk)
+        result: dict[str, Any] = (
+            {"exit_code": old.exit_code, "stdout": old.stdout, "stderr": old.stderr, "timed_out": old.timed_out}
+            if old is not None
+            # A check added after the original run has no output to judge: it fails, as it would have then.
+            else {"exit_code": None, "stdout": "", "stderr": "", "timed_out": False}
+        )
+        verdict = evaluate_check(check=check, result=result)
+        score += verdict.points
+        max_score += verdict.max_points
+        rows.append(
+            CheckResult(
+                run=regrade,
+                check_ref=check,
+                check_title=check.title,
+                order=check.order,
+                passed=verdict.passed,
+                points=verdict.points,
+                max_points=verdict.max_points,
+                exit_code=result["exit_code"],
+                timed_out=result["timed_out"],
+                stdout=result["stdout"],
+                stderr=result["stderr"],
+                output_truncated=old.output_truncated if old is not None else False,
+                duration_ms=old.duration_ms if old is not None else 0,
+                feedback=verdict.feedback,
+                pattern_timeout_seconds=verdict.pattern_timeout_seconds,
+            )
+        )
+    CheckResult.objects.bulk_create(rows)
+    regrade.score = score
+    regrade.max_score = max_score
+    regrade.save(update_fields=["score", "max_score"])
+    push_run_on_commit(run=regrade, results=rows)
+    return regrade
+
+
+def _regrade_attempt(*, actor: User, attempt: Attempt, checks: Sequence[Check]) -> RegradeOutcome:
+    outcome = RegradeOutcome()
+    current = (
+        GradingRun.objects.filter(attempt=attempt, state=RunState.DONE)
+        .exclude(regrades__state=RunState.DONE)
+        .prefetch_related("results")
+        .order_by("created_at", "id")
+    )
+    for original in current:
+        outcome.reevaluated.append(_reevaluate_run(actor=actor, original=original, checks=checks, lab=attempt.lab))
+    if attempt.state == AttemptState.RUNNING and checks:
+        if GradingRun.objects.filter(attempt=attempt, state__in=UNFINISHED_STATES).exists():
+            outcome.guest_run_skipped = True
+        else:
+            run = GradingRun.objects.create(
+                attempt=attempt, state=RunState.QUEUED, trigger=RunTrigger.REGRADE, requested_by=actor
+            )
+            enqueue_run_on_commit(run=run, checks=checks)
+            push_run_on_commit(run=run, results=[])
+            outcome.queued = run
+    return outcome
+
+
+@transaction.atomic
+def grading_regrade(*, actor: User, attempt: Attempt) -> RegradeOutcome:
+    """Re-evaluate the attempt's stored outputs against the lab's current checks (one new ``regrade`` run per
+    counted run), and, while the attempt is still running, queue a fresh run in the guest. Staff only; audited."""
+    attempt = Attempt.objects.select_for_update(of=("self",)).select_related("lab__course__tenant").get(pk=attempt.pk)
+    lab = attempt.lab
+    if course_role(user=actor, course=lab.course) not in STAFF_ROLES:
+        if attempt.student_id == actor.pk:
+            raise PermissionDenied(_("Only course staff can regrade."))
+        raise NotFound(_("Attempt not found."))
+    checks = lab_checks(attempt=attempt)
+    outcome = _regrade_attempt(actor=actor, attempt=attempt, checks=checks)
+    grade_recompute(lab=lab, student_id=attempt.student_id)
+    audit_record(
+        actor=actor,
+        action="grading.regraded",
+        target=attempt,
+        tenant=lab.course.tenant,
+        course=lab.course,
+        data={
+            "attempt_id": attempt.pk,
+            "reevaluated_runs": [r.regrade_of_id for r in outcome.reevaluated],
+            "new_runs": [r.pk for r in outcome.reevaluated],
+            "queued_run": outcome.queued.pk if outcome.queued else None,
+        },
+    )
+    return outcome
+
+
+@dataclass
+class LabRegradeOutcome:
+    attempts: int = 0
+    reevaluated: int = 0
+    queued: int = 0
+    students: set[int] = field(default_factory=set)
+
+
+@transaction.atomic
+def grading_regrade_lab(*, actor: User, lab: Lab) -> LabRegradeOutcome:
+    """Regrade every attempt at the lab (see :func:`grading_regrade`), e.g. after an instructor fixed a check."""
+    _require_course_staff(actor=actor, lab=lab)
+    checks = list(Check.objects.filter(lab=lab).order_by("order", "id"))
+    outcome = LabRegradeOutcome()
+    attempts = Attempt.objects.select_for_update(of=("self",)).filter(lab=lab).select_related("lab").order_by("id")
+    for attempt in attempts:
+        result = _regrade_attempt(actor=actor, attempt=attempt, checks=checks)
+        if result.reevaluated or result.queued:
+            outcome.attempts += 1
+        outcome.reevaluated += len(result.reevaluated)
+        outcome.queued += 1 if result.queued else 0
+        outcome.students.add(attempt.student_id)
+    for student_id in sorted(outcome.students):
+        grade_recompute(lab=lab, student_id=student_id)
+    audit_record(
+        actor=actor,
+        action="grading.lab_regraded",
+        target=lab,
+        tenant=lab.course.tenant,
+        course=lab.course,
+        data={
+            "lab_id": lab.pk,
+            "attempts": outcome.attempts,
+            "reevaluated_runs": outcome.reevaluated,
+            "queued_runs": outcome.queued,
+        },
+    )
+    return outcome
+
 
 # A regrade still queued after this long lost its task message (broker restarted, worker gone for good); twice
 # the task's hard time limit, so one being carried out (its row locked) or waiting behind another is left alone.

@@ -1,17 +1,13 @@
-"""Grading runs: the Check button, the Celery execution, the synchronous final run, and clean-up of stuck runs.
-
-A run moves ``queued → running → done | error``. Only a run that finished ``done`` counts towards a grade: a run
-that could not reach the agent (or got an incomplete answer) ends ``error`` with a reason and no score, and the
-student can check again.
-"""
+"""Grading runs (``queued → running → done | error``): the Check button, the Celery execution, clean-up of stuck runs.
+Only a ``done`` run counts towards a grade; one that could not reach the agent ends ``error`` with a reason."""
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Sequence
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -37,7 +33,6 @@ UNFINISHED_STATES = (RunState.QUEUED, RunState.RUNNING)
 QUEUED_STALE_SECONDS = settings.GRADING_QUEUED_STALE_SECONDS
 # Beyond a running run's own deadline, before it is taken for a run whose worker died.
 RUNNING_STALE_SLACK_SECONDS = 60
-FINAL_RUN_POLL_SECONDS = 0.25
 
 # Stable error codes stored on failed runs (``GradingRun.error_code``); selectors translate them.
 ERROR_ATTEMPT_NOT_RUNNING = "attempt_not_running"
@@ -238,7 +233,8 @@ def grading_run_record(
         logger.warning("grading run %s is %s; late results discarded", run.pk, run.state)
         return run
     lab = run.attempt.lab
-    rows, score, max_score = [], 0, 0
+    rows: list[CheckResult] = []
+    score, max_score = Decimal(0), Decimal(0)
     for check, result in zip(checks, results, strict=True):
         verdict = evaluate_check(check=check, result=result)
         score += verdict.points
@@ -311,55 +307,3 @@ def grading_runs_fail_stale(*, attempt: Attempt | None = None, now=None) -> int:
             grading_run_fail(run=run, error_code=ERROR_STALE, error=f"the run was still {run.state} at {now:%c}")
             failed += 1
     return failed
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Final run at expiry or stop (called synchronously by the lifecycle)
-
-
-def grading_run_final(*, attempt: Attempt, trigger: str) -> GradingRun | None:
-    """Grade the attempt once more, synchronously, before its VM is deleted.
-
-    ``trigger`` is ``RunTrigger.EXPIRY`` or ``RunTrigger.STOP``. Returns None when there is nothing to grade (the
-    lab has no checks, or the attempt's VM never reached a ready agent). Agent trouble never raises: the run is
-    recorded in ``error`` with its reason and the grade stays what earlier runs made it. A queued run is replaced;
-    a running one is waited for up to its deadline. Call it outside a transaction: it blocks on the guest for up
-    to the sum of the checks' timeouts.
-    """
-    if trigger not in (RunTrigger.EXPIRY, RunTrigger.STOP):
-        raise ValueError(f"a final run is triggered by expiry or stop, not {trigger!r}")
-    attempt = Attempt.objects.select_related("lab").get(pk=attempt.pk)
-    checks = lab_checks(attempt=attempt)
-    if not checks or not attempt.vm_name or attempt.agent_ready_at is None:
-        return None
-    for _round in range(3):
-        _make_room_for_final_run(attempt=attempt)
-        try:
-            with transaction.atomic():
-                run = _create_unfinished_run(
-                    attempt=attempt, state=RunState.RUNNING, trigger=trigger, requested_by=None
-                )
-                push_run_on_commit(run=run, results=[])
-            break
-        except Conflict:
-            continue  # a Check press landed between the clean-up and the insert: clear it again
-    else:
-        logger.error("attempt %s: could not start its final grading run", attempt.pk)
-        return None
-    return measure_and_record(run=run, attempt=attempt, checks=checks)
-
-
-def _make_room_for_final_run(*, attempt: Attempt) -> None:
-    for run in GradingRun.objects.filter(attempt=attempt, state=RunState.QUEUED):
-        grading_run_fail(run=run, error_code=ERROR_REPLACED, error="replaced by the attempt's final run")
-    running = GradingRun.objects.filter(attempt=attempt, state=RunState.RUNNING).first()
-    if running is None:
-        return
-    limit = agent_client.deadline_for_checks(lab_checks(attempt=attempt))
-    started = running.started_at or running.created_at
-    wait_until = time.monotonic() + max(0.0, limit - (timezone.now() - started).total_seconds())
-    while time.monotonic() < wait_until:
-        if not GradingRun.objects.filter(pk=running.pk, state=RunState.RUNNING).exists():
-            return
-        time.sleep(FINAL_RUN_POLL_SECONDS)
-    grading_run_fail(run=running, error_code=ERROR_STALE, error="still running when the final run began")

@@ -8,7 +8,8 @@ import pytest
 
 from grading.tests.guests import delete_vm, new_attempt_on_cluster
 from labs import agent_client
-from labs.agent_client import HTTPResponseParser, build_request, run_deadline_s
+from labs.agent_client import run_deadline_s
+from labs.agent_http import HTTPResponseParser, build_request
 
 pytestmark = pytest.mark.django_db
 

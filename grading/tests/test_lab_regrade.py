@@ -149,11 +149,11 @@ class TestTask:
         assert AuditEvent.objects.filter(action="grading.lab_regraded").count() == 1
 
     def test_failure_halfway_changes_nothing_and_says_so(self, instructor_a, shouted_lab, sent, monkeypatch):
-        from grading.services import grades
+        from grading.services import regrades
 
         lab, _other = shouted_lab
         regrade, _created = lab_regrade_request(actor=instructor_a, lab=lab)
-        real = grades._reevaluate_run
+        real = regrades._reevaluate_run
         calls = []
 
         def second_one_breaks(**kwargs):
@@ -162,7 +162,7 @@ class TestTask:
                 raise RuntimeError("database went away")
             return real(**kwargs)
 
-        monkeypatch.setattr(grades, "_reevaluate_run", second_one_breaks)
+        monkeypatch.setattr(regrades, "_reevaluate_run", second_one_breaks)
         with pytest.raises(RuntimeError):
             tasks.lab_regrade_execute(regrade.pk)
         regrade.refresh_from_db()

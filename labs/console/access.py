@@ -1,8 +1,5 @@
-"""Who may use an attempt's console, and how: decided from the database before anything touches the cluster.
-
-The attempt's student types; TAs and instructors of the course watch read-only and may take over input as an
-explicit, audited action; everybody else gets the same not-found as for a missing attempt.
-"""
+"""Who may use an attempt's console, decided from the database before the cluster is touched: its student types,
+course staff watch and may take over input (audited), anybody else gets the not-found of a missing attempt."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""The holder's output pipeline behind its own browser: scrollback first, then every other viewer.
-
-The holder sends each chunk to its own browser at once (keystroke echo must not wait for Redis), then queues it
-here. One task appends the queued output to the scrollback and publishes it to the attempt's console group, in
-order, merging whatever queued up meanwhile into one message: under a flood of output the Redis round trips
-are paid per batch, not per frame. The queue is bounded; a full queue makes the upstream reader wait, so TCP
-pushes back on the cluster instead of this process buffering. When nobody else watches (the usual single tab)
-nothing is published at all: the scrollback is still kept, appended on a beat every console of the process shares
-(one Redis call for all of them), and a viewer who arrives is brought up to date with a ``console.sync`` (see the
-consumer). Whether anybody else watches the holder learns from newcomers announcing themselves and from the
-process's heartbeat.
-"""
+"""The holder's output pipeline behind its own browser: one task appends queued output to the scrollback and
+publishes it to the console group in order, batched; the bounded queue makes the upstream wait (TCP pushes back).
+With nobody else watching nothing is published, and the scrollback is appended on the process's shared beat."""
 
 from __future__ import annotations
 
@@ -88,7 +79,8 @@ class OutputFanout:
         self.wakeup.set()
 
     def _take_batch(self) -> tuple[bytes, int]:
-        parts, size = [], 0
+        parts: list[bytes] = []
+        size = 0
         while self.pending and (not parts or size + len(self.pending[0]) <= BATCH_BYTES):
             part = self.pending.popleft()
             parts.append(part)

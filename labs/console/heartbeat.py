@@ -1,13 +1,6 @@
-"""One round trip per period keeps every console of this process current in Redis: the leases its holders hold,
-its viewers' registrations, and for each holder whether anybody else watches.
-
-Each console used to do this on its own (a lease renewal every two seconds, a registration every three, a look at
-the viewer list every five): with two hundred consoles in one daphne that was a few hundred Redis round trips a
-second, a third of the process's work. Here one script per period covers them all. A lease that expired while the
-process was too busy to renew it is taken again if nobody took it meanwhile; one somebody else holds now is
-reported lost, and its holder hands the upstream over. Without Redis (the embedded single-process mode) the same
-is done against the process-local tables.
-"""
+"""One round trip per period keeps every console of this process current in Redis: its holders' leases, its
+viewers' registrations, and whether anybody else watches each holder. A lease someone else took is reported lost;
+without Redis (the embedded mode) the same runs against process-local tables."""
 
 from __future__ import annotations
 
@@ -17,6 +10,8 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from redis.commands.core import AsyncScript
 
 from labs.console.lease import LocalConsoleLease, lease_key
 from labs.console.redis_client import shared_redis
@@ -137,7 +132,7 @@ class ConsoleHeartbeat:
         held, watching = list(self.held), list(self.watching)
         started = time.monotonic()
         if self.script is not None:
-            results = await self._beat_redis(held, watching)
+            results = await self._beat_redis(self.script, held, watching)
         else:
             results = await self._beat_local(held, watching)
         for lease, (state, others) in zip(held, results, strict=True):
@@ -153,13 +148,21 @@ class ConsoleHeartbeat:
                 logger.warning("Console %s: lease had expired; taken again", lease.attempt_id)
             lease.on_others(bool(others), started)
 
-    async def _beat_redis(self, held: list[HeldLease], watching: list[tuple[int, str]]) -> list[tuple[int, int]]:
+    async def _beat_redis(
+        self, script: AsyncScript, held: list[HeldLease], watching: list[tuple[int, str]]
+    ) -> list[tuple[int, int]]:
         now = time.time()
         keys = [key for lease in held for key in (lease_key(lease.attempt_id), viewers_key(lease.attempt_id))]
         keys += [viewers_key(attempt_id) for attempt_id, _ in watching]
-        args = [len(held), int(self.ttl * 1000), now + VIEWER_TTL_SECONDS, int(VIEWER_TTL_SECONDS * 6), now]
+        args: list[float | str] = [
+            len(held),
+            int(self.ttl * 1000),
+            now + VIEWER_TTL_SECONDS,
+            int(VIEWER_TTL_SECONDS * 6),
+            now,
+        ]
         args += [lease.holder for lease in held] + [viewer for _, viewer in watching]
-        flat = await self.script(keys=keys, args=args)
+        flat = await script(keys=keys, args=args)
         return [(int(flat[2 * i]), int(flat[2 * i + 1])) for i in range(len(held))]
 
     async def _beat_local(self, held: list[HeldLease], watching: list[tuple[int, str]]) -> list[tuple[int, int]]:

@@ -1,10 +1,5 @@
-"""Which viewer holds an attempt's upstream console connection: a lease that expires unless renewed.
-
-With Redis (every portal process shares it) the lease is a key holding the holder's channel name, set when
-free (or already the caller's) with a TTL that the holder renews; a process that dies stops renewing and another
-viewer takes over when the key expires. Without Redis (the embedded single-process mode) a process-local table
-does the same.
-"""
+"""Which viewer holds an attempt's upstream console connection: a Redis key with the holder's channel and a TTL it
+renews, so another viewer takes over when a process dies; a process-local table without Redis (embedded mode)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Console output recorded per attempt as asciicast v2, for TAs and instructors to replay.
-
-One file per attempt, ``attempt-<id>.cast`` under ``settings.CONSOLE_RECORDINGS_DIR``: a JSON header line,
-then one ``[seconds, "o", text]`` line per chunk of output. Whoever holds the upstream appends to it, so
-the file continues across reconnects and changes of holder (with several hosts the directory must be shared).
-Writes are batched (every recording of a process in one go) and done off the event loop; a recording stops at a
-size cap with a marker saying so.
-"""
+"""Console output recorded per attempt as asciicast v2 (``attempt-<id>.cast`` under ``CONSOLE_RECORDINGS_DIR``,
+shared between hosts) for staff to replay: whoever holds the upstream appends, batched and off the event loop, up
+to a size cap marked in the file."""
 
 from __future__ import annotations
 

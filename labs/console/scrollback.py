@@ -1,9 +1,5 @@
-"""Recent console output per attempt, replayed to a tab that (re)connects, with a running byte offset.
-
-Every chunk of output gets the offset just past it (``end``). A viewer that replays a snapshot ending at
-``end`` skips chunks it already has, so a snapshot taken while output flows is neither doubled nor torn.
-With Redis the buffer lives there (any process may hold the upstream next); otherwise in this process.
-"""
+"""Recent console output per attempt, replayed to a tab that (re)connects; each chunk's running offset lets a viewer
+skip what it has, so a snapshot taken while output flows is neither doubled nor torn. In Redis, or in-process."""
 
 from __future__ import annotations
 
@@ -113,9 +109,10 @@ class RedisScrollback:
     def __init__(self, client, *, limit: int) -> None:
         self.client = client
         self.limit = limit
-        self.appends = _appends.get(client)
-        if self.appends is None:
-            self.appends = _appends[client] = ScrollbackAppends(client)
+        appends = _appends.get(client)
+        if appends is None:
+            appends = _appends[client] = ScrollbackAppends(client)
+        self.appends = appends
 
     async def append(self, *, attempt_id: int, data: bytes) -> int:
         return await self.appends.append(attempt_id=attempt_id, data=data, limit=self.limit)

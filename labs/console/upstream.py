@@ -1,9 +1,5 @@
-"""The upstream side of the bridge: the VMI ``console`` subresource over WebSocket (``plain.kubevirt.io``).
-
-Binary frames carry raw serial bytes both ways (KubeVirt drops text frames). While the VMI is not running yet
-the API answers 400 (404 before it exists): retry every second like ``virtctl console``. A lost connection is
-reported and re-opened with capped backoff for as long as the attempt may still have a running VM.
-"""
+"""The bridge's upstream: the VMI ``console`` subresource over WebSocket (``plain.kubevirt.io``, binary frames only),
+retried every second until the VMI runs, like ``virtctl console``, and re-opened with capped backoff when lost."""
 
 from __future__ import annotations
 

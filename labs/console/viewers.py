@@ -1,9 +1,5 @@
-"""Who is watching an attempt's console right now, so the holder can skip publishing when it is alone.
-
-Each viewer registers its channel name with an expiry and refreshes it while connected; one that vanishes
-without a word (a process killed) simply expires. With Redis it is a sorted set scored by expiry time;
-without Redis a process-local table.
-"""
+"""Who watches an attempt's console now, so a lone holder skips publishing: registrations that expire unless
+refreshed (a Redis sorted set scored by expiry, or a process-local table without Redis)."""
 
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ import asyncio
 import json
 import logging
 import time
+from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
@@ -73,7 +74,9 @@ def console_input_group(attempt_id: int) -> str:
     return f"console-input-{int(attempt_id)}"
 
 
-class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
+# PortalConsumer's send is AsyncConsumer's (one message), which the WebSocket send calls through the MRO.
+class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):  # type: ignore[misc]
+    user: Any  # the scope's lazy user; a User once the handshake has granted access
     access: ConsoleAccess | None = None
     ownership_task: asyncio.Task | None = None
     held: HeldLease | None = None
@@ -244,6 +247,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
             await self._redraw()
 
     async def _set_control(self, *, taken: bool) -> None:
+        assert self.access is not None  # messages arrive only on an accepted socket
         if not self.access.is_staff or self.access.is_student:
             await self._notice("not_allowed")
             return
@@ -262,6 +266,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
         await self.send(text_data=json.dumps(payload))
 
     async def _send_hello(self) -> None:
+        assert self.access is not None  # sent only on an accepted socket
         await self._send_json(
             {
                 "type": "hello",
@@ -486,6 +491,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
         self.upstream_task.add_done_callback(lambda _: self.ownership_changed.set())
 
     async def _run_upstream(self) -> None:
+        assert self.upstream is not None  # set before this task starts
         try:
             await self.upstream.run()
         except asyncio.CancelledError:
@@ -536,6 +542,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):
         # This viewer's own browser first (the common case: one tab; an echo must not wait for Redis), then the
         # scrollback and everybody else through the fan-out, in order.
         # Under the delivery lock, so that a redraw never finds a chunk shown here but not yet queued.
+        assert self.fanout is not None  # made before the upstream that calls this
         async with self.deliver_lock:
             end = self.fanout.claim(len(data))
             await self._deliver_locked(data, end)

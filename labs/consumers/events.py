@@ -22,11 +22,11 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.utils import translation
 
-from grading.selectors import grading_run_payload
 from labs.access import attempt_get_for_user
 from labs.models import ACTIVE_STATES
 from labs.selectors import attempt_status_payload
 from labs.services.presence import PRESENCE_STAMP_SECONDS, attempt_seen
+from labs.signals import socket_parts
 from portal.errors import ApplicationError
 from portal.websocket_consumer import PortalConsumer
 from portal.websocket_language import scope_language
@@ -52,17 +52,13 @@ class Handshake:
 def _initial(*, user, attempt_id: int) -> Handshake:
     attempt = attempt_get_for_user(user=user, attempt_id=attempt_id, related=False, with_idle_stop=True)
     # The student's own page keeps the attempt from being stopped as left, where the lab does that.
-    stamps = bool(attempt.student_id == user.pk and attempt.state in ACTIVE_STATES and attempt.lab_idle_stop_minutes)
+    idle_stop = attempt.lab_idle_stop_minutes  # type: ignore[attr-defined]  # annotated by with_idle_stop
+    stamps = bool(attempt.student_id == user.pk and attempt.state in ACTIVE_STATES and idle_stop)
     if stamps:
         attempt_seen(attempt_id=attempt.id)
-    messages = [{"type": "attempt.update", "attempt": attempt_status_payload(attempt)}]
-    # Reached through the attempt just checked above, so scoped like it. Checks run only once the guest's agent has
-    # answered (a student's on a running attempt, a final one when agent_ready_at is set, regrades of earlier runs):
-    # a page opened on a starting attempt, every Start's, has none to ask for.
-    if attempt.agent_ready_at is not None:
-        run = attempt.runs.prefetch_related("results").order_by("-created_at", "-id").first()
-        if run is not None:
-            messages.append({"type": "grading.update", "run": grading_run_payload(run)})
+    messages: list[dict] = [{"type": "attempt.update", "attempt": attempt_status_payload(attempt)}]
+    for part in socket_parts:  # given the attempt just checked above, so scoped like it
+        messages.extend(part(attempt))
     return Handshake(messages=messages, stamps_presence=stamps)
 
 
@@ -94,10 +90,11 @@ _handshake = database_sync_to_async(attempt_events_handshake, thread_sensitive=F
 _seen = database_sync_to_async(attempt_seen, thread_sensitive=False)
 
 
-class AttemptEventsConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):
+# PortalConsumer's send is AsyncConsumer's (one message), which the WebSocket send calls through the MRO.
+class AttemptEventsConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):  # type: ignore[misc]
     group: str | None = None
     language: str = ""
-    attempt_id: int | None = None
+    attempt_id: int = 0
     presence: asyncio.Task | None = None
 
     async def connect(self) -> None:

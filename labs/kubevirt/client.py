@@ -1,8 +1,5 @@
-"""Cluster client configuration, loaded once: in-cluster, then ``KUBECONFIG``, then the embedded kubesim.
-
-Everything that talks to the Kubernetes API (the ``kubernetes`` client for REST, and the WebSocket streams for
-the VMI console and portforward subresources) takes its address, credentials and TLS settings from here.
-"""
+"""Cluster client configuration, loaded once (in-cluster, then ``KUBECONFIG``, then the embedded kubesim): the address,
+credentials and TLS of every REST call and WebSocket stream."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Why a VM failed, when its VMI does not say: KubeVirt v1.9 writes no ``status.reason`` for a launcher or guest that
-fails (only for a lost node), so the reason is in the ``Synchronized`` condition or, failing that, in Events.
-
-The VMI is read in every sync's list; Events cost a request, so they are read only for a Failed VMI that names
-nothing itself, once, before the words are built in each language.
-"""
+"""Why a VM failed when its VMI does not say (KubeVirt v1.9 writes no ``status.reason`` for a failed launcher or
+guest): the ``Synchronized`` condition, or else the Events, read once per Failed VMI."""
 
 from __future__ import annotations
 

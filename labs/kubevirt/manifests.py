@@ -1,18 +1,6 @@
-"""Pure builders for the objects the portal sends to the cluster: an attempt's VirtualMachine and cloud-init Secret,
-and a tenant's Namespace, NetworkPolicies and ResourceQuota.
-
-Each function returns a plain dict and does no I/O, so tests compare them with literal expectations and validate
-them against KubeVirt's OpenAPI spec. What goes in and why (DESIGN §4):
-
-- ``runStrategy: Always`` (``running`` is deprecated, and setting both is rejected);
-- a masquerade interface on the pod network, the lab's containerDisk as root disk, and ``cloudInitNoCloud``
-  reading its user data from a per-attempt Secret (inline user data is capped at 2048 bytes; ours carries the
-  agent);
-- the size as CPU cores and guest memory, with the memory request equal to the guest memory so the virt-launcher
-  pod requests exactly what ``labs.sizes.launcher_requests`` computes for quotas;
-- ``host-passthrough`` only for labs that run VMs inside the VM;
-- the portal's labels on the VM and on ``spec.template.metadata``, so the VMI and the virt-launcher pod carry them.
-"""
+"""Pure builders of what the portal sends to the cluster: an attempt's VirtualMachine and cloud-init Secret, a
+tenant's Namespace, NetworkPolicies and ResourceQuota (DESIGN §4). Plain dicts, no I/O: tests compare them with
+literals and validate them against KubeVirt's OpenAPI spec."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Server-generated names and labels for everything the portal creates on the cluster.
-
-Names derive from database ids only, never from user text, so they are valid DNS-1123 labels by construction and
-the same attempt always maps to the same VM (a retried or duplicated provisioning finds the VM it already made).
-Labels carry ids too: the clean-up sweep and the NetworkPolicy select on them.
-"""
+"""Server-generated names and labels for everything the portal creates on the cluster: from database ids only, never
+user text, so they are valid DNS-1123 labels and a retried provisioning finds the VM it already made."""
 
 from __future__ import annotations
 

@@ -1,129 +1,41 @@
-"""Calls to the cluster API that the lifecycle makes, with Kubernetes' answers turned into the portal's terms.
-
-- "Already exists" (409) on create and "not found" (404) on delete are the success they mean: every call here is
-  safe to repeat, which is what makes the Celery tasks above it idempotent.
-- Every other failure raises :class:`ClusterError`, marked ``transient`` for what is worth retrying (5xx, 429,
-  an exceeded ResourceQuota while an old VM is still going away, the connection failing or timing out).
-- Responses are read as raw JSON (``_preload_content=False``): the lifecycle works with plain dicts, and skipping
-  the client's model deserialisation keeps large lists cheap.
-- Every request has a timeout, so a stalled API server fails the task instead of hanging it.
-
-Lists always carry the portal's label selector; nothing here can touch an object without our label.
-"""
+"""The lifecycle's calls to the cluster API, each safe to repeat: "already exists" on create and "not found" on
+delete are the success they mean, which keeps the Celery tasks idempotent. Lists carry the portal's label
+selector; other failures raise ``ClusterError`` (``calls``)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import orjson
-import urllib3
-from kubernetes.client.exceptions import ApiException
-
 from labs.kubevirt import client, names
+from labs.kubevirt.calls import REQUEST_TIMEOUT, ClusterError, api_call, cluster_error, has_status, raw_json
+
+# Callers catch ``operations.ClusterError``; the call helpers live in ``calls``.
+__all__ = [
+    "REQUEST_TIMEOUT",
+    "ClusterError",
+    "cluster_error",
+    "events_for",
+    "namespace_bootstrap",
+    "secret_create",
+    "secret_delete",
+    "secret_set_owner",
+    "secrets_list",
+    "vm_create",
+    "vm_delete",
+    "vm_get",
+    "vmis_list",
+    "vms_list",
+]
 
 logger = logging.getLogger(__name__)
 
-# (connect, read) seconds for ordinary requests.
-REQUEST_TIMEOUT = (5, 20)
-TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
-# A Retry-After is honoured up to this many seconds: Celery redelivers a task whose countdown outlasts the broker's
-# visibility timeout, and no API server outage is worth keeping a student waiting longer between tries.
-MAX_RETRY_AFTER_SECONDS = 60.0
 # Every write asks the API server to refuse unknown fields (400) rather than drop them with a warning, its default:
 # a misspelt or newer-than-the-cluster field in what the portal sends is a bug to see, not a setting silently lost.
 STRICT = "Strict"
 VMS = "virtualmachines"
 VMIS = "virtualmachineinstances"
-
-
-# RBAC's refusal ("… is forbidden: User "…" cannot …") in a tenant namespace means its Role is not applied yet: the
-# portal holds no RBAC rights and cannot fix that itself, so the message (shown to operators and instructors, and
-# kept as the namespace's last error) says what to apply.
-RBAC_SIGNATURE = 'is forbidden: User "'
-RBAC_HINT = (
-    " (the portal's Role is not applied in this namespace: a cluster admin applies the tenant's manifests, "
-    'python manage.py tenant_manifests "<tenant name>" | kubectl apply -f -)'
-)
-
-
-class ClusterError(Exception):
-    """The cluster refused or failed a request. ``transient`` errors are retried with backoff."""
-
-    def __init__(
-        self, message: str, *, status: int | None = None, transient: bool = False, retry_after: float | None = None
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.transient = transient
-        self.retry_after = retry_after
-
-
-def _status_message(exc: ApiException) -> str:
-    try:
-        body = json.loads(exc.body) if exc.body else {}
-    except (TypeError, ValueError):
-        body = {}
-    if isinstance(body, dict) and body.get("message"):
-        return str(body["message"])
-    return f"{exc.status} {exc.reason}".strip()
-
-
-def _retry_after(exc: ApiException) -> float | None:
-    value = (exc.headers or {}).get("Retry-After") if exc.headers else None
-    try:
-        seconds = float(value) if value is not None else None
-    except ValueError:
-        return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS) if seconds is not None else None
-
-
-def _count_error(*, doing: str, reason: str) -> None:
-    """Count the failure for /metrics (shared by every process); the operation is the first two words of
-    ``doing`` ("creating VM", "listing virtualmachineinstances"), never the object's name."""
-    from portal.metrics import record_cluster_api_error
-
-    record_cluster_api_error(operation="_".join(doing.split()[:2]).lower(), reason=reason)
-
-
-def cluster_error(exc: BaseException, *, doing: str) -> ClusterError:
-    """The portal's view of a failed request: what was being done, what the cluster said, retry or not."""
-    if isinstance(exc, ClusterError):
-        return exc
-    if isinstance(exc, ApiException):
-        message = _status_message(exc)
-        status = exc.status or None
-        # A ResourceQuota refusal (403 "exceeded quota") while a stopped VM is still terminating clears by itself.
-        quota = status == 403 and "exceeded quota" in message
-        if status == 403 and RBAC_SIGNATURE in message:
-            message += RBAC_HINT
-        transient = status in TRANSIENT_STATUSES or status is None or quota
-        _count_error(doing=doing, reason=str(status or "unknown"))
-        return ClusterError(f"{doing}: {message}", status=status, transient=transient, retry_after=_retry_after(exc))
-    if isinstance(exc, (urllib3.exceptions.HTTPError, OSError, TimeoutError)):
-        _count_error(doing=doing, reason="connection")
-        return ClusterError(f"{doing}: cannot reach the cluster API ({exc.__class__.__name__}: {exc})", transient=True)
-    if isinstance(exc, client.ClusterNotConfigured):
-        return ClusterError(f"{doing}: {exc}", transient=False)
-    raise exc
-
-
-def _json(response: Any) -> Any:
-    return orjson.loads(response.data) if response.data else {}
-
-
-def _call(doing: str, function: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return _json(function(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs))
-    except Exception as exc:
-        raise cluster_error(exc, doing=doing) from exc
-
-
-def _is(exc: BaseException, status: int) -> bool:
-    return isinstance(exc, ApiException) and exc.status == status
 
 
 def _kubevirt(function_name: str) -> Any:
@@ -147,9 +59,9 @@ def vm_create(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
             _preload_content=False,
             _request_timeout=REQUEST_TIMEOUT,
         )
-        return _json(response), True
+        return raw_json(response), True
     except Exception as exc:
-        if not _is(exc, 409):
+        if not has_status(exc, 409):
             raise cluster_error(exc, doing=f"creating VM {namespace}/{name}") from exc
     existing = vm_get(namespace=namespace, name=name)
     if existing is None:  # deleted between our create and get: let the caller's retry create it again
@@ -168,9 +80,9 @@ def vm_get(*, namespace: str, name: str) -> dict[str, Any] | None:
             _preload_content=False,
             _request_timeout=REQUEST_TIMEOUT,
         )
-        return _json(response)
+        return raw_json(response)
     except Exception as exc:
-        if _is(exc, 404):
+        if has_status(exc, 404):
             return None
         raise cluster_error(exc, doing=f"reading VM {namespace}/{name}") from exc
 
@@ -190,7 +102,7 @@ def vm_delete(*, namespace: str, name: str) -> bool:
         )
         return True
     except Exception as exc:
-        if _is(exc, 404):
+        if has_status(exc, 404):
             return False
         raise cluster_error(exc, doing=f"deleting VM {namespace}/{name}") from exc
 
@@ -220,7 +132,7 @@ def vm_label(*, namespace: str, name: str, labels: Mapping[str, str]) -> bool:
 
 
 def _list_kubevirt(plural: str, namespace: str) -> list[dict[str, Any]]:
-    payload = _call(
+    payload = api_call(
         f"listing {plural} in {namespace}",
         _kubevirt("list_namespaced_custom_object"),
         client.KUBEVIRT_GROUP,
@@ -240,7 +152,7 @@ def vmis_list(*, namespace: str) -> list[dict[str, Any]]:
 def vms_list(*, namespace: str) -> list[dict[str, Any]]:
     """The portal's VMs in a namespace (label-selected: never anyone else's), metadata only: the sweep reads names,
     labels and deletion marks, and ``vm_get`` reads the one VM whose status it wants."""
-    payload = _call(
+    payload = api_call(
         f"listing {VMS} in {namespace}",
         client.metadata_custom_objects().list_namespaced_custom_object,
         client.KUBEVIRT_GROUP,
@@ -264,7 +176,7 @@ def secret_create(body: Mapping[str, Any]) -> bool:
         )
         return True
     except Exception as exc:
-        if _is(exc, 409):
+        if has_status(exc, 409):
             return False
         raise cluster_error(exc, doing=f"creating Secret {namespace}/{name}") from exc
 
@@ -277,7 +189,7 @@ def secret_set_owner(*, namespace: str, name: str, owner: Mapping[str, Any]) -> 
             name, namespace, patch, field_validation=STRICT, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
         )
     except Exception as exc:
-        if _is(exc, 404):  # the VM was deleted and took the Secret with it already
+        if has_status(exc, 404):  # the VM was deleted and took the Secret with it already
             return
         raise cluster_error(exc, doing=f"setting the owner of Secret {namespace}/{name}") from exc
 
@@ -289,7 +201,7 @@ def secret_delete(*, namespace: str, name: str) -> bool:
         )
         return True
     except Exception as exc:
-        if _is(exc, 404):
+        if has_status(exc, 404):
             return False
         raise cluster_error(exc, doing=f"deleting Secret {namespace}/{name}") from exc
 
@@ -297,7 +209,7 @@ def secret_delete(*, namespace: str, name: str) -> bool:
 def secrets_list(*, namespace: str) -> list[dict[str, Any]]:
     """The portal's Secrets in a namespace, metadata only: each holds a VM's whole cloud-init (the lab agent
     included, about 50 KB), and the sweep reads names and labels. 200 of them were 10 MB per list."""
-    payload = _call(
+    payload = api_call(
         f"listing Secrets in {namespace}",
         client.metadata_core_v1().list_namespaced_secret,
         namespace,
@@ -321,7 +233,7 @@ def namespace_bootstrap(
             dict(namespace), field_validation=STRICT, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
         )
     except Exception as exc:
-        if not _is(exc, 409):
+        if not has_status(exc, 409):
             raise cluster_error(exc, doing=f"creating namespace {name}") from exc
     networking = client.networking_v1()
     for policy in policies:
@@ -330,14 +242,14 @@ def namespace_bootstrap(
                 name, dict(policy), field_validation=STRICT, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
             )
         except Exception as exc:
-            if not _is(exc, 409):
+            if not has_status(exc, 409):
                 raise cluster_error(exc, doing=f"creating NetworkPolicy {name}/{policy['metadata']['name']}") from exc
     try:
         core.create_namespaced_resource_quota(
             name, dict(quota), field_validation=STRICT, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
         )
     except Exception as exc:
-        if not _is(exc, 409):
+        if not has_status(exc, 409):
             raise cluster_error(exc, doing=f"creating ResourceQuota {name}/{quota['metadata']['name']}") from exc
         patch = [{"op": "replace", "path": "/spec/hard", "value": dict(quota["spec"]["hard"])}]
         try:
@@ -358,7 +270,7 @@ def namespace_bootstrap(
 
 def events_for(*, namespace: str, name: str) -> list[dict[str, Any]]:
     """Events about the objects named ``name`` in the namespace (the VM and the VMI share the attempt's name)."""
-    payload = _call(
+    payload = api_call(
         f"listing events for {namespace}/{name}",
         client.core_v1().list_namespaced_event,
         namespace,

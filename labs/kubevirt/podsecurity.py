@@ -1,16 +1,10 @@
-"""Which Pod Security level lets KubeVirt's virt-launcher pods into a tenant namespace.
-
-KubeVirt v1.9's launcher pod runs as non-root with every capability dropped but NET_BIND_SERVICE and no privilege
-escalation, so ``baseline`` admits it; ``restricted`` also wants a seccomp profile, which virt-controller sets
-only when the KubeVirt CR has ``spec.configuration.seccompConfiguration.virtualMachineInstanceProfile``
-(``pkg/virt-controller/services/template.go``). Without it the pod is refused and the VMI stays Pending with
-``Synchronized=False/FailedCreate`` ("it needs a privileged namespace to run"). The portal's namespaces enforce
-``privileged``, as KubeVirt's own functional tests label theirs (``tests/libwait/wait.go``).
-"""
+"""Which Pod Security level admits KubeVirt v1.9's virt-launcher pods: ``baseline`` does; ``restricted`` also needs
+the KubeVirt CR's seccomp profile (``virtualMachineInstanceProfile``), or the VMI stays Pending with FailedCreate.
+The portal's namespaces enforce ``privileged``, as KubeVirt's functional tests label theirs."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
@@ -40,6 +34,6 @@ def fix_command(namespace: str) -> str:
     return f"kubectl label --overwrite namespace {namespace} {ENFORCE_LABEL}={ENFORCE_LEVEL}"
 
 
-def refusing_namespaces(namespaces: list[Mapping[str, Any]], kubevirt: Mapping[str, Any] | None) -> list[str]:
+def refusing_namespaces(namespaces: Sequence[Mapping[str, Any]], kubevirt: Mapping[str, Any] | None) -> list[str]:
     """Names of the namespaces whose enforced level would refuse launcher pods, sorted."""
     return sorted(n["metadata"]["name"] for n in namespaces if refuses_launcher(enforced_level(n), kubevirt))

@@ -1,38 +1,21 @@
-"""Preflight: can this cluster run the portal's VMs? Findings in plain words, each with the fix.
-
-:func:`gather` reads what it needs (``/version``, the KubeVirt CR, the nodes) in three requests; :func:`assess`
-is pure and turns those facts into findings. Used by ``manage.py cluster_check`` and by the Django system check
-tagged ``cluster`` (run with ``manage.py check --deploy``).
-
-What it knows (reference §6, §8):
-- a VM needs a node advertising ``devices.kubevirt.io/kvm`` unless KubeVirt emulates (slowly);
-- from KubeVirt v1.9 Beta feature gates are on by default, ImageVolume among them; on a container runtime without
-  image volumes (containerd before 2.3, CRI-O before 1.31, Kubernetes before 1.31) the containerDisk volume mounts
-  empty and every VM fails with ``container-disk ... no such file or directory``. The fix is
-  ``disabledFeatureGates: [ImageVolume]`` in the KubeVirt CR (or a newer runtime);
-- ``spec.running`` is deprecated (admission warns since v1.4); the portal sends ``runStrategy: Always``;
-- a tenant namespace enforcing Pod Security ``restricted`` refuses every launcher pod unless the KubeVirt CR sets a
-  seccomp profile (``labs.kubevirt.podsecurity``).
-"""
+"""Preflight: can this cluster run the portal's VMs? ``assess`` turns what ``gather`` read (``cluster_facts``) into
+findings in plain words, each with its fix (reference §6, §8). Used by ``manage.py cluster_check`` and the system
+check tagged ``cluster``."""
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
-from django.conf import settings
 from django.utils.translation import gettext as _
 from kubernetes.utils import parse_quantity
 
-from labs.kubevirt import client, podsecurity, tenant_namespaces
-from labs.kubevirt.operations import REQUEST_TIMEOUT, ClusterError, cluster_error
+from labs.kubevirt import podsecurity
+from labs.kubevirt.cluster_facts import ERROR, INFO, WARNING, ClusterFacts, Finding, gather, parse_version
 
-ERROR = "error"
-WARNING = "warning"
-INFO = "info"
+__all__ = ["ERROR", "INFO", "WARNING", "ClusterFacts", "Finding", "assess", "blocking", "findings_as_json", "gather"]
+
 
 KVM_RESOURCE = "devices.kubevirt.io/kvm"
 IMAGE_VOLUME_GATE = "ImageVolume"
@@ -40,142 +23,6 @@ BETA_ON_BY_DEFAULT_SINCE = (1, 9, 0)
 # First releases whose runtime mounts OCI image volumes (reference §6: k3s's containerd 2.2.3 does not, 2.3.2 does).
 IMAGE_VOLUME_RUNTIMES = {"containerd": (2, 3, 0), "cri-o": (1, 31, 0)}
 IMAGE_VOLUME_KUBERNETES = (1, 31, 0)
-
-
-@dataclass(frozen=True)
-class Finding:
-    level: str
-    code: str
-    message: str
-    fix: str = ""
-
-
-@dataclass
-class ClusterFacts:
-    server_version: str = ""
-    kubevirt: dict[str, Any] | None = None
-    nodes: list[dict[str, Any]] = field(default_factory=list)
-    # The tenant namespaces the portal knows of, as the cluster has them, and those whose objects it may not manage
-    # (namespace, tenant name, what the cluster said).
-    namespaces: list[dict[str, Any]] = field(default_factory=list)
-    forbidden: list[tuple[str, str, str]] = field(default_factory=list)
-    # Problems met while reading (unreachable API, missing permission), already as findings.
-    problems: list[Finding] = field(default_factory=list)
-
-
-def parse_version(text: str) -> tuple[int, int, int] | None:
-    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")
-    if not match:
-        return None
-    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
-
-
-def gather() -> ClusterFacts:
-    """Read the server version, the KubeVirt CR and the nodes. Never raises for cluster trouble: it is a finding."""
-    facts = ClusterFacts()
-    try:
-        response = client.version_api().get_code(_preload_content=False, _request_timeout=REQUEST_TIMEOUT)
-        facts.server_version = json.loads(response.data).get("gitVersion", "")
-    except Exception as exc:
-        error = _as_cluster_error(exc, doing="reading /version")
-        facts.problems.append(
-            Finding(
-                ERROR,
-                "unreachable",
-                _("Cannot talk to the cluster API: %(error)s") % {"error": error.message},
-                _("Check KUBECONFIG (or the in-cluster service account) and that the API server is reachable."),
-            )
-        )
-        return facts
-    try:
-        facts.kubevirt = _read_kubevirt()
-    except ClusterError as error:
-        facts.problems.append(
-            Finding(
-                ERROR,
-                "kubevirt_unreadable",
-                _("Cannot read the KubeVirt resource: %(error)s") % {"error": error.message},
-                _("Grant the portal get/list on kubevirts.kubevirt.io, or check that KubeVirt is installed."),
-            )
-        )
-    try:
-        response = client.core_v1().list_node(_preload_content=False, _request_timeout=REQUEST_TIMEOUT)
-        facts.nodes = list(json.loads(response.data).get("items") or [])
-    except Exception as exc:
-        error = _as_cluster_error(exc, doing="listing nodes")
-        facts.problems.append(
-            Finding(
-                WARNING,
-                "nodes_unreadable",
-                _(
-                    "Cannot list the cluster's nodes, so KVM support and the container runtime are not checked: "
-                    "%(error)s"
-                )
-                % {"error": error.message},
-                _("Grant the portal's service account list on nodes to enable these checks."),
-            )
-        )
-    tenants = tenant_namespaces.read()
-    facts.namespaces = tenants.namespaces
-    facts.forbidden = tenants.forbidden
-    facts.problems.extend(
-        Finding(
-            WARNING,
-            "namespace_unreadable",
-            _("Cannot read tenant namespace %(namespace)s, so its Pod Security level is not checked: %(error)s")
-            % {"namespace": name, "error": said},
-            _("Grant the portal's service account get on namespaces."),
-        )
-        for name, said in tenants.unreadable
-    )
-    if tenants.unchecked:
-        facts.problems.append(
-            Finding(
-                INFO,
-                "namespaces_unchecked",
-                _("Tenant namespaces were not checked: the portal's database cannot be read (%(error)s).")
-                % {"error": tenants.unchecked},
-                _("Run the check again once the database is migrated."),
-            )
-        )
-    return facts
-
-
-def _as_cluster_error(exc: Exception, *, doing: str) -> ClusterError:
-    try:
-        return cluster_error(exc, doing=doing)
-    except Exception as other:  # anything else the client raised still ends up as a finding, not a traceback
-        return ClusterError(f"{doing}: {other.__class__.__name__}: {other}")
-
-
-def _read_kubevirt() -> dict[str, Any] | None:
-    """The KubeVirt CR: listed cluster-wide, or in ``settings.KUBEVIRT_NAMESPACE`` when that is all RBAC allows."""
-    api = client.custom_objects()
-    try:
-        response = api.list_cluster_custom_object(
-            client.KUBEVIRT_GROUP,
-            client.KUBEVIRT_VERSION,
-            "kubevirts",
-            _preload_content=False,
-            _request_timeout=REQUEST_TIMEOUT,
-        )
-    except Exception as exc:
-        error = _as_cluster_error(exc, doing="listing KubeVirt resources")
-        if error.status not in (401, 403):
-            raise error from exc
-        try:
-            response = api.list_namespaced_custom_object(
-                client.KUBEVIRT_GROUP,
-                client.KUBEVIRT_VERSION,
-                settings.KUBEVIRT_NAMESPACE,
-                "kubevirts",
-                _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT,
-            )
-        except Exception as inner:
-            raise _as_cluster_error(inner, doing="listing KubeVirt resources") from inner
-    items = json.loads(response.data).get("items") or []
-    return items[0] if items else None
 
 
 def developer_configuration(kubevirt: Mapping[str, Any] | None) -> dict[str, Any]:

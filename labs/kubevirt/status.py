@@ -1,11 +1,6 @@
-"""Reading the cluster's objects into what an attempt shows: VMI phase with each phase's time, node, and a
-human-readable reason when something is wrong.
-
-Pure functions over the dicts the API returns. The reasons come from where KubeVirt puts them (reference §1, §2):
-a Failed VMI's ``status.reason`` and its ``Synchronized=False`` message, the ``PodScheduled=False/Unschedulable``
-condition copied from the launcher pod, ``Synchronized=False`` with ``ErrImagePull``/``ImagePullBackOff``, the
-VM's ``printableStatus``, and Events.
-"""
+"""Pure reading of the cluster's objects into what an attempt shows: VMI phase and times, node, and a readable
+reason from where KubeVirt puts it (a Failed VMI's reason, Synchronized=False, Unschedulable, image pull errors,
+the VM's printableStatus, Events; reference §1, §2)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""What the preflight reads about each tenant namespace the portal has recorded: the Namespace itself (its Pod
-Security labels) and whether the portal may manage the namespace's objects, which only the tenant's Role grants
-(``deploy/tenant-namespace.yaml``, applied by a cluster admin: the portal can never grant itself rights).
-
-Two reads per tenant namespace: the Namespace (cluster-wide ``get``) and the portal's ResourceQuota there. Without
-the Role the second is a 403 whatever exists; a 404 means the Role is there and the portal will create the quota.
-"""
+"""What the preflight reads about each tenant namespace: its Pod Security labels, and whether the tenant's Role
+(applied by a cluster admin) lets the portal manage its objects, from a read of the portal's ResourceQuota there
+(403 without the Role; 404 means the Role is there and the quota is still to make)."""
 
 from __future__ import annotations
 

@@ -175,7 +175,7 @@ def namespace_sweep(*, tenant: Tenant, report: SweepReport, now: datetime) -> No
         secrets = operations.secrets_list(namespace=namespace)
     attempt_ids = {names.attempt_id_from_vm_name(name) for name in vms}
     attempt_ids |= {names.attempt_id_from_labels((s.get("metadata") or {}).get("labels")) for s in secrets}
-    known = {
+    known: dict[int | None, Attempt] = {
         a.id: a
         for a in Attempt.objects.filter(id__in=[i for i in attempt_ids if i is not None]).only(
             "id", "state", "namespace", "tenant_id", "vm_deleted_at", "vm_name"

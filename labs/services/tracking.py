@@ -127,7 +127,7 @@ def namespaces_due(*, now: datetime | None = None) -> list[str]:
     return sorted(
         namespace
         for namespace, count in moving.items()
-        if count or listed.get(namespace) is None or listed[namespace] <= resync_before
+        if count or (listed_at := listed.get(namespace)) is None or listed_at <= resync_before
     )
 
 
@@ -185,7 +185,7 @@ def _namespace_sync(*, namespace: str, report: SyncReport) -> SyncReport:
         teardowns_resume(namespace=namespace)
     else:
         TenantNamespace.objects.filter(namespace=namespace).update(listed_at=now, last_error="")
-    by_name = {(vmi.get("metadata") or {}).get("name"): vmi for vmi in vmis}
+    by_name: dict[str | None, dict[str, Any]] = {(vmi.get("metadata") or {}).get("name"): vmi for vmi in vmis}
     for attempt in attempts:
         outcome = attempt_observe(attempt=attempt, vmi=by_name.get(attempt.vm_name), now=now)
         if outcome == Outcome.AWAITING_AGENT:
@@ -203,7 +203,7 @@ def _namespace_sync(*, namespace: str, report: SyncReport) -> SyncReport:
     return report
 
 
-def _looks_inconsistent(*, attempts: list[Attempt], by_name: dict[str, dict[str, Any]], now: datetime) -> bool:
+def _looks_inconsistent(*, attempts: list[Attempt], by_name: dict[str | None, dict[str, Any]], now: datetime) -> bool:
     """Does the list hint at what only the sweep may judge? A VMI of ours that no tracked attempt owns (an orphan),
     or a started attempt with no VMI for a while (its VM may be gone, or merely restarting). The sweep decides
     on the VMs themselves; this only brings it forward."""

@@ -406,7 +406,7 @@ class PortalProcesses:
                     "127.0.0.1",
                     "-p",
                     str(self.daphne_port),
-                    "portal.asgi:application",
+                    "ops.asgi:application",
                 ],
             )
         self.wait_ready()

@@ -40,7 +40,7 @@ from labs.tests.test_consumers import (  # noqa: F401 - the autouse fixtures app
     session_cookie,
     wait_for,
 )
-from portal.asgi import application
+from ops.asgi import application
 from tests.browser.attempts import running_attempt
 from tests.browser.live import LivePortal, subprocess_database_url
 

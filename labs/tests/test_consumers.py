@@ -26,7 +26,7 @@ from labs.console.recording import recording_path
 from labs.consumers import console as console_consumer
 from labs.models import Attempt, AttemptState
 from labs.services import attempt_extend
-from portal.asgi import application
+from ops.asgi import application
 from portal.models import AuditEvent, Role
 from tests.browser.attempts import running_attempt
 

@@ -21,7 +21,7 @@ from labs.services import attempt_start, tracking
 from labs.services.presence import attempt_seen
 from labs.tests.conftest import sync_until, vm_names, wait_until
 from labs.tests.test_consumers import HOST, ORIGIN, session_cookie
-from portal.asgi import application
+from ops.asgi import application
 
 pytestmark = pytest.mark.django_db
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import pytest
 from django.test import Client
 
-from labs import health, tasks
+from labs import tasks
 from labs.kubevirt import operations
 from labs.models import Attempt, AttemptState
 from labs.services import attempt_start, attempt_stop
@@ -31,6 +31,7 @@ from labs.tests.reliability import (
     make_tenant,
     wait_until,
 )
+from labs.wording import cluster_notice
 
 pytestmark = [pytest.mark.reliability, pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
@@ -202,7 +203,7 @@ def test_503_on_every_request_with_latency_backs_off_then_starts_the_lab(portal,
     # /readyz named the cluster (its /version probe got the 503 too), and students get a plain sentence.
     assert readiness_seen and "cluster" in readiness_seen[-1]["failing"]
     assert "HTTP 503" in readiness_seen[-1]["components"]["cluster"]["message"]
-    assert health.cluster_health_summary() == "The cluster is not answering; your lab may be slow to start."
+    assert cluster_notice(state=state(started)) == "The cluster is not answering; your lab may be slow to start."
     assert state(started) == AttemptState.PROVISIONING  # still trying, not failed, not stuck silently
 
     cluster.admin.clear_faults()

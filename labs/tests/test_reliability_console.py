@@ -30,7 +30,7 @@ from labs.tests.reliability import (
     make_students,
     make_tenant,
 )
-from portal.asgi import application
+from ops.asgi import application
 
 pytestmark = [pytest.mark.reliability, pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 

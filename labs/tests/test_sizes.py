@@ -4,7 +4,12 @@ import time
 
 import pytest
 
-from labs.sizes import SIZE_TABLE, launcher_requests, launcher_requests_for_size
+from labs.sizes import SIZE_TABLE, LauncherRequests, guest_resources, launcher_requests
+
+
+def launcher_requests_for_size(size: str) -> LauncherRequests:
+    guest = guest_resources(size)
+    return launcher_requests(vcpus=guest.vcpus, memory_mib=guest.memory_mib)
 
 
 def test_medium_matches_the_measured_cluster_within_one_percent():

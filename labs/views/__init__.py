@@ -1,11 +1,10 @@
 """Student pages and the attempt's actions, and the console recordings' replay for course staff."""
 
-from labs.views.actions import AttemptCheckView, AttemptExtendView, AttemptStartView, AttemptStopView
+from labs.views.actions import AttemptExtendView, AttemptStartView, AttemptStopView
 from labs.views.pages import AttemptDetailView, LabDetailView
 from labs.views.recordings import RecordingFileView, RecordingReplayView
 
 __all__ = [
-    "AttemptCheckView",
     "AttemptDetailView",
     "AttemptExtendView",
     "AttemptStartView",

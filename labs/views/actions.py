@@ -1,10 +1,5 @@
-"""The attempt's buttons: Start, Stop, Extend and Check. POST only, CSRF-protected, one class per endpoint.
-
-The page's scripts post with ``fetch`` and ``Accept: application/json`` and get JSON (the attempt's status, or
-the queued grading run; an answered Start also brings the attempt panel and its history row for the lab page);
-a plain form post (no script) gets a redirect and a message. Refusals from the services (``ApplicationError``)
-come back with their status code and message either way.
-"""
+"""The attempt's buttons: Start, Stop and Extend (Check is grading's: ``grading.lab_page``), POST with CSRF. Scripts
+get JSON, a plain form a redirect and a message; refusals keep their status code and message either way."""
 
 from __future__ import annotations
 
@@ -13,18 +8,17 @@ from django.contrib.auth.mixins import LoginRequiredMixin
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.urls import reverse
-from django.utils.translation import gettext as _
+from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy
 from django.views import View
 
-from grading.selectors import grading_run_payload
-from grading.services import grading_run_request
 from labs.access import attempt_get_for_user, lab_get_for_student, student_role_shown
 from labs.models import Attempt
 from labs.selectors import attempt_status_payload
 from labs.services import attempt_extend, attempt_start_limited, attempt_stop
 from labs.views.pages import lab_start_fragments
 from portal.errors import ApplicationError
+from portal.http import AuthenticatedRequest
 from portal.server_errors import wants_json
 
 
@@ -43,7 +37,7 @@ def lab_url(attempt: Attempt) -> str:
 
 
 class AttemptStartView(LoginRequiredMixin, View):
-    def post(self, request: HttpRequest, lab_id: int) -> HttpResponse:
+    def post(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
         fallback = reverse("labs:lab_detail", args=[lab_id])
         try:
             lab = lab_get_for_student(user=request.user, lab_id=lab_id)
@@ -65,12 +59,12 @@ class AttemptStartView(LoginRequiredMixin, View):
 class _AttemptActionView(LoginRequiredMixin, View):
     """Look the attempt up for this user (same 404 for missing and forbidden), run the service, answer."""
 
-    success_message: str = ""
+    success_message: str | Promise = ""
 
-    def act(self, request: HttpRequest, attempt: Attempt) -> Attempt:
+    def act(self, request: AuthenticatedRequest, attempt: Attempt) -> Attempt:
         raise NotImplementedError
 
-    def post(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
+    def post(self, request: AuthenticatedRequest, attempt_id: int) -> HttpResponse:
         fallback = reverse("dashboard")
         try:
             attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
@@ -88,29 +82,12 @@ class _AttemptActionView(LoginRequiredMixin, View):
 class AttemptStopView(_AttemptActionView):
     success_message = gettext_lazy("Stopping the lab.")
 
-    def act(self, request: HttpRequest, attempt: Attempt) -> Attempt:
+    def act(self, request: AuthenticatedRequest, attempt: Attempt) -> Attempt:
         return attempt_stop(actor=request.user, attempt=attempt)
 
 
 class AttemptExtendView(_AttemptActionView):
     success_message = gettext_lazy("The time limit was extended.")
 
-    def act(self, request: HttpRequest, attempt: Attempt) -> Attempt:
+    def act(self, request: AuthenticatedRequest, attempt: Attempt) -> Attempt:
         return attempt_extend(actor=request.user, attempt=attempt)
-
-
-class AttemptCheckView(LoginRequiredMixin, View):
-    """The Check button: queue a grading run; results arrive on the attempt's events socket."""
-
-    def post(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
-        fallback = reverse("dashboard")
-        try:
-            attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
-            fallback = lab_url(attempt)
-            run = grading_run_request(actor=request.user, attempt=attempt)
-        except ApplicationError as error:
-            return refusal(request, error, fallback_url=fallback)
-        if wants_json(request):
-            return JsonResponse({"run": grading_run_payload(run)}, status=202)
-        messages.success(request, _("Checking your work; the results appear on this page."))
-        return redirect(fallback)

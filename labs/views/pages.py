@@ -17,12 +17,10 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views import View
 
-from grading.selectors.class_view import class_view
 from labs.access import (
     attempt_get_for_user,
     attempts_for_student,
     attempts_going_for_student,
-    lab_get_for_staff,
     lab_get_for_student,
 )
 from labs.models import ACTIVE_STATES, Attempt, Lab
@@ -32,6 +30,7 @@ from labs.views.instructions import render_instructions
 from labs.views.strings import PROGRESS_STEPS, attempt_page_strings
 from labs.wording import cluster_notice
 from portal.errors import NotFound
+from portal.http import AuthenticatedRequest
 from portal.models import STAFF_ROLES
 from portal.selectors import course_role
 
@@ -121,7 +120,7 @@ def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> StartRefusa
 class LabDetailView(LoginRequiredMixin, View):
     """A student's lab page; course staff get the instructions and the attempts they may watch."""
 
-    def get(self, request: HttpRequest, lab_id: int) -> HttpResponse:
+    def get(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
         try:
             lab = lab_get_for_student(user=request.user, lab_id=lab_id)
         except NotFound:
@@ -143,22 +142,16 @@ class LabDetailView(LoginRequiredMixin, View):
         }
         return render(request, "labs/lab_detail.html", context)
 
-    def _staff_page(self, request: HttpRequest, lab_id: int) -> HttpResponse:
-        try:
-            lab = lab_get_for_staff(user=request.user, lab_id=lab_id)
-        except NotFound as exc:
-            raise Http404(exc.message) from exc
-        rows = class_view(lab=lab)
-        if request.GET.get("part") == "class":  # the class view's own refresh (static/js/class_view.js)
-            return render(request, "labs/_class_view.html", {"lab": lab, "rows": rows})
-        context = {"lab": lab, "instructions": render_instructions(lab.instructions, title=lab.title), "rows": rows}
-        return render(request, "labs/lab_staff.html", context)
+    def _staff_page(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
+        """Course staff's version of the page; grading's subclass (``grading.lab_page``) serves it with the class
+        view, and that subclass is what the URLconf routes."""
+        raise Http404
 
 
 class AttemptDetailView(LoginRequiredMixin, View):
     """One attempt: its progress and terminal while active (read-only for staff), its timeline and results."""
 
-    def get(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
+    def get(self, request: AuthenticatedRequest, attempt_id: int) -> HttpResponse:
         try:
             attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
         except NotFound as exc:

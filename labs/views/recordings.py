@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.contrib.auth.mixins import LoginRequiredMixin
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.http import FileResponse, Http404, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.views import View
@@ -12,9 +12,10 @@ from labs.access import attempt_get_for_staff
 from labs.console.recording import ASCIICAST_CONTENT_TYPE, recording_path
 from labs.models import Attempt
 from portal.errors import NotFound
+from portal.http import AuthenticatedRequest
 
 
-def staff_attempt_or_404(request: HttpRequest, attempt_id: int) -> Attempt:
+def staff_attempt_or_404(request: AuthenticatedRequest, attempt_id: int) -> Attempt:
     """Staff of the attempt's course only: students, other courses and other tenants all get 404."""
     try:
         return attempt_get_for_staff(user=request.user, attempt_id=attempt_id)
@@ -23,7 +24,7 @@ def staff_attempt_or_404(request: HttpRequest, attempt_id: int) -> Attempt:
 
 
 class RecordingReplayView(LoginRequiredMixin, View):
-    def get(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
+    def get(self, request: AuthenticatedRequest, attempt_id: int) -> HttpResponse:
         attempt = staff_attempt_or_404(request, attempt_id)
         path = recording_path(attempt_id=attempt.id)
         context = {
@@ -36,7 +37,7 @@ class RecordingReplayView(LoginRequiredMixin, View):
 
 
 class RecordingFileView(LoginRequiredMixin, View):
-    def get(self, request: HttpRequest, attempt_id: int) -> HttpResponse:
+    def get(self, request: AuthenticatedRequest, attempt_id: int) -> FileResponse:
         attempt = staff_attempt_or_404(request, attempt_id)
         path = recording_path(attempt_id=attempt.id)
         if not path.exists():

@@ -139,9 +139,9 @@ def test_admin_index_links_to_the_dashboard(client, instructor_a):
 
 @pytest.mark.django_db
 def test_only_superusers_see_the_sync_error_text(client, instructor_a, superuser):
-    from labs import health
+    from labs import sync_health
 
-    health.record_sync_error(message="listing VMIs in lab-other-tenant failed")
+    sync_health.record_sync_error(message="listing VMIs in lab-other-tenant failed")
     try:
         client.login(username=instructor_a.username, password=PASSWORD)
         assert "lab-other-tenant" not in client.get(URL).content.decode()
@@ -150,7 +150,7 @@ def test_only_superusers_see_the_sync_error_text(client, instructor_a, superuser
     finally:
         from django.core.cache import cache
 
-        cache.delete(health.SYNC_LAST_ERROR_KEY)
+        cache.delete(sync_health.SYNC_LAST_ERROR_KEY)
 
 
 @pytest.mark.django_db

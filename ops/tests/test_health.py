@@ -13,8 +13,9 @@ from django.core.cache import cache
 from django.db import connections
 from django.test import override_settings
 
-from labs import health
+from labs import health, sync_health
 from labs.kubevirt import client as kube_client
+from labs.wording import cluster_notice
 from portal.metrics import CLUSTER_API_ERRORS_KEY, counters
 
 
@@ -44,11 +45,11 @@ def write_kubeconfig(path: Path, server: str) -> Path:
 @pytest.fixture(autouse=True)
 def fresh_probe_state():
     health.reset_cluster_probe()
-    cache.delete_many([health.SYNC_LAST_SUCCESS_KEY, health.SYNC_LAST_ERROR_KEY])
+    cache.delete_many([sync_health.SYNC_LAST_SUCCESS_KEY, sync_health.SYNC_LAST_ERROR_KEY])
     counters.clear(CLUSTER_API_ERRORS_KEY)
     yield
     health.reset_cluster_probe()
-    cache.delete_many([health.SYNC_LAST_SUCCESS_KEY, health.SYNC_LAST_ERROR_KEY])
+    cache.delete_many([sync_health.SYNC_LAST_SUCCESS_KEY, sync_health.SYNC_LAST_ERROR_KEY])
 
 
 @pytest.fixture
@@ -63,7 +64,7 @@ def broken_cluster(settings, tmp_path):
 
 @pytest.fixture
 def fresh_sync():
-    health.record_sync_success()
+    sync_health.record_sync_success()
 
 
 def test_healthz_is_alive_without_any_io(client):
@@ -88,8 +89,8 @@ def test_readyz_is_ready_with_database_redis_cluster_and_fresh_sync(client, clus
 @pytest.mark.django_db
 def test_readyz_names_a_stale_sync_loop(client, cluster, settings):
     settings.HEALTH_SYNC_MAX_AGE_SECONDS = 60
-    health.record_sync_success(at=datetime.now(tz=UTC) - timedelta(seconds=300))
-    health.record_sync_error(message="list VMIs: 503", at=datetime.now(tz=UTC) - timedelta(seconds=5))
+    sync_health.record_sync_success(at=datetime.now(tz=UTC) - timedelta(seconds=300))
+    sync_health.record_sync_error(message="list VMIs: 503", at=datetime.now(tz=UTC) - timedelta(seconds=5))
     response = client.get("/readyz")
     body = response.json()
     assert response.status_code == 503
@@ -110,16 +111,16 @@ def test_readyz_says_when_the_sync_loop_never_ran(client, cluster):
 
 @pytest.mark.django_db
 def test_sync_heartbeat_accepts_iso_strings_and_epoch_floats(client, cluster):
-    cache.set(health.SYNC_LAST_SUCCESS_KEY, datetime.now(tz=UTC).isoformat())
+    cache.set(sync_health.SYNC_LAST_SUCCESS_KEY, datetime.now(tz=UTC).isoformat())
     assert client.get("/readyz").status_code == 200
-    cache.set(health.SYNC_LAST_SUCCESS_KEY, time.time() - 3600)
+    cache.set(sync_health.SYNC_LAST_SUCCESS_KEY, time.time() - 3600)
     assert client.get("/readyz").json()["failing"] == ["sync"]
 
 
 @pytest.mark.django_db
 def test_a_recent_error_after_a_recent_success_stays_ready_but_is_reported(client, cluster):
-    health.record_sync_success(at=datetime.now(tz=UTC) - timedelta(seconds=4))
-    health.record_sync_error(message="watch dropped", at=datetime.now(tz=UTC) - timedelta(seconds=1))
+    sync_health.record_sync_success(at=datetime.now(tz=UTC) - timedelta(seconds=4))
+    sync_health.record_sync_error(message="watch dropped", at=datetime.now(tz=UTC) - timedelta(seconds=1))
     response = client.get("/readyz")
     assert response.status_code == 200
     assert "last pass failed" in response.json()["components"]["sync"]["message"]
@@ -233,13 +234,13 @@ def test_readyz_exclude_skips_named_components_and_rejects_unknown_ones(client, 
 
 
 @pytest.mark.django_db
-def test_cluster_health_summary_speaks_to_students(broken_cluster, fresh_sync):
-    assert health.cluster_health_summary() == "The cluster is not answering; your lab may be slow to start."
+def test_cluster_notice_speaks_to_students(broken_cluster, fresh_sync):
+    assert cluster_notice(state=None) == "The cluster is not answering; your lab may be slow to start."
 
 
 @pytest.mark.django_db
-def test_cluster_health_summary_is_silent_when_all_is_well(cluster, fresh_sync):
-    assert health.cluster_health_summary() is None
+def test_cluster_notice_is_silent_when_all_is_well(cluster, fresh_sync):
+    assert cluster_notice(state=None) is None
 
 
 @pytest.mark.django_db
@@ -262,9 +263,9 @@ def test_sync_messages_keep_their_figures_in_japanese(client, cluster, settings)
 
     settings.HEALTH_SYNC_MAX_AGE_SECONDS = 60
     now = datetime.now(tz=UTC)
-    health.record_sync_success(at=now - timedelta(seconds=300))
-    health.record_sync_error(message="list VMIs: 503", at=now - timedelta(seconds=5))
-    status = health.check_sync(now=now)
+    sync_health.record_sync_success(at=now - timedelta(seconds=300))
+    sync_health.record_sync_error(message="list VMIs: 503", at=now - timedelta(seconds=5))
+    status = sync_health.check_sync(now=now)
     with translation.override("ja"):
         assert str(status.message) == (
             "実施の同期ループが最後に成功したのは 300 秒前です (上限 60 秒)。最後の実行は 5 秒前に失敗しました。"

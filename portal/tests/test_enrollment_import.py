@@ -11,9 +11,9 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
 from portal.enrollment import MAX_FILE_BYTES
+from portal.enrollment_import import enrollment_import
 from portal.errors import ApplicationError
 from portal.models import AuditEvent, Membership, Role, User
-from portal.services import enrollment_import
 
 GOOD = (
     "username,email,name,role\n"

@@ -25,7 +25,7 @@ def frozen_after(statement: str) -> int:
 
 def test_daphnes_application_freezes_its_startup_objects():
     # Hundreds of thousands: modules, the app registry, URL resolvers.
-    assert frozen_after("import portal.asgi") > 100_000
+    assert frozen_after("import ops.asgi") > 100_000
     assert frozen_after("import django; django.setup()") == 0  # freezing is the server's, not every script's
 
 
@@ -48,7 +48,7 @@ def thresholds_after(statement: str) -> tuple[int, ...]:
 def test_serving_processes_collect_young_objects_less_often_and_scripts_keep_the_default():
     from portal.heap import SERVER_GC_THRESHOLDS
 
-    assert thresholds_after("import portal.asgi") == SERVER_GC_THRESHOLDS
+    assert thresholds_after("import ops.asgi") == SERVER_GC_THRESHOLDS
     assert thresholds_after("import django; django.setup()") == (700, 10, 10)
 
 

@@ -502,7 +502,7 @@ def test_admin_answers_each_persona_as_the_matrix_says(path, probe, world, users
 
 
 async def ws_answer(path: str, cookie: str | None) -> Any:
-    from portal.asgi import application
+    from ops.asgi import application
 
     headers = [(b"origin", b"http://testserver"), (b"host", b"testserver")]
     if cookie:

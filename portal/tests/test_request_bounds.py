@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from portal.asgi import application
+from ops.asgi import application
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

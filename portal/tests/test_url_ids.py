@@ -65,7 +65,7 @@ def test_ids_too_large_for_the_database_are_404_on_every_route(number, instructo
 
 
 async def test_websocket_ids_too_large_are_refused():
-    from portal.asgi import application
+    from ops.asgi import application
 
     for path in ("/ws/attempts/{}/events/", "/ws/attempts/{}/console/"):
         communicator = WebsocketCommunicator(

@@ -9,7 +9,7 @@ import time
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from portal.asgi import application
+from ops.asgi import application
 
 ORIGIN = (b"origin", b"http://testserver")
 HOST = (b"host", b"testserver")

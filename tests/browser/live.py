@@ -1,4 +1,4 @@
-"""A live portal for browser tests and benchmarks: daphne serving ``portal.asgi:application`` and a Celery worker
+"""A live portal for browser tests and benchmarks: daphne serving ``ops.asgi:application`` and a Celery worker
 (with beat), as subprocesses on 127.0.0.1, pointed at a given database, Redis and kubesim.
 
     with LivePortal(database_url=..., redis_url=..., kubeconfig=..., workdir=tmp_path) as portal:
@@ -97,7 +97,7 @@ class LivePortal:
         python = sys.executable
         try:
             self._spawn(
-                "daphne", [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "portal.asgi:application"]
+                "daphne", [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "ops.asgi:application"]
             )
             if self.worker:
                 self._spawn(

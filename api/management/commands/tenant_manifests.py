@@ -1,11 +1,6 @@
-"""Print a tenant's namespace manifests (deploy/tenant-namespace.yaml filled in) for a cluster admin to apply.
-
-    python manage.py tenant_manifests "Tenant A University" | kubectl apply -f -
-
-The portal holds no RBAC rights, so the Role that lets it manage VMs in a tenant's namespace must be applied by
-someone who does; this command fills the template with the tenant's namespace, id and quota figures exactly as
-the portal computes them, so the ResourceQuota matches what the portal admits attempts against.
-"""
+"""Print a tenant's namespace manifests (deploy/tenant-namespace.yaml filled in, quotas as the portal computes them)
+for a cluster admin to apply, since the portal holds no RBAC rights of its own:
+``python manage.py tenant_manifests "Tenant A University" | kubectl apply -f -``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""``python manage.py cluster_check``: can the configured cluster run the portal's lab VMs?
-
-Reads ``/version``, the KubeVirt resource and the nodes, and prints each finding in plain words with its fix.
-Exits 1 when a problem blocks lab VMs (unreachable API, no KubeVirt, no KVM, image volumes that cannot work),
-0 otherwise. ``--json`` prints the findings as a JSON list; ``--strict`` also fails on warnings.
-"""
+"""``python manage.py cluster_check``: the preflight's findings with their fixes; exit 1 when a problem blocks lab
+VMs. ``--json`` prints them as JSON, ``--strict`` also fails on warnings."""
 
 from __future__ import annotations
 

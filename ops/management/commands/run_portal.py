@@ -1,11 +1,6 @@
-"""``manage.py run_portal``: serve the whole portal from one command.
-
-In the embedded default it also starts kubesim (the cluster) as a child process and runs the Celery worker and
-beat inside this process on the in-memory transport, so nothing needs installing. With ``REDIS_URL`` set the
-worker and beat are expected as separate processes (docker-compose.yml); with ``KUBECONFIG`` set, or inside a
-cluster, kubesim is not started. kubesim is started again if it exits (``portal.kubesim_supervision``), and a
-SIGTERM ends the process within ``--shutdown-grace`` seconds whatever is in flight (``portal.shutdown``).
-"""
+"""``manage.py run_portal``: the whole portal from one command. In the embedded default it also supervises kubesim
+and runs the Celery worker and beat in-process; with ``REDIS_URL`` or a cluster configured those are separate.
+A SIGTERM ends it within ``--shutdown-grace`` seconds (``portal.shutdown``)."""
 
 from __future__ import annotations
 
@@ -148,7 +143,7 @@ class Command(BaseCommand):
         reactor.addSystemEventTrigger("before", "shutdown", shutdown.begin)
         if supervisor is not None:
             reactor.addSystemEventTrigger("before", "shutdown", supervisor.shutting_down)
-        CommandLineInterface().run(["--bind", host, "--port", str(port), "portal.asgi:application"])
+        CommandLineInterface().run(["--bind", host, "--port", str(port), "ops.asgi:application"])
         if supervisor is not None:
             supervisor.stop()
             if supervisor.gave_up:

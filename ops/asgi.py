@@ -1,5 +1,5 @@
-"""ASGI entry point: Django views over HTTP behind the request body bound, and the portal's WebSocket consumers
-behind session auth and an Origin check."""
+"""ASGI entry point (``ASGI_APPLICATION``): Django's views over HTTP behind the request body bound, and every app's
+WebSocket routes behind session auth and an Origin check. It lives in ``ops``, the layer above the apps it composes."""
 
 import os
 

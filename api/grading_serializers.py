@@ -1,0 +1,188 @@
+"""Serializers of the API's grading: runs and their results, grades, the course and lab reports. Read-only; command
+output and exit codes are filled in for course staff only (``StaffViewMixin``)."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from api.serializers import CourseSerializer, PersonSerializer, StaffViewMixin
+from grading.models import CheckResult, Grade, GradingRun
+from grading.selectors import result_feedback, run_error_message
+
+
+class CheckResultSerializer(StaffViewMixin, serializers.ModelSerializer):
+    """A check's outcome. Students read the feedback; command output and exit codes are for staff only."""
+
+    check = serializers.IntegerField(source="check_ref_id", read_only=True, allow_null=True)
+    feedback = serializers.SerializerMethodField()
+    exit_code = serializers.SerializerMethodField(help_text="Staff only.")
+    stdout = serializers.SerializerMethodField(help_text="Staff only.")
+    stderr = serializers.SerializerMethodField(help_text="Staff only.")
+
+    class Meta:
+        model = CheckResult
+        fields = [
+            "id",
+            "check",
+            "check_title",
+            "order",
+            "passed",
+            "points",
+            "max_points",
+            "timed_out",
+            "duration_ms",
+            "feedback",
+            "exit_code",
+            "stdout",
+            "stderr",
+            "output_truncated",
+        ]
+        read_only_fields = fields
+
+    def _staff(self) -> bool:
+        return self.staff_view(self.context.get("course_id"))
+
+    def get_feedback(self, result: CheckResult) -> str:
+        return result_feedback(result)
+
+    def get_exit_code(self, result: CheckResult) -> int | None:
+        return result.exit_code if self._staff() else None
+
+    def get_stdout(self, result: CheckResult) -> str | None:
+        return result.stdout if self._staff() else None
+
+    def get_stderr(self, result: CheckResult) -> str | None:
+        return result.stderr if self._staff() else None
+
+
+class GradingRunSerializer(StaffViewMixin, serializers.ModelSerializer):
+    attempt = serializers.IntegerField(source="attempt_id", read_only=True)
+    lab = serializers.IntegerField(source="attempt.lab_id", read_only=True)
+    student = PersonSerializer(source="attempt.student", read_only=True)
+    effective_score = serializers.DecimalField(max_digits=8, decimal_places=2, read_only=True, allow_null=True)
+    error = serializers.SerializerMethodField(help_text="Why the run failed, in plain words.")
+    error_detail = serializers.SerializerMethodField(help_text="Technical detail of a failure. Staff only.")
+
+    class Meta:
+        model = GradingRun
+        fields = [
+            "id",
+            "attempt",
+            "lab",
+            "student",
+            "state",
+            "trigger",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "score",
+            "max_score",
+            "late_penalty_percent",
+            "effective_score",
+            "error_code",
+            "error",
+            "error_detail",
+        ]
+        read_only_fields = fields
+
+    def get_error(self, run: GradingRun) -> str:
+        return run_error_message(run)
+
+    def get_error_detail(self, run: GradingRun) -> str | None:
+        return run.error if self.staff_view(run.attempt.lab.course_id) else None
+
+
+class GradingRunDetailSerializer(GradingRunSerializer):
+    results = serializers.SerializerMethodField()
+
+    class Meta(GradingRunSerializer.Meta):
+        fields = [*GradingRunSerializer.Meta.fields, "results"]
+        read_only_fields = fields
+
+    @extend_schema_field(CheckResultSerializer(many=True))
+    def get_results(self, run: GradingRun) -> list[dict]:
+        context = {**self.context, "course_id": run.attempt.lab.course_id}
+        results = sorted(run.results.all(), key=lambda r: (r.order, r.pk))
+        # many=True makes a list; the stubs type every serializer's data as one dict.
+        return CheckResultSerializer(results, many=True, context=context).data  # type: ignore[return-value]
+
+
+class GradeSerializer(serializers.ModelSerializer):
+    lab = serializers.IntegerField(source="lab_id", read_only=True)
+    course = serializers.IntegerField(source="lab.course_id", read_only=True)
+    student = PersonSerializer(read_only=True)
+    final_score = serializers.DecimalField(max_digits=8, decimal_places=2, read_only=True, allow_null=True)
+    is_overridden = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = Grade
+        fields = [
+            "id",
+            "lab",
+            "course",
+            "student",
+            "score",
+            "max_score",
+            "late",
+            "override_score",
+            "override_reason",
+            "overridden_at",
+            "final_score",
+            "is_overridden",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class ReportCellSerializer(serializers.Serializer):
+    lab = serializers.IntegerField()
+    final = serializers.DecimalField(max_digits=8, decimal_places=2, allow_null=True)
+    computed = serializers.DecimalField(max_digits=8, decimal_places=2, allow_null=True)
+    max_score = serializers.DecimalField(max_digits=8, decimal_places=2, allow_null=True)
+    late = serializers.BooleanField()
+    overridden = serializers.BooleanField()
+    attempts = serializers.IntegerField()
+
+
+class ReportRowSerializer(serializers.Serializer):
+    student = PersonSerializer()
+    cells = ReportCellSerializer(many=True)
+    total = serializers.DecimalField(max_digits=10, decimal_places=2)
+
+
+class ReportLabSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    title = serializers.CharField()
+    max_points = serializers.DecimalField(max_digits=8, decimal_places=2, allow_null=True)
+    due_at = serializers.DateTimeField(allow_null=True)
+
+
+class CourseReportSerializer(serializers.Serializer):
+    course = CourseSerializer()
+    labs = ReportLabSerializer(many=True)
+    rows = ReportRowSerializer(many=True)
+    max_total = serializers.DecimalField(max_digits=10, decimal_places=2)
+
+
+class DistributionBucketSerializer(serializers.Serializer):
+    low_percent = serializers.IntegerField()
+    high_percent = serializers.IntegerField()
+    count = serializers.IntegerField()
+
+
+class LabReportSerializer(serializers.Serializer):
+    """A lab at a glance for its staff: who is enrolled, how many are graded, and how the scores spread."""
+
+    lab = serializers.IntegerField(source="lab.id")
+    title = serializers.CharField(source="lab.title")
+    max_points = serializers.DecimalField(max_digits=8, decimal_places=2)
+    enrolled = serializers.IntegerField()
+    graded = serializers.IntegerField()
+    attempts = serializers.SerializerMethodField()
+    mean_percent = serializers.FloatField(allow_null=True)
+    median_percent = serializers.FloatField(allow_null=True)
+    distribution = DistributionBucketSerializer(many=True)
+
+    def get_attempts(self, report) -> int:
+        return len(report.attempts)

@@ -1,0 +1,54 @@
+"""Cloud-config as YAML both ways: written block-style for people to read, and a rendered document's files read back
+(kubesim's simulated guests, tests)."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+from typing import Any
+
+import yaml
+
+
+class _CloudConfigDumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, writing multi-line text (unit files, scripts) as literal blocks people can read."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True  # a value used twice is written twice: no anchors in a document people read
+
+
+def _represent_text(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    # PyYAML falls back to a quoted scalar by itself where a literal block cannot hold the text exactly, but
+    # writes NEL literally in a single-quoted one, where its loader then reads a line break: double quotes escape it.
+    style = '"' if "\x85" in text else "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_CloudConfigDumper.add_representer(str, _represent_text)
+
+
+def dump_cloud_config(config: dict[str, Any]) -> str:
+    """The mapping as block-style YAML that cloud-init (PyYAML's safe loader) reads back unchanged."""
+    try:
+        return yaml.dump(config, Dumper=_CloudConfigDumper, sort_keys=False, allow_unicode=True, width=4096)
+    except yaml.representer.RepresenterError as exc:
+        raise ValueError(f"cloud-config cannot hold this value: {exc}") from None
+
+
+def written_file(user_data: str, *, path: str) -> bytes:
+    """The decoded content that the document's `write_files` puts at `path`."""
+    config = yaml.safe_load(user_data)
+    if not isinstance(config, dict):
+        raise ValueError("the user data is not a cloud-config mapping")
+    for entry in config.get("write_files") or []:
+        if isinstance(entry, dict) and entry.get("path") == path:
+            content = str(entry.get("content", ""))
+            encoding = entry.get("encoding", "text")
+            if encoding in ("b64", "base64"):
+                return base64.b64decode(content)
+            if encoding in ("gz+b64", "gzip+b64", "gz+base64", "gzip+base64"):
+                return gzip.decompress(base64.b64decode(content))
+            if encoding == "text":
+                return content.encode("utf-8")
+            raise ValueError(f"unsupported write_files encoding for {path}: {encoding}")
+    raise ValueError(f"the user data writes no file at {path}")

@@ -1,0 +1,184 @@
+"""The sync loop's heartbeat and readiness, and what a page says when the cluster or the sync is in trouble."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.core.cache import cache
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
+
+from labs.health import ComponentStatus, check_cluster, say
+
+logger = logging.getLogger(__name__)
+
+# The contract with the lifecycle's sync task (labs.tasks): after each pass it stores the time it finished
+# (epoch seconds, or an ISO 8601 string) under SYNC_LAST_SUCCESS_KEY; after a failed pass it stores
+# {"at": <epoch seconds>, "message": <text>} under SYNC_LAST_ERROR_KEY. record_sync_success() and
+# record_sync_error() write exactly that.
+SYNC_LAST_SUCCESS_KEY = "labs:sync:last_success"
+SYNC_LAST_ERROR_KEY = "labs:sync:last_error"
+# Kept well past any sensible staleness limit, so that "stale" and "never ran" stay distinguishable.
+SYNC_HEARTBEAT_TTL_SECONDS = 7 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class SyncHeartbeat:
+    last_success: datetime | None
+    last_error_at: datetime | None
+    last_error_message: str
+
+
+def _as_datetime(value: object) -> datetime | None:
+    """Read a heartbeat timestamp written as epoch seconds, an ISO 8601 string, or a datetime."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(float(value), tz=UTC)
+    if isinstance(value, str):
+        try:
+            return datetime.fromtimestamp(float(value), tz=UTC)
+        except ValueError:
+            pass
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return None
+
+
+def record_sync_success(*, at: datetime | None = None) -> None:
+    """Called by the sync task after a pass that read the cluster and updated the attempts."""
+    moment = at or datetime.now(tz=UTC)
+    cache.set(SYNC_LAST_SUCCESS_KEY, moment.timestamp(), timeout=SYNC_HEARTBEAT_TTL_SECONDS)
+
+
+def record_sync_error(*, message: str, at: datetime | None = None) -> None:
+    """Called by the sync task when a pass failed; the message is for operators (dashboard, logs)."""
+    moment = at or datetime.now(tz=UTC)
+    cache.set(
+        SYNC_LAST_ERROR_KEY,
+        {"at": moment.timestamp(), "message": message[:500]},
+        timeout=SYNC_HEARTBEAT_TTL_SECONDS,
+    )
+
+
+def sync_heartbeat() -> SyncHeartbeat:
+    """The sync loop's last success and last error, as written to the shared cache. Raises if the cache is down."""
+    values = cache.get_many([SYNC_LAST_SUCCESS_KEY, SYNC_LAST_ERROR_KEY])
+    error = values.get(SYNC_LAST_ERROR_KEY)
+    error_at: datetime | None = None
+    error_message = ""
+    if isinstance(error, dict):
+        error_at = _as_datetime(error.get("at"))
+        error_message = str(error.get("message") or "")
+    elif error is not None:
+        error_at = _as_datetime(error)
+    return SyncHeartbeat(
+        last_success=_as_datetime(values.get(SYNC_LAST_SUCCESS_KEY)),
+        last_error_at=error_at,
+        last_error_message=error_message,
+    )
+
+
+def check_sync(*, now: datetime | None = None) -> ComponentStatus:
+    """Whether the attempt sync loop (Celery beat → sync task) finished a pass recently."""
+    now = now or datetime.now(tz=UTC)
+    max_age = settings.HEALTH_SYNC_MAX_AGE_SECONDS
+    try:
+        beat = sync_heartbeat()
+    except Exception as exc:  # the cache backend's connection errors have no common base class
+        logger.warning("Readiness: cannot read the sync heartbeat: %s", exc)
+        return ComponentStatus(
+            "sync", False, say(gettext_noop("Cannot read the sync loop's heartbeat: the cache is not answering."))
+        )
+    if beat.last_success is None:
+        if beat.last_error_at is not None:
+            return ComponentStatus(
+                "sync",
+                False,
+                say(
+                    gettext_noop("The attempt sync loop has never succeeded; its last pass failed %(failed)s s ago."),
+                    failed=_seconds_ago(now, beat.last_error_at),
+                ),
+            )
+        return ComponentStatus(
+            "sync",
+            False,
+            say(gettext_noop("The attempt sync loop has not run yet (is the Celery worker and beat running?).")),
+        )
+    age = (now - beat.last_success).total_seconds()
+    error_at = beat.last_error_at
+    failed_since = error_at is not None and error_at > beat.last_success
+    succeeded = _seconds_ago(now, beat.last_success)
+    failed = _seconds_ago(now, error_at) if error_at is not None and failed_since else None
+    if age > max_age:
+        if failed_since:
+            return ComponentStatus(
+                "sync",
+                False,
+                say(
+                    gettext_noop(
+                        "The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s); its "
+                        "last pass failed %(failed)s s ago."
+                    ),
+                    succeeded=succeeded,
+                    limit=max_age,
+                    failed=failed,
+                ),
+            )
+        return ComponentStatus(
+            "sync",
+            False,
+            say(
+                gettext_noop("The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s)."),
+                succeeded=succeeded,
+                limit=max_age,
+            ),
+        )
+    if failed_since:
+        return ComponentStatus(
+            "sync",
+            True,
+            say(
+                gettext_noop(
+                    "The attempt sync loop succeeded %(succeeded)s s ago. Its last pass failed %(failed)s s ago."
+                ),
+                succeeded=succeeded,
+                failed=failed,
+            ),
+        )
+    return ComponentStatus(
+        "sync", True, say(gettext_noop("The attempt sync loop succeeded %(succeeded)s s ago."), succeeded=succeeded)
+    )
+
+
+def _seconds_ago(now: datetime, then: datetime) -> int:
+    return max(0, int((now - then).total_seconds()))
+
+
+CLUSTER_NOT_ANSWERING = "cluster"
+SYNC_DELAYED = "sync"
+
+
+def cluster_trouble() -> str | None:
+    """``CLUSTER_NOT_ANSWERING``, ``SYNC_DELAYED`` or None when all is well.
+
+    Reads only the remembered cluster probe (refreshed at most every few seconds) and the sync heartbeat, so a
+    page can call it on every render.
+    """
+    if not check_cluster().ok:
+        return CLUSTER_NOT_ANSWERING
+    if not check_sync().ok:
+        return SYNC_DELAYED
+    return None
+
+
+def sync_delayed_notice() -> str:
+    return _("Lab status updates are delayed; what you see here may be out of date for a while.")

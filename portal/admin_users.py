@@ -1,0 +1,142 @@
+"""The instructor admin's people: accounts of the person's own tenant, and password set-up links for new ones."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+from django.contrib import admin, messages
+from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
+
+from portal.admin_scoping import (
+    AuditedAdminMixin,
+    TenantUserAdminMixin,
+    admin_access,
+)
+from portal.forms import (
+    TenantUserChangeForm,
+    TenantUserCreationForm,
+)
+from portal.http import request_user
+from portal.models import User
+from portal.services import (
+    PasswordSetupToken,
+    user_password_setup_token,
+)
+
+
+def password_setup_url(request: HttpRequest, token: PasswordSetupToken) -> str:
+    return request.build_absolute_uri(
+        reverse("password_reset_confirm", kwargs={"uidb64": token.uidb64, "token": token.token})
+    )
+
+
+def password_links_csv(rows: list[dict[str, str]]) -> str:
+    """The links as a CSV the instructor can mail-merge (opened by Excel as UTF-8 thanks to the BOM)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["username", "email", "name", "link"])
+    for row in rows:
+        writer.writerow([row["username"], row["email"], row["name"], row["link"]])
+    return "\ufeff" + buffer.getvalue()
+
+
+@admin.register(User)
+class UserAdmin(TenantUserAdminMixin, AuditedAdminMixin, DjangoUserAdmin):
+    form = TenantUserChangeForm
+    add_form = TenantUserCreationForm
+    list_display = ("username", "full_name", "email", "tenant", "is_active", "is_staff")
+    search_fields = ("username", "full_name", "email")
+    actions = ("issue_password_links",)
+
+    superuser_fieldsets = (
+        (None, {"fields": ("username", "password")}),
+        (_("Personal info"), {"fields": ("full_name", "email", "tenant", "time_zone")}),
+        (_("Permissions"), {"fields": ("is_active", "is_staff", "is_superuser", "groups", "user_permissions")}),
+        (_("Important dates"), {"fields": ("last_login", "date_joined")}),
+    )
+    # Instructors never see the fields that grant rights or move someone to another tenant.
+    instructor_fieldsets = (
+        (None, {"fields": ("username", "password")}),
+        (_("Personal info"), {"fields": ("full_name", "email", "tenant", "time_zone")}),
+        (_("Status"), {"fields": ("is_active",)}),
+        (_("Important dates"), {"fields": ("last_login", "date_joined")}),
+    )
+
+    def get_fieldsets(self, request: HttpRequest, obj: User | None = None):
+        superuser = admin_access(request).is_superuser
+        if obj is None:
+            fields = ["username", "email", "full_name", "usable_password", "password1", "password2"]
+            if superuser:
+                fields.insert(3, "tenant")
+            return ((None, {"classes": ("wide",), "fields": fields}),)
+        return self.superuser_fieldsets if superuser else self.instructor_fieldsets
+
+    def get_readonly_fields(self, request: HttpRequest, obj: User | None = None) -> tuple[str, ...]:
+        if admin_access(request).is_superuser:
+            return ()
+        return ("tenant", "last_login", "date_joined")
+
+    def get_list_filter(self, request: HttpRequest) -> tuple:
+        if admin_access(request).is_superuser:
+            return ("is_active", "is_staff", "is_superuser", "tenant")
+        return ("is_active",)
+
+    def get_list_display(self, request: HttpRequest) -> tuple[str, ...]:
+        if admin_access(request).is_superuser:
+            return self.list_display
+        return ("username", "full_name", "email", "is_active")
+
+    def save_model(self, request: HttpRequest, obj: User, form, change: bool) -> None:
+        if not change and not admin_access(request).is_superuser:
+            # Set here, not by a form field: an instructor's new account always joins their own tenant, with
+            # no rights beyond what memberships give.
+            obj.tenant = request_user(request).tenant
+            obj.is_staff = False
+            obj.is_superuser = False
+        super().save_model(request, obj, form, change)
+
+    def audit_scope(self, obj: User) -> dict:
+        return {"tenant": obj.tenant}
+
+    @admin.action(description=_("Issue set-password links"), permissions=["change"])
+    def issue_password_links(self, request: HttpRequest, queryset: QuerySet[User]) -> HttpResponse | None:
+        """Links with which the selected people choose a password (new accounts, or a forgotten password)."""
+        users = [user for user in queryset.select_related("tenant") if self.has_change_permission(request, user)]
+        skipped = queryset.count() - len(users)
+        if skipped:
+            self.message_user(
+                request,
+                gettext(
+                    "%(count)d selected accounts were skipped: staff accounts and people in courses you do not teach "
+                    "get their links from a superuser."
+                )
+                % {"count": skipped},
+                messages.WARNING,
+            )
+        if not users:
+            return None
+        links = [
+            {
+                "username": user.username,
+                "email": user.email,
+                "name": user.full_name,
+                "link": password_setup_url(request, user_password_setup_token(actor=request_user(request), user=user)),
+            }
+            for user in users
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": gettext("Set-password links"),
+            "links": links,
+            "links_csv": password_links_csv(links),
+        }
+        # admin_view marks every admin response never_cache, so the links are not kept by any cache.
+        return TemplateResponse(request, "admin/portal/user/password_links.html", context)
