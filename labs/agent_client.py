@@ -1,6 +1,7 @@
 """Client for the in-guest grading agent: HTTP/1.1 over a WebSocket to the VMI's ``portforward/<port>/tcp``
 subresource (KubeVirt has no exec into a VM), one request per connection. ``healthz``, ``run_checks`` and
-``rotate_token`` are synchronous; failures raise an ``AgentError`` whose ``code`` names the cause (``labs.agent_http``)."""
+``rotate_token`` are synchronous; failures raise an ``AgentError`` whose ``code`` names the cause
+(``labs.agent_http``)."""
 
 from __future__ import annotations
 

@@ -125,7 +125,7 @@ def vm_label(*, namespace: str, name: str, labels: Mapping[str, str]) -> bool:
                 _request_timeout=REQUEST_TIMEOUT,
             )
         except Exception as exc:
-            if _is(exc, 404):
+            if has_status(exc, 404):
                 return False
             raise cluster_error(exc, doing=f"labelling {plural} {namespace}/{name}") from exc
     return True
@@ -282,7 +282,7 @@ def events_for(*, namespace: str, name: str) -> list[dict[str, Any]]:
 def node_cordoned(name: str) -> bool:
     """Whether the node is cordoned (``spec.unschedulable``: a drain under way or done); False for a node gone."""
     try:
-        node = _call(f"reading node {name}", client.core_v1().read_node, name)
+        node = api_call(f"reading node {name}", client.core_v1().read_node, name)
     except ClusterError as error:
         if error.status == 404:
             return False

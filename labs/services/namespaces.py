@@ -12,7 +12,7 @@ from django.db import IntegrityError
 from django.utils import timezone
 
 from labs.kubevirt import manifests, operations
-from labs.kubevirt.operations import RBAC_SIGNATURE, ClusterError
+from labs.kubevirt.calls import RBAC_SIGNATURE, ClusterError
 from labs.models import TenantNamespace
 from portal.models import Tenant
 

@@ -209,8 +209,8 @@ def namespace_sweep(*, tenant: Tenant, report: SweepReport, now: datetime) -> No
             report.orphan_secrets_deleted.append(f"{namespace}/{metadata['name']}")
 
     for attempt in Attempt.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).select_related("lab"):
-        vm = vms.get(attempt.vm_name) or claimed.get(attempt.vm_name)
-        _sweep_attempt(attempt=attempt, vm=vm, listed_at=listed_at, now=now, report=report)
+        found = vms.get(attempt.vm_name) or claimed.get(attempt.vm_name)
+        _sweep_attempt(attempt=attempt, vm=found, listed_at=listed_at, now=now, report=report)
     TenantNamespace.objects.filter(namespace=namespace).update(swept_at=timezone.now())
 
 

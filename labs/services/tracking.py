@@ -211,7 +211,9 @@ def _looks_inconsistent(*, attempts: list[Attempt], by_name: dict[str | None, di
     for name, vmi in by_name.items():
         if name in owned or (vmi.get("metadata") or {}).get("deletionTimestamp"):
             continue
-        if names.pool_vm_id_from_vm_name(name) is None:  # a warm pool's VMs are the periodic sweep's to judge
+        if (
+            name is None or names.pool_vm_id_from_vm_name(name) is None
+        ):  # a warm pool's VMs are the periodic sweep's to judge
             return True
     settle = now - timedelta(seconds=VANISHED_AFTER_SECONDS)
     return any(
