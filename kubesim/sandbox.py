@@ -54,8 +54,17 @@ def prepare_root(root: Path, *, hostname: str) -> None:
             os.lchown(path, uid, uid)
 
 
-def command(root: Path, argv: list[str], *, user: str, hostname: str, cwd: str = "/home/student") -> list[str]:
-    """bwrap's command line that runs ``argv`` inside the guest rooted at ``root`` as the guest's ``user``."""
+def command(
+    root: Path,
+    argv: list[str],
+    *,
+    user: str,
+    hostname: str,
+    cwd: str = "/home/student",
+    devices: dict[str, str] | None = None,
+) -> list[str]:
+    """bwrap's command line that runs ``argv`` inside the guest rooted at ``root`` as the guest's ``user``;
+    ``devices`` maps a host device to its path in the sandbox's /dev (the console's pty as /dev/ttyS0)."""
     args = [
         BWRAP,
         "--unshare-all",
@@ -85,4 +94,6 @@ def command(root: Path, argv: list[str], *, user: str, hostname: str, cwd: str =
             args += ["--ro-bind", str(path), f"/{top}"]
     for name in _HOST_ETC:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    for host_device, guest_path in (devices or {}).items():
+        args += ["--dev-bind", host_device, guest_path]
     return [*args, "--chdir", cwd, "--", *argv]

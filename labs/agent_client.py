@@ -10,6 +10,7 @@ Public entry points (synchronous, safe to call from Celery tasks):
 
     healthz(attempt, *, timeout_s=...) -> dict      # {"ready": true, "version": ..., "setup_finished": ...}
     run_checks(attempt, checks) -> list[dict]       # one raw agent result per check, in the checks' order
+    set_tty_size(attempt, rows=R, cols=C) -> None   # the guest's serial console size (no typing into it)
 
 Failures raise a subclass of :class:`AgentError` whose ``code`` names the cause:
 
@@ -44,6 +45,7 @@ PER_CHECK_GRACE_S = 1.5
 # Once per request: WebSocket handshake, TLS, the guest's TCP connect, JSON encoding on both sides.
 REQUEST_MARGIN_S = 10.0
 HEALTHZ_TIMEOUT_S = 5.0
+TTY_SIZE_TIMEOUT_S = 3.0
 # 100 checks with 64 KiB of stdout and of stderr each come to about 13 MiB; anything past this is not the agent.
 MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 CLOSE_TIMEOUT_S = 0.5
@@ -134,6 +136,13 @@ def healthz(attempt: AgentTarget, *, timeout_s: float = HEALTHZ_TIMEOUT_S) -> di
     if not isinstance(payload, dict) or payload.get("ready") is not True:
         raise AgentBadResponse(f"the agent's health answer is not ready: {payload!r}"[:500], status=response.status)
     return payload
+
+
+def set_tty_size(attempt: AgentTarget, *, rows: int, cols: int, timeout_s: float = TTY_SIZE_TIMEOUT_S) -> None:
+    """Set the guest's serial console to ``rows`` x ``cols`` (the agent's ``/v1/tty-size``)."""
+    body = {"rows": rows, "cols": cols}
+    response = agent_request(attempt, method="POST", path="/v1/tty-size", json_body=body, timeout_s=timeout_s)
+    _expect_ok_json(response)
 
 
 def run_checks(attempt: AgentTarget, checks: Sequence[CheckLike]) -> list[dict[str, Any]]:

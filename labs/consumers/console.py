@@ -34,10 +34,12 @@ from labs.console.lease import console_lease
 from labs.console.limits import console_limits
 from labs.console.recording import AsciicastRecorder
 from labs.console.scrollback import console_scrollback
+from labs.console.size import console_size_get
 from labs.console.stage import console_stage
 from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamState
 from labs.console.viewers import console_viewers
 from labs.consumers.console_holder import ConsoleHolder
+from labs.consumers.console_size import ConsoleSizing
 from labs.consumers.events import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, attempt_group
 from portal.errors import ApplicationError
 from portal.metrics import aconsole_session_closed, console_session_opened
@@ -73,7 +75,7 @@ def console_input_group(attempt_id: int) -> str:
     return f"console-input-{int(attempt_id)}"
 
 
-class AttemptConsoleConsumer(ConsoleHolder, AsyncWebsocketConsumer, PortalConsumer):
+class AttemptConsoleConsumer(ConsoleHolder, ConsoleSizing, AsyncWebsocketConsumer, PortalConsumer):
     access: ConsoleAccess | None = None
     ownership_task: asyncio.Task | None = None
     held: HeldLease | None = None
@@ -138,7 +140,7 @@ class AttemptConsoleConsumer(ConsoleHolder, AsyncWebsocketConsumer, PortalConsum
         self.heartbeat.watch(attempt_id=self.attempt_id, viewer=self.channel_name)
         snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
         await self.accept()
-        await self._send_hello()
+        await self._send_hello(replay=len(snapshot.data), size=await console_size_get(attempt_id=self.attempt_id))
         if snapshot.data:
             self.window.record_sent(len(snapshot.data))
             await self.send(bytes_data=snapshot.data)
@@ -180,6 +182,7 @@ class AttemptConsoleConsumer(ConsoleHolder, AsyncWebsocketConsumer, PortalConsum
             # Whatever the ownership loop was doing when cancelled (taking the lease, handing it over), the second
             # step finishes handing back what it took.
             self._end_ownership_loop,
+            self._end_sizing,
             lambda: self._stop_owning(release=True),
             lambda: self.viewers.remove(attempt_id=self.attempt_id, viewer=self.channel_name),
             lambda: self.channel_layer.group_discard(self.output_group, self.channel_name),
@@ -215,6 +218,8 @@ class AttemptConsoleConsumer(ConsoleHolder, AsyncWebsocketConsumer, PortalConsum
             await self._set_control(taken=True)
         elif kind == "release_control":
             await self._set_control(taken=False)
+        elif kind == "resize":
+            await self._resize(message)
         elif kind == "ping":
             await self._send_json({"type": "pong"})
         else:
@@ -261,15 +266,18 @@ class AttemptConsoleConsumer(ConsoleHolder, AsyncWebsocketConsumer, PortalConsum
     async def _send_json(self, payload: dict) -> None:
         await self.send(text_data=json.dumps(payload))
 
-    async def _send_hello(self) -> None:
-        await self._send_json(
-            {
-                "type": "hello",
-                "attempt": self.attempt_id,
-                "mode": "rw" if self.can_write else "ro",
-                "can_take_control": self.access.is_staff and not self.access.is_student,
-            }
-        )
+    async def _send_hello(self, *, replay: int = 0, size: tuple[int, int] | None = None) -> None:
+        """``replay`` bytes of scrollback follow, written at the guest's ``size`` (cols, rows): the page draws them
+        at that size, then fits its window and reflows."""
+        hello = {
+            "type": "hello",
+            "attempt": self.attempt_id,
+            "mode": "rw" if self.can_write else "ro",
+            "can_take_control": self.access.is_staff and not self.access.is_student,
+        }
+        if size is not None:
+            hello.update(replay=replay, cols=size[0], rows=size[1])
+        await self._send_json(hello)
 
     async def _notice(self, code: str, **extra) -> None:
         now = time.monotonic()
@@ -327,7 +335,8 @@ class AttemptConsoleConsumer(ConsoleHolder, AsyncWebsocketConsumer, PortalConsum
             # exactly where this tab's next chunk starts.
             await self.fanout.flush()
         snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
-        await self._send_json({"type": "reset"})
+        cols, rows = await console_size_get(attempt_id=self.attempt_id)
+        await self._send_json({"type": "reset", "replay": len(snapshot.data), "cols": cols, "rows": rows})
         if snapshot.data:
             self.window.record_sent(len(snapshot.data))
             await self.send(bytes_data=snapshot.data)

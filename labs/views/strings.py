@@ -90,6 +90,8 @@ def _strings_in(language: str | None) -> dict[str, object]:
             "control_released": _("%(who)s (course staff) has handed the keyboard back."),
         },
         "fit_typed": _("Typed “%(command)s” into the terminal."),
+        "fit_set": _("The VM's terminal is now %(cols)s columns by %(rows)s rows."),
+        "fit_failed": _("The VM did not answer, so its terminal size was not set."),
         "copied": _("Copied to the clipboard."),
         "clipboard_unavailable": _(
             "The browser did not allow access to the clipboard; use Ctrl+Shift+C / Ctrl+Shift+V."
