@@ -10,9 +10,11 @@ registrations are kept alive by the process's heartbeat (``labs.console.heartbea
 every console the process serves.
 
 Browser protocol: binary frames are terminal bytes both ways; text frames are JSON control messages.
-From the browser: ``{"type": "ack", "bytes": N}`` (total output drawn), ``{"type": "take_control"}`` and
-``{"type": "release_control"}`` (staff). To the browser: ``hello`` (mode ``rw``/``ro``), ``status`` (upstream
-state), ``reset`` (a fresh screen follows), ``lagging``, ``notice`` (a code the page translates).
+From the browser: ``{"type": "ack", "bytes": N}`` (total output drawn), ``{"type": "resize", "rows", "cols"}``
+(``console_size``), ``{"type": "take_control"}`` and ``{"type": "release_control"}`` (staff, ``console_control``).
+To the browser: ``hello`` (mode ``rw``/``ro``, who holds the keyboard, the size the replayed scrollback was
+written at), ``status`` (upstream state), ``reset`` (a fresh screen follows), ``resized``, ``lagging``, ``notice``
+(a code the page translates).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from labs.console.access import ConsoleAccess, console_access, console_control_record, console_location
+from labs.console.access import ConsoleAccess, console_access, console_location
 from labs.console.fanout import OutputFanout
 from labs.console.flow import InputRateLimiter, OutputWindow
 from labs.console.heartbeat import HeldLease, console_heartbeat
@@ -38,6 +40,7 @@ from labs.console.size import console_size_get
 from labs.console.stage import console_stage
 from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamState
 from labs.console.viewers import console_viewers
+from labs.consumers.console_control import ConsoleControl
 from labs.consumers.console_holder import ConsoleHolder
 from labs.consumers.console_size import ConsoleSizing
 from labs.consumers.events import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, attempt_group
@@ -75,7 +78,7 @@ def console_input_group(attempt_id: int) -> str:
     return f"console-input-{int(attempt_id)}"
 
 
-class AttemptConsoleConsumer(ConsoleHolder, ConsoleSizing, AsyncWebsocketConsumer, PortalConsumer):
+class AttemptConsoleConsumer(ConsoleHolder, ConsoleSizing, ConsoleControl, AsyncWebsocketConsumer, PortalConsumer):
     access: ConsoleAccess | None = None
     ownership_task: asyncio.Task | None = None
     held: HeldLease | None = None
@@ -139,6 +142,7 @@ class AttemptConsoleConsumer(ConsoleHolder, ConsoleSizing, AsyncWebsocketConsume
         others = await self.viewers.add(attempt_id=self.attempt_id, viewer=self.channel_name)
         self.heartbeat.watch(attempt_id=self.attempt_id, viewer=self.channel_name)
         snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
+        await self._control_at_connect()
         await self.accept()
         await self._send_hello(replay=len(snapshot.data), size=await console_size_get(attempt_id=self.attempt_id))
         if snapshot.data:
@@ -183,6 +187,7 @@ class AttemptConsoleConsumer(ConsoleHolder, ConsoleSizing, AsyncWebsocketConsume
             # step finishes handing back what it took.
             self._end_ownership_loop,
             self._end_sizing,
+            self._end_control,
             lambda: self._stop_owning(release=True),
             lambda: self.viewers.remove(attempt_id=self.attempt_id, viewer=self.channel_name),
             lambda: self.channel_layer.group_discard(self.output_group, self.channel_name),
@@ -227,7 +232,10 @@ class AttemptConsoleConsumer(ConsoleHolder, ConsoleSizing, AsyncWebsocketConsume
 
     async def _input(self, data: bytes) -> None:
         if not self.can_write:
-            await self._notice("read_only")
+            if self.access.is_student and self.keyboard:
+                await self._notice("keyboard_held", who=self.keyboard)  # staff hold the keyboard for now
+            else:
+                await self._notice("read_only")
             return
         if len(data) > self.limits.input_frame_max_bytes:
             await self._notice("input_too_large")
@@ -248,19 +256,6 @@ class AttemptConsoleConsumer(ConsoleHolder, ConsoleSizing, AsyncWebsocketConsume
         if self.window.acknowledge(total):
             await self._redraw()
 
-    async def _set_control(self, *, taken: bool) -> None:
-        if not self.access.is_staff or self.access.is_student:
-            await self._notice("not_allowed")
-            return
-        if self.can_write == taken:
-            return
-        await database_sync_to_async(console_control_record)(actor=self.user, attempt_id=self.attempt_id, taken=taken)
-        self.can_write = taken
-        await self._send_hello()
-        await self._broadcast_notice("control_taken" if taken else "control_released", who=self.access.viewer_name)
-        if self.recorder is not None:
-            self.recorder.marker(f"{'control taken by' if taken else 'control released by'} {self.access.viewer_name}")
-
     # -- bridge → browser ---------------------------------------------------------------------------------
 
     async def _send_json(self, payload: dict) -> None:
@@ -274,6 +269,7 @@ class AttemptConsoleConsumer(ConsoleHolder, ConsoleSizing, AsyncWebsocketConsume
             "attempt": self.attempt_id,
             "mode": "rw" if self.can_write else "ro",
             "can_take_control": self.access.is_staff and not self.access.is_student,
+            "keyboard": self.keyboard,
         }
         if size is not None:
             hello.update(replay=replay, cols=size[0], rows=size[1])

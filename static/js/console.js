@@ -54,6 +54,7 @@
     let failures = 0;
     let mode = null; // "rw" or "ro" as the portal's hello says; nothing is claimed before it
     let canTakeControl = false;
+    let keyboard = null; // the member of staff holding the keyboard, as the bridge says
     let freshConnection = false;
     let drawn = 0;
     let acked = 0;
@@ -78,13 +79,19 @@
     }
 
     function renderMode() {
-      modeElement.textContent = mode === null ? "" : mode === "rw" ? S.console.read_write : S.console.read_only;
+      if (mode === null) {
+        modeElement.textContent = "";
+      } else if (mode === "rw") {
+        modeElement.textContent = S.console.read_write;
+      } else {
+        modeElement.textContent = keyboard ? format(S.console.keyboard_held, { who: keyboard }) : S.console.read_only;
+      }
       modeElement.dataset.mode = mode || "";
       takeControl.hidden = !(canTakeControl && mode === "ro");
       releaseControl.hidden = !(canTakeControl && mode === "rw");
       // Pasting is typing: offered to whoever may type (a watcher has Copy, and Take control when staff).
       byId("paste-button").hidden = attemptOver || mode !== "rw";
-      // A member of staff's banner says whether they watch or hold the keyboard (beside the student, who keeps it).
+      // A member of staff's banner says whether they watch or hold the keyboard (the student watches meanwhile).
       const banner = byId("watch-banner");
       if (banner && mode !== null) {
         banner.textContent = mode === "rw" ? banner.dataset.readWrite : banner.dataset.readOnly;
@@ -114,7 +121,11 @@
         return false;
       }
       if (mode !== "rw") {
-        notice(mode === null ? S.notices.not_connected : S.notices.read_only);
+        if (mode === null) {
+          notice(S.notices.not_connected);
+        } else {
+          notice(keyboard ? format(S.notices.keyboard_held, { who: keyboard }) : S.notices.read_only);
+        }
         return false;
       }
       for (let offset = 0; offset < bytes.length; offset += INPUT_CHUNK_BYTES) {
@@ -157,6 +168,7 @@
           }
           mode = message.mode;
           canTakeControl = Boolean(message.can_take_control);
+          keyboard = message.keyboard || null;
           renderMode();
           startReplay(message);
           break;
