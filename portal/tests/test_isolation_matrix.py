@@ -260,6 +260,7 @@ ACCEPT = "accept"
 WS_MATRIX: dict[str, dict[str, Any]] = {
     "ws/attempts/<id:attempt_id>/events/": answers(4401, ACCEPT, 4404, ACCEPT, 4404),
     "ws/attempts/<id:attempt_id>/console/": answers(4401, ACCEPT, 4404, ACCEPT, 4404),
+    "ws/labs/<id:lab_id>/class/": answers(4401, 4404, 4404, ACCEPT, 4404),
 }
 
 
