@@ -298,6 +298,28 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_
     expect(ta.locator("#terminal .xterm-rows")).to_contain_text("last-66")
     assert "from-ta" not in terminal_text(page)
 
+    # Take control: the TA types, the student's console is read-only meanwhile, and both pages say so.
+    ta.click("#take-control-button")
+    expect(ta.locator("#console-mode")).to_have_attribute("data-mode", "rw")
+    expect(ta.locator("#watch-banner")).to_contain_text("You have the keyboard")
+    expect(page.locator("#console-mode")).to_have_attribute("data-mode", "ro")
+    expect(page.locator("#console-mode")).to_contain_text("has the keyboard")
+    expect(page.locator("#key-bar")).to_be_hidden()
+    page.click("#terminal")
+    page.keyboard.type("echo blocked-$((1+1))")
+    expect(page.locator("#console-notice")).to_contain_text("has the keyboard")
+    ta.click("#terminal")
+    ta.keyboard.type("echo ta-typed-$((2+3))")
+    ta.keyboard.press("Enter")
+    expect(page.locator("#terminal .xterm-rows")).to_contain_text("ta-typed-5")
+    assert "blocked" not in terminal_text(page)
+    ta.screenshot(path=str(ARTIFACTS / "browser-staff-has-the-keyboard.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / "browser-student-read-only.png"), full_page=True)
+    ta.click("#release-control-button")
+    expect(page.locator("#console-mode")).to_have_attribute("data-mode", "rw")
+    expect(ta.locator("#console-mode")).to_have_attribute("data-mode", "ro")
+    expect(ta.locator("#watch-banner")).to_contain_text("read-only")
+
     ta.click("#recording-link")
     expect(ta.locator("#play-button")).to_be_enabled()  # once the recording has loaded, not before
     ta.click("#play-button")
