@@ -37,7 +37,7 @@ def push_run_on_commit(*, run: GradingRun, results: Sequence[CheckResult] | None
     otherwise they are read at commit time.
     """
     run_id, attempt_id = run.pk, run.attempt_id
-    attempt = run._state.fields_cache.get("attempt")
+    attempt = run.attempt if GradingRun._meta.get_field("attempt").is_cached(run) else None
     lab_id = attempt.lab_id if attempt is not None and "lab_id" not in attempt.get_deferred_fields() else None
 
     def push() -> None:
