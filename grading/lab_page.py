@@ -32,7 +32,7 @@ class LabPageView(LabDetailView):
         except NotFound as exc:
             raise Http404(exc.message) from exc
         rows = class_view(lab=lab)
-        if request.GET.get("part") == "class":  # the class view's own refresh (static/js/class_view.js)
+        if request.GET.get("part") == "class":  # the table alone (the page's socket pushes the same rendering)
             return render(request, "labs/_class_view.html", {"lab": lab, "rows": rows})
         context = {"lab": lab, "instructions": render_instructions(lab.instructions, title=lab.title), "rows": rows}
         return render(request, "labs/lab_staff.html", context)

@@ -14,6 +14,8 @@ API (every request needs `Authorization: Bearer <token>`, else 401):
                                     "stdout_truncated", "stderr_truncated"}, ...]}
     POST /v1/token {"token": str} -> {"rotated": true}   (the old token is refused from then on, and the new one is
                    written to the token file, so a restarted agent keeps it: a warm pool's VM becomes an attempt's)
+    POST /v1/tty-size {"rows": int, "cols": int} -> {"rows", "cols"}: the serial console's size (TIOCSWINSZ on
+                   --console-tty, default /dev/ttyS0; its foreground job gets SIGWINCH); 503 when it cannot be set
 
 The agent never sees expectations: the portal decides pass or fail from the raw results.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import fcntl
 import hmac
 import http.server
 import json
@@ -34,9 +37,11 @@ import shutil
 import signal
 import socket
 import socketserver
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 import time
 from typing import Any
@@ -59,6 +64,11 @@ MAX_TIMEOUT_S = 600.0
 # command never blocks on a full pipe.
 OUTPUT_CAP_BYTES = 64 * 1024
 READ_CHUNK_BYTES = 64 * 1024
+
+# The serial console whose size /v1/tty-size sets, and the sizes it accepts.
+DEFAULT_CONSOLE_TTY = "/dev/ttyS0"
+TTY_ROWS_RANGE = (2, 500)
+TTY_COLS_RANGE = (2, 1000)
 
 # Between SIGTERM and SIGKILL for a check that ran out of time.
 KILL_GRACE_S = 1.0
@@ -376,12 +386,43 @@ def rotate_token(config: AgentConfig, body: bytes) -> None:
     config.token = token.encode("utf-8")
 
 
+# Terminal size
+
+
+def parse_tty_size(body: bytes) -> tuple[int, int]:
+    """Validate a /v1/tty-size body: {"rows": int, "cols": int} within TTY_ROWS_RANGE and TTY_COLS_RANGE."""
+    try:
+        payload = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise RequestError(400, "request body is not valid JSON") from None
+    if not isinstance(payload, dict):
+        raise RequestError(400, "request body must be a JSON object")
+    size = []
+    for field, (low, high) in (("rows", TTY_ROWS_RANGE), ("cols", TTY_COLS_RANGE)):
+        value = payload.get(field)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise RequestError(400, f"{field} must be an integer from {low} to {high}")
+        size.append(value)
+    return size[0], size[1]
+
+
+def set_tty_size(path: str, *, rows: int, cols: int) -> None:
+    """``stty -F path rows R cols C``: the kernel tells the terminal's foreground job (SIGWINCH)."""
+    fd = os.open(path, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+    try:
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    finally:
+        os.close(fd)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # HTTP
 
 
 class AgentConfig:
     """What the request handler needs to know, fixed at start."""
+
+    console_tty = DEFAULT_CONSOLE_TTY
 
     def __init__(
         self,
@@ -422,7 +463,12 @@ def resolve_default_home() -> str:
     return "/"
 
 
-ROUTES: dict[str, tuple[str, ...]] = {"/healthz": ("GET",), "/v1/run": ("POST",), "/v1/token": ("POST",)}
+ROUTES: dict[str, tuple[str, ...]] = {
+    "/healthz": ("GET",),
+    "/v1/run": ("POST",),
+    "/v1/token": ("POST",),
+    "/v1/tty-size": ("POST",),
+}
 
 
 class AgentHandler(http.server.BaseHTTPRequestHandler):
@@ -479,6 +525,8 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             elif path == "/v1/token":
                 rotate_token(self.config, self._read_body())
                 self._send_json(200, {"rotated": True})
+            elif path == "/v1/tty-size":
+                self._set_tty_size()
             else:
                 self._run_checks()
         except RequestError as exc:
@@ -552,6 +600,17 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             self.config.run_slots.release()
         self._note = f"checks={len(results)} timed_out={sum(r['timed_out'] for r in results)}"
         self._send_json(200, {"results": results})
+
+    def _set_tty_size(self) -> None:
+        rows, cols = parse_tty_size(self._read_body())
+        try:
+            set_tty_size(self.config.console_tty, rows=rows, cols=cols)
+        except OSError as exc:
+            raise RequestError(
+                503, f"cannot set the size of {self.config.console_tty}: {exc.strerror or exc}"
+            ) from None
+        self._note = f"tty={rows}x{cols}"
+        self._send_json(200, {"rows": rows, "cols": cols})
 
     # -- responses and logging -----------------------------------------------------------------------------------
 
@@ -689,6 +748,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--setup-marker", default=None, help="file whose existence means guest setup finished (e.g. cloud-init's)"
     )
+    parser.add_argument("--console-tty", default=DEFAULT_CONSOLE_TTY, help="the serial console /v1/tty-size resizes")
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error("--port must be between 0 and 65535")
@@ -709,6 +769,7 @@ def main(argv: list[str] | None = None) -> int:
         setup_marker=args.setup_marker,
         token_file=args.token_file,
     )
+    config.console_tty = args.console_tty
     try:
         server = make_server(host=args.host, port=args.port, config=config, unix_socket=args.unix_socket)
     except OSError as exc:

@@ -158,6 +158,9 @@ class Guest:
         self.shell: subprocess.Popen | None = None
         self.agent: subprocess.Popen | None = None
         self._master: int | None = None
+        # The console's pty lives as long as the guest (a respawned shell reopens its slave), so that the agent's
+        # sandbox can have it as /dev/ttyS0 from the start, as a VM's agent has its serial port.
+        self._slave_path: str | None = None
         self._pending_input = bytearray()  # keystrokes the pty could not take yet
         self._agent_task: asyncio.Task | None = None
         self._agent_after = agent_after  # seconds of boot before systemd starts the lab agent (timing profiles)
@@ -195,6 +198,7 @@ class Guest:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text("kubesim guest boot finished\n")
         sandbox.prepare_root(self.root, hostname=self.hostname)
+        self._open_console_pty()
         if has_agent:
             # Out of the student's reach, bound into the agent's sandbox only (sandbox.py).
             self.agent_dir = sandbox.keep_apart(self.root, AGENT_DIR)
@@ -240,6 +244,7 @@ class Guest:
                         hostname=self.hostname,
                         cwd="/root",
                         binds=((self.agent_dir, AGENT_DIR),) if self.agent_dir else (),
+                        devices={self._slave_path: "/dev/ttyS0"} if self._slave_path else None,
                     ),
                     env=env,
                     stdin=subprocess.DEVNULL,
@@ -275,13 +280,13 @@ class Guest:
             return
         if self.shell is not None and self.shell.poll() is None:
             return
-        self._close_master()
         if self.root is None:
             return  # guest mode none: the line is a loopback
-        master, slave = pty.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-        if sandbox.host_uid() is not None:
-            os.fchown(slave, sandbox.SANDBOX_UID, -1)  # the student's shell may set its own terminal modes
+        self._open_console_pty()
+        if self._slave_path is None:
+            return
+        # Reopened for each shell: with the last shell gone the master reads EIO, which is how its exit is seen.
+        slave = os.open(self._slave_path, os.O_RDWR | os.O_NOCTTY)
         env = {
             "HOME": "/home/student",
             "USER": "student",
@@ -312,8 +317,6 @@ class Guest:
             **_sandbox_user(),
         )
         os.close(slave)
-        os.set_blocking(master, False)
-        self._master = master
         self.manager.track(self.shell)
         if not self._boot_notice_shown:
             # As a real guest's boot messages precede its login prompt on the serial console.
@@ -321,8 +324,20 @@ class Guest:
             notice = self._boot_notice()
             if notice:
                 self.serial.output(notice)
-        asyncio.get_running_loop().add_reader(master, self._read_master)
+        asyncio.get_running_loop().add_reader(self._master, self._read_master)
         log.info("guest %s/%s: shell started (pid %s)", self.namespace, self.name, self.shell.pid)
+
+    def _open_console_pty(self) -> None:
+        if self._master is not None:
+            return
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        if sandbox.host_uid() is not None:
+            os.fchown(slave, sandbox.SANDBOX_UID, -1)  # the student's shell may set its own terminal modes
+        self._slave_path = os.ttyname(slave)
+        os.close(slave)
+        os.set_blocking(master, False)
+        self._master = master
 
     def _boot_notice(self) -> bytes:
         """The console's first lines when cloud-init did not do everything asked (empty otherwise)."""
@@ -348,11 +363,11 @@ class Guest:
                 log.warning("guest %s/%s: console read failed: %s", self.namespace, self.name, exc)
             data = b""
         if not data:
-            # The shell exited (the student typed exit): a getty would respawn, so does kubesim.
+            # The shell exited (the student typed exit): a getty would respawn, so does kubesim, on the same pty.
             if self.shell is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     log.info("guest %s/%s: shell exited with %s", self.namespace, self.name, self.shell.wait(1))
-            self._close_master()
+            asyncio.get_running_loop().remove_reader(self._master)
             if self.serial.client is not None and not self._stopped:
                 asyncio.get_running_loop().call_later(0.1, self.ensure_shell)
             return
@@ -370,7 +385,7 @@ class Guest:
         if self.root is None:
             self.serial.output(data)  # loopback line
             return
-        if self._master is None:
+        if self.shell is None or self.shell.poll() is not None:
             self.ensure_shell()
         if self._master is None:
             return

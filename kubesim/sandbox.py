@@ -87,9 +87,11 @@ def command(
     hostname: str,
     cwd: str = "/home/student",
     binds: tuple[tuple[Path, str], ...] = (),
+    devices: dict[str, str] | None = None,
 ) -> list[str]:
     """bwrap's command line that runs ``argv`` inside the guest rooted at ``root`` as the guest's ``user``, with
-    each host directory of ``binds`` mounted (writable) at its guest path."""
+    each host directory of ``binds`` mounted (writable) at its guest path; ``devices`` maps a host device to its
+    path in the sandbox's /dev (the console's pty as /dev/ttyS0)."""
     args = [
         BWRAP,
         "--unshare-all",
@@ -121,4 +123,6 @@ def command(
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     for host, guest in binds:
         args += ["--bind", str(host), guest]
+    for host_device, guest_path in (devices or {}).items():
+        args += ["--dev-bind", host_device, guest_path]
     return [*args, "--chdir", cwd, "--", *argv]

@@ -1,6 +1,6 @@
 """Client for the in-guest grading agent: HTTP/1.1 over a WebSocket to the VMI's ``portforward/<port>/tcp``
-subresource (KubeVirt has no exec into a VM), one request per connection. ``healthz``, ``run_checks`` and
-``rotate_token`` are synchronous; failures raise an ``AgentError`` whose ``code`` names the cause
+subresource (KubeVirt has no exec into a VM), one request per connection. ``healthz``, ``run_checks``,
+``rotate_token`` and ``set_tty_size`` are synchronous; failures raise an ``AgentError`` whose ``code`` names the cause
 (``labs.agent_http``)."""
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ PER_CHECK_GRACE_S = 1.5
 # Once per request: WebSocket handshake, TLS, the guest's TCP connect, JSON encoding on both sides.
 REQUEST_MARGIN_S = 10.0
 HEALTHZ_TIMEOUT_S = 5.0
+TTY_SIZE_TIMEOUT_S = 3.0
 CLOSE_TIMEOUT_S = 0.5
 
 
@@ -99,6 +100,13 @@ def rotate_token(target: AgentTarget, *, new_token: str, timeout_s: float = HEAL
     payload = _expect_ok_json(response)
     if not isinstance(payload, dict) or payload.get("rotated") is not True:
         raise AgentBadResponse(f"the agent did not take the new token: {payload!r}"[:500], status=response.status)
+
+
+def set_tty_size(attempt: AgentTarget, *, rows: int, cols: int, timeout_s: float = TTY_SIZE_TIMEOUT_S) -> None:
+    """Set the guest's serial console to ``rows`` x ``cols`` (the agent's ``/v1/tty-size``)."""
+    body = {"rows": rows, "cols": cols}
+    response = agent_request(attempt, method="POST", path="/v1/tty-size", json_body=body, timeout_s=timeout_s)
+    _expect_ok_json(response)
 
 
 def run_checks(attempt: AgentTarget, checks: Sequence[CheckLike]) -> list[dict[str, Any]]:

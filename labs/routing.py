@@ -1,4 +1,4 @@
-"""WebSocket routes of the portal: attempt events and the console bridge."""
+"""labs' WebSocket routes: attempt events and the console bridge."""
 
 from django.urls import path
 

@@ -10,7 +10,8 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 
-from labs.routing import websocket_urlpatterns  # noqa: E402
+from grading.routing import websocket_urlpatterns as grading_routes  # noqa: E402
+from labs.routing import websocket_urlpatterns as labs_routes  # noqa: E402
 from portal.heap import freeze_startup_objects  # noqa: E402
 from portal.request_bounds import RequestBodyLimit  # noqa: E402
 from portal.websocket_auth import LazySessionAuthMiddlewareStack  # noqa: E402
@@ -19,7 +20,7 @@ from portal.websocket_gate import websocket_gate  # noqa: E402
 application = ProtocolTypeRouter(
     {
         "http": RequestBodyLimit(django_asgi_app),
-        "websocket": websocket_gate(websocket_urlpatterns, middleware=LazySessionAuthMiddlewareStack),
+        "websocket": websocket_gate([*labs_routes, *grading_routes], middleware=LazySessionAuthMiddlewareStack),
     }
 )
 freeze_startup_objects()

@@ -4,6 +4,7 @@ edits included, is left as it is. Passwords are fixed demo ones, or ``DEMO_PASSW
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -21,6 +22,10 @@ LAB_TITLE = "Linux basics"
 LAB_IMAGE = "quay.io/containerdisks/debian:12"
 
 # username, full name, role
+# Manages tenants and their quotas and sees the ops dashboard; belongs to no tenant. Its password is random (or
+# DEMO_PASSWORD) and printed once, when the account is made.
+SUPERUSER = ("admin", "Demo operator")
+
 PEOPLE = (
     ("instructor", "Aiko Tanaka", Role.INSTRUCTOR),
     ("ta", "Kenji Sato", Role.TA),
@@ -123,6 +128,9 @@ class DemoSeed:
     lab: Lab
     created: list[str] = field(default_factory=list)
     logins: list[DemoLogin] = field(default_factory=list)
+    superuser: str = ""
+    # The superuser's password when this run made the account, else empty (it was printed then).
+    superuser_password: str = ""
 
 
 def demo_password(username: str) -> str:
@@ -199,6 +207,7 @@ def demo_seed() -> DemoSeed:
             )
         )
 
+    _demo_superuser(seed)
     seed.created += [
         f"{count} {label}"
         for label, count in (("accounts", accounts_created), ("memberships", memberships_created))
@@ -209,3 +218,30 @@ def demo_seed() -> DemoSeed:
             actor=None, action="demo.seed", target=course, tenant=tenant, course=course, data={"created": seed.created}
         )
     return seed
+
+
+def _demo_superuser(seed: DemoSeed) -> None:
+    username, full_name = SUPERUSER
+    seed.superuser = username
+    user = User.objects.filter(username=username).first()
+    if user is not None:
+        if not user.is_superuser:
+            raise ApplicationError(
+                f"The username {username!r} belongs to an account that is not a superuser; the demo will not take it "
+                "over."
+            )
+        return
+    password = os.environ.get("DEMO_PASSWORD") or secrets.token_urlsafe(12)
+    user = user_create(
+        actor=None,
+        tenant=None,
+        username=username,
+        email=f"{username}@demo.example",
+        full_name=full_name,
+        password=password,
+        is_staff=True,
+    )
+    user.is_superuser = True
+    user.save(update_fields=["is_superuser"])
+    seed.superuser_password = password
+    seed.created.append("superuser")

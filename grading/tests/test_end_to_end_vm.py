@@ -96,6 +96,13 @@ async def test_a_lab_on_a_real_vm_start_console_check_fix_check_stop(
 
     await student.type(b"echo 'hello world' > ~/hello.txt; echo fixed=$((40+2))\r")
     await student.read_until(lambda v: v.has_output(b"fixed=42"), within=120)
+    # The page's size reaches the serial line through the agent (TIOCSWINSZ on /dev/ttyS0), nothing typed.
+    await student.send_json({"type": "resize", "rows": 33, "cols": 111})
+    await student.read_until(lambda v: any(m["type"] == "resized" for m in v.messages), within=30)
+    assert [m["via"] for m in student.messages if m["type"] == "resized"] == ["agent"]
+    await student.type(b"stty size; echo sized=$((5+5))\r")
+    await student.read_until(lambda v: v.has_output(b"sized=10"), within=60)
+    assert b"33 111" in student.output and b"stty rows" not in student.output
     second = await sync_to_async(_check)(attempt, student_a, capture)
     assert second.state == RunState.DONE, second.error
     assert (second.score, second.max_score) == (Decimal("3.00"), Decimal("3.00"))

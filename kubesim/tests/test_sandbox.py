@@ -151,3 +151,58 @@ def _agent_status(sim, name: str, token: str) -> int:
     finally:
         ws.close()
     return int(answer.split(b" ", 2)[1])
+
+
+def agent_post(guest: dict, path: str, body: dict, *, token: str = "x" * 20) -> tuple[int, dict]:
+    """POST to a guest's agent through the Unix socket its port 8787 leads to."""
+    import http.client
+    import json
+    import socket
+
+    connection = http.client.HTTPConnection("guest", timeout=10)
+    connection.sock = socket.socket(socket.AF_UNIX)
+    connection.sock.connect(guest["ports"]["8787"])
+    try:
+        connection.request("POST", path, body=json.dumps(body), headers={"Authorization": f"Bearer {token}"})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+@pytest.fixture(scope="module")
+def carol(sim):
+    """A guest running the real lab agent."""
+    api = sim.api_client()
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    source = (REPO / "guest/agent.py").read_text()
+    core.create_namespaced_secret(
+        "default", secret_manifest("carol-ci", agent_user_data(token="x" * 20, agent_source=source))
+    )
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, "default", "virtualmachines", vm_manifest("carol", cloud_init_secret="carol-ci")
+    )
+    wait_for(lambda: (g := sim.admin.guest("default", "carol")) and g["ports"].get("8787"), what="carol up")
+    yield sim.admin.guest("default", "carol")
+    api.close()
+
+
+def test_the_agent_sets_the_console_size_the_shell_sees(sim, guests, carol):
+    # The agent's sandbox has the console's pty as /dev/ttyS0, as a VM's agent has its serial port.
+    assert agent_post(carol, "/v1/tty-size", {"rows": 41, "cols": 157}) == (200, {"rows": 41, "cols": 157})
+    assert "41 157" in run_in(sim, "carol", "stty size")
+    # The shell respawned after exit reopens the same pty, which keeps its size and stays the agent's to set.
+    first_shell = sim.admin.guest("default", "carol")["shell_pid"]
+    ws = websocket.create_connection(
+        f"{sim.ws_url}/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachineinstances/carol/console",
+        header=[f"Authorization: Bearer {sim.token}"],
+        subprotocols=["plain.kubevirt.io"],
+        timeout=10,
+    )
+    ws.send_binary(b"exit\r")
+    wait_for(lambda: sim.admin.guest("default", "carol")["shell_pid"] not in (None, first_shell), what="a new shell")
+    ws.close()
+    assert agent_post(carol, "/v1/tty-size", {"rows": 33, "cols": 99})[0] == 200
+    assert "33 99" in run_in(sim, "carol", "stty size")
+    # Another guest's console is untouched.
+    assert "24 80" in run_in(sim, "bob", "stty size")

@@ -181,6 +181,10 @@ class AsciicastRecorder:
     def marker(self, label: str) -> None:
         self._event("m", label)
 
+    def resize(self, *, cols: int, rows: int) -> None:
+        """asciicast v2's resize event: a player redraws what follows at the guest's new size."""
+        self._event("r", f"{cols}x{rows}")
+
     def take_pending(self) -> tuple[str, int]:
         """What is waiting to be written, handed to the writer (which reports back through ``written``)."""
         text, size = "".join(self.pending), self.pending_bytes

@@ -10,9 +10,11 @@ registrations are kept alive by the process's heartbeat (``labs.console.heartbea
 every console the process serves.
 
 Browser protocol: binary frames are terminal bytes both ways; text frames are JSON control messages.
-From the browser: ``{"type": "ack", "bytes": N}`` (total output drawn), ``{"type": "take_control"}`` and
-``{"type": "release_control"}`` (staff). To the browser: ``hello`` (mode ``rw``/``ro``), ``status`` (upstream
-state), ``reset`` (a fresh screen follows), ``lagging``, ``notice`` (a code the page translates).
+From the browser: ``{"type": "ack", "bytes": N}`` (total output drawn), ``{"type": "resize", "rows", "cols"}``
+(``console_size``), ``{"type": "take_control"}`` and ``{"type": "release_control"}`` (staff, ``console_control``).
+To the browser: ``hello`` (mode ``rw``/``ro``, who holds the keyboard, the size the replayed scrollback was
+written at), ``status`` (upstream state), ``reset`` (a fresh screen follows), ``resized``, ``lagging``, ``notice``
+(a code the page translates).
 """
 
 from __future__ import annotations
@@ -21,13 +23,12 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from labs.console.access import ConsoleAccess, console_access, console_control_record, console_location
+from labs.console.access import ConsoleAccess, console_access, console_location
 from labs.console.fanout import OutputFanout
 from labs.console.flow import InputRateLimiter, OutputWindow
 from labs.console.heartbeat import HeldLease, console_heartbeat
@@ -35,20 +36,23 @@ from labs.console.lease import console_lease
 from labs.console.limits import console_limits
 from labs.console.recording import AsciicastRecorder
 from labs.console.scrollback import console_scrollback
+from labs.console.size import console_size_get
 from labs.console.stage import console_stage
 from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamState
 from labs.console.viewers import console_viewers
+from labs.consumers.console_control import ConsoleControl
+from labs.consumers.console_holder import ConsoleHolder
+from labs.consumers.console_size import ConsoleSizing
 from labs.consumers.events import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, attempt_group
 from portal.errors import ApplicationError
 from portal.metrics import aconsole_session_closed, console_session_opened
-from portal.waiting import cancel_and_wait, wait_event
+from portal.waiting import cancel_and_wait
 from portal.websocket_consumer import PortalConsumer
 
 logger = logging.getLogger(__name__)
 
 _console_location = database_sync_to_async(console_location, thread_sensitive=False)
 
-CLOSE_TOO_SLOW = 4008
 # The same notice is sent at most this often to one browser (a TA leaning on the keyboard, a runaway paste).
 NOTICE_INTERVAL_SECONDS = 1.0
 # The handshake's console location stands in for the first dial's lookup only if that dial follows this closely
@@ -75,9 +79,11 @@ def console_input_group(attempt_id: int) -> str:
 
 
 # PortalConsumer's send is AsyncConsumer's (one message), which the WebSocket send calls through the MRO.
-class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):  # type: ignore[misc]
-    user: Any  # the scope's lazy user; a User once the handshake has granted access
-    access: ConsoleAccess | None = None
+class AttemptConsoleConsumer(  # type: ignore[misc]
+    ConsoleHolder, ConsoleSizing, ConsoleControl, AsyncWebsocketConsumer, PortalConsumer
+):
+    # None until the handshake grants access; the parts (ConsolePart) run only after it.
+    access: ConsoleAccess | None = None  # type: ignore[assignment]
     ownership_task: asyncio.Task | None = None
     held: HeldLease | None = None
     handshake_location: tuple[ConsoleLocation, float] | None = None
@@ -140,8 +146,9 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):  # type: i
         others = await self.viewers.add(attempt_id=self.attempt_id, viewer=self.channel_name)
         self.heartbeat.watch(attempt_id=self.attempt_id, viewer=self.channel_name)
         snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
+        await self._control_at_connect()
         await self.accept()
-        await self._send_hello()
+        await self._send_hello(replay=len(snapshot.data), size=await console_size_get(attempt_id=self.attempt_id))
         if snapshot.data:
             self.window.record_sent(len(snapshot.data))
             await self.send(bytes_data=snapshot.data)
@@ -183,6 +190,8 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):  # type: i
             # Whatever the ownership loop was doing when cancelled (taking the lease, handing it over), the second
             # step finishes handing back what it took.
             self._end_ownership_loop,
+            self._end_sizing,
+            self._end_control,
             lambda: self._stop_owning(release=True),
             lambda: self.viewers.remove(attempt_id=self.attempt_id, viewer=self.channel_name),
             lambda: self.channel_layer.group_discard(self.output_group, self.channel_name),
@@ -218,14 +227,20 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):  # type: i
             await self._set_control(taken=True)
         elif kind == "release_control":
             await self._set_control(taken=False)
+        elif kind == "resize":
+            await self._resize(message)
         elif kind == "ping":
             await self._send_json({"type": "pong"})
         else:
             await self._notice("bad_message")
 
     async def _input(self, data: bytes) -> None:
+        assert self.access is not None  # input arrives only on an accepted socket
         if not self.can_write:
-            await self._notice("read_only")
+            if self.access.is_student and self.keyboard:
+                await self._notice("keyboard_held", who=self.keyboard)  # staff hold the keyboard for now
+            else:
+                await self._notice("read_only")
             return
         if len(data) > self.limits.input_frame_max_bytes:
             await self._notice("input_too_large")
@@ -246,35 +261,25 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):  # type: i
         if self.window.acknowledge(total):
             await self._redraw()
 
-    async def _set_control(self, *, taken: bool) -> None:
-        assert self.access is not None  # messages arrive only on an accepted socket
-        if not self.access.is_staff or self.access.is_student:
-            await self._notice("not_allowed")
-            return
-        if self.can_write == taken:
-            return
-        await database_sync_to_async(console_control_record)(actor=self.user, attempt_id=self.attempt_id, taken=taken)
-        self.can_write = taken
-        await self._send_hello()
-        await self._broadcast_notice("control_taken" if taken else "control_released", who=self.access.viewer_name)
-        if self.recorder is not None:
-            self.recorder.marker(f"{'control taken by' if taken else 'control released by'} {self.access.viewer_name}")
-
     # -- bridge → browser ---------------------------------------------------------------------------------
 
     async def _send_json(self, payload: dict) -> None:
         await self.send(text_data=json.dumps(payload))
 
-    async def _send_hello(self) -> None:
+    async def _send_hello(self, *, replay: int = 0, size: tuple[int, int] | None = None) -> None:
+        """``replay`` bytes of scrollback follow, written at the guest's ``size`` (cols, rows): the page draws them
+        at that size, then fits its window and reflows."""
         assert self.access is not None  # sent only on an accepted socket
-        await self._send_json(
-            {
-                "type": "hello",
-                "attempt": self.attempt_id,
-                "mode": "rw" if self.can_write else "ro",
-                "can_take_control": self.access.is_staff and not self.access.is_student,
-            }
-        )
+        hello = {
+            "type": "hello",
+            "attempt": self.attempt_id,
+            "mode": "rw" if self.can_write else "ro",
+            "can_take_control": self.access.is_staff and not self.access.is_student,
+            "keyboard": self.keyboard,
+        }
+        if size is not None:
+            hello.update(replay=replay, cols=size[0], rows=size[1])
+        await self._send_json(hello)
 
     async def _notice(self, code: str, **extra) -> None:
         now = time.monotonic()
@@ -332,7 +337,8 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):  # type: i
             # exactly where this tab's next chunk starts.
             await self.fanout.flush()
         snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
-        await self._send_json({"type": "reset"})
+        cols, rows = await console_size_get(attempt_id=self.attempt_id)
+        await self._send_json({"type": "reset", "replay": len(snapshot.data), "cols": cols, "rows": rows})
         if snapshot.data:
             self.window.record_sent(len(snapshot.data))
             await self.send(bytes_data=snapshot.data)
@@ -364,30 +370,8 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):  # type: i
         if event.get("origin") != self.channel_name:
             await self._send_status(event["state"], event.get("detail", ""))
 
-    async def console_input(self, event: dict) -> None:
-        if self.upstream is not None:
-            await self.upstream.send(event["data"])
-
     async def console_owner_gone(self, event: dict) -> None:
         self.owner_gone.set()
-
-    async def console_viewer_joined(self, event: dict) -> None:
-        fanout, upstream = self.fanout, self.upstream
-        if event["reply_to"] == self.channel_name or fanout is None:
-            return
-        # Publish from now on, then tell the newcomer where the output stands: whatever it missed between its
-        # snapshot and now (published to nobody while this holder was alone) it redraws from the scrollback.
-        fanout.viewer_joined()
-        await fanout.flush()
-        try:
-            await self.channel_layer.send(event["reply_to"], {"type": "console.sync", "end": fanout.published_end})
-            if upstream is not None and upstream.state is not None:
-                await self.channel_layer.send(
-                    event["reply_to"], {"type": "console.status", "state": upstream.state.value, "origin": "holder"}
-                )
-        except ChannelFull:
-            # The newcomer is gone already, or too far behind to read: it resynchronises when it reads again.
-            logger.info("Console %s: a newcomer's channel is full; not answered", self.attempt_id)
 
     async def console_sync(self, event: dict) -> None:
         if event["end"] > self.delivered_end:
@@ -407,125 +391,7 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):  # type: i
                 return
         self.attempt_changed.set()
 
-    # -- holding the upstream -----------------------------------------------------------------------------
-
-    async def _ownership_loop(self) -> None:
-        """Take the lease when it is free and hold the upstream while the heartbeat keeps the lease; close a
-        viewer stuck behind."""
-        ttl = self.limits.lease_ttl_seconds
-        while True:
-            try:
-                if self.upstream_task is None:
-                    self.lease_claimed = True
-                    if await self.lease.acquire(attempt_id=self.attempt_id, holder=self.channel_name, ttl=ttl):
-                        try:
-                            await self._start_owning()
-                        except Exception:
-                            # Redis or the disk failed half-way: hand back what was taken, then try again.
-                            await self._stop_owning(release=True)
-                            raise
-                        continue
-                    self.lease_claimed = False
-                    # A holder leaving says so (owner_gone); the timeout only covers one that died silently,
-                    # whose lease then runs out.
-                    self.owner_gone.clear()
-                    if not await wait_event(self.owner_gone, ttl / 3) and not self.status_seen:
-                        # The holder lives on but never answered (the announcement fell off a full channel, or
-                        # reached it as it handed over, or there was none to make yet): ask it again.
-                        await self._announce()
-                elif self.held is not None and self.held.lost:
-                    # The lease expired while this process was too busy to renew it, and somebody took it.
-                    await self._stop_owning(release=False)
-                elif self.upstream_task.done():
-                    await self._stop_owning(release=True)
-                    await asyncio.sleep(1.0)
-                else:
-                    self.ownership_changed.clear()
-                    await wait_event(self.ownership_changed, ttl / 3)
-                if self.window.lagging_for() > self.limits.lag_close_seconds:
-                    await self._send_json({"type": "notice", "code": "too_slow"})
-                    await self.close(code=CLOSE_TOO_SLOW)
-                    return
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # Redis briefly unreachable, say: keep trying rather than leaving the viewer without a holder.
-                logger.exception("Console %s: lease handling failed; retrying", self.attempt_id)
-                await asyncio.sleep(1.0)
-
-    async def _start_owning(self) -> None:
-        snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
-        # From then on the heartbeat says whether anybody else watches, and newcomers announce themselves.
-        others = await self.viewers.others(attempt_id=self.attempt_id, viewer=self.channel_name)
-        self.fanout = OutputFanout(
-            attempt_id=self.attempt_id,
-            scrollback=self.scrollback,
-            channel_layer=self.channel_layer,
-            group=self.output_group,
-            origin=self.channel_name,
-            start_end=snapshot.end,
-            others=others,
-        )
-        self.held = self.heartbeat.hold(
-            attempt_id=self.attempt_id,
-            holder=self.channel_name,
-            on_lost=self.ownership_changed.set,
-            on_others=self.fanout.observe_others,
-        )
-        self.recorder = AsciicastRecorder(
-            attempt_id=self.attempt_id,
-            max_bytes=self.limits.recording_max_bytes,
-            flush_seconds=self.limits.recording_flush_seconds,
-        )
-        await self.recorder.open()
-        self.upstream = ConsoleUpstream(
-            locate=self._locate,
-            on_output=self._upstream_output,
-            on_state=self._upstream_state,
-            attempt_changed=self.attempt_changed,
-            limits=self.limits,
-        )
-        self.in_input_group = True
-        await self.channel_layer.group_add(self.input_group, self.channel_name)
-        self.upstream_task = asyncio.create_task(self._run_upstream(), name=f"console-{self.attempt_id}-upstream")
-        self.upstream_task.add_done_callback(lambda _: self.ownership_changed.set())
-
-    async def _run_upstream(self) -> None:
-        assert self.upstream is not None  # set before this task starts
-        try:
-            await self.upstream.run()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            # The ownership loop sees the finished task and hands the lease over, so a holder starts afresh.
-            logger.exception("Console %s: upstream bridge failed", self.attempt_id)
-            await self._upstream_state(UpstreamState.LOST, "bridge error")
-
-    async def _stop_owning(self, *, release: bool) -> None:
-        """Hand back what this viewer holds, whichever step of taking or handing it over was cut short: each
-        resource is let go of before it is forgotten, so a second call (``_leave`` after a cancelled one)
-        finishes the job. With ``release`` the lease goes too; without, somebody else holds it already."""
-        self.upstream = None
-        if self.held is not None:
-            self.heartbeat.release(self.held)
-            self.held = None
-        if self.upstream_task is not None:
-            await cancel_and_wait(self.upstream_task)
-            self.upstream_task = None
-        if self.fanout is not None:
-            await self.fanout.close()
-            self.fanout = None
-        if self.recorder is not None:
-            await self.recorder.close()
-            self.recorder = None
-        if self.in_input_group:
-            await self.channel_layer.group_discard(self.input_group, self.channel_name)
-            self.in_input_group = False
-        if self.lease_claimed:
-            if release:
-                await self.lease.release(attempt_id=self.attempt_id, holder=self.channel_name)
-                await self.channel_layer.group_send(self.output_group, {"type": "console.owner_gone"})
-            self.lease_claimed = False
+    # -- the holder's lookups --------------------------------------------------------------------------
 
     async def _locate(self) -> ConsoleLocation:
         # The location read with the handshake serves the first dial, while it is fresh and ready: a page opens its
@@ -537,27 +403,3 @@ class AttemptConsoleConsumer(AsyncWebsocketConsumer, PortalConsumer):  # type: i
         # Not thread-sensitive: a class's consoles looking up their attempts together must not queue on the
         # process's one thread for such code.
         return await _console_location(user=self.user, attempt_id=self.attempt_id)
-
-    async def _upstream_output(self, data: bytes) -> None:
-        # This viewer's own browser first (the common case: one tab; an echo must not wait for Redis), then the
-        # scrollback and everybody else through the fan-out, in order.
-        # Under the delivery lock, so that a redraw never finds a chunk shown here but not yet queued.
-        assert self.fanout is not None  # made before the upstream that calls this
-        async with self.deliver_lock:
-            end = self.fanout.claim(len(data))
-            await self._deliver_locked(data, end)
-            if self.recorder is not None:
-                self.recorder.output(data)
-            await self.fanout.put(data)
-
-    async def _upstream_state(self, state: UpstreamState, detail: str) -> None:
-        await self._send_status(state.value, detail)
-        if self.recorder is not None and state in (UpstreamState.CONNECTED, UpstreamState.LOST):
-            self.recorder.marker(f"console {state.value}")
-        # Alone (the usual single tab), nobody else is told: a viewer who arrives gets the state in the holder's
-        # answer to its announcement (console_viewer_joined), which also makes the fan-out publish from then on.
-        if self.fanout is None or self.fanout.others:
-            await self.channel_layer.group_send(
-                self.output_group,
-                {"type": "console.status", "state": state.value, "detail": detail, "origin": self.channel_name},
-            )

@@ -107,6 +107,27 @@ def attempt_group(attempt_id: int) -> str:
     return f"attempt-{attempt_id}"
 
 
+def lab_class_group(lab_id: int) -> str:
+    """The staff's class views of a lab (``grading.class_view_consumer``)."""
+    return f"class-{int(lab_id)}"
+
+
+# Announcements to a lab's class views are coalesced: a class starting together sends a few, not hundreds.
+CLASS_CHANGED_HOLD_SECONDS = 0.5
+
+
+def class_changed_on_commit(*, lab_id: int) -> None:
+    """After commit, tell the lab's class views that one of its attempts changed (they render the table anew)."""
+
+    def push() -> None:
+        try:
+            send_to_group(lab_class_group(lab_id), {"type": "class.changed"}, hold=CLASS_CHANGED_HOLD_SECONDS)
+        except Exception:
+            logger.warning("could not tell the class view of lab %s", lab_id, exc_info=True)
+
+    transaction.on_commit(push)
+
+
 def attempt_push_on_commit(*, attempt: Attempt, hold: float = 0.0) -> None:
     """Queue an ``attempt.update`` with the attempt's payload as it stands now, to be sent on commit (at once when
     no transaction is open: the write before it has committed by itself). ``hold``: see ``send_to_group``."""
@@ -131,6 +152,8 @@ def attempt_push_on_commit(*, attempt: Attempt, hold: float = 0.0) -> None:
             logger.warning("could not push attempt.update to %s", group, exc_info=True)
 
     transaction.on_commit(push)
+    if "lab_id" not in attempt.get_deferred_fields():  # reading a deferred lab_id would cost a query
+        class_changed_on_commit(lab_id=attempt.lab_id)
 
 
 def on_commit_logged(action: Callable[[], object], *, what: str) -> None:

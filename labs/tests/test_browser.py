@@ -124,6 +124,23 @@ def student_page(browser, base_url: str):
     return context, page
 
 
+# The terminal's lines as written, wrapped rows joined (what a reflow keeps together).
+LOGICAL_LINES = """() => {
+  const buffer = window.portalTerminal.buffer.active;
+  const lines = [];
+  for (let i = 0; i < buffer.length; i++) {
+    const line = buffer.getLine(i);
+    const text = line.translateToString(true);
+    if (line.isWrapped && lines.length) {
+      lines[lines.length - 1] += text;
+    } else {
+      lines.push(text);
+    }
+  }
+  return lines;
+}"""
+
+
 def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_a, tenant_a, live_portal, browser):
     # Rows first: Playwright runs an event loop in this thread, where Django refuses synchronous queries.
     from playwright.sync_api import expect
@@ -189,9 +206,23 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_
     expect(page.locator("#terminal .xterm-rows")).to_contain_text(re.compile(r"hello-\d+"))
     marker = re.search(r"hello-\d+", terminal_text(page)).group(0)
 
-    # "Fit terminal" types the stty command for the student (only when clicked).
+    # The guest's terminal takes the window's size through its agent, on connect and on every window resize,
+    # without a line typed into the shell; "Fit terminal" does the same on demand and says so.
+    def guest_size_is_the_windows(tag: str) -> None:
+        rows, cols = page.evaluate("[window.portalTerminal.rows, window.portalTerminal.cols]")
+        page.keyboard.type(f"stty size; echo size-{tag}-$((1+1))")
+        page.keyboard.press("Enter")
+        expect(page.locator("#terminal .xterm-rows")).to_contain_text(f"{rows} {cols}")
+        expect(page.locator("#terminal .xterm-rows")).to_contain_text(f"size-{tag}-2")
+
+    guest_size_is_the_windows("connect")
+    page.set_viewport_size({"width": 1000, "height": 700})
+    page.wait_for_timeout(1000)  # the page tells the bridge once the window settles; the bridge debounces too
+    guest_size_is_the_windows("resized")
     page.click("#fit-button")
-    expect(page.locator("#terminal .xterm-rows")).to_contain_text(re.compile(r"stty rows \d+ cols \d+"))
+    expect(page.locator("#console-notice")).to_contain_text("The VM's terminal is now")
+    assert "stty rows" not in terminal_text(page)
+    page.set_viewport_size({"width": 1400, "height": 1000})
 
     # A second tab shows the same screen (scrollback), and both tabs keep working.
     second = context.new_page()
@@ -204,6 +235,22 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_
     for tab in (page, second):
         expect(tab.locator("#terminal .xterm-rows")).to_contain_text("second-tab-42")
         expect(tab.locator("#console-status")).to_have_attribute("data-state", "connected")
+
+    # Scrollback written at one width and replayed in a narrower tab is drawn at the width it was written at, then
+    # reflowed: a carriage return and a cursor move written for the wide screen land where they did there.
+    cols = page.evaluate("window.portalTerminal.cols")
+    page.click("#terminal")
+    page.keyboard.type(f"printf '%0{cols - 10}d\\r\\e[5C\\x59Z\\n' 0")
+    page.keyboard.press("Enter")
+    expect(page.locator("#terminal .xterm-rows")).to_contain_text("00000YZ")
+    narrow = context.new_page()
+    narrow.set_viewport_size({"width": 390, "height": 844})
+    narrow.goto(f"/labs/{lab_a.id}/")
+    expect(narrow.locator("#console-status")).to_have_attribute("data-state", "connected")
+    narrow.wait_for_function(f"window.portalTerminal.cols < {cols - 10}")
+    logical_lines = narrow.evaluate(LOGICAL_LINES)
+    assert any(line.startswith("00000YZ" + "0" * 10) for line in logical_lines), logical_lines[-8:]
+    narrow.close()
 
     # Paste through the clipboard button reaches the guest like typing does (bash's bracketed paste waits for
     # Enter, as it should: a pasted newline must not run a command by surprise).
@@ -250,6 +297,28 @@ def test_student_starts_a_lab_types_in_two_tabs_and_checks(student_a, ta_a, lab_
     page.keyboard.press("Enter")
     expect(ta.locator("#terminal .xterm-rows")).to_contain_text("last-66")
     assert "from-ta" not in terminal_text(page)
+
+    # Take control: the TA types, the student's console is read-only meanwhile, and both pages say so.
+    ta.click("#take-control-button")
+    expect(ta.locator("#console-mode")).to_have_attribute("data-mode", "rw")
+    expect(ta.locator("#watch-banner")).to_contain_text("You have the keyboard")
+    expect(page.locator("#console-mode")).to_have_attribute("data-mode", "ro")
+    expect(page.locator("#console-mode")).to_contain_text("has the keyboard")
+    expect(page.locator("#key-bar")).to_be_hidden()
+    page.click("#terminal")
+    page.keyboard.type("echo blocked-$((1+1))")
+    expect(page.locator("#console-notice")).to_contain_text("has the keyboard")
+    ta.click("#terminal")
+    ta.keyboard.type("echo ta-typed-$((2+3))")
+    ta.keyboard.press("Enter")
+    expect(page.locator("#terminal .xterm-rows")).to_contain_text("ta-typed-5")
+    assert "blocked" not in terminal_text(page)
+    ta.screenshot(path=str(ARTIFACTS / "browser-staff-has-the-keyboard.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / "browser-student-read-only.png"), full_page=True)
+    ta.click("#release-control-button")
+    expect(page.locator("#console-mode")).to_have_attribute("data-mode", "rw")
+    expect(ta.locator("#console-mode")).to_have_attribute("data-mode", "ro")
+    expect(ta.locator("#watch-banner")).to_contain_text("read-only")
 
     ta.click("#recording-link")
     expect(ta.locator("#play-button")).to_be_enabled()  # once the recording has loaded, not before

@@ -242,7 +242,16 @@ async def test_refused_for_an_unknown_attempt(cluster, student_a):
 
 async def test_student_types_and_sees_the_echo_and_a_ta_watches_read_only(attempt, cluster, student_a, ta_a):
     student = await connected_student(student_a, attempt.id)
-    assert student.messages[0] == {"type": "hello", "attempt": attempt.id, "mode": "rw", "can_take_control": False}
+    assert student.messages[0] == {
+        "type": "hello",
+        "attempt": attempt.id,
+        "mode": "rw",
+        "can_take_control": False,
+        "keyboard": None,
+        "replay": 0,
+        "cols": 80,
+        "rows": 24,
+    }
     ta = await open_console(ta_a, attempt.id)
     assert ta.messages[0]["mode"] == "ro" and ta.messages[0]["can_take_control"] is True
 

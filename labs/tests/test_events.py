@@ -72,7 +72,7 @@ def test_a_start_pushes_nothing_since_nobody_can_follow_an_attempt_that_did_not_
     # A change after it is pushed as ever.
     with django_capture_on_commit_callbacks(execute=True):
         stopping.attempt_stop(actor=student_a, attempt=attempt)
-    assert pushed == [f"attempt-{attempt.id}"]
+    assert pushed == [f"attempt-{attempt.id}", f"class-{lab_a.id}"]  # and the lab's class views
 
 
 # --- held updates ---------------------------------------------------------------------------------------------

@@ -69,11 +69,15 @@ def test_the_page_is_told_of_each_provisioning_step_as_the_database_has_it(
 
     with mock.patch("labs.services.events.send_to_group") as send:
         attempt = start(student_a, lab_a, django_capture_on_commit_callbacks)
-    pushed = [message["attempt"] for _group, message in (call.args for call in send.call_args_list)]
+    updates = [call for call in send.call_args_list if call.args[1]["type"] == "attempt.update"]
+    pushed = [call.args[1]["attempt"] for call in updates]
     # Nothing as the attempt is created (nobody follows it yet: the Start's answer carries it), then each step.
     assert [update["state"] for update in pushed] == ["provisioning", "starting"]
+    # The lab's class views are told of each step too.
+    told = [call.args for call in send.call_args_list if call.args[1]["type"] == "class.changed"]
+    assert told and all(group == f"class-{lab_a.id}" for group, _message in told)
     # "provisioning" is held back (sent only if no newer update of the attempt replaces it in time), "starting" not.
-    assert [call.kwargs.get("hold", 0.0) for call in send.call_args_list] == [
+    assert [call.kwargs.get("hold", 0.0) for call in updates] == [
         provisioning.PROVISIONING_PUSH_HOLD_SECONDS,
         0.0,
     ]

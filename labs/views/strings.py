@@ -75,6 +75,7 @@ def _strings_in(language: str | None) -> dict[str, object]:
             "refused": _("You may not use this console."),
             "read_only": _("Read-only: you are watching this console."),
             "read_write": _("You can type in this console."),
+            "keyboard_held": _("Read-only: %(who)s (course staff) has the keyboard."),
             "lagging": _("Your browser is falling behind the output; the screen will be redrawn."),
         },
         "notices": {
@@ -86,10 +87,15 @@ def _strings_in(language: str | None) -> dict[str, object]:
             "not_allowed": _("You may not do that."),
             "too_slow": _("Your browser could not keep up with the output; reload the page."),
             "staff_watching": _("%(who)s (course staff) is watching this console."),
-            "control_taken": _("%(who)s (course staff) can type in this console now; you can both type."),
+            "control_taken": _(
+                "%(who)s (course staff) has taken the keyboard: you can watch, and type again once they hand it back."
+            ),
+            "keyboard_held": _("%(who)s (course staff) has the keyboard; what you typed was not sent."),
             "control_released": _("%(who)s (course staff) has handed the keyboard back."),
         },
         "fit_typed": _("Typed “%(command)s” into the terminal."),
+        "fit_set": _("The VM's terminal is now %(cols)s columns by %(rows)s rows."),
+        "fit_failed": _("The VM did not answer, so its terminal size was not set."),
         "copied": _("Copied to the clipboard."),
         "clipboard_unavailable": _(
             "The browser did not allow access to the clipboard; use Ctrl+Shift+C / Ctrl+Shift+V."

@@ -38,7 +38,7 @@ def test_seed_creates_the_demo_and_prints_working_logins(monkeypatch):
     monkeypatch.delenv("DEMO_PASSWORD", raising=False)
     output = seed(url="http://127.0.0.1:8123")
     assert "http://127.0.0.1:8123/admin/" in output
-    assert world_counts() == {"Tenant": 1, "Course": 1, "Lab": 1, "Check": 3, "User": 5, "Membership": 5}
+    assert world_counts() == {"Tenant": 1, "Course": 1, "Lab": 1, "Check": 3, "User": 6, "Membership": 5}
 
     tenant = Tenant.objects.get(name="Demo University")
     lab = Lab.objects.get(title="Linux basics", course__tenant=tenant)
@@ -109,6 +109,31 @@ def test_a_username_taken_elsewhere_is_not_taken_over(tenant_b, monkeypatch):
     # All or nothing: the failed run left no half-made demo behind.
     assert not Tenant.objects.filter(name="Demo University").exists()
     assert User.objects.get(username="student2").tenant == tenant_b
+
+
+@pytest.mark.django_db
+def test_the_demo_superuser_gets_a_random_password_shown_once(monkeypatch):
+    monkeypatch.delenv("DEMO_PASSWORD", raising=False)
+    first = seed()
+    username, password = re.search(r"shown this once: (\S+) / (\S+)", first).groups()
+    admin = authenticate(username=username, password=password)
+    assert admin is not None and admin.is_superuser and admin.is_staff and admin.tenant is None
+    assert password != f"{username}-demo" and len(password) >= 16
+    second = seed()
+    assert password not in second and f"Superuser: {username}" in second
+    assert authenticate(username=username, password=password) is not None  # not reset by the second run
+    # Another run's database gets another password.
+    User.objects.filter(username=username).delete()
+    assert password not in seed()
+
+
+@pytest.mark.django_db
+def test_an_admin_username_that_is_not_a_superuser_is_not_taken_over(monkeypatch):
+    monkeypatch.delenv("DEMO_PASSWORD", raising=False)
+    User.objects.create_user(username="admin", password="theirs-theirs")
+    with pytest.raises(CommandError, match="admin"):
+        seed()
+    assert not User.objects.get(username="admin").is_superuser
 
 
 def run_demo_checks(home: str) -> list[bool]:

@@ -2,7 +2,7 @@
 persona, with the answer each must get.
 
 The patterns are enumerated from the URLconf (``get_resolver().url_patterns``, walked recursively) and from
-``labs.routing.websocket_urlpatterns``; a pattern without an entry in ``MATRIX`` or ``WS_MATRIX`` fails
+``labs.routing`` and ``grading.routing``; a pattern without an entry in ``MATRIX`` or ``WS_MATRIX`` fails
 ``test_every_route_has_an_entry``, so no endpoint can be added without saying who may use it. Admin URLs are
 covered as a group by a representative set.
 
@@ -260,6 +260,7 @@ ACCEPT = "accept"
 WS_MATRIX: dict[str, dict[str, Any]] = {
     "ws/attempts/<id:attempt_id>/events/": answers(4401, ACCEPT, 4404, ACCEPT, 4404),
     "ws/attempts/<id:attempt_id>/console/": answers(4401, ACCEPT, 4404, ACCEPT, 4404),
+    "ws/labs/<id:lab_id>/class/": answers(4401, 4404, 4404, ACCEPT, 4404),
 }
 
 
@@ -282,9 +283,10 @@ def site_routes() -> list[str]:
 
 
 def websocket_routes() -> list[str]:
-    from labs.routing import websocket_urlpatterns
+    from grading.routing import websocket_urlpatterns as grading_routes
+    from labs.routing import websocket_urlpatterns as labs_routes
 
-    return [route for route, _pattern in walk(websocket_urlpatterns)]
+    return [route for route, _pattern in walk([*labs_routes, *grading_routes])]
 
 
 def test_every_route_has_an_entry():

@@ -2,8 +2,10 @@
  * The browser terminal: xterm.js wired to the console bridge at /ws/attempts/<id>/console/.
  * Output arrives as binary frames and is acknowledged once drawn (the bridge's flow control); keystrokes go
  * out as binary frames (KubeVirt drops text frames). JSON text frames carry control messages.
- * A serial line cannot learn the window's size, so "Fit terminal" types `stty rows R cols C` for the
- * student, only when they click it. Reads #attempt-config; listens for "portal:attempt" from attempt.js, and
+ * A serial line cannot learn the window's size: the page tells the bridge its fitted size (on connect, on window
+ * resize, on "Fit terminal"), which sets it on the guest through the lab agent; only when the agent cannot and
+ * the student clicked Fit does the bridge type ` stty rows R cols C` instead. Scrollback is replayed at the size
+ * it was written at, then refitted (xterm.js reflows it). Reads #attempt-config; listens for "portal:attempt" from attempt.js, and
  * opens the console socket only once the attempt says its console is ready (its VMI runs): a class pressing
  * Start together does not open a hundred consoles that could only wait.
  */
@@ -41,8 +43,6 @@
     term.loadAddon(fit);
     term.open(container);
     fit.fit();
-    // Resizing the window refits the local view only; the guest learns the size when the student asks.
-    window.addEventListener("resize", () => fit.fit());
 
     const statusElement = byId("console-status");
     const modeElement = byId("console-mode");
@@ -54,12 +54,16 @@
     let failures = 0;
     let mode = null; // "rw" or "ro" as the portal's hello says; nothing is claimed before it
     let canTakeControl = false;
+    let keyboard = null; // the member of staff holding the keyboard, as the bridge says
     let freshConnection = false;
     let drawn = 0;
     let acked = 0;
     let attemptOver = false;
     let started = false;
     let noticeTimer = null;
+    let replayLeft = 0; // scrollback bytes still to draw at the size they were written at
+    let fitAsked = false;
+    let resizeTimer = null;
 
     function setStatus(text, state) {
       statusElement.textContent = text;
@@ -75,13 +79,19 @@
     }
 
     function renderMode() {
-      modeElement.textContent = mode === null ? "" : mode === "rw" ? S.console.read_write : S.console.read_only;
+      if (mode === null) {
+        modeElement.textContent = "";
+      } else if (mode === "rw") {
+        modeElement.textContent = S.console.read_write;
+      } else {
+        modeElement.textContent = keyboard ? format(S.console.keyboard_held, { who: keyboard }) : S.console.read_only;
+      }
       modeElement.dataset.mode = mode || "";
       takeControl.hidden = !(canTakeControl && mode === "ro");
       releaseControl.hidden = !(canTakeControl && mode === "rw");
       // Pasting is typing: offered to whoever may type (a watcher has Copy, and Take control when staff).
       byId("paste-button").hidden = attemptOver || mode !== "rw";
-      // A member of staff's banner says whether they watch or hold the keyboard (beside the student, who keeps it).
+      // A member of staff's banner says whether they watch or hold the keyboard (the student watches meanwhile).
       const banner = byId("watch-banner");
       if (banner && mode !== null) {
         banner.textContent = mode === "rw" ? banner.dataset.readWrite : banner.dataset.readOnly;
@@ -111,13 +121,41 @@
         return false;
       }
       if (mode !== "rw") {
-        notice(mode === null ? S.notices.not_connected : S.notices.read_only);
+        if (mode === null) {
+          notice(S.notices.not_connected);
+        } else {
+          notice(keyboard ? format(S.notices.keyboard_held, { who: keyboard }) : S.notices.read_only);
+        }
         return false;
       }
       for (let offset = 0; offset < bytes.length; offset += INPUT_CHUNK_BYTES) {
         socket.send(bytes.subarray(offset, offset + INPUT_CHUNK_BYTES));
       }
       return true;
+    }
+
+    // Fit the window and tell the bridge, which sets the guest's size (only the keyboard holder's counts).
+    function fitAndTell(explicit) {
+      if (replayLeft > 0) {
+        return; // the replay's end fits and tells
+      }
+      fit.fit();
+      if (mode === "rw" && socket && socket.readyState === WebSocket.OPEN) {
+        fitAsked = fitAsked || explicit;
+        socket.send(JSON.stringify({ type: "resize", rows: term.rows, cols: term.cols, explicit: explicit }));
+      }
+    }
+
+    // The scrollback that follows was written at the guest's size: draw it at that size, then fit, and xterm
+    // reflows it to this window rather than showing lines wrapped for another width.
+    function startReplay(message) {
+      if (message.cols && message.rows) {
+        term.resize(message.cols, message.rows);
+      }
+      replayLeft = message.replay || 0;
+      if (replayLeft <= 0) {
+        fitAndTell(false);
+      }
     }
 
     function handleControl(message) {
@@ -128,16 +166,28 @@
             term.reset();
             freshConnection = false;
           }
-          fit.fit();
           mode = message.mode;
           canTakeControl = Boolean(message.can_take_control);
+          keyboard = message.keyboard || null;
           renderMode();
+          startReplay(message);
+          break;
+        case "resized":
+          if (fitAsked) {
+            fitAsked = false;
+            if (message.via === "typed") {
+              notice(format(S.fit_typed, { command: message.command }));
+            } else {
+              notice(format(message.via === "agent" ? S.fit_set : S.fit_failed, message));
+            }
+          }
           break;
         case "status":
           setStatus(S.console[message.state] || message.state, message.state);
           break;
         case "reset":
           term.reset();
+          startReplay(message);
           break;
         case "lagging":
           notice(S.console.lagging);
@@ -177,7 +227,13 @@
           return;
         }
         const bytes = new Uint8Array(event.data);
-        term.write(bytes, () => written(bytes.length));
+        const replayed = replayLeft > 0 && (replayLeft -= bytes.length) <= 0;
+        term.write(bytes, () => {
+          written(bytes.length);
+          if (replayed) {
+            fitAndTell(false);
+          }
+        });
       });
       socket.addEventListener("close", (event) => {
         socket = null;
@@ -251,13 +307,21 @@
     });
     byId("paste-button").addEventListener("click", pasteClipboard);
     byId("fit-button").addEventListener("click", () => {
-      fit.fit();
-      // A leading space keeps the line out of the shell's history (HISTCONTROL=ignorespace, the usual default).
-      const command = ` stty rows ${term.rows} cols ${term.cols}`;
-      if (sendInput(encoder.encode(command + "\r"))) {
-        notice(format(S.fit_typed, { command }));
+      if (mode !== "rw") {
+        fit.fit();
+        notice(mode === null ? S.notices.not_connected : S.notices.read_only);
+      } else {
+        fitAndTell(true);
       }
       term.focus();
+    });
+    // A window being resized refits at once; the guest is told once it settles.
+    window.addEventListener("resize", () => {
+      if (replayLeft <= 0) {
+        fit.fit();
+      }
+      window.clearTimeout(resizeTimer);
+      resizeTimer = window.setTimeout(() => fitAndTell(false), 250);
     });
     // The key row for phone keyboards, which have no Esc, Tab or Ctrl.
     const KEYS = { esc: "\x1b", tab: "\t", "ctrl-c": "\x03", "ctrl-d": "\x04", up: "\x1b[A", down: "\x1b[B" };

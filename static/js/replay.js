@@ -44,6 +44,10 @@
         // A line cut short by a crash ends the recording; keep what came before.
       }
     }
+    startSize();
+  }
+
+  function startSize() {
     term.resize(Math.max(header.width || 80, 80), Math.max(header.height || 24, 24));
   }
 
@@ -56,6 +60,12 @@
   function apply(event) {
     if (event.kind === "o") {
       term.write(event.data);
+    } else if (event.kind === "r") {
+      // asciicast v2's resize: what follows was written at the guest's new size.
+      const [cols, rows] = event.data.split("x").map(Number);
+      if (cols > 0 && rows > 0) {
+        term.resize(cols, rows);
+      }
     } else if (event.kind === "m") {
       const item = document.createElement("div");
       item.textContent = `${event.time.toFixed(1)} s: ${event.data}`;
@@ -96,6 +106,7 @@
   function restart() {
     setPlaying(false);
     term.reset();
+    startSize();
     markers.replaceChildren();
     index = 0;
     showPosition();

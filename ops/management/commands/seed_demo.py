@@ -13,7 +13,8 @@ from portal.errors import ApplicationError
 class Command(BaseCommand):
     help = (
         'Create the demo tenant "Demo University", a course, the lab "Linux basics" with three checks, an '
-        "instructor, a TA and three students, then print the URL and their logins. Re-running changes "
+        "instructor, a TA, three students and a superuser, then print the URL and their logins (the superuser's "
+        "random password only when it is made). Re-running changes "
         "nothing. DEMO_PASSWORD sets one password for all demo accounts (required in production)."
     )
 
@@ -39,6 +40,16 @@ class Command(BaseCommand):
         self.stdout.write(
             f'Course {seed.course.code} "{seed.course.title}", lab "{seed.lab.title}" in {seed.tenant.name}.'
         )
+        if seed.superuser_password:
+            self.stdout.write(
+                f"Superuser (tenants, quotas, the ops dashboard at {url}admin/ops/), shown this once: "
+                f"{seed.superuser} / {seed.superuser_password}"
+            )
+        else:
+            self.stdout.write(
+                f"Superuser: {seed.superuser} (its password was shown when it was made; "
+                f"`python manage.py changepassword {seed.superuser}` sets a new one)."
+            )
         self.stdout.write("Logins (username / password):")
         width = max(len(login.username) for login in seed.logins)
         for login in seed.logins:

@@ -1,0 +1,216 @@
+"""The console consumer's holder side: taking the lease, holding the single upstream connection to the VMI
+console while the heartbeat keeps the lease, publishing its output, and handing everything back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from channels.exceptions import ChannelFull
+
+from labs.console.fanout import OutputFanout
+from labs.console.recording import AsciicastRecorder
+from labs.console.upstream import ConsoleUpstream, UpstreamState
+from labs.consumers.console_part import ConsolePart
+from portal.waiting import cancel_and_wait, wait_event
+
+logger = logging.getLogger("labs.consumers.console")
+
+CLOSE_TOO_SLOW = 4008  # a viewer that stayed too far behind the output
+
+
+class ConsoleHolder(ConsolePart):
+    """Mixed into ``AttemptConsoleConsumer``; the attributes it reads are set up by the consumer's ``connect``."""
+
+    if TYPE_CHECKING:
+        upstream: ConsoleUpstream | None
+        upstream_task: asyncio.Task | None
+        fanout: OutputFanout | None
+        lease: Any
+        lease_claimed: bool
+        heartbeat: Any
+        attempt_changed: asyncio.Event
+        ownership_changed: asyncio.Event
+        deliver_lock: asyncio.Lock
+        input_group: str
+        owner_gone: asyncio.Event
+        status_seen: bool
+        window: Any
+        scrollback: Any
+        viewers: Any
+
+        async def _announce(self, *args: Any, **kwargs: Any) -> Any: ...
+        async def close(self, code: int | None = None, reason: str | None = None) -> None: ...
+
+        async def _locate(self) -> Any: ...
+        async def _deliver_locked(self, *args: Any, **kwargs: Any) -> Any: ...
+        async def _send_status(self, *args: Any, **kwargs: Any) -> None: ...
+
+    # -- channel layer handlers of the holder ----------------------------------------------------------
+
+    async def console_input(self, event: dict) -> None:
+        if self.upstream is not None:
+            await self.upstream.send(event["data"])
+
+    async def console_viewer_joined(self, event: dict) -> None:
+        fanout, upstream = self.fanout, self.upstream
+        if event["reply_to"] == self.channel_name or fanout is None:
+            return
+        # Publish from now on, then tell the newcomer where the output stands: whatever it missed between its
+        # snapshot and now (published to nobody while this holder was alone) it redraws from the scrollback.
+        fanout.viewer_joined()
+        await fanout.flush()
+        try:
+            await self.channel_layer.send(event["reply_to"], {"type": "console.sync", "end": fanout.published_end})
+            if upstream is not None and upstream.state is not None:
+                await self.channel_layer.send(
+                    event["reply_to"], {"type": "console.status", "state": upstream.state.value, "origin": "holder"}
+                )
+        except ChannelFull:
+            # The newcomer is gone already, or too far behind to read: it resynchronises when it reads again.
+            logger.info("Console %s: a newcomer's channel is full; not answered", self.attempt_id)
+
+    # -- holding the upstream -------------------------------------------------------------------------
+
+    async def _ownership_loop(self) -> None:
+        """Take the lease when it is free and hold the upstream while the heartbeat keeps the lease; close a
+        viewer stuck behind."""
+        ttl = self.limits.lease_ttl_seconds
+        while True:
+            try:
+                if self.upstream_task is None:
+                    self.lease_claimed = True
+                    if await self.lease.acquire(attempt_id=self.attempt_id, holder=self.channel_name, ttl=ttl):
+                        try:
+                            await self._start_owning()
+                        except Exception:
+                            # Redis or the disk failed half-way: hand back what was taken, then try again.
+                            await self._stop_owning(release=True)
+                            raise
+                        continue
+                    self.lease_claimed = False
+                    # A holder leaving says so (owner_gone); the timeout only covers one that died silently,
+                    # whose lease then runs out.
+                    self.owner_gone.clear()
+                    if not await wait_event(self.owner_gone, ttl / 3) and not self.status_seen:
+                        # The holder lives on but never answered (the announcement fell off a full channel, or
+                        # reached it as it handed over, or there was none to make yet): ask it again.
+                        await self._announce()
+                elif self.held is not None and self.held.lost:
+                    # The lease expired while this process was too busy to renew it, and somebody took it.
+                    await self._stop_owning(release=False)
+                elif self.upstream_task.done():
+                    await self._stop_owning(release=True)
+                    await asyncio.sleep(1.0)
+                else:
+                    self.ownership_changed.clear()
+                    await wait_event(self.ownership_changed, ttl / 3)
+                if self.window.lagging_for() > self.limits.lag_close_seconds:
+                    await self._send_json({"type": "notice", "code": "too_slow"})
+                    await self.close(code=CLOSE_TOO_SLOW)
+                    return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Redis briefly unreachable, say: keep trying rather than leaving the viewer without a holder.
+                logger.exception("Console %s: lease handling failed; retrying", self.attempt_id)
+                await asyncio.sleep(1.0)
+
+    async def _start_owning(self) -> None:
+        snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
+        # From then on the heartbeat says whether anybody else watches, and newcomers announce themselves.
+        others = await self.viewers.others(attempt_id=self.attempt_id, viewer=self.channel_name)
+        self.fanout = OutputFanout(
+            attempt_id=self.attempt_id,
+            scrollback=self.scrollback,
+            channel_layer=self.channel_layer,
+            group=self.output_group,
+            origin=self.channel_name,
+            start_end=snapshot.end,
+            others=others,
+        )
+        self.held = self.heartbeat.hold(
+            attempt_id=self.attempt_id,
+            holder=self.channel_name,
+            on_lost=self.ownership_changed.set,
+            on_others=self.fanout.observe_others,
+        )
+        self.recorder = AsciicastRecorder(
+            attempt_id=self.attempt_id,
+            max_bytes=self.limits.recording_max_bytes,
+            flush_seconds=self.limits.recording_flush_seconds,
+        )
+        await self.recorder.open()
+        self.upstream = ConsoleUpstream(
+            locate=self._locate,
+            on_output=self._upstream_output,
+            on_state=self._upstream_state,
+            attempt_changed=self.attempt_changed,
+            limits=self.limits,
+        )
+        self.in_input_group = True
+        await self.channel_layer.group_add(self.input_group, self.channel_name)
+        self.upstream_task = asyncio.create_task(self._run_upstream(), name=f"console-{self.attempt_id}-upstream")
+        self.upstream_task.add_done_callback(lambda _: self.ownership_changed.set())
+
+    async def _run_upstream(self) -> None:
+        assert self.upstream is not None  # set before this task starts
+        try:
+            await self.upstream.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The ownership loop sees the finished task and hands the lease over, so a holder starts afresh.
+            logger.exception("Console %s: upstream bridge failed", self.attempt_id)
+            await self._upstream_state(UpstreamState.LOST, "bridge error")
+
+    async def _stop_owning(self, *, release: bool) -> None:
+        """Hand back what this viewer holds, whichever step of taking or handing it over was cut short: each
+        resource is let go of before it is forgotten, so a second call (``_leave`` after a cancelled one)
+        finishes the job. With ``release`` the lease goes too; without, somebody else holds it already."""
+        self.upstream = None
+        if self.held is not None:
+            self.heartbeat.release(self.held)
+            self.held = None
+        if self.upstream_task is not None:
+            await cancel_and_wait(self.upstream_task)
+            self.upstream_task = None
+        if self.fanout is not None:
+            await self.fanout.close()
+            self.fanout = None
+        if self.recorder is not None:
+            await self.recorder.close()
+            self.recorder = None
+        if self.in_input_group:
+            await self.channel_layer.group_discard(self.input_group, self.channel_name)
+            self.in_input_group = False
+        if self.lease_claimed:
+            if release:
+                await self.lease.release(attempt_id=self.attempt_id, holder=self.channel_name)
+                await self.channel_layer.group_send(self.output_group, {"type": "console.owner_gone"})
+            self.lease_claimed = False
+
+    async def _upstream_output(self, data: bytes) -> None:
+        # This viewer's own browser first (the common case: one tab; an echo must not wait for Redis), then the
+        # scrollback and everybody else through the fan-out, in order.
+        # Under the delivery lock, so that a redraw never finds a chunk shown here but not yet queued.
+        assert self.fanout is not None  # output arrives only while this viewer holds the upstream
+        async with self.deliver_lock:
+            end = self.fanout.claim(len(data))
+            await self._deliver_locked(data, end)
+            if self.recorder is not None:
+                self.recorder.output(data)
+            await self.fanout.put(data)
+
+    async def _upstream_state(self, state: UpstreamState, detail: str) -> None:
+        await self._send_status(state.value, detail)
+        if self.recorder is not None and state in (UpstreamState.CONNECTED, UpstreamState.LOST):
+            self.recorder.marker(f"console {state.value}")
+        # Alone (the usual single tab), nobody else is told: a viewer who arrives gets the state in the holder's
+        # answer to its announcement (console_viewer_joined), which also makes the fan-out publish from then on.
+        if self.fanout is None or self.fanout.others:
+            await self.channel_layer.group_send(
+                self.output_group,
+                {"type": "console.status", "state": state.value, "detail": detail, "origin": self.channel_name},
+            )
