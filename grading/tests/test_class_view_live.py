@@ -14,16 +14,16 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
-from portal.asgi import application
 
 from conftest import make_person
+from grading import class_view_consumer
 from grading.class_view_consumer import class_view_html
 from grading.models import GradingRun
 from grading.services.push import push_run_on_commit
 from grading.tests.builders import ALL_PASS, FIRST_ONLY, NONE_PASS, make_attempt, record_run
-from labs.consumers import class_view as class_view_consumer
 from labs.models import AttemptState
 from labs.services.events import attempt_push_on_commit
+from ops.asgi import application
 from portal.models import Role
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]

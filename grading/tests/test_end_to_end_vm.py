@@ -18,8 +18,8 @@ from grading.models import RunState
 from grading.services import grading_run_request
 from kubesim.testing import KubesimServer
 from labs.models import AttemptState
-from labs.services import attempt_start, attempt_stop
-from labs.tests.conftest import sync_until
+from labs.services import attempt_start, attempt_stop, tracking
+from labs.tests.conftest import sync_until, wait_until
 from labs.tests.test_consumers import connected_student, isolated_console_state  # noqa: F401 - autouse fixture
 
 pytestmark = [pytest.mark.vm, pytest.mark.django_db(transaction=True), pytest.mark.timeout(1500)]
@@ -133,6 +133,14 @@ def test_a_vm_whose_qemu_dies_fails_the_attempt_and_says_it_crashed(
     while not ((guest := vm_cluster.admin.guest(attempt.namespace, attempt.vm_name)) and guest["qemu_pid"]):
         assert time.monotonic() < deadline, "QEMU did not start"
         time.sleep(0.2)
+    # Once the portal has seen the VMI run: a crash before that is KubeVirt's to restart (runStrategy Always), and
+    # the student simply gets the restarted VM.
+    wait_until(
+        lambda: attempt.refresh_from_db() or attempt.vmi_running_at is not None,
+        timeout=120,
+        step=lambda: tracking.namespace_sync(namespace=attempt.namespace),
+        what="the portal to see the VMI running",
+    )
     os.kill(guest["qemu_pid"], signal.SIGKILL)
     sync_until(attempt, AttemptState.FAILED, timeout=60)
     assert "The VirtualMachineInstance crashed." in attempt.failure_reason, attempt.failure_reason

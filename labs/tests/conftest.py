@@ -72,12 +72,15 @@ def sync_until(attempt: Attempt, states: str | tuple[str, ...], *, timeout: floa
         attempt.refresh_from_db()
         return attempt.state in wanted
 
-    wait_until(
-        reached,
-        timeout=timeout,
-        step=lambda: tracking.namespace_sync(namespace=attempt.namespace),
-        what=f"attempt {attempt.id} to reach {wanted} (now {attempt.state}: {attempt.status_message!r})",
-    )
+    try:
+        wait_until(
+            reached,
+            timeout=timeout,
+            step=lambda: tracking.namespace_sync(namespace=attempt.namespace),
+            what=f"attempt {attempt.id} to reach {wanted}",
+        )
+    except AssertionError as error:
+        raise AssertionError(f"{error} (at the end {attempt.state}: {attempt.status_message!r})") from None
     return attempt
 
 
