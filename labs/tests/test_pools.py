@@ -151,8 +151,62 @@ def test_a_ready_pool_vm_that_stops_answering_is_replaced(lifecycle, lab_a):
     operations.vm_delete(namespace=lost.namespace, name=lost.vm_name)  # gone behind the portal's back
     wait_until(lambda: lost.vm_name in pools.pool_vms_check().deleted, what="the lost VM noticed")
     lost.refresh_from_db()
-    assert (lost.state, lost.end_reason) == (PoolVmState.DELETED, pools.EndReason.AGENT_LOST)
+    # Seen on the cluster (its VMI going, then gone) rather than by its agent.
+    assert lost.state == PoolVmState.DELETED
+    assert lost.end_reason in (pools.EndReason.VMI_ENDED, pools.EndReason.VM_GONE)
     assert len(pools.pools_refill().created) == 1
+
+
+def test_a_ready_pool_vm_whose_agent_stops_answering_is_replaced(lifecycle, monkeypatch, lab_a):
+    pool = warm_pool(lab_a, 1)
+    monkeypatch.setattr(pools, "_agent_answers", lambda pool_vm: False)
+    lost = PoolVm.objects.get(pool=pool)
+    assert pools.pool_vms_check().deleted == [lost.vm_name]
+    lost.refresh_from_db()
+    assert (lost.state, lost.end_reason) == (PoolVmState.DELETED, pools.EndReason.AGENT_LOST)
+
+
+def booting_pool_vm(lab) -> PoolVm:
+    """One pool VM of ``lab`` made and its VMI up, its agent not asked yet."""
+    LabPool.objects.create(lab=lab, mode=PoolMode.ALWAYS, size=1)
+    (name,) = pools.pools_refill().created
+    pool_vm = PoolVm.objects.get(vm_name=name)
+    wait_until(
+        lambda: name in {vmi["metadata"]["name"] for vmi in operations.vmis_list(namespace=pool_vm.namespace)},
+        what="the pool VM's VMI",
+    )
+    return pool_vm
+
+
+def test_a_booting_pool_vm_whose_vmi_fails_is_replaced_at_the_next_pass(lifecycle, lab_a):
+    # Failed before Running, KubeVirt retries only after a back-off (10 s here): the VMI stays Failed meanwhile.
+    delays = lifecycle.admin.configure()
+    lifecycle.admin.configure(pending_delay=30)
+    try:
+        pool_vm = booting_pool_vm(lab_a)
+    finally:
+        lifecycle.admin.configure(pending_delay=delays["pending_delay"])
+    lifecycle.admin.fail_vmi(pool_vm.namespace, pool_vm.vm_name, reason="FailedCreate", message="the pod failed")
+    report = pools.pool_vms_check()
+    assert report.deleted == [pool_vm.vm_name] and report.ready == []
+    pool_vm.refresh_from_db()
+    assert (pool_vm.state, pool_vm.end_reason) == (PoolVmState.DELETED, pools.EndReason.VMI_ENDED)
+    assert len(pools.pools_refill().created) == 1
+
+
+def test_a_booting_pool_vm_whose_vm_vanished_is_replaced_at_the_next_pass(lifecycle, lab_a):
+    pool_vm = booting_pool_vm(lab_a)
+    operations.vm_delete(namespace=pool_vm.namespace, name=pool_vm.vm_name)  # behind the portal's back
+    wait_until(
+        lambda: (
+            not operations.vmis_list(namespace=pool_vm.namespace)
+            and operations.vm_get(namespace=pool_vm.namespace, name=pool_vm.vm_name) is None
+        ),
+        what="the VM and its VMI gone",
+    )
+    assert pools.pool_vms_check().deleted == [pool_vm.vm_name]
+    pool_vm.refresh_from_db()
+    assert (pool_vm.state, pool_vm.end_reason) == (PoolVmState.DELETED, pools.EndReason.VM_GONE)
 
 
 def test_a_claimed_vm_whose_agent_is_gone_falls_back_to_a_cold_start(
