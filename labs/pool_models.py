@@ -109,6 +109,8 @@ class PoolVm(models.Model):
     created_at = models.DateTimeField(_("created"), default=timezone.now)
     vmi_running_at = models.DateTimeField(_("VMI running"), null=True, blank=True)
     ready_at = models.DateTimeField(_("agent ready"), null=True, blank=True)
+    # When its agent was last asked: a ready VM is asked only every POOL_READY_CHECK_SECONDS.
+    checked_at = models.DateTimeField(_("agent last asked"), null=True, blank=True)
     claimed_at = models.DateTimeField(_("claimed"), null=True, blank=True)
     ended_at = models.DateTimeField(_("deleted"), null=True, blank=True)
     attempt = models.OneToOneField(

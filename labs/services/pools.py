@@ -217,9 +217,10 @@ def _ended_on_cluster(vms: list[PoolVm], report: PoolReport) -> dict[int, str]:
 
 
 def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
-    """Look at the unclaimed pool VMs' VMIs (a failed or vanished one is replaced at once), then ask the others'
-    agents (in parallel): a booting one that answers is ready; a ready one that does not answer, or a booting
-    one past the start timeout, is replaced."""
+    """Look at the unclaimed pool VMs' VMIs (a failed or vanished one is replaced at once), then ask the agents
+    of the booting ones and of the ready ones not asked for ``POOL_READY_CHECK_SECONDS`` (in parallel): a
+    booting one that answers is ready; a ready one that does not answer, or a booting one past the start
+    timeout, is replaced. A claim asks the agent again in any case (its token rotation)."""
     now = now or timezone.now()
     report = PoolReport()
     vms = list(PoolVm.objects.filter(state__in=POOL_HOLDING_STATES).exclude(vm_name=""))
@@ -229,11 +230,18 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
     for pool_vm in vms:
         if pool_vm.id in ended and pool_vm_end(pool_vm=pool_vm, reason=ended[pool_vm.id]):
             report.deleted.append(pool_vm.vm_name)
-    asked = [pool_vm for pool_vm in vms if pool_vm.id not in ended]
+    due = now - timedelta(seconds=settings.POOL_READY_CHECK_SECONDS)
+    asked = [
+        pool_vm
+        for pool_vm in vms
+        if pool_vm.id not in ended
+        and (pool_vm.state == PoolVmState.BOOTING or pool_vm.checked_at is None or pool_vm.checked_at <= due)
+    ]
     if not asked:
         return report
     with ThreadPoolExecutor(max_workers=min(POOL_CHECK_CONCURRENCY, len(asked))) as executor:
         answers = list(executor.map(_agent_answers, asked))
+    PoolVm.objects.filter(id__in=[pool_vm.id for pool_vm in asked]).update(checked_at=timezone.now())
     boot_limit = now - timedelta(seconds=settings.ATTEMPT_START_TIMEOUT_SECONDS)
     for pool_vm, answers_now in zip(asked, answers, strict=True):
         if pool_vm.state == PoolVmState.BOOTING and answers_now:

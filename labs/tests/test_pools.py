@@ -151,14 +151,15 @@ def test_a_ready_pool_vm_that_stops_answering_is_replaced(lifecycle, lab_a):
     operations.vm_delete(namespace=lost.namespace, name=lost.vm_name)  # gone behind the portal's back
     wait_until(lambda: lost.vm_name in pools.pool_vms_check().deleted, what="the lost VM noticed")
     lost.refresh_from_db()
-    # Seen on the cluster (its VMI going, then gone) rather than by its agent.
+    # Seen on the cluster (its VMI going, then gone) before its agent, asked only every 30 s, is asked again.
     assert lost.state == PoolVmState.DELETED
     assert lost.end_reason in (pools.EndReason.VMI_ENDED, pools.EndReason.VM_GONE)
     assert len(pools.pools_refill().created) == 1
 
 
-def test_a_ready_pool_vm_whose_agent_stops_answering_is_replaced(lifecycle, monkeypatch, lab_a):
+def test_a_ready_pool_vm_whose_agent_stops_answering_is_replaced(lifecycle, monkeypatch, settings, lab_a):
     pool = warm_pool(lab_a, 1)
+    settings.POOL_READY_CHECK_SECONDS = 0
     monkeypatch.setattr(pools, "_agent_answers", lambda pool_vm: False)
     lost = PoolVm.objects.get(pool=pool)
     assert pools.pool_vms_check().deleted == [lost.vm_name]
@@ -207,6 +208,24 @@ def test_a_booting_pool_vm_whose_vm_vanished_is_replaced_at_the_next_pass(lifecy
     assert pools.pool_vms_check().deleted == [pool_vm.vm_name]
     pool_vm.refresh_from_db()
     assert (pool_vm.state, pool_vm.end_reason) == (PoolVmState.DELETED, pools.EndReason.VM_GONE)
+
+
+def test_a_pass_over_recently_asked_ready_vms_opens_no_portforward(lifecycle, monkeypatch, settings, lab_a):
+    from labs import agent_client
+
+    pool = warm_pool(lab_a, 3)
+    opened: list[object] = []
+    connect = agent_client._connect
+    monkeypatch.setattr(
+        agent_client, "_connect", lambda *args, **kwargs: opened.append(args) or connect(*args, **kwargs)
+    )
+    report = pools.pool_vms_check()
+    assert (report.ready, report.deleted, opened) == ([], [], [])
+    # Once they were last asked longer ago than the setting, each is asked again, once.
+    settings.POOL_READY_CHECK_SECONDS = 0
+    assert pools.pool_vms_check().deleted == []
+    assert len(opened) == 3
+    assert PoolVm.objects.filter(pool=pool, state=PoolVmState.READY).count() == 3
 
 
 def test_a_claimed_vm_whose_agent_is_gone_falls_back_to_a_cold_start(
