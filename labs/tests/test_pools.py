@@ -295,3 +295,41 @@ def test_a_refill_makes_at_most_its_per_pass_share(lifecycle, settings, lab_a):
     assert len(pools.pools_refill().created) == 2
     assert len(pools.pools_refill().created) == 1
     assert pools.pools_refill().created == []
+
+
+def test_the_sweep_deletes_a_pool_secret_whose_vm_was_never_made(lifecycle, monkeypatch, lab_a):
+    from django.core.cache import cache
+
+    from labs.kubevirt.operations import ClusterError
+    from labs.services import pool_sweeping
+
+    kept = warm_pool(lab_a, 1).vms.get()
+    LabPool.objects.filter(lab=lab_a).update(size=2)
+
+    def unanswered(*args, **kwargs):
+        raise ClusterError("the cluster did not answer")
+
+    # The VM is never made, and the Secret made before it cannot be deleted then: it is left behind.
+    with monkeypatch.context() as patched:
+        patched.setattr(operations, "vm_create", unanswered)
+        patched.setattr(operations, "secret_delete", unanswered)
+        assert pools.pools_refill().errors == ["the cluster did not answer"]
+    lost = PoolVm.objects.get(lab=lab_a, state=PoolVmState.DELETED)
+    assert lost.end_reason == pools.EndReason.CREATE_FAILED
+    namespace, lost_secret = lost.namespace, names.cloud_init_secret_name(lost.vm_name)
+
+    def swept() -> list[str]:
+        cache.delete(sweeping.CLOUD_INIT_SWEEP_KEY.format(namespace=namespace))
+        return sweeping.namespace_sweep_now(namespace=namespace).orphan_secrets_deleted
+
+    def secret_names() -> set[str]:
+        return {secret["metadata"]["name"] for secret in operations.secrets_list(namespace=namespace)}
+
+    assert swept() == [] and lost_secret in secret_names()  # too young: its VM may be on its way
+    monkeypatch.setattr(pool_sweeping, "POOL_SECRET_MIN_AGE", timedelta(0))
+    # A booting row whose VM is not made yet holds its Secret.
+    PoolVm.objects.filter(id=lost.id).update(state=PoolVmState.BOOTING)
+    assert swept() == []
+    PoolVm.objects.filter(id=lost.id).update(state=PoolVmState.DELETED)
+    assert swept() == [f"{namespace}/{lost_secret}"]
+    assert secret_names() == {names.cloud_init_secret_name(kept.vm_name)}  # the ready VM's Secret is its VM's
