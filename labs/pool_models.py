@@ -35,6 +35,9 @@ class LabPool(models.Model):
     ends_at = models.DateTimeField(_("warm until"), null=True, blank=True)
     # Starts of the lab that found no ready pool VM while the pool was meant to be warm.
     misses = models.PositiveIntegerField(_("misses"), default=0, editable=False)
+    # The figures of pool VM rows pruned after POOL_VM_RETENTION_DAYS: their hits and idle VM-seconds.
+    pruned_hits = models.PositiveIntegerField(default=0, editable=False)
+    pruned_idle_seconds = models.FloatField(default=0.0, editable=False)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
 
     class Meta:
