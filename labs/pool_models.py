@@ -35,6 +35,9 @@ class LabPool(models.Model):
     ends_at = models.DateTimeField(_("warm until"), null=True, blank=True)
     # Starts of the lab that found no ready pool VM while the pool was meant to be warm.
     misses = models.PositiveIntegerField(_("misses"), default=0, editable=False)
+    # The figures of pool VM rows pruned after POOL_VM_RETENTION_DAYS: their hits and idle VM-seconds.
+    pruned_hits = models.PositiveIntegerField(default=0, editable=False)
+    pruned_idle_seconds = models.FloatField(default=0.0, editable=False)
     updated_at = models.DateTimeField(_("updated"), auto_now=True)
 
     class Meta:
@@ -109,6 +112,8 @@ class PoolVm(models.Model):
     created_at = models.DateTimeField(_("created"), default=timezone.now)
     vmi_running_at = models.DateTimeField(_("VMI running"), null=True, blank=True)
     ready_at = models.DateTimeField(_("agent ready"), null=True, blank=True)
+    # When its agent was last asked: a ready VM is asked only every POOL_READY_CHECK_SECONDS.
+    checked_at = models.DateTimeField(_("agent last asked"), null=True, blank=True)
     claimed_at = models.DateTimeField(_("claimed"), null=True, blank=True)
     ended_at = models.DateTimeField(_("deleted"), null=True, blank=True)
     attempt = models.OneToOneField(

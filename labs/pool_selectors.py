@@ -50,7 +50,8 @@ class PoolStats:
 
 
 def pool_stats(*, tenant_ids: Iterable[int] | None = None, now: datetime | None = None) -> list[PoolStats]:
-    """One row per pool that is on or has ever held a VM (of ``tenant_ids``, else every tenant)."""
+    """One row per pool that is on or has ever held a VM (of ``tenant_ids``, else every tenant). Hits and idle
+    VM-seconds include those of pruned rows (``labs.services.pool_pruning``)."""
     now = now or timezone.now()
     pools = LabPool.objects.select_related("lab__course__tenant").annotate(
         ready=Count("vms", filter=Q(vms__state=PoolVmState.READY)),
@@ -61,7 +62,8 @@ def pool_stats(*, tenant_ids: Iterable[int] | None = None, now: datetime | None 
     )
     if tenant_ids is not None:
         pools = pools.filter(lab__course__tenant_id__in=list(tenant_ids))
-    pools = pools.filter(~Q(mode=PoolMode.OFF) | Q(made__gt=0)).order_by("lab__course__tenant__name", "lab__title")
+    pools = pools.filter(~Q(mode=PoolMode.OFF) | Q(made__gt=0) | Q(pruned_hits__gt=0) | Q(pruned_idle_seconds__gt=0))
+    pools = pools.order_by("lab__course__tenant__name", "lab__title")
     idle: dict[int, float] = {}
     # Python rather than SQL: duration sums differ between PostgreSQL and SQLite.
     for pool_id, created, claimed, ended in PoolVm.objects.filter(pool__in=[p.id for p in pools]).values_list(
@@ -80,9 +82,9 @@ def pool_stats(*, tenant_ids: Iterable[int] | None = None, now: datetime | None 
             ready=pool.ready,
             booting=pool.booting,
             claimed=pool.claimed,
-            hits=pool.hits,
+            hits=pool.hits + pool.pruned_hits,
             misses=pool.misses,
-            idle_vm_seconds=idle.get(pool.id, 0.0),
+            idle_vm_seconds=idle.get(pool.id, 0.0) + pool.pruned_idle_seconds,
         )
         for pool in pools
     ]

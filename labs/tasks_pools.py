@@ -1,5 +1,5 @@
 """Celery tasks of the warm pools: the claim's second half (queued by a Start that took a pool VM) and the beat's
-pass that tends the pools (agents asked, failed VMs replaced, pools refilled or drained)."""
+pass that tends the pools (agents asked, failed VMs replaced, pools refilled or drained, long-ended rows pruned)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ from celery import shared_task
 from django.core.cache import cache
 
 from labs.kubevirt.operations import ClusterError
-from labs.services import pool_claim, pools
+from labs.services import pool_claim, pool_pruning, pools
 from labs.tasks import HARD_LIMIT, MAX_RETRIES, SOFT_LIMIT, _retry_or_raise
 
 logger = logging.getLogger(__name__)
 
 TEND_LOCK_KEY = "labs:pools:lock"
+PRUNE_KEY = "labs:pools:pruned"
+PRUNE_EVERY_SECONDS = 3600
 
 
 @shared_task(bind=True, acks_late=True, max_retries=MAX_RETRIES, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
@@ -36,6 +38,9 @@ def tend_pools() -> dict:
     try:
         checked = pools.pool_vms_check()
         refilled = pools.pools_refill()
+        # Long-ended rows go hourly: the pass runs every few seconds, and they pile up over days.
+        if cache.add(PRUNE_KEY, "1", timeout=PRUNE_EVERY_SECONDS):
+            pool_pruning.pool_vms_prune()
     finally:
         cache.delete(TEND_LOCK_KEY)
     return {

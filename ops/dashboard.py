@@ -18,6 +18,7 @@ from django.utils.translation import gettext as _
 
 from labs import sync_health
 from labs.models import ACTIVE_STATES, Attempt, AttemptState
+from labs.pool_models import POOL_HOLDING_STATES, PoolVm
 from labs.pool_selectors import pool_stats
 from labs.sizes import launcher_requests
 from ops import health as ops_health
@@ -52,7 +53,8 @@ class TenantCapacity:
     tenant: Tenant
     running: int = 0
     starting: int = 0
-    active: int = 0  # every attempt holding a VM or about to: what the concurrent-VM quota counts
+    active: int = 0  # every VM held or about to be (attempts and unclaimed pool VMs): what the VM quota counts
+    pool_vms: int = 0  # of which unclaimed warm-pool VMs
     vcpus: int = 0
     cpu_millicores: int = 0
     memory_mib: int = 0
@@ -141,6 +143,22 @@ def ops_overview_for_user(*, user: User, now: datetime | None = None) -> OpsOver
             computed = launcher_requests(vcpus=row["vcpus"], memory_mib=row["memory_mib"])
             capacity.cpu_millicores += computed.cpu_millicores * row["unrecorded"]
             capacity.memory_mib += computed.memory_mib * row["unrecorded"]
+
+    # Unclaimed warm-pool VMs hold quota as attempts do (labs.services.quota.tenant_totals counts them too).
+    pool_rows = (
+        PoolVm.objects.filter(tenant_id__in=tenant_ids, state__in=POOL_HOLDING_STATES)
+        .values("tenant_id", "vcpus", "memory_mib")
+        .annotate(held=Count("id"), memory=Sum("launcher_memory_mib"))
+        .order_by()
+    )
+    for pool_row in pool_rows:
+        capacity = tenants[pool_row["tenant_id"]]
+        capacity.pool_vms += pool_row["held"]
+        capacity.active += pool_row["held"]
+        capacity.vcpus += pool_row["vcpus"] * pool_row["held"]
+        launcher = launcher_requests(vcpus=pool_row["vcpus"], memory_mib=pool_row["memory_mib"])
+        capacity.cpu_millicores += launcher.cpu_millicores * pool_row["held"]
+        capacity.memory_mib += pool_row["memory"] or 0
 
     since = now - LATENCY_WINDOW
     for failed in (

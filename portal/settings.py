@@ -371,6 +371,11 @@ CELERY_TASK_QUEUES = [Queue("celery"), Queue("periodic")]
 # most POOL_REFILL_PER_PASS VMs per pool per pass, so a pool filling up never floods the cluster.
 POOL_PASS_SECONDS = env_int("POOL_PASS_SECONDS", 5)
 POOL_REFILL_PER_PASS = env_int("POOL_REFILL_PER_PASS", 5)
+# Booting pool VMs' agents are asked every pass, ready ones only every POOL_READY_CHECK_SECONDS (their VMIs are
+# looked at every pass, and a claim asks the agent anyway).
+POOL_READY_CHECK_SECONDS = env_int("POOL_READY_CHECK_SECONDS", 30)
+# Claimed and deleted pool VM rows are pruned this many days after they ended, their figures kept on the pool.
+POOL_VM_RETENTION_DAYS = env_int("POOL_VM_RETENTION_DAYS", 30)
 
 
 def periodic_options(interval: float) -> dict:

@@ -1,6 +1,7 @@
 """Warm pools kept at their size: VMs made ahead of Starts (within the tenant's quota, a few per pass), asked until
-their agent answers, replaced when it stops answering, and drained when the pool is off, its schedule ends or
-its lab closes. How an attempt takes one: ``labs.services.pool_claim``."""
+their agent answers, replaced when it stops answering or the cluster says their VMI failed or their VM is gone,
+and drained when the pool is off, its schedule ends or its lab closes. How an attempt takes one:
+``labs.services.pool_claim``."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from django.utils import timezone
 
 from labs.kubevirt import manifests, names, operations
 from labs.kubevirt.operations import ClusterError
+from labs.kubevirt.status import FINAL_PHASES
 from labs.pool_models import POOL_HOLDING_STATES, LabPool, PoolMode, PoolVm, PoolVmState, pool_vm_recipe
 from labs.services.namespaces import tenant_namespace_ensure
 from labs.services.quota import quota_refusal, tenant_locked, tenant_totals
@@ -36,6 +38,8 @@ class EndReason:
     BOOT_TIMEOUT = "boot_timeout"
     CREATE_FAILED = "create_failed"
     CLAIM_FAILED = "claim_failed"
+    VMI_ENDED = "vmi_ended"  # its VMI failed, stopped or is being deleted
+    VM_GONE = "vm_gone"
 
 
 @dataclass
@@ -185,18 +189,61 @@ def _agent_answers(pool_vm: PoolVm) -> bool:
     return True
 
 
+def _ended_on_cluster(vms: list[PoolVm], report: PoolReport) -> dict[int, str]:
+    """Pool VMs the cluster says are done, by id, with the reason: their VMI Failed, Succeeded or being deleted,
+    or their VM gone. One VMI list per namespace, and a VM list only where a VMI is missing; a namespace that
+    does not answer gives no verdict (its agents are still asked)."""
+    ended: dict[int, str] = {}
+    by_namespace: dict[str, list[PoolVm]] = {}
+    for pool_vm in vms:
+        by_namespace.setdefault(pool_vm.namespace, []).append(pool_vm)
+    for namespace, members in by_namespace.items():
+        try:
+            vmis = {vmi["metadata"]["name"]: vmi for vmi in operations.vmis_list(namespace=namespace)}
+            missing = [pool_vm for pool_vm in members if pool_vm.vm_name not in vmis]
+            listed = {vm["metadata"]["name"] for vm in operations.vms_list(namespace=namespace)} if missing else set()
+        except ClusterError as error:
+            report.errors.append(error.message)
+            continue
+        for pool_vm in members:
+            vmi = vmis.get(pool_vm.vm_name)
+            if vmi is None and pool_vm.vm_name not in listed:
+                ended[pool_vm.id] = EndReason.VM_GONE
+            elif vmi is not None and (
+                vmi["metadata"].get("deletionTimestamp") or (vmi.get("status") or {}).get("phase") in FINAL_PHASES
+            ):
+                ended[pool_vm.id] = EndReason.VMI_ENDED
+    return ended
+
+
 def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
-    """Ask the agent of every unclaimed pool VM (booting and ready, in parallel): a booting one that answers is
-    ready; a ready one that does not answer, or a booting one past the start timeout, is replaced."""
+    """Look at the unclaimed pool VMs' VMIs (a failed or vanished one is replaced at once), then ask the agents
+    of the booting ones and of the ready ones not asked for ``POOL_READY_CHECK_SECONDS`` (in parallel): a
+    booting one that answers is ready; a ready one that does not answer, or a booting one past the start
+    timeout, is replaced. A claim asks the agent again in any case (its token rotation)."""
     now = now or timezone.now()
     report = PoolReport()
     vms = list(PoolVm.objects.filter(state__in=POOL_HOLDING_STATES).exclude(vm_name=""))
     if not vms:
         return report
-    with ThreadPoolExecutor(max_workers=min(POOL_CHECK_CONCURRENCY, len(vms))) as executor:
-        answers = list(executor.map(_agent_answers, vms))
+    ended = _ended_on_cluster(vms, report)
+    for pool_vm in vms:
+        if pool_vm.id in ended and pool_vm_end(pool_vm=pool_vm, reason=ended[pool_vm.id]):
+            report.deleted.append(pool_vm.vm_name)
+    due = now - timedelta(seconds=settings.POOL_READY_CHECK_SECONDS)
+    asked = [
+        pool_vm
+        for pool_vm in vms
+        if pool_vm.id not in ended
+        and (pool_vm.state == PoolVmState.BOOTING or pool_vm.checked_at is None or pool_vm.checked_at <= due)
+    ]
+    if not asked:
+        return report
+    with ThreadPoolExecutor(max_workers=min(POOL_CHECK_CONCURRENCY, len(asked))) as executor:
+        answers = list(executor.map(_agent_answers, asked))
+    PoolVm.objects.filter(id__in=[pool_vm.id for pool_vm in asked]).update(checked_at=timezone.now())
     boot_limit = now - timedelta(seconds=settings.ATTEMPT_START_TIMEOUT_SECONDS)
-    for pool_vm, answers_now in zip(vms, answers, strict=True):
+    for pool_vm, answers_now in zip(asked, answers, strict=True):
         if pool_vm.state == PoolVmState.BOOTING and answers_now:
             stamp = timezone.now()
             if PoolVm.objects.filter(id=pool_vm.id, state=PoolVmState.BOOTING).update(

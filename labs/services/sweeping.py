@@ -31,7 +31,7 @@ from labs.kubevirt import names, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, TenantNamespace
 from labs.services.namespaces import is_rbac_refusal, tenant_namespace_refused
-from labs.services.pool_sweeping import is_pool_vm, pool_vms_sweep
+from labs.services.pool_sweeping import is_pool_vm, pool_secrets_sweep, pool_vms_sweep
 from labs.services.provisioning import attempt_end, attempt_fail
 from labs.wording import with_cluster_words
 from portal.models import Tenant
@@ -207,6 +207,13 @@ def namespace_sweep(*, tenant: Tenant, report: SweepReport, now: datetime) -> No
             continue  # deleted with its VM above
         if operations.secret_delete(namespace=namespace, name=metadata["name"]):
             report.orphan_secrets_deleted.append(f"{namespace}/{metadata['name']}")
+    pool_secrets_sweep(
+        tenant=tenant,
+        secrets=secrets,
+        vm_names={vm["metadata"]["name"] for vm in listed},
+        orphans=report.orphan_secrets_deleted,
+        now=now,
+    )
 
     for attempt in Attempt.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).select_related("lab"):
         found = vms.get(attempt.vm_name) or claimed.get(attempt.vm_name)

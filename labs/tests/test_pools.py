@@ -151,8 +151,81 @@ def test_a_ready_pool_vm_that_stops_answering_is_replaced(lifecycle, lab_a):
     operations.vm_delete(namespace=lost.namespace, name=lost.vm_name)  # gone behind the portal's back
     wait_until(lambda: lost.vm_name in pools.pool_vms_check().deleted, what="the lost VM noticed")
     lost.refresh_from_db()
-    assert (lost.state, lost.end_reason) == (PoolVmState.DELETED, pools.EndReason.AGENT_LOST)
+    # Seen on the cluster (its VMI going, then gone) before its agent, asked only every 30 s, is asked again.
+    assert lost.state == PoolVmState.DELETED
+    assert lost.end_reason in (pools.EndReason.VMI_ENDED, pools.EndReason.VM_GONE)
     assert len(pools.pools_refill().created) == 1
+
+
+def test_a_ready_pool_vm_whose_agent_stops_answering_is_replaced(lifecycle, monkeypatch, settings, lab_a):
+    pool = warm_pool(lab_a, 1)
+    settings.POOL_READY_CHECK_SECONDS = 0
+    monkeypatch.setattr(pools, "_agent_answers", lambda pool_vm: False)
+    lost = PoolVm.objects.get(pool=pool)
+    assert pools.pool_vms_check().deleted == [lost.vm_name]
+    lost.refresh_from_db()
+    assert (lost.state, lost.end_reason) == (PoolVmState.DELETED, pools.EndReason.AGENT_LOST)
+
+
+def booting_pool_vm(lab) -> PoolVm:
+    """One pool VM of ``lab`` made and its VMI up, its agent not asked yet."""
+    LabPool.objects.create(lab=lab, mode=PoolMode.ALWAYS, size=1)
+    (name,) = pools.pools_refill().created
+    pool_vm = PoolVm.objects.get(vm_name=name)
+    wait_until(
+        lambda: name in {vmi["metadata"]["name"] for vmi in operations.vmis_list(namespace=pool_vm.namespace)},
+        what="the pool VM's VMI",
+    )
+    return pool_vm
+
+
+def test_a_booting_pool_vm_whose_vmi_fails_is_replaced_at_the_next_pass(lifecycle, lab_a):
+    # Failed before Running, KubeVirt retries only after a back-off (10 s here): the VMI stays Failed meanwhile.
+    delays = lifecycle.admin.configure()
+    lifecycle.admin.configure(pending_delay=30)
+    try:
+        pool_vm = booting_pool_vm(lab_a)
+    finally:
+        lifecycle.admin.configure(pending_delay=delays["pending_delay"])
+    lifecycle.admin.fail_vmi(pool_vm.namespace, pool_vm.vm_name, reason="FailedCreate", message="the pod failed")
+    report = pools.pool_vms_check()
+    assert report.deleted == [pool_vm.vm_name] and report.ready == []
+    pool_vm.refresh_from_db()
+    assert (pool_vm.state, pool_vm.end_reason) == (PoolVmState.DELETED, pools.EndReason.VMI_ENDED)
+    assert len(pools.pools_refill().created) == 1
+
+
+def test_a_booting_pool_vm_whose_vm_vanished_is_replaced_at_the_next_pass(lifecycle, lab_a):
+    pool_vm = booting_pool_vm(lab_a)
+    operations.vm_delete(namespace=pool_vm.namespace, name=pool_vm.vm_name)  # behind the portal's back
+    wait_until(
+        lambda: (
+            not operations.vmis_list(namespace=pool_vm.namespace)
+            and operations.vm_get(namespace=pool_vm.namespace, name=pool_vm.vm_name) is None
+        ),
+        what="the VM and its VMI gone",
+    )
+    assert pools.pool_vms_check().deleted == [pool_vm.vm_name]
+    pool_vm.refresh_from_db()
+    assert (pool_vm.state, pool_vm.end_reason) == (PoolVmState.DELETED, pools.EndReason.VM_GONE)
+
+
+def test_a_pass_over_recently_asked_ready_vms_opens_no_portforward(lifecycle, monkeypatch, settings, lab_a):
+    from labs import agent_client
+
+    pool = warm_pool(lab_a, 3)
+    opened: list[object] = []
+    connect = agent_client._connect
+    monkeypatch.setattr(
+        agent_client, "_connect", lambda *args, **kwargs: opened.append(args) or connect(*args, **kwargs)
+    )
+    report = pools.pool_vms_check()
+    assert (report.ready, report.deleted, opened) == ([], [], [])
+    # Once they were last asked longer ago than the setting, each is asked again, once.
+    settings.POOL_READY_CHECK_SECONDS = 0
+    assert pools.pool_vms_check().deleted == []
+    assert len(opened) == 3
+    assert PoolVm.objects.filter(pool=pool, state=PoolVmState.READY).count() == 3
 
 
 def test_a_claimed_vm_whose_agent_is_gone_falls_back_to_a_cold_start(
@@ -222,3 +295,41 @@ def test_a_refill_makes_at_most_its_per_pass_share(lifecycle, settings, lab_a):
     assert len(pools.pools_refill().created) == 2
     assert len(pools.pools_refill().created) == 1
     assert pools.pools_refill().created == []
+
+
+def test_the_sweep_deletes_a_pool_secret_whose_vm_was_never_made(lifecycle, monkeypatch, lab_a):
+    from django.core.cache import cache
+
+    from labs.kubevirt.operations import ClusterError
+    from labs.services import pool_sweeping
+
+    kept = warm_pool(lab_a, 1).vms.get()
+    LabPool.objects.filter(lab=lab_a).update(size=2)
+
+    def unanswered(*args, **kwargs):
+        raise ClusterError("the cluster did not answer")
+
+    # The VM is never made, and the Secret made before it cannot be deleted then: it is left behind.
+    with monkeypatch.context() as patched:
+        patched.setattr(operations, "vm_create", unanswered)
+        patched.setattr(operations, "secret_delete", unanswered)
+        assert pools.pools_refill().errors == ["the cluster did not answer"]
+    lost = PoolVm.objects.get(lab=lab_a, state=PoolVmState.DELETED)
+    assert lost.end_reason == pools.EndReason.CREATE_FAILED
+    namespace, lost_secret = lost.namespace, names.cloud_init_secret_name(lost.vm_name)
+
+    def swept() -> list[str]:
+        cache.delete(sweeping.CLOUD_INIT_SWEEP_KEY.format(namespace=namespace))
+        return sweeping.namespace_sweep_now(namespace=namespace).orphan_secrets_deleted
+
+    def secret_names() -> set[str]:
+        return {secret["metadata"]["name"] for secret in operations.secrets_list(namespace=namespace)}
+
+    assert swept() == [] and lost_secret in secret_names()  # too young: its VM may be on its way
+    monkeypatch.setattr(pool_sweeping, "POOL_SECRET_MIN_AGE", timedelta(0))
+    # A booting row whose VM is not made yet holds its Secret.
+    PoolVm.objects.filter(id=lost.id).update(state=PoolVmState.BOOTING)
+    assert swept() == []
+    PoolVm.objects.filter(id=lost.id).update(state=PoolVmState.DELETED)
+    assert swept() == [f"{namespace}/{lost_secret}"]
+    assert secret_names() == {names.cloud_init_secret_name(kept.vm_name)}  # the ready VM's Secret is its VM's

@@ -171,3 +171,25 @@ def test_a_vmi_phase_stamped_in_whole_seconds_reads_as_zero_not_negative(instruc
     overview = ops_overview_for_user(user=instructor_a)
     assert overview.phases["pending"].p50 == 0
     assert overview.phases["scheduling"].p50 == pytest.approx(2)
+
+
+@pytest.mark.django_db
+def test_unclaimed_pool_vms_count_as_held_vms_and_requests(client, instructor_a, lab_a, lab_b, both_tenants_busy):
+    from labs.models import LabPool, PoolMode, PoolVmState
+    from ops.tests.test_pool_figures import pool_vm
+
+    pool_a = LabPool.objects.create(lab=lab_a, mode=PoolMode.ALWAYS, size=3)
+    for state in (PoolVmState.READY, PoolVmState.BOOTING, PoolVmState.CLAIMED, PoolVmState.DELETED):
+        pool_vm(pool_a, state, minutes_up=5)  # 1 vCPU, 2048 MiB guest, 2300 MiB requested each
+    pool_vm(LabPool.objects.create(lab=lab_b, mode=PoolMode.ALWAYS, size=1), PoolVmState.READY, minutes_up=5)
+
+    (row,) = ops_overview_for_user(user=instructor_a).tenants
+    small = launcher_requests(vcpus=1, memory_mib=2048)
+    # Three attempts (both_tenants_busy) and the two unclaimed pool VMs; not the claimed, deleted or B's one.
+    assert (row.active, row.pool_vms) == (5, 2)
+    assert row.vcpus == 2 + 2 + 1 + 2
+    assert row.cpu_millicores == 200 + 200 + small.cpu_millicores + 2 * small.cpu_millicores
+    assert row.memory_mib == 4400 + 4400 + small.memory_mib + 2 * 2300
+    assert row.vm_percent == round(100 * 5 / instructor_a.tenant.max_concurrent_vms)
+    client.login(username=instructor_a.username, password=PASSWORD)
+    assert "2 in warm pools" in client.get(URL).content.decode()

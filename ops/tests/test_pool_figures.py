@@ -124,3 +124,73 @@ def test_an_instructor_sets_a_pool_for_their_lab_but_not_another_tenants(client,
     assert LabPool.objects.get().lab == lab_a
     change = client.get(reverse("admin:labs_labpool_change", args=[LabPool.objects.get().pk]))
     assert "students enrolled" in change.content.decode()
+
+
+def test_long_ended_pool_vm_rows_are_pruned_and_their_figures_kept(settings, busy_pool, lab_a, student_a):
+    from labs.services.pool_pruning import pool_vms_prune
+
+    settings.POOL_VM_RETENTION_DAYS = 30
+    day = 24 * 60
+    long_ago = timezone.now() - timedelta(days=31)
+    stopped = Attempt.objects.create(
+        lab=lab_a, student=student_a, tenant=lab_a.course.tenant, state=AttemptState.STOPPED
+    )
+    other = make_person(username="old_student", tenant=lab_a.course.tenant, course=lab_a.course, role=Role.STUDENT)
+    still_running = Attempt.objects.create(
+        lab=lab_a, student=other, tenant=lab_a.course.tenant, state=AttemptState.RUNNING
+    )
+    old_hit = pool_vm(busy_pool, PoolVmState.CLAIMED, minutes_up=40 * day, claimed_after=8 * day + 7, attempt=stopped)
+    old_drained = pool_vm(busy_pool, PoolVmState.DELETED, minutes_up=35 * day)
+    PoolVm.objects.filter(id=old_drained.id).update(ended_at=long_ago)
+    # Kept: a claimed VM whose attempt is still active, however old, and one deleted recently.
+    held = pool_vm(busy_pool, PoolVmState.CLAIMED, minutes_up=40 * day, claimed_after=3, attempt=still_running)
+    recent = pool_vm(busy_pool, PoolVmState.DELETED, minutes_up=60)
+    PoolVm.objects.filter(id=recent.id).update(ended_at=timezone.now() - timedelta(days=29))
+    now = timezone.now()
+    (before,) = pool_stats(now=now)
+
+    assert pool_vms_prune(now=now) == 2
+    assert not PoolVm.objects.filter(id__in=[old_hit.id, old_drained.id]).exists()
+    assert PoolVm.objects.filter(id__in=[held.id, recent.id]).count() == 2
+    busy_pool.refresh_from_db()
+    assert busy_pool.pruned_hits == 1
+    assert busy_pool.pruned_idle_seconds == pytest.approx((8 * day + 7) * 60 + (4 * day) * 60, abs=5)
+    (after,) = pool_stats(now=now)
+    assert (after.hits, after.misses, after.ready, after.booting, after.claimed) == (
+        before.hits,
+        before.misses,
+        before.ready,
+        before.booting,
+        before.claimed,
+    )
+    assert after.idle_vm_seconds == pytest.approx(before.idle_vm_seconds)
+    assert pool_vms_prune(now=now) == 0
+
+
+def test_a_pool_whose_rows_were_all_pruned_keeps_its_figures(settings, lab_b):
+    from labs.services.pool_pruning import pool_vms_prune
+
+    pool = LabPool.objects.create(lab=lab_b, mode=PoolMode.ALWAYS, size=1)
+    gone = pool_vm(pool, PoolVmState.DELETED, minutes_up=50 * 24 * 60)
+    PoolVm.objects.filter(id=gone.id).update(ended_at=timezone.now() - timedelta(days=40))
+    LabPool.objects.filter(id=pool.id).update(mode=PoolMode.OFF)
+    assert pool_vms_prune() == 1
+    (stats,) = pool_stats()
+    assert stats.lab_id == lab_b.id and stats.idle_vm_seconds == pytest.approx(10 * 24 * 3600, abs=5)
+
+
+def test_the_pool_pass_prunes_hourly(settings, lab_b):
+    from django.core.cache import cache
+
+    from labs import tasks_pools
+
+    pool = LabPool.objects.create(lab=lab_b, mode=PoolMode.OFF, size=0)
+    first, second = (pool_vm(pool, PoolVmState.DELETED, minutes_up=50 * 24 * 60) for _n in range(2))
+    PoolVm.objects.filter(id=first.id).update(ended_at=timezone.now() - timedelta(days=40))
+    cache.delete(tasks_pools.PRUNE_KEY)
+    tasks_pools.tend_pools()
+    assert list(PoolVm.objects.filter(pool=pool)) == [second]
+    PoolVm.objects.filter(id=second.id).update(ended_at=timezone.now() - timedelta(days=40))
+    tasks_pools.tend_pools()
+    assert list(PoolVm.objects.filter(pool=pool)) == [second]  # not again within the hour
+    cache.delete(tasks_pools.PRUNE_KEY)
