@@ -39,9 +39,10 @@ def lab_get_for_staff(*, user: User, lab_id: int) -> Lab:
 
 
 def lab_get_for_student(*, user: User, lab_id: int) -> Lab:
-    """A lab of a course the user takes as a student (``student_role_shown``); any lab for a superuser."""
+    """A lab of a course the user takes as a student (``student_role_shown``); any lab for a superuser. Its warm
+    pool, if any, comes along (a Start asks for it)."""
     labs = Lab.objects.filter(course__in=courses_for_user(user=user, roles=(Role.STUDENT,)))
-    lab = labs.filter(id=lab_id).select_related("course__tenant").order_by().first()
+    lab = labs.filter(id=lab_id).select_related("course__tenant", "pool").order_by().first()
     if lab is None:
         raise NotFound(_("Lab not found."))
     return lab

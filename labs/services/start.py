@@ -16,6 +16,7 @@ from django.utils.translation import gettext as _
 
 from labs.kubevirt import names
 from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab, extra_cloud_init_problem
+from labs.pool_models import LabPool
 from labs.services.namespaces import tenant_namespace_ready
 from labs.services.pool_claim import pool_give_way, pool_miss_record, pool_vm_claim, pool_vms_delete_on_commit
 from labs.services.quota import (
@@ -76,6 +77,16 @@ def _my_attempts(*, student: User, lab: Lab) -> dict:
     )
 
 
+def _has_pool(lab: Lab) -> bool:
+    """Whether the lab has a warm pool (most have none, and then no pool VM to claim nor miss to count). The lab
+    page's Start reads it with the lab (``lab_get_for_student``); other callers pay one query here."""
+    try:
+        lab.pool  # noqa: B018 - the access is the check
+    except LabPool.DoesNotExist:
+        return False
+    return True
+
+
 def _already_active(*, attempt_id: int | None) -> Conflict:
     return Conflict(
         _("You already have an attempt of this lab in progress."),
@@ -133,6 +144,7 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
         )
     check_start_throttle()
     number = (mine["number"] or 0) + 1
+    pooled = _has_pool(lab)
 
     try:
         with transaction.atomic():
@@ -152,7 +164,7 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
                 requested_at=now,
             )
             # A ready VM of the lab's warm pool, when there is one; else the attempt's own VM, made on commit.
-            claimed = pool_vm_claim(attempt=attempt, lab=lab, now=now)
+            claimed = pool_vm_claim(attempt=attempt, lab=lab, now=now) if pooled else None
             if claimed is None:
                 attempt.vm_name = names.vm_name(attempt.id)
                 Attempt.objects.filter(id=attempt.id).update(vm_name=attempt.vm_name)
@@ -203,7 +215,8 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
     if claimed is not None:
         _enqueue_claim_finish(attempt.id)
         return attempt
-    pool_miss_record(lab=lab, now=now)
+    if pooled:
+        pool_miss_record(lab=lab, now=now)
     queued = _enqueue_provision(attempt.id)
     if not transaction.get_connection().in_atomic_block and not queued.get("sent", True):
         # The provisioning could not be handed to the broker: the attempt was failed in words.

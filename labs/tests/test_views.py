@@ -396,6 +396,30 @@ def test_start_as_json_returns_the_status_payload(student_a, lab_a):
     assert response.json()["attempt"]["state"] == "requested"
 
 
+def test_the_page_start_of_a_lab_without_a_pool_makes_no_pool_queries(student_a, lab_a, django_assert_max_num_queries):
+    """The Start's statements: the lab (with its pool, if any), the namespace's state, the student's attempts, the
+    start throttle, then in the transaction the row, its VM name, the audit record, the tenant's lock and the two
+    totals. A lab without a warm pool asks nothing of the pools' rows but the tenant's pool totals."""
+    client = logged_in(student_a)
+    client.get(reverse("labs:lab_detail", args=[lab_a.id]))  # the session's user, as the page has it
+    with django_assert_max_num_queries(13) as captured:
+        response = client.post(reverse("labs:attempt_start", args=[lab_a.id]), HTTP_ACCEPT="application/json")
+    assert response.status_code == 201
+    pool_tables = ('FROM "labs_labpool"', 'FROM "labs_poolvm"', 'UPDATE "labs_labpool"', 'UPDATE "labs_poolvm"')
+    pool_rows = [q["sql"] for q in captured.captured_queries if any(table in q["sql"] for table in pool_tables)]
+    assert len(pool_rows) == 1 and "SUM(" in pool_rows[0]  # the tenant's pool totals (its quota) only
+
+
+def test_the_page_start_of_a_lab_with_a_pool_counts_the_miss(student_a, lab_a):
+    from labs.pool_models import LabPool, PoolMode
+
+    pool = LabPool.objects.create(lab=lab_a, mode=PoolMode.ALWAYS, size=2)
+    response = logged_in(student_a).post(reverse("labs:attempt_start", args=[lab_a.id]), HTTP_ACCEPT="application/json")
+    assert response.status_code == 201
+    pool.refresh_from_db()
+    assert pool.misses == 1  # no ready VM to claim: a cold start, counted against the pool
+
+
 def test_start_twice_is_refused_with_the_services_message(student_a, lab_a):
     make_attempt(lab=lab_a, student=student_a)
     response = logged_in(student_a).post(reverse("labs:attempt_start", args=[lab_a.id]), HTTP_ACCEPT="application/json")
