@@ -2,7 +2,7 @@
 overrides, ``regrades``); the names below are the public contract other apps import."""
 
 from grading.services.final import grading_run_final
-from grading.services.grades import grade_override, grade_recompute, lab_max_points, parse_override_score
+from grading.services.grades import grade_override, grade_recompute, lab_max_points
 from grading.services.regrades import (
     LabRegradeOutcome,
     RegradeOutcome,
@@ -32,5 +32,4 @@ __all__ = [
     "lab_regrade_execute",
     "lab_regrade_request",
     "lab_regrades_fail_stale",
-    "parse_override_score",
 ]
