@@ -1,11 +1,6 @@
-"""``/ws/labs/<id>/class/``: the staff's class view of a lab, pushed as it changes.
-
-Joined to the channel-layer group ``class-<lab id>``, which every attempt update and grading run of the lab is
-announced to after commit (``labs.services.events.class_changed_on_commit``). The table is rendered here, in the
-reader's language and time zone, at most once per ``CLASS_REFRESH_SECONDS`` however many students change at once,
-and every ``CLASS_TICK_SECONDS`` for the times left; access is decided again with every rendering, so a member of
-staff who loses the role stops receiving it.
-"""
+"""``/ws/labs/<id>/class/``: the staff's class view of a lab, rendered in the reader's language and time zone on
+changes to the group ``class-<lab id>`` (at most once per ``CLASS_REFRESH_SECONDS``) and every
+``CLASS_TICK_SECONDS``; access is decided again with every rendering, so staff who lose the role stop receiving it."""
 
 from __future__ import annotations
 

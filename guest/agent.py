@@ -2,7 +2,8 @@
 """In-guest grading agent: runs the portal's check commands and returns their output over HTTP + JSON.
 
 Standard library only, one file: cloud-init copies it verbatim into the guest (`/opt/lab-agent/agent.py`) and
-kubesim starts the same file for its simulated guests.
+kubesim starts the same file for its simulated guests. It stays one file past the usual ~300 lines because one
+`write_files` entry and one `ExecStart` ship it whole; a package would need an install step in each of them.
 
     python3 agent.py [--host 0.0.0.0] [--port 8787] [--token-file /etc/lab-agent/token] [--port-file PATH]
                      [--home DIR] [--max-concurrent N] [--setup-marker PATH]

@@ -1,9 +1,5 @@
-"""Cloud-init user data that installs the grading agent under systemd in a lab VM.
-
-`render_user_data()` returns the `#cloud-config` document stored in the attempt's Secret (KubeVirt's
-`cloudInitNoCloud.secretRef`; inline user data is capped at 2048 bytes, far too small for the agent).
-The document is written with PyYAML's safe dumper, the counterpart of the loader real cloud-init reads it with.
-"""
+"""Cloud-init user data that installs the grading agent under systemd in a lab VM, written with PyYAML's safe dumper
+and stored in the attempt's Secret (``cloudInitNoCloud.secretRef``: inline user data is capped at 2048 bytes)."""
 
 from __future__ import annotations
 
@@ -17,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from guest.cloud_yaml import dump_cloud_config, written_file
+from guest.cloud_yaml import dump_cloud_config
 
 AGENT_PORT = 8787
 TOKEN_PATH = "/etc/lab-agent/token"  # noqa: S105 - a path, not a password
@@ -266,8 +262,3 @@ def _yaml_type_name(value: Any) -> str:
     if isinstance(value, str):
         return "a string"
     return f"a {type(value).__name__}"
-
-
-def token_from_user_data(user_data: str) -> str:
-    """The agent token that a rendered document installs."""
-    return written_file(user_data, path=TOKEN_PATH).decode("utf-8").strip()

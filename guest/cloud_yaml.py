@@ -1,10 +1,7 @@
-"""Cloud-config as YAML both ways: written block-style for people to read, and a rendered document's files read back
-(kubesim's simulated guests, tests)."""
+"""Cloud-config written as block-style YAML, for people to read and cloud-init to load unchanged."""
 
 from __future__ import annotations
 
-import base64
-import gzip
 from typing import Any
 
 import yaml
@@ -37,22 +34,3 @@ def dump_cloud_config(config: dict[str, Any]) -> str:
         return yaml.dump(config, Dumper=_CloudConfigDumper, sort_keys=False, allow_unicode=True, width=4096)
     except yaml.representer.RepresenterError as exc:
         raise ValueError(f"cloud-config cannot hold this value: {exc}") from None
-
-
-def written_file(user_data: str, *, path: str) -> bytes:
-    """The decoded content that the document's `write_files` puts at `path`."""
-    config = yaml.safe_load(user_data)
-    if not isinstance(config, dict):
-        raise ValueError("the user data is not a cloud-config mapping")
-    for entry in config.get("write_files") or []:
-        if isinstance(entry, dict) and entry.get("path") == path:
-            content = str(entry.get("content", ""))
-            encoding = entry.get("encoding", "text")
-            if encoding in ("b64", "base64"):
-                return base64.b64decode(content)
-            if encoding in ("gz+b64", "gzip+b64", "gz+base64", "gzip+base64"):
-                return gzip.decompress(base64.b64decode(content))
-            if encoding == "text":
-                return content.encode("utf-8")
-            raise ValueError(f"unsupported write_files encoding for {path}: {encoding}")
-    raise ValueError(f"the user data writes no file at {path}")

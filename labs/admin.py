@@ -1,9 +1,5 @@
 """The instructor admin for labs: labs with their checks inline, and attempts (read-only) with their VM state.
-
-Scoping by course role comes from ``portal.admin_scoping``. ``AttemptAdmin`` is read-only; stop and extend
-actions belong with the lifecycle services and can be added to it as admin actions whose
-``has_<name>_permission`` asks ``self.instructs(request, obj)``.
-"""
+Scoping by course role comes from ``portal.admin_scoping``; stop, extend and capacity from ``labs.admin_lifecycle``."""
 
 from __future__ import annotations
 

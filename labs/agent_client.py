@@ -5,7 +5,6 @@ subresource (KubeVirt has no exec into a VM), one request per connection. ``heal
 
 from __future__ import annotations
 
-import json
 import socket
 import ssl
 import time
@@ -28,24 +27,10 @@ from labs.agent_http import (
     HTTPResponseParser,
     VMNotRunning,
     build_request,
+    expect_ok_json,
+    handshake_error,
 )
 from labs.kubevirt.client import StreamTarget, stream_target, vmi_subresource_path
-
-# The errors are part of this client's interface: callers catch ``agent_client.AgentError`` and its kinds.
-__all__ = [
-    "AgentBadResponse",
-    "AgentBusy",
-    "AgentError",
-    "AgentNotAnswering",
-    "AgentTimeout",
-    "AgentTokenRejected",
-    "ClusterUnavailable",
-    "VMNotRunning",
-    "agent_request",
-    "deadline_for_checks",
-    "healthz",
-    "run_checks",
-]
 
 # Per check, beyond its own timeout: the agent waits this long between SIGTERM and SIGKILL for a check that ran
 # out of time, and drains the pipes briefly after the shell exits.
@@ -85,7 +70,7 @@ def portforward_path(*, namespace: str, vmi_name: str, port: int | None = None) 
 def healthz(attempt: AgentTarget, *, timeout_s: float = HEALTHZ_TIMEOUT_S) -> dict[str, Any]:
     """Ask the attempt's agent whether it is up. Returns its JSON (``ready``, ``version``, ``setup_finished``)."""
     response = agent_request(attempt, method="GET", path="/healthz", timeout_s=timeout_s)
-    payload = _expect_ok_json(response)
+    payload = expect_ok_json(response)
     if not isinstance(payload, dict) or payload.get("ready") is not True:
         raise AgentBadResponse(f"the agent's health answer is not ready: {payload!r}"[:500], status=response.status)
     return payload
@@ -97,7 +82,7 @@ def rotate_token(target: AgentTarget, *, new_token: str, timeout_s: float = HEAL
     response = agent_request(
         target, method="POST", path="/v1/token", json_body={"token": new_token}, timeout_s=timeout_s
     )
-    payload = _expect_ok_json(response)
+    payload = expect_ok_json(response)
     if not isinstance(payload, dict) or payload.get("rotated") is not True:
         raise AgentBadResponse(f"the agent did not take the new token: {payload!r}"[:500], status=response.status)
 
@@ -106,7 +91,7 @@ def set_tty_size(attempt: AgentTarget, *, rows: int, cols: int, timeout_s: float
     """Set the guest's serial console to ``rows`` x ``cols`` (the agent's ``/v1/tty-size``)."""
     body = {"rows": rows, "cols": cols}
     response = agent_request(attempt, method="POST", path="/v1/tty-size", json_body=body, timeout_s=timeout_s)
-    _expect_ok_json(response)
+    expect_ok_json(response)
 
 
 def run_checks(attempt: AgentTarget, checks: Sequence[CheckLike]) -> list[dict[str, Any]]:
@@ -120,7 +105,7 @@ def run_checks(attempt: AgentTarget, checks: Sequence[CheckLike]) -> list[dict[s
     body = {"checks": [{"id": str(c.pk), "command": c.command, "timeout_s": c.timeout_s} for c in checks]}
     deadline = run_deadline_s([c.timeout_s for c in checks])
     response = agent_request(attempt, method="POST", path="/v1/run", json_body=body, timeout_s=deadline)
-    payload = _expect_ok_json(response)
+    payload = expect_ok_json(response)
     results = payload.get("results") if isinstance(payload, dict) else None
     if not isinstance(results, list):
         raise AgentBadResponse("the agent's answer has no list of results", status=response.status)
@@ -218,7 +203,7 @@ def _connect(target: StreamTarget, *, timeout_s: float) -> websocket.WebSocket:
             **proxy,
         )
     except websocket.WebSocketBadStatusException as exc:
-        raise _handshake_error(exc) from None
+        raise handshake_error(status=exc.status_code, body=exc.resp_body, fallback=str(exc)) from None
     except websocket.WebSocketTimeoutException:
         raise AgentTimeout(f"the cluster did not open the portforward stream within {timeout_s:.0f} s") from None
     except (ConnectionRefusedError, socket.gaierror) as exc:
@@ -231,58 +216,11 @@ def _connect(target: StreamTarget, *, timeout_s: float) -> websocket.WebSocket:
         raise ClusterUnavailable(f"cannot open the portforward stream: {exc}") from None
 
 
-def _handshake_error(exc: websocket.WebSocketBadStatusException) -> AgentError:
-    status = exc.status_code
-    message = _status_message(exc.resp_body) or str(exc)
-    if status in (400, 404, 409):
-        return VMNotRunning(f"the virtual machine is not running ({status}: {message})", status=status)
-    if status in (401, 403):
-        return ClusterUnavailable(f"the cluster refused the portal's credentials ({status}: {message})", status=status)
-    if status in (500, 502, 503):
-        # virt-api dials the guest before upgrading: nothing listening on the agent port shows up here.
-        return AgentNotAnswering(f"the agent is not answering ({status}: {message})", status=status)
-    return AgentBadResponse(f"the portforward stream was refused ({status}: {message})", status=status)
-
-
-def _status_message(body: bytes | str | None) -> str:
-    if not body:
-        return ""
-    text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body
-    try:
-        status = json.loads(text)
-    except json.JSONDecodeError:
-        return text.strip()[:300]
-    if isinstance(status, dict) and isinstance(status.get("message"), str):
-        return status["message"][:300]
-    return text.strip()[:300]
-
-
 def _close_quietly(ws: websocket.WebSocket) -> None:
     try:
         ws.close(timeout=CLOSE_TIMEOUT_S)
     except Exception:  # noqa: S110  the answer is already in hand; a failed close frame changes nothing
         pass
-
-
-def _expect_ok_json(response: AgentResponse) -> Any:
-    if response.status == 200:
-        return response.json()
-    detail = _agent_error_text(response)
-    if response.status == 401:
-        raise AgentTokenRejected(f"the agent rejected the attempt's token: {detail}", status=401)
-    if response.status == 429:
-        raise AgentBusy(f"the agent is busy: {detail}", status=429)
-    raise AgentBadResponse(f"the agent answered {response.status}: {detail}", status=response.status)
-
-
-def _agent_error_text(response: AgentResponse) -> str:
-    try:
-        payload = json.loads(response.body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return response.body[:200].decode("utf-8", errors="replace")
-    if isinstance(payload, dict) and isinstance(payload.get("error"), str):
-        return payload["error"][:300]
-    return str(payload)[:300]
 
 
 def deadline_for_checks(checks: Sequence[CheckLike]) -> float:

@@ -179,3 +179,51 @@ def _dechunk(body: bytes) -> bytes:
         start = line_end + 2
         out.extend(body[start : start + size])
         position = start + size + 2
+
+
+def handshake_error(*, status: int, body: bytes | str | None, fallback: str) -> AgentError:
+    """The error for a portforward WebSocket the cluster refused with ``status``."""
+    message = _status_message(body) or fallback
+    if status in (400, 404, 409):
+        return VMNotRunning(f"the virtual machine is not running ({status}: {message})", status=status)
+    if status in (401, 403):
+        return ClusterUnavailable(f"the cluster refused the portal's credentials ({status}: {message})", status=status)
+    if status in (500, 502, 503):
+        # virt-api dials the guest before upgrading: nothing listening on the agent port shows up here.
+        return AgentNotAnswering(f"the agent is not answering ({status}: {message})", status=status)
+    return AgentBadResponse(f"the portforward stream was refused ({status}: {message})", status=status)
+
+
+def _status_message(body: bytes | str | None) -> str:
+    if not body:
+        return ""
+    text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body
+    try:
+        status = json.loads(text)
+    except json.JSONDecodeError:
+        return text.strip()[:300]
+    if isinstance(status, dict) and isinstance(status.get("message"), str):
+        return status["message"][:300]
+    return text.strip()[:300]
+
+
+def expect_ok_json(response: AgentResponse) -> Any:
+    """The answer's JSON when the agent answered 200, else the error its status stands for."""
+    if response.status == 200:
+        return response.json()
+    detail = _agent_error_text(response)
+    if response.status == 401:
+        raise AgentTokenRejected(f"the agent rejected the attempt's token: {detail}", status=401)
+    if response.status == 429:
+        raise AgentBusy(f"the agent is busy: {detail}", status=429)
+    raise AgentBadResponse(f"the agent answered {response.status}: {detail}", status=response.status)
+
+
+def _agent_error_text(response: AgentResponse) -> str:
+    try:
+        payload = json.loads(response.body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return response.body[:200].decode("utf-8", errors="replace")
+    if isinstance(payload, dict) and isinstance(payload.get("error"), str):
+        return payload["error"][:300]
+    return str(payload)[:300]

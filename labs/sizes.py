@@ -42,14 +42,6 @@ class LauncherRequests:
     compute_cpu_millicores: int = 0
     compute_memory_bytes: int = 0
 
-    @property
-    def cpu(self) -> str:
-        return f"{self.cpu_millicores}m"
-
-    @property
-    def memory(self) -> str:
-        return f"{self.memory_mib}Mi"
-
 
 SIZE_TABLE: dict[str, GuestResources] = {
     LabSize.SMALL: GuestResources(vcpus=1, memory_mib=2048),

@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Aggregate, Case, Count, DurationField, ExpressionWrapper, F, Q, QuerySet, Sum, Value, When
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -51,6 +51,7 @@ from prometheus_client.registry import Collector
 from grading.models import GradingRun, RunState
 from labs.models import Attempt, AttemptState
 from labs.services.stopping import StopReason
+from ops.histograms import duration_histograms
 from ops.pool_metrics import pool_families
 from portal.metrics import (
     CLUSTER_API_ERRORS_KEY,
@@ -79,50 +80,6 @@ START_PHASES: dict[str, tuple[str, str]] = {
 }
 START_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
 GRADING_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
-
-
-def _span(start: str, end: str) -> Case:
-    """``end - start``, and 0 where ``end`` reads earlier than ``start``: the VMI's phase times come from the
-    cluster in whole seconds (Kubernetes writes times without fractions), so a phase reached within the same second
-    as the portal's precise ``provisioned_at`` reads up to a second before it. NULL where either is missing."""
-    return Case(
-        When(**{f"{end}__lt": F(start)}, then=Value(timedelta(0))),
-        default=ExpressionWrapper(F(end) - F(start), output_field=DurationField()),
-        output_field=DurationField(),
-    )
-
-
-def _duration_histograms(
-    queryset: QuerySet, *, spans: dict[str, tuple[str, str]], buckets: Iterable[float]
-) -> dict[str, tuple[list[tuple[str, int]], float, int]]:
-    """Bucket counts, sum and count of ``end - start`` per span, in one aggregate query.
-
-    Returns ``{label: ([(le, cumulative count), ..., ("+Inf", count)], sum_seconds, count)}``.
-    """
-    buckets = tuple(buckets)
-    aliases = {label: _span(start, end) for label, (start, end) in spans.items()}
-    aggregates: dict[str, Aggregate] = {}
-    for label in spans:
-        alias = f"d_{label}"
-        aggregates[f"{label}__count"] = Count("pk", filter=Q(**{f"{alias}__isnull": False}))
-        aggregates[f"{label}__sum"] = Sum(alias)
-        for index, bound in enumerate(buckets):
-            aggregates[f"{label}__le{index}"] = Count("pk", filter=Q(**{f"{alias}__lte": timedelta(seconds=bound)}))
-    row = queryset.annotate(**{f"d_{label}": expression for label, expression in aliases.items()}).aggregate(
-        **aggregates
-    )
-    result = {}
-    for label in spans:
-        count = row[f"{label}__count"] or 0
-        total = row[f"{label}__sum"]
-        series = [(_bucket_label(bound), row[f"{label}__le{index}"] or 0) for index, bound in enumerate(buckets)]
-        series.append(("+Inf", count))
-        result[label] = (series, total.total_seconds() if total else 0.0, count)
-    return result
-
-
-def _bucket_label(bound: float) -> str:
-    return repr(float(bound))
 
 
 class PortalCollector(Collector):
@@ -189,7 +146,7 @@ class PortalCollector(Collector):
 
     def _start_phases(self, now) -> Iterator[Metric]:
         window_start = now - timedelta(seconds=METRICS_WINDOW_SECONDS)
-        histograms = _duration_histograms(
+        histograms = duration_histograms(
             Attempt.objects.filter(requested_at__gte=window_start), spans=START_PHASES, buckets=START_BUCKETS
         )
         family = HistogramMetricFamily(
@@ -229,12 +186,12 @@ class PortalCollector(Collector):
             labels=["outcome"],
         )
         for outcome in (RunState.DONE, RunState.ERROR):
-            series, total, _count = _duration_histograms(
+            series, total, _count = duration_histograms(
                 recent.filter(state=outcome), spans={"run": ("started_at", "finished_at")}, buckets=GRADING_BUCKETS
             )["run"]
             run_seconds.add_metric([outcome.value], buckets=series, sum_value=total)
         yield run_seconds
-        series, total, _count = _duration_histograms(
+        series, total, _count = duration_histograms(
             recent, spans={"queue": ("created_at", "started_at")}, buckets=GRADING_BUCKETS
         )["queue"]
         queue_seconds = HistogramMetricFamily(
@@ -273,9 +230,8 @@ class PortalCollector(Collector):
         yield errors
         failures = CounterMetricFamily(
             "portal_requests_failed",
-            "Requests (HTTP, and Starts on the lab page's "
-            "socket) that failed inside the portal, by answer: portal_busy (503, no "
-            "database connection in time) or server_error (500), all processes.",
+            "HTTP requests that failed inside the portal, by answer: portal_busy (503, no database connection in "
+            "time) or server_error (500), all processes.",
             labels=["reason"],
         )
         failed = counters.read(REQUEST_FAILURES_KEY)

@@ -1,12 +1,6 @@
-"""django-redis's cache, with a ``clear()`` that removes this cache's keys only.
-
-django-redis clears a cache with FLUSHDB: every key of the Redis database goes, not only the cache's. The portal
-keeps its Celery queues, channel-layer groups, console leases and metrics in the same database, and several portals
-(or test processes, ``tests/run_isolation.py``) share one under their ``REDIS_KEY_PREFIX``: a ``cache.clear()``
-anywhere emptied every one of them, and the pages open at that moment lost their live updates (their groups were
-gone). Here ``clear()`` deletes the keys the cache's own key function makes, ``<KEY_PREFIX>:<version>:<key>``, of
-every version, and nothing else.
-"""
+"""django-redis's cache, with a ``clear()`` that deletes only this cache's keys (``<KEY_PREFIX>:<version>:<key>``)
+instead of FLUSHDB: Celery's queues, channel-layer groups, console leases, metrics and other portals or test runs
+sharing the Redis database under their own ``REDIS_KEY_PREFIX`` survive it."""
 
 from __future__ import annotations
 

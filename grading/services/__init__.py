@@ -1,8 +1,8 @@
-"""Every write of grading, by subject (``runs``, ``final``, ``grades`` with overrides, ``regrades``); the names below
-are the public contract other apps import."""
+"""Every write of grading, by subject (``run_requests`` for the Check button, ``runs``, ``final``, ``grades`` with
+overrides, ``regrades``); the names below are the public contract other apps import."""
 
 from grading.services.final import grading_run_final
-from grading.services.grades import grade_override, grade_recompute, lab_max_points, parse_override_score
+from grading.services.grades import grade_override, grade_recompute, lab_max_points
 from grading.services.regrades import (
     LabRegradeOutcome,
     RegradeOutcome,
@@ -12,13 +12,8 @@ from grading.services.regrades import (
     lab_regrade_request,
     lab_regrades_fail_stale,
 )
-from grading.services.runs import (
-    grading_run_execute,
-    grading_run_fail,
-    grading_run_record,
-    grading_run_request,
-    grading_runs_fail_stale,
-)
+from grading.services.run_requests import grading_run_request
+from grading.services.runs import grading_run_execute, grading_run_fail, grading_run_record, grading_runs_fail_stale
 
 __all__ = [
     "LabRegradeOutcome",
@@ -37,5 +32,4 @@ __all__ = [
     "lab_regrade_execute",
     "lab_regrade_request",
     "lab_regrades_fail_stale",
-    "parse_override_score",
 ]

@@ -13,7 +13,7 @@ from grading.services.push import push_run_on_commit
 from grading.services.runs import (
     ERROR_REPLACED,
     ERROR_STALE,
-    _create_unfinished_run,
+    create_unfinished_run,
     grading_run_fail,
     lab_checks,
     measure_and_record,
@@ -46,9 +46,7 @@ def grading_run_final(*, attempt: Attempt, trigger: str) -> GradingRun | None:
         _make_room_for_final_run(attempt=attempt)
         try:
             with transaction.atomic():
-                run = _create_unfinished_run(
-                    attempt=attempt, state=RunState.RUNNING, trigger=trigger, requested_by=None
-                )
+                run = create_unfinished_run(attempt=attempt, state=RunState.RUNNING, trigger=trigger, requested_by=None)
                 push_run_on_commit(run=run, results=[])
             break
         except Conflict:

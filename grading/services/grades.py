@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from django.db import transaction
 from django.db.models import Sum
@@ -78,18 +78,6 @@ def _require_course_staff(*, actor: User, lab: Lab) -> str:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Overrides
-
-
-def parse_override_score(value: str | Decimal | None) -> Decimal | None:
-    if value is None or (isinstance(value, str) and not value.strip()):
-        return None
-    try:
-        score = Decimal(str(value).strip())
-    except InvalidOperation:
-        raise ApplicationError(_("The score must be a number.")) from None
-    if not score.is_finite():
-        raise ApplicationError(_("The score must be a number."))
-    return score
 
 
 @transaction.atomic

@@ -25,13 +25,35 @@ from guest.cloud_init import (
     UNIT_PATH,
     parse_extra_cloud_config,
     render_user_data,
-    token_from_user_data,
-    written_file,
 )
 
 TOKEN = "Zm9yLXRlc3RzLW9ubHktMTIzNDU2Nzg5MA"
 GUEST_DIR = Path(cloud_init.__file__).parent
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "cloud-config-v1-22.4.2.json"
+
+
+def written_file(user_data: str, *, path: str) -> bytes:
+    """The decoded content that the document's `write_files` puts at `path`."""
+    config = yaml.safe_load(user_data)
+    if not isinstance(config, dict):
+        raise ValueError("the user data is not a cloud-config mapping")
+    for entry in config.get("write_files") or []:
+        if isinstance(entry, dict) and entry.get("path") == path:
+            content = str(entry.get("content", ""))
+            encoding = entry.get("encoding", "text")
+            if encoding in ("b64", "base64"):
+                return base64.b64decode(content)
+            if encoding in ("gz+b64", "gzip+b64", "gz+base64", "gzip+base64"):
+                return gzip.decompress(base64.b64decode(content))
+            if encoding == "text":
+                return content.encode("utf-8")
+            raise ValueError(f"unsupported write_files encoding for {path}: {encoding}")
+    raise ValueError(f"the user data writes no file at {path}")
+
+
+def token_from_user_data(user_data: str) -> str:
+    """The agent token that a rendered document installs."""
+    return written_file(user_data, path=TOKEN_PATH).decode("utf-8").strip()
 
 
 def _load(document: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ Split by subject; the names below are the contract other apps import.
 - ``provisioning``: VM and Secret on and off the cluster, the system's transitions; ``namespaces``: the tenant's
   namespace
 - ``tracking``: the sync (one VMI list per namespace) mapping phases onto attempts
-- ``sweeping``: orphans both ways, vanished VMs, start timeouts, lost tasks
+- ``sweeping``: orphans both ways; ``stuck_attempts``: vanished VMs, start timeouts, lost tasks
 - ``events``: ``attempt.update`` pushes on commit
 """
 

@@ -29,7 +29,7 @@ def test_small_follows_v1_9():
 
 
 def test_large_and_no_graphics_and_no_console_log():
-    assert launcher_requests_for_size("large").cpu == "405m"
+    assert launcher_requests_for_size("large").cpu_millicores == 405
     bare = launcher_requests(vcpus=1, memory_mib=2048, graphics=False, console_log=False)
     assert (bare.cpu_millicores, bare.memory_mib) == (100, 2048 + 240)
 

@@ -1,4 +1,4 @@
-"""Every setting is defined, with its default, in portal/settings.py; modules read ``settings.NAME`` and never
+"""Every setting is defined, with its default, in the portal.settings package; modules read ``settings.NAME`` and never
 supply a default of their own (which would drift from the settings module's)."""
 
 from __future__ import annotations
