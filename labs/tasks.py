@@ -17,7 +17,7 @@ from django.utils.translation import gettext as _
 from labs import wording
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt
-from labs.services import agents, provisioning, sweeping, tracking
+from labs.services import agents, follow_ups, provisioning, sweeping, teardown, tracking
 from labs.services.namespaces import is_rbac_refusal, tenant_namespace_refused
 
 logger = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def provision_attempt(self, attempt_id: int) -> str:
 @shared_task(bind=True, acks_late=True, max_retries=MAX_RETRIES)
 def teardown_attempt(self, attempt_id: int) -> str:
     try:
-        return provisioning.attempt_teardown(attempt_id=attempt_id)
+        return teardown.attempt_teardown(attempt_id=attempt_id)
     except ClusterError as error:
         _retry_or_raise(self, error)
         # Given up for now: the sweep sees the VM still there and tries again.
@@ -139,7 +139,7 @@ def sync_namespace(namespace: str, follow_up: float | None = None) -> dict:
     """List one namespace now: a follow-up after VMs were created there (``follow_up``, its delay), or a list
     asked for by the agent checks."""
     if follow_up is not None:
-        provisioning.follow_up_begins(namespace=namespace, delay=follow_up)
+        follow_ups.follow_up_begins(namespace=namespace, delay=follow_up)
     try:
         report = tracking.namespace_sync(namespace=namespace)
     except ClusterError as error:

@@ -6,7 +6,8 @@ Split by subject; the names below are the contract other apps import.
   and per-student limits it checks
 - ``stopping``: ``attempt_stop``, ``attempt_extend``, ``attempt_expire``, the stop when left; ``presence``: whether
   a page has the attempt open
-- ``provisioning``: VM and Secret on and off the cluster, the system's transitions; ``namespaces``: the tenant's
+- ``provisioning``: the VM and Secret onto the cluster, the system's transitions; ``follow_ups``: lists soon after;
+  ``teardown``: off the cluster again; ``namespaces``: the tenant's
   namespace
 - ``tracking``: the sync (one VMI list per namespace) mapping phases onto attempts
 - ``sweeping``: orphans both ways; ``stuck_attempts``: vanished VMs, start timeouts, lost tasks
@@ -19,11 +20,11 @@ from labs.services.provisioning import (
     attempt_fail,
     attempt_mark_running,
     attempt_provision,
-    attempt_teardown,
 )
 from labs.services.start import attempt_start, attempt_start_limited
 from labs.services.stopping import attempt_expire, attempt_extend, attempt_stop
 from labs.services.sweeping import attempts_sweep
+from labs.services.teardown import attempt_teardown
 from labs.services.tracking import attempts_sync, namespace_sync
 
 __all__ = [

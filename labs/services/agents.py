@@ -14,10 +14,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from labs.models import Attempt, AttemptState
-from labs.services.provisioning import (
-    attempt_mark_running,
-    namespace_list_soon,
-)
+from labs.services.follow_ups import namespace_list_soon
+from labs.services.provisioning import attempt_mark_running
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ ATTEMPT_UNSCHEDULABLE_GRACE_SECONDS = env_int("ATTEMPT_UNSCHEDULABLE_GRACE_SECON
 # Starts in flight across the deployment before new ones are asked to retry (JupyterHub's concurrent_spawn_limit).
 ATTEMPT_CONCURRENT_START_LIMIT = env_int("ATTEMPT_CONCURRENT_START_LIMIT", 100)
 # After creating a VM the namespace is listed again at these delays, so a quick start is seen without waiting for
-# the next sync (VMs created close together share them: labs.services.provisioning._schedule_follow_ups).
+# the next sync (VMs created close together share them: labs.services.follow_ups._schedule_follow_ups).
 ATTEMPT_FOLLOW_UP_SECONDS = (0.05, 0.3, 1.0, 2.5)
 ATTEMPT_TASK_SOFT_TIME_LIMIT_SECONDS = env_int("ATTEMPT_TASK_SOFT_TIME_LIMIT_SECONDS", 60)
 KUBEVIRT_NAMESPACE = env_str("KUBEVIRT_NAMESPACE", "kubevirt")
