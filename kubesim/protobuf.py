@@ -60,6 +60,28 @@ KINDS: dict[str, dict[int, tuple[str, Any]]] = {
         1: ("metadata", OBJECT_META),
         2: ("spec", {1: ("hard", ("map", "quantity")), 2: ("scopes", ("repeated", "string"))}),
     },
+    # k8s.io/api/authorization/v1/generated.proto: what ``kubectl auth can-i`` sends.
+    "SelfSubjectAccessReview": {
+        1: ("metadata", OBJECT_META),
+        2: (
+            "spec",
+            {
+                1: (
+                    "resourceAttributes",
+                    {
+                        1: ("namespace", "string"),
+                        2: ("verb", "string"),
+                        3: ("group", "string"),
+                        4: ("version", "string"),
+                        5: ("resource", "string"),
+                        6: ("subresource", "string"),
+                        7: ("name", "string"),
+                    },
+                ),
+                2: ("nonResourceAttributes", {1: ("path", "string"), 2: ("verb", "string")}),
+            },
+        ),
+    },
 }
 UNKNOWN = {
     1: ("typeMeta", {1: ("apiVersion", "string"), 2: ("kind", "string")}),
