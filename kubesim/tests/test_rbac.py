@@ -3,6 +3,7 @@ to whom, the refusal's exact text, SelfSubjectAccessReview answers, and kubectl 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -195,6 +196,29 @@ def test_a_subresource_stream_is_judged_as_its_own_resource(rbac_sim):
         'virtualmachineinstances.subresources.kubevirt.io "vm" is forbidden: User '
         '"system:serviceaccount:lab-portal:lab-portal" cannot get resource "virtualmachineinstances/console" in API '
         'group "subresources.kubevirt.io" in the namespace "lab-x"'
+    )
+
+
+def test_a_token_sent_as_a_websocket_subprotocol_is_the_same_identity(rbac_sim):
+    path = "/apis/subresources.kubevirt.io/v1/namespaces/lab-x/virtualmachineinstances/vm/console"
+
+    def console(token: str) -> urllib3.BaseHTTPResponse:
+        encoded = base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")
+        protocol = f"base64url.bearer.authorization.k8s.io.{encoded}, v4.channel.k8s.io"
+        return urllib3.request("GET", rbac_sim.url + path, headers={"Sec-WebSocket-Protocol": protocol})
+
+    assert console(rbac_sim.token).status == 403  # the portal, refused by RBAC
+    assert console(rbac_sim.admin_token).status != 403  # the admin gets past RBAC (to "no such VMI")
+    assert console("not-a-token").status == 401
+
+
+def test_only_an_admin_may_impersonate(rbac_sim):
+    as_admin = {"Authorization": f"Bearer {rbac_sim.token}", "Impersonate-User": "kubesim-admin"}
+    answer = urllib3.request("GET", rbac_sim.url + "/api/v1/namespaces/default/secrets", headers=as_admin)
+    assert answer.status == 403
+    assert answer.json()["message"] == (
+        'users "kubesim-admin" is forbidden: User "system:serviceaccount:lab-portal:lab-portal" cannot impersonate '
+        'resource "users" in API group "" at the cluster scope'
     )
 
 
