@@ -310,3 +310,27 @@ def test_kubectl_applies_a_tenants_manifests_and_answers_can_i_for_the_portal(rb
         "clusterrole.rbac.authorization.k8s.io/lab-portal",
         "clusterrole.rbac.authorization.k8s.io/cluster-admin",
     } <= set(listed)
+
+
+def test_kubectl_creates_rbac_objects_as_operators_type_them(rbac_sim, tmp_path):
+    env = {**os.environ, "KUBECONFIG": str(rbac_sim.tls_kubeconfig)}
+
+    def kubectl(*args: str) -> subprocess.CompletedProcess:
+        command = [KUBECTL, "--cache-dir", str(tmp_path / "cache"), *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+    assert kubectl("create", "namespace", "lab-typed").returncode == 0
+    as_portal = "--as=system:serviceaccount:lab-portal:lab-portal"
+    assert kubectl("auth", "can-i", "get", "secrets/s", "-n", "lab-typed", as_portal).stdout.strip() == "no"
+    created = kubectl(
+        "create", "role", "reader", "--verb=get", "--resource=secrets", "--resource-name=s", "-n", "lab-typed"
+    )
+    assert created.returncode == 0, created.stderr
+    bound = kubectl(
+        "create", "rolebinding", "reader", "--role=reader", "--serviceaccount=lab-portal:lab-portal", "-n", "lab-typed"
+    )
+    assert bound.returncode == 0, bound.stderr
+    assert kubectl("create", "serviceaccount", "robot", "-n", "lab-typed").returncode == 0
+    assert kubectl("auth", "can-i", "get", "secrets/s", "-n", "lab-typed", as_portal).stdout.strip() == "yes"
+    assert kubectl("auth", "can-i", "get", "secrets/t", "-n", "lab-typed", as_portal).stdout.strip() == "no"
+    assert kubectl("auth", "can-i", "list", "secrets", "-n", "lab-typed", as_portal).stdout.strip() == "no"
