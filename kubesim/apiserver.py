@@ -69,6 +69,22 @@ class ApiServer:
             )
 
     def _validate_name(self, rt: ResourceType, name: str) -> None:
+        if rt.group == "rbac.authorization.k8s.io":
+            # ValidateRBACName is path.IsValidPathSegmentName: "system:basic-user" is a valid name.
+            if name in (".", "..") or "/" in name or "%" in name:
+                raise invalid(
+                    rt.kind,
+                    rt.group,
+                    name,
+                    [
+                        {
+                            "reason": "FieldValueInvalid",
+                            "field": "metadata.name",
+                            "message": f"Invalid value: \"{name}\": may not contain '/' or '%'",
+                        }
+                    ],
+                )
+            return
         pattern = _DNS1123_LABEL if rt.key == "namespaces" else _DNS1123_SUBDOMAIN
         limit = 63 if rt.key == "namespaces" else 253
         if not pattern.match(name) or len(name) > limit:

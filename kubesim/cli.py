@@ -49,6 +49,25 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--kubeconfig", required=True, help="path of the kubeconfig to write")
     serve.add_argument("--token", default=None, help="bearer token clients must send (default: random)")
     serve.add_argument(
+        "--admin-token",
+        default=None,
+        help="the admin's bearer token, written into --tls-kubeconfig (default: --token, or random with --rbac)",
+    )
+    serve.add_argument(
+        "--rbac",
+        action="store_true",
+        help="authorize --token as the portal's service account (system:serviceaccount:lab-portal:lab-portal) "
+        "by the Roles and bindings stored; the admin token and client certificates stay cluster-admin",
+    )
+    serve.add_argument(
+        "--rbac-manifest",
+        dest="rbac_manifests",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="YAML objects to create at start, as a cluster admin (e.g. deploy/rbac.yaml; repeatable)",
+    )
+    serve.add_argument(
         "--tls-kubeconfig",
         default=None,
         help="also serve HTTPS (self-signed) on --tls-port and write a kubeconfig for it here; "
@@ -214,6 +233,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         "watch_timeout",
         "launcher_fixed_overhead",
         "seed",
+        "rbac",
+        "rbac_manifests",
     ):
         setattr(config, field, getattr(args, field))
     if args.phase_delay is not None:
@@ -309,7 +330,8 @@ async def serve(args: argparse.Namespace) -> None:
 
     config = config_from_args(args)
     token = args.token or secrets.token_urlsafe(32)
-    sim = KubeSim(config=config, token=token)
+    admin_token = args.admin_token or (secrets.token_urlsafe(32) if config.rbac else token)
+    sim = KubeSim(config=config, token=token, admin_token=admin_token)
     try:
         sim.faults.update(fault_spec(args))
     except (ApiError, ValueError) as exc:
@@ -336,7 +358,7 @@ async def serve(args: argparse.Namespace) -> None:
         write_kubeconfig(
             Path(args.tls_kubeconfig),
             url=f"https://{host}:{tls_port}",
-            token=token,
+            token=admin_token,
             context=args.context,
             namespace=args.namespace,
             ca_pem=ca_pem,

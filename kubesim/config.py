@@ -48,6 +48,9 @@ class SimConfig:
     # qemu 30Mi (pkg/hypervisor/kvm/hypervisorbackend.go).
     launcher_fixed_overhead: str = "220Mi"
     event_limit: int = 50_000
+    # RBAC for the portal's token (rbac.py); the admin kubeconfig and client certificates stay in system:masters.
+    rbac: bool = False
+    rbac_manifests: list[str] = field(default_factory=list)  # applied at start, as a cluster admin would
     seed: int | None = None
 
     def bad_image(self, image: str) -> bool:

@@ -21,14 +21,14 @@ _ERROR_MESSAGES = {
 RBAC_USER = "system:serviceaccount:lab-portal:lab-portal"
 
 
-def rbac_refusal(verb: str, resource: str, *, group: str, namespace: str, name: str) -> str:
+def rbac_refusal(verb: str, resource: str, *, group: str, namespace: str, name: str, user: str = RBAC_USER) -> str:
     """The API server's 403 text when RBAC grants no rule (``k8s.io/apiserver`` ``forbiddenMessage``)."""
     plural, _slash, subresource = resource.partition("/")
     qualified = f"{plural}.{group}" if group else plural
     what = f'{qualified} "{name}"' if name else qualified
     resource_text = f'resource "{plural}/{subresource}"' if subresource else f'resource "{plural}"'
     where = f' in the namespace "{namespace}"' if namespace else " at the cluster scope"
-    return f'{what} is forbidden: User "{RBAC_USER}" cannot {verb} {resource_text} in API group "{group}"{where}'
+    return f'{what} is forbidden: User "{user}" cannot {verb} {resource_text} in API group "{group}"{where}'
 
 
 @dataclass

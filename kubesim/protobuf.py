@@ -41,6 +41,15 @@ OBJECT_META = {
     13: ("ownerReferences", ("repeated", OWNER_REFERENCE)),
     14: ("finalizers", ("repeated", "string")),
 }
+POLICY_RULE = {
+    1: ("verbs", ("repeated", "string")),
+    2: ("apiGroups", ("repeated", "string")),
+    3: ("resources", ("repeated", "string")),
+    4: ("resourceNames", ("repeated", "string")),
+    5: ("nonResourceURLs", ("repeated", "string")),
+}
+SUBJECT = {1: ("kind", "string"), 2: ("apiGroup", "string"), 3: ("name", "string"), 4: ("namespace", "string")}
+ROLE_REF = {1: ("apiGroup", "string"), 2: ("kind", "string"), 3: ("name", "string")}
 KINDS: dict[str, dict[int, tuple[str, Any]]] = {
     "Namespace": {1: ("metadata", OBJECT_META), 2: ("spec", {1: ("finalizers", ("repeated", "string"))})},
     "Secret": {
@@ -59,6 +68,38 @@ KINDS: dict[str, dict[int, tuple[str, Any]]] = {
     "ResourceQuota": {
         1: ("metadata", OBJECT_META),
         2: ("spec", {1: ("hard", ("map", "quantity")), 2: ("scopes", ("repeated", "string"))}),
+    },
+    "ServiceAccount": {1: ("metadata", OBJECT_META), 4: ("automountServiceAccountToken", "bool")},
+    # k8s.io/api/rbac/v1/generated.proto: ``kubectl create role|rolebinding|clusterrole|clusterrolebinding``.
+    "Role": {1: ("metadata", OBJECT_META), 2: ("rules", ("repeated", POLICY_RULE))},
+    "ClusterRole": {1: ("metadata", OBJECT_META), 2: ("rules", ("repeated", POLICY_RULE))},
+    "RoleBinding": {1: ("metadata", OBJECT_META), 2: ("subjects", ("repeated", SUBJECT)), 3: ("roleRef", ROLE_REF)},
+    "ClusterRoleBinding": {
+        1: ("metadata", OBJECT_META),
+        2: ("subjects", ("repeated", SUBJECT)),
+        3: ("roleRef", ROLE_REF),
+    },
+    # k8s.io/api/authorization/v1/generated.proto: what ``kubectl auth can-i`` sends.
+    "SelfSubjectAccessReview": {
+        1: ("metadata", OBJECT_META),
+        2: (
+            "spec",
+            {
+                1: (
+                    "resourceAttributes",
+                    {
+                        1: ("namespace", "string"),
+                        2: ("verb", "string"),
+                        3: ("group", "string"),
+                        4: ("version", "string"),
+                        5: ("resource", "string"),
+                        6: ("subresource", "string"),
+                        7: ("name", "string"),
+                    },
+                ),
+                2: ("nonResourceAttributes", {1: ("path", "string"), 2: ("verb", "string")}),
+            },
+        ),
     },
 }
 UNKNOWN = {

@@ -117,6 +117,28 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType(
         "networking.k8s.io", "v1", "networkpolicies", "networkpolicy", "NetworkPolicy", short_names=("netpol",)
     ),
+    ResourceType("", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount", short_names=("sa",)),
+    ResourceType("rbac.authorization.k8s.io", "v1", "roles", "role", "Role"),
+    ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "rolebinding", "RoleBinding"),
+    ResourceType("rbac.authorization.k8s.io", "v1", "clusterroles", "clusterrole", "ClusterRole", namespaced=False),
+    ResourceType(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "clusterrolebinding",
+        "ClusterRoleBinding",
+        namespaced=False,
+    ),
+    # Answered from the RBAC rules for the caller (rbac.py), never stored.
+    ResourceType(
+        "authorization.k8s.io",
+        "v1",
+        "selfsubjectaccessreviews",
+        "selfsubjectaccessreview",
+        "SelfSubjectAccessReview",
+        namespaced=False,
+        verbs=("create",),
+    ),
     ResourceType(
         "kubevirt.io",
         "v1",

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from aiohttp import web
 
-from kubesim import __version__, admission, openapi, protobuf
+from kubesim import __version__, admission, openapi, protobuf, rbac
 from kubesim.apiserver import ApiServer
 from kubesim.bodies import (
     int_param,
@@ -39,7 +39,18 @@ from kubesim.watch import serve_watch
 
 log = logging.getLogger("kubesim.server")
 
-_STATUS_SUCCESS_ON_DELETE = {"secrets", "configmaps", "events", "networkpolicies", "resourcequotas", "limitranges"}
+_STATUS_SUCCESS_ON_DELETE = {
+    "secrets",
+    "configmaps",
+    "events",
+    "networkpolicies",
+    "resourcequotas",
+    "limitranges",
+    "roles",
+    "rolebindings",
+    "clusterroles",
+    "clusterrolebindings",
+}
 _JSON = "application/json"
 # The longest a list's encoding holds the event loop before it lets every watch, console and portforward stream on
 # it go on: a list of a few hundred objects that changed since they were last encoded takes tens of milliseconds.
@@ -72,8 +83,9 @@ def _method_verb(method: str, *, named: bool, watch: bool) -> str:
     }.get(method, method.lower())
 
 
-# Where the middleware leaves its reading of the request for the handler.
+# Where the middleware leaves its reading of the request, and who sent it, for the handler.
 ROUTE = web.RequestKey("route", Route)
+USER = web.RequestKey("user", rbac.User)
 
 
 def classify(method: str, path: str, query: Any) -> Route:
@@ -164,9 +176,10 @@ def _quoted(text: str) -> str:
 class KubeSim:
     """One simulated cluster: store, controllers, guests, faults and the aiohttp application."""
 
-    def __init__(self, *, config: SimConfig, token: str) -> None:
+    def __init__(self, *, config: SimConfig, token: str, admin_token: str | None = None) -> None:
         self.config = config
         self.token = token
+        self.admin_token = admin_token or token
         self.store = Store(history_size=config.watch_history)
         self.api = ApiServer(self.store)
         self.guests = GuestManager(config=config, store=self.store)
@@ -174,6 +187,7 @@ class KubeSim:
         self.cluster = Cluster(store=self.store, api=self.api, config=config, guests=self.guests)
         self.guests.record = self.cluster.record
         self.faults = Faults()
+        self.rbac = rbac.Authorizer(self.store, enabled=config.rbac)
         self.counters = RequestCounters()
         self.consoles: set[Any] = set()
         self.portforwards: set[Any] = set()
@@ -209,6 +223,9 @@ class KubeSim:
         # Load KubeVirt's schema now: a missing swagger.json stops the server at start, not at the first VM.
         admission.preload()
         self.cluster.bootstrap()
+        rbac.load(self.api, rbac.BOOTSTRAP)
+        for path in self.config.rbac_manifests:
+            rbac.load(self.api, rbac.manifest_objects(path))
 
     async def _on_shutdown(self, app: web.Application) -> None:
         for watcher in list(self.watches):
@@ -217,13 +234,23 @@ class KubeSim:
             session.abort()
         self.guests.shutdown()
 
-    def authorized(self, request: web.Request) -> bool:
-        # A client certificate got through the TLS handshake only if kubesim's CA signed it (tls.self_signed).
+    def _token_user(self, token: str) -> rbac.User | None:
+        if hmac.compare_digest(token, self.admin_token):
+            return rbac.ADMIN
+        if hmac.compare_digest(token, self.token):
+            # With RBAC on, the portal's token is the portal's service account; otherwise it may do anything.
+            return rbac.PORTAL if self.config.rbac else rbac.ADMIN
+        return None
+
+    def identify(self, request: web.Request) -> rbac.User | None:
+        """Who sent the request, or None when it is not authenticated."""
+        # A client certificate got through the TLS handshake only if kubesim's CA signed it (tls.self_signed): the
+        # admin's, as kind and k3s write it (group system:masters).
         if request.transport is not None and request.transport.get_extra_info("peercert"):
-            return True
+            return rbac.ADMIN
         header = request.headers.get("Authorization", "")
-        if header.startswith("Bearer ") and hmac.compare_digest(header[7:].strip(), self.token):
-            return True
+        if header.startswith("Bearer "):
+            return self._token_user(header[7:].strip())
         # Browsers cannot set headers on WebSockets; kube-apiserver accepts the token as a subprotocol.
         for protocol in request.headers.get("Sec-WebSocket-Protocol", "").split(","):
             protocol = protocol.strip()
@@ -233,16 +260,25 @@ class KubeSim:
                 try:
                     decoded = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
                 except (ValueError, UnicodeDecodeError):
-                    return False
-                return hmac.compare_digest(decoded, self.token)
-        return False
+                    return None
+                return self._token_user(decoded)
+        return None
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if not self.authorized(request):
+        user = self.identify(request)
+        if user is None:
             return error_response(ApiError(401, "Unauthorized"))
+        if request.headers.get("Impersonate-User"):
+            try:
+                user = rbac.impersonate(
+                    user, request.headers["Impersonate-User"], request.headers.getall("Impersonate-Group", [])
+                )
+            except ApiError as error:
+                return error_response(error)
         route = classify(request.method, request.path, request.query)
         request[ROUTE] = route
+        request[USER] = user
         if route.kind != "admin":
             self.counters.count(route.verb, route.resource)
             delay = self.faults.latency_for(route.verb, route.resource)
@@ -258,6 +294,9 @@ class KubeSim:
             if injected is not None:
                 return error_response(injected)
         try:
+            asked = rbac.attributes(route)
+            if asked is not None:
+                self.rbac.check(user, asked)
             return await handler(request)
         except ApiError as error:
             return error_response(error)
@@ -362,6 +401,8 @@ class KubeSim:
                     405, "the server does not allow this method on the requested resource", reason="MethodNotAllowed"
                 )
             body = await self._body(request)
+            if rt.key == "selfsubjectaccessreviews":
+                return json_response(self.rbac.review(request[USER], body), status=201)
             obj, warnings = self.api.create(rt, namespace, body, dry_run=dry_run, field_validation=field_validation)
             return json_response(obj, status=201, headers=_warning_headers(warnings))
         if request.method == "PUT" and route.name:

@@ -215,6 +215,7 @@ class KubesimServer:
         directory: str | Path | None = None,
         *,
         token: str | None = None,
+        admin_token: str | None = None,
         tls: bool = True,
         extra_args: list[str] | tuple[str, ...] = (),
         startup_timeout: float = 60.0,
@@ -228,6 +229,8 @@ class KubesimServer:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.token = token or secrets.token_urlsafe(24)
+        # The admin's token (kubeconfig-tls): the same as the portal's unless RBAC tells them apart.
+        self.admin_token = admin_token or (secrets.token_urlsafe(24) if options.get("rbac") else self.token)
         self.kubeconfig = self.directory / "kubeconfig"
         self.tls_kubeconfig = self.directory / "kubeconfig-tls" if tls else None
         # The same HTTPS cluster with a client certificate and tls-server-name instead of a token (kind, k3s).
@@ -257,6 +260,7 @@ class KubesimServer:
             "--kubeconfig",
             str(self.kubeconfig),
             f"--token={self.token}",
+            f"--admin-token={self.admin_token}",
             *_flags(self.options),
         ]
         if self.tls_kubeconfig is not None:
@@ -324,6 +328,16 @@ class KubesimServer:
         from kubernetes import config
 
         return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def admin_api_client(self) -> Any:
+        """A ``kubernetes.client.ApiClient`` as the cluster admin (system:masters), as kubectl is with
+        ``tls_kubeconfig``; over plain HTTP."""
+        from kubernetes import client
+
+        configuration = client.Configuration()
+        configuration.host = self.url
+        configuration.api_key = {"authorization": f"Bearer {self.admin_token}"}
+        return client.ApiClient(configuration)
 
     @property
     def ws_url(self) -> str:

@@ -18,6 +18,7 @@ from django.utils.translation import gettext_lazy
 from labs.models import Attempt, TenantNamespace
 from labs.selectors import tenant_capacity, tenants_for_capacity_view
 from labs.services import attempt_extend, attempt_stop
+from labs.services.namespaces import is_refusal_record
 from portal.admin_scoping import CourseScopedAdminMixin
 from portal.errors import ApplicationError
 from portal.http import request_user
@@ -90,6 +91,8 @@ class AttemptLifecycleAdminMixin(CourseScopedAdminMixin):
                     "vcpus_percent": capacity.percent(capacity.vcpus, tenant.max_vcpus),
                     "memory_percent": capacity.percent(capacity.memory_mib, tenant.max_memory_mib),
                     "namespace": namespaces.get(tenant.id),
+                    # The cluster refuses the portal there: the exact command for this tenant, under its words.
+                    "role_missing": tenant.id in namespaces and is_refusal_record(namespaces[tenant.id].last_error),
                 }
             )
         context = {

@@ -131,6 +131,10 @@ def networking_v1() -> client.NetworkingV1Api:
     return client.NetworkingV1Api(api_client())
 
 
+def authorization_v1() -> client.AuthorizationV1Api:
+    return client.AuthorizationV1Api(api_client())
+
+
 def version_api() -> client.VersionApi:
     return client.VersionApi(api_client())
 

@@ -109,6 +109,19 @@ def gather() -> ClusterFacts:
         )
         for name, said in tenants.unreadable
     )
+    facts.problems.extend(
+        Finding(
+            WARNING,
+            "namespace_access_unchecked",
+            _("Cannot ask the cluster whether the portal may manage tenant namespace %(namespace)s: %(error)s")
+            % {"namespace": name, "error": said},
+            _(
+                "Every authenticated user may create SelfSubjectAccessReviews (system:basic-user): check that "
+                "the cluster's RBAC still binds it."
+            ),
+        )
+        for name, said in tenants.unreviewed
+    )
     if tenants.unchecked:
         facts.problems.append(
             Finding(

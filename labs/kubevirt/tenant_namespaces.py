@@ -1,6 +1,6 @@
-"""What the preflight reads about each tenant namespace: its Pod Security labels, and whether the tenant's Role
-(applied by a cluster admin) lets the portal manage its objects, from a read of the portal's ResourceQuota there
-(403 without the Role; 404 means the Role is there and the quota is still to make)."""
+"""What the preflight reads about each tenant namespace, every tenant's whether set up or not: its Pod Security
+labels, and whether the tenant's Role (applied by a cluster admin) lets the portal manage its objects, asked with
+SelfSubjectAccessReviews (``access.refusal``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db import DatabaseError
 
-from labs.kubevirt import client, names
+from labs.kubevirt import access, client
 from labs.kubevirt.operations import REQUEST_TIMEOUT, ClusterError, cluster_error
 
 
@@ -21,6 +21,8 @@ class TenantNamespaceFacts:
     unreadable: list[tuple[str, str]] = field(default_factory=list)
     # (namespace, tenant name, what the cluster said) for a namespace whose objects the portal may not manage.
     forbidden: list[tuple[str, str, str]] = field(default_factory=list)
+    # (namespace, what the cluster said) for a namespace the cluster could not answer the access review of.
+    unreviewed: list[tuple[str, str]] = field(default_factory=list)
     # Why no namespace was checked (the portal's database cannot be read, e.g. before migrate), or "".
     unchecked: str = ""
 
@@ -34,15 +36,26 @@ def _error(exc: Exception, doing: str) -> ClusterError:
 
 def read() -> TenantNamespaceFacts:
     from labs.models import TenantNamespace
+    from portal.models import Tenant
 
     facts = TenantNamespaceFacts()
     try:
-        recorded = list(TenantNamespace.objects.values_list("namespace", "tenant__name"))
+        recorded = dict(TenantNamespace.objects.values_list("namespace", "tenant__name"))
+        # A tenant that never started a lab has no row yet: its namespace is where its first Start would go.
+        for namespace, tenant in Tenant.objects.filter(cluster_namespace__isnull=True).values_list("namespace", "name"):
+            recorded.setdefault(namespace, tenant)
     except DatabaseError as exc:
         facts.unchecked = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
         return facts
     core = client.core_v1()
-    for namespace, tenant in recorded:
+    for namespace, tenant in sorted(recorded.items()):
+        try:
+            said = access.refusal(namespace)
+        except ClusterError as unanswered:
+            facts.unreviewed.append((namespace, unanswered.message))
+        else:
+            if said is not None:
+                facts.forbidden.append((namespace, tenant, said))
         try:
             response = core.read_namespace(namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT)
         except Exception as exc:
@@ -51,12 +64,4 @@ def read() -> TenantNamespaceFacts:
                 facts.unreadable.append((namespace, error.message))
             continue
         facts.namespaces.append(json.loads(response.data))
-        try:
-            core.read_namespaced_resource_quota(
-                names.RESOURCE_QUOTA, namespace, _preload_content=False, _request_timeout=REQUEST_TIMEOUT
-            )
-        except Exception as exc:
-            error = _error(exc, f"reading ResourceQuota {namespace}/{names.RESOURCE_QUOTA}")
-            if error.status == 403:
-                facts.forbidden.append((namespace, tenant, error.message))
     return facts

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import IntegrityError
 from django.utils import timezone
 
-from labs.kubevirt import manifests, operations
+from labs.kubevirt import access, manifests, operations
 from labs.kubevirt.calls import RBAC_SIGNATURE, ClusterError
 from labs.models import TenantNamespace
 from portal.models import Tenant
@@ -68,12 +68,21 @@ def tenant_namespace_ensure(*, tenant: Tenant, force: bool = False) -> bool:
     return True
 
 
-# A namespace known to refuse the portal is tried again by the first Start after this long.
+# A namespace known to refuse the portal is asked about again by the first Start after this long.
 NOT_READY_RECHECK_SECONDS = 30
+
+
+# Tenants whose namespace this process found open to the portal by review, before any provisioning set it up.
+_reviewed_ready: set[int] = set()
 
 
 def is_rbac_refusal(error: ClusterError) -> bool:
     return error.status == 403 and RBAC_SIGNATURE in error.message
+
+
+def is_refusal_record(text: str) -> bool:
+    """Whether a namespace's recorded error says the cluster refuses the portal there (a 403 or a review)."""
+    return RBAC_SIGNATURE in text or access.REVIEW_REFUSAL in text
 
 
 def tenant_namespace_refused(*, namespace: str, said: str) -> None:
@@ -81,6 +90,7 @@ def tenant_namespace_refused(*, namespace: str, said: str) -> None:
     until it is, and the capacity page shows the cluster's words with what to apply."""
     tenant = Tenant.objects.filter(namespace=namespace).only("id", "namespace").first()
     if tenant is not None:
+        _reviewed_ready.discard(tenant.id)
         TenantNamespace.objects.update_or_create(
             tenant=tenant,
             defaults={"namespace": namespace, "last_error": said[:2000], "last_error_at": timezone.now()},
@@ -88,21 +98,24 @@ def tenant_namespace_refused(*, namespace: str, said: str) -> None:
 
 
 def tenant_namespace_ready(*, tenant: Tenant) -> bool:
-    """False while the portal knows RBAC refuses it in the tenant's namespace. A record older than
-    ``NOT_READY_RECHECK_SECONDS`` is checked by setting the namespace up again: once the Role is applied, the
-    namespace is ready. Any other cluster trouble is left to the Start to meet."""
-    row = TenantNamespace.objects.filter(tenant=tenant).values("last_error", "last_error_at").first()
-    if row is None or RBAC_SIGNATURE not in row["last_error"]:
+    """False while the cluster refuses the portal in the tenant's namespace. A namespace never set up is asked
+    about (``access.refusal``) before its first Start makes an attempt, once per process; a recorded refusal is
+    asked about again after ``NOT_READY_RECHECK_SECONDS``. Any other cluster trouble is left to the Start to meet."""
+    row = TenantNamespace.objects.filter(tenant=tenant).values("bootstrapped_at", "last_error", "last_error_at").first()
+    refused = row is not None and is_refusal_record(row["last_error"])
+    if not refused and (tenant.id in _reviewed_ready or (row is not None and row["bootstrapped_at"] is not None)):
         return True
-    since = timezone.now() - row["last_error_at"] if row["last_error_at"] else None
-    if since is not None and since.total_seconds() < NOT_READY_RECHECK_SECONDS:
-        return False
-    try:
-        tenant_namespace_ensure(tenant=tenant, force=True)
-    except ClusterError as error:
-        if is_rbac_refusal(error):
-            tenant_namespace_refused(namespace=tenant.namespace, said=error.message)
+    if refused and row is not None and row["last_error_at"] is not None:
+        if (timezone.now() - row["last_error_at"]).total_seconds() < NOT_READY_RECHECK_SECONDS:
             return False
+    try:
+        said = access.refusal(tenant.namespace)
+    except ClusterError:
         return True
-    TenantNamespace.objects.filter(tenant=tenant).update(last_error="")
+    if said is not None:
+        tenant_namespace_refused(namespace=tenant.namespace, said=said)
+        return False
+    _reviewed_ready.add(tenant.id)
+    if refused:
+        TenantNamespace.objects.filter(tenant=tenant).update(last_error="")
     return True

@@ -129,10 +129,6 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
     guest = guest_resources(lab.size)
     launcher = launcher_requests(vcpus=guest.vcpus, memory_mib=guest.memory_mib)
     _check_extra_cloud_init(lab)
-    if not tenant_namespace_ready(tenant=course.tenant):
-        # Nothing to fail: the cluster is known to refuse the portal here (the capacity page says what to apply).
-        logger.error("start of lab %s refused: tenant %s's namespace refuses the portal", lab.pk, course.tenant_id)
-        raise Conflict(_("This course is not ready yet; your instructor has been told."), code="course_not_ready")
     # The student's own attempts of the lab, in one query. Two starts of the same student cannot both get past the
     # one-active constraint, so counting outside the lock lets nobody past the attempt limit.
     mine = _my_attempts(student=actor, lab=lab)
@@ -142,6 +138,11 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
         raise Conflict(
             _("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit}, code="attempt_limit"
         )
+    # After the refusals that need no cluster: for a tenant never set up, this asks the cluster (namespaces.py).
+    if not tenant_namespace_ready(tenant=course.tenant):
+        # Nothing to fail: the cluster is known to refuse the portal here (the capacity page says what to apply).
+        logger.error("start of lab %s refused: tenant %s's namespace refuses the portal", lab.pk, course.tenant_id)
+        raise Conflict(_("This course is not ready yet; your instructor has been told."), code="course_not_ready")
     check_start_throttle()
     number = (mine["number"] or 0) + 1
     pooled = _has_pool(lab)

@@ -84,8 +84,9 @@ def test_capacity_page_is_refused_to_non_instructors(client, instructor_b, ta_a)
 
 
 def test_capacity_page_says_what_to_apply_when_the_portal_lacks_the_tenants_role(
-    client, instructor_a, lifecycle, tenant_a, student_a, lab_a
+    lifecycle, client, instructor_a, tenant_a, student_a, lab_a
 ):
+    # lifecycle first: it sets the fast password hasher the personas must be made with to log in.
     from labs.services import tenant_namespace_ensure, tracking
 
     tenant_namespace_ensure(tenant=tenant_a)
@@ -100,3 +101,4 @@ def test_capacity_page_says_what_to_apply_when_the_portal_lacks_the_tenants_role
     body = client.get(reverse("admin:labs_attempt_capacity")).content.decode()
     assert "is forbidden" in body
     assert "python manage.py tenant_manifests" in body and "kubectl apply -f -" in body
+    assert f'As a cluster admin, run: python manage.py tenant_manifests "{tenant_a.name}" | kubectl apply -f -' in body
