@@ -7,10 +7,11 @@ guest agent's health checks while an attempt boots (``running`` means the agent 
 chain of ``labs.tasks.await_agents`` per namespace with booting attempts, quick at first, then at the sync's pace,
 so neither the sync nor provisioning ever waits on a guest.
 
-Status derivation (``labs.services.observation``) follows the cluster: no VMI yet means still starting; a stopping attempt ends when its VMI is
-gone; a VMI that is Failed fails the attempt with the cluster's reason; a VM that cannot be scheduled or cannot pull
-its image fails the attempt once that has lasted its grace (``ATTEMPT_UNSCHEDULABLE_GRACE_SECONDS``, sized for an
-autoscaler, or ``ATTEMPT_FAILURE_GRACE_SECONDS``); a launcher pod the cluster refuses for good fails it at once.
+Status derivation (``labs.services.observation``) follows the cluster: no VMI yet means still starting; a stopping
+attempt ends when its VMI is gone; a VMI that is Failed fails the attempt with the cluster's reason; a VM that
+cannot be scheduled or cannot pull its image fails the attempt once that has lasted its grace
+(``ATTEMPT_UNSCHEDULABLE_GRACE_SECONDS``, sized for an autoscaler, or ``ATTEMPT_FAILURE_GRACE_SECONDS``); a
+launcher pod the cluster refuses for good fails it at once.
 """
 
 from __future__ import annotations
