@@ -366,7 +366,10 @@ PORTAL_NAMESPACE = env_str("PORTAL_NAMESPACE")
 # worker consumes by default alongside the main one (alternately): behind a backlog of starts or teardowns in the
 # main queue one runs as soon as a worker process is free, instead of after the backlog. A pass waiting for a free
 # process stays valid for a few periods (an expiry of one period discarded every pass that had to wait).
-CELERY_TASK_QUEUES = [Queue("celery"), Queue("periodic")]
+# A warm Start's claim finish (labs.tasks_pools.finish_pool_claim) has one too: a student holding a ready pool VM
+# waits a second or two for it, not behind a class's cold provisioning or a pool's refill in the main queue.
+CELERY_TASK_QUEUES = [Queue("celery"), Queue("periodic"), Queue("claims")]
+CELERY_TASK_ROUTES = {"labs.tasks_pools.finish_pool_claim": {"queue": "claims"}}
 # Warm pools (labs.services.pools): one pass every POOL_PASS_SECONDS asks the pools' agents and refills, making at
 # most POOL_REFILL_PER_PASS VMs per pool per pass, so a pool filling up never floods the cluster.
 POOL_PASS_SECONDS = env_int("POOL_PASS_SECONDS", 5)
@@ -374,6 +377,11 @@ POOL_REFILL_PER_PASS = env_int("POOL_REFILL_PER_PASS", 5)
 # Booting pool VMs' agents are asked every pass, ready ones only every POOL_READY_CHECK_SECONDS (their VMIs are
 # looked at every pass, and a claim asks the agent anyway).
 POOL_READY_CHECK_SECONDS = env_int("POOL_READY_CHECK_SECONDS", 30)
+# A pool's refill makes no VM while its class is arriving: not within POOL_REFILL_HOLD_SECONDS of the pool's latest
+# claim (the class's Starts go first), yet for at most POOL_REFILL_HOLD_MAX_SECONDS after the first claim since its
+# last refill, so Starts trickling in every few seconds never keep an always-warm pool from refilling. 0: no hold.
+POOL_REFILL_HOLD_SECONDS = env_int("POOL_REFILL_HOLD_SECONDS", 5)
+POOL_REFILL_HOLD_MAX_SECONDS = 6 * POOL_REFILL_HOLD_SECONDS
 # Claimed and deleted pool VM rows are pruned this many days after they ended, their figures kept on the pool.
 POOL_VM_RETENTION_DAYS = env_int("POOL_VM_RETENTION_DAYS", 30)
 
