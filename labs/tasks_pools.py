@@ -48,4 +48,5 @@ def tend_pools() -> dict:
         "created": refilled.created,
         "deleted": checked.deleted + refilled.deleted,
         "errors": refilled.errors,
+        "held": refilled.held,
     }

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
 from labs.kubevirt import manifests, names, operations
@@ -48,11 +48,13 @@ class PoolReport:
     deleted: list[str] = field(default_factory=list)
     ready: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    held: list[int] = field(default_factory=list)  # pools whose refill waits for their arriving class
 
 
 def pools_refill(*, now: datetime | None = None) -> PoolReport:
     """One pass over every pool that holds VMs or wants some: drain what is beyond its target (all of it when it
-    is off or out of its window), then make up to ``POOL_REFILL_PER_PASS`` VMs of the deficit, within the quota."""
+    is off or out of its window), then make up to ``POOL_REFILL_PER_PASS`` VMs of the deficit, within the quota,
+    unless its class is arriving (``refill_held``)."""
     now = now or timezone.now()
     report = PoolReport()
     pools = LabPool.objects.select_related("lab__course__tenant").annotate(
@@ -72,6 +74,9 @@ def pools_refill(*, now: datetime | None = None) -> PoolReport:
                 if pool_vm_end(pool_vm=pool_vm, reason=EndReason.DRAINED):
                     report.deleted.append(pool_vm.vm_name)
             continue
+        if target > pool.holding and refill_held(pool=pool, now=now):
+            report.held.append(pool.id)
+            continue
         for _n in range(min(target - pool.holding, settings.POOL_REFILL_PER_PASS)):
             try:
                 made = pool_vm_create(pool=pool)
@@ -82,6 +87,20 @@ def pools_refill(*, now: datetime | None = None) -> PoolReport:
                 break  # the tenant's quota is used up
             report.created.append(made.vm_name)
     return report
+
+
+def refill_held(*, pool: LabPool, now: datetime) -> bool:
+    """Whether the pool's class is arriving: a claim within ``POOL_REFILL_HOLD_SECONDS``, and the first claim since
+    the pool last made a VM within ``POOL_REFILL_HOLD_MAX_SECONDS``. The refill waits so the class's Starts go first."""
+    if settings.POOL_REFILL_HOLD_SECONDS <= 0:
+        return False
+    vms = PoolVm.objects.filter(pool=pool)
+    latest = vms.aggregate(claimed=Max("claimed_at"), created=Max("created_at"))
+    if latest["claimed"] is None or latest["claimed"] <= now - timedelta(seconds=settings.POOL_REFILL_HOLD_SECONDS):
+        return False
+    since = vms.filter(claimed_at__gt=latest["created"]) if latest["created"] else vms
+    first = since.aggregate(first=Min("claimed_at"))["first"]
+    return first is not None and first > now - timedelta(seconds=settings.POOL_REFILL_HOLD_MAX_SECONDS)
 
 
 def pool_vm_create(*, pool: LabPool) -> PoolVm | None:

@@ -43,6 +43,11 @@ POOL_REFILL_PER_PASS = env_int("POOL_REFILL_PER_PASS", 5)
 # Booting pool VMs' agents are asked every pass, ready ones only every POOL_READY_CHECK_SECONDS (their VMIs are
 # looked at every pass, and a claim asks the agent anyway).
 POOL_READY_CHECK_SECONDS = env_int("POOL_READY_CHECK_SECONDS", 30)
+# A pool's refill makes no VM while its class is arriving: not within POOL_REFILL_HOLD_SECONDS of the pool's latest
+# claim (the class's Starts go first), yet for at most POOL_REFILL_HOLD_MAX_SECONDS after the first claim since its
+# last refill, so Starts trickling in every few seconds never keep an always-warm pool from refilling. 0: no hold.
+POOL_REFILL_HOLD_SECONDS = env_int("POOL_REFILL_HOLD_SECONDS", 5)
+POOL_REFILL_HOLD_MAX_SECONDS = 6 * POOL_REFILL_HOLD_SECONDS
 # Claimed and deleted pool VM rows are pruned this many days after they ended, their figures kept on the pool.
 POOL_VM_RETENTION_DAYS = env_int("POOL_VM_RETENTION_DAYS", 30)
 GRADING_MIN_INTERVAL_SECONDS = env_int("GRADING_MIN_INTERVAL_SECONDS", 10)

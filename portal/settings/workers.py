@@ -38,7 +38,10 @@ CELERY_TIMEZONE = TIME_ZONE
 # worker consumes by default alongside the main one (alternately): behind a backlog of starts or teardowns in the
 # main queue one runs as soon as a worker process is free, instead of after the backlog. A pass waiting for a free
 # process stays valid for a few periods (an expiry of one period discarded every pass that had to wait).
-CELERY_TASK_QUEUES = [Queue("celery"), Queue("periodic")]
+# A warm Start's claim finish (labs.tasks_pools.finish_pool_claim) has one too: a student holding a ready pool VM
+# waits a second or two for it, not behind a class's cold provisioning or a pool's refill in the main queue.
+CELERY_TASK_QUEUES = [Queue("celery"), Queue("periodic"), Queue("claims")]
+CELERY_TASK_ROUTES = {"labs.tasks_pools.finish_pool_claim": {"queue": "claims"}}
 
 
 def periodic_options(interval: float) -> dict:
