@@ -22,6 +22,18 @@ def default_language():
     translation.deactivate()
 
 
+@pytest.fixture(autouse=True)
+def celery_join_allowed():
+    """Each test starts outside any task. In eager mode Celery marks "inside a task" in one process-wide flag that
+    each eager task sets and restores on exit; eager tasks that overlap in threads (tests that deliver a task twice
+    at once) can restore it in the wrong order and leave it set, and every later ``result.get()`` in the process
+    then raises "Never call result.get() within a task!"."""
+    from celery._state import _set_task_join_will_block
+
+    _set_task_join_will_block(False)
+    yield
+
+
 @pytest.fixture
 def tenant_a(db) -> Tenant:
     return Tenant.objects.create(name="Tenant A University", max_concurrent_vms=10, max_vcpus=20)
