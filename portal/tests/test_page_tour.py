@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from labs.services.namespaces import tenant_namespace_refused
 from labs.tests.test_browser import ARTIFACTS, browser, in_a_thread, live_portal  # noqa: F401 (fixtures)
 from tests.browser.live import REPO_ROOT
 
@@ -197,6 +198,10 @@ def test_every_page_type_is_accessible_fits_a_phone_and_is_photographed(
     tour.visit(admin_page, "admin-lab-form", f"/admin/labs/lab/{lab_a.id}/change/")
     tour.visit(admin_page, "course-audit", f"/courses/{course_a.id}/audit/")
     tour.visit(admin_page, "admin-tenants", "/admin/portal/tenant/")
+    # The capacity page with the longest thing it shows: a namespace the cluster refuses, and the command to run.
+    refused = 'virtualmachines.kubevirt.io is forbidden: User "system:serviceaccount:lab-portal:lab-portal" cannot'
+    in_a_thread(lambda: tenant_namespace_refused(namespace=course_a.tenant.namespace, said=refused))
+    tour.visit(admin_page, "capacity", "/admin/labs/attempt/capacity/")
     teacher.close()
 
     tour.write()
