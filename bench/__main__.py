@@ -1,10 +1,5 @@
-"""``python -m bench [name ...]``: run every benchmark module in ``bench/`` and print each one's JSON object.
-
-Each module runs as ``python -m bench.<name>`` in its own process (a crash or a leaked server in one cannot
-spoil the next) and prints one JSON object as the last line of its output. The whole run is held to
-``--budget`` seconds (default 600, DESIGN §9's "within 10 minutes"); a module still running when its share is
-spent is stopped and reported as such. The collected results also go to ``var/bench/results.json``.
-"""
+"""``python -m bench [name ...]``: run every benchmark module in ``bench/``, each in its own process within
+``--budget`` seconds, and print each one's JSON object (also written to ``var/bench/results.json``)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""What the benchmarks share: a dedicated database and Redis, kubesim, a live portal (daphne, Celery worker and
-beat as separate processes, as in production), seeded courses, session cookies, percentiles, and the JSON line
-each benchmark prints.
-
-The benchmarks never touch the portal's own data: they use ``BENCH_DATABASE_URL`` (default: the database of
-``DATABASE_URL`` with ``_bench`` appended, else ``portal_bench`` on the local PostgreSQL) and ``BENCH_REDIS_URL``
-(default ``redis://127.0.0.1:6379/15``), and flush both before each benchmark.
-"""
+"""What the benchmarks share: their own database and Redis (``BENCH_DATABASE_URL``, ``BENCH_REDIS_URL``), kubesim,
+a live portal run as in production, seeded courses, session cookies, percentiles and the JSON line each prints."""
 
 from __future__ import annotations
 

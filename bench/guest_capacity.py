@@ -1,12 +1,5 @@
-"""How many idle real guests (kubesim ``--guest vm``) this machine holds: boot them a batch at a time, let each
-batch settle, then measure every running guest's RSS and idle CPU and the host's available memory.
-
-Run on its own (``python -m bench guest_capacity``; not part of the default run: it takes many minutes and both
-cores while guests boot). ``GUEST_CAPACITY_MAX`` (10) and ``GUEST_CAPACITY_BATCH`` (2) bound it; it stops early
-when less than ``GUEST_CAPACITY_RESERVE_MIB`` (3072) would stay available or a batch takes over
-``GUEST_CAPACITY_BOOT_TIMEOUT`` (600 s) to boot. The JSON has one point per batch and the extrapolation, which
-says what was measured and what is inferred.
-"""
+"""How many idle real guests (kubesim ``--guest vm``) this machine holds, booted a batch at a time, with each
+guest's RSS and idle CPU. Run on its own; its bounds and method: ``docs/benchmarks.md``."""
 
 from __future__ import annotations
 

@@ -1,46 +1,5 @@
-"""Start overhead: Start pressed → the VMI Running, and → ``running``, seen by the browser's WebSocket, against
-the same VMs made directly with the ``kubernetes`` client.
-
-kubesim runs with zero phase delays, so what is left is the portal's own work: the start request, the Celery
-provisioning task (Secret and VM), the sync that sees the VMI Running, the agent health check through
-portforward, and the push over the channel layer to the page's ``/ws/attempts/<id>/events/`` socket. The portal
-runs as in production: daphne, a Celery worker and Celery beat, each its own process, on PostgreSQL and Redis.
-
-Two figures, each for one start at a time (several in a row) and for 100 students pressing Start together:
-
-- ``to_vmi_running``, DESIGN §9's figure as worded (request → VM created → Running seen in the browser): until
-  the first ``attempt.update`` whose ``timestamps.vmi_running`` is set or whose phase is Running (or whose state
-  is ``running``: the agent answered, which proves the VMI runs). Baseline: the same Secret and VM created with
-  the ``kubernetes`` client and watched until the VMI is Running.
-- ``to_agent_ready``: until the attempt's state is ``running``, which also waits for the guest agent to answer.
-  Baseline: the same direct VMs, their agent's ``/healthz`` polled through portforward until it answers.
-
-kubesim's real guests (bash and a Python agent per VMI) take it seconds to boot 100 at once on 2 cores (5-9 s
-to Running in the direct baseline on a quiet machine, tens of seconds on a loaded one), and a VMI reports Running
-only once its guest process is up: the 100-start VMI-Running figure and its baseline are therefore measured on a
-second kubesim with ``--guest none`` (VMIs run at once, no agent), which measures the portal rather than guest
-boots. The single starts and the agent-ready figures use real guests.
-
-Each process's CPU is measured over the burst, and over ten starts made one at a time on the same guest-less portal
-just before it (``sequential``, with an idle stretch as long beside it): what a start costs alone against what it
-costs among a hundred.
-
-Each student's browser is an aiohttp client with a logged-in session that does what a browser on the lab page
-does: it has loaded the lab page and its scripts before. Pressing Start posts the Start form (``static/js/start.js``);
-the answer brings the attempt panel, which the page swaps in without reloading, and the page then opens the attempt's
-events socket (``attempt.js``); the console socket opens once an update says the console is ready (``console.js``)
-and stays open, as the page keeps it, until every browser of the burst got there (and its console opened): each
-process's CPU over a burst includes every page's console. The time is measured from the Start pressed.
-
-The guest-less portal takes two bursts of 100, side by side in one run (how much two runs differ on this machine).
-Each phase's VMs are deleted from kubesim before the next phase, so every burst begins with a namespace as empty as
-the first's (``vmis_in_cluster_before``).
-
-The phases run in the order of what they are for: DESIGN §9's two figures first (the guest-less burst and its
-baseline, then single starts on real guests), the 100 starts on real guests last. The result says how long each
-phase took (``phase_seconds``); stopped at the end of its share of ``python -m bench``'s budget, the module prints
-what it measured so far (``incomplete``) before it stops its servers.
-"""
+"""Start overhead: Start pressed → the VMI Running, and → ``running``, as a browser sees them, against the same VMs
+made directly with the ``kubernetes`` client; one start at a time and 100 at once. Method: ``docs/benchmarks.md``."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""Warm pools: thirty students press Start within a second, on kubesim's realistic timing profile, with a scheduled
-pool of thirty, cold, and against a pool of ten (the first ten warm, the rest cold, nobody refused).
-
-Each student is a browser as in ``bench.start_overhead`` (the Start form posted, the events socket and the console
-socket opened as the page opens them); the figure is Start pressed → the page told the attempt is ``running``
-(the guest agent answers, so the console's prompt is there). The pools are filled and ready before their burst.
-Per burst: p50 and p95, refusals and failures, hit ratio; per pool: the idle VM-minutes it cost. Figures are
-kubesim's (its realistic profile draws creation → Running and the guest's boot per VMI).
-"""
+"""Warm pools: thirty students press Start within a second on kubesim's realistic profile, with a pool of thirty,
+cold, and against a pool of ten; click → ``running`` per burst and each pool's cost. Method: ``docs/benchmarks.md``."""
 
 from __future__ import annotations
 

@@ -1,25 +1,7 @@
 #!/usr/bin/env python3
-"""In-guest grading agent: runs the portal's check commands and returns their output over HTTP + JSON.
-
-Standard library only, one file: cloud-init copies it verbatim into the guest (`/opt/lab-agent/agent.py`) and
-kubesim starts the same file for its simulated guests. It stays one file past the usual ~300 lines because one
-`write_files` entry and one `ExecStart` ship it whole; a package would need an install step in each of them.
-
-    python3 agent.py [--host 0.0.0.0] [--port 8787] [--token-file /etc/lab-agent/token] [--port-file PATH]
-                     [--home DIR] [--max-concurrent N] [--setup-marker PATH]
-
-API (every request needs `Authorization: Bearer <token>`, else 401):
-    GET  /healthz  -> {"ready": true, "version": str, "setup_finished": bool}
-    POST /v1/run   {"checks": [{"id": str, "command": str, "timeout_s": number}, ...]}
-                   -> {"results": [{"id", "exit_code", "stdout", "stderr", "duration_ms", "timed_out",
-                                    "stdout_truncated", "stderr_truncated"}, ...]}
-    POST /v1/token {"token": str} -> {"rotated": true}   (the old token is refused from then on, and the new one is
-                   written to the token file, so a restarted agent keeps it: a warm pool's VM becomes an attempt's)
-    POST /v1/tty-size {"rows": int, "cols": int} -> {"rows", "cols"}: the serial console's size (TIOCSWINSZ on
-                   --console-tty, default /dev/ttyS0; its foreground job gets SIGWINCH); 503 when it cannot be set
-
-The agent never sees expectations: the portal decides pass or fail from the raw results.
-"""
+"""In-guest grading agent: runs the portal's check commands and returns their output over HTTP + JSON. Standard
+library only and one file, because cloud-init ships it as one ``write_files`` entry run by one ``ExecStart``
+(its API and options: ``guest/README.md``); the portal, not the agent, decides pass or fail."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Request bodies in Kubernetes' protobuf encoding, for the built-in kinds kubectl's typed clients send.
-
-client-go's generated clients send built-in objects as ``application/vnd.kubernetes.protobuf`` and have no fallback
-to JSON (``rest/client.go`` falls back only from CBOR on a 415), so ``kubectl create namespace|secret|configmap|quota``
-reach kubesim in protobuf. The body is the ``k8s\\0`` magic and a ``runtime.Unknown`` (typeMeta, raw); ``raw`` is the
-object, decoded here by the field numbers of ``k8s.io/api/core/v1/generated.proto`` into the JSON form. Kinds not
-listed are a 415, as for any format the server cannot read.
-"""
+"""Request bodies in Kubernetes' protobuf encoding, for the built-in kinds kubectl's typed clients send (client-go
+has no fallback to JSON): the ``k8s\0`` envelope's object decoded by ``k8s.io/api/core/v1`` field numbers; other
+kinds are a 415."""
 
 from __future__ import annotations
 

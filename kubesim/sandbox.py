@@ -1,15 +1,6 @@
-"""The shell guest's sandbox: bubblewrap around each guest process, so a student reaches only their own guest.
-
-Each process gets its own user, PID, mount, network, IPC and UTS namespaces; its root is the guest's directory,
-with the host's /usr read-only and nothing else of the host (the portal's checkout, var/, database and kubeconfig
-are simply not there, and localhost is the sandbox's own). When kubesim runs as root the sandbox runs as an
-unprivileged user, so that nobody in a guest is root on the host.
-
-Every sandbox of a guest maps the same host user, so the student would own every file of the guest tree, the lab
-agent's token among them. The agent's directory (/etc/lab-agent) is therefore kept beside the guest's tree, out of
-it, and bound into the agent's sandbox only: the student's shell sees it empty, as a real guest's student cannot
-read the root-only token.
-"""
+"""The shell guest's sandbox: bubblewrap around each guest process (own namespaces, the guest's directory as root,
+the host's /usr read-only, unprivileged when kubesim is root), so a student reaches only their own guest; the
+agent's token directory is bound into the agent's sandbox only (``kubesim/README.md``, "Guests")."""
 
 from __future__ import annotations
 
