@@ -20,7 +20,7 @@ from labs.kubevirt import manifests, names, operations
 from labs.kubevirt.operations import ClusterError
 from labs.kubevirt.status import FINAL_PHASES
 from labs.pool_models import POOL_HOLDING_STATES, LabPool, PoolMode, PoolVm, PoolVmState, pool_vm_recipe
-from labs.services.namespaces import tenant_namespace_ensure
+from labs.services.provisioning import lab_vm_create
 from labs.services.quota import quota_refusal, tenant_locked, tenant_totals
 from labs.sizes import guest_resources, launcher_requests
 
@@ -149,28 +149,23 @@ def _put_on_cluster(pool_vm: PoolVm) -> None:
 
     lab = pool_vm.lab
     user_data = render_user_data(token=pool_vm.agent_token, extra_cloud_config=lab.extra_cloud_init)
-    tenant_namespace_ensure(tenant=pool_vm.tenant)
     labels = names.pool_vm_labels(
         tenant_id=pool_vm.tenant_id, course_id=lab.course_id, lab_id=lab.id, pool_vm_id=pool_vm.id
     )
-    secret_name = names.cloud_init_secret_name(pool_vm.vm_name)
-    operations.secret_create(
-        manifests.cloud_init_secret(name=secret_name, namespace=pool_vm.namespace, labels=labels, user_data=user_data)
-    )
-    created_vm, _created = operations.vm_create(
-        manifests.virtual_machine(
-            name=pool_vm.vm_name,
-            namespace=pool_vm.namespace,
-            labels=labels,
-            image=lab.image,
-            vcpus=pool_vm.vcpus,
-            memory_mib=pool_vm.memory_mib,
-            host_passthrough=lab.nested_virtualization,
-            cloud_init_secret=secret_name,
-        )
+    created_vm = lab_vm_create(
+        tenant=pool_vm.tenant,
+        namespace=pool_vm.namespace,
+        name=pool_vm.vm_name,
+        labels=labels,
+        lab=lab,
+        vcpus=pool_vm.vcpus,
+        memory_mib=pool_vm.memory_mib,
+        user_data=user_data,
     )
     operations.secret_set_owner(
-        namespace=pool_vm.namespace, name=secret_name, owner=manifests.owner_reference(created_vm)
+        namespace=pool_vm.namespace,
+        name=names.cloud_init_secret_name(pool_vm.vm_name),
+        owner=manifests.owner_reference(created_vm),
     )
 
 

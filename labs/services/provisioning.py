@@ -19,12 +19,13 @@ from django.utils.translation import gettext as _
 
 from labs.kubevirt import manifests, names, operations
 from labs.kubevirt.operations import ClusterError
-from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState
+from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, Lab
 from labs.services.follow_ups import watch_new_vm
 from labs.services.namespaces import tenant_namespace_ensure
 from labs.services.stopping import StopReason, enqueue_teardown
 from labs.states import attempt_transition
 from labs.wording import in_every_language
+from portal.models import Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -158,32 +159,19 @@ def attempt_provision(*, attempt_id: int) -> str:
         )
         return ProvisionOutcome.FAILED
 
-    tenant_namespace_ensure(tenant=attempt.tenant)
     labels = names.attempt_labels(
         tenant_id=attempt.tenant_id, course_id=lab.course_id, lab_id=lab.id, attempt_id=attempt.id
     )
-    secret_name = names.cloud_init_secret_name(attempt.vm_name)
-    secret = manifests.cloud_init_secret(
-        name=secret_name, namespace=attempt.namespace, labels=labels, user_data=user_data
-    )
-    vm = manifests.virtual_machine(
-        name=attempt.vm_name,
+    created_vm = lab_vm_create(
+        tenant=attempt.tenant,
         namespace=attempt.namespace,
+        name=attempt.vm_name,
         labels=labels,
-        image=lab.image,
+        lab=lab,
         vcpus=attempt.vcpus,
         memory_mib=attempt.memory_mib,
-        host_passthrough=lab.nested_virtualization,
-        cloud_init_secret=secret_name,
+        user_data=user_data,
     )
-    try:
-        operations.secret_create(secret)
-        created_vm, _created = operations.vm_create(vm)
-    except ClusterError as error:
-        if error.status == 404:  # the namespace was deleted behind our back: set it up again, then retry
-            tenant_namespace_ensure(tenant=attempt.tenant, force=True)
-            error.transient = True
-        raise
     vm_labels = (created_vm.get("metadata") or {}).get("labels") or {}
     if names.attempt_id_from_labels(vm_labels) != attempt.id:
         attempt_fail(
@@ -195,7 +183,9 @@ def attempt_provision(*, attempt_id: int) -> str:
         )
         return ProvisionOutcome.FAILED
     operations.secret_set_owner(
-        namespace=attempt.namespace, name=secret_name, owner=manifests.owner_reference(created_vm)
+        namespace=attempt.namespace,
+        name=names.cloud_init_secret_name(attempt.vm_name),
+        owner=manifests.owner_reference(created_vm),
     )
 
     # Every other write to a provisioning attempt (a sync that saw its VMI, a stop) moves it out of provisioning,
@@ -204,6 +194,45 @@ def attempt_provision(*, attempt_id: int) -> str:
         return _after_lost_claim(attempt_id=attempt_id)
     watch_new_vm(attempt.namespace)
     return ProvisionOutcome.CREATED
+
+
+def lab_vm_create(
+    *,
+    tenant: Tenant,
+    namespace: str,
+    name: str,
+    labels: dict[str, str],
+    lab: Lab,
+    vcpus: int,
+    memory_mib: int,
+    user_data: str,
+) -> dict:
+    """Create a lab's VM and its cloud-init Secret in ``namespace``, the tenant's (set up first, and again if it was
+    deleted behind the portal's back: the error is then transient). Returns the VM as the cluster has it."""
+    tenant_namespace_ensure(tenant=tenant)
+    secret_name = names.cloud_init_secret_name(name)
+    try:
+        operations.secret_create(
+            manifests.cloud_init_secret(name=secret_name, namespace=namespace, labels=labels, user_data=user_data)
+        )
+        created_vm, _created = operations.vm_create(
+            manifests.virtual_machine(
+                name=name,
+                namespace=namespace,
+                labels=labels,
+                image=lab.image,
+                vcpus=vcpus,
+                memory_mib=memory_mib,
+                host_passthrough=lab.nested_virtualization,
+                cloud_init_secret=secret_name,
+            )
+        )
+    except ClusterError as error:
+        if error.status == 404:
+            tenant_namespace_ensure(tenant=tenant, force=True)
+            error.transient = True
+        raise
+    return created_vm
 
 
 def _after_lost_claim(*, attempt_id: int) -> str:
