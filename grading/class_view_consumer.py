@@ -8,17 +8,15 @@ import asyncio
 import logging
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.template.loader import render_to_string
 from django.utils import timezone, translation
 
 from grading.selectors.class_view import class_view
 from labs.access import lab_get_for_staff
-from labs.consumers.events import NotAuthenticated, refusal_close_code
 from labs.services.events import lab_class_group
 from portal.errors import ApplicationError
 from portal.timezones import user_time_zone
-from portal.websocket_consumer import PortalConsumer
+from portal.websocket_consumer import NotAuthenticated, PageSocketConsumer
 from portal.websocket_language import scope_language
 
 logger = logging.getLogger(__name__)
@@ -39,46 +37,26 @@ def class_view_html(*, user, lab_id: int, language: str) -> str:
 _render = database_sync_to_async(class_view_html, thread_sensitive=False)
 
 
-# PortalConsumer.send wraps the channel-level send that the WebSocket send calls (portal.websocket_consumer): the two
-# signatures differ by design.
-class LabClassConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):  # type: ignore[misc]
-    group: str | None = None
+class LabClassConsumer(PageSocketConsumer):
     refresh: asyncio.Task | None = None
     ticker: asyncio.Task | None = None
 
     async def connect(self) -> None:
-        """Join the group before rendering: a change committed meanwhile triggers one more rendering, never none."""
         self.lab_id = int(self.scope["url_route"]["kwargs"]["lab_id"])
         self.language = scope_language(dict(self.scope))
-        group = lab_class_group(self.lab_id)
-        await self.channel_layer.group_add(group, self.channel_name)
-        try:
-            html = await _render(user=self.scope.get("user"), lab_id=self.lab_id, language=self.language)
-        except (NotAuthenticated, ApplicationError) as exc:
-            await self.channel_layer.group_discard(group, self.channel_name)
-            await self.close(code=refusal_close_code(exc))
-            return
-        self.group = group
-        await self.accept()
-        await self.send_json({"type": "class.view", "html": html})
-        self.ticker = asyncio.ensure_future(self._tick())
+        html = await self.join_and_accept(lab_class_group(self.lab_id), self._render_html)
+        if html is not None:
+            await self.send_json({"type": "class.view", "html": html})
+            self.ticker = asyncio.ensure_future(self._tick())
+
+    async def _render_html(self) -> str:
+        return await _render(user=self.scope.get("user"), lab_id=self.lab_id, language=self.language)
 
     async def disconnect(self, code: int) -> None:
         for task in (self.refresh, self.ticker):
             if task is not None:
                 task.cancel()
-        if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-
-    async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
-        try:
-            content = await self.decode_json(text_data) if text_data is not None else None
-        except (ValueError, RecursionError):
-            content = None
-        if isinstance(content, dict) and content.get("type") == "ping":
-            await self.send_json({"type": "pong"})
-        else:
-            await self.send_json({"type": "error", "code": "bad_message"})
+        await super().disconnect(code)
 
     async def class_changed(self, event: dict) -> None:
         if self.group is not None and (self.refresh is None or self.refresh.done()):
@@ -92,9 +70,9 @@ class LabClassConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):  # type: ign
     async def _refresh(self, *, delay: float) -> None:
         await asyncio.sleep(delay)
         try:
-            html = await _render(user=self.scope.get("user"), lab_id=self.lab_id, language=self.language)
+            html = await self._render_html()
         except (NotAuthenticated, ApplicationError) as exc:
-            await self.close(code=refusal_close_code(exc))
+            await self.refuse(exc)
             return
         except Exception:
             logger.exception("lab %s: the class view could not be rendered; the next change tries again", self.lab_id)

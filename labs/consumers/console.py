@@ -44,11 +44,11 @@ from labs.consumers.console_control import ConsoleControl
 from labs.consumers.console_holder import ConsoleHolder
 from labs.consumers.console_size import ConsoleSizing
 from labs.consumers.console_stream import ConsoleStream
-from labs.consumers.events import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, attempt_group
+from labs.consumers.events import attempt_group
 from portal.errors import ApplicationError
 from portal.metrics import aconsole_session_closed, console_session_opened
 from portal.waiting import cancel_and_wait
-from portal.websocket_consumer import PortalConsumer
+from portal.websocket_consumer import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, PortalConsumer
 
 logger = logging.getLogger(__name__)
 
