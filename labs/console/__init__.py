@@ -1,2 +1,1 @@
-"""The console bridge: one upstream VMI console connection per attempt, shared by every viewer (``lease``,
-``upstream``, ``scrollback``, ``recording``, ``flow``)."""
+"""The console bridge: one upstream VMI console connection per attempt, shared by every viewer."""

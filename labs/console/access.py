@@ -1,8 +1,10 @@
-"""Who may use an attempt's console, decided from the database before the cluster is touched: its student types,
-course staff watch and may take over input (audited), anybody else gets the not-found of a missing attempt."""
+"""The console's database side: who may use an attempt's console (its student types, course staff watch and may take
+over, audited; anybody else gets the not-found of a missing attempt), where its VMI is, and its size set through the
+agent."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from django.db import transaction
@@ -16,6 +18,8 @@ from portal.errors import NotFound
 from portal.models import STAFF_ROLES, Course, User
 from portal.selectors import course_role
 from portal.services import audit_record
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -38,8 +42,7 @@ def console_access(*, user: User, attempt_id: int) -> ConsoleAccess:
         raise NotFound(_("Attempt not found."))
     attempt = attempt_get_for_user(user=user, attempt_id=attempt_id, related=False)
     is_student = attempt.student_id == user.id
-    # Staff standing only matters to somebody else's console (watching, taking over): a student's own
-    # console needs no second lookup, nor the attempt's lab and course.
+    # A student's own console needs no second lookup, nor the attempt's lab and course.
     is_staff = not is_student and course_role(user=user, course=Course.objects.get(labs=attempt.lab_id)) in STAFF_ROLES
     if not (is_student or is_staff):
         raise NotFound(_("Attempt not found."))
@@ -77,3 +80,19 @@ def console_control_record(*, actor: User, attempt_id: int, taken: bool) -> None
         course=attempt.lab.course,
         data={"attempt": attempt.id},
     )
+
+
+def console_resize(*, user: User, attempt_id: int, rows: int, cols: int) -> bool:
+    """Ask the attempt's agent to set its serial console's size. False when it cannot (no agent answering, a
+    guest without one): the caller may then type ``stty`` instead."""
+    from labs.agent_client import AgentError, set_tty_size
+
+    attempt = attempt_get_for_user(user=user, attempt_id=attempt_id, related=False)
+    if console_stage(state=attempt.state, phase=attempt.phase) != "ready":
+        return False
+    try:
+        set_tty_size(attempt, rows=rows, cols=cols)
+    except AgentError as error:
+        logger.info("attempt %s: console size not set through the agent (%s: %s)", attempt_id, error.code, error)
+        return False
+    return True

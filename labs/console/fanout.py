@@ -1,27 +1,24 @@
 """The holder's output pipeline behind its own browser: one task appends queued output to the scrollback and
 publishes it to the console group in order, batched; the bounded queue makes the upstream wait (TCP pushes back).
-With nobody else watching nothing is published, and the scrollback is appended on the process's shared beat."""
+With nobody else watching nothing is published."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
 
-from labs.console.scrollback import Scrollback
+from labs.console.state import LocalConsoleState, RedisConsoleState
 from portal.waiting import cancel_and_wait, wait_event
 
 logger = logging.getLogger(__name__)
 
 BATCH_BYTES = 256 * 1024
 MAX_PENDING_BYTES = 2 * 1024 * 1024
-# Alone, the holder lets small output (keystroke echoes) gather until the next whole multiple of this many
-# seconds on the loop's clock before appending it to the scrollback: one append per second of typing instead of
-# one per key, and every console of the process appends on the same beat, so their appends go to Redis together
-# (scrollback.ScrollbackAppends). Anyone who needs the scrollback current (a newcomer's sync, a redraw) flushes
-# first, which ends the wait.
+# Alone, the holder lets small output (keystroke echoes) gather this long before appending it to the scrollback:
+# one append per second of typing instead of one per key. Anyone who needs the scrollback current (a newcomer's
+# sync, a redraw) flushes first, which ends the wait.
 ALONE_LINGER_SECONDS = 1.0
 
 
@@ -30,7 +27,7 @@ class OutputFanout:
         self,
         *,
         attempt_id: int,
-        scrollback: Scrollback,
+        state: LocalConsoleState | RedisConsoleState,
         channel_layer,
         group: str,
         origin: str,
@@ -38,7 +35,7 @@ class OutputFanout:
         others: bool = True,
     ) -> None:
         self.attempt_id = attempt_id
-        self.scrollback = scrollback
+        self.state = state
         # Whether anybody else watches, and as of when (time.monotonic()); see observe_others.
         self.others = others
         self.others_as_of = time.monotonic()
@@ -96,14 +93,14 @@ class OutputFanout:
         self.urgent.set()
 
     def observe_others(self, others: bool, as_of: float) -> None:
-        """The heartbeat's finding, from a look that started at ``as_of``. A look older than the last newcomer's
+        """The beat's finding, from a look that started at ``as_of``. A look older than the last newcomer's
         announcement may have missed its registration, so it does not count."""
         if as_of > self.others_as_of:
             self.others = others
             self.others_as_of = as_of
 
     async def _publish(self, data: bytes) -> None:
-        end = await self.scrollback.append(attempt_id=self.attempt_id, data=data)
+        end = await self.state.scrollback_append(attempt_id=self.attempt_id, data=data)
         if end != self.published_end + len(data):
             # Someone else appended too (a holder that lost its lease without noticing): viewers resynchronise
             # from the scrollback when they see the gap.
@@ -125,10 +122,7 @@ class OutputFanout:
                 await self.wakeup.wait()
                 continue
             if not self.others and self.pending_bytes < BATCH_BYTES and not self.urgent.is_set():
-                now = asyncio.get_running_loop().time()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout_at(now - now % ALONE_LINGER_SECONDS + ALONE_LINGER_SECONDS):
-                        await self.urgent.wait()
+                await wait_event(self.urgent, ALONE_LINGER_SECONDS)
             data, chunks = self._take_batch()
             if not self.pending:
                 self.urgent.clear()

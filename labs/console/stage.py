@@ -1,6 +1,5 @@
-"""Where an attempt's console stands, from the attempt's state and its VMI's last seen phase alone: decided the
-same way by the bridge (whether to dial the VMI) and by the page (whether to open the console socket), which reads
-it from the attempt's status payload."""
+"""Where an attempt's console stands, from the attempt's state and its VMI's last seen phase alone: decided the same
+way by the bridge (whether to dial the VMI) and by the page (whether to open the console socket)."""
 
 from __future__ import annotations
 
@@ -12,9 +11,8 @@ CONSOLE_ENDED_STATES = (AttemptState.STOPPING, AttemptState.STOPPED, AttemptStat
 
 
 def console_stage(*, state: str, phase: str) -> str:
-    """Where the console stands for an attempt in ``state`` whose VMI was last seen in ``phase``: ``ended``,
-    ``ready`` (the VMI runs, so its console answers: the agent answered, or a list showed it Running) or
-    ``waiting`` (no VM yet, or one still being scheduled: dialling it would only be refused)."""
+    """``ended``, ``ready`` (the VMI runs: the agent answered, or a list showed it Running) or ``waiting`` (no VM
+    yet, or one still being scheduled: dialling it would only be refused)."""
     if state in CONSOLE_ENDED_STATES:
         return "ended"
     if state == AttemptState.RUNNING or (state in CONSOLE_STATES and phase == "Running"):

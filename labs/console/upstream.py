@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import aiohttp
+from django.conf import settings
 
-from labs.console.limits import ConsoleLimits
-from labs.kubevirt.client import StreamTarget, stream_target, vmi_subresource_path
+from labs.kubevirt.client import stream_target, vmi_subresource_path
 from portal.waiting import cancel_and_wait, wait_event
 
 logger = logging.getLogger(__name__)
@@ -47,45 +47,26 @@ class ConsoleLocation:
         return bool(self.namespace and self.name) and not self.ended
 
 
-OutputHandler = Callable[[bytes], Awaitable[None]]
-StateHandler = Callable[[UpstreamState, str], Awaitable[None]]
-Locator = Callable[[], Awaitable[ConsoleLocation]]
-
-
-async def console_target(location: ConsoleLocation) -> StreamTarget:
-    path = vmi_subresource_path(namespace=location.namespace, name=location.name, subresource="console")
-    # Loading the configuration reads files and may refresh a token: keep it off the event loop.
-    return await asyncio.to_thread(stream_target, path)
-
-
 class ConsoleUpstream:
     def __init__(
         self,
         *,
-        locate: Locator,
-        on_output: OutputHandler,
-        on_state: StateHandler,
+        locate: Callable[[], Awaitable[ConsoleLocation]],
+        on_output: Callable[[bytes], Awaitable[None]],
+        on_state: Callable[[UpstreamState, str], Awaitable[None]],
         attempt_changed: asyncio.Event,
-        limits: ConsoleLimits,
     ) -> None:
         self.locate = locate
         self.on_output = on_output
         self.on_state = on_state
         self.attempt_changed = attempt_changed
-        self.limits = limits
         self.state: UpstreamState | None = None
         self.socket: aiohttp.ClientWebSocketResponse | None = None
-        self.connections = 0
 
     async def _set_state(self, state: UpstreamState, detail: str = "") -> None:
         if state != self.state:
             self.state = state
             await self.on_state(state, detail)
-
-    async def _wait_for_attempt_change(self, seconds: float) -> None:
-        """Until the attempt changes after the last lookup began (``run`` clears the event before each), or
-        ``seconds`` pass."""
-        await wait_event(self.attempt_changed, seconds)
 
     async def send(self, data: bytes) -> bool:
         socket = self.socket
@@ -99,7 +80,9 @@ class ConsoleUpstream:
 
     async def run(self) -> None:
         """Connect, pump output, reconnect; returns only when cancelled."""
-        backoff = self.limits.upstream_retry_seconds
+        # virtctl retries every second while the VMI is not running yet (400).
+        retry, max_backoff = settings.CONSOLE_UPSTREAM_RETRY_SECONDS, settings.CONSOLE_UPSTREAM_MAX_BACKOFF_SECONDS
+        backoff = retry
         timeout = aiohttp.ClientWSTimeout(ws_close=2.0)
         async with aiohttp.ClientSession() as session:
             while True:
@@ -109,16 +92,18 @@ class ConsoleUpstream:
                 location = await self.locate()
                 if location.ended:
                     await self._set_state(UpstreamState.ENDED)
-                    await self._wait_for_attempt_change(seconds=30.0)
+                    await wait_event(self.attempt_changed, 30.0)
                     continue
                 if not location.ready:
                     await self._set_state(UpstreamState.WAITING)
-                    await self._wait_for_attempt_change(seconds=self.limits.upstream_retry_seconds * 5)
+                    await wait_event(self.attempt_changed, retry * 5)
                     continue
                 if self.state is None:
                     await self._set_state(UpstreamState.CONNECTING)
                 try:
-                    target = await console_target(location)
+                    path = vmi_subresource_path(namespace=location.namespace, name=location.name, subresource="console")
+                    # Loading the configuration reads files and may refresh a token: keep it off the event loop.
+                    target = await asyncio.to_thread(stream_target, path)
                     socket = await session.ws_connect(
                         target.url,
                         protocols=(CONSOLE_SUBPROTOCOL,),
@@ -127,29 +112,28 @@ class ConsoleUpstream:
                         timeout=timeout,
                         server_hostname=target.server_hostname,
                         proxy=target.proxy,
-                        max_msg_size=self.limits.upstream_max_message_bytes,
+                        max_msg_size=settings.CONSOLE_UPSTREAM_MAX_MESSAGE_BYTES,
                         autoping=True,
                     )
                 except aiohttp.WSServerHandshakeError as exc:
                     if exc.status in (400, 404):
                         await self._set_state(UpstreamState.WAITING)
-                        await asyncio.sleep(self.limits.upstream_retry_seconds)
+                        await asyncio.sleep(retry)
                     elif exc.status == 409:
                         await self._set_state(UpstreamState.FAILED)
-                        await self._wait_for_attempt_change(seconds=self.limits.upstream_max_backoff_seconds)
+                        await wait_event(self.attempt_changed, max_backoff)
                     else:
                         await self._set_state(UpstreamState.LOST, f"HTTP {exc.status}")
                         await asyncio.sleep(backoff)
-                        backoff = min(backoff * 2, self.limits.upstream_max_backoff_seconds)
+                        backoff = min(backoff * 2, max_backoff)
                     continue
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                     logger.warning("Console upstream for %s/%s unreachable: %s", location.namespace, location.name, exc)
                     await self._set_state(UpstreamState.LOST, type(exc).__name__)
                     await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, self.limits.upstream_max_backoff_seconds)
+                    backoff = min(backoff * 2, max_backoff)
                     continue
-                backoff = self.limits.upstream_retry_seconds
-                self.connections += 1
+                backoff = retry
                 await self._pump(socket)
                 await self._set_state(UpstreamState.LOST)
                 await asyncio.sleep(0.2)  # a VMI that just stopped: let the lifecycle's update arrive first

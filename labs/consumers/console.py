@@ -5,9 +5,7 @@ attempt, across all portal processes, holds the lease and with it the single ups
 console (KubeVirt allows one client per VMI; a second one would kick the first). The holder fans output out
 through the channel-layer group ``console-<id>``; input from the student's other tabs reaches it through
 ``console-input-<id>``, a group only the holder joins. When the holder leaves it hands the lease back and the
-remaining viewers race for it; when the last viewer leaves the upstream closes with it. Leases and viewer
-registrations are kept alive by the process's heartbeat (``labs.console.heartbeat``), one Redis round trip for
-every console the process serves.
+remaining viewers race for it; when the last viewer leaves the upstream closes with it.
 
 Browser protocol: binary frames are terminal bytes both ways; text frames are JSON control messages.
 From the browser: ``{"type": "ack", "bytes": N}`` (total output drawn), ``{"type": "resize", "rows", "cols"}``
@@ -20,31 +18,24 @@ written at), ``status`` (upstream state), ``reset`` (a fresh screen follows), ``
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 
 from labs.console.access import ConsoleAccess, console_access, console_location
-from labs.console.fanout import OutputFanout
 from labs.console.flow import InputRateLimiter, OutputWindow
-from labs.console.heartbeat import HeldLease, console_heartbeat
-from labs.console.lease import console_lease
-from labs.console.limits import console_limits
-from labs.console.recording import AsciicastRecorder
-from labs.console.scrollback import console_scrollback
-from labs.console.size import console_size_get
 from labs.console.stage import console_stage
-from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamState
-from labs.console.viewers import console_viewers
+from labs.console.state import console_state
+from labs.console.upstream import ConsoleLocation, UpstreamState
 from labs.consumers.console_control import ConsoleControl
 from labs.consumers.console_holder import ConsoleHolder
 from labs.consumers.console_size import ConsoleSizing
 from labs.consumers.console_stream import ConsoleStream
-from labs.consumers.events import attempt_group
+from labs.services.events import attempt_group
 from portal.errors import ApplicationError
 from portal.metrics import aconsole_session_closed, console_session_opened
 from portal.waiting import cancel_and_wait
@@ -54,8 +45,6 @@ logger = logging.getLogger(__name__)
 
 _console_location = database_sync_to_async(console_location, thread_sensitive=False)
 
-# The same notice is sent at most this often to one browser (a TA leaning on the keyboard, a runaway paste).
-NOTICE_INTERVAL_SECONDS = 1.0
 # The handshake's console location stands in for the first dial's lookup only if that dial follows this closely
 # (a viewer that takes over from a holder later looks the attempt up again).
 HANDSHAKE_LOCATION_FRESH_SECONDS = 2.0
@@ -86,7 +75,6 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
     # None until the handshake grants access; the parts (ConsolePart) run only after it.
     access: ConsoleAccess | None = None  # type: ignore[assignment]
     ownership_task: asyncio.Task | None = None
-    held: HeldLease | None = None
     handshake_location: tuple[ConsoleLocation, float] | None = None
     leaving: asyncio.Future | None = None
     # What this viewer may have taken as holder and must hand back: set before the step that takes it, since a
@@ -115,27 +103,21 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
         self.access = access
         self.handshake_location = (access.location, time.monotonic())
         self.can_write = access.can_type
-        self.limits = console_limits()
-        self.lease = console_lease()
-        self.scrollback = console_scrollback(limit=self.limits.scrollback_bytes)
-        self.viewers = console_viewers()
-        # Keeps this viewer's registration and, while it holds one, its lease alive, with every other console of
-        # this process in one Redis round trip.
-        self.heartbeat = console_heartbeat(ttl=self.limits.lease_ttl_seconds)
-        self.window = OutputWindow(window=self.limits.output_window_bytes)
+        self.state = console_state()
+        self.window = OutputWindow(window=settings.CONSOLE_OUTPUT_WINDOW_BYTES)
         self.input_limiter = InputRateLimiter(
-            rate=self.limits.input_rate_bytes_per_second, burst=self.limits.input_burst_bytes
+            rate=settings.CONSOLE_INPUT_RATE_BYTES_PER_SECOND, burst=settings.CONSOLE_INPUT_BURST_BYTES
         )
         self.deliver_lock = asyncio.Lock()
         self.owner_gone = asyncio.Event()
-        # Wakes the ownership loop: the upstream ended, or the heartbeat found the lease held by somebody else.
+        # Wakes the ownership loop: the upstream ended.
         self.ownership_changed = asyncio.Event()
         self.attempt_changed = asyncio.Event()
         self.notices_sent: dict[str, float] = {}
-        self.upstream: ConsoleUpstream | None = None
-        self.upstream_task: asyncio.Task | None = None
-        self.recorder: AsciicastRecorder | None = None
-        self.fanout: OutputFanout | None = None
+        self.upstream = None
+        self.upstream_task = None
+        self.recorder = None
+        self.fanout = None
 
         self.output_group = console_group(self.attempt_id)
         self.input_group = console_input_group(self.attempt_id)
@@ -144,12 +126,11 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
         # offset past the snapshot's end and is delivered after it; anything older is skipped.
         await self.channel_layer.group_add(self.output_group, self.channel_name)
         await self.channel_layer.group_add(self.events_group, self.channel_name)
-        others = await self.viewers.add(attempt_id=self.attempt_id, viewer=self.channel_name)
-        self.heartbeat.watch(attempt_id=self.attempt_id, viewer=self.channel_name)
-        snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
+        others = await self.state.viewer_add(attempt_id=self.attempt_id, viewer=self.channel_name)
+        snapshot = await self.state.scrollback_snapshot(attempt_id=self.attempt_id)
         await self._control_at_connect()
         await self.accept()
-        await self._send_hello(replay=len(snapshot.data), size=await console_size_get(attempt_id=self.attempt_id))
+        await self._send_hello(replay=len(snapshot.data), size=await self.state.size_get(attempt_id=self.attempt_id))
         if snapshot.data:
             self.window.record_sent(len(snapshot.data))
             await self.send(bytes_data=snapshot.data)
@@ -186,7 +167,6 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
         await asyncio.shield(self.leaving)
 
     async def _leave(self) -> None:
-        self.heartbeat.unwatch(attempt_id=self.attempt_id, viewer=self.channel_name)
         steps = (
             # Whatever the ownership loop was doing when cancelled (taking the lease, handing it over), the second
             # step finishes handing back what it took.
@@ -194,7 +174,7 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
             self._end_sizing,
             self._end_control,
             lambda: self._stop_owning(release=True),
-            lambda: self.viewers.remove(attempt_id=self.attempt_id, viewer=self.channel_name),
+            lambda: self.state.viewer_remove(attempt_id=self.attempt_id, viewer=self.channel_name),
             lambda: self.channel_layer.group_discard(self.output_group, self.channel_name),
             lambda: self.channel_layer.group_discard(self.events_group, self.channel_name),
         )
@@ -210,12 +190,7 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
         if self.ownership_task is not None:
             await cancel_and_wait(self.ownership_task)
 
-    # -- browser → bridge ---------------------------------------------------------------------------------
-
     # -- bridge → browser ---------------------------------------------------------------------------------
-
-    async def _send_json(self, payload: dict) -> None:
-        await self.send(text_data=json.dumps(payload))
 
     async def _send_hello(self, *, replay: int = 0, size: tuple[int, int] | None = None) -> None:
         """``replay`` bytes of scrollback follow, written at the guest's ``size`` (cols, rows): the page draws them
@@ -232,34 +207,17 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
             hello.update(replay=replay, cols=size[0], rows=size[1])
         await self._send_json(hello)
 
-    async def _notice(self, code: str, **extra) -> None:
-        now = time.monotonic()
-        if now - self.notices_sent.get(code, 0.0) < NOTICE_INTERVAL_SECONDS:
-            return
-        self.notices_sent[code] = now
-        await self._send_json({"type": "notice", "code": code, **extra})
-
-    async def _broadcast_notice(self, code: str, **extra) -> None:
-        """Tell every other viewer (the student above all) what this one did; its own page knows already."""
-        await self.channel_layer.group_send(
-            self.output_group, {"type": "console.notice", "code": code, "origin": self.channel_name, **extra}
-        )
-
     async def _announce(self) -> None:
         """Ask the holder for the upstream's state and where the output stands (``console_viewer_joined``). Only
         the holder answers, and the lease names its channel: a class's tabs opening together send one message
         each, not one to every tab already there."""
-        holder = await self.lease.holder(attempt_id=self.attempt_id)
+        holder = await self.state.get("lease", self.attempt_id)
         if holder is None or holder == self.channel_name:
             return
         try:
             await self.channel_layer.send(holder, {"type": "console.viewer_joined", "reply_to": self.channel_name})
         except ChannelFull:
             logger.info("Console %s: the holder's channel is full; asking again later", self.attempt_id)
-
-    async def _send_status(self, state: str, detail: str = "") -> None:
-        self.status_seen = True
-        await self._send_json({"type": "status", "state": state, "detail": detail})
 
     # -- channel layer handlers ---------------------------------------------------------------------------
 

@@ -1,13 +1,14 @@
-"""The console consumer's holder side: taking the lease, holding the single upstream connection to the VMI
-console while the heartbeat keeps the lease, publishing its output, and handing everything back."""
+"""The console consumer's holder side: taking the lease, holding the single upstream connection to the VMI console
+while renewing the lease, publishing its output, and handing everything back."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+import time
 
 from channels.exceptions import ChannelFull
+from django.conf import settings
 
 from labs.console.fanout import OutputFanout
 from labs.console.recording import AsciicastRecorder
@@ -21,32 +22,6 @@ CLOSE_TOO_SLOW = 4008  # a viewer that stayed too far behind the output
 
 
 class ConsoleHolder(ConsolePart):
-    """Mixed into ``AttemptConsoleConsumer``; the attributes it reads are set up by the consumer's ``connect``."""
-
-    if TYPE_CHECKING:
-        upstream: ConsoleUpstream | None
-        upstream_task: asyncio.Task | None
-        fanout: OutputFanout | None
-        lease: Any
-        lease_claimed: bool
-        heartbeat: Any
-        attempt_changed: asyncio.Event
-        ownership_changed: asyncio.Event
-        deliver_lock: asyncio.Lock
-        input_group: str
-        owner_gone: asyncio.Event
-        status_seen: bool
-        window: Any
-        scrollback: Any
-        viewers: Any
-
-        async def _announce(self, *args: Any, **kwargs: Any) -> Any: ...
-        async def close(self, code: int | None = None, reason: str | None = None) -> None: ...
-
-        async def _locate(self) -> Any: ...
-        async def _deliver_locked(self, *args: Any, **kwargs: Any) -> Any: ...
-        async def _send_status(self, *args: Any, **kwargs: Any) -> None: ...
-
     # -- channel layer handlers of the holder ----------------------------------------------------------
 
     async def console_input(self, event: dict) -> None:
@@ -74,14 +49,20 @@ class ConsoleHolder(ConsolePart):
     # -- holding the upstream -------------------------------------------------------------------------
 
     async def _ownership_loop(self) -> None:
-        """Take the lease when it is free and hold the upstream while the heartbeat keeps the lease; close a
-        viewer stuck behind."""
-        ttl = self.limits.lease_ttl_seconds
+        """Keep this viewer registered; take the lease when it is free and hold the upstream while renewing the
+        lease; close a viewer stuck behind."""
+        ttl = settings.CONSOLE_LEASE_TTL_SECONDS
+        next_beat = time.monotonic() + ttl / 3
         while True:
             try:
+                if time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + ttl / 3
+                    await self._beat()
+                    await self._beat_control()
+                until_beat = max(next_beat - time.monotonic(), 0.0)
                 if self.upstream_task is None:
                     self.lease_claimed = True
-                    if await self.lease.acquire(attempt_id=self.attempt_id, holder=self.channel_name, ttl=ttl):
+                    if await self.state.lease_acquire(attempt_id=self.attempt_id, holder=self.channel_name, ttl=ttl):
                         try:
                             await self._start_owning()
                         except Exception:
@@ -93,20 +74,17 @@ class ConsoleHolder(ConsolePart):
                     # A holder leaving says so (owner_gone); the timeout only covers one that died silently,
                     # whose lease then runs out.
                     self.owner_gone.clear()
-                    if not await wait_event(self.owner_gone, ttl / 3) and not self.status_seen:
+                    if not await wait_event(self.owner_gone, until_beat) and not self.status_seen:
                         # The holder lives on but never answered (the announcement fell off a full channel, or
                         # reached it as it handed over, or there was none to make yet): ask it again.
                         await self._announce()
-                elif self.held is not None and self.held.lost:
-                    # The lease expired while this process was too busy to renew it, and somebody took it.
-                    await self._stop_owning(release=False)
                 elif self.upstream_task.done():
                     await self._stop_owning(release=True)
                     await asyncio.sleep(1.0)
                 else:
                     self.ownership_changed.clear()
-                    await wait_event(self.ownership_changed, ttl / 3)
-                if self.window.lagging_for() > self.limits.lag_close_seconds:
+                    await wait_event(self.ownership_changed, until_beat)
+                if self.window.lagging_for() > settings.CONSOLE_LAG_CLOSE_SECONDS:
                     await self._send_json({"type": "notice", "code": "too_slow"})
                     await self.close(code=CLOSE_TOO_SLOW)
                     return
@@ -117,29 +95,42 @@ class ConsoleHolder(ConsolePart):
                 logger.exception("Console %s: lease handling failed; retrying", self.attempt_id)
                 await asyncio.sleep(1.0)
 
+    async def _beat(self) -> None:
+        """Renew this viewer's registration and, while it holds the upstream, the lease; the fan-out learns
+        whether anybody else watches, as of the look's start."""
+        as_of = time.monotonic()
+        others = await self.state.viewer_add(attempt_id=self.attempt_id, viewer=self.channel_name)
+        if self.fanout is None:
+            return
+        renewed = await self.state.lease_acquire(
+            attempt_id=self.attempt_id, holder=self.channel_name, ttl=settings.CONSOLE_LEASE_TTL_SECONDS
+        )
+        if not renewed:
+            # The lease expired while this process was too busy to renew it, and somebody took it.
+            logger.warning("Console %s: lease lost; handing the upstream over", self.attempt_id)
+            await self._stop_owning(release=False)
+            return
+        if renewed == 2:
+            logger.warning("Console %s: lease had expired; taken again", self.attempt_id)
+        self.fanout.observe_others(others, as_of)
+
     async def _start_owning(self) -> None:
-        snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
-        # From then on the heartbeat says whether anybody else watches, and newcomers announce themselves.
-        others = await self.viewers.others(attempt_id=self.attempt_id, viewer=self.channel_name)
+        snapshot = await self.state.scrollback_snapshot(attempt_id=self.attempt_id)
+        # From then on the beat says whether anybody else watches, and newcomers announce themselves.
+        others = await self.state.viewers_others(attempt_id=self.attempt_id, viewer=self.channel_name)
         self.fanout = OutputFanout(
             attempt_id=self.attempt_id,
-            scrollback=self.scrollback,
+            state=self.state,
             channel_layer=self.channel_layer,
             group=self.output_group,
             origin=self.channel_name,
             start_end=snapshot.end,
             others=others,
         )
-        self.held = self.heartbeat.hold(
-            attempt_id=self.attempt_id,
-            holder=self.channel_name,
-            on_lost=self.ownership_changed.set,
-            on_others=self.fanout.observe_others,
-        )
         self.recorder = AsciicastRecorder(
             attempt_id=self.attempt_id,
-            max_bytes=self.limits.recording_max_bytes,
-            flush_seconds=self.limits.recording_flush_seconds,
+            max_bytes=settings.CONSOLE_RECORDING_MAX_BYTES,
+            flush_seconds=settings.CONSOLE_RECORDING_FLUSH_SECONDS,
         )
         await self.recorder.open()
         self.upstream = ConsoleUpstream(
@@ -147,7 +138,6 @@ class ConsoleHolder(ConsolePart):
             on_output=self._upstream_output,
             on_state=self._upstream_state,
             attempt_changed=self.attempt_changed,
-            limits=self.limits,
         )
         self.in_input_group = True
         await self.channel_layer.group_add(self.input_group, self.channel_name)
@@ -170,9 +160,6 @@ class ConsoleHolder(ConsolePart):
         resource is let go of before it is forgotten, so a second call (``_leave`` after a cancelled one)
         finishes the job. With ``release`` the lease goes too; without, somebody else holds it already."""
         self.upstream = None
-        if self.held is not None:
-            self.heartbeat.release(self.held)
-            self.held = None
         if self.upstream_task is not None:
             await cancel_and_wait(self.upstream_task)
             self.upstream_task = None
@@ -187,14 +174,14 @@ class ConsoleHolder(ConsolePart):
             self.in_input_group = False
         if self.lease_claimed:
             if release:
-                await self.lease.release(attempt_id=self.attempt_id, holder=self.channel_name)
+                await self.state.lease_release(attempt_id=self.attempt_id, holder=self.channel_name)
                 await self.channel_layer.group_send(self.output_group, {"type": "console.owner_gone"})
             self.lease_claimed = False
 
     async def _upstream_output(self, data: bytes) -> None:
         # This viewer's own browser first (the common case: one tab; an echo must not wait for Redis), then the
-        # scrollback and everybody else through the fan-out, in order.
-        # Under the delivery lock, so that a redraw never finds a chunk shown here but not yet queued.
+        # scrollback and everybody else through the fan-out, in order. Under the delivery lock, so that a redraw
+        # never finds a chunk shown here but not yet queued.
         assert self.fanout is not None  # output arrives only while this viewer holds the upstream
         async with self.deliver_lock:
             end = self.fanout.claim(len(data))

@@ -1,30 +1,80 @@
-"""What the console consumer's parts (``console_size``, ``console_control``) may use of the consumer they are mixed
-into, declared for the type checker: ``AttemptConsoleConsumer`` sets these up in ``connect``."""
+"""What the console consumer's parts (``console_holder``, ``console_stream``, ``console_size``, ``console_control``)
+share: the state ``AttemptConsoleConsumer.connect`` sets up, and the messages every part sends to its browser."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from labs.console.access import ConsoleAccess
-    from labs.console.limits import ConsoleLimits
+    from labs.console.fanout import OutputFanout
+    from labs.console.flow import InputRateLimiter, OutputWindow
     from labs.console.recording import AsciicastRecorder
+    from labs.console.state import LocalConsoleState, RedisConsoleState
+    from labs.console.upstream import ConsoleLocation, ConsoleUpstream
+
+# The same notice is sent at most this often to one browser (a TA leaning on the keyboard, a runaway paste).
+NOTICE_INTERVAL_SECONDS = 1.0
 
 
 class ConsolePart:
     if TYPE_CHECKING:
+        channel_layer: Any
+        channel_name: str
         attempt_id: int
         user: Any
         access: ConsoleAccess
+        state: LocalConsoleState | RedisConsoleState
         can_write: bool
-        limits: ConsoleLimits
-        recorder: AsciicastRecorder | None
-        channel_layer: Any
-        channel_name: str
+        keyboard: str | None
         output_group: str
+        input_group: str
+        notices_sent: dict[str, float]
+        window: OutputWindow
+        input_limiter: InputRateLimiter
+        delivered_end: int
+        deliver_lock: asyncio.Lock
+        upstream: ConsoleUpstream | None
+        upstream_task: asyncio.Task | None
+        fanout: OutputFanout | None
+        recorder: AsciicastRecorder | None
+        lease_claimed: bool
+        in_input_group: bool
+        status_seen: bool
+        attempt_changed: asyncio.Event
+        ownership_changed: asyncio.Event
+        owner_gone: asyncio.Event
 
-        async def _send_json(self, payload: dict) -> None: ...
-        async def _send_hello(self) -> None: ...
-        async def _notice(self, code: str, **extra: Any) -> None: ...
-        async def _broadcast_notice(self, code: str, **extra: Any) -> None: ...
+        async def send(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None: ...
+        async def close(self, code: int | None = None, reason: str | None = None) -> None: ...
+        async def _send_hello(self, *, replay: int = 0, size: tuple[int, int] | None = None) -> None: ...
+        async def _announce(self) -> None: ...
+        async def _locate(self) -> ConsoleLocation: ...
         async def _input(self, data: bytes) -> None: ...
+        async def _deliver_locked(self, data: bytes, end: int) -> None: ...
+        async def _set_control(self, *, taken: bool) -> None: ...
+        async def _beat_control(self) -> None: ...
+        async def _resize(self, message: dict) -> None: ...
+
+    async def _send_json(self, payload: dict) -> None:
+        await self.send(text_data=json.dumps(payload))
+
+    async def _send_status(self, state: str, detail: str = "") -> None:
+        self.status_seen = True
+        await self._send_json({"type": "status", "state": state, "detail": detail})
+
+    async def _notice(self, code: str, **extra) -> None:
+        now = time.monotonic()
+        if now - self.notices_sent.get(code, 0.0) < NOTICE_INTERVAL_SECONDS:
+            return
+        self.notices_sent[code] = now
+        await self._send_json({"type": "notice", "code": code, **extra})
+
+    async def _broadcast_notice(self, code: str, **extra) -> None:
+        """Tell every other viewer (the student above all) what this one did; its own page knows already."""
+        await self.channel_layer.group_send(
+            self.output_group, {"type": "console.notice", "code": code, "origin": self.channel_name, **extra}
+        )

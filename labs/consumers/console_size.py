@@ -8,7 +8,7 @@ import logging
 
 from channels.db import database_sync_to_async
 
-from labs.console.size import console_resize, console_size_set, size_valid
+from labs.console.access import console_resize
 from labs.consumers.console_part import ConsolePart
 from portal.waiting import cancel_and_wait
 
@@ -18,11 +18,18 @@ _console_resize = database_sync_to_async(console_resize, thread_sensitive=False)
 
 # A window being dragged sends a size every few milliseconds: only the last one, this long after, is set.
 RESIZE_DEBOUNCE_SECONDS = 0.2
+ROWS_RANGE = (2, 500)  # as the agent accepts
+COLS_RANGE = (2, 1000)
+
+
+def size_valid(rows: object, cols: object) -> bool:
+    return all(
+        isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+        for value, (low, high) in ((rows, ROWS_RANGE), (cols, COLS_RANGE))
+    )
 
 
 class ConsoleSizing(ConsolePart):
-    """Mixed into ``AttemptConsoleConsumer``."""
-
     size_task: asyncio.Task | None = None
     size_wanted: tuple[int, int, bool] | None = None
 
@@ -60,7 +67,7 @@ class ConsoleSizing(ConsolePart):
         else:
             await self._send_json({"type": "resized", "via": "none", "rows": rows, "cols": cols})
             return
-        await console_size_set(attempt_id=self.attempt_id, cols=cols, rows=rows)
+        await self.state.size_set(attempt_id=self.attempt_id, cols=cols, rows=rows)
         if self.recorder is not None:
             self.recorder.resize(cols=cols, rows=rows)
         else:

@@ -4,35 +4,13 @@ browser's flow window, redrawn from the scrollback when it lagged or a chunk wen
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
 
-from labs.console.size import console_size_get
+from django.conf import settings
+
 from labs.consumers.console_part import ConsolePart
-
-if TYPE_CHECKING:
-    import asyncio
-
-    from labs.console.fanout import OutputFanout
-    from labs.console.flow import InputRateLimiter, OutputWindow
-    from labs.console.upstream import ConsoleUpstream
 
 
 class ConsoleStream(ConsolePart):
-    if TYPE_CHECKING:
-        keyboard: str | None
-        input_limiter: InputRateLimiter
-        input_group: str
-        upstream: ConsoleUpstream | None
-        window: OutputWindow
-        delivered_end: int
-        deliver_lock: asyncio.Lock
-        fanout: OutputFanout | None
-        scrollback: Any
-
-        async def send(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None: ...
-        async def _set_control(self, *, taken: bool) -> None: ...
-        async def _resize(self, message: dict) -> None: ...
-
     # -- browser → bridge ---------------------------------------------------------------------------------
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -66,7 +44,7 @@ class ConsoleStream(ConsolePart):
             else:
                 await self._notice("read_only")
             return
-        if len(data) > self.limits.input_frame_max_bytes:
+        if len(data) > settings.CONSOLE_INPUT_FRAME_MAX_BYTES:
             await self._notice("input_too_large")
             return
         if not self.input_limiter.allow(len(data)):
@@ -129,8 +107,8 @@ class ConsoleStream(ConsolePart):
             # The holder's own tab runs ahead of the scrollback: let the fan-out catch up, so the snapshot ends
             # exactly where this tab's next chunk starts.
             await self.fanout.flush()
-        snapshot = await self.scrollback.snapshot(attempt_id=self.attempt_id)
-        cols, rows = await console_size_get(attempt_id=self.attempt_id)
+        snapshot = await self.state.scrollback_snapshot(attempt_id=self.attempt_id)
+        cols, rows = await self.state.size_get(attempt_id=self.attempt_id)
         await self._send_json({"type": "reset", "replay": len(snapshot.data), "cols": cols, "rows": rows})
         if snapshot.data:
             self.window.record_sent(len(snapshot.data))

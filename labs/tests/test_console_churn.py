@@ -24,9 +24,7 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
-from labs.console.heartbeat import console_heartbeat
-from labs.console.lease import console_lease
-from labs.console.limits import console_limits
+from labs.console.state import LocalConsoleState, console_key, console_state
 from labs.consumers.console import console_group, console_input_group
 from labs.consumers.events import attempt_group
 from labs.tests.test_console_handover import console_tasks
@@ -113,18 +111,26 @@ async def check_a_new_socket(student, attempt_id: int, word: str) -> None:
     await viewer.read_until(lambda v: "connected" in v.statuses(), within=10)
     await viewer.type(f"echo {word}-$((7*6))\r".encode())
     await viewer.read_until(lambda v: v.has_output(f"{word}-42".encode()), within=10)
-    heartbeat = console_heartbeat(ttl=console_limits().lease_ttl_seconds)
-    live = {viewer_name for watched, viewer_name in heartbeat.watching if watched == attempt_id}
+    live = await watching(attempt_id)
     assert len(live) == 1, "a gone socket is still registered as watching"
-    assert await console_lease().holder(attempt_id=attempt_id) in live
+    assert await console_state().get("lease", attempt_id) in live
     await viewer.close()
+
+
+async def watching(attempt_id: int) -> set[str]:
+    """The viewers registered as watching the attempt's console now."""
+    state = console_state()
+    if isinstance(state, LocalConsoleState):
+        now = time.monotonic()
+        return {viewer for viewer, expiry in state.viewers.get(attempt_id, {}).items() if expiry > now}
+    members = await state.client.zrangebyscore(console_key("viewers", attempt_id), time.time(), "+inf")
+    return {member.decode() for member in members}
 
 
 async def assert_nothing_left(attempt_id: int, cluster) -> None:
     await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to close")
-    heartbeat = console_heartbeat(ttl=console_limits().lease_ttl_seconds)
-    assert heartbeat.held == set() and heartbeat.watching == set()
-    assert await console_lease().holder(attempt_id=attempt_id) is None
+    assert await watching(attempt_id) == set()
+    assert await console_state().get("lease", attempt_id) is None
     assert console_tasks(attempt_id) == []
     layer = get_channel_layer()
     if hasattr(layer, "groups"):  # the in-memory layer: nothing kept for the gone consumers

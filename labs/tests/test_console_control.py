@@ -4,8 +4,6 @@ member leaves, or when their process dies."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from asgiref.sync import sync_to_async
 
@@ -90,17 +88,20 @@ async def test_the_keyboard_comes_back_when_the_staff_members_process_dies(
 ):
     settings.CONSOLE_LEASE_TTL_SECONDS = 1.5
 
-    async def dead(self):  # a process that died renews nothing and says nothing
-        await asyncio.Event().wait()
+    beat = ConsoleControl._beat_control
 
-    monkeypatch.setattr(ConsoleControl, "_renew_control", dead)
+    async def dead_if_holding(self):  # the staff member's process died: it renews nothing and says nothing
+        if not self.control_mine:
+            await beat(self)
+
+    monkeypatch.setattr(ConsoleControl, "_beat_control", dead_if_holding)
     student = await connected_student(student_a, attempt.id)
     staff = await open_console(instructor_a, attempt.id)
     await take_control(student, staff, str(instructor_a))
     if not settings.REDIS_URL:  # this process's memory has no expiry: end it as Redis would
-        from labs.console import control
+        from labs.console.state import LocalConsoleState
 
-        control._local.pop(attempt.id, None)
+        await LocalConsoleState().delete("control", attempt.id)
     await student.read_until(lambda v: last_hello(v)["mode"] == "rw", within=5)
     assert last_hello(student)["keyboard"] is None
     await staff.close()

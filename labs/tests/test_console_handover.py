@@ -12,10 +12,9 @@ import contextlib
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.conf import settings
 
-from labs.console.heartbeat import console_heartbeat
-from labs.console.lease import console_lease
-from labs.console.limits import console_limits
+from labs.console.state import LocalConsoleState, RedisConsoleState, console_state
 from labs.tests.test_consumers import (  # noqa: F401 - the autouse fixtures apply here too
     ORIGIN,
     Viewer,
@@ -65,16 +64,14 @@ def stalled_once(original, reached: asyncio.Event, *, when=lambda *args, **kwarg
 def stall_point(point: str, monkeypatch, reached: asyncio.Event) -> None:
     from channels.layers import get_channel_layer
 
-    from labs.console.lease import LocalConsoleLease, RedisConsoleLease
     from labs.console.recording import AsciicastRecorder
-    from labs.console.viewers import LocalConsoleViewers, RedisConsoleViewers
 
     if point == "lease_acquire":
-        for cls in (RedisConsoleLease, LocalConsoleLease):
-            monkeypatch.setattr(cls, "acquire", stalled_once(cls.acquire, reached))
+        for cls in (RedisConsoleState, LocalConsoleState):
+            monkeypatch.setattr(cls, "lease_acquire", stalled_once(cls.lease_acquire, reached))
     elif point == "viewers_look":
-        for cls in (RedisConsoleViewers, LocalConsoleViewers):
-            monkeypatch.setattr(cls, "others", stalled_once(cls.others, reached))
+        for cls in (RedisConsoleState, LocalConsoleState):
+            monkeypatch.setattr(cls, "viewers_others", stalled_once(cls.viewers_others, reached))
     elif point == "recording_open":
         monkeypatch.setattr(AsciicastRecorder, "open", stalled_once(AsciicastRecorder.open, reached))
     elif point == "input_group_join":
@@ -100,10 +97,8 @@ async def test_a_tab_closed_while_taking_the_console_leaves_nothing_behind(
     await asyncio.wait_for(reached.wait(), 10)
     await leaving.close()
 
-    heartbeat = console_heartbeat(ttl=console_limits().lease_ttl_seconds)
-    assert [held.attempt_id for held in heartbeat.held] == [], "the heartbeat renews a lease for a gone tab"
-    assert await console_lease().holder(attempt_id=attempt.id) is None
-    assert console_tasks(attempt.id) == []
+    assert await console_state().get("lease", attempt.id) is None
+    assert console_tasks(attempt.id) == [], "a task renews a lease for a gone tab"
 
     successor = await open_console(student_a, attempt.id)
     await successor.read_until(lambda v: "connected" in v.statuses(), within=2)
@@ -112,7 +107,7 @@ async def test_a_tab_closed_while_taking_the_console_leaves_nothing_behind(
     await successor.close()
     await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to close")
     assert console_tasks(attempt.id) == []
-    assert heartbeat.held == set()
+    assert await console_state().get("lease", attempt.id) is None
 
 
 async def test_a_start_that_fails_half_way_hands_back_and_tries_again(attempt, cluster, student_a, monkeypatch):
@@ -132,13 +127,37 @@ async def test_a_start_that_fails_half_way_hands_back_and_tries_again(attempt, c
     monkeypatch.setattr(AsciicastRecorder, "open", fails_once)
     viewer = await open_console(student_a, attempt.id)
     await viewer.read_until(lambda v: "connected" in v.statuses(), within=5)
-    heartbeat = console_heartbeat(ttl=console_limits().lease_ttl_seconds)
-    assert len(heartbeat.held) == 1
+    assert await console_state().get("lease", attempt.id) is not None
     assert len([task for task in console_tasks(attempt.id) if task.get_name().endswith("-fanout")]) == 1
     await viewer.type(b"echo retried-$((40+2))\r")
     await viewer.read_until(lambda v: v.has_output(b"retried-42"))
     await viewer.close()
-    assert heartbeat.held == set()
+    assert await console_state().get("lease", attempt.id) is None
+
+
+async def test_the_holder_renews_its_lease_and_hands_over_one_somebody_else_took(attempt, cluster, student_a, settings):
+    settings.CONSOLE_LEASE_TTL_SECONDS = 0.9
+    viewer = await connected_student(student_a, attempt.id)
+    state = console_state()
+    holder = await state.get("lease", attempt.id)
+    assert holder is not None
+    await asyncio.sleep(2.0)  # two lease lifetimes: kept alive by its renewals alone
+    assert await state.get("lease", attempt.id) == holder
+    await state.delete("lease", attempt.id)  # ran out unrenewed, and nobody took it: taken again
+    for _ in range(40):
+        if await state.get("lease", attempt.id) == holder:
+            break
+        await asyncio.sleep(0.05)
+    assert await state.get("lease", attempt.id) == holder
+
+    # Ran out again, and a viewer elsewhere took it: the holder hands the upstream over without releasing.
+    await state.delete("lease", attempt.id)
+    assert await state.lease_acquire(attempt_id=attempt.id, holder="elsewhere", ttl=30) == 2
+    await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to be handed over")
+    assert await state.get("lease", attempt.id) == "elsewhere"
+    await state.lease_release(attempt_id=attempt.id, holder="elsewhere")
+    await viewer.read_until(lambda v: v.statuses().count("connected") == 2, within=5)  # and takes it once free
+    await viewer.close()
 
 
 async def test_a_tab_whose_announcement_was_lost_asks_again_and_gets_a_status(attempt, cluster, student_a, monkeypatch):
@@ -159,7 +178,7 @@ async def test_a_tab_whose_announcement_was_lost_asks_again_and_gets_a_status(at
 
     monkeypatch.setattr(layer_class, "send", dropping_the_first_announcement)
     newcomer = await open_console(student_a, attempt.id)
-    await newcomer.read_until(lambda v: v.statuses(), within=console_limits().lease_ttl_seconds)
+    await newcomer.read_until(lambda v: v.statuses(), within=settings.CONSOLE_LEASE_TTL_SECONDS)
     assert dropped and newcomer.statuses() == ["connected"]
     await newcomer.close()
     await holder.close()
@@ -173,7 +192,7 @@ async def test_a_consumer_that_ends_without_disconnect_still_hands_the_console_b
     with contextlib.suppress(asyncio.CancelledError):
         await holder.communicator.future  # its clean-up runs to the end, shielded from the cancellation
     await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to close")
-    assert await console_lease().holder(attempt_id=attempt.id) is None
+    assert await console_state().get("lease", attempt.id) is None
     assert console_tasks(attempt.id) == []
     successor = await open_console(student_a, attempt.id)
     await successor.read_until(lambda v: "connected" in v.statuses(), within=2)

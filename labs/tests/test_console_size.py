@@ -8,7 +8,7 @@ import re
 import pytest
 from asgiref.sync import sync_to_async
 
-from labs.console import size as console_size
+from labs.console import access as console_access
 from labs.tests import test_consumers as consumer_tests
 from labs.tests.test_consumers import connected_student, open_console
 
@@ -52,7 +52,7 @@ async def test_a_resize_reaches_the_guest_through_its_agent_without_typing(attem
 
 async def test_resizes_in_quick_succession_set_only_the_last(attempt, cluster, student_a, monkeypatch):
     calls = []
-    resize = console_size.console_resize
+    resize = console_access.console_resize
 
     def counted(**kwargs):
         calls.append((kwargs["rows"], kwargs["cols"]))

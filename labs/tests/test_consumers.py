@@ -21,8 +21,8 @@ from django.utils import translation
 from django.utils.translation import gettext
 
 from conftest import make_person
-from labs.console.lease import console_lease
 from labs.console.recording import recording_path
+from labs.console.state import console_state
 from labs.consumers import console as console_consumer
 from labs.models import Attempt, AttemptState
 from labs.services import attempt_extend
@@ -293,7 +293,7 @@ async def test_a_viewer_announces_itself_only_when_somebody_else_watches(attempt
     await first.read_until(lambda v: v.has_output(b"before-second-33"))
     second = await connected_student(student_a, attempt.id)
     assert len(announced) == 1  # to the holder alone, whose channel the lease names
-    assert announced[0][0] == await console_lease().holder(attempt_id=attempt.id)
+    assert announced[0][0] == await console_state().get("lease", attempt.id)
     # The holder heard it: the newcomer is brought up to date and sees what is typed from now on.
     await second.read_until(lambda v: v.has_output(b"before-second-33"))
     await first.type(b"echo after-second-$((40+4))\r")

@@ -1,5 +1,5 @@
 """The console bridge's parts on their own: lease, scrollback offsets, flow control, recording, fan-out, and the
-process-wide parts that let one daphne serve hundreds of consoles (heartbeat, batched appends and writes)."""
+process-wide parts that let one daphne serve hundreds of consoles."""
 
 from __future__ import annotations
 
@@ -14,15 +14,10 @@ from django.conf import settings
 from labs.console import recording
 from labs.console.fanout import OutputFanout
 from labs.console.flow import InputRateLimiter, OutputWindow
-from labs.console.heartbeat import ConsoleHeartbeat
-from labs.console.lease import LocalConsoleLease, RedisConsoleLease
-from labs.console.limits import console_limits
 from labs.console.recording import AsciicastRecorder, recording_path
-from labs.console.redis_client import shared_redis
-from labs.console.scrollback import LocalScrollback, RedisScrollback, tail_for_replay
 from labs.console.stage import console_stage
+from labs.console.state import LocalConsoleState, RedisConsoleState, shared_redis, tail_for_replay
 from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamState
-from labs.console.viewers import LocalConsoleViewers, RedisConsoleViewers
 from labs.consumers.console import AttemptConsoleConsumer
 
 
@@ -40,26 +35,25 @@ async def test_lease_has_one_holder_until_released_or_expired(backend, settings)
     if backend == "redis":
         client = shared_redis()
         await clear_console_keys(client)
-        lease = RedisConsoleLease(client)
+        state = RedisConsoleState(client)
     else:
-        lease = LocalConsoleLease()
+        state = LocalConsoleState()
     attempt_id = 424242
-    assert await lease.acquire(attempt_id=attempt_id, holder="tab-1", ttl=0.5)
-    assert not await lease.acquire(attempt_id=attempt_id, holder="tab-2", ttl=0.5)
-    assert await lease.holder(attempt_id=attempt_id) == "tab-1"
-    assert not await lease.renew(attempt_id=attempt_id, holder="tab-2", ttl=0.5)
-    await lease.release(attempt_id=attempt_id, holder="tab-2")  # not the holder: nothing happens
-    assert await lease.holder(attempt_id=attempt_id) == "tab-1"
-    assert await lease.renew(attempt_id=attempt_id, holder="tab-1", ttl=0.5)
-    await lease.release(attempt_id=attempt_id, holder="tab-1")
-    assert await lease.acquire(attempt_id=attempt_id, holder="tab-2", ttl=0.3)
+    assert await state.lease_acquire(attempt_id=attempt_id, holder="tab-1", ttl=0.5) == 2  # taken
+    assert not await state.lease_acquire(attempt_id=attempt_id, holder="tab-2", ttl=0.5)
+    assert await state.get("lease", attempt_id) == "tab-1"
+    await state.lease_release(attempt_id=attempt_id, holder="tab-2")  # not the holder: nothing happens
+    assert await state.get("lease", attempt_id) == "tab-1"
+    assert await state.lease_acquire(attempt_id=attempt_id, holder="tab-1", ttl=0.5) == 1  # renewed
+    await state.lease_release(attempt_id=attempt_id, holder="tab-1")
+    assert await state.lease_acquire(attempt_id=attempt_id, holder="tab-2", ttl=0.3)
     await asyncio.sleep(0.5)  # tab-2's process died: it stops renewing and the lease runs out
-    assert await lease.holder(attempt_id=attempt_id) is None
-    assert await lease.acquire(attempt_id=attempt_id, holder="tab-3", ttl=0.5)
+    assert await state.get("lease", attempt_id) is None
+    assert await state.lease_acquire(attempt_id=attempt_id, holder="tab-3", ttl=0.5)
     # tab-3's first answer was lost (its call cancelled or failed after Redis did the work): asking again is fine.
-    assert await lease.acquire(attempt_id=attempt_id, holder="tab-3", ttl=0.5)
-    assert not await lease.acquire(attempt_id=attempt_id, holder="tab-4", ttl=0.5)
-    await lease.release(attempt_id=attempt_id, holder="tab-3")
+    assert await state.lease_acquire(attempt_id=attempt_id, holder="tab-3", ttl=0.5)
+    assert not await state.lease_acquire(attempt_id=attempt_id, holder="tab-4", ttl=0.5)
+    await state.lease_release(attempt_id=attempt_id, holder="tab-3")
 
 
 # -- scrollback -----------------------------------------------------------------------------------------------
@@ -67,17 +61,18 @@ async def test_lease_has_one_holder_until_released_or_expired(backend, settings)
 
 @pytest.mark.parametrize("backend", ["local", "redis"])
 async def test_scrollback_keeps_the_tail_and_a_running_offset(backend, settings):
+    settings.CONSOLE_SCROLLBACK_BYTES = 100
     if backend == "redis":
         client = shared_redis()
         await clear_console_keys(client)
-        scrollback = RedisScrollback(client, limit=100)
+        state = RedisConsoleState(client)
     else:
-        LocalScrollback._buffers.pop(777, None)
-        scrollback = LocalScrollback(limit=100)
-    assert (await scrollback.snapshot(attempt_id=777)).end == 0
-    ends = [await scrollback.append(attempt_id=777, data=f"line {i:03d}\n".encode()) for i in range(50)]
+        LocalConsoleState.scrollbacks.pop(777, None)
+        state = LocalConsoleState()
+    assert (await state.scrollback_snapshot(attempt_id=777)).end == 0
+    ends = [await state.scrollback_append(attempt_id=777, data=f"line {i:03d}\n".encode()) for i in range(50)]
     assert ends == [9 * (i + 1) for i in range(50)]
-    snapshot = await scrollback.snapshot(attempt_id=777)
+    snapshot = await state.scrollback_snapshot(attempt_id=777)
     assert snapshot.end == 450
     assert len(snapshot.data) <= 100 and snapshot.data.endswith(b"line 049\n")
     assert snapshot.data.startswith(b"line ")  # cut at a line boundary
@@ -158,11 +153,11 @@ async def test_fanout_publishes_in_order_with_scrollback_offsets_and_batches_a_b
     layer = InMemoryChannelLayer()
     viewer = await layer.new_channel()
     await layer.group_add("console-900", viewer)
-    LocalScrollback._buffers.pop(900, None)
-    scrollback = LocalScrollback(limit=1 << 20)
+    LocalConsoleState.scrollbacks.pop(900, None)
+    state = LocalConsoleState()
     fanout = OutputFanout(
         attempt_id=900,
-        scrollback=scrollback,
+        state=state,
         channel_layer=layer,
         group="console-900",
         origin="holder",
@@ -183,21 +178,21 @@ async def test_fanout_publishes_in_order_with_scrollback_offsets_and_batches_a_b
         assert message["end"] == last_end + len(message["data"]) and message["origin"] == "holder"
         received, last_end = received + message["data"], message["end"]
     assert received == b"".join(chunks) and last_end == 160
-    assert (await scrollback.snapshot(attempt_id=900)).end == 160
+    assert (await state.scrollback_snapshot(attempt_id=900)).end == 160
 
 
 async def test_a_flush_asked_for_as_the_fanout_closes_returns():
     """A newcomer's announcement reaches a holder handing over: its flush must not wait for a fan-out that will
     publish nothing more (the scrollback here never answers, as Redis under a network fault)."""
 
-    class SilentScrollback(LocalScrollback):
-        async def append(self, *, attempt_id: int, data: bytes) -> int:
+    class SilentScrollback(LocalConsoleState):
+        async def scrollback_append(self, *, attempt_id: int, data: bytes) -> int:
             await asyncio.sleep(60)
             return 0
 
     fanout = OutputFanout(
         attempt_id=904,
-        scrollback=SilentScrollback(limit=1024),
+        state=SilentScrollback(),
         channel_layer=InMemoryChannelLayer(),
         group="console-904",
         origin="holder",
@@ -214,11 +209,11 @@ async def test_a_holder_alone_keeps_the_scrollback_but_publishes_nothing_until_a
     layer = InMemoryChannelLayer()
     listener = await layer.new_channel()
     await layer.group_add("console-901", listener)  # in the group, but not registered as watching
-    LocalScrollback._buffers.pop(901, None)
-    scrollback = LocalScrollback(limit=1 << 20)
+    LocalConsoleState.scrollbacks.pop(901, None)
+    state = LocalConsoleState()
     fanout = OutputFanout(
         attempt_id=901,
-        scrollback=scrollback,
+        state=state,
         channel_layer=layer,
         group="console-901",
         origin="holder",
@@ -227,7 +222,7 @@ async def test_a_holder_alone_keeps_the_scrollback_but_publishes_nothing_until_a
     )
     await fanout.put(b"alone")
     await fanout.flush()
-    assert (await scrollback.snapshot(attempt_id=901)).end == 5
+    assert (await state.scrollback_snapshot(attempt_id=901)).end == 5
     assert fanout.published_end == 5
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(layer.receive(listener), 0.2)
@@ -244,20 +239,20 @@ async def test_viewer_registry_sees_others_until_they_leave_or_expire(backend, m
     if backend == "redis":
         client = shared_redis()
         await clear_console_keys(client)
-        viewers = RedisConsoleViewers(client)
+        state = RedisConsoleState(client)
     else:
-        LocalConsoleViewers._table.pop(902, None)
-        viewers = LocalConsoleViewers()
-    assert await viewers.add(attempt_id=902, viewer="a") is False  # registering says whether others watch
-    assert not await viewers.others(attempt_id=902, viewer="a")
-    assert await viewers.add(attempt_id=902, viewer="b") is True
-    assert await viewers.others(attempt_id=902, viewer="a")
-    assert await viewers.add(attempt_id=902, viewer="a") is True  # a refresh sees them too
-    await viewers.remove(attempt_id=902, viewer="b")
-    assert not await viewers.others(attempt_id=902, viewer="a")
-    monkeypatch.setattr("labs.console.viewers.VIEWER_TTL_SECONDS", -1.0)  # "c" registers already expired
-    await viewers.add(attempt_id=902, viewer="c")
-    assert not await viewers.others(attempt_id=902, viewer="a")
+        LocalConsoleState.viewers.pop(902, None)
+        state = LocalConsoleState()
+    assert await state.viewer_add(attempt_id=902, viewer="a") is False  # registering says whether others watch
+    assert not await state.viewers_others(attempt_id=902, viewer="a")
+    assert await state.viewer_add(attempt_id=902, viewer="b") is True
+    assert await state.viewers_others(attempt_id=902, viewer="a")
+    assert await state.viewer_add(attempt_id=902, viewer="a") is True  # a refresh sees them too
+    await state.viewer_remove(attempt_id=902, viewer="b")
+    assert not await state.viewers_others(attempt_id=902, viewer="a")
+    monkeypatch.setattr("labs.console.state.VIEWER_TTL_SECONDS", -1.0)  # "c" registers already expired
+    await state.viewer_add(attempt_id=902, viewer="c")
+    assert not await state.viewers_others(attempt_id=902, viewer="a")
 
 
 def test_fanout_ignores_a_look_at_the_viewers_older_than_the_last_newcomer():
@@ -265,7 +260,7 @@ def test_fanout_ignores_a_look_at_the_viewers_older_than_the_last_newcomer():
         layer = InMemoryChannelLayer()
         fanout = OutputFanout(
             attempt_id=903,
-            scrollback=LocalScrollback(limit=1024),
+            state=LocalConsoleState(),
             channel_layer=layer,
             group="console-903",
             origin="holder",
@@ -274,7 +269,7 @@ def test_fanout_ignores_a_look_at_the_viewers_older_than_the_last_newcomer():
         )
         looked_at = time.monotonic()
         fanout.viewer_joined()
-        fanout.observe_others(False, looked_at)  # a heartbeat that started before the newcomer registered
+        fanout.observe_others(False, looked_at)  # a beat that started before the newcomer registered
         assert fanout.others
         fanout.observe_others(False, time.monotonic())  # a later one: the newcomer has gone again
         assert not fanout.others
@@ -283,7 +278,7 @@ def test_fanout_ignores_a_look_at_the_viewers_older_than_the_last_newcomer():
     asyncio.run(scenario())
 
 
-# -- one process, many consoles: shared Redis connections, one round trip per beat -------------------------------
+# -- one process, many consoles: shared Redis connections --------------------------------------------------------
 
 
 async def test_hundreds_of_simultaneous_console_commands_wait_for_a_connection_instead_of_failing(settings):
@@ -298,91 +293,6 @@ async def test_hundreds_of_simultaneous_console_commands_wait_for_a_connection_i
     pool = client.connection_pool
     assert len(pool._available_connections) + len(pool._in_use_connections) <= 8
     await clear_console_keys(client)
-
-
-@pytest.mark.parametrize("backend", ["local", "redis"])
-async def test_heartbeat_renews_registers_and_reports_in_one_beat(backend, settings, monkeypatch):
-    if backend == "redis":
-        client = shared_redis()
-        await clear_console_keys(client)
-        lease, viewers = RedisConsoleLease(client), RedisConsoleViewers(client)
-        heartbeat = ConsoleHeartbeat(client=client, ttl=0.6)
-    else:
-        LocalConsoleLease._table.clear()
-        LocalConsoleViewers._table.clear()
-        lease, viewers = LocalConsoleLease(), LocalConsoleViewers()
-        heartbeat = ConsoleHeartbeat(client=None, ttl=0.6)
-    monkeypatch.setattr(heartbeat, "_run", lambda: asyncio.sleep(3600))  # beats driven by hand below
-    lost, seen = [], []
-    for attempt_id in (910, 911, 912):
-        assert await lease.acquire(attempt_id=attempt_id, holder=f"holder-{attempt_id}", ttl=0.6)
-    held = {
-        attempt_id: heartbeat.hold(
-            attempt_id=attempt_id,
-            holder=f"holder-{attempt_id}",
-            on_lost=lambda a=attempt_id: lost.append(a),
-            on_others=lambda others, as_of, a=attempt_id: seen.append((a, others)),
-        )
-        for attempt_id in (910, 911, 912)
-    }
-    await viewers.add(attempt_id=910, viewer="holder-910")
-    heartbeat.watch(attempt_id=910, viewer="holder-910")
-    heartbeat.watch(attempt_id=910, viewer="tab-2")  # another tab of 910 in this process
-    for _ in range(3):  # three lease lifetimes: kept alive by the beats alone
-        await asyncio.sleep(0.3)
-        await heartbeat.beat()
-    assert await lease.holder(attempt_id=910) == "holder-910"
-    assert (910, True) in seen and (911, False) in seen and lost == []
-
-    # 911's lease expires unrenewed and nobody takes it: taken again. 912's is taken by somebody else: lost.
-    await lease.release(attempt_id=911, holder="holder-911")
-    await lease.release(attempt_id=912, holder="holder-912")
-    assert await lease.acquire(attempt_id=912, holder="elsewhere", ttl=5)
-    await heartbeat.beat()
-    assert await lease.holder(attempt_id=911) == "holder-911"
-    assert await lease.holder(attempt_id=912) == "elsewhere"
-    assert lost == [912] and held[912].lost and not held[911].lost
-    seen.clear()
-    await heartbeat.beat()
-    assert {a for a, _ in seen} == {910, 911}  # a lost lease is no longer renewed nor reported
-
-    heartbeat.unwatch(attempt_id=910, viewer="tab-2")
-    await viewers.remove(attempt_id=910, viewer="tab-2")
-    seen.clear()
-    await heartbeat.beat()
-    assert (910, False) in seen
-    for attempt_id in (910, 911):
-        heartbeat.release(held[attempt_id])
-    heartbeat.unwatch(attempt_id=910, viewer="holder-910")
-    assert heartbeat.task is None
-
-
-async def test_appends_asked_for_together_go_to_redis_in_one_call(settings):
-    client = shared_redis()
-    await clear_console_keys(client)
-    scrollbacks = [RedisScrollback(client, limit=100) for _ in range(50)]
-    calls = []
-    appends = scrollbacks[0].appends
-    script = appends.script
-
-    async def counting(**kwargs):
-        calls.append(len(kwargs["keys"]) // 2)
-        return await script(**kwargs)
-
-    appends.script = counting
-    try:
-        ends = await asyncio.gather(
-            *(sb.append(attempt_id=1000 + i, data=b"x" * (i + 1)) for i, sb in enumerate(scrollbacks))
-        )
-        assert ends == [i + 1 for i in range(50)]
-        assert calls == [50]
-        again = await scrollbacks[3].append(attempt_id=1003, data=b"yz")
-        assert again == 6 and calls == [50, 1]
-        snapshot = await scrollbacks[3].snapshot(attempt_id=1003)
-        assert snapshot.data == b"xxxxyz" and snapshot.end == 6
-    finally:
-        appends.script = script
-        await clear_console_keys(client)
 
 
 async def test_recordings_of_many_consoles_are_written_in_one_worker_thread_call(settings, tmp_path, monkeypatch):
@@ -454,9 +364,7 @@ async def test_an_update_during_the_lookup_is_not_lost(settings):
     async def on_output(data: bytes) -> None:
         raise AssertionError("nothing is dialled here")
 
-    upstream = ConsoleUpstream(
-        locate=locate, on_output=on_output, on_state=on_state, attempt_changed=changed, limits=console_limits()
-    )
+    upstream = ConsoleUpstream(locate=locate, on_output=on_output, on_state=on_state, attempt_changed=changed)
     task = asyncio.create_task(upstream.run())
     try:
         for _ in range(100):
@@ -474,7 +382,7 @@ async def test_a_waiting_console_wakes_only_for_updates_that_can_change_its_answ
     consumer = AttemptConsoleConsumer()
     consumer.attempt_changed = asyncio.Event()
     consumer.upstream = ConsoleUpstream(
-        locate=None, on_output=None, on_state=None, attempt_changed=consumer.attempt_changed, limits=console_limits()
+        locate=None, on_output=None, on_state=None, attempt_changed=consumer.attempt_changed
     )
     consumer.upstream.state = UpstreamState.WAITING
 

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.test import Client
 
 from labs import tasks
-from labs.console.scrollback import console_scrollback
+from labs.console.state import console_state
 from labs.models import Attempt, AttemptState
 from labs.services import attempt_start, attempt_stop
 from labs.tests.reliability import (
@@ -225,7 +225,7 @@ async def test_a_browser_that_stops_reading_costs_bounded_memory_and_catches_up(
     assert any(m["type"] == "lagging" for m in viewer.messages)
     assert len(viewer.output) <= 2 * window + 8 * 1024, len(viewer.output)
     assert rss_growth_mib < 16, rss_growth_mib
-    snapshot = await console_scrollback(limit=settings.CONSOLE_SCROLLBACK_BYTES).snapshot(attempt_id=attempt.id)
+    snapshot = await console_state().scrollback_snapshot(attempt_id=attempt.id)
     assert len(snapshot.data) <= settings.CONSOLE_SCROLLBACK_BYTES and snapshot.end >= flood
 
     # The browser catches up: a fresh screen from the scrollback, then live output and typing again.

@@ -12,7 +12,7 @@ from redis import exceptions
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.connection import Connection
 
-from labs.console.redis_client import shared_redis
+from labs.console.state import shared_redis
 from portal.redis_async import (
     CancellableConnection,
     CancellableSSLConnection,

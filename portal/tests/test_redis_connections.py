@@ -8,7 +8,7 @@ from channels_redis.utils import create_pool
 from django.conf import settings
 from django.core.cache import caches
 
-from labs.console.redis_client import shared_redis
+from labs.console.state import shared_redis
 
 # bin/test (and so CI) always sets REDIS_URL; only a run without Redis, which caches in process memory and has no
 # Redis pools at all, skips these.

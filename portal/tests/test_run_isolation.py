@@ -12,7 +12,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.cache import cache
 
-from labs.console.redis_client import console_key
+from labs.console.state import console_key
 from portal import metrics
 from portal.celery import app
 
