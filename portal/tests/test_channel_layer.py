@@ -1,6 +1,6 @@
 """The portal's Redis channel layer: an idle consumer stays alive (waiting longer than the client library's default
-socket timeout must not raise), no message is lost when a consumer leaves mid-pop, and group sends, group joins and
-pops take the round trips ``portal.channel_layer`` says."""
+socket timeout must not raise), no message is lost when a consumer leaves mid-pop, and group joins share the pool's
+few connections."""
 
 from __future__ import annotations
 
@@ -104,39 +104,13 @@ async def test_channels_redis_own_layer_loses_that_message():
     assert await what_b_receives_after_the_popping_consumer_leaves(layer) == [LATER]
 
 
-# --- group_send in two scripts --------------------------------------------------------------------------------
-
-
-class Recording:
-    """A layer's Redis connection that notes each command it is asked to run."""
-
-    def __init__(self, connection, calls: list[str]) -> None:
-        self._connection = connection
-        self._calls = calls
-
-    def __getattr__(self, name):
-        attribute = getattr(self._connection, name)
-        if not callable(attribute):
-            return attribute
-
-        def call(*args, **kwargs):
-            self._calls.append(name)
-            return attribute(*args, **kwargs)
-
-        return call
+# --- groups and pops --------------------------------------------------------------------------------------------
 
 
 def portal_layer(**overrides):
     from portal.channel_layer import RedisChannelLayer as PortalRedisChannelLayer
 
     return PortalRedisChannelLayer(**{**settings.CHANNEL_LAYERS["default"]["CONFIG"], **overrides})
-
-
-def recorded(layer) -> list[str]:
-    calls: list[str] = []
-    connection = layer.connection
-    layer.connection = lambda index: Recording(connection(index), calls)
-    return calls
 
 
 async def received_within(layer, channel: str, seconds: float = 2) -> list[dict]:
@@ -163,7 +137,7 @@ async def make_layer():
         await layer.close_pools()
 
 
-async def test_group_send_reaches_each_member_of_every_process_once_in_two_scripts(make_layer):
+async def test_group_send_reaches_each_member_of_every_process_once(make_layer):
     web, other = make_layer(), make_layer()  # two processes: each its own channel key
     group = f"attempt-{secrets.token_hex(4)}"
     members = [await web.new_channel(), await web.new_channel(), await other.new_channel()]
@@ -174,26 +148,18 @@ async def test_group_send_reaches_each_member_of_every_process_once_in_two_scrip
     for channel in members:
         await layer_of(channel).group_add(group, channel)
     sender = make_layer()
-    calls = recorded(sender)
-    await sender.group_send(group, UPDATE)  # the first may find Redis without the scripts, and EVAL them
-    calls.clear()
     await sender.group_send(group, UPDATE)
-    # The members, then one send per Redis connection (one here), each script by its SHA: two commands where
-    # channels_redis sends six.
-    assert calls == ["evalsha", "evalsha"]
+    await sender.group_send(group, UPDATE)
     for channel in members:
         assert await received_within(layer_of(channel), channel, seconds=1.5) == [UPDATE, UPDATE], channel
 
 
-async def test_group_add_joins_and_sets_the_groups_expiry_in_one_round_trip(make_layer):
+async def test_group_add_joins_and_sets_the_groups_expiry(make_layer):
     layer = make_layer()
     group = f"console-{secrets.token_hex(4)}"
     channel = await layer.new_channel()
-    await layer.group_add(group, channel)  # the first may find Redis without the script
-    calls = recorded(layer)
     joined = time.time()
     await layer.group_add(group, channel)
-    assert calls == ["evalsha"]
     connection = layer.connection(0)
     key = layer._group_key(group)
     assert abs(await connection.zscore(key, channel) - joined) < 1
@@ -223,60 +189,18 @@ async def test_group_send_drops_expired_members_and_messages_and_respects_capaci
     assert await received_within(layer, gone, seconds=1.2) == []
 
 
-async def test_group_send_runs_its_scripts_by_text_when_redis_has_lost_them(make_layer):
-    from redis.exceptions import NoScriptError
-
-    layer = make_layer()
-    group = f"attempt-{secrets.token_hex(4)}"
-    channel = await layer.new_channel()
-    await layer.group_add(group, channel)
-    calls: list[str] = []
-    connection = layer.connection
-
-    class Forgetful(Recording):  # Redis restarted or SCRIPT FLUSHed: no SHA is known
-        async def evalsha(self, *args):
-            calls.append("evalsha")
-            raise NoScriptError("NOSCRIPT No matching script.")
-
-    layer.connection = lambda index: Forgetful(connection(index), calls)
-    await layer.group_send(group, UPDATE)
-    assert calls == ["evalsha", "eval", "evalsha", "eval"]
-    layer.connection = connection
-    assert await received_within(layer, channel, seconds=1.5) == [UPDATE]
-
-
 # --- a pop when messages are waiting ----------------------------------------------------------------------------
 
 
-async def test_a_waiting_message_is_popped_and_backed_up_in_one_round_trip(make_layer):
+async def test_waiting_messages_are_received_in_order_and_their_backup_cleared(make_layer):
     layer = make_layer()
     channel = await layer.new_channel()
     for number in range(3):
         await layer.send(channel, {**LATER, "number": number})
-    calls = recorded(layer)
     received = [await asyncio.wait_for(layer.receive(channel), timeout=3) for _ in range(3)]
     assert received == [{**LATER, "number": number} for number in range(3)]
     await asyncio.sleep(0.1)  # the last message's backup is cleared after it is handed over
-    # Per message: the script (backup back in front, then the first message moved into the backup), and the
-    # clearing of the backup once the message is handed over; no BZPOPMIN, no separate backup write.
-    assert calls == ["evalsha", "zpopmin"] * 3
     assert await layer.connection(0).zcard(layer.prefix + layer.non_local_name(channel) + "$inflight") == 0
-
-
-class SlowScript:
-    """A connection whose script answers reach the layer ``delay`` seconds after Redis ran the script."""
-
-    def __init__(self, connection, delay: float) -> None:
-        self._connection = connection
-        self._delay = delay
-
-    async def evalsha(self, *args):
-        result = await self._connection.evalsha(*args)
-        await asyncio.sleep(self._delay)
-        return result
-
-    def __getattr__(self, name):
-        return getattr(self._connection, name)
 
 
 async def test_a_waiting_message_popped_for_a_receiver_that_leaves_reaches_the_next_once(make_layer):
@@ -284,9 +208,9 @@ async def test_a_waiting_message_popped_for_a_receiver_that_leaves_reaches_the_n
     a, b = await layer.new_channel(), await layer.new_channel()
     await layer.send(b, UPDATE)
     connection = layer.connection
-    layer.connection = lambda index: SlowScript(connection(index), delay=0.3)
+    layer.connection = lambda index: SlowAnswers(connection(index), delay=0.3, slow="pop")
     receiving_for_a = asyncio.create_task(layer.receive(a))  # pops for everyone: takes B's message
-    await asyncio.sleep(0.1)  # the script has run: the message is out of the channel, its answer on its way
+    await asyncio.sleep(0.1)  # Redis has popped the message, its answer on its way
     receiving_for_a.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await receiving_for_a
