@@ -2,7 +2,8 @@
 
 from django.urls import path
 
-from labs.consumers import AttemptConsoleConsumer, AttemptEventsConsumer
+from labs.consumers.console import AttemptConsoleConsumer
+from labs.consumers.events import AttemptEventsConsumer
 
 # Channels routes Django's path() to ASGI applications; the stubs type the target as a view.
 websocket_urlpatterns = [

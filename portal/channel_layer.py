@@ -20,11 +20,9 @@ class RedisChannelLayer(UpstreamRedisChannelLayer):
         self._abandoned_pops: dict[str, asyncio.Future] = {}
 
     def create_pool(self, index):
-        """A pool that, once ``max_connections`` are in use, makes a command wait for one to come free: each command
-        here is one short round trip (the receive's BZPOPMIN, one per process, is the only long one), so a few dozen
-        connections carry a class's sockets. channels_redis's pool opens a connection per command in flight instead
-        (a hundred pages joining their groups at once: a hundred connections, each a connect and a handshake) and
-        fails outright past its size. A host given by address or sentinel keeps channels_redis's pool."""
+        """A pool that makes a command wait for a free connection once ``max_connections`` are in use, where
+        channels_redis's opens one per command in flight and fails past its size. Address or sentinel hosts keep
+        channels_redis's pool."""
         host = self.hosts[index]
         if "address" in host or "master_name" in host:
             return super().create_pool(index)
@@ -65,9 +63,8 @@ class RedisChannelLayer(UpstreamRedisChannelLayer):
         return channel, message
 
     def _abandon(self, channel_key: str, popping: asyncio.Future) -> None:
-        """The receiver left while its pop runs: the pop goes on, and what it takes lands in the backup queue.
-        The next receiver waits for it, then (channels_redis's own first step) puts the backup back in front of
-        the channel: it neither pops a newer message first nor races the backup copy with a cleaner."""
+        """The receiver left while its pop runs: the pop goes on into the backup queue, which the next receiver waits
+        for and then puts back in front of the channel (channels_redis's own first step)."""
         self._abandoned_pops[channel_key] = popping
 
         def finished(done: asyncio.Future) -> None:

@@ -22,10 +22,8 @@ async def wait_event(event: asyncio.Event, seconds: float) -> bool:
 
 
 async def cancel_and_wait(task: asyncio.Task) -> None:
-    """Cancel ``task`` and return once it has ended, raising what it failed with (not its cancellation).
-
-    The caller's own cancellation is never swallowed here, unlike ``suppress(CancelledError): await task``,
-    which also hides a cancellation of the caller that lands while it waits."""
+    """Cancel ``task`` and return once it has ended, raising what it failed with; unlike
+    ``suppress(CancelledError): await task``, it never swallows the caller's own cancellation."""
     while not task.done():
         task.cancel()
         await asyncio.wait([task], timeout=CANCEL_RETRY_SECONDS)

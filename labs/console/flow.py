@@ -25,11 +25,8 @@ class InputRateLimiter:
 
 
 class OutputWindow:
-    """Bytes sent to one browser minus the bytes it says it has drawn.
-
-    When the gap passes ``window`` the viewer is lagging: further output is skipped (counted) rather than
-    queued in this process, and once the browser has caught up it gets a fresh screen from scrollback.
-    """
+    """Bytes sent to one browser minus the bytes it has drawn; past ``window`` the viewer lags: output is skipped
+    rather than queued here, and the caught-up browser gets a fresh screen from scrollback."""
 
     def __init__(self, *, window: int) -> None:
         self.window = window

@@ -23,33 +23,26 @@ FLUSH_AT_BYTES = 256 * 1024
 # Should the disk fall behind even so, output past this backlog is left out of the recording (with a marker)
 # rather than held in memory.
 MAX_PENDING_BYTES = 4 * 1024 * 1024
-DEFAULT_WIDTH = 80
-DEFAULT_HEIGHT = 24
 
 
 def recording_path(*, attempt_id: int) -> Path:
     return Path(settings.CONSOLE_RECORDINGS_DIR) / f"attempt-{int(attempt_id)}.cast"
 
 
-def _read_header(path: Path) -> dict | None:
-    try:
-        with path.open("rb") as handle:
-            return json.loads(handle.readline())
-    except (OSError, ValueError):
-        return None
-
-
 def _open_for_append(path: Path, *, title: str) -> tuple[float, int]:
     """Create the file with its header if needed; returns (start timestamp, current size)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = _read_header(path) if path.exists() else None
-    if header is None or header.get("version") != 2:
-        start = time.time()
+    try:
+        with path.open("rb") as handle:
+            header = json.loads(handle.readline())
+    except (OSError, ValueError):
+        header = None
+    if not isinstance(header, dict) or header.get("version") != 2:
         header = {
             "version": 2,
-            "width": DEFAULT_WIDTH,
-            "height": DEFAULT_HEIGHT,
-            "timestamp": int(start),
+            "width": 80,
+            "height": 24,
+            "timestamp": int(time.time()),
             "title": title,
             "env": {"TERM": "xterm-256color"},
         }
@@ -72,10 +65,8 @@ def _append_all(writes: list[tuple[Path, str]]) -> list[OSError | None]:
 
 
 class RecordingWriter:
-    """Appends what every recorder of one event loop has pending: one worker-thread call per interval for all
-    the consoles a process serves, not one per console (two hundred consoles flushing twice a second each were
-    four hundred thread hops a second). Every write of a recorder goes through its writer, one at a time, so a
-    file's appends stay in order."""
+    """Appends what every recorder of one event loop has pending in one worker-thread call per interval, not one
+    per console; one write at a time, so each file's appends stay in order."""
 
     def __init__(self, *, interval: float) -> None:
         self.interval = interval
@@ -121,10 +112,9 @@ _writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, Recor
 def recording_writer(*, interval: float) -> RecordingWriter:
     """The running loop's writer for recordings flushed every ``interval`` seconds."""
     writers = _writers.setdefault(asyncio.get_running_loop(), {})
-    writer = writers.get(interval)
-    if writer is None:
-        writer = writers[interval] = RecordingWriter(interval=interval)
-    return writer
+    if interval not in writers:
+        writers[interval] = RecordingWriter(interval=interval)
+    return writers[interval]
 
 
 class AsciicastRecorder:

@@ -1,19 +1,5 @@
-"""``/ws/attempts/<id>/console/``: the browser side of the console bridge.
-
-Every connected viewer (the student's tabs, staff watching) is one of these consumers. Exactly one of them per
-attempt, across all portal processes, holds the lease and with it the single upstream connection to the VMI
-console (KubeVirt allows one client per VMI; a second one would kick the first). The holder fans output out
-through the channel-layer group ``console-<id>``; input from the student's other tabs reaches it through
-``console-input-<id>``, a group only the holder joins. When the holder leaves it hands the lease back and the
-remaining viewers race for it; when the last viewer leaves the upstream closes with it.
-
-Browser protocol: binary frames are terminal bytes both ways; text frames are JSON control messages.
-From the browser: ``{"type": "ack", "bytes": N}`` (total output drawn), ``{"type": "resize", "rows", "cols"}``
-(``console_size``), ``{"type": "take_control"}`` and ``{"type": "release_control"}`` (staff, ``console_control``).
-To the browser: ``hello`` (mode ``rw``/``ro``, who holds the keyboard, the size the replayed scrollback was
-written at), ``status`` (upstream state), ``reset`` (a fresh screen follows), ``resized``, ``lagging``, ``notice``
-(a code the page translates).
-"""
+"""``/ws/attempts/<id>/console/``: the browser side of the console bridge; one viewer per socket, one of them per
+attempt holding the upstream (docs/console.md)."""
 
 from __future__ import annotations
 
@@ -110,8 +96,7 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
         )
         self.deliver_lock = asyncio.Lock()
         self.owner_gone = asyncio.Event()
-        # Wakes the ownership loop: the upstream ended.
-        self.ownership_changed = asyncio.Event()
+        self.ownership_changed = asyncio.Event()  # the upstream ended
         self.attempt_changed = asyncio.Event()
         self.notices_sent: dict[str, float] = {}
         self.upstream = None
@@ -136,10 +121,8 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
             await self.send(bytes_data=snapshot.data)
         self.delivered_end = snapshot.end
         if others:
-            # Whoever holds the console is a registered viewer, so with nobody else registered (the usual single
-            # tab) there is nobody to hear the announcement. In the output group before registering, and
-            # registered before reading who holds the lease: a holder that takes it meanwhile sees this viewer
-            # among the others when it starts, and tells the group its state.
+            # Alone (the usual single tab) there is nobody to ask. Registered before the lease is read: a holder
+            # that takes it meanwhile sees this viewer among the others, and tells the group its state.
             await self._announce()
         if access.is_staff and not access.is_student:
             await self._broadcast_notice("staff_watching", who=access.viewer_name)

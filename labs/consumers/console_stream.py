@@ -70,12 +70,9 @@ class ConsoleStream(ConsolePart):
             await self._deliver_locked(data, end)
 
     async def _deliver_locked(self, data: bytes, end: int) -> None:
-        """Send one chunk of output (ending at offset ``end``) unless already sent or the browser is behind.
-
-        A chunk that starts past what this browser has means output went missing on the way (a full channel
-        dropped a message, or this viewer joined while the holder did not yet know of it): the screen is then
-        redrawn from the scrollback, which always holds what has been published.
-        """
+        """Send one chunk of output (ending at offset ``end``) unless already sent or the browser is behind. One
+        starting past what this browser has means output went missing (a full channel, a holder that did not know
+        of this viewer yet): the screen is redrawn from the scrollback, which holds everything published."""
         if end <= self.delivered_end:
             return
         if self.window.lagging_since is not None:

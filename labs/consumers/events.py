@@ -1,12 +1,6 @@
-"""``/ws/attempts/<id>/events/``: the attempt's status and grading results, pushed as they change.
-
-Joined to the group ``attempt-<id>``, which the lifecycle (``attempt.update``) and grading (``grading.update``) push
-to after commit; the current status (and the latest grading run) is sent first, so a page that reconnects shows the
-present state without polling. Messages are in the page's language (``portal.websocket_language``): a push that
-carries its words in every language (a grading run's ``runs``, an attempt's ``wording``) is answered with this
-socket's. The student's own page keeps their attempt from being stopped as left (``Lab.idle_stop_minutes``): the
-socket stamps the attempt as seen when it opens, every ``PRESENCE_STAMP_SECONDS`` while open, and as it closes.
-"""
+"""``/ws/attempts/<id>/events/``: the attempt's status and grading results (group ``attempt-<id>``), the present
+state first, in the page's language; the student's own page stamps the attempt as seen while open, where its lab
+stops attempts nobody has open (``Lab.idle_stop_minutes``)."""
 
 from __future__ import annotations
 
@@ -37,9 +31,8 @@ class Handshake:
 
 
 def attempt_events_handshake(*, user, attempt_id: int, language: str) -> Handshake:
-    """Everything a handshake needs from the database, in one call: the session's user (``user`` may be the lazy
-    ``scope["user"]``, resolved here), the access decision and the snapshot, in ``language``. Raises
-    ``NotAuthenticated`` or ``NotFound``."""
+    """The handshake's one database call: the session's user (the lazy ``scope["user"]``), access and the first
+    messages in ``language``. Raises ``NotAuthenticated`` or ``NotFound``."""
     if user is None or not user.is_authenticated:
         raise NotAuthenticated
     with translation.override(language):
