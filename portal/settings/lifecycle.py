@@ -58,7 +58,7 @@ GRADING_PATTERN_TIMEOUT_MS = env_int("GRADING_PATTERN_TIMEOUT_MS", 1000)
 AGENT_PORT = 8787
 
 CONSOLE_SCROLLBACK_BYTES = env_int("CONSOLE_SCROLLBACK_BYTES", 64 * 1024)
-# Output sent to a browser but not yet acknowledged as drawn; past it the viewer is lagging (labs.console.limits).
+# Output sent to a browser but not yet acknowledged as drawn; past it the viewer is lagging (labs.console.flow).
 CONSOLE_OUTPUT_WINDOW_BYTES = 1024 * 1024
 CONSOLE_LAG_CLOSE_SECONDS = 60.0
 CONSOLE_INPUT_FRAME_MAX_BYTES = 16 * 1024
