@@ -128,22 +128,10 @@ def measure_and_record(*, run: GradingRun, attempt: Attempt, checks: Sequence[Ch
     return grading_run_record(run=run, checks=checks, results=results, measured_at=run.started_at or timezone.now())
 
 
-@transaction.atomic
-def grading_run_record(
-    *, run: GradingRun, checks: Sequence[Check], results: Sequence[dict[str, Any]], measured_at
-) -> GradingRun:
-    """Evaluate the agent's results, store one CheckResult per check, finish the run and recompute the grade.
-
-    A run that is no longer ``running`` (failed as stale while the agent worked) keeps its state: results that
-    arrive after the portal gave up on them are not counted.
-    """
-    from grading.services.grades import grade_recompute
-
-    run = GradingRun.objects.select_for_update(of=("self",)).select_related("attempt__lab").get(pk=run.pk)
-    if run.state != RunState.RUNNING:
-        logger.warning("grading run %s is %s; late results discarded", run.pk, run.state)
-        return run
-    lab = run.attempt.lab
+def check_results_create(
+    *, run: GradingRun, checks: Sequence[Check], results: Sequence[dict[str, Any]]
+) -> tuple[list[CheckResult], Decimal, Decimal]:
+    """Evaluate each check's agent-shaped result and store it; returns the rows, the score and the maximum."""
     rows: list[CheckResult] = []
     score, max_score = Decimal(0), Decimal(0)
     for check, result in zip(checks, results, strict=True):
@@ -170,6 +158,26 @@ def grading_run_record(
             )
         )
     CheckResult.objects.bulk_create(rows)
+    return rows, score, max_score
+
+
+@transaction.atomic
+def grading_run_record(
+    *, run: GradingRun, checks: Sequence[Check], results: Sequence[dict[str, Any]], measured_at
+) -> GradingRun:
+    """Evaluate the agent's results, store one CheckResult per check, finish the run and recompute the grade.
+
+    A run that is no longer ``running`` (failed as stale while the agent worked) keeps its state: results that
+    arrive after the portal gave up on them are not counted.
+    """
+    from grading.services.grades import grade_recompute
+
+    run = GradingRun.objects.select_for_update(of=("self",)).select_related("attempt__lab").get(pk=run.pk)
+    if run.state != RunState.RUNNING:
+        logger.warning("grading run %s is %s; late results discarded", run.pk, run.state)
+        return run
+    lab = run.attempt.lab
+    rows, score, max_score = check_results_create(run=run, checks=checks, results=results)
     run.state = RunState.DONE
     run.finished_at = timezone.now()
     run.measured_at = measured_at
