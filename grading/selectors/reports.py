@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, TypedDict
 
-from django.db.models import Count, Sum
+from django.db.models import Count, QuerySet, Sum
 
 from grading.models import Grade, GradingRun, LabRegrade
 from grading.selectors.attempts import attempts_with_run_counts, runs_with_results
@@ -42,7 +42,6 @@ class GradeCell:
 
 
 LAB_REPORT_REGRADES = 5
-EMPTY_CELL = GradeCell(final=None, computed=None, max_score=None, late=False, overridden=False, attempts=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +65,8 @@ class Gradebook:
         return sum((lab.max_points or Decimal(0) for lab in self.labs), Decimal(0))
 
 
-def course_labs(*, course: Course) -> list[WithAnnotations[Lab, _MaxPoints]]:
-    return list(
-        Lab.objects.filter(course=course).annotate(max_points=Sum("checks__points")).order_by("due_at", "title", "id")
-    )
+def labs_with_max_points(labs: QuerySet[Lab]) -> list[WithAnnotations[Lab, _MaxPoints]]:
+    return list(labs.annotate(max_points=Sum("checks__points")).order_by("due_at", "title", "id"))
 
 
 def course_students(*, course: Course) -> list[User]:
@@ -88,7 +85,7 @@ def grade_of_student(*, lab: Lab, student: User) -> Grade | None:
 def course_gradebook(*, course: Course) -> Gradebook:
     """Students × labs with the final grade and its flags. Four queries for any number of students or labs; rows
     are read as tuples, since 500 students × 10 labs would otherwise build 5,000 model instances."""
-    labs = course_labs(course=course)
+    labs = labs_with_max_points(Lab.objects.filter(course=course))
     students = course_students(course=course)
     lab_ids = [lab.pk for lab in labs]
     grades: dict[tuple[int, int], tuple] = {
@@ -109,18 +106,7 @@ def course_gradebook(*, course: Course) -> Gradebook:
         cells = []
         for lab_id in lab_ids:
             key = (lab_id, student.pk)
-            grade = grades.get(key)
-            attempts = attempt_counts.get(key, 0)
-            if grade is None:
-                cells.append(
-                    EMPTY_CELL
-                    if not attempts
-                    else GradeCell(
-                        final=None, computed=None, max_score=None, late=False, overridden=False, attempts=attempts
-                    )
-                )
-                continue
-            score, max_score, late, override = grade
+            score, max_score, late, override = grades.get(key, (None, None, False, None))
             cells.append(
                 GradeCell(
                     final=override if override is not None else score,
@@ -128,7 +114,7 @@ def course_gradebook(*, course: Course) -> Gradebook:
                     max_score=max_score,
                     late=late,
                     overridden=override is not None,
-                    attempts=attempts,
+                    attempts=attempt_counts.get(key, 0),
                 )
             )
         rows.append(GradebookRow(student=student, cells=cells))
@@ -244,11 +230,7 @@ class StudentCourseGrades:
 def student_grades(*, user: User) -> list[StudentCourseGrades]:
     """The user's grades in every course they take as a student (three queries)."""
     courses = list(courses_for_user(user=user, roles=(Role.STUDENT,)).order_by("code", "term"))
-    labs = list(
-        Lab.objects.filter(course__in=courses)
-        .annotate(max_points=Sum("checks__points"))
-        .order_by("due_at", "title", "id")
-    )
+    labs = labs_with_max_points(Lab.objects.filter(course__in=courses))
     grades = {g.lab_id: g for g in Grade.objects.filter(student=user, lab__in=labs)}
     by_course: dict[int, list[StudentLabGrade]] = {c.pk: [] for c in courses}
     for lab in labs:
