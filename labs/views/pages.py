@@ -35,7 +35,7 @@ from portal.models import STAFF_ROLES
 from portal.selectors import course_role
 
 
-def attempt_page_config(*, request: HttpRequest, attempt: Attempt, is_student: bool, is_staff: bool) -> dict[str, Any]:
+def attempt_page_config(*, attempt: Attempt, is_student: bool, is_staff: bool) -> dict[str, Any]:
     """Everything the attempt panel's script needs, handed over as a JSON data block (no inline script)."""
     return {
         "attempt_id": attempt.id,
@@ -65,7 +65,7 @@ def lab_start_fragments(*, request: HttpRequest, attempt: Attempt) -> dict[str, 
         "is_student": True,
         "show_terminal": True,
         "progress_steps": PROGRESS_STEPS,
-        "page_config": attempt_page_config(request=request, attempt=attempt, is_student=True, is_staff=False),
+        "page_config": attempt_page_config(attempt=attempt, is_student=True, is_staff=False),
         "csrf_token": get_token(request),
     }
     return {
@@ -134,7 +134,7 @@ class LabDetailView(LoginRequiredMixin, View):
             "current": current,
             "start_refusal": lab_start_refusal(user=request.user, lab=lab, attempts=attempts),
             "progress_steps": PROGRESS_STEPS,
-            "page_config": attempt_page_config(request=request, attempt=current, is_student=True, is_staff=False)
+            "page_config": attempt_page_config(attempt=current, is_student=True, is_staff=False)
             if current is not None
             else None,
             # A degraded cluster is said in plain words, never left to look like a stuck progress bar.
@@ -164,8 +164,6 @@ class AttemptDetailView(LoginRequiredMixin, View):
         context = {
             "lab": lab,
             "attempt": attempt,
-            "slow_start_seconds": settings.ATTEMPT_SLOW_START_NOTICE_SECONDS,
-            "check_interval_seconds": settings.GRADING_MIN_INTERVAL_SECONDS,
             "is_student": is_student,
             "is_staff": is_staff,
             "active": attempt.state in ACTIVE_STATES,
@@ -174,8 +172,6 @@ class AttemptDetailView(LoginRequiredMixin, View):
             if is_student and attempt.state in ACTIVE_STATES
             else None,
             "progress_steps": PROGRESS_STEPS,
-            "page_config": attempt_page_config(
-                request=request, attempt=attempt, is_student=is_student, is_staff=is_staff
-            ),
+            "page_config": attempt_page_config(attempt=attempt, is_student=is_student, is_staff=is_staff),
         }
         return render(request, "labs/attempt_detail.html", context)
