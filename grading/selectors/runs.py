@@ -63,9 +63,7 @@ def _number(value: Decimal | None) -> float | None:
 
 
 def grading_run_payload(run: GradingRun, *, results: Sequence[CheckResult] | None = None) -> dict[str, Any]:
-    """A JSON-safe view of a run for the attempt's page (pushed as ``grading.update``). Carries feedback but no
-    command output: students see outputs nowhere, staff on report pages. ``results`` saves a query when the
-    caller holds them."""
+    """A JSON-safe view of a run for the attempt's page: feedback, never command output (students never see it)."""
     results = sorted(run.results.all() if results is None else results, key=lambda r: (r.order, r.pk or 0))
     return {
         "id": run.pk,
