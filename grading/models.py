@@ -178,9 +178,7 @@ class Grade(models.Model):
 
 
 class LabRegrade(models.Model):
-    """A lab-wide regrade that staff asked for: queued by the request, carried out by a Celery task, its outcome
-    kept for the lab report (one run's stored outputs re-evaluated per counted run, running attempts checked
-    again in their guest)."""
+    """A lab-wide regrade that staff asked for, carried out by a Celery task; its outcome shows on the lab report."""
 
     lab = models.ForeignKey(Lab, verbose_name=_("lab"), on_delete=models.CASCADE, related_name="lab_regrades")
     requested_by = models.ForeignKey(

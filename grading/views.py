@@ -1,6 +1,5 @@
 """Grading pages: staff reports (gradebook, lab report, attempt detail, override, regrade, CSV) and a student's
-own grades. Each view is thin: form → selector → service → render. Staff pages answer 404 to anyone who does
-not teach that course, in any tenant."""
+own grades; staff pages answer 404 to anyone who does not teach that course."""
 
 from __future__ import annotations
 
@@ -45,10 +44,6 @@ class GradingView(LoginRequiredMixin, View):
             raise DjangoPermissionDenied(exc.message) from exc
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Students
-
-
 class MyGradesView(GradingView):
     def get(self, request: AuthenticatedRequest) -> HttpResponse:
         courses = selectors.student_grades(user=request.user)
@@ -60,10 +55,6 @@ class MyLabRunsView(GradingView):
         lab = access.lab_get_for_student(user=request.user, lab_id=lab_id)
         report = selectors.student_lab_runs(user=request.user, lab=lab)
         return render(request, "grading/my_lab.html", {"report": report, "lab": lab})
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Staff
 
 
 class StaffIndexView(GradingView):
@@ -95,11 +86,8 @@ def student_lab_url_parts(*, lab_id: int) -> tuple[str, str]:
 
 
 def gradebook_cells_html(book: selectors.Gradebook) -> list[tuple[GradebookRow, SafeString, str]]:
-    """Each row with its cells as HTML and its total. Built here rather than in the template: a template loop
-    over 500 students × 10 labs costs seconds (variable lookups and ``floatformat`` per cell), this costs
-    milliseconds. Each cell links to the student's grade and attempts for its lab; the link's name says whose
-    grade for which lab, since a screen reader's list of links has no table around it. Names, titles and the
-    translated labels are escaped once (per row, lab or page); ids and scores are numbers."""
+    """Each row with its cells as HTML and its total, built here because a template loop over a large class is
+    too slow. Each link's name says whose grade for which lab, for a screen reader's list of links."""
     late_label, override_label = escape(_("late")), escape(_("override"))
     late = format_html(' <span class="badge badge-late">{}</span>', late_label)
     override = format_html(' <span class="badge badge-override">{}</span>', override_label)
@@ -209,9 +197,7 @@ class AttemptRegradeView(GradingView):
 
 
 class StudentLabGradeView(GradingView):
-    """The grade of one student for one lab: the grade, the student's attempts at the lab and the override form.
-    Served at ``student_lab`` and at ``grade_override``; the form posts back to the URL the page came from, and
-    a saved override returns to the gradebook."""
+    """One student's grade for one lab, their attempts at it and the override form."""
 
     template_name = "grading/override.html"
 

@@ -160,11 +160,8 @@ def check_environment(*, home: str) -> dict[str, str]:
 
 
 def run_check(*, check_id: str, command: str, timeout_s: float, home: str, groups: ProcessGroups) -> dict[str, Any]:
-    """Run one check in its own process group and return its result.
-
-    The whole group is killed on timeout (SIGTERM, then SIGKILL after a grace period) and whatever is left of it
-    when the shell exits, so background children of a check never outlive it or keep its pipes open.
-    """
+    """Run one check in its own process group, killed whole on timeout and when the shell exits, so that no
+    background child outlives it or keeps its pipes open."""
     started = time.monotonic()
     stdout = CappedOutput(cap=OUTPUT_CAP_BYTES)
     stderr = CappedOutput(cap=OUTPUT_CAP_BYTES)

@@ -82,9 +82,8 @@ def _attempt_rows(
 
 
 def attempt_get_for_user(*, user: User, attempt_id: int, related: bool = True, with_idle_stop: bool = False) -> Attempt:
-    """The attempt if the user is its student or staff of its course; the same NotFound otherwise. With
-    ``related`` its lab, course, student and tenant come in the same query. With ``with_idle_stop`` the lab's
-    ``idle_stop_minutes`` comes along as ``lab_idle_stop_minutes``."""
+    """The attempt if the user is its student or staff of its course; the same NotFound otherwise. ``related``
+    joins its lab, course, student and tenant; ``with_idle_stop`` adds ``lab_idle_stop_minutes``."""
     # The common case first, without the join over the courses the user teaches: the student's own attempt.
     attempt = None
     if user.is_authenticated and not user.is_superuser and user.tenant_id is not None:

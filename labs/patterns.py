@@ -36,9 +36,7 @@ def pattern_timeout_seconds() -> float:
 
 
 def search(pattern: str, text: str, *, timeout: float | None = None) -> bool:
-    """Whether ``pattern`` is found in ``text`` (``re.search`` with ``MULTILINE``). Raises ``regex.error`` for
-    an invalid pattern and ``PatternTimeout`` when the match takes longer than ``timeout`` seconds (default
-    ``GRADING_PATTERN_TIMEOUT_MS``)."""
+    """``re.search`` with ``MULTILINE``; ``PatternTimeout`` past ``timeout`` seconds (default the setting)."""
     compiled = compile_pattern(pattern)
     try:
         return (

@@ -76,10 +76,6 @@ def _require_course_staff(*, actor: User, lab: Lab) -> str:
     return role
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Overrides
-
-
 @transaction.atomic
 def grade_override(*, actor: User, lab: Lab, student: User, score: Decimal | None, reason: str) -> Grade:
     """Set (or, with ``score=None``, remove) a staff override of the student's grade. A reason is required; the

@@ -1,6 +1,4 @@
-"""``grading.update`` messages to the attempt's channel-layer group after commit, through one sender thread per
-process with a persistent loop (``async_to_sync`` would open a Redis connection per message), in order, and
-never waited for: a page that reconnects reads the current state."""
+"""``grading.update`` messages to the attempt's channel-layer group, sent after commit and never waited for."""
 
 from __future__ import annotations
 
@@ -24,13 +22,8 @@ def send_to_attempt_group(*, attempt_id: int, message: dict[str, Any]) -> None:
 
 
 def push_run_on_commit(*, run: GradingRun, results: Sequence[CheckResult] | None = None) -> None:
-    """After commit, send ``{"type": "grading.update", "run": <payload>, "runs": {<language>: <payload>}}`` to
-    ``attempt-<id>``: the payload in each of the portal's languages (its words, feedback and error messages, are
-    read in them), ``run`` in the default one. Each socket forwards the one in its page's language.
-
-    ``results`` are the run's results when the caller holds them (none for a queued, running or failed run);
-    otherwise they are read at commit time.
-    """
+    """After commit, send the run's payload in every language (``runs``, and ``run`` in the default one) to
+    ``attempt-<id>``; ``results`` saves reading them when the caller holds them."""
     run_id, attempt_id = run.pk, run.attempt_id
     attempt = run.attempt if GradingRun._meta.get_field("attempt").is_cached(run) else None
     lab_id = attempt.lab_id if attempt is not None and "lab_id" not in attempt.get_deferred_fields() else None

@@ -1,6 +1,5 @@
 """Regrades: an attempt's counted runs evaluated again against the lab's current checks, and the lab-wide regrade,
-which the request only queues (``LabRegrade``) and a Celery task carries out in one transaction on the locked row:
-a worker that dies halfway leaves it ``queued`` for the redelivered message."""
+queued as a ``LabRegrade`` and carried out by a Celery task in one transaction on its locked row."""
 
 from __future__ import annotations
 
@@ -185,10 +184,8 @@ def lab_regrade_attempts(*, lab: Lab) -> int:
 
 @transaction.atomic
 def lab_regrade_request(*, actor: User, lab: Lab) -> tuple[LabRegrade, bool]:
-    """Queue a regrade of every attempt at the lab. Course staff only; audited.
-
-    Returns the regrade and whether it is new: while one is still queued for the lab, pressing again returns
-    that one (it will use the checks as they are when it runs)."""
+    """Queue a regrade of every attempt at the lab (course staff; audited); returns it and whether it is new, since
+    one still queued is returned as it is."""
     _require_course_staff(actor=actor, lab=lab)
     Lab.objects.select_for_update().filter(pk=lab.pk).first()  # one queued regrade per lab, even on a double click
     lab_regrades_fail_stale(lab=lab)

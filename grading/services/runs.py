@@ -83,16 +83,9 @@ def enqueue_run_on_commit(*, run: GradingRun, checks: Sequence[Check]) -> None:
     transaction.on_commit(send)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Execution (Celery)
-
-
 def grading_run_execute(*, run_id: int) -> GradingRun | None:
-    """Claim a queued run, run the lab's checks in the guest, and record the outcome.
-
-    Returns None when the run was not queued any more (another worker took it, or it was failed as stale):
-    a redelivered task message then does nothing.
-    """
+    """Claim a queued run, run the lab's checks in the guest, and record the outcome; None when it was not
+    queued any more (a redelivered message)."""
     claimed = GradingRun.objects.filter(id=run_id, state=RunState.QUEUED).update(
         state=RunState.RUNNING, started_at=timezone.now()
     )
@@ -165,11 +158,8 @@ def check_results_create(
 def grading_run_record(
     *, run: GradingRun, checks: Sequence[Check], results: Sequence[dict[str, Any]], measured_at
 ) -> GradingRun:
-    """Evaluate the agent's results, store one CheckResult per check, finish the run and recompute the grade.
-
-    A run that is no longer ``running`` (failed as stale while the agent worked) keeps its state: results that
-    arrive after the portal gave up on them are not counted.
-    """
+    """Store the agent's results, finish the run and recompute the grade; a run no longer ``running`` (failed as
+    stale meanwhile) keeps its state and the late results are dropped."""
     from grading.services.grades import grade_recompute
 
     run = GradingRun.objects.select_for_update(of=("self",)).select_related("attempt__lab").get(pk=run.pk)
@@ -203,10 +193,7 @@ def grading_run_fail(*, run: GradingRun, error_code: str, error: str) -> Grading
 
 
 def grading_runs_fail_stale(*, attempt: Attempt | None = None, now=None) -> int:
-    """Fail runs whose worker never came or died: queued too long, or running past their deadline.
-
-    Called for one attempt before a new run is queued, and for all attempts by the periodic sweep.
-    """
+    """Fail runs whose worker never came or died: queued too long, or running past their deadline."""
     now = now or timezone.now()
     runs = GradingRun.objects.filter(state__in=UNFINISHED_STATES).select_related("attempt")
     if attempt is not None:
