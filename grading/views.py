@@ -9,9 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.mixins import LoginRequiredMixin
-from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.http import HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.html import escape, format_html
@@ -20,44 +18,31 @@ from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import slugify
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
-from django.views import View
 
 from grading import selectors, services
 from grading.forms import GradeOverrideForm
 from grading.selectors.reports import GradebookRow
 from labs import access
+from labs.views.pages import PageView
 from portal.errors import ApplicationError, NotFound, PermissionDenied
 from portal.http import AuthenticatedRequest
 from portal.selectors import staff_courses_for_user
 
 
-class GradingView(LoginRequiredMixin, View):
-    """Sign-in required; ``NotFound`` from a selector or service becomes the 404 page, ``PermissionDenied`` a
-    403."""
-
-    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        try:
-            return super().dispatch(request, *args, **kwargs)
-        except NotFound as exc:
-            raise Http404(exc.message) from exc
-        except PermissionDenied as exc:
-            raise DjangoPermissionDenied(exc.message) from exc
-
-
-class MyGradesView(GradingView):
+class MyGradesView(PageView):
     def get(self, request: AuthenticatedRequest) -> HttpResponse:
         courses = selectors.student_grades(user=request.user)
         return render(request, "grading/my_grades.html", {"courses": courses})
 
 
-class MyLabRunsView(GradingView):
+class MyLabRunsView(PageView):
     def get(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
         lab = access.lab_get_for_student(user=request.user, lab_id=lab_id)
         report = selectors.student_lab_runs(user=request.user, lab=lab)
         return render(request, "grading/my_lab.html", {"report": report, "lab": lab})
 
 
-class StaffIndexView(GradingView):
+class StaffIndexView(PageView):
     """The courses the user teaches, each linking to its gradebook. Somebody who teaches none (a student) has
     nothing here but their own grades: the header's Grades link takes them straight there."""
 
@@ -119,7 +104,7 @@ def gradebook_cells_html(book: selectors.Gradebook) -> list[tuple[GradebookRow, 
     return rows
 
 
-class GradebookView(GradingView):
+class GradebookView(PageView):
     def get(self, request: AuthenticatedRequest, course_id: int) -> HttpResponse:
         course = selectors.staff_course_get(user=request.user, course_id=course_id)
         book = selectors.course_gradebook(course=course)
@@ -141,7 +126,7 @@ def csv_stream(rows: Iterable[list[str]]) -> Iterator[str]:
         yield writer.writerow(row)
 
 
-class GradebookExportView(GradingView):
+class GradebookExportView(PageView):
     def get(self, request: AuthenticatedRequest, course_id: int) -> StreamingHttpResponse:
         course = selectors.staff_course_get(user=request.user, course_id=course_id)
         response = StreamingHttpResponse(
@@ -153,13 +138,13 @@ class GradebookExportView(GradingView):
         return response
 
 
-class LabReportView(GradingView):
+class LabReportView(PageView):
     def get(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
         lab = access.lab_get_for_staff(user=request.user, lab_id=lab_id)
         return render(request, "grading/lab_report.html", {"report": selectors.lab_report(lab=lab)})
 
 
-class LabRegradeView(GradingView):
+class LabRegradeView(PageView):
     def post(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
         lab = access.lab_get_for_staff(user=request.user, lab_id=lab_id)
         regrade, created = services.lab_regrade_request(actor=request.user, lab=lab)
@@ -178,13 +163,13 @@ class LabRegradeView(GradingView):
         return redirect("grading:lab_report", lab_id=lab.pk)
 
 
-class AttemptDetailView(GradingView):
+class AttemptDetailView(PageView):
     def get(self, request: AuthenticatedRequest, attempt_id: int) -> HttpResponse:
         attempt = access.attempt_get_for_staff(user=request.user, attempt_id=attempt_id)
         return render(request, "grading/attempt_detail.html", {"detail": selectors.attempt_detail(attempt=attempt)})
 
 
-class AttemptRegradeView(GradingView):
+class AttemptRegradeView(PageView):
     def post(self, request: AuthenticatedRequest, attempt_id: int) -> HttpResponse:
         attempt = access.attempt_get_for_staff(user=request.user, attempt_id=attempt_id)
         outcome = services.grading_regrade(actor=request.user, attempt=attempt)
@@ -196,7 +181,7 @@ class AttemptRegradeView(GradingView):
         return redirect("grading:attempt_detail", attempt_id=attempt.pk)
 
 
-class StudentLabGradeView(GradingView):
+class StudentLabGradeView(PageView):
     """One student's grade for one lab, their attempts at it and the override form."""
 
     template_name = "grading/override.html"

@@ -8,7 +8,8 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.mixins import LoginRequiredMixin
-from django.http import Http404, HttpRequest, HttpResponse
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
 from django.middleware.csrf import get_token
 from django.shortcuts import render
 from django.template.loader import render_to_string
@@ -29,10 +30,22 @@ from labs.services.quota import per_student_cap_message
 from labs.views.instructions import render_instructions
 from labs.views.strings import PROGRESS_STEPS, attempt_page_strings
 from labs.wording import cluster_notice
-from portal.errors import NotFound
+from portal.errors import NotFound, PermissionDenied
 from portal.http import AuthenticatedRequest
 from portal.models import STAFF_ROLES
 from portal.selectors import course_role
+
+
+class PageView(LoginRequiredMixin, View):
+    """Sign-in required; ``NotFound`` from a selector or service is the 404 page, ``PermissionDenied`` a 403."""
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        try:
+            return super().dispatch(request, *args, **kwargs)
+        except NotFound as exc:
+            raise Http404(exc.message) from exc
+        except PermissionDenied as exc:
+            raise DjangoPermissionDenied(exc.message) from exc
 
 
 def attempt_page_config(*, attempt: Attempt, is_student: bool, is_staff: bool) -> dict[str, Any]:
@@ -117,7 +130,7 @@ def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> StartRefusa
     return StartRefusal(message, recheck_in=START_RECHECK_SECONDS, going=tuple(attempts_going_for_student(user=user)))
 
 
-class LabDetailView(LoginRequiredMixin, View):
+class LabDetailView(PageView):
     """A student's lab page; course staff get the instructions and the attempts they may watch."""
 
     def get(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
@@ -148,14 +161,11 @@ class LabDetailView(LoginRequiredMixin, View):
         raise Http404
 
 
-class AttemptDetailView(LoginRequiredMixin, View):
+class AttemptDetailView(PageView):
     """One attempt: its progress and terminal while active (read-only for staff), its timeline and results."""
 
     def get(self, request: AuthenticatedRequest, attempt_id: int) -> HttpResponse:
-        try:
-            attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
-        except NotFound as exc:
-            raise Http404(exc.message) from exc
+        attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
         lab = attempt.lab
         is_student = attempt.student_id == request.user.id
         is_staff = course_role(user=request.user, course=lab.course) in STAFF_ROLES
