@@ -190,8 +190,6 @@ class AttemptAdmin(AttemptLifecycleAdminMixin, CourseScopedAdminMixin, admin.Mod
             {"fields": (*PHASE_FIELDS, "expires_at", "extensions", "updated_at")},
         ),
     )
-    # Each entry of these fieldsets is a field name (the stubs allow groups of names too).
-    readonly_fields = tuple(field for _title, options in fieldsets for field in options["fields"])  # type: ignore[misc]
 
     @admin.display(description=_("course"), ordering="lab__course__code")
     def course(self, attempt: Attempt):
