@@ -84,23 +84,18 @@ class CappedOutput:
 
     def __init__(self, *, cap: int) -> None:
         self._cap = cap
-        self._chunks: list[bytes] = []
-        self._size = 0
+        self._kept = bytearray()
         self.truncated = False
 
     def feed(self, data: bytes) -> None:
-        room = self._cap - self._size
-        if room > 0:
-            kept = data[:room]
-            self._chunks.append(kept)
-            self._size += len(kept)
-        if len(data) > room:
-            self.truncated = True
+        room = self._cap - len(self._kept)
+        self._kept += data[: max(room, 0)]
+        self.truncated = self.truncated or len(data) > room
 
     def text(self) -> str:
         # When the cap cut through a multi-byte character, drop the partial tail instead of showing U+FFFD.
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        return decoder.decode(b"".join(self._chunks), final=not self.truncated)
+        return decoder.decode(bytes(self._kept), final=not self.truncated)
 
 
 class ProcessGroups:
