@@ -93,7 +93,6 @@ def _regrade_attempt(*, actor: User, attempt: Attempt, checks: Sequence[Check]) 
                 attempt=attempt, state=RunState.QUEUED, trigger=RunTrigger.REGRADE, requested_by=actor
             )
             enqueue_run_on_commit(run=run, checks=checks)
-            push_run_on_commit(run=run, results=[])
             outcome.queued = run
     return outcome
 

@@ -10,7 +10,6 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from grading.models import GradingRun, RunState, RunTrigger
-from grading.services.push import push_run_on_commit
 from grading.services.runs import (
     ERROR_ATTEMPT_NOT_RUNNING,
     ERROR_NO_CHECKS,
@@ -99,5 +98,4 @@ def _grading_run_queue(*, actor: User, attempt: Attempt) -> GradingRun:
         data={"attempt_id": attempt.pk, "run_id": run.pk, "trigger": run.trigger},
     )
     enqueue_run_on_commit(run=run, checks=checks)
-    push_run_on_commit(run=run, results=[])
     return run

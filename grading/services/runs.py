@@ -61,7 +61,7 @@ def create_unfinished_run(*, attempt: Attempt, state: str, trigger: str, request
 
 
 def enqueue_run_on_commit(*, run: GradingRun, checks: Sequence[Check]) -> None:
-    """Send ``grading_run_execute`` after commit, with time limits that fit this lab's checks."""
+    """Send ``grading_run_execute`` after commit, with time limits that fit the checks, and show the queued run."""
     from grading.tasks import grading_run_execute
 
     deadline = agent_client.deadline_for_checks(checks)
@@ -81,6 +81,7 @@ def enqueue_run_on_commit(*, run: GradingRun, checks: Sequence[Check]) -> None:
             )
 
     transaction.on_commit(send)
+    push_run_on_commit(run=run, results=[])
 
 
 def grading_run_execute(*, run_id: int) -> GradingRun | None:
