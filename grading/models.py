@@ -9,6 +9,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
+from grading.evaluation import apply_penalty
 from labs.models import Attempt, Check, Lab
 
 
@@ -90,8 +91,7 @@ class GradingRun(models.Model):
         """The raw score less the late penalty (``score`` holds the points earned, before any penalty)."""
         if self.score is None:
             return None
-        factor = (Decimal(100) - min(self.late_penalty_percent, Decimal(100))) / Decimal(100)
-        return (self.score * factor).quantize(Decimal("0.01"))
+        return apply_penalty(score=self.score, penalty_percent=self.late_penalty_percent)
 
 
 class CheckResult(models.Model):
