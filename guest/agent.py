@@ -188,39 +188,15 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
         selector.register(pidfd, selectors.EVENT_READ)
     longest_wait = 1.0 if pidfd is not None else POLL_INTERVAL_S
 
-    deadline = started + timeout_s
-    timed_out = False
-    term_sent_at: float | None = None
-    kill_sent = False
-    exited = False
-    drain_until = 0.0
-    try:
+    def pump(until: float, *, until_exit: bool) -> bool:
+        """Read output until ``until`` and, with ``until_exit``, the shell's exit, else both pipes' end; whether
+        the shell has exited."""
         while True:
+            exited = _has_exited(proc.pid)
             now = time.monotonic()
-            if not exited and _has_exited(proc.pid):
-                exited = True
-                drain_until = now + DRAIN_GRACE_S
-                if pidfd is not None:
-                    selector.unregister(pidfd)
-            if exited and (not open_fds or now >= drain_until):
-                break
-            if not exited and term_sent_at is None and now >= deadline:
-                timed_out = True
-                term_sent_at = now
-                _signal_group(pgid, signal.SIGTERM)
-            if term_sent_at is not None and not kill_sent and now >= term_sent_at + KILL_GRACE_S:
-                kill_sent = True
-                _signal_group(pgid, signal.SIGKILL)
-
-            if exited:
-                wait = drain_until - now
-            elif term_sent_at is None:
-                wait = deadline - now
-            elif not kill_sent:
-                wait = term_sent_at + KILL_GRACE_S - now
-            else:
-                wait = longest_wait
-            wait = min(max(wait, 0.0), longest_wait)
+            if now >= until or (exited if until_exit else not open_fds):
+                return exited
+            wait = min(until - now, longest_wait)
             if not selector.get_map():
                 time.sleep(wait)
                 continue
@@ -233,6 +209,18 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
                 else:
                     selector.unregister(key.fd)
                     open_fds.discard(key.fd)
+
+    timed_out = False
+    try:
+        if not pump(started + timeout_s, until_exit=True):
+            timed_out = True
+            _signal_group(pgid, signal.SIGTERM)
+            if not pump(time.monotonic() + KILL_GRACE_S, until_exit=True):
+                _signal_group(pgid, signal.SIGKILL)
+                pump(math.inf, until_exit=True)
+        if pidfd is not None:
+            selector.unregister(pidfd)  # readable from now on: it would wake every wait
+        pump(time.monotonic() + DRAIN_GRACE_S, until_exit=False)
     finally:
         # The leader is still unreaped here, so its pgid cannot have been reused.
         _signal_group(pgid, signal.SIGKILL)
