@@ -43,8 +43,7 @@ class MyLabRunsView(PageView):
 
 
 class StaffIndexView(PageView):
-    """The courses the user teaches, each linking to its gradebook. Somebody who teaches none (a student) has
-    nothing here but their own grades: the header's Grades link takes them straight there."""
+    """The courses the user teaches; somebody who teaches none goes to their own grades."""
 
     def get(self, request: AuthenticatedRequest) -> HttpResponse:
         courses = list(staff_courses_for_user(user=request.user).select_related("tenant").order_by("code", "term"))
@@ -63,8 +62,7 @@ _STUDENT_ID_SLOT = 987_654_321
 
 
 def student_lab_url_parts(*, lab_id: int) -> tuple[str, str]:
-    """The lab's ``student_lab`` URL, escaped, before and after the student's id: reversed once per lab rather
-    than once per cell. The student's id is the URL's last number, hence ``rpartition``."""
+    """The lab's ``student_lab`` URL, escaped, around the student's id (its last number): reversed once per lab."""
     url = reverse("grading:student_lab", kwargs={"lab_id": lab_id, "student_id": _STUDENT_ID_SLOT})
     head, _slot, tail = url.rpartition(str(_STUDENT_ID_SLOT))
     return escape(head), escape(tail)

@@ -126,8 +126,7 @@ def _signal_group(pgid: int, signum: int) -> None:
 
 
 def _has_exited(pid: int) -> bool:
-    """Whether the child exited, without reaping it: its pid (and so its process group id) stays reserved until
-    the agent has killed what is left of the group, so a recycled pid can never be signalled by mistake."""
+    """Whether the child exited, without reaping it: its pid (and so its group id) cannot be recycled meanwhile."""
     try:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
@@ -189,8 +188,7 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
     longest_wait = 1.0 if pidfd is not None else POLL_INTERVAL_S
 
     def pump(until: float, *, until_exit: bool) -> bool:
-        """Read output until ``until`` and, with ``until_exit``, the shell's exit, else both pipes' end; whether
-        the shell has exited."""
+        """Read output until ``until`` and the shell's exit (``until_exit``) or both pipes' end; whether it exited."""
         while True:
             exited = _has_exited(proc.pid)
             now = time.monotonic()
@@ -335,8 +333,7 @@ MAX_TOKEN_CHARS = 128
 
 
 def rotate_token(config: AgentConfig, body: bytes) -> None:
-    """Replace the bearer token (the request was authenticated with the current one): in the token file first, so
-    that a restarted agent never comes back with the old one, then in memory."""
+    """Replace the bearer token, in the token file first so that a restarted agent never has the old one."""
     token = json_object(body).get("token")
     if not isinstance(token, str) or not 16 <= len(token) <= MAX_TOKEN_CHARS or not token.isascii():
         raise RequestError(400, f"token must be 16 to {MAX_TOKEN_CHARS} ASCII characters")

@@ -33,8 +33,7 @@ STARTING_STATES = (AttemptState.REQUESTED, AttemptState.PROVISIONING, AttemptSta
 
 
 def attempts_counted_against_limit(*, student: User, lab: Lab) -> int:
-    """Attempts that use up the lab's attempt limit: all but those that failed (a cluster failure is not the
-    student's)."""
+    """Attempts that use up the lab's attempt limit: all but failed ones (a cluster failure is not the student's)."""
     return Attempt.objects.filter(student=student, lab=lab).exclude(state=AttemptState.FAILED).count()
 
 

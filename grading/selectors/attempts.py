@@ -65,8 +65,7 @@ class AttemptDetail:
 
 
 def runs_with_results(queryset) -> list[GradingRun]:
-    """The runs (newest first) with their results; each gets ``number``, its place among its attempt's runs (1 for
-    the first), and ``regrade_of_number``. ``queryset`` must hold every run of the attempts it touches."""
+    """The runs, newest first, with their results, ``number`` among their attempt's runs and ``regrade_of_number``."""
     runs = list(
         queryset.select_related("requested_by")
         .prefetch_related(Prefetch("results", queryset=CheckResult.objects.order_by("order", "id")))

@@ -82,8 +82,7 @@ def grade_of_student(*, lab: Lab, student: User) -> Grade | None:
 
 
 def course_gradebook(*, course: Course) -> Gradebook:
-    """Students × labs with the final grade and its flags. Four queries for any number of students or labs; rows
-    are read as tuples, since 500 students × 10 labs would otherwise build 5,000 model instances."""
+    """Students × labs with the final grade and its flags, in four queries; rows are read as tuples."""
     labs = labs_with_max_points(Lab.objects.filter(course=course))
     students = course_students(course=course)
     lab_ids = [lab.pk for lab in labs]
@@ -133,8 +132,7 @@ class CheckPassRate:
 
 
 def check_pass_rates(*, lab: Lab, student_ids: set[int]) -> list[CheckPassRate]:
-    """Per check, in the lab's order: how many of the given students passed it in their latest scored run, of those
-    whose latest run ran it. Two queries whatever the class's size."""
+    """Per check, how many of the students passed it in their latest scored run, of those whose run ran it."""
     latest: dict[int, int] = {}
     runs = (
         GradingRun.objects.filter(attempt__lab=lab, state=RunState.DONE, attempt__student_id__in=student_ids)

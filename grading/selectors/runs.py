@@ -45,8 +45,7 @@ def run_error_message(run: GradingRun) -> str:
 
 
 def result_feedback(result: CheckResult) -> str:
-    """What a student reads under a check: nothing on a pass, the hint (or a plain default) on a failure, and on a
-    check its output pattern could not judge in time, why, in the active language."""
+    """What a student reads under a check: nothing on a pass, else the hint, a default, or why it was not judged."""
     if result.passed:
         return ""
     if result.pattern_timeout_seconds is not None:

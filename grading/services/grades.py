@@ -25,8 +25,7 @@ def lab_max_points(*, lab: Lab) -> Decimal:
 
 
 def counted_runs(*, lab: Lab, student_id: int):
-    """Finished runs of all the student's attempts at the lab that a grade may count: ``done``, and not
-    superseded by a regrade of their outputs."""
+    """Finished runs of the student's attempts at the lab that a grade may count: ``done`` and not regraded."""
     return GradingRun.objects.filter(attempt__lab=lab, attempt__student_id=student_id, state=RunState.DONE).exclude(
         regrades__state=RunState.DONE
     )
@@ -78,8 +77,7 @@ def _require_course_staff(*, actor: User, lab: Lab) -> str:
 
 @transaction.atomic
 def grade_override(*, actor: User, lab: Lab, student: User, score: Decimal | None, reason: str) -> Grade:
-    """Set (or, with ``score=None``, remove) a staff override of the student's grade. A reason is required; the
-    change is audited with the old and new values. The override wins over any run until removed."""
+    """Set (or, with ``score=None``, remove) a staff override of the student's grade, with a reason; audited."""
     _require_course_staff(actor=actor, lab=lab)
     if not Membership.objects.filter(user=student, course=lab.course, role=Role.STUDENT).exists():
         raise NotFound(_("Student not found."))

@@ -99,8 +99,7 @@ def _regrade_attempt(*, actor: User, attempt: Attempt, checks: Sequence[Check]) 
 
 @transaction.atomic
 def grading_regrade(*, actor: User, attempt: Attempt) -> RegradeOutcome:
-    """Re-evaluate the attempt's stored outputs against the lab's current checks (one new ``regrade`` run per
-    counted run), and, while the attempt is still running, queue a fresh run in the guest. Staff only; audited."""
+    """Re-evaluate the attempt's counted runs against the current checks and, while it runs, check it again."""
     attempt = Attempt.objects.select_for_update(of=("self",)).select_related("lab__course__tenant").get(pk=attempt.pk)
     lab = attempt.lab
     if course_role(user=actor, course=lab.course) not in STAFF_ROLES:

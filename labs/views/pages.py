@@ -69,8 +69,7 @@ def attempt_page_config(*, attempt: Attempt, is_student: bool, is_staff: bool) -
 
 
 def lab_start_fragments(*, request: HttpRequest, attempt: Attempt) -> dict[str, str]:
-    """The parts of the lab page that an answered Start changes, for the page to put in place without reloading
-    (static/js/start.js): the attempt panel with its configuration, and the attempt's row in the history."""
+    """The attempt panel and history row an answered Start puts in place without reloading (static/js/start.js)."""
     # The fragments use nothing the context processors add (the user, messages, the language's details) but the CSRF
     # token of their forms: given that, they render from a plain context, without running the processors twice.
     context = {
@@ -89,8 +88,7 @@ def lab_start_fragments(*, request: HttpRequest, attempt: Attempt) -> dict[str, 
 
 @dataclass(frozen=True)
 class StartRefusal:
-    """Why Start is not offered on the lab page, and when the page should look again by itself (seconds; None:
-    only something the student does here changes it)."""
+    """Why Start is not offered, and in how many seconds the page should look again (None: not by itself)."""
 
     message: str = ""
     recheck_in: int | None = None
@@ -107,8 +105,7 @@ START_RECHECK_LONGEST_SECONDS = 86400
 
 
 def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> StartRefusal:
-    """Why Start is not offered right now, in the student's words (no message when it is). The service decides for
-    real when the button is pressed; this only spares a pointless click."""
+    """Why Start is not offered right now, in the student's words; the service decides for real on the press."""
     if any(a.state in ACTIVE_STATES for a in attempts):
         return StartRefusal(_("You already have an attempt in progress."))
     now = timezone.now()
@@ -156,8 +153,7 @@ class LabDetailView(PageView):
         return render(request, "labs/lab_detail.html", context)
 
     def _staff_page(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
-        """Course staff's version of the page; grading's subclass (``grading.lab_page``) serves it with the class
-        view, and that subclass is what the URLconf routes."""
+        """Course staff's version of the page, served by grading's subclass (``grading.lab_page``)."""
         raise Http404
 
 
