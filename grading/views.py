@@ -1,5 +1,6 @@
-"""Grading pages: staff reports (gradebook, lab report, attempt detail, override, regrade, CSV) and a student's
-own grades; staff pages answer 404 to anyone who does not teach that course."""
+"""Grading pages: staff reports (gradebook, lab report, attempt detail, override, regrade, CSV), a student's own
+grades, and grading's part of labs' pages (the staff's lab page with its class view, and the Check button);
+staff pages answer 404 to anyone who does not teach that course."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.contrib import messages
-from django.http import HttpResponse, StreamingHttpResponse
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.html import escape, format_html
@@ -17,13 +18,18 @@ from django.utils.http import content_disposition_header
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import slugify
 from django.utils.translation import gettext as _
-from django.utils.translation import ngettext
+from django.utils.translation import gettext_lazy, ngettext
 
 from grading import selectors, services
 from grading.forms import GradeOverrideForm
+from grading.models import GradingRun
+from grading.selectors.class_view import class_view
 from grading.selectors.reports import GradebookRow
 from labs import access
-from labs.views.pages import PageView
+from labs.models import Attempt
+from labs.views.actions import AttemptActionView
+from labs.views.instructions import render_instructions
+from labs.views.pages import LabDetailView, PageView
 from portal.errors import ApplicationError, NotFound, PermissionDenied
 from portal.http import AuthenticatedRequest
 from portal.selectors import staff_courses_for_user
@@ -224,3 +230,27 @@ class StudentLabGradeView(PageView):
             return self._render(request, context, status=exc.status_code)
         messages.success(request, _("The grade of %(student)s was updated.") % {"student": context["student"]})
         return redirect(reverse("grading:gradebook", args=[context["lab"].course_id]))
+
+
+class LabPageView(LabDetailView):
+    """The lab page; course staff get the instructions and the class view of the attempts they may watch."""
+
+    def _staff_page(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
+        lab = access.lab_get_for_staff(user=request.user, lab_id=lab_id)
+        rows = class_view(lab=lab)
+        if request.GET.get("part") == "class":  # the table alone (the page's socket pushes the same rendering)
+            return render(request, "labs/_class_view.html", {"lab": lab, "rows": rows})
+        context = {"lab": lab, "instructions": render_instructions(lab.instructions, title=lab.title), "rows": rows}
+        return render(request, "labs/lab_staff.html", context)
+
+
+class AttemptCheckView(AttemptActionView):
+    """The Check button: queue a grading run; results arrive on the attempt's events socket."""
+
+    success_message = gettext_lazy("Checking your work; the results appear on this page.")
+
+    def act(self, request: AuthenticatedRequest, attempt: Attempt) -> GradingRun:
+        return services.grading_run_request(actor=request.user, attempt=attempt)
+
+    def json_answer(self, done: Any) -> JsonResponse:
+        return JsonResponse({"run": selectors.grading_run_payload(done)}, status=202)

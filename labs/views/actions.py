@@ -1,4 +1,4 @@
-"""The attempt's buttons: Start, Stop and Extend (Check is grading's: ``grading.lab_page``), POST with CSRF. Scripts
+"""The attempt's buttons: Start, Stop and Extend (Check is grading's: ``grading.views``), POST with CSRF. Scripts
 get JSON, a plain form a redirect and a message; refusals keep their status code and message either way."""
 
 from __future__ import annotations

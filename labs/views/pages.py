@@ -153,7 +153,7 @@ class LabDetailView(PageView):
         return render(request, "labs/lab_detail.html", context)
 
     def _staff_page(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
-        """Course staff's version of the page, served by grading's subclass (``grading.lab_page``)."""
+        """Course staff's version of the page, served by grading's subclass (``grading.views``)."""
         raise Http404
 
 
