@@ -33,26 +33,20 @@ def counted_runs(*, lab: Lab, student_id: int):
 
 def grade_recompute(*, lab: Lab, student_id: int) -> Grade:
     """Derive the student's grade for the lab from their runs (the override, if any, is kept and still wins)."""
-    candidates = []
-    for row in counted_runs(lab=lab, student_id=student_id).values(
-        "id", "score", "max_score", "late_penalty_percent", "measured_at"
-    ):
-        if row["measured_at"] is None or row["score"] is None:
-            continue
-        if not earns_credit(lab, measured_at=row["measured_at"]):
-            continue
-        candidates.append(
-            (
+    rows = counted_runs(lab=lab, student_id=student_id).filter(measured_at__isnull=False, score__isnull=False)
+    max_scores, runs = {}, []
+    for row in rows.values("id", "score", "max_score", "late_penalty_percent", "measured_at"):
+        if earns_credit(lab, measured_at=row["measured_at"]):
+            max_scores[row["id"]] = row["max_score"]
+            runs.append(
                 ScoredRun(
                     run_id=row["id"],
                     score=row["score"],
                     penalty_percent=row["late_penalty_percent"],
                     measured_at=row["measured_at"],
-                ),
-                row["max_score"],
+                )
             )
-        )
-    chosen = choose_run(policy=lab.grade_policy, runs=[c[0] for c in candidates])
+    chosen = choose_run(policy=lab.grade_policy, runs=runs)
     grade, _created = Grade.objects.select_for_update().get_or_create(lab=lab, student_id=student_id)
     if chosen is None:
         grade.score = None
@@ -61,7 +55,7 @@ def grade_recompute(*, lab: Lab, student_id: int) -> Grade:
         grade.source_run_id = None
     else:
         grade.score = chosen.effective_score
-        grade.max_score = next(m for r, m in candidates if r is chosen)
+        grade.max_score = max_scores[chosen.run_id]
         grade.late = lab.due_at is not None and chosen.measured_at > lab.due_at
         grade.source_run_id = chosen.run_id
     grade.save(update_fields=["score", "max_score", "late", "source_run", "updated_at"])
