@@ -9,22 +9,6 @@ from django.utils.translation import gettext_lazy as _
 from grading.models import CheckResult, Grade, GradingRun
 from portal.admin_scoping import CourseScopedAdminMixin, CourseScopedInlineMixin
 
-RESULT_FIELDS = (
-    "order",
-    "check_title",
-    "passed",
-    "points",
-    "max_points",
-    "exit_code",
-    "timed_out",
-    "duration_ms",
-    "stdout",
-    "stderr",
-    "output_truncated",
-    "feedback",
-    "pattern_timeout_seconds",
-)
-
 
 class CheckResultInline(CourseScopedInlineMixin, admin.TabularInline):
     model = CheckResult
@@ -82,7 +66,6 @@ class CheckResultAdmin(CourseScopedAdminMixin, admin.ModelAdmin):
     list_filter = ("passed", ("run__attempt__lab__course", admin.RelatedOnlyFieldListFilter))
     list_select_related = ("run__attempt__lab", "run__attempt__student")
     search_fields = ("check_title", "run__attempt__student__username")
-    fields = ("run", "check_ref", *RESULT_FIELDS)
 
 
 @admin.register(Grade)
