@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -15,10 +14,6 @@ from labs.models import Attempt
 from labs.services.events import CLASS_CHANGED_HOLD_SECONDS, attempt_group, lab_class_group, send_to_group
 
 logger = logging.getLogger(__name__)
-
-
-def send_to_attempt_group(*, attempt_id: int, message: dict[str, Any]) -> None:
-    send_to_group(attempt_group(attempt_id), message)
 
 
 def push_run_on_commit(*, run: GradingRun, results: Sequence[CheckResult] | None = None) -> None:
@@ -43,14 +38,8 @@ def push_run_on_commit(*, run: GradingRun, results: Sequence[CheckResult] | None
             for language, _name in settings.LANGUAGES:
                 with translation.override(language):
                     payloads[language] = grading_run_payload(source, results=rows)
-            send_to_attempt_group(
-                attempt_id=attempt_id,
-                message={
-                    "type": "grading.update",
-                    "run": payloads.get(settings.LANGUAGE_CODE) or next(iter(payloads.values())),
-                    "runs": payloads,
-                },
-            )
+            default = payloads.get(settings.LANGUAGE_CODE) or next(iter(payloads.values()))
+            send_to_group(attempt_group(attempt_id), {"type": "grading.update", "run": default, "runs": payloads})
         except Exception:
             # The run is stored whatever happens here; the page shows it on its next load.
             logger.warning("grading run %s: could not push the update to attempt-%s", run_id, attempt_id, exc_info=True)
