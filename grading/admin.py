@@ -9,29 +9,12 @@ from django.utils.translation import gettext_lazy as _
 from grading.models import CheckResult, Grade, GradingRun
 from portal.admin_scoping import CourseScopedAdminMixin, CourseScopedInlineMixin
 
-RESULT_FIELDS = (
-    "order",
-    "check_title",
-    "passed",
-    "points",
-    "max_points",
-    "exit_code",
-    "timed_out",
-    "duration_ms",
-    "stdout",
-    "stderr",
-    "output_truncated",
-    "feedback",
-    "pattern_timeout_seconds",
-)
-
 
 class CheckResultInline(CourseScopedInlineMixin, admin.TabularInline):
     model = CheckResult
     read_only = True
     extra = 0
     fields = ("order", "check_title", "passed", "points", "max_points", "exit_code", "timed_out", "duration_ms")
-    readonly_fields = fields
     show_change_link = True
 
 
@@ -73,7 +56,6 @@ class GradingRunAdmin(CourseScopedAdminMixin, admin.ModelAdmin):
         "late_penalty_percent",
         "error",
     )
-    readonly_fields = fields
 
 
 @admin.register(CheckResult)
@@ -84,8 +66,6 @@ class CheckResultAdmin(CourseScopedAdminMixin, admin.ModelAdmin):
     list_filter = ("passed", ("run__attempt__lab__course", admin.RelatedOnlyFieldListFilter))
     list_select_related = ("run__attempt__lab", "run__attempt__student")
     search_fields = ("check_title", "run__attempt__student__username")
-    fields = ("run", "check_ref", *RESULT_FIELDS)
-    readonly_fields = fields
 
 
 @admin.register(Grade)
@@ -109,7 +89,6 @@ class GradeAdmin(CourseScopedAdminMixin, admin.ModelAdmin):
         "overridden_at",
         "updated_at",
     )
-    readonly_fields = fields
 
     @admin.display(description=_("final score"))
     def final(self, grade: Grade):

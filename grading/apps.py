@@ -23,8 +23,7 @@ def grade_before_teardown(sender, *, attempt, trigger: str, **kwargs) -> None:
 
 
 def latest_run_message(attempt) -> list[dict]:
-    """The attempt's latest run for its newly opened events socket. Checks run only once the guest's agent has
-    answered, so an attempt still starting (every Start's page) has none to ask for."""
+    """The attempt's latest run for its newly opened events socket (none before its agent answered)."""
     from grading.selectors import grading_run_payload
 
     if attempt.agent_ready_at is None:

@@ -23,6 +23,7 @@ class GradeOverrideForm(forms.Form):
     reason = forms.CharField(
         label=_("Reason"),
         max_length=MAX_REASON_CHARS,
+        error_messages={"required": _("Give a reason for the override.")},
         widget=forms.Textarea(attrs={"rows": 3}),
         help_text=_("Required. Kept in the audit log with your name."),
     )
@@ -33,16 +34,9 @@ class GradeOverrideForm(forms.Form):
 
     def __init__(self, *args, max_score: Decimal | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.max_score = max_score
         if max_score is not None:
             self.fields["score"].validators.append(MaxValueValidator(max_score))
             self.fields["score"].widget.attrs["max"] = str(max_score)
-
-    def clean_reason(self) -> str:
-        reason = self.cleaned_data["reason"].strip()
-        if not reason:
-            raise forms.ValidationError(_("Give a reason for the override."))
-        return reason
 
     def clean(self) -> dict:
         cleaned = super().clean() or {}

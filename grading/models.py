@@ -9,6 +9,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
+from grading.evaluation import apply_penalty
 from labs.models import Attempt, Check, Lab
 
 
@@ -90,8 +91,7 @@ class GradingRun(models.Model):
         """The raw score less the late penalty (``score`` holds the points earned, before any penalty)."""
         if self.score is None:
             return None
-        factor = (Decimal(100) - min(self.late_penalty_percent, Decimal(100))) / Decimal(100)
-        return (self.score * factor).quantize(Decimal("0.01"))
+        return apply_penalty(score=self.score, penalty_percent=self.late_penalty_percent)
 
 
 class CheckResult(models.Model):
@@ -178,9 +178,7 @@ class Grade(models.Model):
 
 
 class LabRegrade(models.Model):
-    """A lab-wide regrade that staff asked for: queued by the request, carried out by a Celery task, its outcome
-    kept for the lab report (one run's stored outputs re-evaluated per counted run, running attempts checked
-    again in their guest)."""
+    """A lab-wide regrade that staff asked for, carried out by a Celery task; its outcome shows on the lab report."""
 
     lab = models.ForeignKey(Lab, verbose_name=_("lab"), on_delete=models.CASCADE, related_name="lab_regrades")
     requested_by = models.ForeignKey(

@@ -11,22 +11,19 @@ from grading.services import regrades
 
 @shared_task(name="grading.tasks.grading_run_execute", acks_late=True)
 def grading_run_execute(run_id: int) -> str:
-    """Run a queued grading run in the guest. Idempotent: the run is claimed with a conditional update, so a
-    redelivered message for a run already taken does nothing."""
+    """Run a queued grading run in the guest; a redelivered message finds it claimed and does nothing."""
     run = services.grading_run_execute(run_id=run_id)
     return "skipped" if run is None else run.state
 
 
 @shared_task(name="grading.tasks.lab_regrade_execute", acks_late=True)
 def lab_regrade_execute(regrade_id: int) -> str:
-    """Regrade every attempt at a lab, as queued by ``lab_regrade_request``. Idempotent: the regrade is done in
-    one transaction on its locked row, so a redelivered message for a regrade already done does nothing."""
+    """Carry out a queued lab regrade; a redelivered message finds it done and does nothing."""
     regrade = regrades.lab_regrade_execute(regrade_id=regrade_id)
     return "skipped" if regrade is None else regrade.state
 
 
 @shared_task(name="grading.tasks.grading_runs_sweep", acks_late=True)
 def grading_runs_sweep() -> int:
-    """Periodic (beat): fail runs queued too long or running past their deadline, so attempts are not blocked,
-    and lab regrades whose task message was lost, so a new one can be asked for."""
+    """Periodic: fail runs and lab regrades whose worker never came or died, so new ones can be asked for."""
     return services.grading_runs_fail_stale() + regrades.lab_regrades_fail_stale()

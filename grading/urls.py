@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from grading import lab_page, views
+from grading import views
 
 app_name = "grading"
 
@@ -28,6 +28,6 @@ urlpatterns = [
 
 # Labs' pages that show grading: routed in the ``labs`` namespace at labs' addresses (see ``ops.urls``).
 lab_page_urlpatterns = [
-    path("labs/<id:lab_id>/", lab_page.LabPageView.as_view(), name="lab_detail"),
-    path("attempts/<id:attempt_id>/check/", lab_page.AttemptCheckView.as_view(), name="attempt_check"),
+    path("labs/<id:lab_id>/", views.LabPageView.as_view(), name="lab_detail"),
+    path("attempts/<id:attempt_id>/check/", views.AttemptCheckView.as_view(), name="attempt_check"),
 ]

@@ -1,6 +1,6 @@
-"""Grading pages: staff reports (gradebook, lab report, attempt detail, override, regrade, CSV) and a student's
-own grades. Each view is thin: form → selector → service → render. Staff pages answer 404 to anyone who does
-not teach that course, in any tenant."""
+"""Grading pages: staff reports (gradebook, lab report, attempt detail, override, regrade, CSV), a student's own
+grades, and grading's part of labs' pages (the staff's lab page with its class view, and the Check button);
+staff pages answer 404 to anyone who does not teach that course."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.mixins import LoginRequiredMixin
-from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.html import escape, format_html
@@ -20,55 +18,38 @@ from django.utils.http import content_disposition_header
 from django.utils.safestring import SafeString, mark_safe
 from django.utils.text import slugify
 from django.utils.translation import gettext as _
-from django.utils.translation import ngettext
-from django.views import View
+from django.utils.translation import gettext_lazy, ngettext
 
 from grading import selectors, services
 from grading.forms import GradeOverrideForm
+from grading.models import GradingRun
+from grading.selectors.class_view import class_view
 from grading.selectors.reports import GradebookRow
 from labs import access
+from labs.models import Attempt
+from labs.views.actions import AttemptActionView
+from labs.views.instructions import render_instructions
+from labs.views.pages import LabDetailView, PageView
 from portal.errors import ApplicationError, NotFound, PermissionDenied
 from portal.http import AuthenticatedRequest
 from portal.selectors import staff_courses_for_user
 
 
-class GradingView(LoginRequiredMixin, View):
-    """Sign-in required; ``NotFound`` from a selector or service becomes the 404 page, ``PermissionDenied`` a
-    403."""
-
-    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        try:
-            return super().dispatch(request, *args, **kwargs)
-        except NotFound as exc:
-            raise Http404(exc.message) from exc
-        except PermissionDenied as exc:
-            raise DjangoPermissionDenied(exc.message) from exc
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Students
-
-
-class MyGradesView(GradingView):
+class MyGradesView(PageView):
     def get(self, request: AuthenticatedRequest) -> HttpResponse:
         courses = selectors.student_grades(user=request.user)
         return render(request, "grading/my_grades.html", {"courses": courses})
 
 
-class MyLabRunsView(GradingView):
+class MyLabRunsView(PageView):
     def get(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
         lab = access.lab_get_for_student(user=request.user, lab_id=lab_id)
         report = selectors.student_lab_runs(user=request.user, lab=lab)
         return render(request, "grading/my_lab.html", {"report": report, "lab": lab})
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Staff
-
-
-class StaffIndexView(GradingView):
-    """The courses the user teaches, each linking to its gradebook. Somebody who teaches none (a student) has
-    nothing here but their own grades: the header's Grades link takes them straight there."""
+class StaffIndexView(PageView):
+    """The courses the user teaches; somebody who teaches none goes to their own grades."""
 
     def get(self, request: AuthenticatedRequest) -> HttpResponse:
         courses = list(staff_courses_for_user(user=request.user).select_related("tenant").order_by("code", "term"))
@@ -87,19 +68,15 @@ _STUDENT_ID_SLOT = 987_654_321
 
 
 def student_lab_url_parts(*, lab_id: int) -> tuple[str, str]:
-    """The lab's ``student_lab`` URL, escaped, before and after the student's id: reversed once per lab rather
-    than once per cell. The student's id is the URL's last number, hence ``rpartition``."""
+    """The lab's ``student_lab`` URL, escaped, around the student's id (its last number): reversed once per lab."""
     url = reverse("grading:student_lab", kwargs={"lab_id": lab_id, "student_id": _STUDENT_ID_SLOT})
     head, _slot, tail = url.rpartition(str(_STUDENT_ID_SLOT))
     return escape(head), escape(tail)
 
 
 def gradebook_cells_html(book: selectors.Gradebook) -> list[tuple[GradebookRow, SafeString, str]]:
-    """Each row with its cells as HTML and its total. Built here rather than in the template: a template loop
-    over 500 students × 10 labs costs seconds (variable lookups and ``floatformat`` per cell), this costs
-    milliseconds. Each cell links to the student's grade and attempts for its lab; the link's name says whose
-    grade for which lab, since a screen reader's list of links has no table around it. Names, titles and the
-    translated labels are escaped once (per row, lab or page); ids and scores are numbers."""
+    """Each row with its cells as HTML and its total, built here because a template loop over a large class is
+    too slow. Each link's name says whose grade for which lab, for a screen reader's list of links."""
     late_label, override_label = escape(_("late")), escape(_("override"))
     late = format_html(' <span class="badge badge-late">{}</span>', late_label)
     override = format_html(' <span class="badge badge-override">{}</span>', override_label)
@@ -131,7 +108,7 @@ def gradebook_cells_html(book: selectors.Gradebook) -> list[tuple[GradebookRow, 
     return rows
 
 
-class GradebookView(GradingView):
+class GradebookView(PageView):
     def get(self, request: AuthenticatedRequest, course_id: int) -> HttpResponse:
         course = selectors.staff_course_get(user=request.user, course_id=course_id)
         book = selectors.course_gradebook(course=course)
@@ -153,7 +130,7 @@ def csv_stream(rows: Iterable[list[str]]) -> Iterator[str]:
         yield writer.writerow(row)
 
 
-class GradebookExportView(GradingView):
+class GradebookExportView(PageView):
     def get(self, request: AuthenticatedRequest, course_id: int) -> StreamingHttpResponse:
         course = selectors.staff_course_get(user=request.user, course_id=course_id)
         response = StreamingHttpResponse(
@@ -165,13 +142,13 @@ class GradebookExportView(GradingView):
         return response
 
 
-class LabReportView(GradingView):
+class LabReportView(PageView):
     def get(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
         lab = access.lab_get_for_staff(user=request.user, lab_id=lab_id)
         return render(request, "grading/lab_report.html", {"report": selectors.lab_report(lab=lab)})
 
 
-class LabRegradeView(GradingView):
+class LabRegradeView(PageView):
     def post(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
         lab = access.lab_get_for_staff(user=request.user, lab_id=lab_id)
         regrade, created = services.lab_regrade_request(actor=request.user, lab=lab)
@@ -190,13 +167,13 @@ class LabRegradeView(GradingView):
         return redirect("grading:lab_report", lab_id=lab.pk)
 
 
-class AttemptDetailView(GradingView):
+class AttemptDetailView(PageView):
     def get(self, request: AuthenticatedRequest, attempt_id: int) -> HttpResponse:
         attempt = access.attempt_get_for_staff(user=request.user, attempt_id=attempt_id)
         return render(request, "grading/attempt_detail.html", {"detail": selectors.attempt_detail(attempt=attempt)})
 
 
-class AttemptRegradeView(GradingView):
+class AttemptRegradeView(PageView):
     def post(self, request: AuthenticatedRequest, attempt_id: int) -> HttpResponse:
         attempt = access.attempt_get_for_staff(user=request.user, attempt_id=attempt_id)
         outcome = services.grading_regrade(actor=request.user, attempt=attempt)
@@ -208,10 +185,8 @@ class AttemptRegradeView(GradingView):
         return redirect("grading:attempt_detail", attempt_id=attempt.pk)
 
 
-class StudentLabGradeView(GradingView):
-    """The grade of one student for one lab: the grade, the student's attempts at the lab and the override form.
-    Served at ``student_lab`` and at ``grade_override``; the form posts back to the URL the page came from, and
-    a saved override returns to the gradebook."""
+class StudentLabGradeView(PageView):
+    """One student's grade for one lab, their attempts at it and the override form."""
 
     template_name = "grading/override.html"
 
@@ -255,3 +230,27 @@ class StudentLabGradeView(GradingView):
             return self._render(request, context, status=exc.status_code)
         messages.success(request, _("The grade of %(student)s was updated.") % {"student": context["student"]})
         return redirect(reverse("grading:gradebook", args=[context["lab"].course_id]))
+
+
+class LabPageView(LabDetailView):
+    """The lab page; course staff get the instructions and the class view of the attempts they may watch."""
+
+    def _staff_page(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
+        lab = access.lab_get_for_staff(user=request.user, lab_id=lab_id)
+        rows = class_view(lab=lab)
+        if request.GET.get("part") == "class":  # the table alone (the page's socket pushes the same rendering)
+            return render(request, "labs/_class_view.html", {"lab": lab, "rows": rows})
+        context = {"lab": lab, "instructions": render_instructions(lab.instructions, title=lab.title), "rows": rows}
+        return render(request, "labs/lab_staff.html", context)
+
+
+class AttemptCheckView(AttemptActionView):
+    """The Check button: queue a grading run; results arrive on the attempt's events socket."""
+
+    success_message = gettext_lazy("Checking your work; the results appear on this page.")
+
+    def act(self, request: AuthenticatedRequest, attempt: Attempt) -> GradingRun:
+        return services.grading_run_request(actor=request.user, attempt=attempt)
+
+    def json_answer(self, done: Any) -> JsonResponse:
+        return JsonResponse({"run": selectors.grading_run_payload(done)}, status=202)

@@ -84,23 +84,18 @@ class CappedOutput:
 
     def __init__(self, *, cap: int) -> None:
         self._cap = cap
-        self._chunks: list[bytes] = []
-        self._size = 0
+        self._kept = bytearray()
         self.truncated = False
 
     def feed(self, data: bytes) -> None:
-        room = self._cap - self._size
-        if room > 0:
-            kept = data[:room]
-            self._chunks.append(kept)
-            self._size += len(kept)
-        if len(data) > room:
-            self.truncated = True
+        room = self._cap - len(self._kept)
+        self._kept += data[: max(room, 0)]
+        self.truncated = self.truncated or len(data) > room
 
     def text(self) -> str:
         # When the cap cut through a multi-byte character, drop the partial tail instead of showing U+FFFD.
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        return decoder.decode(b"".join(self._chunks), final=not self.truncated)
+        return decoder.decode(bytes(self._kept), final=not self.truncated)
 
 
 class ProcessGroups:
@@ -131,8 +126,7 @@ def _signal_group(pgid: int, signum: int) -> None:
 
 
 def _has_exited(pid: int) -> bool:
-    """Whether the child exited, without reaping it: its pid (and so its process group id) stays reserved until
-    the agent has killed what is left of the group, so a recycled pid can never be signalled by mistake."""
+    """Whether the child exited, without reaping it: its pid (and so its group id) cannot be recycled meanwhile."""
     try:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
@@ -160,11 +154,8 @@ def check_environment(*, home: str) -> dict[str, str]:
 
 
 def run_check(*, check_id: str, command: str, timeout_s: float, home: str, groups: ProcessGroups) -> dict[str, Any]:
-    """Run one check in its own process group and return its result.
-
-    The whole group is killed on timeout (SIGTERM, then SIGKILL after a grace period) and whatever is left of it
-    when the shell exits, so background children of a check never outlive it or keep its pipes open.
-    """
+    """Run one check in its own process group, killed whole on timeout and when the shell exits, so that no
+    background child outlives it or keeps its pipes open."""
     started = time.monotonic()
     stdout = CappedOutput(cap=OUTPUT_CAP_BYTES)
     stderr = CappedOutput(cap=OUTPUT_CAP_BYTES)
@@ -180,16 +171,8 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
             close_fds=True,
         )
     except OSError as exc:
-        return {
-            "id": check_id,
-            "exit_code": None,
-            "stdout": "",
-            "stderr": f"agent: cannot start the check: {exc}",
-            "duration_ms": int((time.monotonic() - started) * 1000),
-            "timed_out": False,
-            "stdout_truncated": False,
-            "stderr_truncated": False,
-        }
+        stderr.feed(f"agent: cannot start the check: {exc}".encode())
+        return check_result(check_id=check_id, exit_code=None, stdout=stdout, stderr=stderr, started=started)
 
     pgid = proc.pid  # start_new_session makes the child the leader of a new session and process group
     groups.add(pgid)
@@ -204,39 +187,14 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
         selector.register(pidfd, selectors.EVENT_READ)
     longest_wait = 1.0 if pidfd is not None else POLL_INTERVAL_S
 
-    deadline = started + timeout_s
-    timed_out = False
-    term_sent_at: float | None = None
-    kill_sent = False
-    exited = False
-    drain_until = 0.0
-    try:
+    def pump(until: float, *, until_exit: bool) -> bool:
+        """Read output until ``until`` and the shell's exit (``until_exit``) or both pipes' end; whether it exited."""
         while True:
+            exited = _has_exited(proc.pid)
             now = time.monotonic()
-            if not exited and _has_exited(proc.pid):
-                exited = True
-                drain_until = now + DRAIN_GRACE_S
-                if pidfd is not None:
-                    selector.unregister(pidfd)
-            if exited and (not open_fds or now >= drain_until):
-                break
-            if not exited and term_sent_at is None and now >= deadline:
-                timed_out = True
-                term_sent_at = now
-                _signal_group(pgid, signal.SIGTERM)
-            if term_sent_at is not None and not kill_sent and now >= term_sent_at + KILL_GRACE_S:
-                kill_sent = True
-                _signal_group(pgid, signal.SIGKILL)
-
-            if exited:
-                wait = drain_until - now
-            elif term_sent_at is None:
-                wait = deadline - now
-            elif not kill_sent:
-                wait = term_sent_at + KILL_GRACE_S - now
-            else:
-                wait = longest_wait
-            wait = min(max(wait, 0.0), longest_wait)
+            if now >= until or (exited if until_exit else not open_fds):
+                return exited
+            wait = min(until - now, longest_wait)
             if not selector.get_map():
                 time.sleep(wait)
                 continue
@@ -249,6 +207,18 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
                 else:
                     selector.unregister(key.fd)
                     open_fds.discard(key.fd)
+
+    timed_out = False
+    try:
+        if not pump(started + timeout_s, until_exit=True):
+            timed_out = True
+            _signal_group(pgid, signal.SIGTERM)
+            if not pump(time.monotonic() + KILL_GRACE_S, until_exit=True):
+                _signal_group(pgid, signal.SIGKILL)
+                pump(math.inf, until_exit=True)
+        if pidfd is not None:
+            selector.unregister(pidfd)  # readable from now on: it would wake every wait
+        pump(time.monotonic() + DRAIN_GRACE_S, until_exit=False)
     finally:
         # The leader is still unreaped here, so its pgid cannot have been reused.
         _signal_group(pgid, signal.SIGKILL)
@@ -267,6 +237,20 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
         exit_code = 128 - proc.returncode  # killed by a signal: report it the way a shell would
     else:
         exit_code = proc.returncode
+    return check_result(
+        check_id=check_id, exit_code=exit_code, stdout=stdout, stderr=stderr, started=started, timed_out=timed_out
+    )
+
+
+def check_result(
+    *,
+    check_id: str,
+    exit_code: int | None,
+    stdout: CappedOutput,
+    stderr: CappedOutput,
+    started: float,
+    timed_out: bool = False,
+) -> dict[str, Any]:
     return {
         "id": check_id,
         "exit_code": exit_code,
@@ -283,8 +267,7 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
 # Request validation
 
 
-def parse_run_request(body: bytes) -> list[dict[str, Any]]:
-    """Validate a /v1/run body and return its checks as {id, command, timeout_s}; unknown fields are ignored."""
+def json_object(body: bytes) -> dict[str, Any]:
     try:
         payload = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError:
@@ -293,6 +276,12 @@ def parse_run_request(body: bytes) -> list[dict[str, Any]]:
         raise RequestError(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise RequestError(400, "request body must be a JSON object")
+    return payload
+
+
+def parse_run_request(body: bytes) -> list[dict[str, Any]]:
+    """Validate a /v1/run body and return its checks as {id, command, timeout_s}; unknown fields are ignored."""
+    payload = json_object(body)
     if "checks" not in payload:
         raise RequestError(400, "missing field: checks")
     checks = payload["checks"]
@@ -344,27 +333,16 @@ MAX_TOKEN_CHARS = 128
 
 
 def rotate_token(config: AgentConfig, body: bytes) -> None:
-    """Replace the bearer token (the request was authenticated with the current one): in the token file first, so
-    that a restarted agent never comes back with the old one, then in memory."""
-    try:
-        payload = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise RequestError(400, "the body must be a JSON object") from None
-    token = payload.get("token") if isinstance(payload, dict) else None
+    """Replace the bearer token, in the token file first so that a restarted agent never has the old one."""
+    token = json_object(body).get("token")
     if not isinstance(token, str) or not 16 <= len(token) <= MAX_TOKEN_CHARS or not token.isascii():
         raise RequestError(400, f"token must be 16 to {MAX_TOKEN_CHARS} ASCII characters")
     if not all(ch.isalnum() or ch in "-_." for ch in token):
         raise RequestError(400, "token may hold letters, digits, '-', '_' and '.' only")
     if config.token_file:
-        directory = os.path.dirname(os.path.abspath(config.token_file))
-        fd, tmp_path = tempfile.mkstemp(prefix=".token-", dir=directory)
         try:
-            with os.fdopen(fd, "w", encoding="ascii") as handle:
-                handle.write(token + "\n")
-            os.replace(tmp_path, config.token_file)
+            write_atomically(config.token_file, token + "\n")
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp_path)
             raise RequestError(500, f"cannot write the token file: {exc.strerror or exc}") from None
     config.token = token.encode("utf-8")
 
@@ -374,12 +352,7 @@ def rotate_token(config: AgentConfig, body: bytes) -> None:
 
 def parse_tty_size(body: bytes) -> tuple[int, int]:
     """Validate a /v1/tty-size body: {"rows": int, "cols": int} within TTY_ROWS_RANGE and TTY_COLS_RANGE."""
-    try:
-        payload = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise RequestError(400, "request body is not valid JSON") from None
-    if not isinstance(payload, dict):
-        raise RequestError(400, "request body must be a JSON object")
+    payload = json_object(body)
     size = []
     for field, (low, high) in (("rows", TTY_ROWS_RANGE), ("cols", TTY_COLS_RANGE)):
         value = payload.get(field)
@@ -405,8 +378,6 @@ def set_tty_size(path: str, *, rows: int, cols: int) -> None:
 class AgentConfig:
     """What the request handler needs to know, fixed at start."""
 
-    console_tty = DEFAULT_CONSOLE_TTY
-
     def __init__(
         self,
         *,
@@ -415,6 +386,7 @@ class AgentConfig:
         max_concurrent: int,
         setup_marker: str | None,
         token_file: str | None = None,
+        console_tty: str = DEFAULT_CONSOLE_TTY,
     ) -> None:
         self.token = token.encode("utf-8")
         self.token_file = token_file
@@ -422,6 +394,7 @@ class AgentConfig:
         self.run_slots = threading.BoundedSemaphore(max_concurrent)
         self.setup_marker = setup_marker
         self.groups = ProcessGroups()
+        self.console_tty = console_tty
 
     def home(self) -> str:
         # Resolved per run when not given, so an agent started before the student's home exists still uses it.
@@ -463,29 +436,6 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
     timeout = SOCKET_TIMEOUT_S
     config: AgentConfig  # set on the subclass built by make_server
 
-    # -- dispatch ------------------------------------------------------------------------------------------------
-
-    def do_GET(self) -> None:
-        self._handle()
-
-    def do_POST(self) -> None:
-        self._handle()
-
-    def do_PUT(self) -> None:
-        self._handle()
-
-    def do_DELETE(self) -> None:
-        self._handle()
-
-    def do_PATCH(self) -> None:
-        self._handle()
-
-    def do_HEAD(self) -> None:
-        self._handle()
-
-    def do_OPTIONS(self) -> None:
-        self._handle()
-
     def _handle(self) -> None:
         self._started = time.monotonic()
         self._note = ""
@@ -522,6 +472,9 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             self._note = f"internal error: {type(exc).__name__}"
             self.close_connection = True
             self._send_json(500, {"error": f"internal agent error: {type(exc).__name__}"})
+
+    # Every method is dispatched the same way, so that a wrong one gets 405 JSON with ``Allow``.
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _handle
 
     def _authenticate(self) -> None:
         header = self.headers.get("Authorization", "")
@@ -701,13 +654,12 @@ def read_token(path: str) -> str:
     return token
 
 
-def write_port_file(path: str, port: int) -> None:
-    """Write the bound port atomically, so a reader never sees a partial number."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp_path = tempfile.mkstemp(prefix=".port-", dir=directory)
+def write_atomically(path: str, text: str) -> None:
+    """Replace the file in one step, so a reader never sees it half written."""
+    fd, tmp_path = tempfile.mkstemp(prefix=".agent-", dir=os.path.dirname(os.path.abspath(path)))
     try:
         with os.fdopen(fd, "w", encoding="ascii") as handle:
-            handle.write(f"{port}\n")
+            handle.write(text)
         os.replace(tmp_path, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -751,8 +703,8 @@ def main(argv: list[str] | None = None) -> int:
         max_concurrent=args.max_concurrent,
         setup_marker=args.setup_marker,
         token_file=args.token_file,
+        console_tty=args.console_tty,
     )
-    config.console_tty = args.console_tty
     try:
         server = make_server(host=args.host, port=args.port, config=config, unix_socket=args.unix_socket)
     except OSError as exc:
@@ -771,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
         port = int(server.server_address[1])  # type: ignore[index]  # a TCP server's address: (host, port[, ...])
         where = f"{args.host}:{port}"
         if args.port_file:
-            write_port_file(args.port_file, port)
+            write_atomically(args.port_file, f"{port}\n")
     sys.stderr.write(
         f"{_utc_now()} lab-agent {AGENT_VERSION} listening on {where}, "
         f"home {args.home or resolve_default_home()}, max concurrent runs {args.max_concurrent}\n"

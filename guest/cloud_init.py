@@ -13,7 +13,35 @@ from typing import Any
 
 import yaml
 
-from guest.cloud_yaml import dump_cloud_config
+# libyaml's emitter where PyYAML was built with it (its wheels are): the same document as the pure-Python emitter,
+# which walks the agent's 13 KiB of base64 character by character in every VM's provisioning.
+_SafeDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class _CloudConfigDumper(_SafeDumper):  # type: ignore[misc,valid-type]
+    """PyYAML's safe dumper, writing multi-line text (unit files, scripts) as literal blocks people can read."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True  # a value used twice is written twice: no anchors in a document people read
+
+
+def _represent_text(dumper: Any, text: str) -> yaml.ScalarNode:
+    # PyYAML falls back to a quoted scalar by itself where a literal block cannot hold the text exactly, but
+    # writes NEL literally in a single-quoted one, where its loader then reads a line break: double quotes escape it.
+    style = '"' if "\x85" in text else "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_CloudConfigDumper.add_representer(str, _represent_text)
+
+
+def dump_cloud_config(config: dict[str, Any]) -> str:
+    """The mapping as block-style YAML that cloud-init (PyYAML's safe loader) reads back unchanged."""
+    try:
+        return yaml.dump(config, Dumper=_CloudConfigDumper, sort_keys=False, allow_unicode=True, width=4096)
+    except yaml.representer.RepresenterError as exc:
+        raise ValueError(f"cloud-config cannot hold this value: {exc}") from None
+
 
 AGENT_PORT = 8787
 TOKEN_PATH = "/etc/lab-agent/token"  # noqa: S105 - a path, not a password
@@ -84,14 +112,7 @@ def render_user_data(
     agent_source: str | None = None,
     serial_autologin: bool = True,
 ) -> str:
-    """Return the `#cloud-config` document for one attempt's VM.
-
-    It writes the token (0600) and the agent (0755), installs and starts `lab-agent.service`, creates the
-    `student` user (home /home/student) and, with `serial_autologin`, logs that user in on the serial console.
-    `extra_cloud_config` is a lab's cloud-config mapping: its `write_files`, `runcmd` and `packages` are appended
-    after ours, a `users` entry named `student` replaces ours, and other keys are kept. Raises ValueError for a
-    bad token, an extra config that is not a YAML mapping or that writes the agent's files, or a result too large.
-    """
+    """The `#cloud-config` document for one attempt's VM (see guest/README.md); ValueError when it cannot be."""
     if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
         raise ValueError("the agent token must be 16 to 512 printable ASCII characters without spaces")
     source = agent_source if agent_source is not None else _local_agent_source()
@@ -116,9 +137,7 @@ def _local_agent_source() -> str:
 
 @functools.lru_cache(maxsize=4)
 def _encoded_agent(source: str) -> str:
-    """The agent's file gzipped and in base64 (cloud-init's ``gz+b64``): the bulk of every VM's user data, the
-    same for each, a third of its size in plain base64 (every Secret is that much smaller to send, store and read).
-    No timestamp in the gzip header, so that the same agent always encodes the same."""
+    """The agent gzipped and in base64 (``gz+b64``), without a timestamp so that it always encodes the same."""
     return base64.b64encode(gzip.compress(source.encode("utf-8"), mtime=0)).decode("ascii")
 
 
@@ -173,15 +192,8 @@ def base_cloud_config(*, token: str, agent_source: str, serial_autologin: bool) 
     }
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Extra cloud-config from the lab
-
-
 def parse_extra_cloud_config(text: str) -> dict[str, Any]:
-    """Parse and check a lab's extra cloud-config; an empty text gives an empty mapping.
-
-    Usable on its own to validate the lab form before any attempt exists. Raises ValueError with the reason.
-    """
+    """Parse and check a lab's extra cloud-config (empty text: an empty mapping); ValueError with the reason."""
     if not isinstance(text, str):
         raise ValueError("the extra cloud-config must be text")
     if not text.strip():

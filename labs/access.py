@@ -39,8 +39,7 @@ def lab_get_for_staff(*, user: User, lab_id: int) -> Lab:
 
 
 def lab_get_for_student(*, user: User, lab_id: int) -> Lab:
-    """A lab of a course the user takes as a student (``student_role_shown``); any lab for a superuser. Its warm
-    pool, if any, comes along (a Start asks for it)."""
+    """A lab of a course the user takes as a student (any lab for a superuser), with its warm pool for a Start."""
     labs = Lab.objects.filter(course__in=courses_for_user(user=user, roles=(Role.STUDENT,)))
     lab = labs.filter(id=lab_id).select_related("course__tenant", "pool").order_by().first()
     if lab is None:
@@ -49,8 +48,7 @@ def lab_get_for_student(*, user: User, lab_id: int) -> Lab:
 
 
 def student_role_shown(*, user: User) -> str | None:
-    """The user's role in the course of a lab ``lab_get_for_student`` found: a student's for everyone but
-    superusers, whose lab comes without one (None: the role is still to be read)."""
+    """The role ``lab_get_for_student`` implies: a student's, or None for a superuser (read it from the course)."""
     return None if user.is_superuser else Role.STUDENT
 
 
@@ -58,8 +56,7 @@ def student_role_shown(*, user: User) -> str | None:
 
 
 def attempts_visible_to(*, user: User) -> QuerySet[Attempt]:
-    """Attempts the user may see: their own, plus every attempt in the courses they teach, inside their tenant
-    (every attempt for a superuser)."""
+    """Their own attempts and those of the courses they teach, inside their tenant (all for a superuser)."""
     if not user.is_authenticated:
         return Attempt.objects.none()
     if user.is_superuser:
@@ -82,9 +79,8 @@ def _attempt_rows(
 
 
 def attempt_get_for_user(*, user: User, attempt_id: int, related: bool = True, with_idle_stop: bool = False) -> Attempt:
-    """The attempt if the user is its student or staff of its course; the same NotFound otherwise. With
-    ``related`` its lab, course, student and tenant come in the same query. With ``with_idle_stop`` the lab's
-    ``idle_stop_minutes`` comes along as ``lab_idle_stop_minutes``."""
+    """The attempt if the user is its student or staff of its course; the same NotFound otherwise. ``related``
+    joins its lab, course, student and tenant; ``with_idle_stop`` adds ``lab_idle_stop_minutes``."""
     # The common case first, without the join over the courses the user teaches: the student's own attempt.
     attempt = None
     if user.is_authenticated and not user.is_superuser and user.tenant_id is not None:

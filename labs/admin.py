@@ -15,6 +15,7 @@ from django.utils.translation import gettext_lazy as _
 
 from labs.admin_lifecycle import AttemptLifecycleAdminMixin
 from labs.models import Attempt, Check, Lab, extra_cloud_init_problem
+from labs.selectors import PHASE_FIELDS
 from portal.admin_scoping import AuditedAdminMixin, CourseScopedAdminMixin, CourseScopedInlineMixin
 from portal.admin_widgets import LabelledSplitDateTime
 from portal.http import request_user
@@ -186,26 +187,9 @@ class AttemptAdmin(AttemptLifecycleAdminMixin, CourseScopedAdminMixin, admin.Mod
         ),
         (
             _("Timeline"),
-            {
-                "fields": (
-                    "requested_at",
-                    "provisioned_at",
-                    "pending_at",
-                    "scheduling_at",
-                    "scheduled_at",
-                    "vmi_running_at",
-                    "agent_ready_at",
-                    "stopping_at",
-                    "ended_at",
-                    "expires_at",
-                    "extensions",
-                    "updated_at",
-                )
-            },
+            {"fields": (*PHASE_FIELDS, "expires_at", "extensions", "updated_at")},
         ),
     )
-    # Each entry of these fieldsets is a field name (the stubs allow groups of names too).
-    readonly_fields = tuple(field for _title, options in fieldsets for field in options["fields"])  # type: ignore[misc]
 
     @admin.display(description=_("course"), ordering="lab__course__code")
     def course(self, attempt: Attempt):

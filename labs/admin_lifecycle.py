@@ -1,6 +1,5 @@
-"""The lifecycle's part of the attempt admin: stop and extend actions (through the services, so they are audited
-and reach the cluster) and a capacity page per tenant (active VMs, requested CPU and memory against the quota,
-and when the portal last read the tenant's namespace)."""
+"""The lifecycle's part of the attempt admin: stop and extend actions (through the services, so they are audited)
+and a capacity page per tenant."""
 
 from __future__ import annotations
 

@@ -36,9 +36,7 @@ def pattern_timeout_seconds() -> float:
 
 
 def search(pattern: str, text: str, *, timeout: float | None = None) -> bool:
-    """Whether ``pattern`` is found in ``text`` (``re.search`` with ``MULTILINE``). Raises ``regex.error`` for
-    an invalid pattern and ``PatternTimeout`` when the match takes longer than ``timeout`` seconds (default
-    ``GRADING_PATTERN_TIMEOUT_MS``)."""
+    """``re.search`` with ``MULTILINE``; ``PatternTimeout`` past ``timeout`` seconds (default the setting)."""
     compiled = compile_pattern(pattern)
     try:
         return (
@@ -52,8 +50,7 @@ def search(pattern: str, text: str, *, timeout: float | None = None) -> bool:
 
 
 def _probe_inputs(pattern: str) -> list[str]:
-    """Short repetitive texts, built from the pattern's own characters and a few common ones, followed by a
-    character that makes a match fail at the very end: the shape of input that sets off backtracking."""
+    """Short repetitive texts of the pattern's and common characters, ending in one that fails the match."""
     own = dict.fromkeys(ch for ch in pattern if ch.isprintable() and ch not in "()[]{}|*+?^$\\")
     characters = dict.fromkeys(list(own)[:PROBE_MAX_PATTERN_CHARACTERS])
     characters.update(dict.fromkeys(PROBE_FILLERS))

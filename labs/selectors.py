@@ -17,24 +17,23 @@ from labs.sizes import namespace_cpu_millicores
 from portal.models import Role, Tenant, User
 from portal.selectors import courses_for_user
 
-# The attempt's timestamps in the payload, by key, with the model field each comes from.
-PAYLOAD_TIMESTAMPS = {
-    "requested": "requested_at",
-    "provisioned": "provisioned_at",
-    "pending": "pending_at",
-    "scheduling": "scheduling_at",
-    "scheduled": "scheduled_at",
-    "vmi_running": "vmi_running_at",
-    "agent_ready": "agent_ready_at",
-    "stopping": "stopping_at",
-    "ended": "ended_at",
-}
+# The attempt's phases in lifecycle order: the payload's timestamps (without ``_at``), the timeline, the admin.
+PHASE_FIELDS = (
+    "requested_at",
+    "provisioned_at",
+    "pending_at",
+    "scheduling_at",
+    "scheduled_at",
+    "vmi_running_at",
+    "agent_ready_at",
+    "stopping_at",
+    "ended_at",
+)
 STARTING_STATES = (AttemptState.REQUESTED, AttemptState.PROVISIONING, AttemptState.STARTING)
 
 
 def attempts_counted_against_limit(*, student: User, lab: Lab) -> int:
-    """Attempts that use up the lab's attempt limit: all but those that failed (a cluster failure is not the
-    student's)."""
+    """Attempts that use up the lab's attempt limit: all but failed ones (a cluster failure is not the student's)."""
     return Attempt.objects.filter(student=student, lab=lab).exclude(state=AttemptState.FAILED).count()
 
 
@@ -69,7 +68,7 @@ def attempt_status_payload(attempt: Attempt, *, now: datetime | None = None) -> 
         "expires_at": _iso(attempt.expires_at),
         "extensions": attempt.extensions,
         "can_extend": attempt_can_extend(attempt),
-        "timestamps": {key: _iso(getattr(attempt, field)) for key, field in PAYLOAD_TIMESTAMPS.items()},
+        "timestamps": {field.removesuffix("_at"): _iso(getattr(attempt, field)) for field in PHASE_FIELDS},
         "slow_start": slow_start,
         # Whether the page should open the console socket yet (labs.console.stage): waiting, ready or ended.
         "console": console_stage(state=attempt.state, phase=attempt.phase),

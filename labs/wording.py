@@ -14,8 +14,7 @@ from labs.sync_health import CLUSTER_NOT_ANSWERING, cluster_trouble, sync_delaye
 
 
 def in_every_language(build: Callable[[], str]) -> dict[str, str]:
-    """``build()`` under each of the portal's languages: ``{code: text}``. ``build`` must only translate and
-    format: whatever it needs from the cluster or the database is read once, before."""
+    """``{code: build()}`` for every language; ``build`` only translates and formats, reading nothing."""
     texts = {}
     for code, _name in settings.LANGUAGES:
         with translation.override(code):
@@ -37,8 +36,7 @@ def with_cluster_words(words: str, said: str) -> str:
 
 
 def cluster_notice(*, state: str | None) -> str | None:
-    """What a student's page says while the cluster is in trouble, true for the state of the attempt it shows
-    (``state``; None without one), or None when all is well."""
+    """What a student's page says while the cluster is in trouble, for the attempt's ``state``; None if all is well."""
     from labs.models import AttemptState  # labs.models reads its texts through this module
 
     trouble = cluster_trouble()

@@ -2,32 +2,23 @@
 ``gradebook_csv``); the names below are the public contract."""
 
 from grading.selectors.access import course_student_get, run_get_for_user, staff_course_get
-from grading.selectors.attempts import AttemptDetail, attempt_detail, attempt_timeline, student_lab_attempts
-from grading.selectors.gradebook_csv import csv_text, gradebook_csv_rows
+from grading.selectors.attempts import attempt_detail, student_lab_attempts
+from grading.selectors.gradebook_csv import gradebook_csv_rows
 from grading.selectors.reports import (
     Gradebook,
-    GradeCell,
-    LabReport,
     course_gradebook,
     grade_of_student,
     lab_report,
-    score_distribution,
     student_grades,
     student_lab_runs,
 )
-from grading.selectors.runs import RUN_ERROR_MESSAGES, grading_run_payload, result_feedback, run_error_message
+from grading.selectors.runs import grading_run_payload, result_feedback, run_error_message
 
 __all__ = [
-    "RUN_ERROR_MESSAGES",
-    "AttemptDetail",
-    "GradeCell",
     "Gradebook",
-    "LabReport",
     "attempt_detail",
-    "attempt_timeline",
     "course_gradebook",
     "course_student_get",
-    "csv_text",
     "grade_of_student",
     "gradebook_csv_rows",
     "grading_run_payload",
@@ -35,7 +26,6 @@ __all__ = [
     "result_feedback",
     "run_error_message",
     "run_get_for_user",
-    "score_distribution",
     "staff_course_get",
     "student_grades",
     "student_lab_attempts",

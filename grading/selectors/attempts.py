@@ -10,6 +10,7 @@ from django.db.models import Count, Field, Prefetch, Q, QuerySet
 
 from grading.models import CheckResult, Grade, GradingRun, RunState
 from labs.models import Attempt, Lab
+from labs.selectors import PHASE_FIELDS
 from portal.models import User
 
 
@@ -21,14 +22,8 @@ def attempts_with_run_counts(attempts: QuerySet[Attempt]) -> QuerySet[Attempt]:
     )
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# One student's attempts at a lab
-
-
 def student_lab_attempts(*, lab: Lab, student: User) -> list[Attempt]:
-    """The student's attempts at the lab, newest first, annotated like the lab report's (``runs_done``,
-    ``runs_error``); one query whatever their number. Callers have checked access to the lab and that the student
-    takes its course; the tenant is matched too, so a mismatched pair finds nothing."""
+    """The student's attempts at the lab, newest first, with their run counts (the tenant matched too)."""
     if student.tenant_id is None:
         return []
     return list(
@@ -38,27 +33,10 @@ def student_lab_attempts(*, lab: Lab, student: User) -> list[Attempt]:
     )
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Attempt detail
-
-
 @dataclass(frozen=True)
 class TimelineEntry:
     label: str
     at: datetime
-
-
-TIMELINE_FIELDS = (
-    "requested_at",
-    "provisioned_at",
-    "pending_at",
-    "scheduling_at",
-    "scheduled_at",
-    "vmi_running_at",
-    "agent_ready_at",
-    "stopping_at",
-    "ended_at",
-)
 
 
 def _field_label(name: str) -> str:
@@ -67,12 +45,11 @@ def _field_label(name: str) -> str:
 
 
 def attempt_timeline(attempt: Attempt) -> list[TimelineEntry]:
-    """The attempt's phases with their times, in time order (labels are the fields' translated names). The
-    cluster's times are whole seconds and the portal's are not, so times are compared by the second, and phases
-    within one second keep their lifecycle order (a VMI's "pending" at :28 comes after a request at :28.4)."""
+    """The attempt's phases in time order; compared by the second (the cluster's times are whole seconds), phases
+    within one second keep their lifecycle order."""
     entries = [
         (position, TimelineEntry(label=_field_label(name), at=getattr(attempt, name)))
-        for position, name in enumerate(TIMELINE_FIELDS)
+        for position, name in enumerate(PHASE_FIELDS)
         if getattr(attempt, name) is not None
     ]
     entries.sort(key=lambda item: (item[1].at.replace(microsecond=0), item[0]))
@@ -88,8 +65,7 @@ class AttemptDetail:
 
 
 def runs_with_results(queryset) -> list[GradingRun]:
-    """The runs (newest first) with their results; each gets ``number``, its place among its attempt's runs (1 for
-    the first), and ``regrade_of_number``. ``queryset`` must hold every run of the attempts it touches."""
+    """The runs, newest first, with their results, ``number`` among their attempt's runs and ``regrade_of_number``."""
     runs = list(
         queryset.select_related("requested_by")
         .prefetch_related(Prefetch("results", queryset=CheckResult.objects.order_by("order", "id")))

@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, TypedDict
 
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 
-from grading.models import Grade, GradingRun, LabRegrade
+from grading.models import CheckResult, Grade, GradingRun, LabRegrade, RunState
 from grading.selectors.attempts import attempts_with_run_counts, runs_with_results
-from grading.selectors.check_rates import CheckPassRate, check_pass_rates
 from labs.models import Attempt, Lab
 from portal.models import Course, Membership, Role, User
 from portal.selectors import courses_for_user, user_tenant_ids
@@ -42,7 +41,6 @@ class GradeCell:
 
 
 LAB_REPORT_REGRADES = 5
-EMPTY_CELL = GradeCell(final=None, computed=None, max_score=None, late=False, overridden=False, attempts=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +64,8 @@ class Gradebook:
         return sum((lab.max_points or Decimal(0) for lab in self.labs), Decimal(0))
 
 
-def course_labs(*, course: Course) -> list[WithAnnotations[Lab, _MaxPoints]]:
-    return list(
-        Lab.objects.filter(course=course).annotate(max_points=Sum("checks__points")).order_by("due_at", "title", "id")
-    )
+def labs_with_max_points(labs: QuerySet[Lab]) -> list[WithAnnotations[Lab, _MaxPoints]]:
+    return list(labs.annotate(max_points=Sum("checks__points")).order_by("due_at", "title", "id"))
 
 
 def course_students(*, course: Course) -> list[User]:
@@ -86,9 +82,8 @@ def grade_of_student(*, lab: Lab, student: User) -> Grade | None:
 
 
 def course_gradebook(*, course: Course) -> Gradebook:
-    """Students × labs with the final grade and its flags. Four queries for any number of students or labs; rows
-    are read as tuples, since 500 students × 10 labs would otherwise build 5,000 model instances."""
-    labs = course_labs(course=course)
+    """Students × labs with the final grade and its flags, in four queries; rows are read as tuples."""
+    labs = labs_with_max_points(Lab.objects.filter(course=course))
     students = course_students(course=course)
     lab_ids = [lab.pk for lab in labs]
     grades: dict[tuple[int, int], tuple] = {
@@ -109,18 +104,7 @@ def course_gradebook(*, course: Course) -> Gradebook:
         cells = []
         for lab_id in lab_ids:
             key = (lab_id, student.pk)
-            grade = grades.get(key)
-            attempts = attempt_counts.get(key, 0)
-            if grade is None:
-                cells.append(
-                    EMPTY_CELL
-                    if not attempts
-                    else GradeCell(
-                        final=None, computed=None, max_score=None, late=False, overridden=False, attempts=attempts
-                    )
-                )
-                continue
-            score, max_score, late, override = grade
+            score, max_score, late, override = grades.get(key, (None, None, False, None))
             cells.append(
                 GradeCell(
                     final=override if override is not None else score,
@@ -128,15 +112,45 @@ def course_gradebook(*, course: Course) -> Gradebook:
                     max_score=max_score,
                     late=late,
                     overridden=override is not None,
-                    attempts=attempts,
+                    attempts=attempt_counts.get(key, 0),
                 )
             )
         rows.append(GradebookRow(student=student, cells=cells))
     return Gradebook(course=course, labs=labs, rows=rows)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Lab report
+@dataclass(frozen=True)
+class CheckPassRate:
+    order: int
+    title: str
+    passed: int
+    total: int
+
+    @property
+    def percent(self) -> int:
+        return round(self.passed * 100 / self.total) if self.total else 0
+
+
+def check_pass_rates(*, lab: Lab, student_ids: set[int]) -> list[CheckPassRate]:
+    """Per check, how many of the students passed it in their latest scored run, of those whose run ran it."""
+    latest: dict[int, int] = {}
+    runs = (
+        GradingRun.objects.filter(attempt__lab=lab, state=RunState.DONE, attempt__student_id__in=student_ids)
+        .order_by("created_at", "id")
+        .values_list("attempt__student_id", "id")
+    )
+    for student_id, run_id in runs:
+        latest[student_id] = run_id  # the later run wins
+    rows = (
+        CheckResult.objects.filter(run_id__in=latest.values())
+        .values("order", "check_title")
+        .annotate(passed=Count("id", filter=Q(passed=True)), total=Count("id"))
+        .order_by("order", "check_title")
+    )
+    return [
+        CheckPassRate(order=row["order"], title=row["check_title"], passed=row["passed"], total=row["total"])
+        for row in rows
+    ]
 
 
 @dataclass(frozen=True)
@@ -225,10 +239,6 @@ def lab_report(*, lab: Lab) -> LabReport:
     )
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# A student's own grades
-
-
 @dataclass(frozen=True)
 class StudentLabGrade:
     lab: WithAnnotations[Lab, _MaxPoints]
@@ -244,11 +254,7 @@ class StudentCourseGrades:
 def student_grades(*, user: User) -> list[StudentCourseGrades]:
     """The user's grades in every course they take as a student (three queries)."""
     courses = list(courses_for_user(user=user, roles=(Role.STUDENT,)).order_by("code", "term"))
-    labs = list(
-        Lab.objects.filter(course__in=courses)
-        .annotate(max_points=Sum("checks__points"))
-        .order_by("due_at", "title", "id")
-    )
+    labs = labs_with_max_points(Lab.objects.filter(course__in=courses))
     grades = {g.lab_id: g for g in Grade.objects.filter(student=user, lab__in=labs)}
     by_course: dict[int, list[StudentLabGrade]] = {c.pk: [] for c in courses}
     for lab in labs:

@@ -45,8 +45,7 @@ def run_error_message(run: GradingRun) -> str:
 
 
 def result_feedback(result: CheckResult) -> str:
-    """What a student reads under a check: nothing on a pass, the hint (or a plain default) on a failure, and on a
-    check its output pattern could not judge in time, why, in the active language."""
+    """What a student reads under a check: nothing on a pass, else the hint, a default, or why it was not judged."""
     if result.passed:
         return ""
     if result.pattern_timeout_seconds is not None:
@@ -63,9 +62,7 @@ def _number(value: Decimal | None) -> float | None:
 
 
 def grading_run_payload(run: GradingRun, *, results: Sequence[CheckResult] | None = None) -> dict[str, Any]:
-    """A JSON-safe view of a run for the attempt's page (pushed as ``grading.update``). Carries feedback but no
-    command output: students see outputs nowhere, staff on report pages. ``results`` saves a query when the
-    caller holds them."""
+    """A JSON-safe view of a run for the attempt's page: feedback, never command output (students never see it)."""
     results = sorted(run.results.all() if results is None else results, key=lambda r: (r.order, r.pk or 0))
     return {
         "id": run.pk,

@@ -2,30 +2,16 @@
 overrides, ``regrades``); the names below are the public contract other apps import."""
 
 from grading.services.final import grading_run_final
-from grading.services.grades import grade_override, grade_recompute, lab_max_points
-from grading.services.regrades import (
-    LabRegradeOutcome,
-    RegradeOutcome,
-    grading_regrade,
-    grading_regrade_lab,
-    lab_regrade_execute,
-    lab_regrade_request,
-    lab_regrades_fail_stale,
-)
+from grading.services.grades import grade_override, lab_max_points
+from grading.services.regrades import grading_regrade, lab_regrade_execute, lab_regrade_request, lab_regrades_fail_stale
 from grading.services.run_requests import grading_run_request
-from grading.services.runs import grading_run_execute, grading_run_fail, grading_run_record, grading_runs_fail_stale
+from grading.services.runs import grading_run_execute, grading_runs_fail_stale
 
 __all__ = [
-    "LabRegradeOutcome",
-    "RegradeOutcome",
     "grade_override",
-    "grade_recompute",
     "grading_regrade",
-    "grading_regrade_lab",
     "grading_run_execute",
-    "grading_run_fail",
     "grading_run_final",
-    "grading_run_record",
     "grading_run_request",
     "grading_runs_fail_stale",
     "lab_max_points",

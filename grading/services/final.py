@@ -28,14 +28,10 @@ FINAL_RUN_POLL_SECONDS = 0.25
 
 
 def grading_run_final(*, attempt: Attempt, trigger: str) -> GradingRun | None:
-    """Grade the attempt once more, synchronously, before its VM is deleted.
+    """Grade the attempt once more, synchronously, before its VM is deleted (None: nothing to grade).
 
-    ``trigger`` is ``RunTrigger.EXPIRY`` or ``RunTrigger.STOP``. Returns None when there is nothing to grade (the
-    lab has no checks, or the attempt's VM never reached a ready agent). Agent trouble never raises: the run is
-    recorded in ``error`` with its reason and the grade stays what earlier runs made it. A queued run is replaced;
-    a running one is waited for up to its deadline. Call it outside a transaction: it blocks on the guest for up
-    to the sum of the checks' timeouts.
-    """
+    Agent trouble ends the run in ``error`` rather than raising. Call it outside a transaction: it blocks on the
+    guest for up to the sum of the checks' timeouts."""
     if trigger not in (RunTrigger.EXPIRY, RunTrigger.STOP):
         raise ValueError(f"a final run is triggered by expiry or stop, not {trigger!r}")
     attempt = Attempt.objects.select_related("lab").get(pk=attempt.pk)

@@ -25,8 +25,7 @@ def lab_max_points(*, lab: Lab) -> Decimal:
 
 
 def counted_runs(*, lab: Lab, student_id: int):
-    """Finished runs of all the student's attempts at the lab that a grade may count: ``done``, and not
-    superseded by a regrade of their outputs."""
+    """Finished runs of the student's attempts at the lab that a grade may count: ``done`` and not regraded."""
     return GradingRun.objects.filter(attempt__lab=lab, attempt__student_id=student_id, state=RunState.DONE).exclude(
         regrades__state=RunState.DONE
     )
@@ -34,26 +33,20 @@ def counted_runs(*, lab: Lab, student_id: int):
 
 def grade_recompute(*, lab: Lab, student_id: int) -> Grade:
     """Derive the student's grade for the lab from their runs (the override, if any, is kept and still wins)."""
-    candidates = []
-    for row in counted_runs(lab=lab, student_id=student_id).values(
-        "id", "score", "max_score", "late_penalty_percent", "measured_at"
-    ):
-        if row["measured_at"] is None or row["score"] is None:
-            continue
-        if not earns_credit(lab, measured_at=row["measured_at"]):
-            continue
-        candidates.append(
-            (
+    rows = counted_runs(lab=lab, student_id=student_id).filter(measured_at__isnull=False, score__isnull=False)
+    max_scores, runs = {}, []
+    for row in rows.values("id", "score", "max_score", "late_penalty_percent", "measured_at"):
+        if earns_credit(lab, measured_at=row["measured_at"]):
+            max_scores[row["id"]] = row["max_score"]
+            runs.append(
                 ScoredRun(
                     run_id=row["id"],
                     score=row["score"],
                     penalty_percent=row["late_penalty_percent"],
                     measured_at=row["measured_at"],
-                ),
-                row["max_score"],
+                )
             )
-        )
-    chosen = choose_run(policy=lab.grade_policy, runs=[c[0] for c in candidates])
+    chosen = choose_run(policy=lab.grade_policy, runs=runs)
     grade, _created = Grade.objects.select_for_update().get_or_create(lab=lab, student_id=student_id)
     if chosen is None:
         grade.score = None
@@ -62,7 +55,7 @@ def grade_recompute(*, lab: Lab, student_id: int) -> Grade:
         grade.source_run_id = None
     else:
         grade.score = chosen.effective_score
-        grade.max_score = next(m for r, m in candidates if r is chosen)
+        grade.max_score = max_scores[chosen.run_id]
         grade.late = lab.due_at is not None and chosen.measured_at > lab.due_at
         grade.source_run_id = chosen.run_id
     grade.save(update_fields=["score", "max_score", "late", "source_run", "updated_at"])
@@ -76,14 +69,9 @@ def _require_course_staff(*, actor: User, lab: Lab) -> str:
     return role
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Overrides
-
-
 @transaction.atomic
 def grade_override(*, actor: User, lab: Lab, student: User, score: Decimal | None, reason: str) -> Grade:
-    """Set (or, with ``score=None``, remove) a staff override of the student's grade. A reason is required; the
-    change is audited with the old and new values. The override wins over any run until removed."""
+    """Set (or, with ``score=None``, remove) a staff override of the student's grade, with a reason; audited."""
     _require_course_staff(actor=actor, lab=lab)
     if not Membership.objects.filter(user=student, course=lab.course, role=Role.STUDENT).exists():
         raise NotFound(_("Student not found."))

@@ -1,12 +1,9 @@
-"""``grading.update`` messages to the attempt's channel-layer group after commit, through one sender thread per
-process with a persistent loop (``async_to_sync`` would open a Redis connection per message), in order, and
-never waited for: a page that reconnects reads the current state."""
+"""``grading.update`` messages to the attempt's channel-layer group, sent after commit and never waited for."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -19,18 +16,9 @@ from labs.services.events import CLASS_CHANGED_HOLD_SECONDS, attempt_group, lab_
 logger = logging.getLogger(__name__)
 
 
-def send_to_attempt_group(*, attempt_id: int, message: dict[str, Any]) -> None:
-    send_to_group(attempt_group(attempt_id), message)
-
-
 def push_run_on_commit(*, run: GradingRun, results: Sequence[CheckResult] | None = None) -> None:
-    """After commit, send ``{"type": "grading.update", "run": <payload>, "runs": {<language>: <payload>}}`` to
-    ``attempt-<id>``: the payload in each of the portal's languages (its words, feedback and error messages, are
-    read in them), ``run`` in the default one. Each socket forwards the one in its page's language.
-
-    ``results`` are the run's results when the caller holds them (none for a queued, running or failed run);
-    otherwise they are read at commit time.
-    """
+    """After commit, send the run's payload in every language (``runs``, and ``run`` in the default one) to
+    ``attempt-<id>``; ``results`` saves reading them when the caller holds them."""
     run_id, attempt_id = run.pk, run.attempt_id
     attempt = run.attempt if GradingRun._meta.get_field("attempt").is_cached(run) else None
     lab_id = attempt.lab_id if attempt is not None and "lab_id" not in attempt.get_deferred_fields() else None
@@ -50,14 +38,8 @@ def push_run_on_commit(*, run: GradingRun, results: Sequence[CheckResult] | None
             for language, _name in settings.LANGUAGES:
                 with translation.override(language):
                     payloads[language] = grading_run_payload(source, results=rows)
-            send_to_attempt_group(
-                attempt_id=attempt_id,
-                message={
-                    "type": "grading.update",
-                    "run": payloads.get(settings.LANGUAGE_CODE) or next(iter(payloads.values())),
-                    "runs": payloads,
-                },
-            )
+            default = payloads.get(settings.LANGUAGE_CODE) or next(iter(payloads.values()))
+            send_to_group(attempt_group(attempt_id), {"type": "grading.update", "run": default, "runs": payloads})
         except Exception:
             # The run is stored whatever happens here; the page shows it on its next load.
             logger.warning("grading run %s: could not push the update to attempt-%s", run_id, attempt_id, exc_info=True)

@@ -1,6 +1,5 @@
 """Regrades: an attempt's counted runs evaluated again against the lab's current checks, and the lab-wide regrade,
-which the request only queues (``LabRegrade``) and a Celery task carries out in one transaction on the locked row:
-a worker that dies halfway leaves it ``queued`` for the redelivered message."""
+queued as a ``LabRegrade`` and carried out by a Celery task in one transaction on its locked row."""
 
 from __future__ import annotations
 
@@ -8,8 +7,6 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from decimal import Decimal
-from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
@@ -18,11 +15,11 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from grading.evaluation import evaluate_check, late_penalty_percent
-from grading.models import CheckResult, GradingRun, LabRegrade, RunState, RunTrigger
+from grading.evaluation import late_penalty_percent
+from grading.models import GradingRun, LabRegrade, RunState, RunTrigger
 from grading.services.grades import _require_course_staff, grade_recompute
 from grading.services.push import push_run_on_commit
-from grading.services.runs import UNFINISHED_STATES, enqueue_run_on_commit, lab_checks
+from grading.services.runs import UNFINISHED_STATES, check_results_create, enqueue_run_on_commit, lab_checks
 from labs.models import Attempt, AttemptState, Check, Lab
 from portal.errors import ApplicationError, NotFound, PermissionDenied
 from portal.models import STAFF_ROLES, User
@@ -56,38 +53,21 @@ def _reevaluate_run(*, actor: User, original: GradingRun, checks: Sequence[Check
         late_penalty_percent=late_penalty_percent(lab, measured_at=measured_at),
     )
     stored = {r.check_ref_id: r for r in original.results.all() if r.check_ref_id is not None}
-    rows, score, max_score = [], Decimal(0), Decimal(0)
-    for check in checks:
-        old = stored.get(check.pk)
-        result: dict[str, Any] = (
-            {"exit_code": old.exit_code, "stdout": old.stdout, "stderr": old.stderr, "timed_out": old.timed_out}
-            if old is not None
-            # A check added after the original run has no output to judge: it fails, as it would have then.
-            else {"exit_code": None, "stdout": "", "stderr": "", "timed_out": False}
-        )
-        verdict = evaluate_check(check=check, result=result)
-        score += verdict.points
-        max_score += verdict.max_points
-        rows.append(
-            CheckResult(
-                run=regrade,
-                check_ref=check,
-                check_title=check.title,
-                order=check.order,
-                passed=verdict.passed,
-                points=verdict.points,
-                max_points=verdict.max_points,
-                exit_code=result["exit_code"],
-                timed_out=result["timed_out"],
-                stdout=result["stdout"],
-                stderr=result["stderr"],
-                output_truncated=old.output_truncated if old is not None else False,
-                duration_ms=old.duration_ms if old is not None else 0,
-                feedback=verdict.feedback,
-                pattern_timeout_seconds=verdict.pattern_timeout_seconds,
-            )
-        )
-    CheckResult.objects.bulk_create(rows)
+    # A check added after the original run has no output to judge: it fails, as it would have then.
+    results = [
+        {
+            "exit_code": old.exit_code,
+            "stdout": old.stdout,
+            "stderr": old.stderr,
+            "timed_out": old.timed_out,
+            "stdout_truncated": old.output_truncated,
+            "duration_ms": old.duration_ms,
+        }
+        if (old := stored.get(check.pk)) is not None
+        else {"exit_code": None}
+        for check in checks
+    ]
+    rows, score, max_score = check_results_create(run=regrade, checks=checks, results=results)
     regrade.score = score
     regrade.max_score = max_score
     regrade.save(update_fields=["score", "max_score"])
@@ -113,15 +93,13 @@ def _regrade_attempt(*, actor: User, attempt: Attempt, checks: Sequence[Check]) 
                 attempt=attempt, state=RunState.QUEUED, trigger=RunTrigger.REGRADE, requested_by=actor
             )
             enqueue_run_on_commit(run=run, checks=checks)
-            push_run_on_commit(run=run, results=[])
             outcome.queued = run
     return outcome
 
 
 @transaction.atomic
 def grading_regrade(*, actor: User, attempt: Attempt) -> RegradeOutcome:
-    """Re-evaluate the attempt's stored outputs against the lab's current checks (one new ``regrade`` run per
-    counted run), and, while the attempt is still running, queue a fresh run in the guest. Staff only; audited."""
+    """Re-evaluate the attempt's counted runs against the current checks and, while it runs, check it again."""
     attempt = Attempt.objects.select_for_update(of=("self",)).select_related("lab__course__tenant").get(pk=attempt.pk)
     lab = attempt.lab
     if course_role(user=actor, course=lab.course) not in STAFF_ROLES:
@@ -204,10 +182,8 @@ def lab_regrade_attempts(*, lab: Lab) -> int:
 
 @transaction.atomic
 def lab_regrade_request(*, actor: User, lab: Lab) -> tuple[LabRegrade, bool]:
-    """Queue a regrade of every attempt at the lab. Course staff only; audited.
-
-    Returns the regrade and whether it is new: while one is still queued for the lab, pressing again returns
-    that one (it will use the checks as they are when it runs)."""
+    """Queue a regrade of every attempt at the lab (course staff; audited); returns it and whether it is new, since
+    one still queued is returned as it is."""
     _require_course_staff(actor=actor, lab=lab)
     Lab.objects.select_for_update().filter(pk=lab.pk).first()  # one queued regrade per lab, even on a double click
     lab_regrades_fail_stale(lab=lab)

@@ -10,7 +10,6 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from grading.models import GradingRun, RunState, RunTrigger
-from grading.services.push import push_run_on_commit
 from grading.services.runs import (
     ERROR_ATTEMPT_NOT_RUNNING,
     ERROR_NO_CHECKS,
@@ -29,13 +28,8 @@ from portal.services import audit_record
 
 
 def grading_run_request(*, actor: User, attempt: Attempt) -> GradingRun:
-    """Queue a grading run for a running attempt (the student's Check button, or staff doing the same).
-
-    Refuses with an ``ApplicationError``: not the student's own attempt nor course staff (404); attempt not
-    running (409); a run already queued or running (409); less than ``GRADING_MIN_INTERVAL_SECONDS`` since the
-    attempt's previous run (429 with ``retry_after``); a lab without checks (400); the task queue not answering
-    (503, the run recorded in ``error``). The Celery task is sent when the transaction commits.
-    """
+    """Queue a grading run for a running attempt (the student's Check button, or staff doing the same); the
+    Celery task is sent on commit, and a queue that does not answer is a 503 once committed."""
     run = _grading_run_queue(actor=actor, attempt=attempt)
     if not transaction.get_connection().in_atomic_block:
         # Committed, and the task handed to the broker (or not) on that commit.
@@ -51,9 +45,7 @@ def grading_run_request(*, actor: User, attempt: Attempt) -> GradingRun:
 
 @transaction.atomic
 def _grading_run_queue(*, actor: User, attempt: Attempt) -> GradingRun:
-    # Locking the attempt row serialises concurrent presses: the interval rule then holds exactly.
-    # Only the attempt's row (``of``): locking the joined lab and course rows too would make every classmate's
-    # start wait, and deadlock with one holding its tenant's row.
+    # Locking the attempt row (only it: the lab's and course's would hold up classmates) serialises presses.
     attempt = Attempt.objects.select_for_update(of=("self",)).select_related("lab__course").get(pk=attempt.pk)
     course = attempt.lab.course
     is_owner = attempt.student_id == actor.pk
@@ -106,5 +98,4 @@ def _grading_run_queue(*, actor: User, attempt: Attempt) -> GradingRun:
         data={"attempt_id": attempt.pk, "run_id": run.pk, "trigger": run.trigger},
     )
     enqueue_run_on_commit(run=run, checks=checks)
-    push_run_on_commit(run=run, results=[])
     return run

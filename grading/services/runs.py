@@ -61,7 +61,7 @@ def create_unfinished_run(*, attempt: Attempt, state: str, trigger: str, request
 
 
 def enqueue_run_on_commit(*, run: GradingRun, checks: Sequence[Check]) -> None:
-    """Send ``grading_run_execute`` after commit, with time limits that fit this lab's checks."""
+    """Send ``grading_run_execute`` after commit, with time limits that fit the checks, and show the queued run."""
     from grading.tasks import grading_run_execute
 
     deadline = agent_client.deadline_for_checks(checks)
@@ -81,18 +81,12 @@ def enqueue_run_on_commit(*, run: GradingRun, checks: Sequence[Check]) -> None:
             )
 
     transaction.on_commit(send)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Execution (Celery)
+    push_run_on_commit(run=run, results=[])
 
 
 def grading_run_execute(*, run_id: int) -> GradingRun | None:
-    """Claim a queued run, run the lab's checks in the guest, and record the outcome.
-
-    Returns None when the run was not queued any more (another worker took it, or it was failed as stale):
-    a redelivered task message then does nothing.
-    """
+    """Claim a queued run, run the lab's checks in the guest, and record the outcome; None when it was not
+    queued any more (a redelivered message)."""
     claimed = GradingRun.objects.filter(id=run_id, state=RunState.QUEUED).update(
         state=RunState.RUNNING, started_at=timezone.now()
     )
@@ -128,22 +122,10 @@ def measure_and_record(*, run: GradingRun, attempt: Attempt, checks: Sequence[Ch
     return grading_run_record(run=run, checks=checks, results=results, measured_at=run.started_at or timezone.now())
 
 
-@transaction.atomic
-def grading_run_record(
-    *, run: GradingRun, checks: Sequence[Check], results: Sequence[dict[str, Any]], measured_at
-) -> GradingRun:
-    """Evaluate the agent's results, store one CheckResult per check, finish the run and recompute the grade.
-
-    A run that is no longer ``running`` (failed as stale while the agent worked) keeps its state: results that
-    arrive after the portal gave up on them are not counted.
-    """
-    from grading.services.grades import grade_recompute
-
-    run = GradingRun.objects.select_for_update(of=("self",)).select_related("attempt__lab").get(pk=run.pk)
-    if run.state != RunState.RUNNING:
-        logger.warning("grading run %s is %s; late results discarded", run.pk, run.state)
-        return run
-    lab = run.attempt.lab
+def check_results_create(
+    *, run: GradingRun, checks: Sequence[Check], results: Sequence[dict[str, Any]]
+) -> tuple[list[CheckResult], Decimal, Decimal]:
+    """Evaluate each check's agent-shaped result and store it; returns the rows, the score and the maximum."""
     rows: list[CheckResult] = []
     score, max_score = Decimal(0), Decimal(0)
     for check, result in zip(checks, results, strict=True):
@@ -170,6 +152,23 @@ def grading_run_record(
             )
         )
     CheckResult.objects.bulk_create(rows)
+    return rows, score, max_score
+
+
+@transaction.atomic
+def grading_run_record(
+    *, run: GradingRun, checks: Sequence[Check], results: Sequence[dict[str, Any]], measured_at
+) -> GradingRun:
+    """Store the agent's results, finish the run and recompute the grade; a run no longer ``running`` (failed as
+    stale meanwhile) keeps its state and the late results are dropped."""
+    from grading.services.grades import grade_recompute
+
+    run = GradingRun.objects.select_for_update(of=("self",)).select_related("attempt__lab").get(pk=run.pk)
+    if run.state != RunState.RUNNING:
+        logger.warning("grading run %s is %s; late results discarded", run.pk, run.state)
+        return run
+    lab = run.attempt.lab
+    rows, score, max_score = check_results_create(run=run, checks=checks, results=results)
     run.state = RunState.DONE
     run.finished_at = timezone.now()
     run.measured_at = measured_at
@@ -195,10 +194,7 @@ def grading_run_fail(*, run: GradingRun, error_code: str, error: str) -> Grading
 
 
 def grading_runs_fail_stale(*, attempt: Attempt | None = None, now=None) -> int:
-    """Fail runs whose worker never came or died: queued too long, or running past their deadline.
-
-    Called for one attempt before a new run is queued, and for all attempts by the periodic sweep.
-    """
+    """Fail runs whose worker never came or died: queued too long, or running past their deadline."""
     now = now or timezone.now()
     runs = GradingRun.objects.filter(state__in=UNFINISHED_STATES).select_related("attempt")
     if attempt is not None:

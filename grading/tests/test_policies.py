@@ -9,7 +9,8 @@ import pytest
 from django.utils import timezone
 
 from grading.models import CheckResult, Grade, GradingRun, RunState, RunTrigger
-from grading.services import grade_override, grading_regrade, grading_regrade_lab
+from grading.services import grade_override, grading_regrade
+from grading.services.regrades import grading_regrade_lab
 from grading.tests.builders import ALL_PASS, FIRST_ONLY, NONE_PASS, agent_result, make_attempt, record_run
 from labs.models import AttemptState, GradePolicy, StdoutMatch
 from portal.errors import ApplicationError, NotFound, PermissionDenied

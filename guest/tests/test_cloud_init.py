@@ -348,13 +348,12 @@ def test_a_value_used_twice_is_written_twice_without_anchors() -> None:
 def test_libyaml_writes_the_document_the_pure_python_emitter_writes() -> None:
     """The emitter is libyaml's for speed; the document is the same (where a value holds characters beyond the
     BMP libyaml writes them escaped, read back the same: the round-trip test above)."""
-    from guest import cloud_yaml
 
     class PurePython(yaml.SafeDumper):
         def ignore_aliases(self, data: Any) -> bool:
             return True
 
-    PurePython.add_representer(str, cloud_yaml._represent_text)
+    PurePython.add_representer(str, cloud_init._represent_text)
     assert yaml.__with_libyaml__, "PyYAML's wheels carry libyaml"
     extra = (
         "write_files:\n  - path: /etc/motd\n    content: |\n      hello, 日本語\n      there\n"
@@ -363,4 +362,4 @@ def test_libyaml_writes_the_document_the_pure_python_emitter_writes() -> None:
     config = cloud_init.base_cloud_config(token=TOKEN, agent_source="print('agent')\n", serial_autologin=True)
     config = cloud_init.merge_cloud_config(base=config, extra=cloud_init.parse_extra_cloud_config(extra))
     expected = yaml.dump(config, Dumper=PurePython, sort_keys=False, allow_unicode=True, width=4096)
-    assert cloud_yaml.dump_cloud_config(config) == expected
+    assert cloud_init.dump_cloud_config(config) == expected

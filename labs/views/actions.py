@@ -1,7 +1,9 @@
-"""The attempt's buttons: Start, Stop and Extend (Check is grading's: ``grading.lab_page``), POST with CSRF. Scripts
+"""The attempt's buttons: Start, Stop and Extend (Check is grading's: ``grading.views``), POST with CSRF. Scripts
 get JSON, a plain form a redirect and a message; refusals keep their status code and message either way."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.mixins import LoginRequiredMixin
@@ -56,37 +58,40 @@ class AttemptStartView(LoginRequiredMixin, View):
         return redirect(fallback)
 
 
-class _AttemptActionView(LoginRequiredMixin, View):
+class AttemptActionView(LoginRequiredMixin, View):
     """Look the attempt up for this user (same 404 for missing and forbidden), run the service, answer."""
 
     success_message: str | Promise = ""
 
-    def act(self, request: AuthenticatedRequest, attempt: Attempt) -> Attempt:
+    def act(self, request: AuthenticatedRequest, attempt: Attempt) -> object:
         raise NotImplementedError
+
+    def json_answer(self, done: Any) -> JsonResponse:
+        return JsonResponse({"attempt": attempt_status_payload(done)})
 
     def post(self, request: AuthenticatedRequest, attempt_id: int) -> HttpResponse:
         fallback = reverse("dashboard")
         try:
             attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
             fallback = lab_url(attempt)
-            attempt = self.act(request, attempt)
+            done = self.act(request, attempt)
         except ApplicationError as error:
             return refusal(request, error, fallback_url=fallback)
         if wants_json(request):
-            return JsonResponse({"attempt": attempt_status_payload(attempt)})
+            return self.json_answer(done)
         if self.success_message:
             messages.success(request, str(self.success_message))
         return redirect(fallback)
 
 
-class AttemptStopView(_AttemptActionView):
+class AttemptStopView(AttemptActionView):
     success_message = gettext_lazy("Stopping the lab.")
 
     def act(self, request: AuthenticatedRequest, attempt: Attempt) -> Attempt:
         return attempt_stop(actor=request.user, attempt=attempt)
 
 
-class AttemptExtendView(_AttemptActionView):
+class AttemptExtendView(AttemptActionView):
     success_message = gettext_lazy("The time limit was extended.")
 
     def act(self, request: AuthenticatedRequest, attempt: Attempt) -> Attempt:

@@ -63,12 +63,7 @@ ALLOWED_ATTRIBUTES = {
 
 
 def render_instructions(text: str, *, title: str = "") -> SafeString:
-    """Markdown → HTML → only harmless tags and attributes, http(s)/mailto links that open no window handle.
-    A first heading that only repeats the lab's ``title`` (already the page's heading) is left out.
-
-    The result depends on the text alone, so each process keeps the latest renderings: a class opening (and, on
-    Start, reopening) the same lab page renders its instructions once, not once per page view. An edited lab has
-    new text, hence a new entry."""
+    """Markdown → only harmless HTML (links open no window handle), without a first heading repeating ``title``."""
     html = _render(text or "")
     repeated_title = f"<h1>{escape(title)}</h1>"
     if title and html.lstrip().startswith(repeated_title):

@@ -8,7 +8,8 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.mixins import LoginRequiredMixin
-from django.http import Http404, HttpRequest, HttpResponse
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
 from django.middleware.csrf import get_token
 from django.shortcuts import render
 from django.template.loader import render_to_string
@@ -29,13 +30,25 @@ from labs.services.quota import per_student_cap_message
 from labs.views.instructions import render_instructions
 from labs.views.strings import PROGRESS_STEPS, attempt_page_strings
 from labs.wording import cluster_notice
-from portal.errors import NotFound
+from portal.errors import NotFound, PermissionDenied
 from portal.http import AuthenticatedRequest
 from portal.models import STAFF_ROLES
 from portal.selectors import course_role
 
 
-def attempt_page_config(*, request: HttpRequest, attempt: Attempt, is_student: bool, is_staff: bool) -> dict[str, Any]:
+class PageView(LoginRequiredMixin, View):
+    """Sign-in required; ``NotFound`` from a selector or service is the 404 page, ``PermissionDenied`` a 403."""
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        try:
+            return super().dispatch(request, *args, **kwargs)
+        except NotFound as exc:
+            raise Http404(exc.message) from exc
+        except PermissionDenied as exc:
+            raise DjangoPermissionDenied(exc.message) from exc
+
+
+def attempt_page_config(*, attempt: Attempt, is_student: bool, is_staff: bool) -> dict[str, Any]:
     """Everything the attempt panel's script needs, handed over as a JSON data block (no inline script)."""
     return {
         "attempt_id": attempt.id,
@@ -56,8 +69,7 @@ def attempt_page_config(*, request: HttpRequest, attempt: Attempt, is_student: b
 
 
 def lab_start_fragments(*, request: HttpRequest, attempt: Attempt) -> dict[str, str]:
-    """The parts of the lab page that an answered Start changes, for the page to put in place without reloading
-    (static/js/start.js): the attempt panel with its configuration, and the attempt's row in the history."""
+    """The attempt panel and history row an answered Start puts in place without reloading (static/js/start.js)."""
     # The fragments use nothing the context processors add (the user, messages, the language's details) but the CSRF
     # token of their forms: given that, they render from a plain context, without running the processors twice.
     context = {
@@ -65,7 +77,7 @@ def lab_start_fragments(*, request: HttpRequest, attempt: Attempt) -> dict[str, 
         "is_student": True,
         "show_terminal": True,
         "progress_steps": PROGRESS_STEPS,
-        "page_config": attempt_page_config(request=request, attempt=attempt, is_student=True, is_staff=False),
+        "page_config": attempt_page_config(attempt=attempt, is_student=True, is_staff=False),
         "csrf_token": get_token(request),
     }
     return {
@@ -76,8 +88,7 @@ def lab_start_fragments(*, request: HttpRequest, attempt: Attempt) -> dict[str, 
 
 @dataclass(frozen=True)
 class StartRefusal:
-    """Why Start is not offered on the lab page, and when the page should look again by itself (seconds; None:
-    only something the student does here changes it)."""
+    """Why Start is not offered, and in how many seconds the page should look again (None: not by itself)."""
 
     message: str = ""
     recheck_in: int | None = None
@@ -94,8 +105,7 @@ START_RECHECK_LONGEST_SECONDS = 86400
 
 
 def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> StartRefusal:
-    """Why Start is not offered right now, in the student's words (no message when it is). The service decides for
-    real when the button is pressed; this only spares a pointless click."""
+    """Why Start is not offered right now, in the student's words; the service decides for real on the press."""
     if any(a.state in ACTIVE_STATES for a in attempts):
         return StartRefusal(_("You already have an attempt in progress."))
     now = timezone.now()
@@ -117,7 +127,7 @@ def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> StartRefusa
     return StartRefusal(message, recheck_in=START_RECHECK_SECONDS, going=tuple(attempts_going_for_student(user=user)))
 
 
-class LabDetailView(LoginRequiredMixin, View):
+class LabDetailView(PageView):
     """A student's lab page; course staff get the instructions and the attempts they may watch."""
 
     def get(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
@@ -134,7 +144,7 @@ class LabDetailView(LoginRequiredMixin, View):
             "current": current,
             "start_refusal": lab_start_refusal(user=request.user, lab=lab, attempts=attempts),
             "progress_steps": PROGRESS_STEPS,
-            "page_config": attempt_page_config(request=request, attempt=current, is_student=True, is_staff=False)
+            "page_config": attempt_page_config(attempt=current, is_student=True, is_staff=False)
             if current is not None
             else None,
             # A degraded cluster is said in plain words, never left to look like a stuck progress bar.
@@ -143,19 +153,15 @@ class LabDetailView(LoginRequiredMixin, View):
         return render(request, "labs/lab_detail.html", context)
 
     def _staff_page(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
-        """Course staff's version of the page; grading's subclass (``grading.lab_page``) serves it with the class
-        view, and that subclass is what the URLconf routes."""
+        """Course staff's version of the page, served by grading's subclass (``grading.views``)."""
         raise Http404
 
 
-class AttemptDetailView(LoginRequiredMixin, View):
+class AttemptDetailView(PageView):
     """One attempt: its progress and terminal while active (read-only for staff), its timeline and results."""
 
     def get(self, request: AuthenticatedRequest, attempt_id: int) -> HttpResponse:
-        try:
-            attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
-        except NotFound as exc:
-            raise Http404(exc.message) from exc
+        attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
         lab = attempt.lab
         is_student = attempt.student_id == request.user.id
         is_staff = course_role(user=request.user, course=lab.course) in STAFF_ROLES
@@ -164,8 +170,6 @@ class AttemptDetailView(LoginRequiredMixin, View):
         context = {
             "lab": lab,
             "attempt": attempt,
-            "slow_start_seconds": settings.ATTEMPT_SLOW_START_NOTICE_SECONDS,
-            "check_interval_seconds": settings.GRADING_MIN_INTERVAL_SECONDS,
             "is_student": is_student,
             "is_staff": is_staff,
             "active": attempt.state in ACTIVE_STATES,
@@ -174,8 +178,6 @@ class AttemptDetailView(LoginRequiredMixin, View):
             if is_student and attempt.state in ACTIVE_STATES
             else None,
             "progress_steps": PROGRESS_STEPS,
-            "page_config": attempt_page_config(
-                request=request, attempt=attempt, is_student=is_student, is_staff=is_staff
-            ),
+            "page_config": attempt_page_config(attempt=attempt, is_student=is_student, is_staff=is_staff),
         }
         return render(request, "labs/attempt_detail.html", context)

@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.mixins import LoginRequiredMixin
 from django.http import FileResponse, Http404, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
-from django.views import View
 
 from labs.access import attempt_get_for_staff
 from labs.console.recording import ASCIICAST_CONTENT_TYPE, recording_path
-from labs.models import Attempt
-from portal.errors import NotFound
+from labs.views.pages import PageView
 from portal.http import AuthenticatedRequest
 
 
-def staff_attempt_or_404(request: AuthenticatedRequest, attempt_id: int) -> Attempt:
-    """Staff of the attempt's course only: students, other courses and other tenants all get 404."""
-    try:
-        return attempt_get_for_staff(user=request.user, attempt_id=attempt_id)
-    except NotFound as exc:
-        raise Http404(exc.message) from exc
-
-
-class RecordingReplayView(LoginRequiredMixin, View):
+class RecordingReplayView(PageView):
     def get(self, request: AuthenticatedRequest, attempt_id: int) -> HttpResponse:
-        attempt = staff_attempt_or_404(request, attempt_id)
+        attempt = attempt_get_for_staff(user=request.user, attempt_id=attempt_id)
         path = recording_path(attempt_id=attempt.id)
         context = {
             "attempt": attempt,
@@ -36,9 +25,9 @@ class RecordingReplayView(LoginRequiredMixin, View):
         return render(request, "labs/recording.html", context)
 
 
-class RecordingFileView(LoginRequiredMixin, View):
+class RecordingFileView(PageView):
     def get(self, request: AuthenticatedRequest, attempt_id: int) -> FileResponse:
-        attempt = staff_attempt_or_404(request, attempt_id)
+        attempt = attempt_get_for_staff(user=request.user, attempt_id=attempt_id)
         path = recording_path(attempt_id=attempt.id)
         if not path.exists():
             raise Http404("No recording for this attempt.")

@@ -20,8 +20,7 @@ PROGRESS_STEPS = [
 
 
 def attempt_page_strings() -> dict[str, object]:
-    """The strings in the active language. Built once per language in each process: every attempt panel carries
-    them, a Start's answer included. Callers only read the dict."""
+    """The strings in the active language, built once per language and process; callers only read them."""
     return _strings_in(get_language())
 
 
