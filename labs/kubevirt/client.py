@@ -174,15 +174,17 @@ def _new_ssl_context(cfg: client.Configuration) -> ssl.SSLContext | None:
     return context
 
 
+def auth_headers(cfg: client.Configuration) -> dict[str, str]:
+    """The client's credentials as headers, a rotating (bound service-account) token refreshed first."""
+    if cfg.refresh_api_key_hook is not None:
+        cfg.refresh_api_key_hook(cfg)
+    return {s["key"]: s["value"] for s in cfg.auth_settings().values() if s.get("in") == "header" and s.get("value")}
+
+
 def stream_target(path: str) -> StreamTarget:
     """A WebSocket URL and headers for ``path`` (e.g. ``/apis/subresources.kubevirt.io/v1/...``)."""
     cfg = configuration()
-    if cfg.refresh_api_key_hook is not None:  # bound service-account tokens rotate
-        cfg.refresh_api_key_hook(cfg)
-    headers: dict[str, str] = {}
-    for setting in cfg.auth_settings().values():
-        if setting.get("in") == "header" and setting.get("value"):
-            headers[setting["key"]] = setting["value"]
+    headers = auth_headers(cfg)
     host = cfg.host.rstrip("/")
     if host.startswith("https://"):
         url = "wss://" + host[len("https://") :] + path
