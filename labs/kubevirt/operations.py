@@ -234,3 +234,10 @@ def node_cordoned(name: str) -> bool:
     """Whether the node is cordoned (``spec.unschedulable``: a drain under way or done); False for a node gone."""
     node = api_call(f"reading node {name}", client.core_v1(), "read_node", name, tolerate=404)
     return bool(((node or {}).get("spec") or {}).get("unschedulable"))
+
+
+def vm_and_secret_delete(*, namespace: str, name: str) -> bool:
+    """Delete a VM and its cloud-init Secret (which its ownerReference may not name yet); False if the VM was gone."""
+    existed = vm_delete(namespace=namespace, name=name)
+    secret_delete(namespace=namespace, name=names.cloud_init_secret_name(name))
+    return existed

@@ -187,8 +187,7 @@ def pool_vm_delete_on_cluster(*, pool_vm: PoolVm) -> None:
     if not pool_vm.vm_name:
         return
     try:
-        operations.vm_delete(namespace=pool_vm.namespace, name=pool_vm.vm_name)
-        operations.secret_delete(namespace=pool_vm.namespace, name=names.cloud_init_secret_name(pool_vm.vm_name))
+        operations.vm_and_secret_delete(namespace=pool_vm.namespace, name=pool_vm.vm_name)
     except ClusterError as error:
         logger.warning("pool VM %s: delete failed (%s); the sweep removes it", pool_vm.vm_name, error.message)
 

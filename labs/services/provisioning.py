@@ -240,6 +240,5 @@ def _after_lost_claim(*, attempt_id: int) -> str:
     ran, the VM just made would outlive it: delete it here rather than wait for the sweep."""
     attempt = Attempt.objects.get(id=attempt_id)
     if attempt.state in FINAL_STATES or (attempt.state == AttemptState.STOPPING and attempt.vm_deleted_at):
-        operations.vm_delete(namespace=attempt.namespace, name=attempt.vm_name)
-        operations.secret_delete(namespace=attempt.namespace, name=names.cloud_init_secret_name(attempt.vm_name))
+        operations.vm_and_secret_delete(namespace=attempt.namespace, name=attempt.vm_name)
     return ProvisionOutcome.ABANDONED

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
-from labs.kubevirt import names, operations
+from labs.kubevirt import operations
 from labs.models import FINAL_STATES, Attempt, AttemptState
 from labs.services.provisioning import attempt_end
 from labs.services.stopping import StopReason, enqueue_teardown
@@ -92,7 +92,6 @@ def _final_grading_elsewhere(attempt_id: int) -> bool:
 
 
 def _delete_vm_and_secret(attempt: Attempt) -> bool:
-    existed = operations.vm_delete(namespace=attempt.namespace, name=attempt.vm_name)
-    operations.secret_delete(namespace=attempt.namespace, name=names.cloud_init_secret_name(attempt.vm_name))
+    existed = operations.vm_and_secret_delete(namespace=attempt.namespace, name=attempt.vm_name)
     Attempt.objects.filter(id=attempt.id, vm_deleted_at__isnull=True).update(vm_deleted_at=timezone.now())
     return existed

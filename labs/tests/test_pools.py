@@ -301,7 +301,6 @@ def test_the_sweep_deletes_a_pool_secret_whose_vm_was_never_made(lifecycle, monk
     from django.core.cache import cache
 
     from labs.kubevirt.operations import ClusterError
-    from labs.services import pool_sweeping
 
     kept = warm_pool(lab_a, 1).vms.get()
     LabPool.objects.filter(lab=lab_a).update(size=2)
@@ -326,7 +325,7 @@ def test_the_sweep_deletes_a_pool_secret_whose_vm_was_never_made(lifecycle, monk
         return {secret["metadata"]["name"] for secret in operations.secrets_list(namespace=namespace)}
 
     assert swept() == [] and lost_secret in secret_names()  # too young: its VM may be on its way
-    monkeypatch.setattr(pool_sweeping, "POOL_SECRET_MIN_AGE", timedelta(0))
+    monkeypatch.setattr(sweeping, "POOL_SECRET_MIN_AGE", timedelta(0))
     # A booting row whose VM is not made yet holds its Secret.
     PoolVm.objects.filter(id=lost.id).update(state=PoolVmState.BOOTING)
     assert swept() == []
