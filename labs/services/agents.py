@@ -4,6 +4,7 @@ agent asked at a pace that slows with its boot time and with how many boot at on
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
@@ -12,6 +13,7 @@ from django.core.cache import cache
 from django.db.models import Q
 from django.utils import timezone
 
+from labs.agent_client import AgentError, AgentTarget, healthz
 from labs.models import Attempt, AttemptState
 from labs.services.follow_ups import namespace_list_soon
 from labs.services.provisioning import attempt_mark_running
@@ -75,15 +77,21 @@ def agent_wait_max_steps() -> int:
     return 27 + settings.ATTEMPT_START_TIMEOUT_SECONDS // max(1, settings.ATTEMPT_SYNC_INTERVAL_SECONDS)
 
 
-def _agent_answers(attempt: Attempt) -> bool:
-    from labs.agent_client import AgentError, healthz
-
+def _agent_answers(target: AgentTarget) -> bool:
     try:
-        healthz(attempt, timeout_s=AGENT_CHECK_TIMEOUT_SECONDS)
+        healthz(target, timeout_s=AGENT_CHECK_TIMEOUT_SECONDS)
     except AgentError as error:
-        logger.debug("attempt %s: agent not ready yet (%s)", attempt.id, error.code)
+        logger.debug("VM %s/%s: agent not ready yet (%s)", target.namespace, target.vm_name, error.code)
         return False
     return True
+
+
+def agents_answer(targets: Sequence[AgentTarget]) -> list[bool]:
+    """Whether each agent answers ``/healthz``, asked in parallel."""
+    if len(targets) == 1:
+        return [_agent_answers(targets[0])]
+    with ThreadPoolExecutor(max_workers=min(AGENT_CHECK_CONCURRENCY, len(targets))) as pool:
+        return list(pool.map(_agent_answers, targets))
 
 
 def agent_ask_gap(waiting: int) -> float:
@@ -145,11 +153,7 @@ def agents_check(*, namespace: str, since_last_round: float | None = None) -> tu
     ]
     if not attempts:
         return 0, len(waiting)
-    if len(attempts) == 1:
-        answers = [_agent_answers(attempts[0])]
-    else:
-        with ThreadPoolExecutor(max_workers=min(AGENT_CHECK_CONCURRENCY, len(attempts))) as pool:
-            answers = list(pool.map(_agent_answers, attempts))
+    answers = agents_answer(attempts)
     now_running = [
         attempt
         for attempt, ok in zip(attempts, answers, strict=True)

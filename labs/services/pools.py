@@ -1,13 +1,10 @@
-"""Warm pools kept at their size: VMs made ahead of Starts (within the tenant's quota, a few per pass), asked until
-their agent answers, replaced when it stops answering or the cluster says their VMI failed or their VM is gone,
-and drained when the pool is off, its schedule ends or its lab closes. How an attempt takes one:
-``labs.services.pool_claim``."""
+"""Warm pools kept at their size: VMs made ahead of Starts (within the tenant's quota), asked until their agent
+answers, replaced when it stops or the cluster says they ended, drained when the pool is off or its lab closes."""
 
 from __future__ import annotations
 
 import logging
 import secrets
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -16,18 +13,16 @@ from django.db import transaction
 from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
-from labs.kubevirt import manifests, names, operations
+from labs.kubevirt import names, operations
 from labs.kubevirt.operations import ClusterError
 from labs.kubevirt.status import FINAL_PHASES
 from labs.pool_models import POOL_HOLDING_STATES, LabPool, PoolMode, PoolVm, PoolVmState, pool_vm_recipe
+from labs.services.agents import agents_answer
 from labs.services.provisioning import lab_vm_create
 from labs.services.quota import quota_refusal, tenant_locked, tenant_totals
 from labs.sizes import guest_resources, launcher_requests
 
 logger = logging.getLogger(__name__)
-
-POOL_CHECK_CONCURRENCY = 8
-POOL_AGENT_TIMEOUT_SECONDS = 3.0
 
 
 class EndReason:
@@ -52,9 +47,8 @@ class PoolReport:
 
 
 def pools_refill(*, now: datetime | None = None) -> PoolReport:
-    """One pass over every pool that holds VMs or wants some: drain what is beyond its target (all of it when it
-    is off or out of its window), then make up to ``POOL_REFILL_PER_PASS`` VMs of the deficit, within the quota,
-    unless its class is arriving (``refill_held``)."""
+    """One pass over every pool that holds VMs or wants some: drain what is beyond its target, or make up to
+    ``POOL_REFILL_PER_PASS`` VMs of the deficit within the quota, unless its class is arriving (``refill_held``)."""
     now = now or timezone.now()
     report = PoolReport()
     pools = LabPool.objects.select_related("lab__course__tenant").annotate(
@@ -90,8 +84,8 @@ def pools_refill(*, now: datetime | None = None) -> PoolReport:
 
 
 def refill_held(*, pool: LabPool, now: datetime) -> bool:
-    """Whether the pool's class is arriving: a claim within ``POOL_REFILL_HOLD_SECONDS``, and the first claim since
-    the pool last made a VM within ``POOL_REFILL_HOLD_MAX_SECONDS``. The refill waits so the class's Starts go first."""
+    """Whether the pool's class is arriving (a claim within ``POOL_REFILL_HOLD_SECONDS``, the first since the last
+    VM made within ``POOL_REFILL_HOLD_MAX_SECONDS``): the refill waits so their Starts go first."""
     if settings.POOL_REFILL_HOLD_SECONDS <= 0:
         return False
     vms = PoolVm.objects.filter(pool=pool)
@@ -104,8 +98,8 @@ def refill_held(*, pool: LabPool, now: datetime) -> bool:
 
 
 def pool_vm_create(*, pool: LabPool) -> PoolVm | None:
-    """Make one VM for the pool if the tenant's quota has room for it (decided under the tenant's lock, as a Start
-    decides), else None. Its row is written first, so a crash leaves a VM the sweep can tell from an orphan."""
+    """Make one VM for the pool if the tenant's quota has room (under the tenant's lock, as a Start), else None. Its
+    row is written first, so a crash leaves a VM the sweep can tell from an orphan."""
     lab = pool.lab
     tenant = lab.course.tenant
     guest = guest_resources(lab.size)
@@ -152,7 +146,7 @@ def _put_on_cluster(pool_vm: PoolVm) -> None:
     labels = names.pool_vm_labels(
         tenant_id=pool_vm.tenant_id, course_id=lab.course_id, lab_id=lab.id, pool_vm_id=pool_vm.id
     )
-    created_vm = lab_vm_create(
+    lab_vm_create(
         tenant=pool_vm.tenant,
         namespace=pool_vm.namespace,
         name=pool_vm.vm_name,
@@ -162,16 +156,10 @@ def _put_on_cluster(pool_vm: PoolVm) -> None:
         memory_mib=pool_vm.memory_mib,
         user_data=user_data,
     )
-    operations.secret_set_owner(
-        namespace=pool_vm.namespace,
-        name=names.cloud_init_secret_name(pool_vm.vm_name),
-        owner=manifests.owner_reference(created_vm),
-    )
 
 
 def pool_vm_end(*, pool_vm: PoolVm, reason: str, from_states: tuple[str, ...] = POOL_HOLDING_STATES) -> bool:
-    """Take an unclaimed VM out of the pool (it stops counting against the quota at once) and delete it. False
-    when it had been claimed or ended meanwhile."""
+    """Take an unclaimed VM out of the pool (freeing its quota at once) and delete it; False if claimed or ended."""
     ended = PoolVm.objects.filter(id=pool_vm.id, state__in=from_states).update(
         state=PoolVmState.DELETED, ended_at=timezone.now(), end_reason=reason
     )
@@ -192,20 +180,9 @@ def pool_vm_delete_on_cluster(*, pool_vm: PoolVm) -> None:
         logger.warning("pool VM %s: delete failed (%s); the sweep removes it", pool_vm.vm_name, error.message)
 
 
-def _agent_answers(pool_vm: PoolVm) -> bool:
-    from labs.agent_client import AgentError, healthz
-
-    try:
-        healthz(pool_vm, timeout_s=POOL_AGENT_TIMEOUT_SECONDS)
-    except AgentError:
-        return False
-    return True
-
-
 def _ended_on_cluster(vms: list[PoolVm], report: PoolReport) -> dict[int, str]:
-    """Pool VMs the cluster says are done, by id, with the reason: their VMI Failed, Succeeded or being deleted,
-    or their VM gone. One VMI list per namespace, and a VM list only where a VMI is missing; a namespace that
-    does not answer gives no verdict (its agents are still asked)."""
+    """Pool VMs the cluster says are done, by id, with the reason: their VMI ended or being deleted, or their VM
+    gone. One VMI list per namespace, a VM list only where a VMI is missing; no answer gives no verdict."""
     ended: dict[int, str] = {}
     by_namespace: dict[str, list[PoolVm]] = {}
     for pool_vm in vms:
@@ -230,10 +207,9 @@ def _ended_on_cluster(vms: list[PoolVm], report: PoolReport) -> dict[int, str]:
 
 
 def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
-    """Look at the unclaimed pool VMs' VMIs (a failed or vanished one is replaced at once), then ask the agents
-    of the booting ones and of the ready ones not asked for ``POOL_READY_CHECK_SECONDS`` (in parallel): a
-    booting one that answers is ready; a ready one that does not answer, or a booting one past the start
-    timeout, is replaced. A claim asks the agent again in any case (its token rotation)."""
+    """End the unclaimed pool VMs the cluster says are done, then ask the agents of the booting ones and of the
+    ready ones not asked for ``POOL_READY_CHECK_SECONDS``: a booting one that answers is ready; a ready one that
+    does not, or a booting one past the start timeout, is replaced."""
     now = now or timezone.now()
     report = PoolReport()
     vms = list(PoolVm.objects.filter(state__in=POOL_HOLDING_STATES).exclude(vm_name=""))
@@ -252,8 +228,7 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
     ]
     if not asked:
         return report
-    with ThreadPoolExecutor(max_workers=min(POOL_CHECK_CONCURRENCY, len(asked))) as executor:
-        answers = list(executor.map(_agent_answers, asked))
+    answers = agents_answer(asked)
     PoolVm.objects.filter(id__in=[pool_vm.id for pool_vm in asked]).update(checked_at=timezone.now())
     boot_limit = now - timedelta(seconds=settings.ATTEMPT_START_TIMEOUT_SECONDS)
     for pool_vm, answers_now in zip(asked, answers, strict=True):

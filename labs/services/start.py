@@ -16,7 +16,7 @@ from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab, extra_cloud_i
 from labs.pool_models import LabPool
 from labs.services.events import on_commit_logged
 from labs.services.namespaces import tenant_namespace_ready
-from labs.services.pool_claim import pool_give_way, pool_miss_record, pool_vm_claim, pool_vms_delete_on_commit
+from labs.services.pool_claim import pool_give_way, pool_miss_record, pool_vm_claim
 from labs.services.provisioning import attempt_fail
 from labs.services.quota import (
     TenantTotals,
@@ -183,13 +183,10 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
             refusal = refusal_at(totals)
             if refusal is not None:
                 # Idle pool VMs of the tenant give way to a student's Start.
-                totals, given = pool_give_way(
-                    tenant_id=course.tenant_id, totals=totals, fits=lambda t: refusal_at(t) is None
-                )
+                totals = pool_give_way(tenant_id=course.tenant_id, totals=totals, fits=lambda t: refusal_at(t) is None)
                 refusal = refusal_at(totals)
                 if refusal is not None:
                     raise refusal
-                pool_vms_delete_on_commit(given)
     except IntegrityError as error:
         if not _is_one_active_violation(error):
             raise

@@ -13,7 +13,7 @@ from labs.agent_client import AgentTokenRejected, healthz
 from labs.kubevirt import client, names, operations
 from labs.models import Attempt, AttemptState, LabPool, PoolMode, PoolVm, PoolVmState
 from labs.pool_selectors import pool_stats
-from labs.services import attempt_start, pools, sweeping
+from labs.services import agents, attempt_start, pools, sweeping
 from labs.services.quota import tenant_totals
 from labs.states import TRANSITIONS
 from labs.tests.conftest import start_together, sync_until, wait_until
@@ -160,7 +160,7 @@ def test_a_ready_pool_vm_that_stops_answering_is_replaced(lifecycle, lab_a):
 def test_a_ready_pool_vm_whose_agent_stops_answering_is_replaced(lifecycle, monkeypatch, settings, lab_a):
     pool = warm_pool(lab_a, 1)
     settings.POOL_READY_CHECK_SECONDS = 0
-    monkeypatch.setattr(pools, "_agent_answers", lambda pool_vm: False)
+    monkeypatch.setattr(agents, "_agent_answers", lambda pool_vm: False)
     lost = PoolVm.objects.get(pool=pool)
     assert pools.pool_vms_check().deleted == [lost.vm_name]
     lost.refresh_from_db()
