@@ -1,5 +1,5 @@
 """One attempt's VMI, as a list showed it, applied to the attempt: phase times, the node, a failure or a problem
-that outlasted its grace in the cluster's words, waiting for the agent once the VMI runs, a restarted VMI."""
+that outlasted its grace (in the cluster's words), waiting for the agent, a restarted VMI."""
 
 from __future__ import annotations
 
@@ -49,14 +49,9 @@ def _observed_changes(attempt: Attempt, observation: status.VmiObservation) -> d
 
 
 def _fail_restarted(attempt: Attempt) -> str:
-    """The VMI the attempt followed ended after running and KubeVirt made a new one (runStrategy Always): the
-    guest crashed or was shut down, and a containerDisk starts fresh, so the student's work is gone. The old
-    VMI's reason survives only in Events, read here (a rare path, one request)."""
-    try:
-        detail = status.events_problem(operations.events_for(namespace=attempt.namespace, name=attempt.vm_name))
-    except ClusterError as error:
-        logger.info("attempt %s: events unavailable (%s)", attempt.id, error.message)
-        detail = ""
+    """The VMI the attempt followed ended after running and KubeVirt made a new one from a fresh disk: the work is
+    gone. The old VMI's reason survives only in Events."""
+    detail = explain.events_said(namespace=attempt.namespace, name=attempt.vm_name)
     try:  # a drain shuts down what cannot live-migrate (evictionStrategy None, or LiveMigrateIfPossible)
         drained = bool(attempt.node_name) and operations.node_cordoned(attempt.node_name)
     except ClusterError as error:
@@ -78,8 +73,7 @@ def _fail_restarted(attempt: Attempt) -> str:
 
 
 def attempt_observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> str:
-    """Apply what the attempt's VMI (or its absence) says, in words in each language (``labs.wording``); what
-    is compared with the attempt's stored message is in the attempt's own language. Returns an :class:`Outcome`."""
+    """Apply what the attempt's VMI (or its absence) says, in the attempt's language and in each; an ``Outcome``."""
     with attempt_language(attempt.language):
         return _observe(attempt=attempt, vmi=vmi, now=now)
 
@@ -155,8 +149,7 @@ def _waiting_for_agent(vmi: dict[str, Any]) -> str:
 
 
 def _apply(attempt: Attempt, changes: dict[str, Any], *, to: str | None = None) -> bool:
-    """Write ``changes`` (and move the attempt ``to`` a new state, if given) if the attempt is still in the state it
-    was read in; push the update on commit."""
+    """Write ``changes`` (and move the attempt ``to`` a state) if it is still in the state it was read in."""
     if to is not None:
         return attempt_transition(attempt=attempt, to=to, from_states=(attempt.state,), **changes) is not None
     if not changes:

@@ -1,5 +1,5 @@
-"""The sweep's judgement of one tenant's active attempts, and of work whose task was lost: queued again, failed after
-the start timeout with what the cluster says, or ended once the VM is gone."""
+"""The sweep's judgement of active attempts and of work whose task was lost: queued again, failed after the start
+timeout with what the cluster says, or ended once the VM is gone."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.utils.translation import gettext as _
 
-from labs.kubevirt import operations, status
+from labs.kubevirt import explain, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, AttemptState
 from labs.services.provisioning import attempt_end, attempt_fail
@@ -34,8 +34,8 @@ def teardown_redelivery_seconds() -> int:
 
 
 def requeue_requested(*, report: SweepReport, now: datetime) -> None:
-    """Attempts still ``requested`` long after they were made: their provisioning task never arrived. It is queued
-    again; one still unserved after the start timeout fails, so that no attempt waits in ``requested`` forever."""
+    """Queue the provisioning of attempts still ``requested`` long after they were made again; fail those still
+    unserved after the start timeout."""
     from labs.tasks import provision_attempt
 
     timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
@@ -131,20 +131,15 @@ def _start_timed_out(timeout: int) -> str:
 
 
 def start_failure_detail(*, attempt: Attempt, vm_listed: bool) -> Callable[[], str]:
-    """What the cluster says about a VM that would not start (printable status, last problem, Warning events), as a
-    function that words it in the active language; the cluster is asked once, here. The sweep's list holds the VMs'
-    metadata only: a VM it listed is read whole for its status."""
+    """What the cluster says about a VM that would not start (its status, the last problem, Warning events), asked
+    once, as a function wording it in the active language."""
     vm = None
     if vm_listed:
         try:
             vm = operations.vm_get(namespace=attempt.namespace, name=attempt.vm_name)
         except ClusterError as error:
             logger.info("attempt %s: VM status unavailable (%s)", attempt.id, error.message)
-    try:
-        events = status.events_problem(operations.events_for(namespace=attempt.namespace, name=attempt.vm_name))
-    except ClusterError as error:
-        logger.info("attempt %s: events unavailable (%s)", attempt.id, error.message)
-        events = ""
+    events = explain.events_said(namespace=attempt.namespace, name=attempt.vm_name)
 
     def detail() -> str:
         parts = []

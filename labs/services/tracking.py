@@ -1,18 +1,6 @@
-"""Following the cluster: one list of VMIs per namespace, mapped onto that namespace's attempts.
-
-The cost is per namespace, never per attempt. A namespace with an attempt starting or stopping is listed on every
-sync; one where everything runs steadily only every ``ATTEMPT_RESYNC_SECONDS`` (in steady state nothing changes
-but failures, which that catches, and deletions, which the sweep catches). The only per-attempt requests are the
-guest agent's health checks while an attempt boots (``running`` means the agent answered, not just the VMI): one
-chain of ``labs.tasks.await_agents`` per namespace with booting attempts, quick at first, then at the sync's pace,
-so neither the sync nor provisioning ever waits on a guest.
-
-Status derivation (``labs.services.observation``) follows the cluster: no VMI yet means still starting; a stopping
-attempt ends when its VMI is gone; a VMI that is Failed fails the attempt with the cluster's reason; a VM that
-cannot be scheduled or cannot pull its image fails the attempt once that has lasted its grace
-(``ATTEMPT_UNSCHEDULABLE_GRACE_SECONDS``, sized for an autoscaler, or ``ATTEMPT_FAILURE_GRACE_SECONDS``); a
-launcher pod the cluster refuses for good fails it at once.
-"""
+"""Following the cluster: one list of VMIs per namespace (never per attempt), mapped onto its attempts by
+``labs.services.observation``. A namespace with an attempt starting or stopping is listed on every sync, a steady
+one every ``ATTEMPT_RESYNC_SECONDS``."""
 
 from __future__ import annotations
 
@@ -81,9 +69,8 @@ def attempts_expire_due(*, now: datetime | None = None) -> int:
 
 
 def attempts_stop_left(*, now: datetime | None = None) -> int:
-    """Stop running attempts that no page of their student has had open for their lab's ``idle_stop_minutes``
-    (database only; their teardown grades them once more and deletes the VM). One query finds the candidates: no
-    page for the shortest limit any lab may set; each is then judged on its own lab's limit, under its row lock."""
+    """Stop running attempts no page has had open for their lab's ``idle_stop_minutes`` (database only): one query
+    finds those left for the shortest limit, each then judged on its own lab's."""
     now = now or timezone.now()
     candidates = (
         Attempt.objects.filter(state=AttemptState.RUNNING, lab__idle_stop_minutes__gt=0)
@@ -193,9 +180,7 @@ def _namespace_sync(*, namespace: str, report: SyncReport) -> SyncReport:
 
 
 def _looks_inconsistent(*, attempts: list[Attempt], by_name: dict[str | None, dict[str, Any]], now: datetime) -> bool:
-    """Does the list hint at what only the sweep may judge? A VMI of ours that no tracked attempt owns (an orphan),
-    or a started attempt with no VMI for a while (its VM may be gone, or merely restarting). The sweep decides
-    on the VMs themselves; this only brings it forward."""
+    """Whether the list hints at what only the sweep may judge (an orphan VMI, a started attempt without one)."""
     owned = {attempt.vm_name for attempt in attempts}
     for name, vmi in by_name.items():
         if name in owned or (vmi.get("metadata") or {}).get("deletionTimestamp"):
