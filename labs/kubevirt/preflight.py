@@ -200,77 +200,27 @@ def _image_volume_findings(facts: ClusterFacts, nodes: list[dict[str, Any]], ver
         "'container-disk ... no such file or directory'."
     )
     if server is not None and server < IMAGE_VOLUME_KUBERNETES:
-        return [
-            Finding(
-                ERROR,
-                "image_volume_unsupported",
-                " ".join(
-                    [
-                        what,
-                        _("Kubernetes %(server)s has no image volumes (they arrived in 1.31).")
-                        % {"server": facts.server_version},
-                        failure,
-                    ]
-                ),
-                fix,
-            )
-        ]
-    if runtimes and all(v is False for v in verdicts):
-        return [
-            Finding(
-                ERROR,
-                "image_volume_unsupported",
-                " ".join(
-                    [
-                        what,
-                        _("The nodes' container runtime (%(runtimes)s) cannot mount image volumes.")
-                        % {"runtimes": ", ".join(runtimes)},
-                        failure,
-                    ]
-                ),
-                fix,
-            )
-        ]
-    if any(v is False for v in verdicts):
-        lacking = [r for r, v in zip(runtimes, verdicts, strict=True) if v is False]
-        return [
-            Finding(
-                WARNING,
-                "image_volume_unsupported",
-                " ".join(
-                    [
-                        what,
-                        _(
-                            "Some nodes run a container runtime that cannot mount image volumes (%(runtimes)s); VMs "
-                            "scheduled there will fail."
-                        )
-                        % {"runtimes": ", ".join(lacking)},
-                        failure,
-                    ]
-                ),
-                fix,
-            )
-        ]
-    if not runtimes or any(v is None for v in verdicts):
-        return [
-            Finding(
-                WARNING,
-                "image_volume_unverified",
-                " ".join(
-                    [
-                        what,
-                        _(
-                            "The portal cannot tell whether the nodes' container runtime (%(runtimes)s) mounts image "
-                            "volumes."
-                        )
-                        % {"runtimes": ", ".join(r for r in runtimes if r) or "?"},
-                        failure,
-                    ]
-                ),
-                fix,
-            )
-        ]
-    return []
+        level, code = ERROR, "image_volume_unsupported"
+        why = _("Kubernetes %(server)s has no image volumes (they arrived in 1.31).") % {"server": facts.server_version}
+    elif runtimes and all(v is False for v in verdicts):
+        level, code = ERROR, "image_volume_unsupported"
+        why = _("The nodes' container runtime (%(runtimes)s) cannot mount image volumes.") % {
+            "runtimes": ", ".join(runtimes)
+        }
+    elif any(v is False for v in verdicts):
+        level, code = WARNING, "image_volume_unsupported"
+        why = _(
+            "Some nodes run a container runtime that cannot mount image volumes (%(runtimes)s); VMs "
+            "scheduled there will fail."
+        ) % {"runtimes": ", ".join(r for r, v in zip(runtimes, verdicts, strict=True) if v is False)}
+    elif not runtimes or any(v is None for v in verdicts):
+        level, code = WARNING, "image_volume_unverified"
+        why = _("The portal cannot tell whether the nodes' container runtime (%(runtimes)s) mounts image volumes.") % {
+            "runtimes": ", ".join(r for r in runtimes if r) or "?"
+        }
+    else:
+        return []
+    return [Finding(level, code, " ".join([what, why, failure]), fix)]
 
 
 def blocking(findings: list[Finding]) -> bool:
