@@ -1,5 +1,6 @@
 """Warm pools kept at their size: VMs made ahead of Starts (within the tenant's quota), asked until their agent
-answers, replaced when it stops or the cluster says they ended, drained when the pool is off or its lab closes."""
+answers, replaced when it stops or the cluster says they ended, drained when the pool is off or its lab closes;
+long-ended rows pruned, their figures kept on their pool."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Max, Min, Q
+from django.db.models import Count, F, Max, Min, Q
 from django.utils import timezone
 
 from labs.kubevirt import names, operations
 from labs.kubevirt.operations import ClusterError
 from labs.kubevirt.status import FINAL_PHASES
+from labs.models import FINAL_STATES
 from labs.pool_models import POOL_HOLDING_STATES, LabPool, PoolMode, PoolVm, PoolVmState, pool_vm_recipe
 from labs.services.agents import agents_answer
 from labs.services.provisioning import lab_vm_create
@@ -245,3 +247,37 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
             if pool_vm_end(pool_vm=pool_vm, reason=EndReason.BOOT_TIMEOUT, from_states=(PoolVmState.BOOTING,)):
                 report.deleted.append(pool_vm.vm_name)
     return report
+
+
+PRUNE_BATCH = 1000
+
+
+def pool_vms_prune(*, now: datetime | None = None) -> int:
+    """Delete up to ``PRUNE_BATCH`` long-ended pool VM rows, their figures kept on their pools; how many."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(days=settings.POOL_VM_RETENTION_DAYS)
+    ended = Q(state=PoolVmState.DELETED, ended_at__lt=cutoff) | Q(
+        Q(attempt__isnull=True) | Q(attempt__state__in=FINAL_STATES),
+        state=PoolVmState.CLAIMED,
+        claimed_at__lt=cutoff,
+    )
+    with transaction.atomic():
+        rows = list(
+            PoolVm.objects.select_for_update(of=("self",))
+            .filter(ended)
+            .order_by("id")
+            .only("id", "pool_id", "state", "created_at", "claimed_at", "ended_at", "attempt_id")[:PRUNE_BATCH]
+        )
+        if not rows:
+            return 0
+        figures: dict[int, tuple[int, float]] = {}
+        for row in rows:
+            hits, idle = figures.get(row.pool_id, (0, 0.0))
+            figures[row.pool_id] = (hits + (row.state == PoolVmState.CLAIMED), idle + row.idle_seconds(now))
+        for pool_id, (hits, idle) in figures.items():
+            LabPool.objects.filter(id=pool_id).update(
+                pruned_hits=F("pruned_hits") + hits, pruned_idle_seconds=F("pruned_idle_seconds") + idle
+            )
+        PoolVm.objects.filter(id__in=[row.id for row in rows]).delete()
+    logger.info("pruned %d pool VM rows ended more than %d days ago", len(rows), settings.POOL_VM_RETENTION_DAYS)
+    return len(rows)
