@@ -17,22 +17,20 @@ __all__ = ["REQUEST_TIMEOUT", "ClusterError", "cluster_error"]
 STRICT = "Strict"
 VMS = "virtualmachines"
 VMIS = "virtualmachineinstances"
-KUBEVIRT = (client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION)
+
+
+def _kubevirt(doing: str, method: str, *args: Any, metadata: bool = False, **kwargs: Any) -> Any:
+    """A call of the custom objects API on KubeVirt's group (``metadata``: asking for metadata only)."""
+    api = client.metadata_custom_objects() if metadata else client.custom_objects()
+    return api_call(doing, api, method, client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION, *args, **kwargs)
 
 
 def vm_create(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     """Create a VM; returns (the VM, created). A VM of that name already there is returned as it is."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    created = api_call(
-        f"creating VM {namespace}/{name}",
-        client.custom_objects(),
-        "create_namespaced_custom_object",
-        *KUBEVIRT,
-        namespace,
-        VMS,
-        dict(body),
-        field_validation=STRICT,
-        tolerate=409,
+    doing = f"creating VM {namespace}/{name}"
+    created = _kubevirt(
+        doing, "create_namespaced_custom_object", namespace, VMS, dict(body), field_validation=STRICT, tolerate=409
     )
     if created is not None:
         return created, True
@@ -43,32 +41,24 @@ def vm_create(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
 
 
 def vm_get(*, namespace: str, name: str) -> dict[str, Any] | None:
-    return api_call(
-        f"reading VM {namespace}/{name}",
-        client.custom_objects(),
-        "get_namespaced_custom_object",
-        *KUBEVIRT,
-        namespace,
-        VMS,
-        name,
-        tolerate=404,
-    )
+    doing = f"reading VM {namespace}/{name}"
+    return _kubevirt(doing, "get_namespaced_custom_object", namespace, VMS, name, tolerate=404)
 
 
 def vm_delete(*, namespace: str, name: str) -> bool:
     """Delete a VM (its VMI, launcher pod and, by ownerReference, its Secret follow). False if already gone."""
-    deleted = api_call(
-        f"deleting VM {namespace}/{name}",
-        client.custom_objects(),
-        "delete_namespaced_custom_object",
-        *KUBEVIRT,
-        namespace,
-        VMS,
-        name,
-        body={"propagationPolicy": "Foreground"},
-        tolerate=404,
+    doing = f"deleting VM {namespace}/{name}"
+    body = {"propagationPolicy": "Foreground"}
+    return (
+        _kubevirt(doing, "delete_namespaced_custom_object", namespace, VMS, name, body=body, tolerate=404) is not None
     )
-    return deleted is not None
+
+
+def vm_and_secret_delete(*, namespace: str, name: str) -> bool:
+    """Delete a VM and its cloud-init Secret (which its ownerReference may not name yet); False if the VM was gone."""
+    existed = vm_delete(namespace=namespace, name=name)
+    secret_delete(namespace=namespace, name=names.cloud_init_secret_name(name))
+    return existed
 
 
 def vm_label(*, namespace: str, name: str, labels: Mapping[str, str]) -> bool:
@@ -77,46 +67,28 @@ def vm_label(*, namespace: str, name: str, labels: Mapping[str, str]) -> bool:
     vm_patch = {"metadata": {"labels": dict(labels)}, "spec": {"template": {"metadata": {"labels": dict(labels)}}}}
     vmi_patch = {"metadata": {"labels": dict(labels)}}
     for plural, patch in ((VMS, vm_patch), (VMIS, vmi_patch)):
-        patched = api_call(
-            f"labelling {plural} {namespace}/{name}",
-            client.custom_objects(),
-            "patch_namespaced_custom_object",
-            *KUBEVIRT,
-            namespace,
-            plural,
-            name,
-            patch,
-            tolerate=404,
-        )
-        if patched is None:
+        doing = f"labelling {plural} {namespace}/{name}"
+        if _kubevirt(doing, "patch_namespaced_custom_object", namespace, plural, name, patch, tolerate=404) is None:
             return False
     return True
 
 
 def vmis_list(*, namespace: str) -> list[dict[str, Any]]:
     """The portal's VMIs in a namespace: one request, whatever the number of attempts."""
-    payload = api_call(
-        f"listing {VMIS} in {namespace}",
-        client.custom_objects(),
-        "list_namespaced_custom_object",
-        *KUBEVIRT,
-        namespace,
-        VMIS,
-        label_selector=names.MANAGED_SELECTOR,
-    )
+    doing = f"listing {VMIS} in {namespace}"
+    payload = _kubevirt(doing, "list_namespaced_custom_object", namespace, VMIS, label_selector=names.MANAGED_SELECTOR)
     return list(payload.get("items") or [])
 
 
 def vms_list(*, namespace: str) -> list[dict[str, Any]]:
     """The portal's VMs in a namespace, metadata only: the sweep reads names, labels and deletion marks."""
-    payload = api_call(
+    payload = _kubevirt(
         f"listing {VMS} in {namespace}",
-        client.metadata_custom_objects(),
         "list_namespaced_custom_object",
-        *KUBEVIRT,
         namespace,
         VMS,
         label_selector=names.MANAGED_SELECTOR,
+        metadata=True,
     )
     return list(payload.get("items") or [])
 
@@ -124,8 +96,9 @@ def vms_list(*, namespace: str) -> list[dict[str, Any]]:
 def secret_create(body: Mapping[str, Any]) -> bool:
     """Create the Secret; False when one of that name exists already (its content is the same attempt's)."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    doing = f"creating Secret {namespace}/{name}"
     created = api_call(
-        f"creating Secret {namespace}/{name}",
+        doing,
         client.core_v1(),
         "create_namespaced_secret",
         namespace,
@@ -139,8 +112,9 @@ def secret_create(body: Mapping[str, Any]) -> bool:
 def secret_set_owner(*, namespace: str, name: str, owner: Mapping[str, Any]) -> None:
     """Make the VM own its Secret, so the Secret goes when the VM goes, whoever deletes it (404: it went already)."""
     patch = [{"op": "add", "path": "/metadata/ownerReferences", "value": [dict(owner)]}]
+    doing = f"setting the owner of Secret {namespace}/{name}"
     api_call(
-        f"setting the owner of Secret {namespace}/{name}",
+        doing,
         client.core_v1(),
         "patch_namespaced_secret",
         name,
@@ -152,22 +126,16 @@ def secret_set_owner(*, namespace: str, name: str, owner: Mapping[str, Any]) -> 
 
 
 def secret_delete(*, namespace: str, name: str) -> bool:
-    deleted = api_call(
-        f"deleting Secret {namespace}/{name}",
-        client.core_v1(),
-        "delete_namespaced_secret",
-        name,
-        namespace,
-        tolerate=404,
-    )
-    return deleted is not None
+    doing = f"deleting Secret {namespace}/{name}"
+    return api_call(doing, client.core_v1(), "delete_namespaced_secret", name, namespace, tolerate=404) is not None
 
 
 def secrets_list(*, namespace: str) -> list[dict[str, Any]]:
     """The portal's Secrets in a namespace, metadata only: each holds a VM's whole cloud-init (about 50 KB)."""
+    api = client.metadata_core_v1()
     payload = api_call(
         f"listing Secrets in {namespace}",
-        client.metadata_core_v1(),
+        api,
         "list_namespaced_secret",
         namespace,
         label_selector=names.MANAGED_SELECTOR,
@@ -181,41 +149,21 @@ def namespace_bootstrap(
     """Create the tenant's namespace, its NetworkPolicies and its ResourceQuota; bring the quota's limits up to
     date when it exists. Existing objects are left as they are otherwise (an operator may have added to them)."""
     name = namespace["metadata"]["name"]
-    core = client.core_v1()
+    core, networking = client.core_v1(), client.networking_v1()
     api_call(
         f"creating namespace {name}", core, "create_namespace", dict(namespace), field_validation=STRICT, tolerate=409
     )
     for policy in policies:
-        api_call(
-            f"creating NetworkPolicy {name}/{policy['metadata']['name']}",
-            client.networking_v1(),
-            "create_namespaced_network_policy",
-            name,
-            dict(policy),
-            field_validation=STRICT,
-            tolerate=409,
-        )
+        doing = f"creating NetworkPolicy {name}/{policy['metadata']['name']}"
+        create = "create_namespaced_network_policy"
+        api_call(doing, networking, create, name, dict(policy), field_validation=STRICT, tolerate=409)
     quota_name = quota["metadata"]["name"]
-    created = api_call(
-        f"creating ResourceQuota {name}/{quota_name}",
-        core,
-        "create_namespaced_resource_quota",
-        name,
-        dict(quota),
-        field_validation=STRICT,
-        tolerate=409,
-    )
-    if created is None:
+    doing = f"creating ResourceQuota {name}/{quota_name}"
+    create = "create_namespaced_resource_quota"
+    if api_call(doing, core, create, name, dict(quota), field_validation=STRICT, tolerate=409) is None:
         patch = [{"op": "replace", "path": "/spec/hard", "value": dict(quota["spec"]["hard"])}]
-        api_call(
-            f"updating ResourceQuota {name}",
-            core,
-            "patch_namespaced_resource_quota",
-            quota_name,
-            name,
-            patch,
-            field_validation=STRICT,
-        )
+        doing = f"updating ResourceQuota {name}"
+        api_call(doing, core, "patch_namespaced_resource_quota", quota_name, name, patch, field_validation=STRICT)
 
 
 def events_for(*, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -234,10 +182,3 @@ def node_cordoned(name: str) -> bool:
     """Whether the node is cordoned (``spec.unschedulable``: a drain under way or done); False for a node gone."""
     node = api_call(f"reading node {name}", client.core_v1(), "read_node", name, tolerate=404)
     return bool(((node or {}).get("spec") or {}).get("unschedulable"))
-
-
-def vm_and_secret_delete(*, namespace: str, name: str) -> bool:
-    """Delete a VM and its cloud-init Secret (which its ownerReference may not name yet); False if the VM was gone."""
-    existed = vm_delete(namespace=namespace, name=name)
-    secret_delete(namespace=namespace, name=names.cloud_init_secret_name(name))
-    return existed
