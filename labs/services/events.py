@@ -77,14 +77,16 @@ _sender = _Sender()
 
 def send_to_group(group: str, message: dict[str, Any], *, hold: float = 0.0) -> None:
     """Send ``message`` to a group without waiting (in order with this process's others); ``hold``: see above."""
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    if isinstance(layer, InMemoryChannelLayer):
-        # The in-memory layer's queues belong to the web server's loop: send there at once.
-        async_to_sync(layer.group_send)(group, message)
-        return
-    _sender.submit(layer, group, message, hold=hold)
+    try:
+        layer = get_channel_layer()
+        if isinstance(layer, InMemoryChannelLayer):
+            # The in-memory layer's queues belong to the web server's loop: send there at once.
+            async_to_sync(layer.group_send)(group, message)
+        elif layer is not None:
+            _sender.submit(layer, group, message, hold=hold)
+    except Exception:
+        # The page also polls its status; a lost push delays the browser, it loses no state.
+        logger.warning("could not push %s to %s", message.get("type"), group, exc_info=True)
 
 
 def attempt_group(attempt_id: int) -> str:
@@ -102,14 +104,8 @@ CLASS_CHANGED_HOLD_SECONDS = 0.5
 
 def class_changed_on_commit(*, lab_id: int) -> None:
     """After commit, tell the lab's class views that one of its attempts changed (they render the table anew)."""
-
-    def push() -> None:
-        try:
-            send_to_group(lab_class_group(lab_id), {"type": "class.changed"}, hold=CLASS_CHANGED_HOLD_SECONDS)
-        except Exception:
-            logger.warning("could not tell the class view of lab %s", lab_id, exc_info=True)
-
-    transaction.on_commit(push)
+    message = {"type": "class.changed"}
+    transaction.on_commit(lambda: send_to_group(lab_class_group(lab_id), message, hold=CLASS_CHANGED_HOLD_SECONDS))
 
 
 def attempt_push_on_commit(*, attempt: Attempt, hold: float = 0.0) -> None:
@@ -125,16 +121,7 @@ def attempt_push_on_commit(*, attempt: Attempt, hold: float = 0.0) -> None:
     }
     if wording:
         message["wording"] = wording
-    group = attempt_group(attempt.id)
-
-    def push() -> None:
-        try:
-            send_to_group(group, message, hold=hold)
-        except Exception:
-            # The page also polls its status; a lost push delays the browser, it loses no state.
-            logger.warning("could not push attempt.update to %s", group, exc_info=True)
-
-    transaction.on_commit(push)
+    transaction.on_commit(lambda: send_to_group(attempt_group(attempt.id), message, hold=hold))
     if "lab_id" not in attempt.get_deferred_fields():  # reading a deferred lab_id would cost a query
         class_changed_on_commit(lab_id=attempt.lab_id)
 
