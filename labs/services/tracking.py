@@ -5,8 +5,6 @@ one every ``ATTEMPT_RESYNC_SECONDS``."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -123,27 +121,16 @@ def attempts_sync(*, now: datetime | None = None) -> SyncReport:
     return report
 
 
-@contextmanager
-def _namespace_lock(namespace: str) -> Iterator[bool]:
-    """One sync of a namespace at a time (beat and follow-ups would only repeat the same list)."""
-    key = NAMESPACE_LOCK_KEY.format(namespace=namespace)
-    held = cache.add(key, "1", timeout=NAMESPACE_LOCK_SECONDS)
-    try:
-        yield held
-    finally:
-        if held:
-            cache.delete(key)
-
-
 def namespace_sync(*, namespace: str) -> SyncReport:
-    """List the namespace's VMIs once and bring each of its tracked attempts up to date. Skipped (``skipped``
-    set) while another sync of the same namespace runs."""
-    report = SyncReport(namespaces=[namespace])
-    with _namespace_lock(namespace) as held:
-        if not held:
-            report.skipped = True
-            return report
-        return _namespace_sync(namespace=namespace, report=report)
+    """List the namespace's VMIs once and bring each of its tracked attempts up to date; ``skipped`` while another
+    sync of the namespace runs (it would only repeat the same list)."""
+    key = NAMESPACE_LOCK_KEY.format(namespace=namespace)
+    if not cache.add(key, "1", timeout=NAMESPACE_LOCK_SECONDS):
+        return SyncReport(namespaces=[namespace], skipped=True)
+    try:
+        return _namespace_sync(namespace=namespace, report=SyncReport(namespaces=[namespace]))
+    finally:
+        cache.delete(key)
 
 
 def _namespace_sync(*, namespace: str, report: SyncReport) -> SyncReport:
@@ -164,14 +151,8 @@ def _namespace_sync(*, namespace: str, report: SyncReport) -> SyncReport:
     by_name: dict[str | None, dict[str, Any]] = {(vmi.get("metadata") or {}).get("name"): vmi for vmi in vmis}
     for attempt in attempts:
         outcome = attempt_observe(attempt=attempt, vmi=by_name.get(attempt.vm_name), now=now)
-        if outcome == Outcome.AWAITING_AGENT:
-            report.awaiting_agent += 1
-        elif outcome == Outcome.FAILED:
-            report.failed += 1
-        elif outcome == Outcome.ENDED:
-            report.ended += 1
-        elif outcome == Outcome.CHANGED:
-            report.changed += 1
+        if outcome != Outcome.UNCHANGED:  # the other outcomes are named as the report's counts
+            setattr(report, outcome, getattr(report, outcome) + 1)
     if report.awaiting_agent:
         agent_wait_start(namespace=namespace)
     if _looks_inconsistent(attempts=attempts, by_name=by_name, now=now):
@@ -182,13 +163,14 @@ def _namespace_sync(*, namespace: str, report: SyncReport) -> SyncReport:
 def _looks_inconsistent(*, attempts: list[Attempt], by_name: dict[str | None, dict[str, Any]], now: datetime) -> bool:
     """Whether the list hints at what only the sweep may judge (an orphan VMI, a started attempt without one)."""
     owned = {attempt.vm_name for attempt in attempts}
-    for name, vmi in by_name.items():
-        if name in owned or (vmi.get("metadata") or {}).get("deletionTimestamp"):
-            continue
-        if (
-            name is None or names.pool_vm_id_from_vm_name(name) is None
-        ):  # a warm pool's VMs are the periodic sweep's to judge
-            return True
+    # A warm pool's VMs are the periodic sweep's to judge.
+    if any(
+        name not in owned
+        and not (vmi.get("metadata") or {}).get("deletionTimestamp")
+        and (name is None or names.pool_vm_id_from_vm_name(name) is None)
+        for name, vmi in by_name.items()
+    ):
+        return True
     settle = now - timedelta(seconds=VANISHED_AFTER_SECONDS)
     return any(
         attempt.state in (AttemptState.STARTING, AttemptState.RUNNING)
