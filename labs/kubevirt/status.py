@@ -28,10 +28,7 @@ IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 CONTAINER_DISK_SIGNATURE = "container-disk"
 
 
-# Synchronized=False reasons of virt-controller (pkg/virt-controller/watch/vmi/lifecycle.go) for a launcher pod that
-# was not made. A Pod Security refusal and a manifest that cannot be rendered end the attempt at once with KubeVirt's
-# message; a pod refused by a ResourceQuota waits (it fits once another VM of the namespace has gone), and so does
-# any other FailedCreate, for the grace.
+# Synchronized=False reasons of virt-controller for a launcher pod that was not made.
 POD_NOT_CREATED_REASONS = (
     "FailedCreate",
     "FailedCreateValidation",
