@@ -4,17 +4,19 @@ that outlasted its grace (in the cluster's words), waiting for the agent, a rest
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.utils import timezone
+from django.conf import settings
+from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
 from labs.kubevirt import explain, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, AttemptState
 from labs.services.events import attempt_push_on_commit
-from labs.services.provisioning import attempt_end, attempt_fail, attempt_language
+from labs.services.provisioning import attempt_end, attempt_fail
 from labs.states import attempt_transition
 from labs.wording import in_every_language, node_drained, with_cluster_words
 
@@ -69,12 +71,16 @@ def _fail_restarted(attempt: Attempt) -> str:
             detail,
         )
 
+    return _fail(attempt, reason)
+
+
+def _fail(attempt: Attempt, reason: Callable[[], str]) -> str:
     return Outcome.FAILED if attempt_fail(attempt_id=attempt.id, reason=reason) else Outcome.UNCHANGED
 
 
 def attempt_observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> str:
     """Apply what the attempt's VMI (or its absence) says, in the attempt's language and in each; an ``Outcome``."""
-    with attempt_language(attempt.language):
+    with translation.override(attempt.language or settings.LANGUAGE_CODE):
         return _observe(attempt=attempt, vmi=vmi, now=now)
 
 
@@ -105,29 +111,15 @@ def _observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> 
         _apply(attempt, changes, to=to)
         failure = explain.failed_vmi_words(vmi)
         if attempt.state == AttemptState.RUNNING:
-
-            def reason() -> str:
-                return _("The VM stopped unexpectedly.") + " " + failure()
-        else:
-
-            def reason() -> str:
-                return failure() + " " + start_again_hint()
-
-        return Outcome.FAILED if attempt_fail(attempt_id=attempt.id, reason=reason) else Outcome.UNCHANGED
+            return _fail(attempt, lambda: _("The VM stopped unexpectedly.") + " " + failure())
+        return _fail(attempt, lambda: failure() + " " + start_again_hint())
 
     if attempt.state != AttemptState.RUNNING:
         if observation.problem:
             since = observation.problem_since or now
             if observation.problem_final or (now - since).total_seconds() >= status.grace_seconds(observation):
                 _apply(attempt, changes, to=to)
-                return (
-                    Outcome.FAILED
-                    if attempt_fail(
-                        attempt_id=attempt.id,
-                        reason=lambda: _problem(vmi) + " " + start_again_hint(),
-                    )
-                    else Outcome.UNCHANGED
-                )
+                return _fail(attempt, lambda: _problem(vmi) + " " + start_again_hint())
             message = _problem
         elif observation.running:
             message = _waiting_for_agent

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Case, Value, When
-from django.utils import timezone, translation
+from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from labs.kubevirt import manifests, names, operations
@@ -27,11 +27,6 @@ logger = logging.getLogger(__name__)
 
 # The ``provisioning`` push is held this long: making the VM usually takes less, and the page gets ``starting`` alone.
 PROVISIONING_PUSH_HOLD_SECONDS = 1.0
-
-
-def attempt_language(language: str):
-    """Work in an attempt's ``language`` (the default when it has none), the language of its text fields."""
-    return translation.override(language or settings.LANGUAGE_CODE)
 
 
 def attempt_fail(*, attempt_id: int, reason: Callable[[], str], from_states: tuple[str, ...] = ACTIVE_STATES) -> bool:
