@@ -47,15 +47,10 @@ def requeue_requested(*, report: SweepReport, now: datetime) -> None:
             "Start it again; this attempt does not count against your limit."
         ) % {"minutes": max(1, timeout // 60)}
 
-    for attempt_id in Attempt.objects.filter(state=AttemptState.REQUESTED, requested_at__lt=given_up).values_list(
-        "id", flat=True
-    ):
-        if attempt_fail(attempt_id=attempt_id, reason=reason, from_states=(AttemptState.REQUESTED,)):
-            report.timed_out.append(attempt_id)
-    cutoff = now - timedelta(seconds=provision_redelivery_seconds())
-    for attempt_id in Attempt.objects.filter(state=AttemptState.REQUESTED, requested_at__lt=cutoff).values_list(
-        "id", flat=True
-    ):
+    requested = Attempt.objects.filter(state=AttemptState.REQUESTED).values_list("id", flat=True)
+    for attempt_id in requested.filter(requested_at__lt=given_up):
+        _fail(attempt_id, into=report.timed_out, reason=reason, from_states=(AttemptState.REQUESTED,))
+    for attempt_id in requested.filter(requested_at__lt=now - timedelta(seconds=provision_redelivery_seconds())):
         _queue_again(provision_attempt, attempt_id, report=report)
 
 
@@ -70,59 +65,54 @@ def _queue_again(task: Any, attempt_id: int, *, report: SweepReport) -> None:
     report.requeued.append(attempt_id)
 
 
+def _fail(attempt_id: int, *, into: list[int], reason: Callable[[], str], from_states: tuple[str, ...]) -> None:
+    if attempt_fail(attempt_id=attempt_id, reason=reason, from_states=from_states):
+        into.append(attempt_id)
+
+
 def attempt_sweep(
     *, attempt: Attempt, vm: dict[str, Any] | None, listed_at: datetime, now: datetime, report: SweepReport
 ) -> None:
     from labs.tasks import provision_attempt, teardown_attempt
 
-    provision_cutoff = now - timedelta(seconds=provision_redelivery_seconds())
+    timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
+    timed_out = attempt.requested_at < now - timedelta(seconds=timeout)
+    stale = now - timedelta(seconds=provision_redelivery_seconds())
     if attempt.state == AttemptState.PROVISIONING:
-        timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
-        if attempt.requested_at < now - timedelta(seconds=timeout):
-            # Queued again sweep after sweep and still not through: say so instead of retrying for ever.
-            if attempt_fail(
-                attempt_id=attempt.id,
+        if timed_out:  # queued again sweep after sweep and still not through: say so instead of retrying for ever
+            _fail(
+                attempt.id,
+                into=report.timed_out,
                 reason=lambda: _start_timed_out(timeout),
                 from_states=(AttemptState.PROVISIONING,),
-            ):
-                report.timed_out.append(attempt.id)
-        elif attempt.updated_at < provision_cutoff:
+            )
+        elif attempt.updated_at < stale:
             _queue_again(provision_attempt, attempt.id, report=report)  # a worker died mid-provision
-        return
-    if attempt.state in (AttemptState.STARTING, AttemptState.RUNNING):
-        made_before_list = attempt.provisioned_at is not None and attempt.provisioned_at < listed_at
-        if vm is None and made_before_list:
-            if attempt_fail(
-                attempt_id=attempt.id,
+    elif attempt.state in (AttemptState.STARTING, AttemptState.RUNNING):
+        if vm is None and attempt.provisioned_at is not None and attempt.provisioned_at < listed_at:
+            _fail(
+                attempt.id,
+                into=report.vanished,
                 reason=lambda: _("The VM was deleted outside the portal."),
                 from_states=(AttemptState.STARTING, AttemptState.RUNNING),
-            ):
-                report.vanished.append(attempt.id)
-            return
-        timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
-        if attempt.state == AttemptState.STARTING and attempt.requested_at < now - timedelta(seconds=timeout):
+            )
+        elif attempt.state == AttemptState.STARTING and timed_out:
             detail = start_failure_detail(attempt=attempt, vm_listed=vm is not None)
-
-            def reason() -> str:
-                return with_cluster_words(_start_timed_out(timeout), detail())
-
-            if attempt_fail(attempt_id=attempt.id, reason=reason, from_states=(AttemptState.STARTING,)):
-                report.timed_out.append(attempt.id)
-        return
-    if attempt.state == AttemptState.STOPPING:
-        if vm is None:
-            if attempt.vm_deleted_at is None:
-                # Nothing to grade or delete; let the teardown (queued or lost) finish the bookkeeping.
-                stale = now - timedelta(seconds=provision_redelivery_seconds())
-                if attempt.stopping_at and attempt.stopping_at < stale and attempt_end(attempt_id=attempt.id):
-                    report.ended.append(attempt.id)
-                return
+            _fail(
+                attempt.id,
+                into=report.timed_out,
+                reason=lambda: with_cluster_words(_start_timed_out(timeout), detail()),
+                from_states=(AttemptState.STARTING,),
+            )
+    elif attempt.state == AttemptState.STOPPING and vm is None:
+        # With no deletion asked for yet, the teardown (queued or lost) finishes the bookkeeping unless long stale.
+        if attempt.vm_deleted_at is not None or (attempt.stopping_at and attempt.stopping_at < stale):
             if attempt_end(attempt_id=attempt.id):
                 report.ended.append(attempt.id)
-            return
-        teardown_cutoff = now - timedelta(seconds=teardown_redelivery_seconds())
+    elif attempt.state == AttemptState.STOPPING and vm is not None:
         since = attempt.vm_deleted_at or attempt.stopping_at
-        if since is not None and since < teardown_cutoff and not (vm.get("metadata") or {}).get("deletionTimestamp"):
+        lost = since is not None and since < now - timedelta(seconds=teardown_redelivery_seconds())
+        if lost and not (vm.get("metadata") or {}).get("deletionTimestamp"):
             _queue_again(teardown_attempt, attempt.id, report=report)
 
 
