@@ -59,16 +59,14 @@ def pools_refill(*, now: datetime | None = None) -> PoolReport:
     for pool in pools.filter(Q(holding__gt=0) | ~Q(mode=PoolMode.OFF)):
         stale = PoolVm.objects.filter(pool=pool, state__in=POOL_HOLDING_STATES).exclude(recipe=pool_vm_recipe(pool.lab))
         for pool_vm in stale:
-            if pool_vm_end(pool_vm=pool_vm, reason=EndReason.STALE):
-                report.deleted.append(pool_vm.vm_name)
+            if pool_vm_end(pool_vm=pool_vm, reason=EndReason.STALE, report=report):
                 pool.holding -= 1
         target = pool.target(now)
         if pool.holding > target:
             # Booting ones first (they cost the least to give up), then the most recently ready.
             extra = PoolVm.objects.filter(pool=pool, state__in=POOL_HOLDING_STATES).order_by("-state", "-id")
             for pool_vm in extra[: pool.holding - target]:
-                if pool_vm_end(pool_vm=pool_vm, reason=EndReason.DRAINED):
-                    report.deleted.append(pool_vm.vm_name)
+                pool_vm_end(pool_vm=pool_vm, reason=EndReason.DRAINED, report=report)
             continue
         if target > pool.holding and refill_held(pool=pool, now=now):
             report.held.append(pool.id)
@@ -160,7 +158,13 @@ def _put_on_cluster(pool_vm: PoolVm) -> None:
     )
 
 
-def pool_vm_end(*, pool_vm: PoolVm, reason: str, from_states: tuple[str, ...] = POOL_HOLDING_STATES) -> bool:
+def pool_vm_end(
+    *,
+    pool_vm: PoolVm,
+    reason: str,
+    from_states: tuple[str, ...] = POOL_HOLDING_STATES,
+    report: PoolReport | None = None,
+) -> bool:
     """Take an unclaimed VM out of the pool (freeing its quota at once) and delete it; False if claimed or ended."""
     ended = PoolVm.objects.filter(id=pool_vm.id, state__in=from_states).update(
         state=PoolVmState.DELETED, ended_at=timezone.now(), end_reason=reason
@@ -168,6 +172,8 @@ def pool_vm_end(*, pool_vm: PoolVm, reason: str, from_states: tuple[str, ...] = 
     if not ended:
         return False
     logger.info("pool VM %s/%s ended: %s", pool_vm.namespace, pool_vm.vm_name, reason)
+    if report is not None:
+        report.deleted.append(pool_vm.vm_name)
     pool_vm_delete_on_cluster(pool_vm=pool_vm)
     return True
 
@@ -219,8 +225,8 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
         return report
     ended = _ended_on_cluster(vms, report)
     for pool_vm in vms:
-        if pool_vm.id in ended and pool_vm_end(pool_vm=pool_vm, reason=ended[pool_vm.id]):
-            report.deleted.append(pool_vm.vm_name)
+        if pool_vm.id in ended:
+            pool_vm_end(pool_vm=pool_vm, reason=ended[pool_vm.id], report=report)
     due = now - timedelta(seconds=settings.POOL_READY_CHECK_SECONDS)
     asked = [
         pool_vm
@@ -241,11 +247,11 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
             ):
                 report.ready.append(pool_vm.vm_name)
         elif pool_vm.state == PoolVmState.READY and not answers_now:
-            if pool_vm_end(pool_vm=pool_vm, reason=EndReason.AGENT_LOST, from_states=(PoolVmState.READY,)):
-                report.deleted.append(pool_vm.vm_name)
+            pool_vm_end(pool_vm=pool_vm, reason=EndReason.AGENT_LOST, from_states=(PoolVmState.READY,), report=report)
         elif pool_vm.state == PoolVmState.BOOTING and pool_vm.created_at < boot_limit:
-            if pool_vm_end(pool_vm=pool_vm, reason=EndReason.BOOT_TIMEOUT, from_states=(PoolVmState.BOOTING,)):
-                report.deleted.append(pool_vm.vm_name)
+            pool_vm_end(
+                pool_vm=pool_vm, reason=EndReason.BOOT_TIMEOUT, from_states=(PoolVmState.BOOTING,), report=report
+            )
     return report
 
 
