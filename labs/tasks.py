@@ -140,8 +140,7 @@ def sync_namespace(namespace: str, follow_up: float | None = None) -> dict:
 @shared_task(bind=True, acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
 def await_agents(self, namespace: str, step: int = 0, waiting_before: int = 0, asked_at: float | None = None) -> dict:
     """Ask the namespace's booting agents for ``/healthz`` and, while some do not answer, again after a countdown
-    (no worker waits on a guest); more waiting than last round means new VMs: back to the quick pace. Run eagerly,
-    it asks once and leaves the rest to the next sync."""
+    (back to the quick pace when more wait than last round); run eagerly, it asks once."""
     began = time.time()
     since = None if asked_at is None else max(0.0, began - asked_at)
     try:

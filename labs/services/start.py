@@ -99,11 +99,8 @@ def _is_one_active_violation(error: IntegrityError) -> bool:
 
 def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
     """Start an attempt of ``lab`` for the student ``actor`` (``role``: theirs in its course, if the caller read it).
-
-    Every start of a tenant waits for the tenant's row lock, so the lock is held for two round trips only: the
-    rows are written first, then the lock is taken, one aggregate counts the tenant's active attempts (this one
-    included) and the transaction commits; a start over the quota rolls back. What depends on no other start is
-    decided before, and the queueing runs after the commit."""
+    The tenant's row lock is held for two round trips only: the rows are written first, then the lock is taken and
+    one aggregate counts the tenant's active attempts (this one included); a start over the quota rolls back."""
     course = lab.course
     if role is None:
         role = course_role(user=actor, course=course)
