@@ -31,11 +31,9 @@ class SyncHeartbeat:
 
 
 def _as_datetime(value: object) -> datetime | None:
-    """Read a heartbeat timestamp written as epoch seconds, an ISO 8601 string, or a datetime."""
+    """Read a heartbeat timestamp written as epoch seconds or an ISO 8601 string."""
     if value is None:
         return None
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
     if isinstance(value, int | float):
         return datetime.fromtimestamp(float(value), tz=UTC)
     if isinstance(value, str):

@@ -95,33 +95,29 @@ def assess(facts: ClusterFacts) -> list[Finding]:
                 )
             )
 
-    if facts.nodes:
-        kvm_nodes = [n for n in facts.nodes if _node_allocatable(n, KVM_RESOURCE) > 0]
-        if not kvm_nodes:
-            if developer.get("useEmulation"):
-                findings.append(
-                    Finding(
-                        WARNING,
-                        "software_emulation",
-                        _("No node offers KVM; KubeVirt emulates the CPU in software, so lab VMs will be very slow."),
-                        _("Run the portal's VMs on nodes with hardware virtualisation."),
-                    )
-                )
-            else:
-                findings.append(
-                    Finding(
-                        ERROR,
-                        "no_kvm",
-                        _("No node offers KVM (allocatable %(resource)s), so no VM can be scheduled.")
-                        % {"resource": KVM_RESOURCE},
-                        _(
-                            "Enable hardware virtualisation (or nested virtualisation) on the nodes and check that "
-                            "virt-handler runs there; for a test cluster only, set useEmulation in the KubeVirt CR."
-                        ),
-                    )
-                )
-    else:
-        kvm_nodes = []
+    kvm_nodes = [n for n in facts.nodes if _node_allocatable(n, KVM_RESOURCE) > 0]
+    if facts.nodes and not kvm_nodes and developer.get("useEmulation"):
+        findings.append(
+            Finding(
+                WARNING,
+                "software_emulation",
+                _("No node offers KVM; KubeVirt emulates the CPU in software, so lab VMs will be very slow."),
+                _("Run the portal's VMs on nodes with hardware virtualisation."),
+            )
+        )
+    elif facts.nodes and not kvm_nodes:
+        findings.append(
+            Finding(
+                ERROR,
+                "no_kvm",
+                _("No node offers KVM (allocatable %(resource)s), so no VM can be scheduled.")
+                % {"resource": KVM_RESOURCE},
+                _(
+                    "Enable hardware virtualisation (or nested virtualisation) on the nodes and check that "
+                    "virt-handler runs there; for a test cluster only, set useEmulation in the KubeVirt CR."
+                ),
+            )
+        )
 
     findings.extend(_pod_security_findings(facts.namespaces, kubevirt))
     findings.extend(
