@@ -116,7 +116,9 @@ def namespace_sweep(*, tenant: Tenant, report: SweepReport, now: datetime) -> No
     }
     attempt_ids = {i for _vm, (kind, i) in owners.values() if kind == "attempt"}
     attempt_ids |= {row.attempt_id for row in pool_rows.values() if row.attempt_id}
-    attempt_ids |= {names.attempt_id_from_labels((s.get("metadata") or {}).get("labels")) for s in secrets} - {None}
+    for secret in secrets:
+        if (attempt_id := names.attempt_id_from_labels((secret.get("metadata") or {}).get("labels"))) is not None:
+            attempt_ids.add(attempt_id)
     known = {
         a.id: a
         for a in Attempt.objects.filter(id__in=attempt_ids).only("id", "state", "tenant_id", "vm_deleted_at", "vm_name")
@@ -130,11 +132,9 @@ def namespace_sweep(*, tenant: Tenant, report: SweepReport, now: datetime) -> No
         row = pool_rows.get(owner_id) if kind == "pool" else None
         if row is not None and row.state in POOL_HOLDING_STATES:
             continue
-        if kind == "attempt":
-            attempt = known.get(owner_id)
-        else:  # a claimed pool VM belongs to its attempt
-            claimed = row is not None and row.state == PoolVmState.CLAIMED and row.attempt_id
-            attempt = known.get(row.attempt_id) if claimed else None
+        attempt = known.get(owner_id) if kind == "attempt" else None
+        if row is not None and row.state == PoolVmState.CLAIMED and row.attempt_id:  # it belongs to its attempt
+            attempt = known.get(row.attempt_id)
             attempt = attempt if attempt is not None and attempt.vm_name == name else None
         if held(attempt):
             kept[name] = vm
@@ -169,14 +169,13 @@ def _secret_orphaned(
     attempt_id, pool_vm_id = names.attempt_id_from_labels(labels), names.pool_vm_id_from_labels(labels)
     if attempt_id is not None:
         vm_name = names.vm_name(attempt_id)
-    elif pool_vm_id is not None:
-        vm_name = names.pool_vm_name(pool_vm_id)
-    else:
+        ours = metadata.get("name") == names.cloud_init_secret_name(vm_name)
+        return ours and vm_name not in vm_names and not held(known.get(attempt_id))
+    if pool_vm_id is None:
         return False
+    vm_name = names.pool_vm_name(pool_vm_id)
     if metadata.get("name") != names.cloud_init_secret_name(vm_name) or vm_name in vm_names:
         return False
-    if attempt_id is not None:
-        return not held(known.get(attempt_id))
     created = parse_datetime(metadata.get("creationTimestamp") or "")
     if created is None or created > now - POOL_SECRET_MIN_AGE or metadata.get("deletionTimestamp"):
         return False
