@@ -107,15 +107,7 @@ def pool_vm_create(*, pool: LabPool) -> PoolVm | None:
     with transaction.atomic():
         locked = tenant_locked(tenant.id)
         totals = tenant_totals(tenant_id=tenant.id, student=None)
-        refusal = quota_refusal(
-            tenant=locked,
-            used_vms=totals.vms,
-            used_vcpus=totals.vcpus,
-            used_memory=totals.memory,
-            vcpus=guest.vcpus,
-            memory_mib=launcher.memory_mib,
-        )
-        if refusal is not None:
+        if quota_refusal(tenant=locked, used=totals, vcpus=guest.vcpus, memory_mib=launcher.memory_mib) is not None:
             return None
         pool_vm = PoolVm.objects.create(
             pool=pool,

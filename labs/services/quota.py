@@ -71,10 +71,17 @@ def per_student_cap_message(*, student: User, tenant: Tenant) -> str:
     return per_student_refusal(running=going["running"], stopping=going["stopping"]).message
 
 
-def quota_refusal(
-    *, tenant: Tenant, used_vms: int, used_vcpus: int, used_memory: int, vcpus: int, memory_mib: int
-) -> Unavailable | None:
+class TenantTotals(NamedTuple):
+    vms: int
+    vcpus: int
+    memory: int
+    students: int  # the student's own active attempts
+    stopping: int  # of which stopping
+
+
+def quota_refusal(*, tenant: Tenant, used: TenantTotals, vcpus: int, memory_mib: int) -> Unavailable | None:
     """The refusal when one more VM of this shape would pass any of the tenant's limits, else None."""
+    used_vms, used_vcpus, used_memory = used.vms, used.vcpus, used.memory
     reasons = []
     if used_vms + 1 > tenant.max_concurrent_vms:
         reasons.append(_("all %(limit)d lab VMs are in use") % {"limit": tenant.max_concurrent_vms})
@@ -92,14 +99,6 @@ def quota_refusal(
         code="quota_full",
         retry_after=retry_after_seconds(),
     )
-
-
-class TenantTotals(NamedTuple):
-    vms: int
-    vcpus: int
-    memory: int
-    students: int  # the student's own active attempts
-    stopping: int  # of which stopping
 
 
 def tenant_locked(tenant_id: int) -> Tenant:

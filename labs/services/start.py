@@ -13,7 +13,6 @@ from django.utils.translation import gettext as _
 
 from labs.kubevirt import names
 from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab, extra_cloud_init_problem
-from labs.pool_models import LabPool
 from labs.services.events import on_commit_logged
 from labs.services.namespaces import tenant_namespace_ready
 from labs.services.pool_claim import pool_give_way, pool_miss_record, pool_vm_claim
@@ -73,15 +72,6 @@ def _my_attempts(*, student: User, lab: Lab) -> dict:
     )
 
 
-def _has_pool(lab: Lab) -> bool:
-    """Whether the lab has a warm pool (read with the lab by the lab page's Start, else one query)."""
-    try:
-        lab.pool  # noqa: B018 - the access is the check
-    except LabPool.DoesNotExist:
-        return False
-    return True
-
-
 def _already_active(*, attempt_id: int | None) -> Conflict:
     return Conflict(
         _("You already have an attempt of this lab in progress."),
@@ -129,7 +119,7 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
         raise Conflict(_("This course is not ready yet; your instructor has been told."), code="course_not_ready")
     check_start_throttle()
     number = (mine["number"] or 0) + 1
-    pooled = _has_pool(lab)
+    pooled = hasattr(lab, "pool")  # read with the lab by the lab page's Start, else one query
 
     try:
         with transaction.atomic():
@@ -168,14 +158,11 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
                 raise per_student_refusal(running=totals.students - 1, stopping=totals.stopping)
 
             def refusal_at(totals: TenantTotals) -> Unavailable | None:
-                return quota_refusal(
-                    tenant=tenant,
-                    used_vms=totals.vms - 1,
-                    used_vcpus=totals.vcpus - guest.vcpus,
-                    used_memory=totals.memory - launcher.memory_mib,
-                    vcpus=guest.vcpus,
-                    memory_mib=launcher.memory_mib,
+                # The totals count this attempt already: the rest is what it would be added to.
+                others = totals._replace(
+                    vms=totals.vms - 1, vcpus=totals.vcpus - guest.vcpus, memory=totals.memory - launcher.memory_mib
                 )
+                return quota_refusal(tenant=tenant, used=others, vcpus=guest.vcpus, memory_mib=launcher.memory_mib)
 
             refusal = refusal_at(totals)
             if refusal is not None:
