@@ -75,7 +75,6 @@ class ClusterUnavailable(AgentError):
 @dataclass(frozen=True)
 class AgentResponse:
     status: int
-    headers: dict[str, str]
     body: bytes
 
     def json(self) -> Any:
@@ -290,7 +289,7 @@ def _read_response(connection: http.client.HTTPConnection, stream: _Portforward)
         raise AgentBadResponse(f"the agent's answer is not HTTP: {exc!r}"[:200]) from None
     if len(body) > MAX_RESPONSE_BYTES:
         raise too_big
-    return AgentResponse(status=response.status, headers={k.lower(): v for k, v in response.getheaders()}, body=body)
+    return AgentResponse(status=response.status, body=body)
 
 
 def _connect(target: StreamTarget, *, timeout_s: float) -> websocket.WebSocket:
