@@ -1,35 +1,23 @@
-"""Client for the in-guest grading agent: HTTP/1.1 over a WebSocket to the VMI's ``portforward/<port>/tcp``
-subresource (KubeVirt has no exec into a VM), one request per connection. ``healthz``, ``run_checks``,
-``rotate_token`` and ``set_tty_size`` are synchronous; failures raise an ``AgentError`` whose ``code`` names the cause
-(``labs.agent_http``)."""
+"""Client for the in-guest grading agent: HTTP/1.1 (``http.client``) over a WebSocket to the VMI's
+``portforward/<port>/tcp`` subresource (KubeVirt has no exec into a VM), one request per connection. Failures raise
+an ``AgentError`` whose ``code`` names the cause."""
 
 from __future__ import annotations
 
+import http.client
+import io
+import json
 import socket
 import ssl
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
 import websocket
 from django.conf import settings
 
-from labs.agent_http import (
-    AgentBadResponse,
-    AgentBusy,
-    AgentError,
-    AgentNotAnswering,
-    AgentResponse,
-    AgentTimeout,
-    AgentTokenRejected,
-    ClusterUnavailable,
-    HTTPResponseParser,
-    VMNotRunning,
-    build_request,
-    expect_ok_json,
-    handshake_error,
-)
 from labs.kubevirt.client import StreamTarget, stream_target, vmi_subresource_path
 
 # Per check, beyond its own timeout: the agent waits this long between SIGTERM and SIGKILL for a check that ran
@@ -40,6 +28,60 @@ REQUEST_MARGIN_S = 10.0
 HEALTHZ_TIMEOUT_S = 5.0
 TTY_SIZE_TIMEOUT_S = 3.0
 CLOSE_TIMEOUT_S = 0.5
+# 100 checks with 64 KiB of stdout and of stderr each come to about 13 MiB; anything past this is not the agent.
+MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+
+
+class AgentError(Exception):
+    """The agent could not be asked or did not answer usefully. ``code`` is stable; the message is for logs and
+    for the run's error text shown to staff."""
+
+    code = "agent_error"
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class VMNotRunning(AgentError):
+    code = "vm_not_running"
+
+
+class AgentNotAnswering(AgentError):
+    code = "agent_not_answering"
+
+
+class AgentTimeout(AgentError):
+    code = "agent_timeout"
+
+
+class AgentTokenRejected(AgentError):
+    code = "agent_token_rejected"
+
+
+class AgentBusy(AgentError):
+    code = "agent_busy"
+
+
+class AgentBadResponse(AgentError):
+    code = "agent_bad_response"
+
+
+class ClusterUnavailable(AgentError):
+    code = "cluster_unavailable"
+
+
+@dataclass(frozen=True)
+class AgentResponse:
+    status: int
+    body: bytes
+
+    def json(self) -> Any:
+        try:
+            return json.loads(self.body.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise AgentBadResponse(f"the agent's answer is not JSON: {exc}", status=self.status) from None
 
 
 class AgentTarget(Protocol):
@@ -62,9 +104,9 @@ def run_deadline_s(timeouts_s: Sequence[float]) -> float:
     return float(sum(timeouts_s)) + PER_CHECK_GRACE_S * len(timeouts_s) + REQUEST_MARGIN_S
 
 
-def portforward_path(*, namespace: str, vmi_name: str, port: int | None = None) -> str:
-    port = settings.AGENT_PORT if port is None else port
-    return vmi_subresource_path(namespace=namespace, name=vmi_name, subresource=f"portforward/{port}/tcp")
+def deadline_for_checks(checks: Sequence[CheckLike]) -> float:
+    """The deadline :func:`run_checks` applies to ``checks`` (used to judge when a run is stuck)."""
+    return run_deadline_s([c.timeout_s for c in checks]) if checks else REQUEST_MARGIN_S
 
 
 def healthz(attempt: AgentTarget, *, timeout_s: float = HEALTHZ_TIMEOUT_S) -> dict[str, Any]:
@@ -90,33 +132,43 @@ def rotate_token(target: AgentTarget, *, new_token: str, timeout_s: float = HEAL
 def set_tty_size(attempt: AgentTarget, *, rows: int, cols: int, timeout_s: float = TTY_SIZE_TIMEOUT_S) -> None:
     """Set the guest's serial console to ``rows`` x ``cols`` (the agent's ``/v1/tty-size``)."""
     body = {"rows": rows, "cols": cols}
-    response = agent_request(attempt, method="POST", path="/v1/tty-size", json_body=body, timeout_s=timeout_s)
-    expect_ok_json(response)
+    expect_ok_json(agent_request(attempt, method="POST", path="/v1/tty-size", json_body=body, timeout_s=timeout_s))
 
 
 def run_checks(attempt: AgentTarget, checks: Sequence[CheckLike]) -> list[dict[str, Any]]:
-    """Run ``checks`` in the guest; return the agent's result for each, in the same order.
-
-    Ids sent to the agent are the checks' primary keys as strings. The overall deadline is
-    :func:`run_deadline_s` of the checks' timeouts.
-    """
+    """Run ``checks`` in the guest (sent with their primary keys as ids); the agent's result for each, in order."""
     if not checks:
         return []
     body = {"checks": [{"id": str(c.pk), "command": c.command, "timeout_s": c.timeout_s} for c in checks]}
-    deadline = run_deadline_s([c.timeout_s for c in checks])
-    response = agent_request(attempt, method="POST", path="/v1/run", json_body=body, timeout_s=deadline)
+    response = agent_request(
+        attempt, method="POST", path="/v1/run", json_body=body, timeout_s=deadline_for_checks(checks)
+    )
     payload = expect_ok_json(response)
     results = payload.get("results") if isinstance(payload, dict) else None
     if not isinstance(results, list):
         raise AgentBadResponse("the agent's answer has no list of results", status=response.status)
-    by_id: dict[str, dict[str, Any]] = {}
-    for result in results:
-        if isinstance(result, dict) and isinstance(result.get("id"), str):
-            by_id[result["id"]] = result
+    by_id = {r["id"]: r for r in results if isinstance(r, dict) and isinstance(r.get("id"), str)}
     missing = [str(c.pk) for c in checks if str(c.pk) not in by_id]
     if missing:
         raise AgentBadResponse(f"the agent returned no result for checks {', '.join(missing)}", status=200)
     return [by_id[str(c.pk)] for c in checks]
+
+
+def expect_ok_json(response: AgentResponse) -> Any:
+    """The answer's JSON when the agent answered 200, else the error its status stands for."""
+    if response.status == 200:
+        return response.json()
+    try:
+        payload = json.loads(response.body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        payload = response.body[:200].decode("utf-8", errors="replace")
+    detail = payload["error"] if isinstance(payload, dict) and isinstance(payload.get("error"), str) else payload
+    detail = str(detail)[:300]
+    if response.status == 401:
+        raise AgentTokenRejected(f"the agent rejected the attempt's token: {detail}", status=401)
+    if response.status == 429:
+        raise AgentBusy(f"the agent is busy: {detail}", status=429)
+    raise AgentBadResponse(f"the agent answered {response.status}: {detail}", status=response.status)
 
 
 def agent_request(
@@ -130,51 +182,114 @@ def agent_request(
     """One HTTP request to the attempt's agent through the portforward subresource."""
     if not attempt.vm_name or not attempt.namespace:
         raise VMNotRunning("the attempt has no virtual machine")
+    port = f"portforward/{settings.AGENT_PORT}/tcp"
     try:
-        target = stream_target(portforward_path(namespace=attempt.namespace, vmi_name=attempt.vm_name))
+        target = stream_target(
+            vmi_subresource_path(namespace=attempt.namespace, name=attempt.vm_name, subresource=port)
+        )
     except Exception as exc:  # ClusterNotConfigured, a kubeconfig that cannot be read, a token refresh failing
         raise ClusterUnavailable(f"cannot configure the cluster client: {exc}") from exc
-    return http_over_websocket(
-        target, method=method, path=path, token=attempt.agent_token, json_body=json_body, timeout_s=timeout_s
-    )
-
-
-def http_over_websocket(
-    target: StreamTarget,
-    *,
-    method: str,
-    path: str,
-    token: str,
-    json_body: Mapping[str, Any] | None = None,
-    timeout_s: float,
-) -> AgentResponse:
-    """Open the portforward WebSocket at ``target``, send one HTTP request, read one response, close."""
     deadline = time.monotonic() + timeout_s
     ws = _connect(target, timeout_s=min(timeout_s, REQUEST_MARGIN_S))
+    stream = _Portforward(
+        ws, deadline=deadline, late=f"the agent did not answer {method} {path} within {timeout_s:.0f} s"
+    )
+    headers = {"Authorization": f"Bearer {attempt.agent_token}", "Accept": "application/json", "Connection": "close"}
+    body = None
+    if json_body is not None:
+        body = json.dumps(json_body, ensure_ascii=False).encode("utf-8")
+        headers["Content-Type"] = "application/json"
     try:
-        ws.send_binary(build_request(method=method, path=path, token=token, json_body=json_body))
-        parser = HTTPResponseParser()
-        while not parser.complete:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AgentTimeout(f"the agent did not answer {method} {path} within {timeout_s:.0f} s")
-            ws.settimeout(remaining)
-            try:
-                opcode, data = ws.recv_data(control_frame=False)
-            except websocket.WebSocketTimeoutException:
-                raise AgentTimeout(f"the agent did not answer {method} {path} within {timeout_s:.0f} s") from None
-            except (websocket.WebSocketConnectionClosedException, ConnectionError, OSError) as exc:
-                parser.feed_eof(reason=str(exc) or type(exc).__name__)
-                break
-            if opcode == websocket.ABNF.OPCODE_CLOSE:
-                parser.feed_eof(reason="the portforward stream was closed")
-                break
-            if opcode == websocket.ABNF.OPCODE_BINARY:
-                parser.feed(data)
-            # Text frames carry nothing on a portforward stream; pings are answered by recv_data.
-        return parser.response()
+        connection = _AgentConnection(stream)
+        connection.request(method, path, body=body, headers=headers)
+        return _read_response(connection, stream)
     finally:
-        _close_quietly(ws)
+        try:
+            ws.close(timeout=CLOSE_TIMEOUT_S)
+        except Exception:  # noqa: S110  the answer is already in hand; a failed close frame changes nothing
+            pass
+
+
+class _Portforward(io.RawIOBase):
+    """An open portforward WebSocket as the socket ``http.client`` writes to and reads from: the agent's bytes
+    come in binary frames, and nothing more is waited for after ``deadline``."""
+
+    def __init__(self, ws: websocket.WebSocket, *, deadline: float, late: str) -> None:
+        super().__init__()
+        self._ws = ws
+        self._deadline = deadline
+        self._late = late
+        self._pending = b""
+        self.ended = ""  # why the stream ended, once it has
+
+    def sendall(self, data: bytes) -> None:
+        self._ws.send_binary(data)
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(self)
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        """Nothing: ``http.client`` closes its socket before the body is read, and the WebSocket is closed by
+        ``agent_request``."""
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending and not self.ended:
+            remaining = self._deadline - time.monotonic()
+            if remaining <= 0:
+                raise AgentTimeout(self._late)
+            self._ws.settimeout(remaining)
+            try:
+                opcode, data = self._ws.recv_data(control_frame=False)
+            except websocket.WebSocketTimeoutException:
+                raise AgentTimeout(self._late) from None
+            except (websocket.WebSocketConnectionClosedException, OSError) as exc:
+                self.ended = str(exc) or type(exc).__name__
+            else:
+                if opcode == websocket.ABNF.OPCODE_CLOSE:
+                    self.ended = "the portforward stream was closed"
+                elif opcode == websocket.ABNF.OPCODE_BINARY:
+                    self._pending = data
+                # Text frames carry nothing on a portforward stream; pings are answered by recv_data.
+        count = min(len(buffer), len(self._pending))
+        buffer[:count] = self._pending[:count]
+        self._pending = self._pending[count:]
+        return count
+
+
+class _AgentConnection(http.client.HTTPConnection):
+    """HTTP/1.1 to the agent over an open portforward stream instead of a TCP connection of its own."""
+
+    def __init__(self, stream: _Portforward) -> None:
+        super().__init__("localhost", settings.AGENT_PORT)
+        self._stream = stream
+
+    def connect(self) -> None:
+        self.sock = self._stream
+
+
+def _read_response(connection: http.client.HTTPConnection, stream: _Portforward) -> AgentResponse:
+    too_big = AgentBadResponse(f"the agent's answer exceeds {MAX_RESPONSE_BYTES} bytes")
+    try:
+        response = connection.getresponse()
+        length = response.getheader("Content-Length", "")
+        if length.isdigit() and int(length) > MAX_RESPONSE_BYTES:
+            raise too_big
+        # With a Content-Length, http.client says when the answer is cut short; without, at most the cap is read.
+        body = response.read(None if length.isdigit() else MAX_RESPONSE_BYTES + 1)
+    except http.client.RemoteDisconnected:
+        raise AgentNotAnswering(f"the agent closed the connection without answering ({stream.ended})") from None
+    except http.client.IncompleteRead as exc:
+        raise AgentBadResponse(
+            f"the agent's answer was cut off after {len(exc.partial)} bytes ({stream.ended})"
+        ) from None
+    except http.client.HTTPException as exc:
+        raise AgentBadResponse(f"the agent's answer is not HTTP: {exc!r}"[:200]) from None
+    if len(body) > MAX_RESPONSE_BYTES:
+        raise too_big
+    return AgentResponse(status=response.status, body=body)
 
 
 def _connect(target: StreamTarget, *, timeout_s: float) -> websocket.WebSocket:
@@ -203,45 +318,30 @@ def _connect(target: StreamTarget, *, timeout_s: float) -> websocket.WebSocket:
             **proxy,
         )
     except websocket.WebSocketBadStatusException as exc:
-        raise handshake_error(status=exc.status_code, body=exc.resp_body, fallback=str(exc)) from None
-    except websocket.WebSocketTimeoutException:
+        raise _handshake_error(status=exc.status_code, body=exc.resp_body, fallback=str(exc)) from None
+    except (websocket.WebSocketTimeoutException, TimeoutError):
         raise AgentTimeout(f"the cluster did not open the portforward stream within {timeout_s:.0f} s") from None
     except (ConnectionRefusedError, socket.gaierror) as exc:
         raise ClusterUnavailable(f"cannot reach the cluster API at {target.url.split('/apis/')[0]}: {exc}") from None
     except ssl.SSLError as exc:
         raise ClusterUnavailable(f"TLS with the cluster API failed: {exc}") from None
-    except TimeoutError:
-        raise AgentTimeout(f"the cluster did not open the portforward stream within {timeout_s:.0f} s") from None
     except (websocket.WebSocketException, OSError) as exc:
         raise ClusterUnavailable(f"cannot open the portforward stream: {exc}") from None
 
 
-def _close_quietly(ws: websocket.WebSocket) -> None:
+def _handshake_error(*, status: int, body: bytes | str | None, fallback: str) -> AgentError:
+    """The error for a portforward WebSocket the cluster refused with ``status``."""
+    text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body or ""
     try:
-        ws.close(timeout=CLOSE_TIMEOUT_S)
-    except Exception:  # noqa: S110  the answer is already in hand; a failed close frame changes nothing
-        pass
-
-
-def deadline_for_checks(checks: Sequence[CheckLike]) -> float:
-    """The deadline :func:`run_checks` applies to ``checks`` (used to judge when a run is stuck)."""
-    return run_deadline_s([c.timeout_s for c in checks]) if checks else REQUEST_MARGIN_S
-
-
-__all__ = [
-    "AgentBadResponse",
-    "AgentBusy",
-    "AgentError",
-    "AgentNotAnswering",
-    "AgentResponse",
-    "AgentTimeout",
-    "AgentTokenRejected",
-    "ClusterUnavailable",
-    "VMNotRunning",
-    "agent_request",
-    "deadline_for_checks",
-    "healthz",
-    "http_over_websocket",
-    "run_checks",
-    "run_deadline_s",
-]
+        said = json.loads(text)["message"]
+    except (ValueError, TypeError, KeyError):
+        said = text.strip()
+    message = (said if isinstance(said, str) else text.strip())[:300] or fallback
+    if status in (400, 404, 409):
+        return VMNotRunning(f"the virtual machine is not running ({status}: {message})", status=status)
+    if status in (401, 403):
+        return ClusterUnavailable(f"the cluster refused the portal's credentials ({status}: {message})", status=status)
+    if status in (500, 502, 503):
+        # virt-api dials the guest before upgrading: nothing listening on the agent port shows up here.
+        return AgentNotAnswering(f"the agent is not answering ({status}: {message})", status=status)
+    return AgentBadResponse(f"the portforward stream was refused ({status}: {message})", status=status)

@@ -56,6 +56,7 @@ def reset_cluster_probe() -> None:
 def _probe_cluster(*, timeout: float) -> tuple[str, ComponentStatus]:
     """GET /version on the API server with the portal's credentials, no retries, within ``timeout`` seconds."""
     from labs.kubevirt import client as kube_client
+    from portal.metrics import record_cluster_api_error
 
     started = time.monotonic()
     try:
@@ -68,83 +69,46 @@ def _probe_cluster(*, timeout: float) -> tuple[str, ComponentStatus]:
             say(gettext_noop("No cluster is configured (no in-cluster account and no readable kubeconfig).")),
         )
     cfg = api.configuration
-    if cfg.refresh_api_key_hook is not None:  # bound service-account tokens rotate
-        cfg.refresh_api_key_hook(cfg)
-    headers = {"Accept": "application/json"}
-    for auth in cfg.auth_settings().values():
-        if auth.get("in") == "header" and auth.get("value"):
-            headers[auth["key"]] = auth["value"]
     host = cfg.host.rstrip("/")
     try:
         response = api.rest_client.pool_manager.request(
             "GET",
             f"{host}/version",
-            headers=headers,
+            headers={"Accept": "application/json", **kube_client.auth_headers(cfg)},
             retries=False,
             timeout=urllib3.Timeout(connect=timeout, read=timeout),
         )
-    except urllib3.exceptions.NewConnectionError as exc:  # a subclass of the timeout error, but a refusal
-        _count_cluster_error(reason="connection")
-        logger.warning("Readiness: cluster /version failed: %s", exc)
-        return host, ComponentStatus(
-            "cluster",
-            False,
-            say(gettext_noop("The cluster API is not reachable (the connection failed).")),
-            elapsed_ms(started),
-        )
-    except urllib3.exceptions.TimeoutError as exc:
-        _count_cluster_error(reason="timeout")
-        logger.warning("Readiness: cluster /version timed out: %s", exc)
-        return host, ComponentStatus(
-            "cluster",
-            False,
-            say(gettext_noop("The cluster API did not answer within %(seconds)s seconds."), seconds=f"{timeout:g}"),
-            elapsed_ms(started),
-        )
     except urllib3.exceptions.HTTPError as exc:
-        _count_cluster_error(reason="connection")
+        # A refused connection is a subclass of the timeout error, but it is no timeout.
+        timed_out = isinstance(exc, urllib3.exceptions.TimeoutError) and not isinstance(
+            exc, urllib3.exceptions.NewConnectionError
+        )
+        record_cluster_api_error(operation="version", reason="timeout" if timed_out else "connection")
         logger.warning("Readiness: cluster /version failed: %s", exc)
+        if timed_out:
+            message = say(
+                gettext_noop("The cluster API did not answer within %(seconds)s seconds."), seconds=f"{timeout:g}"
+            )
+        else:
+            message = say(gettext_noop("The cluster API is not reachable (the connection failed)."))
+        return host, ComponentStatus("cluster", False, message, elapsed_ms(started))
+    if response.status == 200:
         return host, ComponentStatus(
-            "cluster",
-            False,
-            say(gettext_noop("The cluster API is not reachable (the connection failed).")),
-            elapsed_ms(started),
+            "cluster", True, say(gettext_noop("The cluster API answered.")), elapsed_ms(started)
         )
-    elapsed = elapsed_ms(started)
+    record_cluster_api_error(operation="version", reason=str(response.status))
     if response.status in (401, 403):
-        _count_cluster_error(reason=str(response.status))
-        return host, ComponentStatus(
-            "cluster",
-            False,
-            say(
-                gettext_noop("The cluster API refused the portal's credentials (HTTP %(status)s)."),
-                status=response.status,
-            ),
-            elapsed,
+        message = say(
+            gettext_noop("The cluster API refused the portal's credentials (HTTP %(status)s)."), status=response.status
         )
-    if response.status != 200:
-        _count_cluster_error(reason=str(response.status))
-        return host, ComponentStatus(
-            "cluster",
-            False,
-            say(gettext_noop("The cluster API answered with an error (HTTP %(status)s)."), status=response.status),
-            elapsed,
-        )
-    return host, ComponentStatus("cluster", True, say(gettext_noop("The cluster API answered.")), elapsed)
-
-
-def _count_cluster_error(*, reason: str) -> None:
-    from portal.metrics import record_cluster_api_error
-
-    record_cluster_api_error(operation="version", reason=reason)
+    else:
+        message = say(gettext_noop("The cluster API answered with an error (HTTP %(status)s)."), status=response.status)
+    return host, ComponentStatus("cluster", False, message, elapsed_ms(started))
 
 
 def check_cluster(*, max_age: float | None = None) -> ComponentStatus:
-    """The cluster probe's result, at most ``max_age`` seconds old (HEALTH_CLUSTER_CACHE_SECONDS by default).
-
-    Remembered per process and per API server address, so a probe every second from several load balancers
-    costs the API server one request every few seconds.
-    """
+    """The cluster probe's result, at most ``max_age`` seconds old (HEALTH_CLUSTER_CACHE_SECONDS by default),
+    remembered per process and API server address: load balancers probing every second cost a request every few."""
     global _cluster_cached
     max_age = settings.HEALTH_CLUSTER_CACHE_SECONDS if max_age is None else max_age
     with _cluster_lock:

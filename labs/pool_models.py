@@ -60,7 +60,9 @@ class LabPool(models.Model):
         """How many unclaimed VMs the pool should hold now: none when off, outside its schedule or while the
         lab is closed."""
         now = now or timezone.now()
-        if self.mode == PoolMode.OFF or not self.lab.is_open(now) and not _opens_later(self.lab, now):
+        # A scheduled pool warms up before the lab opens (the class begins at the opening): that is not "closed".
+        opens_later = bool(self.lab.opens_at and now < self.lab.opens_at)
+        if self.mode == PoolMode.OFF or not self.lab.is_open(now) and not opens_later:
             return 0
         if self.mode == PoolMode.SCHEDULED:
             if not self.starts_at or not self.ends_at or not self.starts_at <= now < self.ends_at:
@@ -72,11 +74,6 @@ def pool_vm_recipe(lab: Lab) -> str:
     """A digest of the lab's settings that go into its VMs: image, size, CPU model, extra cloud-init."""
     recipe = json.dumps([lab.image, lab.size, lab.nested_virtualization, lab.extra_cloud_init])
     return hashlib.sha256(recipe.encode("utf-8")).hexdigest()
-
-
-def _opens_later(lab: Lab, now: datetime) -> bool:
-    # A scheduled pool warms up before the lab opens (the class begins at the opening): that is not "closed".
-    return bool(lab.opens_at and now < lab.opens_at)
 
 
 class PoolVmState(models.TextChoices):

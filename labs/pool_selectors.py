@@ -51,7 +51,7 @@ class PoolStats:
 
 def pool_stats(*, tenant_ids: Iterable[int] | None = None, now: datetime | None = None) -> list[PoolStats]:
     """One row per pool that is on or has ever held a VM (of ``tenant_ids``, else every tenant). Hits and idle
-    VM-seconds include those of pruned rows (``labs.services.pool_pruning``)."""
+    VM-seconds include those of pruned rows (``labs.services.pools.pool_vms_prune``)."""
     now = now or timezone.now()
     pools = LabPool.objects.select_related("lab__course__tenant").annotate(
         ready=Count("vms", filter=Q(vms__state=PoolVmState.READY)),
@@ -66,11 +66,9 @@ def pool_stats(*, tenant_ids: Iterable[int] | None = None, now: datetime | None 
     pools = pools.order_by("lab__course__tenant__name", "lab__title")
     idle: dict[int, float] = {}
     # Python rather than SQL: duration sums differ between PostgreSQL and SQLite.
-    for pool_id, created, claimed, ended in PoolVm.objects.filter(pool__in=[p.id for p in pools]).values_list(
-        "pool_id", "created_at", "claimed_at", "ended_at"
-    ):
-        end = claimed or ended or now
-        idle[pool_id] = idle.get(pool_id, 0.0) + max(0.0, (end - created).total_seconds())
+    vms = PoolVm.objects.filter(pool__in=[p.id for p in pools]).only("pool_id", "created_at", "claimed_at", "ended_at")
+    for vm in vms:
+        idle[vm.pool_id] = idle.get(vm.pool_id, 0.0) + vm.idle_seconds(now)
     return [
         PoolStats(
             lab_id=pool.lab_id,

@@ -1,12 +1,5 @@
 """The attempt's state machine: the transition table, and ``attempt_transition``, the one function that writes
-``Attempt.state`` (a conditional update on the expected from-states; the change pushed to the pages on commit).
-
-Flags and locks kept in the cache, none of them an attempt's state (each expires by itself):
-``labs:final-grading-done:<attempt>`` (a teardown's final grading returned; its retry does not grade again),
-``labs:follow-up:<namespace>:<delay>``, ``labs:agent-wait:<namespace>``, ``labs:sync:namespace:<namespace>``,
-``labs:sweep-soon:<namespace>``, ``labs:sweep-idle:<namespace>``, ``labs:sweep-secrets:<namespace>``,
-``labs:sync:lock`` and ``labs:sweep:lock`` (one list, sweep or agent check of a namespace at a time).
-"""
+``Attempt.state`` (the cache holds flags and locks only, never an attempt's state)."""
 
 from __future__ import annotations
 
@@ -55,12 +48,9 @@ def attempt_transition(
     hold: float = 0.0,
     **fields: Any,
 ) -> Attempt | None:
-    """Move the attempt to ``to`` if it is still in one of ``from_states`` (default: every state the table allows),
-    writing ``fields``, ``to``'s timestamp and ``updated_at`` in the same update; the update is pushed to its pages
-    on commit (``hold``: see ``labs.services.events``). Returns the attempt as written, or None when it had moved on.
-
-    Given an ``Attempt``, it is updated in place (``fields`` must then be plain values); given an id, it is read
-    back after the update."""
+    """Move the attempt to ``to`` if it is still in one of ``from_states`` (default: all the table allows), writing
+    ``fields`` and ``to``'s timestamp in the same update, pushed to its pages on commit. Returns the attempt as
+    written (an ``Attempt`` given is updated in place; an id is read back), or None when it had moved on."""
     from labs.services.events import attempt_push_on_commit
 
     allowed = TRANSITIONS.get(to, frozenset())

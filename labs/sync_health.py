@@ -15,10 +15,8 @@ from labs.health import ComponentStatus, check_cluster, say
 
 logger = logging.getLogger(__name__)
 
-# The contract with the lifecycle's sync task (labs.tasks): after each pass it stores the time it finished
-# (epoch seconds, or an ISO 8601 string) under SYNC_LAST_SUCCESS_KEY; after a failed pass it stores
-# {"at": <epoch seconds>, "message": <text>} under SYNC_LAST_ERROR_KEY. record_sync_success() and
-# record_sync_error() write exactly that.
+# After each pass the sync task stores when it finished (epoch seconds, or an ISO 8601 string) under the first;
+# after a failed pass, {"at": <epoch seconds>, "message": <text>} under the second.
 SYNC_LAST_SUCCESS_KEY = "labs:sync:last_success"
 SYNC_LAST_ERROR_KEY = "labs:sync:last_error"
 # Kept well past any sensible staleness limit, so that "stale" and "never ran" stay distinguishable.
@@ -33,11 +31,9 @@ class SyncHeartbeat:
 
 
 def _as_datetime(value: object) -> datetime | None:
-    """Read a heartbeat timestamp written as epoch seconds, an ISO 8601 string, or a datetime."""
+    """Read a heartbeat timestamp written as epoch seconds or an ISO 8601 string."""
     if value is None:
         return None
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
     if isinstance(value, int | float):
         return datetime.fromtimestamp(float(value), tz=UTC)
     if isinstance(value, str):
@@ -100,63 +96,44 @@ def check_sync(*, now: datetime | None = None) -> ComponentStatus:
         )
     if beat.last_success is None:
         if beat.last_error_at is not None:
-            return ComponentStatus(
-                "sync",
-                False,
-                say(
-                    gettext_noop("The attempt sync loop has never succeeded; its last pass failed %(failed)s s ago."),
-                    failed=_seconds_ago(now, beat.last_error_at),
-                ),
+            message = say(
+                gettext_noop("The attempt sync loop has never succeeded; its last pass failed %(failed)s s ago."),
+                failed=_seconds_ago(now, beat.last_error_at),
             )
-        return ComponentStatus(
-            "sync",
-            False,
-            say(gettext_noop("The attempt sync loop has not run yet (is the Celery worker and beat running?).")),
-        )
-    age = (now - beat.last_success).total_seconds()
-    error_at = beat.last_error_at
-    failed_since = error_at is not None and error_at > beat.last_success
+        else:
+            message = say(
+                gettext_noop("The attempt sync loop has not run yet (is the Celery worker and beat running?).")
+            )
+        return ComponentStatus("sync", False, message)
     succeeded = _seconds_ago(now, beat.last_success)
-    failed = _seconds_ago(now, error_at) if error_at is not None and failed_since else None
-    if age > max_age:
-        if failed_since:
-            return ComponentStatus(
-                "sync",
-                False,
-                say(
-                    gettext_noop(
-                        "The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s); its "
-                        "last pass failed %(failed)s s ago."
-                    ),
-                    succeeded=succeeded,
-                    limit=max_age,
-                    failed=failed,
-                ),
-            )
-        return ComponentStatus(
-            "sync",
-            False,
-            say(
-                gettext_noop("The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s)."),
-                succeeded=succeeded,
-                limit=max_age,
+    error_at = beat.last_error_at
+    failed = _seconds_ago(now, error_at) if error_at is not None and error_at > beat.last_success else None
+    stale = (now - beat.last_success).total_seconds() > max_age
+    if stale and failed is not None:
+        message = say(
+            gettext_noop(
+                "The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s); its "
+                "last pass failed %(failed)s s ago."
             ),
+            succeeded=succeeded,
+            limit=max_age,
+            failed=failed,
         )
-    if failed_since:
-        return ComponentStatus(
-            "sync",
-            True,
-            say(
-                gettext_noop(
-                    "The attempt sync loop succeeded %(succeeded)s s ago. Its last pass failed %(failed)s s ago."
-                ),
-                succeeded=succeeded,
-                failed=failed,
-            ),
+    elif stale:
+        message = say(
+            gettext_noop("The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s)."),
+            succeeded=succeeded,
+            limit=max_age,
         )
-    return ComponentStatus(
-        "sync", True, say(gettext_noop("The attempt sync loop succeeded %(succeeded)s s ago."), succeeded=succeeded)
-    )
+    elif failed is not None:
+        message = say(
+            gettext_noop("The attempt sync loop succeeded %(succeeded)s s ago. Its last pass failed %(failed)s s ago."),
+            succeeded=succeeded,
+            failed=failed,
+        )
+    else:
+        message = say(gettext_noop("The attempt sync loop succeeded %(succeeded)s s ago."), succeeded=succeeded)
+    return ComponentStatus("sync", not stale, message)
 
 
 def _seconds_ago(now: datetime, then: datetime) -> int:
@@ -168,11 +145,8 @@ SYNC_DELAYED = "sync"
 
 
 def cluster_trouble() -> str | None:
-    """``CLUSTER_NOT_ANSWERING``, ``SYNC_DELAYED`` or None when all is well.
-
-    Reads only the remembered cluster probe (refreshed at most every few seconds) and the sync heartbeat, so a
-    page can call it on every render.
-    """
+    """``CLUSTER_NOT_ANSWERING``, ``SYNC_DELAYED`` or None when all is well; cheap enough for every page render
+    (the remembered cluster probe and the heartbeat)."""
     if not check_cluster().ok:
         return CLUSTER_NOT_ANSWERING
     if not check_sync().ok:

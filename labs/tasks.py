@@ -1,12 +1,12 @@
 """Celery tasks of the attempt lifecycle, each a thin call to a service: provision, teardown, sync, agent waits and
-sweeps. They are idempotent and ``acks_late`` (a lost worker means a redelivery that converges), and retry
-transient cluster errors with capped backoff; called directly, they are plain functions."""
+sweeps; idempotent, and retrying transient cluster errors with capped backoff."""
 
 from __future__ import annotations
 
 import logging
 import secrets
 import time
+from dataclasses import asdict
 
 from celery import shared_task
 from celery.signals import worker_ready
@@ -33,10 +33,8 @@ SWEEP_LOCK_KEY = "labs:sweep:lock"
 
 @worker_ready.connect
 def forget_pass_locks(**_kwargs) -> None:
-    """A worker killed in the middle of a sync or a sweep (SIGKILL, out of memory, its node lost) leaves that pass's
-    locks behind until they expire, up to the task time limit: the restarted worker would skip every sync and sweep
-    meanwhile, just when the cluster most needs looking at. A worker that starts drops them; at worst a pass still
-    running on another worker overlaps once with a new one, which the services tolerate (they are idempotent)."""
+    """Drop the pass locks a killed worker left behind, which would make its successor skip every sync and sweep
+    until they expire; at worst a pass still running elsewhere overlaps once with a new one (they are idempotent)."""
     from django.db import connection
 
     from labs.models import TenantNamespace
@@ -122,22 +120,13 @@ def sync_attempts() -> dict:
     finally:
         cache.delete(SYNC_LOCK_KEY)
     _record_heartbeat(report.errors)
-    return {
-        "namespaces": len(report.namespaces),
-        "changed": report.changed,
-        "awaiting_agent": report.awaiting_agent,
-        "failed": report.failed,
-        "ended": report.ended,
-        "expired": report.expired,
-        "left": report.left,
-        "errors": report.errors,
-    }
+    return {**asdict(report), "namespaces": len(report.namespaces)}
 
 
 @shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
 def sync_namespace(namespace: str, follow_up: float | None = None) -> dict:
-    """List one namespace now: a follow-up after VMs were created there (``follow_up``, its delay), or a list
-    asked for by the agent checks."""
+    """List one namespace now: a follow-up after VMs were made there (``follow_up``: its delay), or for the agent
+    checks."""
     if follow_up is not None:
         follow_ups.follow_up_begins(namespace=namespace, delay=follow_up)
     try:
@@ -145,21 +134,13 @@ def sync_namespace(namespace: str, follow_up: float | None = None) -> dict:
     except ClusterError as error:
         logger.info("follow-up sync of %s failed (%s); the beat sync will retry", namespace, error.message)
         return {"error": error.message}
-    return {
-        "skipped": report.skipped,
-        "awaiting_agent": report.awaiting_agent,
-        "changed": report.changed,
-        "failed": report.failed,
-    }
+    return asdict(report)
 
 
 @shared_task(bind=True, acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
 def await_agents(self, namespace: str, step: int = 0, waiting_before: int = 0, asked_at: float | None = None) -> dict:
-    """Ask the booting agents of a namespace for ``/healthz``; while some do not answer, ask again a little later
-    (a countdown, never a sleep: no worker is held by a booting guest). More attempts waiting than last round
-    means new VMs came up: back to the quick pace. Each round asks only the agents due a question
-    (``agents.agent_ask_due``, from ``asked_at``, when the previous round began). Run eagerly (no broker timer) it
-    asks once and leaves the next round to the next sync."""
+    """Ask the namespace's booting agents for ``/healthz`` and, while some do not answer, again after a countdown
+    (back to the quick pace when more wait than last round); run eagerly, it asks once."""
     began = time.time()
     since = None if asked_at is None else max(0.0, began - asked_at)
     try:
@@ -178,23 +159,10 @@ def await_agents(self, namespace: str, step: int = 0, waiting_before: int = 0, a
     return {"running": running, "waiting": waiting}
 
 
-def _sweep_summary(report: sweeping.SweepReport) -> dict:
-    return {
-        "namespaces": report.namespaces,
-        "orphan_vms_deleted": report.orphan_vms_deleted,
-        "orphan_secrets_deleted": report.orphan_secrets_deleted,
-        "vanished": report.vanished,
-        "timed_out": report.timed_out,
-        "ended": report.ended,
-        "requeued": report.requeued,
-        "errors": report.errors,
-    }
-
-
 @shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
 def sweep_namespace(namespace: str) -> dict:
     try:
-        return _sweep_summary(sweeping.namespace_sweep_now(namespace=namespace))
+        return asdict(sweeping.namespace_sweep_now(namespace=namespace))
     except ClusterError as error:
         logger.info("sweep of %s failed (%s); the periodic sweep will retry", namespace, error.message)
         return {"error": error.message}
@@ -208,7 +176,7 @@ def sweep_attempts() -> dict:
         report = sweeping.attempts_sweep()
     finally:
         cache.delete(SWEEP_LOCK_KEY)
-    return _sweep_summary(report)
+    return asdict(report)
 
 
 # The warm pools' tasks, registered with these (the worker imports this module).

@@ -9,7 +9,7 @@ from celery import shared_task
 from django.core.cache import cache
 
 from labs.kubevirt.operations import ClusterError
-from labs.services import pool_claim, pool_pruning, pools
+from labs.services import pool_claim, pools
 from labs.tasks import HARD_LIMIT, MAX_RETRIES, SOFT_LIMIT, _retry_or_raise
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def tend_pools() -> dict:
         refilled = pools.pools_refill()
         # Long-ended rows go hourly: the pass runs every few seconds, and they pile up over days.
         if cache.add(PRUNE_KEY, "1", timeout=PRUNE_EVERY_SECONDS):
-            pool_pruning.pool_vms_prune()
+            pools.pool_vms_prune()
     finally:
         cache.delete(TEND_LOCK_KEY)
     return {

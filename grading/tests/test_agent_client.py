@@ -3,21 +3,64 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
+import websocket
 
 from grading.tests.guests import delete_vm, new_attempt_on_cluster
 from labs import agent_client
 from labs.agent_client import run_deadline_s
-from labs.agent_http import HTTPResponseParser, build_request
 
 pytestmark = pytest.mark.django_db
 
 
+class FakePortforward:
+    """The portforward stream of an agent that answers ``wire`` in frames of ``size`` bytes, then closes."""
+
+    def __init__(self, wire: bytes, size: int) -> None:
+        self.frames = [wire[i : i + size] for i in range(0, len(wire), size)]
+        self.sent = b""
+
+    def send_binary(self, data: bytes) -> None:
+        self.sent += data
+
+    def settimeout(self, timeout: float) -> None:
+        pass
+
+    def recv_data(self, control_frame: bool = False) -> tuple[int, bytes]:
+        if not self.frames:
+            return websocket.ABNF.OPCODE_CLOSE, b""
+        return websocket.ABNF.OPCODE_BINARY, self.frames.pop(0)
+
+    def close(self, timeout: float | None = None) -> None:
+        pass
+
+
+@pytest.fixture
+def agent_answers(monkeypatch):
+    """Make the agent answer the given bytes; returns the stream, which records what was sent."""
+
+    def answer(wire: bytes, size: int = 7) -> FakePortforward:
+        stream = FakePortforward(wire, size)
+        monkeypatch.setattr(agent_client, "stream_target", lambda path: None)
+        monkeypatch.setattr(agent_client, "_connect", lambda target, timeout_s: stream)
+        return stream
+
+    return answer
+
+
+def ask(json_body=None):
+    attempt = SimpleNamespace(namespace="ns", vm_name="attempt-1", agent_token="tok")
+    method = "GET" if json_body is None else "POST"
+    return agent_client.agent_request(attempt, method=method, path="/v1/run", json_body=json_body, timeout_s=5)
+
+
 class TestHTTPParsing:
-    def test_request_is_http_1_1_with_connection_close_and_length(self, settings):
-        raw = build_request(method="POST", path="/v1/run", token="tok", json_body={"checks": ["é"]})
-        head, _, body = raw.partition(b"\r\n\r\n")
+    def test_request_is_http_1_1_with_connection_close_and_length(self, agent_answers):
+        stream = agent_answers(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        ask({"checks": ["é"]})
+        head, _, body = stream.sent.partition(b"\r\n\r\n")
         lines = head.decode().split("\r\n")
         assert lines[0] == "POST /v1/run HTTP/1.1"
         assert "Connection: close" in lines
@@ -25,51 +68,40 @@ class TestHTTPParsing:
         assert f"Content-Length: {len(body)}" in lines
         assert body.decode("utf-8") == '{"checks": ["é"]}'
 
-    def test_response_split_across_frames(self):
-        parser = HTTPResponseParser()
+    def test_response_split_across_frames(self, agent_answers):
         body = '{"ready": true, "name": "日本"}'.encode()
-        wire = (
+        agent_answers(
             b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
             + str(len(body)).encode()
             + b"\r\n\r\n"
             + body
         )
-        for i in range(0, len(wire), 7):
-            assert not parser.complete
-            parser.feed(wire[i : i + 7])
-        assert parser.complete
-        response = parser.response()
+        response = ask()
         assert response.status == 200
         assert response.json() == {"ready": True, "name": "日本"}
 
-    def test_body_delimited_by_close(self):
-        parser = HTTPResponseParser()
-        parser.feed(b"HTTP/1.1 500 Oops\r\n\r\npartial")
-        assert not parser.complete
-        parser.feed_eof(reason="closed")
-        assert parser.response().body == b"partial"
+    def test_body_delimited_by_close(self, agent_answers):
+        agent_answers(b"HTTP/1.1 500 Oops\r\n\r\npartial")
+        assert ask().body == b"partial"
 
-    def test_chunked_body(self):
-        parser = HTTPResponseParser()
-        parser.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n2\r\nef\r\n0\r\n\r\n")
-        assert parser.response().body == b"abcdef"
+    def test_chunked_body(self, agent_answers):
+        agent_answers(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n2\r\nef\r\n0\r\n\r\n")
+        assert ask().body == b"abcdef"
 
-    def test_nothing_before_close_means_not_answering(self):
-        parser = HTTPResponseParser()
-        parser.feed_eof(reason="closed")
+    def test_nothing_before_close_means_not_answering(self, agent_answers):
+        agent_answers(b"")
         with pytest.raises(agent_client.AgentNotAnswering):
-            parser.response()
+            ask()
 
-    def test_cut_off_answer(self):
-        parser = HTTPResponseParser()
-        parser.feed(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort")
-        parser.feed_eof(reason="closed")
+    def test_cut_off_answer(self, agent_answers):
+        agent_answers(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort")
         with pytest.raises(agent_client.AgentBadResponse, match="cut off"):
-            parser.response()
+            ask()
 
-    def test_not_http(self):
+    def test_not_http(self, agent_answers):
+        agent_answers(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
         with pytest.raises(agent_client.AgentBadResponse):
-            HTTPResponseParser().feed(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+            ask()
 
     def test_deadline_is_the_sum_of_timeouts_plus_grace_and_margin(self):
         assert run_deadline_s([30, 30, 5]) == 65 + 3 * agent_client.PER_CHECK_GRACE_S + agent_client.REQUEST_MARGIN_S

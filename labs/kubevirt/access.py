@@ -24,7 +24,8 @@ def refusal(namespace: str) -> str | None:
         attributes = {"namespace": namespace, "verb": verb, "group": group, "resource": resource}
         answer = api_call(
             f"reviewing access to {resource} in {namespace}",
-            api.create_self_subject_access_review,
+            api,
+            "create_self_subject_access_review",
             {
                 "apiVersion": "authorization.k8s.io/v1",
                 "kind": "SelfSubjectAccessReview",

@@ -14,22 +14,12 @@ from labs.kubevirt import client
 
 # (connect, read) seconds for ordinary requests.
 REQUEST_TIMEOUT = (5, 20)
-
-
 TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
-
-
-# A Retry-After is honoured up to this many seconds: Celery redelivers a task whose countdown outlasts the broker's
-# visibility timeout, and no API server outage is worth keeping a student waiting longer between tries.
+# Celery redelivers a task whose countdown outlasts the broker's visibility timeout, so a Retry-After is capped.
 MAX_RETRY_AFTER_SECONDS = 60.0
-
-
-# RBAC's refusal ("… is forbidden: User "…" cannot …") in a tenant namespace means its Role is not applied yet: the
-# portal holds no RBAC rights and cannot fix that itself, so the message (shown to operators and instructors, and
-# kept as the namespace's last error) says what to apply.
+# RBAC's refusal in a tenant namespace means its Role is not applied yet: the portal holds no RBAC rights to fix
+# that, so the message says what to apply.
 RBAC_SIGNATURE = 'is forbidden: User "'
-
-
 RBAC_HINT = (
     " (the portal's Role is not applied in this namespace: a cluster admin applies the tenant's manifests, "
     'python manage.py tenant_manifests "<tenant name>" | kubectl apply -f -)'
@@ -60,17 +50,15 @@ def _status_message(exc: ApiException) -> str:
 
 
 def _retry_after(exc: ApiException) -> float | None:
-    value = (exc.headers or {}).get("Retry-After") if exc.headers else None
     try:
-        seconds = float(value) if value is not None else None
-    except ValueError:
+        seconds = float((exc.headers or {})["Retry-After"])
+    except (KeyError, ValueError):
         return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS) if seconds is not None else None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
 
 
 def _count_error(*, doing: str, reason: str) -> None:
-    """Count the failure for /metrics (shared by every process); the operation is the first two words of
-    ``doing`` ("creating VM", "listing virtualmachineinstances"), never the object's name."""
+    """Count the failure for /metrics by the first two words of ``doing`` ("creating VM"), never the object's name."""
     from portal.metrics import record_cluster_api_error
 
     record_cluster_api_error(operation="_".join(doing.split()[:2]).lower(), reason=reason)
@@ -98,16 +86,21 @@ def cluster_error(exc: BaseException, *, doing: str) -> ClusterError:
     raise exc
 
 
-def raw_json(response: Any) -> Any:
-    return orjson.loads(response.data) if response.data else {}
-
-
-def api_call(doing: str, function: Any, *args: Any, **kwargs: Any) -> Any:
+def any_cluster_error(exc: BaseException, *, doing: str) -> ClusterError:
+    """``cluster_error``, with anything else the client raised reported too (a finding, not a traceback)."""
     try:
-        return raw_json(function(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs))
+        return cluster_error(exc, doing=doing)
+    except Exception as other:
+        return ClusterError(f"{doing}: {other.__class__.__name__}: {other}")
+
+
+def api_call(doing: str, api: Any, method: str, *args: Any, tolerate: int | None = None, **kwargs: Any) -> Any:
+    """``api.<method>(*args, **kwargs)``'s JSON answer; None when the cluster answers ``tolerate`` (409 on a
+    create, 404 on a read or delete: the success they mean for a call that is repeated)."""
+    try:
+        response = getattr(api, method)(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
     except Exception as exc:
+        if tolerate is not None and isinstance(exc, ApiException) and exc.status == tolerate:
+            return None
         raise cluster_error(exc, doing=doing) from exc
-
-
-def has_status(exc: BaseException, status: int) -> bool:
-    return isinstance(exc, ApiException) and exc.status == status
+    return orjson.loads(response.data) if response.data else {}

@@ -19,10 +19,8 @@ KUBEVIRT_GROUP = "kubevirt.io"
 KUBEVIRT_VERSION = "v1"
 SUBRESOURCES_PREFIX = "/apis/subresources.kubevirt.io/v1"
 
-# urllib3's default under the kubernetes client retries three times and sleeps whatever Retry-After a 429 or 503
-# asks for, with no upper bound: one request could hold a task (and the sync's locks) for minutes. Here only a
-# connection that fails to open is retried, briefly; every other failure goes straight back to the caller, whose
-# retries back off with a cap (labs.tasks) or wait for the next sync.
+# urllib3's default sleeps whatever Retry-After a 429 or 503 asks for, holding a task (and the sync's locks) for
+# minutes: only a connection that fails to open is retried here; the callers' own retries back off with a cap.
 REQUEST_RETRIES = urllib3.Retry(
     total=2,
     connect=2,
@@ -39,8 +37,7 @@ _lock = threading.Lock()
 _configuration: client.Configuration | None = None
 _api_client: client.ApiClient | None = None
 _metadata_client: client.ApiClient | None = None
-# Metadata only, as client-go's metadata informers list: the apiserver answers a PartialObjectMetadataList. A
-# server that does not offer it answers whole objects (the second media type), whose metadata reads the same.
+# Metadata only, as client-go's metadata informers list (a server without it answers whole objects, read the same).
 METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
 _stream_ssl: tuple[client.Configuration, ssl.SSLContext | None] | None = None
 
@@ -90,8 +87,7 @@ def api_client() -> client.ApiClient:
 
 
 def metadata_api_client() -> client.ApiClient:
-    """A client whose every request asks for metadata only: the generated methods set their own Accept header,
-    and a client's default headers are the public way to replace it."""
+    """A client whose every request asks for metadata only (its default headers replace the methods' Accept)."""
     global _metadata_client
     cfg = configuration()
     with _lock:
@@ -153,8 +149,8 @@ class StreamTarget:
 
 
 def _ssl_context(cfg: client.Configuration) -> ssl.SSLContext | None:
-    """The TLS context of the streams (console, portforward), made once per configuration: every console and agent
-    check opens a connection, and building a context reads the CA certificates (a system store takes ~20 ms)."""
+    """The TLS context of the streams (console, portforward), made once per configuration: building one reads the CA
+    certificates, and every console and agent check opens a connection."""
     global _stream_ssl
     with _lock:
         if _stream_ssl is None or _stream_ssl[0] is not cfg:
@@ -174,15 +170,17 @@ def _new_ssl_context(cfg: client.Configuration) -> ssl.SSLContext | None:
     return context
 
 
+def auth_headers(cfg: client.Configuration) -> dict[str, str]:
+    """The client's credentials as headers, a rotating (bound service-account) token refreshed first."""
+    if cfg.refresh_api_key_hook is not None:
+        cfg.refresh_api_key_hook(cfg)
+    return {s["key"]: s["value"] for s in cfg.auth_settings().values() if s.get("in") == "header" and s.get("value")}
+
+
 def stream_target(path: str) -> StreamTarget:
     """A WebSocket URL and headers for ``path`` (e.g. ``/apis/subresources.kubevirt.io/v1/...``)."""
     cfg = configuration()
-    if cfg.refresh_api_key_hook is not None:  # bound service-account tokens rotate
-        cfg.refresh_api_key_hook(cfg)
-    headers: dict[str, str] = {}
-    for setting in cfg.auth_settings().values():
-        if setting.get("in") == "header" and setting.get("value"):
-            headers[setting["key"]] = setting["value"]
+    headers = auth_headers(cfg)
     host = cfg.host.rstrip("/")
     if host.startswith("https://"):
         url = "wss://" + host[len("https://") :] + path

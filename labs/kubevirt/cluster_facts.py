@@ -1,25 +1,21 @@
-"""What preflight reads from the cluster (``gather``: /version, the KubeVirt CR, the nodes, the tenant namespaces),
-with trouble met while reading already turned into findings."""
+"""What preflight reads from the cluster (``gather``: /version, the KubeVirt CR, the nodes, the tenant namespaces and
+whether the portal may manage them), with trouble met while reading already turned into findings."""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.utils.translation import gettext as _
 
-from labs.kubevirt import client, tenant_namespaces
-from labs.kubevirt.operations import REQUEST_TIMEOUT, ClusterError, cluster_error
+from labs.kubevirt import access, client
+from labs.kubevirt.calls import ClusterError, any_cluster_error, api_call
 
 ERROR = "error"
-
-
 WARNING = "warning"
-
-
 INFO = "info"
 
 
@@ -36,8 +32,7 @@ class ClusterFacts:
     server_version: str = ""
     kubevirt: dict[str, Any] | None = None
     nodes: list[dict[str, Any]] = field(default_factory=list)
-    # The tenant namespaces the portal knows of, as the cluster has them, and those whose objects it may not manage
-    # (namespace, tenant name, what the cluster said).
+    # The tenant namespaces as the cluster has them, and those the portal may not manage (namespace, tenant, said).
     namespaces: list[dict[str, Any]] = field(default_factory=list)
     forbidden: list[tuple[str, str, str]] = field(default_factory=list)
     # Problems met while reading (unreachable API, missing permission), already as findings.
@@ -51,14 +46,19 @@ def parse_version(text: str) -> tuple[int, int, int] | None:
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
 
 
+def _read(doing: str, api: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return api_call(doing, api, method, *args, **kwargs)
+    except Exception as exc:
+        raise any_cluster_error(exc, doing=doing) from exc
+
+
 def gather() -> ClusterFacts:
     """Read the server version, the KubeVirt CR and the nodes. Never raises for cluster trouble: it is a finding."""
     facts = ClusterFacts()
     try:
-        response = client.version_api().get_code(_preload_content=False, _request_timeout=REQUEST_TIMEOUT)
-        facts.server_version = json.loads(response.data).get("gitVersion", "")
-    except Exception as exc:
-        error = _as_cluster_error(exc, doing="reading /version")
+        facts.server_version = _read("reading /version", client.version_api(), "get_code").get("gitVersion", "")
+    except ClusterError as error:
         facts.problems.append(
             Finding(
                 ERROR,
@@ -80,10 +80,8 @@ def gather() -> ClusterFacts:
             )
         )
     try:
-        response = client.core_v1().list_node(_preload_content=False, _request_timeout=REQUEST_TIMEOUT)
-        facts.nodes = list(json.loads(response.data).get("items") or [])
-    except Exception as exc:
-        error = _as_cluster_error(exc, doing="listing nodes")
+        facts.nodes = list(_read("listing nodes", client.core_v1(), "list_node").get("items") or [])
+    except ClusterError as error:
         facts.problems.append(
             Finding(
                 WARNING,
@@ -96,77 +94,81 @@ def gather() -> ClusterFacts:
                 _("Grant the portal's service account list on nodes to enable these checks."),
             )
         )
-    tenants = tenant_namespaces.read()
-    facts.namespaces = tenants.namespaces
-    facts.forbidden = tenants.forbidden
-    facts.problems.extend(
-        Finding(
-            WARNING,
-            "namespace_unreadable",
-            _("Cannot read tenant namespace %(namespace)s, so its Pod Security level is not checked: %(error)s")
-            % {"namespace": name, "error": said},
-            _("Grant the portal's service account get on namespaces."),
-        )
-        for name, said in tenants.unreadable
-    )
-    facts.problems.extend(
-        Finding(
-            WARNING,
-            "namespace_access_unchecked",
-            _("Cannot ask the cluster whether the portal may manage tenant namespace %(namespace)s: %(error)s")
-            % {"namespace": name, "error": said},
-            _(
-                "Every authenticated user may create SelfSubjectAccessReviews (system:basic-user): check that "
-                "the cluster's RBAC still binds it."
-            ),
-        )
-        for name, said in tenants.unreviewed
-    )
-    if tenants.unchecked:
-        facts.problems.append(
-            Finding(
-                INFO,
-                "namespaces_unchecked",
-                _("Tenant namespaces were not checked: the portal's database cannot be read (%(error)s).")
-                % {"error": tenants.unchecked},
-                _("Run the check again once the database is migrated."),
-            )
-        )
+    _read_tenant_namespaces(facts)
     return facts
-
-
-def _as_cluster_error(exc: Exception, *, doing: str) -> ClusterError:
-    try:
-        return cluster_error(exc, doing=doing)
-    except Exception as other:  # anything else the client raised still ends up as a finding, not a traceback
-        return ClusterError(f"{doing}: {other.__class__.__name__}: {other}")
 
 
 def _read_kubevirt() -> dict[str, Any] | None:
     """The KubeVirt CR: listed cluster-wide, or in ``settings.KUBEVIRT_NAMESPACE`` when that is all RBAC allows."""
     api = client.custom_objects()
+    kubevirt = (client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION)
+    doing = "listing KubeVirt resources"
     try:
-        response = api.list_cluster_custom_object(
-            client.KUBEVIRT_GROUP,
-            client.KUBEVIRT_VERSION,
-            "kubevirts",
-            _preload_content=False,
-            _request_timeout=REQUEST_TIMEOUT,
-        )
-    except Exception as exc:
-        error = _as_cluster_error(exc, doing="listing KubeVirt resources")
+        answer = _read(doing, api, "list_cluster_custom_object", *kubevirt, "kubevirts")
+    except ClusterError as error:
         if error.status not in (401, 403):
-            raise error from exc
-        try:
-            response = api.list_namespaced_custom_object(
-                client.KUBEVIRT_GROUP,
-                client.KUBEVIRT_VERSION,
-                settings.KUBEVIRT_NAMESPACE,
-                "kubevirts",
-                _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT,
-            )
-        except Exception as inner:
-            raise _as_cluster_error(inner, doing="listing KubeVirt resources") from inner
-    items = json.loads(response.data).get("items") or []
+            raise
+        answer = _read(doing, api, "list_namespaced_custom_object", *kubevirt, settings.KUBEVIRT_NAMESPACE, "kubevirts")
+    items = answer.get("items") or []
     return items[0] if items else None
+
+
+def _read_tenant_namespaces(facts: ClusterFacts) -> None:
+    """Every tenant's namespace, set up or not: its Pod Security labels, and whether the tenant's Role lets the
+    portal manage its objects (``access.refusal``)."""
+    from labs.models import TenantNamespace
+    from portal.models import Tenant
+
+    try:
+        recorded = dict(TenantNamespace.objects.values_list("namespace", "tenant__name"))
+        # A tenant that never started a lab has no row yet: its namespace is where its first Start would go.
+        for namespace, tenant in Tenant.objects.filter(cluster_namespace__isnull=True).values_list("namespace", "name"):
+            recorded.setdefault(namespace, tenant)
+    except DatabaseError as exc:
+        unchecked = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        facts.problems.append(
+            Finding(
+                INFO,
+                "namespaces_unchecked",
+                _("Tenant namespaces were not checked: the portal's database cannot be read (%(error)s).")
+                % {"error": unchecked},
+                _("Run the check again once the database is migrated."),
+            )
+        )
+        return
+    core = client.core_v1()
+    for namespace, tenant in sorted(recorded.items()):
+        try:
+            said = access.refusal(namespace)
+        except ClusterError as unanswered:
+            facts.problems.append(
+                Finding(
+                    WARNING,
+                    "namespace_access_unchecked",
+                    _("Cannot ask the cluster whether the portal may manage tenant namespace %(namespace)s: %(error)s")
+                    % {"namespace": namespace, "error": unanswered.message},
+                    _(
+                        "Every authenticated user may create SelfSubjectAccessReviews (system:basic-user): check that "
+                        "the cluster's RBAC still binds it."
+                    ),
+                )
+            )
+        else:
+            if said is not None:
+                facts.forbidden.append((namespace, tenant, said))
+        try:
+            facts.namespaces.append(_read(f"reading namespace {namespace}", core, "read_namespace", namespace))
+        except ClusterError as error:
+            if error.status != 404:  # not made yet: the portal creates it, with the right labels
+                facts.problems.append(
+                    Finding(
+                        WARNING,
+                        "namespace_unreadable",
+                        _(
+                            "Cannot read tenant namespace %(namespace)s, so its Pod Security level is not checked: "
+                            "%(error)s"
+                        )
+                        % {"namespace": namespace, "error": error.message},
+                        _("Grant the portal's service account get on namespaces."),
+                    )
+                )

@@ -104,9 +104,8 @@ def owner_reference(vm: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def namespace(*, name: str, tenant_id: int) -> dict[str, Any]:
-    """A tenant's namespace. Pod Security enforces ``privileged``: KubeVirt's launcher pods carry no seccomp profile
-    unless the KubeVirt CR sets one, and ``restricted`` refuses them (``labs.kubevirt.podsecurity``); audit and warn
-    stay at ``restricted`` so what a stricter level would refuse remains visible."""
+    """A tenant's namespace, enforcing Pod Security ``privileged`` (``labs.kubevirt.podsecurity``), auditing and
+    warning at ``restricted``."""
     labels = names.namespace_labels(tenant_id=tenant_id)
     labels["pod-security.kubernetes.io/enforce"] = podsecurity.ENFORCE_LEVEL
     for mode in ("audit", "warn"):
@@ -122,12 +121,8 @@ def network_policies(
     kubevirt_namespace: str,
     portal_namespace: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Default-deny ingress for the namespace, and one opening: the grading agent's port, from the portal's path.
-
-    The portal reaches the agent through the VMI ``portforward`` subresource, and virt-api is what then dials the
-    VMI's address, so the allowed peer is KubeVirt's virt-api; the portal's own pods are allowed too when the
-    portal runs in the cluster. Egress stays open: lab guests install packages.
-    """
+    """Default-deny ingress for the namespace, and one opening: the agent's port, from virt-api (which dials the VMI
+    for the ``portforward`` subresource) and the portal's own pods. Egress stays open: guests install packages."""
     labels = names.namespace_labels(tenant_id=tenant_id)
     peers: list[dict[str, Any]] = [
         {
@@ -162,11 +157,8 @@ def network_policies(
 
 
 def quota_hard(*, max_vms: int, max_vcpus: int, max_memory_mib: int) -> dict[str, str]:
-    """The namespace's hard limits: the same numbers the portal admits attempts against.
-
-    CPU is what the virt-launcher pods request (vCPUs / cpuAllocationRatio, and 5m per VM for the serial console log
-    sidecar), memory what they request (guest, overhead and sidecar, which the tenant's memory quota already counts).
-    """
+    """The namespace's hard limits: the same numbers the portal admits attempts against, as the virt-launcher pods
+    request them (``labs.sizes``)."""
     cpu_millicores = namespace_cpu_millicores(max_vcpus=max_vcpus, max_vms=max_vms)
     return {
         "requests.cpu": f"{cpu_millicores}m",

@@ -29,11 +29,38 @@ AGENT_POLICY = "lab-portal-allow-agent"
 RESOURCE_QUOTA = "lab-portal-quota"
 
 
+def _name(prefix: str, object_id: int) -> str:
+    if not isinstance(object_id, int) or isinstance(object_id, bool) or object_id <= 0:
+        raise ValueError(f"An id is a positive integer, not {object_id!r}.")
+    return f"{prefix}{object_id}"
+
+
+def _id_from_name(pattern: re.Pattern[str], name: str) -> int | None:
+    match = pattern.match(name or "")
+    return int(match.group(1)) if match else None
+
+
+def _labels(*, tenant_id: int, course_id: int, lab_id: int, own: tuple[str, int]) -> dict[str, str]:
+    return {
+        MANAGED_BY_LABEL: MANAGED_BY,
+        TENANT_LABEL: str(tenant_id),
+        COURSE_LABEL: str(course_id),
+        LAB_LABEL: str(lab_id),
+        own[0]: str(own[1]),
+    }
+
+
+def _id_from_labels(labels: Mapping[str, str] | None, key: str) -> int | None:
+    """The id an object of ours carries under ``key``; None when it is not ours or the label is malformed."""
+    if not labels or labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
+        return None
+    value = labels.get(key, "")
+    return int(value) if value.isdigit() and not value.startswith("0") else None
+
+
 def vm_name(attempt_id: int) -> str:
     """The VirtualMachine (and VMI) name of an attempt: ``attempt-<id>``."""
-    if not isinstance(attempt_id, int) or isinstance(attempt_id, bool) or attempt_id <= 0:
-        raise ValueError(f"An attempt id is a positive integer, not {attempt_id!r}.")
-    return f"{VM_PREFIX}{attempt_id}"
+    return _name(VM_PREFIX, attempt_id)
 
 
 def cloud_init_secret_name(vm: str) -> str:
@@ -42,59 +69,35 @@ def cloud_init_secret_name(vm: str) -> str:
 
 
 def attempt_id_from_vm_name(name: str) -> int | None:
-    match = _VM_NAME_RE.match(name or "")
-    return int(match.group(1)) if match else None
+    return _id_from_name(_VM_NAME_RE, name)
 
 
 def attempt_labels(*, tenant_id: int, course_id: int, lab_id: int, attempt_id: int) -> dict[str, str]:
     """Labels on the VM, its VMI template (so VMIs and virt-launcher pods carry them) and its Secret."""
-    return {
-        MANAGED_BY_LABEL: MANAGED_BY,
-        TENANT_LABEL: str(tenant_id),
-        COURSE_LABEL: str(course_id),
-        LAB_LABEL: str(lab_id),
-        ATTEMPT_LABEL: str(attempt_id),
-    }
+    return _labels(tenant_id=tenant_id, course_id=course_id, lab_id=lab_id, own=(ATTEMPT_LABEL, attempt_id))
+
+
+def attempt_id_from_labels(labels: Mapping[str, str] | None) -> int | None:
+    return _id_from_labels(labels, ATTEMPT_LABEL)
 
 
 def pool_vm_name(pool_vm_id: int) -> str:
     """The VM name of a warm pool's VM: ``pool-<id>``; it keeps it when an attempt claims it."""
-    if not isinstance(pool_vm_id, int) or isinstance(pool_vm_id, bool) or pool_vm_id <= 0:
-        raise ValueError(f"A pool VM id is a positive integer, not {pool_vm_id!r}.")
-    return f"{POOL_VM_PREFIX}{pool_vm_id}"
+    return _name(POOL_VM_PREFIX, pool_vm_id)
 
 
 def pool_vm_id_from_vm_name(name: str) -> int | None:
-    match = _POOL_VM_NAME_RE.match(name or "")
-    return int(match.group(1)) if match else None
+    return _id_from_name(_POOL_VM_NAME_RE, name)
 
 
 def pool_vm_labels(*, tenant_id: int, course_id: int, lab_id: int, pool_vm_id: int) -> dict[str, str]:
-    """Labels of an unclaimed pool VM: the tenant's and lab's (NetworkPolicy and quota see it as the lab's), no
-    attempt's yet."""
-    return {
-        MANAGED_BY_LABEL: MANAGED_BY,
-        TENANT_LABEL: str(tenant_id),
-        COURSE_LABEL: str(course_id),
-        LAB_LABEL: str(lab_id),
-        POOL_VM_LABEL: str(pool_vm_id),
-    }
+    """Labels of an unclaimed pool VM: the lab's (NetworkPolicy and quota see it as the lab's), no attempt's yet."""
+    return _labels(tenant_id=tenant_id, course_id=course_id, lab_id=lab_id, own=(POOL_VM_LABEL, pool_vm_id))
 
 
 def pool_vm_id_from_labels(labels: Mapping[str, str] | None) -> int | None:
-    if not labels or labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
-        return None
-    value = labels.get(POOL_VM_LABEL, "")
-    return int(value) if value.isdigit() and not value.startswith("0") else None
+    return _id_from_labels(labels, POOL_VM_LABEL)
 
 
 def namespace_labels(*, tenant_id: int) -> dict[str, str]:
     return {MANAGED_BY_LABEL: MANAGED_BY, TENANT_LABEL: str(tenant_id)}
-
-
-def attempt_id_from_labels(labels: Mapping[str, str] | None) -> int | None:
-    """The attempt id an object of ours names, or None when the object is not ours or its label is malformed."""
-    if not labels or labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
-        return None
-    value = labels.get(ATTEMPT_LABEL, "")
-    return int(value) if value.isdigit() and not value.startswith("0") else None

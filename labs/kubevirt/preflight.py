@@ -95,33 +95,29 @@ def assess(facts: ClusterFacts) -> list[Finding]:
                 )
             )
 
-    if facts.nodes:
-        kvm_nodes = [n for n in facts.nodes if _node_allocatable(n, KVM_RESOURCE) > 0]
-        if not kvm_nodes:
-            if developer.get("useEmulation"):
-                findings.append(
-                    Finding(
-                        WARNING,
-                        "software_emulation",
-                        _("No node offers KVM; KubeVirt emulates the CPU in software, so lab VMs will be very slow."),
-                        _("Run the portal's VMs on nodes with hardware virtualisation."),
-                    )
-                )
-            else:
-                findings.append(
-                    Finding(
-                        ERROR,
-                        "no_kvm",
-                        _("No node offers KVM (allocatable %(resource)s), so no VM can be scheduled.")
-                        % {"resource": KVM_RESOURCE},
-                        _(
-                            "Enable hardware virtualisation (or nested virtualisation) on the nodes and check that "
-                            "virt-handler runs there; for a test cluster only, set useEmulation in the KubeVirt CR."
-                        ),
-                    )
-                )
-    else:
-        kvm_nodes = []
+    kvm_nodes = [n for n in facts.nodes if _node_allocatable(n, KVM_RESOURCE) > 0]
+    if facts.nodes and not kvm_nodes and developer.get("useEmulation"):
+        findings.append(
+            Finding(
+                WARNING,
+                "software_emulation",
+                _("No node offers KVM; KubeVirt emulates the CPU in software, so lab VMs will be very slow."),
+                _("Run the portal's VMs on nodes with hardware virtualisation."),
+            )
+        )
+    elif facts.nodes and not kvm_nodes:
+        findings.append(
+            Finding(
+                ERROR,
+                "no_kvm",
+                _("No node offers KVM (allocatable %(resource)s), so no VM can be scheduled.")
+                % {"resource": KVM_RESOURCE},
+                _(
+                    "Enable hardware virtualisation (or nested virtualisation) on the nodes and check that "
+                    "virt-handler runs there; for a test cluster only, set useEmulation in the KubeVirt CR."
+                ),
+            )
+        )
 
     findings.extend(_pod_security_findings(facts.namespaces, kubevirt))
     findings.extend(
@@ -200,77 +196,27 @@ def _image_volume_findings(facts: ClusterFacts, nodes: list[dict[str, Any]], ver
         "'container-disk ... no such file or directory'."
     )
     if server is not None and server < IMAGE_VOLUME_KUBERNETES:
-        return [
-            Finding(
-                ERROR,
-                "image_volume_unsupported",
-                " ".join(
-                    [
-                        what,
-                        _("Kubernetes %(server)s has no image volumes (they arrived in 1.31).")
-                        % {"server": facts.server_version},
-                        failure,
-                    ]
-                ),
-                fix,
-            )
-        ]
-    if runtimes and all(v is False for v in verdicts):
-        return [
-            Finding(
-                ERROR,
-                "image_volume_unsupported",
-                " ".join(
-                    [
-                        what,
-                        _("The nodes' container runtime (%(runtimes)s) cannot mount image volumes.")
-                        % {"runtimes": ", ".join(runtimes)},
-                        failure,
-                    ]
-                ),
-                fix,
-            )
-        ]
-    if any(v is False for v in verdicts):
-        lacking = [r for r, v in zip(runtimes, verdicts, strict=True) if v is False]
-        return [
-            Finding(
-                WARNING,
-                "image_volume_unsupported",
-                " ".join(
-                    [
-                        what,
-                        _(
-                            "Some nodes run a container runtime that cannot mount image volumes (%(runtimes)s); VMs "
-                            "scheduled there will fail."
-                        )
-                        % {"runtimes": ", ".join(lacking)},
-                        failure,
-                    ]
-                ),
-                fix,
-            )
-        ]
-    if not runtimes or any(v is None for v in verdicts):
-        return [
-            Finding(
-                WARNING,
-                "image_volume_unverified",
-                " ".join(
-                    [
-                        what,
-                        _(
-                            "The portal cannot tell whether the nodes' container runtime (%(runtimes)s) mounts image "
-                            "volumes."
-                        )
-                        % {"runtimes": ", ".join(r for r in runtimes if r) or "?"},
-                        failure,
-                    ]
-                ),
-                fix,
-            )
-        ]
-    return []
+        level, code = ERROR, "image_volume_unsupported"
+        why = _("Kubernetes %(server)s has no image volumes (they arrived in 1.31).") % {"server": facts.server_version}
+    elif runtimes and all(v is False for v in verdicts):
+        level, code = ERROR, "image_volume_unsupported"
+        why = _("The nodes' container runtime (%(runtimes)s) cannot mount image volumes.") % {
+            "runtimes": ", ".join(runtimes)
+        }
+    elif any(v is False for v in verdicts):
+        level, code = WARNING, "image_volume_unsupported"
+        why = _(
+            "Some nodes run a container runtime that cannot mount image volumes (%(runtimes)s); VMs "
+            "scheduled there will fail."
+        ) % {"runtimes": ", ".join(r for r, v in zip(runtimes, verdicts, strict=True) if v is False)}
+    elif not runtimes or any(v is None for v in verdicts):
+        level, code = WARNING, "image_volume_unverified"
+        why = _("The portal cannot tell whether the nodes' container runtime (%(runtimes)s) mounts image volumes.") % {
+            "runtimes": ", ".join(r for r in runtimes if r) or "?"
+        }
+    else:
+        return []
+    return [Finding(level, code, " ".join([what, why, failure]), fix)]
 
 
 def blocking(findings: list[Finding]) -> bool:

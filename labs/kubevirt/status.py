@@ -5,7 +5,7 @@ the VM's printableStatus, Events; reference §1, §2)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -28,10 +28,7 @@ IMAGE_PULL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
 CONTAINER_DISK_SIGNATURE = "container-disk"
 
 
-# Synchronized=False reasons of virt-controller (pkg/virt-controller/watch/vmi/lifecycle.go) for a launcher pod that
-# was not made. A Pod Security refusal and a manifest that cannot be rendered end the attempt at once with KubeVirt's
-# message; a pod refused by a ResourceQuota waits (it fits once another VM of the namespace has gone), and so does
-# any other FailedCreate, for the grace.
+# Synchronized=False reasons of virt-controller for a launcher pod that was not made.
 POD_NOT_CREATED_REASONS = (
     "FailedCreate",
     "FailedCreateValidation",
@@ -137,61 +134,53 @@ def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
     phase = status.get("phase") or ""
     conditions = _conditions(vmi)
     times = phase_times(vmi)
-    node = status.get("nodeName") or ""
-    uid = (vmi.get("metadata") or {}).get("uid") or ""
+    seen = VmiObservation(
+        phase=phase,
+        uid=(vmi.get("metadata") or {}).get("uid") or "",
+        phase_times=times,
+        node_name=status.get("nodeName") or "",
+    )
+    synchronized = conditions.get("Synchronized") or {}
+    since = _time(synchronized.get("lastTransitionTime"))
 
     if phase == "Failed":
-        synchronized = conditions.get("Synchronized") or {}
-        detail = synchronized.get("message") or ""
-        code = Problem.IMAGE_VOLUME if image_volume_hint(detail) else Problem.VMI_FAILED
-        return VmiObservation(
-            phase=phase,
-            uid=uid,
-            phase_times=times,
-            node_name=node,
-            problem_code=code,
+        return replace(
+            seen,
+            problem_code=Problem.IMAGE_VOLUME
+            if image_volume_hint(synchronized.get("message") or "")
+            else Problem.VMI_FAILED,
             problem=failed_problem(vmi),
-            problem_since=times.get("Failed") or _time(synchronized.get("lastTransitionTime")),
+            problem_since=times.get("Failed") or since,
             explained=bool(_failure_words(vmi)),
         )
 
     scheduled = conditions.get("PodScheduled") or {}
     if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
-        return VmiObservation(
-            phase=phase,
-            uid=uid,
-            phase_times=times,
-            node_name=node,
+        return replace(
+            seen,
             problem_code=Problem.UNSCHEDULABLE,
             problem=_("No node in the cluster has room for this VM right now (the scheduler says: %(why)s).")
             % {"why": scheduled.get("message") or _("no reason given")},
             problem_since=_time(scheduled.get("lastTransitionTime")) or times.get("Pending"),
         )
 
-    synchronized = conditions.get("Synchronized") or {}
     if synchronized.get("status") == "False" and synchronized.get("reason") in POD_NOT_CREATED_REASONS:
         message = synchronized.get("message") or synchronized.get("reason") or ""
         waiting = QUOTA_SIGNATURE in message
         # virt-controller retries a failed pod creation: only a refusal no retry can mend (Pod Security, a
         # manifest that cannot be rendered) ends the attempt at once; anything else has the grace.
         final = not waiting and (synchronized.get("reason") != "FailedCreate" or POD_SECURITY_SIGNATURE in message)
-        return VmiObservation(
-            phase=phase,
-            uid=uid,
-            phase_times=times,
-            node_name=node,
+        return replace(
+            seen,
             problem_code=Problem.POD_WAITING if waiting else Problem.POD_REFUSED,
             problem=wording.pod_waiting(message) if waiting else wording.pod_refused(message),
-            problem_since=_time(synchronized.get("lastTransitionTime")) or times.get("Pending"),
+            problem_since=since or times.get("Pending"),
             problem_final=final,
         )
 
     if synchronized.get("status") == "False" and synchronized.get("reason") in IMAGE_PULL_REASONS:
-        return VmiObservation(
-            phase=phase,
-            uid=uid,
-            phase_times=times,
-            node_name=node,
+        return replace(
+            seen,
             problem_code=Problem.IMAGE_PULL,
             problem=_(
                 "The lab's disk image could not be downloaded (%(reason)s: %(message)s). Ask your instructor "
@@ -200,10 +189,9 @@ def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
             % {"reason": synchronized.get("reason"), "message": synchronized.get("message") or ""},
             # kubelet flips ErrImagePull ↔ ImagePullBackOff and each flip renews the condition's time: the problem
             # is as old as the phase it keeps the VMI in.
-            problem_since=times.get(phase) or times.get("Pending") or _time(synchronized.get("lastTransitionTime")),
+            problem_since=times.get(phase) or times.get("Pending") or since,
         )
-
-    return VmiObservation(phase=phase, uid=uid, phase_times=times, node_name=node)
+    return seen
 
 
 # VM printableStatus values that name a problem, in plain words (reference §1, precedence list).

@@ -1,10 +1,10 @@
-"""Waiting for the guest agent of booting attempts: one chain of ``labs.tasks.await_agents`` per namespace, each
-booting agent asked at a pace that slows with its boot time and with how many boot at once; an agent that answers
-makes its attempt ``running``."""
+"""Waiting for the guest agents of booting attempts: one chain of ``labs.tasks.await_agents`` per namespace, each
+agent asked at a pace that slows with its boot time and with how many boot at once."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
@@ -13,6 +13,7 @@ from django.core.cache import cache
 from django.db.models import Q
 from django.utils import timezone
 
+from labs.agent_client import AgentError, AgentTarget, healthz
 from labs.models import Attempt, AttemptState
 from labs.services.follow_ups import namespace_list_soon
 from labs.services.provisioning import attempt_mark_running
@@ -21,20 +22,16 @@ logger = logging.getLogger(__name__)
 
 AGENT_CHECK_TIMEOUT_SECONDS = 3.0
 AGENT_CHECK_CONCURRENCY = 8
-# While a chain of agent checks is under way for a namespace; a chain lost with its worker is restarted by a later
-# sync once this expires (each step renews it).
+# Set while a namespace's chain runs (each step renews it): a chain lost with its worker restarts once it expires.
 AGENT_WAIT_KEY = "labs:agent-wait:{namespace}"
 AGENT_WAIT_TTL_SECONDS = 15
 # How long after its VM is created an attempt's agent is asked without waiting for a list to show it Running.
 AGENT_FAST_PATH_SECONDS = 5
-# Each booting agent is asked again after a quarter of the time it has had to come up, and never more often than
-# every AGENT_ASK_MIN_SECONDS: a guest is noticed within a quarter of its boot time (a fast one within 0.2 s), and a
-# class of guests that take a minute is not asked a few hundred times a second.
+# An agent is asked again after a quarter of the time it has had to come up, at least AGENT_ASK_MIN_SECONDS apart.
 AGENT_ASK_MIN_SECONDS = 0.2
 AGENT_ASK_FRACTION = 0.25
-# However many agents of a namespace boot at once, about this many questions a second in all: with a class starting
-# together each is asked less often (100 booting: every 2.5 s at most), where 100 agents asked every 0.2 s would
-# keep the worker and the API server busy with portforwards while the rest of the class's VMs are still being made.
+# However many agents of a namespace boot at once, about this many questions a second in all, so a class starting
+# together does not keep the worker and the API server busy with portforwards.
 AGENT_ASK_RATE_PER_SECOND = 40
 
 
@@ -43,8 +40,7 @@ def agent_wait_key(namespace: str) -> str:
 
 
 def agent_wait_start(*, namespace: str) -> bool:
-    """Start asking the namespace's booting agents whether they are up (``labs.tasks.await_agents``), unless that
-    is under way already: one chain per namespace, however many attempts boot in it."""
+    """Start the namespace's chain of agent checks unless it runs already."""
     if not cache.add(agent_wait_key(namespace), "1", timeout=AGENT_WAIT_TTL_SECONDS):
         return False
     from labs.tasks import await_agents
@@ -67,7 +63,7 @@ def agent_wait_done(*, namespace: str) -> None:
 
 
 def agent_wait_delay(step: int) -> float:
-    """Seconds before the next round of agent checks: quick while fast guests come up, then the sync's pace."""
+    """Seconds before the next round: quick while fast guests come up, then the sync's pace."""
     if step < 15:  # about 3 s: a simulated or pre-baked guest answers within this
         return 0.2
     if step < 21:
@@ -81,30 +77,34 @@ def agent_wait_max_steps() -> int:
     return 27 + settings.ATTEMPT_START_TIMEOUT_SECONDS // max(1, settings.ATTEMPT_SYNC_INTERVAL_SECONDS)
 
 
-def _agent_answers(attempt: Attempt) -> bool:
-    from labs.agent_client import AgentError, healthz
-
+def _agent_answers(target: AgentTarget) -> bool:
     try:
-        healthz(attempt, timeout_s=AGENT_CHECK_TIMEOUT_SECONDS)
+        healthz(target, timeout_s=AGENT_CHECK_TIMEOUT_SECONDS)
     except AgentError as error:
-        logger.debug("attempt %s: agent not ready yet (%s)", attempt.id, error.code)
+        logger.debug("VM %s/%s: agent not ready yet (%s)", target.namespace, target.vm_name, error.code)
         return False
     return True
 
 
+def agents_answer(targets: Sequence[AgentTarget]) -> list[bool]:
+    """Whether each agent answers ``/healthz``, asked in parallel."""
+    if len(targets) == 1:
+        return [_agent_answers(targets[0])]
+    with ThreadPoolExecutor(max_workers=min(AGENT_CHECK_CONCURRENCY, len(targets))) as pool:
+        return list(pool.map(_agent_answers, targets))
+
+
 def agent_ask_gap(waiting: int) -> float:
-    """The least time between two questions to one agent while ``waiting`` agents of its namespace boot: keeps
-    the namespace's questions near AGENT_ASK_RATE_PER_SECOND."""
+    """The least time between two questions to one agent while ``waiting`` agents of its namespace boot."""
     return max(AGENT_ASK_MIN_SECONDS, waiting / AGENT_ASK_RATE_PER_SECOND)
 
 
 def agent_ask_due(
     *, booting_for: float, since_last_round: float | None, min_gap: float = AGENT_ASK_MIN_SECONDS
 ) -> bool:
-    """Is an agent that has had ``booting_for`` seconds to come up due for a question in this round, the previous
-    round of its namespace having been ``since_last_round`` seconds ago (None: there was none)? It is asked at ages
-    0, then every quarter of its age (at least ``min_gap``, at most the sync interval apart): due when one of
-    those moments fell since the previous round."""
+    """Whether an agent booting for ``booting_for`` seconds is due a question, the namespace's previous round
+    having been ``since_last_round`` seconds ago (None: none): it is asked at age 0, then every quarter of its age
+    (``min_gap`` to the sync interval apart), and is due when such a moment fell since the previous round."""
     if since_last_round is None or booting_for < since_last_round:  # new since the last round
         return True
     previous = booting_for - since_last_round
@@ -119,31 +119,22 @@ def agent_ask_due(
 
 
 def _first_question_due(attempt: Attempt, *, now: datetime) -> bool:
-    """An agent whose VMI no list has shown Running is first asked AGENT_ASK_MIN_SECONDS after its VM was made: a
-    VM made a moment ago has no guest yet (its VMI is not even Running), and the question would be refused."""
+    """An agent whose VMI no list has shown Running is first asked AGENT_ASK_MIN_SECONDS after its VM was made."""
     if attempt.vmi_running_at is not None or attempt.provisioned_at is None:
         return True
     return (now - attempt.provisioned_at).total_seconds() >= AGENT_ASK_MIN_SECONDS
 
 
-# What agents_check reads of each waiting attempt: its id, what decides whether it is due, and its agent's address.
 AGENT_CHECK_FIELDS = ("id", "provisioned_at", "vmi_running_at", "namespace", "vm_name", "agent_token")
 
 
 def agents_check(*, namespace: str, since_last_round: float | None = None) -> tuple[int, int]:
-    """Ask the agent of every starting attempt in the namespace whose VMI runs for ``/healthz`` (through
-    portforward, in parallel) and mark those that answer running. Returns (now running, still waiting).
-
-    VMs created in the last few seconds are asked even before a list has shown their VMI Running (from
-    AGENT_ASK_MIN_SECONDS after they were made): on a fast cluster the guest is up before the next list, and an
-    agent that answers proves the VMI runs (portforward is refused before Running). The sync records the phase
-    times either way. With ``since_last_round`` (the chain of rounds in ``labs.tasks.await_agents``), only the
-    agents due a question are asked (``agent_ask_due``, the more agents wait the further apart: ``agent_ask_gap``):
-    the rest still count as waiting."""
+    """Ask the agents of the namespace's starting attempts that are due a question for ``/healthz`` (in parallel)
+    and mark those that answer running; returns (now running, still waiting). VMs made in the last few seconds are
+    asked before a list shows their VMI Running: an agent that answers proves it runs."""
     now = timezone.now()
     just_made = now - timedelta(seconds=AGENT_FAST_PATH_SECONDS)
-    # Only what deciding and asking need (the agent's address and token): a round runs every fraction of a second
-    # while a class boots, and whole rows of a hundred attempts cost the worker three times as much.
+    # Only what deciding and asking need: a round runs every fraction of a second while a class boots.
     waiting = list(
         Attempt.objects.filter(namespace=namespace, state=AttemptState.STARTING)
         .filter(Q(phase="Running") | Q(provisioned_at__gte=just_made))
@@ -162,11 +153,7 @@ def agents_check(*, namespace: str, since_last_round: float | None = None) -> tu
     ]
     if not attempts:
         return 0, len(waiting)
-    if len(attempts) == 1:
-        answers = [_agent_answers(attempts[0])]
-    else:
-        with ThreadPoolExecutor(max_workers=min(AGENT_CHECK_CONCURRENCY, len(attempts))) as pool:
-            answers = list(pool.map(_agent_answers, attempts))
+    answers = agents_answer(attempts)
     now_running = [
         attempt
         for attempt, ok in zip(attempts, answers, strict=True)

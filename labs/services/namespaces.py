@@ -51,8 +51,7 @@ _applied_digests: dict[int, str] = {}
 
 
 def tenant_namespace_ensure(*, tenant: Tenant, force: bool = False) -> bool:
-    """Create the tenant's namespace, NetworkPolicies and ResourceQuota unless the same objects were applied
-    already. Returns True when it talked to the cluster."""
+    """Create the tenant's namespace objects unless the same were applied already; True when it asked the cluster."""
     namespace, policies, quota = _namespace_objects(tenant)
     digest = hashlib.sha256(json.dumps([namespace, policies, quota], sort_keys=True).encode()).hexdigest()
     if not force and _applied_digests.get(tenant.id) == digest:
@@ -86,8 +85,7 @@ def is_refusal_record(text: str) -> bool:
 
 
 def tenant_namespace_refused(*, namespace: str, said: str) -> None:
-    """Record that RBAC refuses the portal in the namespace (the tenant's Role is not applied): Starts are refused
-    until it is, and the capacity page shows the cluster's words with what to apply."""
+    """Record that RBAC refuses the portal in the namespace: Starts are refused until the tenant's Role is applied."""
     tenant = Tenant.objects.filter(namespace=namespace).only("id", "namespace").first()
     if tenant is not None:
         _reviewed_ready.discard(tenant.id)
@@ -98,9 +96,8 @@ def tenant_namespace_refused(*, namespace: str, said: str) -> None:
 
 
 def tenant_namespace_ready(*, tenant: Tenant) -> bool:
-    """False while the cluster refuses the portal in the tenant's namespace. A namespace never set up is asked
-    about (``access.refusal``) before its first Start makes an attempt, once per process; a recorded refusal is
-    asked about again after ``NOT_READY_RECHECK_SECONDS``. Any other cluster trouble is left to the Start to meet."""
+    """False while the cluster refuses the portal in the tenant's namespace: one never set up is asked about once per
+    process, a recorded refusal again after ``NOT_READY_RECHECK_SECONDS``."""
     row = TenantNamespace.objects.filter(tenant=tenant).values("bootstrapped_at", "last_error", "last_error_at").first()
     refused = row is not None and is_refusal_record(row["last_error"])
     if not refused and (tenant.id in _reviewed_ready or (row is not None and row["bootstrapped_at"] is not None)):

@@ -1,20 +1,22 @@
 """One attempt's VMI, as a list showed it, applied to the attempt: phase times, the node, a failure or a problem
-that outlasted its grace in the cluster's words, waiting for the agent once the VMI runs, a restarted VMI."""
+that outlasted its grace (in the cluster's words), waiting for the agent, a restarted VMI."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.utils import timezone
+from django.conf import settings
+from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
 from labs.kubevirt import explain, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, AttemptState
 from labs.services.events import attempt_push_on_commit
-from labs.services.provisioning import attempt_end, attempt_fail, attempt_language
+from labs.services.provisioning import attempt_end, attempt_fail
 from labs.states import attempt_transition
 from labs.wording import in_every_language, node_drained, with_cluster_words
 
@@ -49,14 +51,9 @@ def _observed_changes(attempt: Attempt, observation: status.VmiObservation) -> d
 
 
 def _fail_restarted(attempt: Attempt) -> str:
-    """The VMI the attempt followed ended after running and KubeVirt made a new one (runStrategy Always): the
-    guest crashed or was shut down, and a containerDisk starts fresh, so the student's work is gone. The old
-    VMI's reason survives only in Events, read here (a rare path, one request)."""
-    try:
-        detail = status.events_problem(operations.events_for(namespace=attempt.namespace, name=attempt.vm_name))
-    except ClusterError as error:
-        logger.info("attempt %s: events unavailable (%s)", attempt.id, error.message)
-        detail = ""
+    """The VMI the attempt followed ended after running and KubeVirt made a new one from a fresh disk: the work is
+    gone. The old VMI's reason survives only in Events."""
+    detail = explain.events_said(namespace=attempt.namespace, name=attempt.vm_name)
     try:  # a drain shuts down what cannot live-migrate (evictionStrategy None, or LiveMigrateIfPossible)
         drained = bool(attempt.node_name) and operations.node_cordoned(attempt.node_name)
     except ClusterError as error:
@@ -74,13 +71,16 @@ def _fail_restarted(attempt: Attempt) -> str:
             detail,
         )
 
+    return _fail(attempt, reason)
+
+
+def _fail(attempt: Attempt, reason: Callable[[], str]) -> str:
     return Outcome.FAILED if attempt_fail(attempt_id=attempt.id, reason=reason) else Outcome.UNCHANGED
 
 
 def attempt_observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> str:
-    """Apply what the attempt's VMI (or its absence) says, in words in each language (``labs.wording``); what
-    is compared with the attempt's stored message is in the attempt's own language. Returns an :class:`Outcome`."""
-    with attempt_language(attempt.language):
+    """Apply what the attempt's VMI (or its absence) says, in the attempt's language and in each; an ``Outcome``."""
+    with translation.override(attempt.language or settings.LANGUAGE_CODE):
         return _observe(attempt=attempt, vmi=vmi, now=now)
 
 
@@ -111,29 +111,15 @@ def _observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> 
         _apply(attempt, changes, to=to)
         failure = explain.failed_vmi_words(vmi)
         if attempt.state == AttemptState.RUNNING:
-
-            def reason() -> str:
-                return _("The VM stopped unexpectedly.") + " " + failure()
-        else:
-
-            def reason() -> str:
-                return failure() + " " + start_again_hint()
-
-        return Outcome.FAILED if attempt_fail(attempt_id=attempt.id, reason=reason) else Outcome.UNCHANGED
+            return _fail(attempt, lambda: _("The VM stopped unexpectedly.") + " " + failure())
+        return _fail(attempt, lambda: failure() + " " + start_again_hint())
 
     if attempt.state != AttemptState.RUNNING:
         if observation.problem:
             since = observation.problem_since or now
             if observation.problem_final or (now - since).total_seconds() >= status.grace_seconds(observation):
                 _apply(attempt, changes, to=to)
-                return (
-                    Outcome.FAILED
-                    if attempt_fail(
-                        attempt_id=attempt.id,
-                        reason=lambda: _problem(vmi) + " " + start_again_hint(),
-                    )
-                    else Outcome.UNCHANGED
-                )
+                return _fail(attempt, lambda: _problem(vmi) + " " + start_again_hint())
             message = _problem
         elif observation.running:
             message = _waiting_for_agent
@@ -155,8 +141,7 @@ def _waiting_for_agent(vmi: dict[str, Any]) -> str:
 
 
 def _apply(attempt: Attempt, changes: dict[str, Any], *, to: str | None = None) -> bool:
-    """Write ``changes`` (and move the attempt ``to`` a new state, if given) if the attempt is still in the state it
-    was read in; push the update on commit."""
+    """Write ``changes`` (and move the attempt ``to`` a state) if it is still in the state it was read in."""
     if to is not None:
         return attempt_transition(attempt=attempt, to=to, from_states=(attempt.state,), **changes) is not None
     if not changes:

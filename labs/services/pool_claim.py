@@ -1,7 +1,6 @@
-"""How a Start takes a warm pool's VM: claimed in the Start's transaction (one row lock, skipping VMs another Start
-holds, so no VM is claimed twice), then finished by a task: the agent's token rotated to the attempt's over
-portforward, the VM and its VMI labelled with the attempt, the attempt ``running`` with its time starting now. A
-claim that cannot finish falls back to a cold start at once. Also the pool giving way to a cold Start's quota."""
+"""How a Start takes a warm pool's VM: claimed in its transaction (skipping VMs another Start has locked), then
+finished by a task (the agent's token rotated, the VM labelled, the attempt ``running``), or else started cold.
+Also the pool giving way to a cold Start's quota."""
 
 from __future__ import annotations
 
@@ -30,9 +29,8 @@ class ClaimOutcome:
 
 
 def pool_vm_claim(*, attempt: Attempt, lab: Lab, now: datetime) -> PoolVm | None:
-    """Inside the Start's transaction: take the lab's longest-ready pool VM of the attempt's tenant, made from the
-    lab's current VM settings, for ``attempt`` (its ``vm_name`` becomes the VM's), or None. A VM another Start has
-    locked is skipped, not waited for: that Start takes it, this one the next."""
+    """Inside the Start's transaction: take the lab's longest-ready pool VM of the tenant, made from the lab's current
+    settings, for ``attempt`` (its ``vm_name`` becomes the VM's), or None."""
     pool_vm = (
         PoolVm.objects.select_for_update(skip_locked=True)
         .filter(
@@ -59,10 +57,9 @@ def pool_miss_record(*, lab: Lab, now: datetime) -> None:
         LabPool.objects.filter(id=pool.id).update(misses=F("misses") + 1)
 
 
-def pool_give_way(*, tenant_id: int, totals: TenantTotals, fits) -> tuple[TenantTotals, list[PoolVm]]:
-    """Inside the Start's transaction, under the tenant's lock: end unclaimed pool VMs of the tenant (booting ones
-    first) until ``fits(totals)`` says the Start fits. Returns the totals without them and the VMs ended, to be
-    deleted on the cluster after the commit."""
+def pool_give_way(*, tenant_id: int, totals: TenantTotals, fits) -> TenantTotals:
+    """Under the tenant's lock: end unclaimed pool VMs of the tenant (booting first) until ``fits(totals)``, deleted
+    on the cluster if the Start commits; returns the totals without them."""
     given: list[PoolVm] = []
     candidates = (
         PoolVm.objects.select_for_update(skip_locked=True)
@@ -75,33 +72,26 @@ def pool_give_way(*, tenant_id: int, totals: TenantTotals, fits) -> tuple[Tenant
         PoolVm.objects.filter(id=pool_vm.id).update(
             state=PoolVmState.DELETED, ended_at=timezone.now(), end_reason=EndReason.GAVE_WAY
         )
-        totals = replace_totals(totals, pool_vm)
+        totals = totals._replace(
+            vms=totals.vms - 1,
+            vcpus=totals.vcpus - pool_vm.vcpus,
+            memory=totals.memory - pool_vm.launcher_memory_mib,
+        )
         given.append(pool_vm)
-    return totals, given
 
-
-def replace_totals(totals: TenantTotals, pool_vm: PoolVm) -> TenantTotals:
-    return totals._replace(
-        vms=totals.vms - 1,
-        vcpus=totals.vcpus - pool_vm.vcpus,
-        memory=totals.memory - pool_vm.launcher_memory_mib,
-    )
-
-
-def pool_vms_delete_on_commit(pool_vms: list[PoolVm]) -> None:
     def delete() -> None:
-        for pool_vm in pool_vms:
+        for pool_vm in given:
             logger.info("pool VM %s gave way to a cold start", pool_vm.vm_name)
             pool_vm_delete_on_cluster(pool_vm=pool_vm)
 
-    if pool_vms:
+    if given:
         transaction.on_commit(delete)
+    return totals
 
 
 def pool_claim_finish(*, attempt_id: int) -> str:
-    """The claim's second half, in a task: rotate the agent's token, label the VM, make the attempt running. Safe
-    to run twice (a token already rotated is recognised by the attempt's own token answering). Raises a transient
-    ``ClusterError`` for the task to retry; anything else that goes wrong makes the attempt start cold."""
+    """The claim's second half: rotate the agent's token, label the VM, make the attempt running. Safe to run twice;
+    raises a transient ``ClusterError`` for the task to retry; anything else makes the attempt start cold."""
     from labs.agent_client import AgentError, AgentTokenRejected, healthz, rotate_token
 
     attempt = Attempt.objects.select_related("lab").filter(id=attempt_id, state=AttemptState.REQUESTED).first()

@@ -1,33 +1,30 @@
-"""Warm pools kept at their size: VMs made ahead of Starts (within the tenant's quota, a few per pass), asked until
-their agent answers, replaced when it stops answering or the cluster says their VMI failed or their VM is gone,
-and drained when the pool is off, its schedule ends or its lab closes. How an attempt takes one:
-``labs.services.pool_claim``."""
+"""Warm pools kept at their size: VMs made ahead of Starts (within the tenant's quota), asked until their agent
+answers, replaced when it stops or the cluster says they ended, drained when the pool is off or its lab closes;
+long-ended rows pruned, their figures kept on their pool."""
 
 from __future__ import annotations
 
 import logging
 import secrets
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Max, Min, Q
+from django.db.models import Count, F, Max, Min, Q
 from django.utils import timezone
 
-from labs.kubevirt import manifests, names, operations
+from labs.kubevirt import names, operations
 from labs.kubevirt.operations import ClusterError
 from labs.kubevirt.status import FINAL_PHASES
+from labs.models import FINAL_STATES
 from labs.pool_models import POOL_HOLDING_STATES, LabPool, PoolMode, PoolVm, PoolVmState, pool_vm_recipe
+from labs.services.agents import agents_answer
 from labs.services.provisioning import lab_vm_create
 from labs.services.quota import quota_refusal, tenant_locked, tenant_totals
 from labs.sizes import guest_resources, launcher_requests
 
 logger = logging.getLogger(__name__)
-
-POOL_CHECK_CONCURRENCY = 8
-POOL_AGENT_TIMEOUT_SECONDS = 3.0
 
 
 class EndReason:
@@ -52,9 +49,8 @@ class PoolReport:
 
 
 def pools_refill(*, now: datetime | None = None) -> PoolReport:
-    """One pass over every pool that holds VMs or wants some: drain what is beyond its target (all of it when it
-    is off or out of its window), then make up to ``POOL_REFILL_PER_PASS`` VMs of the deficit, within the quota,
-    unless its class is arriving (``refill_held``)."""
+    """One pass over every pool that holds VMs or wants some: drain what is beyond its target, or make up to
+    ``POOL_REFILL_PER_PASS`` VMs of the deficit within the quota, unless its class is arriving (``refill_held``)."""
     now = now or timezone.now()
     report = PoolReport()
     pools = LabPool.objects.select_related("lab__course__tenant").annotate(
@@ -63,16 +59,14 @@ def pools_refill(*, now: datetime | None = None) -> PoolReport:
     for pool in pools.filter(Q(holding__gt=0) | ~Q(mode=PoolMode.OFF)):
         stale = PoolVm.objects.filter(pool=pool, state__in=POOL_HOLDING_STATES).exclude(recipe=pool_vm_recipe(pool.lab))
         for pool_vm in stale:
-            if pool_vm_end(pool_vm=pool_vm, reason=EndReason.STALE):
-                report.deleted.append(pool_vm.vm_name)
+            if pool_vm_end(pool_vm=pool_vm, reason=EndReason.STALE, report=report):
                 pool.holding -= 1
         target = pool.target(now)
         if pool.holding > target:
             # Booting ones first (they cost the least to give up), then the most recently ready.
             extra = PoolVm.objects.filter(pool=pool, state__in=POOL_HOLDING_STATES).order_by("-state", "-id")
             for pool_vm in extra[: pool.holding - target]:
-                if pool_vm_end(pool_vm=pool_vm, reason=EndReason.DRAINED):
-                    report.deleted.append(pool_vm.vm_name)
+                pool_vm_end(pool_vm=pool_vm, reason=EndReason.DRAINED, report=report)
             continue
         if target > pool.holding and refill_held(pool=pool, now=now):
             report.held.append(pool.id)
@@ -90,8 +84,8 @@ def pools_refill(*, now: datetime | None = None) -> PoolReport:
 
 
 def refill_held(*, pool: LabPool, now: datetime) -> bool:
-    """Whether the pool's class is arriving: a claim within ``POOL_REFILL_HOLD_SECONDS``, and the first claim since
-    the pool last made a VM within ``POOL_REFILL_HOLD_MAX_SECONDS``. The refill waits so the class's Starts go first."""
+    """Whether the pool's class is arriving (a claim within ``POOL_REFILL_HOLD_SECONDS``, the first since the last
+    VM made within ``POOL_REFILL_HOLD_MAX_SECONDS``): the refill waits so their Starts go first."""
     if settings.POOL_REFILL_HOLD_SECONDS <= 0:
         return False
     vms = PoolVm.objects.filter(pool=pool)
@@ -104,8 +98,8 @@ def refill_held(*, pool: LabPool, now: datetime) -> bool:
 
 
 def pool_vm_create(*, pool: LabPool) -> PoolVm | None:
-    """Make one VM for the pool if the tenant's quota has room for it (decided under the tenant's lock, as a Start
-    decides), else None. Its row is written first, so a crash leaves a VM the sweep can tell from an orphan."""
+    """Make one VM for the pool if the tenant's quota has room (under the tenant's lock, as a Start), else None. Its
+    row is written first, so a crash leaves a VM the sweep can tell from an orphan."""
     lab = pool.lab
     tenant = lab.course.tenant
     guest = guest_resources(lab.size)
@@ -113,15 +107,7 @@ def pool_vm_create(*, pool: LabPool) -> PoolVm | None:
     with transaction.atomic():
         locked = tenant_locked(tenant.id)
         totals = tenant_totals(tenant_id=tenant.id, student=None)
-        refusal = quota_refusal(
-            tenant=locked,
-            used_vms=totals.vms,
-            used_vcpus=totals.vcpus,
-            used_memory=totals.memory,
-            vcpus=guest.vcpus,
-            memory_mib=launcher.memory_mib,
-        )
-        if refusal is not None:
+        if quota_refusal(tenant=locked, used=totals, vcpus=guest.vcpus, memory_mib=launcher.memory_mib) is not None:
             return None
         pool_vm = PoolVm.objects.create(
             pool=pool,
@@ -152,7 +138,7 @@ def _put_on_cluster(pool_vm: PoolVm) -> None:
     labels = names.pool_vm_labels(
         tenant_id=pool_vm.tenant_id, course_id=lab.course_id, lab_id=lab.id, pool_vm_id=pool_vm.id
     )
-    created_vm = lab_vm_create(
+    lab_vm_create(
         tenant=pool_vm.tenant,
         namespace=pool_vm.namespace,
         name=pool_vm.vm_name,
@@ -162,22 +148,24 @@ def _put_on_cluster(pool_vm: PoolVm) -> None:
         memory_mib=pool_vm.memory_mib,
         user_data=user_data,
     )
-    operations.secret_set_owner(
-        namespace=pool_vm.namespace,
-        name=names.cloud_init_secret_name(pool_vm.vm_name),
-        owner=manifests.owner_reference(created_vm),
-    )
 
 
-def pool_vm_end(*, pool_vm: PoolVm, reason: str, from_states: tuple[str, ...] = POOL_HOLDING_STATES) -> bool:
-    """Take an unclaimed VM out of the pool (it stops counting against the quota at once) and delete it. False
-    when it had been claimed or ended meanwhile."""
+def pool_vm_end(
+    *,
+    pool_vm: PoolVm,
+    reason: str,
+    from_states: tuple[str, ...] = POOL_HOLDING_STATES,
+    report: PoolReport | None = None,
+) -> bool:
+    """Take an unclaimed VM out of the pool (freeing its quota at once) and delete it; False if claimed or ended."""
     ended = PoolVm.objects.filter(id=pool_vm.id, state__in=from_states).update(
         state=PoolVmState.DELETED, ended_at=timezone.now(), end_reason=reason
     )
     if not ended:
         return False
     logger.info("pool VM %s/%s ended: %s", pool_vm.namespace, pool_vm.vm_name, reason)
+    if report is not None:
+        report.deleted.append(pool_vm.vm_name)
     pool_vm_delete_on_cluster(pool_vm=pool_vm)
     return True
 
@@ -187,26 +175,14 @@ def pool_vm_delete_on_cluster(*, pool_vm: PoolVm) -> None:
     if not pool_vm.vm_name:
         return
     try:
-        operations.vm_delete(namespace=pool_vm.namespace, name=pool_vm.vm_name)
-        operations.secret_delete(namespace=pool_vm.namespace, name=names.cloud_init_secret_name(pool_vm.vm_name))
+        operations.vm_and_secret_delete(namespace=pool_vm.namespace, name=pool_vm.vm_name)
     except ClusterError as error:
         logger.warning("pool VM %s: delete failed (%s); the sweep removes it", pool_vm.vm_name, error.message)
 
 
-def _agent_answers(pool_vm: PoolVm) -> bool:
-    from labs.agent_client import AgentError, healthz
-
-    try:
-        healthz(pool_vm, timeout_s=POOL_AGENT_TIMEOUT_SECONDS)
-    except AgentError:
-        return False
-    return True
-
-
 def _ended_on_cluster(vms: list[PoolVm], report: PoolReport) -> dict[int, str]:
-    """Pool VMs the cluster says are done, by id, with the reason: their VMI Failed, Succeeded or being deleted,
-    or their VM gone. One VMI list per namespace, and a VM list only where a VMI is missing; a namespace that
-    does not answer gives no verdict (its agents are still asked)."""
+    """Pool VMs the cluster says are done, by id, with the reason: their VMI ended or being deleted, or their VM
+    gone. One VMI list per namespace, a VM list only where a VMI is missing; no answer gives no verdict."""
     ended: dict[int, str] = {}
     by_namespace: dict[str, list[PoolVm]] = {}
     for pool_vm in vms:
@@ -231,10 +207,9 @@ def _ended_on_cluster(vms: list[PoolVm], report: PoolReport) -> dict[int, str]:
 
 
 def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
-    """Look at the unclaimed pool VMs' VMIs (a failed or vanished one is replaced at once), then ask the agents
-    of the booting ones and of the ready ones not asked for ``POOL_READY_CHECK_SECONDS`` (in parallel): a
-    booting one that answers is ready; a ready one that does not answer, or a booting one past the start
-    timeout, is replaced. A claim asks the agent again in any case (its token rotation)."""
+    """End the unclaimed pool VMs the cluster says are done, then ask the agents of the booting ones and of the
+    ready ones not asked for ``POOL_READY_CHECK_SECONDS``: a booting one that answers is ready; a ready one that
+    does not, or a booting one past the start timeout, is replaced."""
     now = now or timezone.now()
     report = PoolReport()
     vms = list(PoolVm.objects.filter(state__in=POOL_HOLDING_STATES).exclude(vm_name=""))
@@ -242,8 +217,8 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
         return report
     ended = _ended_on_cluster(vms, report)
     for pool_vm in vms:
-        if pool_vm.id in ended and pool_vm_end(pool_vm=pool_vm, reason=ended[pool_vm.id]):
-            report.deleted.append(pool_vm.vm_name)
+        if pool_vm.id in ended:
+            pool_vm_end(pool_vm=pool_vm, reason=ended[pool_vm.id], report=report)
     due = now - timedelta(seconds=settings.POOL_READY_CHECK_SECONDS)
     asked = [
         pool_vm
@@ -253,8 +228,7 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
     ]
     if not asked:
         return report
-    with ThreadPoolExecutor(max_workers=min(POOL_CHECK_CONCURRENCY, len(asked))) as executor:
-        answers = list(executor.map(_agent_answers, asked))
+    answers = agents_answer(asked)
     PoolVm.objects.filter(id__in=[pool_vm.id for pool_vm in asked]).update(checked_at=timezone.now())
     boot_limit = now - timedelta(seconds=settings.ATTEMPT_START_TIMEOUT_SECONDS)
     for pool_vm, answers_now in zip(asked, answers, strict=True):
@@ -265,9 +239,43 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
             ):
                 report.ready.append(pool_vm.vm_name)
         elif pool_vm.state == PoolVmState.READY and not answers_now:
-            if pool_vm_end(pool_vm=pool_vm, reason=EndReason.AGENT_LOST, from_states=(PoolVmState.READY,)):
-                report.deleted.append(pool_vm.vm_name)
+            pool_vm_end(pool_vm=pool_vm, reason=EndReason.AGENT_LOST, from_states=(PoolVmState.READY,), report=report)
         elif pool_vm.state == PoolVmState.BOOTING and pool_vm.created_at < boot_limit:
-            if pool_vm_end(pool_vm=pool_vm, reason=EndReason.BOOT_TIMEOUT, from_states=(PoolVmState.BOOTING,)):
-                report.deleted.append(pool_vm.vm_name)
+            pool_vm_end(
+                pool_vm=pool_vm, reason=EndReason.BOOT_TIMEOUT, from_states=(PoolVmState.BOOTING,), report=report
+            )
     return report
+
+
+PRUNE_BATCH = 1000
+
+
+def pool_vms_prune(*, now: datetime | None = None) -> int:
+    """Delete up to ``PRUNE_BATCH`` long-ended pool VM rows, their figures kept on their pools; how many."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(days=settings.POOL_VM_RETENTION_DAYS)
+    ended = Q(state=PoolVmState.DELETED, ended_at__lt=cutoff) | Q(
+        Q(attempt__isnull=True) | Q(attempt__state__in=FINAL_STATES),
+        state=PoolVmState.CLAIMED,
+        claimed_at__lt=cutoff,
+    )
+    with transaction.atomic():
+        rows = list(
+            PoolVm.objects.select_for_update(of=("self",))
+            .filter(ended)
+            .order_by("id")
+            .only("id", "pool_id", "state", "created_at", "claimed_at", "ended_at", "attempt_id")[:PRUNE_BATCH]
+        )
+        if not rows:
+            return 0
+        figures: dict[int, tuple[int, float]] = {}
+        for row in rows:
+            hits, idle = figures.get(row.pool_id, (0, 0.0))
+            figures[row.pool_id] = (hits + (row.state == PoolVmState.CLAIMED), idle + row.idle_seconds(now))
+        for pool_id, (hits, idle) in figures.items():
+            LabPool.objects.filter(id=pool_id).update(
+                pruned_hits=F("pruned_hits") + hits, pruned_idle_seconds=F("pruned_idle_seconds") + idle
+            )
+        PoolVm.objects.filter(id__in=[row.id for row in rows]).delete()
+    logger.info("pruned %d pool VM rows ended more than %d days ago", len(rows), settings.POOL_VM_RETENTION_DAYS)
+    return len(rows)

@@ -10,8 +10,7 @@ from labs.models import ACTIVE_STATES, Attempt, AttemptState
 
 
 def attempt_seen(*, attempt_id: int, now: datetime | None = None) -> bool:
-    """A page of the student has the attempt open now (its events socket): the lab's stop when left counts from
-    here. One row, one column; False once the attempt has ended."""
+    """A page of the student has the attempt open now (its events socket); False once the attempt has ended."""
     return bool(
         Attempt.objects.filter(id=attempt_id, state__in=ACTIVE_STATES).update(last_seen_at=now or timezone.now())
     )
@@ -28,9 +27,7 @@ PRESENCE_LOST_AFTER_SECONDS = 2 * PRESENCE_STAMP_SECONDS + 30
 def attempt_stops_as_left_at(
     attempt: Attempt, *, idle_stop_minutes: int, now: datetime | None = None
 ) -> datetime | None:
-    """When the running attempt will be stopped because no page has it open, while that is so now; None when a
-    page has it open, when its lab (``idle_stop_minutes``) never stops attempts for that, or when it is not
-    running. For the pages that are not the attempt's own (the dashboard): opening the lab page resets it."""
+    """When the running attempt will be stopped as left, while no page has it open (for the dashboard); else None."""
     now = now or timezone.now()
     since = attempt_left_since(attempt)
     if attempt.state != AttemptState.RUNNING or not idle_stop_minutes or since is None:
@@ -41,8 +38,7 @@ def attempt_stops_as_left_at(
 
 
 def attempt_left_since(attempt: Attempt) -> datetime | None:
-    """Since when no page of the student has had the attempt open: its last stamp, or the moment its agent answered
-    if that came later (a page that saw it starting and closed counts from when it was ready to work in; one started
-    through the API that no page has opened, likewise). None until it runs."""
+    """Since when no page has had the attempt open: its last stamp, or when its agent answered if later; None until
+    it runs."""
     stamps = [stamp for stamp in (attempt.last_seen_at, attempt.agent_ready_at) if stamp is not None]
     return max(stamps) if attempt.agent_ready_at is not None else None

@@ -1,9 +1,5 @@
-"""Putting an attempt's VM on the cluster and taking it off again; the system's own attempt transitions.
-
-Every function here is safe to run twice or to rerun after a crash at any line (Celery delivers at least once):
-work is claimed with conditional updates (``filter(state=...).update(...) == 1``), names are deterministic, and
-the cluster calls treat "already exists" and "not found" as done (``labs.kubevirt.operations``).
-"""
+"""Putting an attempt's VM on the cluster, and the system's own attempt transitions; each safe to rerun after a
+crash at any line (conditional updates, deterministic names, "already exists" and "not found" taken as done)."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Case, Value, When
-from django.utils import timezone, translation
+from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from labs.kubevirt import manifests, names, operations
@@ -29,27 +25,16 @@ from portal.models import Tenant
 
 logger = logging.getLogger(__name__)
 
-# How long the worker keeps an attempt's ``provisioning`` update back (labs.services.events): creating the Secret and
-# the VM usually takes a fraction of that, and the page then gets ``starting`` alone.
+# The ``provisioning`` push is held this long: making the VM usually takes less, and the page gets ``starting`` alone.
 PROVISIONING_PUSH_HOLD_SECONDS = 1.0
 
 
-# ---- the system's transitions -------------------------------------------------------------------------------
-
-
-def attempt_language(language: str):
-    """Work in ``language``, an attempt's ``Attempt.language`` (the default language when it has none): the
-    language of its text fields. Its messages are also written in every language (``labs.wording``)."""
-    return translation.override(language or settings.LANGUAGE_CODE)
-
-
 def attempt_fail(*, attempt_id: int, reason: Callable[[], str], from_states: tuple[str, ...] = ACTIVE_STATES) -> bool:
-    """Mark the attempt failed and queue the clean-up of its VM. ``reason`` returns why, in plain words for the
-    student; it is called once per language (``labs.wording``), so it only translates and formats. False when the
-    attempt had already left ``from_states``."""
+    """Mark the attempt failed and queue the clean-up of its VM; False when it had left ``from_states``. ``reason``
+    says why for the student, called once per language, so it only translates and formats."""
     texts = {code: text[:4000] for code, text in in_every_language(reason).items()}
     default = texts.get(settings.LANGUAGE_CODE) or next(iter(texts.values()))
-    # The text field keeps the student's own language (Attempt.language), picked in the update itself.
+    # The text field keeps the attempt's own language, picked in the update itself.
     in_attempt_language = Case(
         *(When(language=code, then=Value(text)) for code, text in texts.items()), default=Value(default)
     )
@@ -104,9 +89,6 @@ def attempt_mark_running(*, attempt_id: int, now: datetime | None = None) -> boo
     )
 
 
-# ---- provisioning -------------------------------------------------------------------------------------------
-
-
 class ProvisionOutcome:
     CREATED = "created"
     SKIPPED = "skipped"
@@ -115,8 +97,7 @@ class ProvisionOutcome:
 
 
 def attempt_provision(*, attempt_id: int) -> str:
-    """Create the attempt's cloud-init Secret and VM (and the namespace first if needed); the attempt becomes
-    ``starting``. Raises ``ClusterError`` for the caller to retry or give up on."""
+    """Create the attempt's cloud-init Secret and VM; the attempt becomes ``starting``. Raises ``ClusterError``."""
     attempt = Attempt.objects.select_related("lab", "tenant").filter(id=attempt_id).first()
     if (
         attempt is not None
@@ -129,8 +110,6 @@ def attempt_provision(*, attempt_id: int) -> str:
         pool_claim_finish(attempt_id=attempt_id)
         return ProvisionOutcome.SKIPPED
     if attempt is not None and attempt.state == AttemptState.REQUESTED:
-        # The claim's push is held back: news only if making the VM takes a while (``starting``, or a failure,
-        # from here replaces it sooner).
         if (
             attempt_transition(
                 attempt=attempt,
@@ -182,14 +161,8 @@ def attempt_provision(*, attempt_id: int) -> str:
             ),
         )
         return ProvisionOutcome.FAILED
-    operations.secret_set_owner(
-        namespace=attempt.namespace,
-        name=names.cloud_init_secret_name(attempt.vm_name),
-        owner=manifests.owner_reference(created_vm),
-    )
 
-    # Every other write to a provisioning attempt (a sync that saw its VMI, a stop) moves it out of provisioning,
-    # and then this transition matches nothing.
+    # Any other write to a provisioning attempt (a sync, a stop) moves it on, and then this matches nothing.
     if attempt_transition(attempt=attempt, to=AttemptState.STARTING, from_states=(AttemptState.PROVISIONING,)) is None:
         return _after_lost_claim(attempt_id=attempt_id)
     watch_new_vm(attempt.namespace)
@@ -207,8 +180,9 @@ def lab_vm_create(
     memory_mib: int,
     user_data: str,
 ) -> dict:
-    """Create a lab's VM and its cloud-init Secret in ``namespace``, the tenant's (set up first, and again if it was
-    deleted behind the portal's back: the error is then transient). Returns the VM as the cluster has it."""
+    """Create a lab's VM and its cloud-init Secret in the tenant's namespace (set up first, and again if it was
+    deleted behind the portal's back), the Secret owned by the VM if it is the one asked for; returns the VM as the
+    cluster has it."""
     tenant_namespace_ensure(tenant=tenant)
     secret_name = names.cloud_init_secret_name(name)
     try:
@@ -232,14 +206,15 @@ def lab_vm_create(
             tenant_namespace_ensure(tenant=tenant, force=True)
             error.transient = True
         raise
+    if labels.items() <= ((created_vm.get("metadata") or {}).get("labels") or {}).items():
+        owner = manifests.owner_reference(created_vm)
+        operations.secret_set_owner(namespace=namespace, name=secret_name, owner=owner)
     return created_vm
 
 
 def _after_lost_claim(*, attempt_id: int) -> str:
-    """The attempt left ``provisioning`` while its VM was being created (a stop, say). If its teardown already
-    ran, the VM just made would outlive it: delete it here rather than wait for the sweep."""
+    """The attempt left ``provisioning`` while its VM was made (a stop): if its teardown ran already, delete the VM."""
     attempt = Attempt.objects.get(id=attempt_id)
     if attempt.state in FINAL_STATES or (attempt.state == AttemptState.STOPPING and attempt.vm_deleted_at):
-        operations.vm_delete(namespace=attempt.namespace, name=attempt.vm_name)
-        operations.secret_delete(namespace=attempt.namespace, name=names.cloud_init_secret_name(attempt.vm_name))
+        operations.vm_and_secret_delete(namespace=attempt.namespace, name=attempt.vm_name)
     return ProvisionOutcome.ABANDONED

@@ -1,7 +1,5 @@
-"""The tenant's capacity and the per-student limit, as the Start checks them under the tenant's lock, and the
-
-
-refusals (with a Retry-After hint when capacity is full, as JupyterHub answers 429 with a suggested wait)."""
+"""The tenant's capacity and the per-student limit as the Start checks them under the tenant's lock, and the
+refusals (with a Retry-After hint when capacity is full)."""
 
 from __future__ import annotations
 
@@ -40,8 +38,7 @@ def check_start_throttle() -> None:
 
 
 def per_student_refusal(*, running: int, stopping: int) -> Conflict:
-    """The student already has as many labs going as the institution lets one person have: one must stop first
-    (waiting alone would not help, so no Retry-After), or end, if it is stopping already."""
+    """The student has as many labs going as one person may: one must stop or end first (so no Retry-After)."""
     if stopping:
         message = ngettext(
             "You already have %(count)d lab going, as many as your institution allows one person at once, and it is "
@@ -62,8 +59,8 @@ def per_student_refusal(*, running: int, stopping: int) -> Conflict:
 
 
 def per_student_cap_message(*, student: User, tenant: Tenant) -> str:
-    """What the lab page says instead of offering Start when the student already has as many labs going as the
-    institution allows one person ('' when Start may be tried; ``attempt_start`` decides for real, under a lock)."""
+    """What the lab page says instead of offering Start when the student has as many labs going as one person may
+    ('' when Start may be tried; ``attempt_start`` decides for real)."""
     if not tenant.max_vms_per_student:
         return ""
     going = Attempt.objects.filter(student=student, tenant=tenant, state__in=ACTIVE_STATES).aggregate(
@@ -74,10 +71,17 @@ def per_student_cap_message(*, student: User, tenant: Tenant) -> str:
     return per_student_refusal(running=going["running"], stopping=going["stopping"]).message
 
 
-def quota_refusal(
-    *, tenant: Tenant, used_vms: int, used_vcpus: int, used_memory: int, vcpus: int, memory_mib: int
-) -> Unavailable | None:
+class TenantTotals(NamedTuple):
+    vms: int
+    vcpus: int
+    memory: int
+    students: int  # the student's own active attempts
+    stopping: int  # of which stopping
+
+
+def quota_refusal(*, tenant: Tenant, used: TenantTotals, vcpus: int, memory_mib: int) -> Unavailable | None:
     """The refusal when one more VM of this shape would pass any of the tenant's limits, else None."""
+    used_vms, used_vcpus, used_memory = used.vms, used.vcpus, used.memory
     reasons = []
     if used_vms + 1 > tenant.max_concurrent_vms:
         reasons.append(_("all %(limit)d lab VMs are in use") % {"limit": tenant.max_concurrent_vms})
@@ -97,23 +101,14 @@ def quota_refusal(
     )
 
 
-class TenantTotals(NamedTuple):
-    vms: int
-    vcpus: int
-    memory: int
-    students: int  # the student's own active attempts
-    stopping: int  # of which stopping
-
-
 def tenant_locked(tenant_id: int) -> Tenant:
-    """The tenant, its row locked until the transaction ends. FOR NO KEY UPDATE: rows that only reference the tenant
-    (a classmate's audit record, a new attempt) need not wait for it."""
+    """The tenant, its row locked FOR NO KEY UPDATE (rows that only reference it need not wait) until commit."""
     return Tenant.objects.select_for_update(no_key=True).get(id=tenant_id)
 
 
 def tenant_totals(*, tenant_id: int, student: User | None) -> TenantTotals:
-    """The tenant's active attempts and its warm pools' unclaimed VMs: how many, their vCPUs and launcher memory;
-    and the student's own attempts."""
+    """How many VMs the tenant's active attempts and unclaimed pool VMs hold, their vCPUs and launcher memory, and
+    the student's own attempts."""
     totals = Attempt.objects.filter(tenant_id=tenant_id, state__in=ACTIVE_STATES).aggregate(
         vms=Count("id"),
         vcpus=Sum("vcpus"),

@@ -1,8 +1,5 @@
-"""Starting an attempt: the checks, the quota under the tenant's row lock (concurrent starts for the last slot are
-
-
-serialised and exactly one gets it; the one-active constraint backs the per-student rule), the row, and the
-provisioning queued on commit."""
+"""Starting an attempt: the checks, the quota under the tenant's row lock (exactly one of concurrent starts gets the
+last slot), the row, and the provisioning or the warm pool's claim queued on commit."""
 
 from __future__ import annotations
 
@@ -16,9 +13,10 @@ from django.utils.translation import gettext as _
 
 from labs.kubevirt import names
 from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab, extra_cloud_init_problem
-from labs.pool_models import LabPool
+from labs.services.events import on_commit_logged
 from labs.services.namespaces import tenant_namespace_ready
-from labs.services.pool_claim import pool_give_way, pool_miss_record, pool_vm_claim, pool_vms_delete_on_commit
+from labs.services.pool_claim import pool_give_way, pool_miss_record, pool_vm_claim
+from labs.services.provisioning import attempt_fail
 from labs.services.quota import (
     TenantTotals,
     check_start_throttle,
@@ -29,8 +27,6 @@ from labs.services.quota import (
     tenant_totals,
 )
 from labs.sizes import guest_resources, launcher_requests
-from labs.states import attempt_transition
-from labs.wording import in_every_language, in_language
 from portal.errors import ApplicationError, Conflict, NotFound, PermissionDenied, Unavailable, database_busy
 from portal.models import Role, User
 from portal.ratelimit import rate_limit_hit, rate_limit_refund
@@ -68,23 +64,12 @@ def _check_extra_cloud_init(lab: Lab) -> None:
 
 
 def _my_attempts(*, student: User, lab: Lab) -> dict:
-    """The student's attempts of the lab: how many count against its limit (all but the failed), the highest
-    number so far, and the id of an active one."""
+    """How many of the student's attempts count against the limit (not the failed), the top number, an active one."""
     return Attempt.objects.filter(student=student, lab=lab).aggregate(
         counted=Count("id", filter=~Q(state=AttemptState.FAILED)),
         number=Max("number"),
         active=Max("id", filter=Q(state__in=ACTIVE_STATES)),
     )
-
-
-def _has_pool(lab: Lab) -> bool:
-    """Whether the lab has a warm pool (most have none, and then no pool VM to claim nor miss to count). The lab
-    page's Start reads it with the lab (``lab_get_for_student``); other callers pay one query here."""
-    try:
-        lab.pool  # noqa: B018 - the access is the check
-    except LabPool.DoesNotExist:
-        return False
-    return True
 
 
 def _already_active(*, attempt_id: int | None) -> Conflict:
@@ -103,19 +88,9 @@ def _is_one_active_violation(error: IntegrityError) -> bool:
 
 
 def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
-    """Start an attempt of ``lab`` for the student ``actor``: checks, quota, the row, then provisioning on commit.
-
-    Every start in a tenant waits for the tenant's row lock, so the lock is held for as little as possible: the
-    attempt row, its VM name and the audit record are written first (an uncommitted row is invisible to the other
-    starts), then the lock is taken and one aggregate counts the tenant's active attempts, this one included, and
-    the transaction commits at once: two round trips under the lock. A start over the quota rolls back what it
-    wrote. Everything that does not depend on other starts (the student's standing and earlier attempts, the lab's
-    window and settings, the size arithmetic, the global start throttle) is decided before the transaction, and
-    the push and the queueing run after the commit.
-
-    ``role``: the actor's role in the lab's course when the caller has just read it with the lab (the lab page's
-    ``lab_get_for_student`` finds the lab through the student's membership); otherwise it is read here.
-    """
+    """Start an attempt of ``lab`` for the student ``actor`` (``role``: theirs in its course, if the caller read it).
+    The tenant's row lock is held for two round trips only: the rows are written first, then the lock is taken and
+    one aggregate counts the tenant's active attempts (this one included); a start over the quota rolls back."""
     course = lab.course
     if role is None:
         role = course_role(user=actor, course=course)
@@ -129,8 +104,7 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
     guest = guest_resources(lab.size)
     launcher = launcher_requests(vcpus=guest.vcpus, memory_mib=guest.memory_mib)
     _check_extra_cloud_init(lab)
-    # The student's own attempts of the lab, in one query. Two starts of the same student cannot both get past the
-    # one-active constraint, so counting outside the lock lets nobody past the attempt limit.
+    # Counted outside the lock: the one-active constraint lets no second start of the student past the limit.
     mine = _my_attempts(student=actor, lab=lab)
     if mine["active"] is not None:
         raise _already_active(attempt_id=mine["active"])
@@ -138,14 +112,14 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
         raise Conflict(
             _("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit}, code="attempt_limit"
         )
-    # After the refusals that need no cluster: for a tenant never set up, this asks the cluster (namespaces.py).
+    # After the refusals that need no cluster: for a tenant never set up, this asks the cluster.
     if not tenant_namespace_ready(tenant=course.tenant):
         # Nothing to fail: the cluster is known to refuse the portal here (the capacity page says what to apply).
         logger.error("start of lab %s refused: tenant %s's namespace refuses the portal", lab.pk, course.tenant_id)
         raise Conflict(_("This course is not ready yet; your instructor has been told."), code="course_not_ready")
     check_start_throttle()
     number = (mine["number"] or 0) + 1
-    pooled = _has_pool(lab)
+    pooled = hasattr(lab, "pool")  # read with the lab by the lab page's Start, else one query
 
     try:
         with transaction.atomic():
@@ -156,7 +130,7 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
                 number=number,  # ``requested``, the model's default
                 namespace=course.tenant.namespace,
                 agent_token=secrets.token_urlsafe(32),
-                # The page's language (the request's): the workers' messages about this attempt are written in it.
+                # The workers write their messages about this attempt in the page's language.
                 language=translation.get_language() or "",
                 vcpus=guest.vcpus,
                 memory_mib=guest.memory_mib,
@@ -177,33 +151,26 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
                 course=course,
                 data={"lab": lab.id, "size": lab.size, "number": number},
             )
-            # Serialises the starts of the tenant: the totals below include every start that committed before
-            # this one got the lock.
+            # Serialises the tenant's starts: the totals include every one that committed before.
             tenant = tenant_locked(course.tenant_id)
             totals = tenant_totals(tenant_id=course.tenant_id, student=actor)
             if tenant.max_vms_per_student and totals.students > tenant.max_vms_per_student:
                 raise per_student_refusal(running=totals.students - 1, stopping=totals.stopping)
 
             def refusal_at(totals: TenantTotals) -> Unavailable | None:
-                return quota_refusal(
-                    tenant=tenant,
-                    used_vms=totals.vms - 1,
-                    used_vcpus=totals.vcpus - guest.vcpus,
-                    used_memory=totals.memory - launcher.memory_mib,
-                    vcpus=guest.vcpus,
-                    memory_mib=launcher.memory_mib,
+                # The totals count this attempt already: the rest is what it would be added to.
+                others = totals._replace(
+                    vms=totals.vms - 1, vcpus=totals.vcpus - guest.vcpus, memory=totals.memory - launcher.memory_mib
                 )
+                return quota_refusal(tenant=tenant, used=others, vcpus=guest.vcpus, memory_mib=launcher.memory_mib)
 
             refusal = refusal_at(totals)
             if refusal is not None:
                 # Idle pool VMs of the tenant give way to a student's Start.
-                totals, given = pool_give_way(
-                    tenant_id=course.tenant_id, totals=totals, fits=lambda t: refusal_at(t) is None
-                )
+                totals = pool_give_way(tenant_id=course.tenant_id, totals=totals, fits=lambda t: refusal_at(t) is None)
                 refusal = refusal_at(totals)
                 if refusal is not None:
                     raise refusal
-                pool_vms_delete_on_commit(given)
     except IntegrityError as error:
         if not _is_one_active_violation(error):
             raise
@@ -211,10 +178,12 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
             Attempt.objects.filter(student=actor, lab=lab, state__in=ACTIVE_STATES).values_list("id", flat=True).first()
         )
         raise _already_active(attempt_id=active) from None
-    # After the commit (or, inside a caller's transaction, on its commit): the task. No update is pushed: nobody can
-    # be listening to the group of an attempt that did not exist, and the answer carries its status.
+    # No update is pushed: nobody listens to an attempt that did not exist, and the answer carries its status.
     if claimed is not None:
-        _enqueue_claim_finish(attempt.id)
+        from labs.tasks_pools import finish_pool_claim
+
+        # A broker that refuses leaves the attempt requested; the sweep queues its provisioning, which finishes it.
+        on_commit_logged(lambda: finish_pool_claim.delay(attempt.id), what=f"queueing the claim of {attempt.id}")
         return attempt
     if pooled:
         pool_miss_record(lab=lab, now=now)
@@ -228,11 +197,9 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
 
 
 def attempt_start_limited(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
-    """``attempt_start`` behind the per-person start limit (``RATE_LIMITS["attempt_start"]``), the same for the lab
-    page's Start and the API's. A refusal that asks to come back later (full capacity, many starts at once: it
-    carries Retry-After) started nothing and is not counted, nor is a database too busy to answer, so a page that
-    waits and retries by itself (``static/js/start.js``) does not use up the limit; every other refusal counts, as a
-    start does."""
+    """``attempt_start`` behind the per-person start limit (``RATE_LIMITS["attempt_start"]``). A refusal that asks to
+    come back later (Retry-After) or a database too busy to answer is not counted, so a page that retries by itself
+    does not use up the limit."""
     counted = rate_limit_hit(
         scope="attempt_start",
         key=f"user:{actor.pk}",
@@ -245,8 +212,7 @@ def attempt_start_limited(*, actor: User, lab: Lab, role: str | None = None) -> 
             rate_limit_refund(counted)
         raise
     except OperationalError as error:
-        # No database connection came free in time: answered 503 with Retry-After (portal.server_errors), and the
-        # page tries again by itself, as for full capacity. Nothing was started.
+        # No database connection came free in time: answered 503 with Retry-After, and nothing was started.
         if database_busy(error):
             rate_limit_refund(counted)
         raise
@@ -264,41 +230,17 @@ def _enqueue_provision(attempt_id: int) -> dict[str, bool]:
         except Exception:
             outcome["sent"] = False
             logger.exception("could not queue the provisioning of attempt %s", attempt_id)
-            _fail_unqueued(attempt_id)
+            # It holds no VM yet; end it in words rather than leave it requested with nobody to serve it.
+            attempt_fail(
+                attempt_id=attempt_id,
+                from_states=(AttemptState.REQUESTED,),
+                reason=lambda: _(
+                    "Your lab could not be queued for starting: the portal's task queue is not answering. Try again in "
+                    "a minute; this attempt does not count against your limit."
+                ),
+            )
         else:
             outcome["sent"] = True
 
     transaction.on_commit(send)
     return outcome
-
-
-def _enqueue_claim_finish(attempt_id: int) -> None:
-    """Queue the claim's second half on commit (``labs.services.pool_claim.pool_claim_finish``). A broker that
-    refuses it leaves the attempt requested; the sweep queues its provisioning again, which finishes the claim."""
-    from labs.tasks_pools import finish_pool_claim
-
-    def send() -> None:
-        try:
-            finish_pool_claim.delay(attempt_id)
-        except Exception:
-            logger.exception("could not queue the claim of attempt %s; the sweep retries it", attempt_id)
-
-    transaction.on_commit(send)
-
-
-def _fail_unqueued(attempt_id: int) -> None:
-    """The task queue refused the provisioning: end the attempt now, in words, rather than leave it requested with
-    nobody to serve it. It holds no VM yet, and a failed attempt does not count against the attempt limit."""
-    texts = in_every_language(
-        lambda: _(
-            "Your lab could not be queued for starting: the portal's task queue is not answering. Try again in a "
-            "minute; this attempt does not count against your limit."
-        )
-    )
-    attempt_transition(
-        attempt=attempt_id,
-        to=AttemptState.FAILED,
-        from_states=(AttemptState.REQUESTED,),
-        failure_reason=in_language(texts, "", translation.get_language()),
-        failure_reason_texts=texts,
-    )

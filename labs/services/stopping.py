@@ -1,6 +1,4 @@
 """Ending attempts: a person's stop and extension, the time limit, and the stop when nobody has the attempt open;
-
-
 each becomes ``stopping`` and a task grades it once more and deletes the VM."""
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ def _require_student_or_instructor(*, actor: User, attempt: Attempt, refusal: st
 
 
 def attempt_stop(*, actor: User, attempt: Attempt) -> Attempt:
-    """Stop the attempt: it becomes ``stopping`` now; a task grades it once more if it ran, then deletes the VM.
-    Stopping an attempt that is already stopping changes nothing."""
+    """Stop the attempt (one already stopping is left as it is)."""
     standing = _require_student_or_instructor(
         actor=actor, attempt=attempt, refusal=_("Only the student or an instructor can stop this lab.")
     )
@@ -75,8 +72,7 @@ def attempt_stop(*, actor: User, attempt: Attempt) -> Attempt:
 
 
 def _begin_stopping(locked: Attempt, *, reason: str, now: datetime) -> None:
-    """Inside the caller's transaction, on the attempt row it locked: ``stopping`` from now, for ``reason``; the
-    page hears of it and the teardown (grade once more, then delete the VM) is queued, both on commit."""
+    """On the attempt row the caller locked: ``stopping`` from now, for ``reason``, and the teardown queued."""
     attempt_transition(
         attempt=locked, to=AttemptState.STOPPING, from_states=(locked.state,), now=now, stop_reason=reason
     )
@@ -115,9 +111,7 @@ def attempt_extend(*, actor: User, attempt: Attempt) -> Attempt:
 
 
 def attempt_stop_left(*, attempt: Attempt, now: datetime | None = None) -> Attempt:
-    """Nobody has had the running attempt open for its lab's ``idle_stop_minutes``: it becomes ``stopping``
-    (reason ``left``); a task grades it once more and deletes the VM. Does nothing if the attempt is not running,
-    its lab does not stop attempts for that, or a page has seen it since."""
+    """Stop the running attempt if no page has had it open for its lab's ``idle_stop_minutes`` (reason ``left``)."""
     now = now or timezone.now()
     with transaction.atomic():
         locked = Attempt.objects.select_for_update(of=("self",)).select_related("lab").get(pk=attempt.pk)
@@ -131,8 +125,7 @@ def attempt_stop_left(*, attempt: Attempt, now: datetime | None = None) -> Attem
 
 
 def attempt_expire(*, attempt: Attempt) -> Attempt:
-    """The time limit is up: the attempt becomes ``stopping`` (reason ``expired``); a task grades it once more and
-    deletes the VM. Does nothing if the attempt is not running or was extended past now in the meantime."""
+    """Stop the running attempt if its time is up and was not extended meanwhile (reason ``expired``)."""
     now = timezone.now()
     with transaction.atomic():
         locked = Attempt.objects.select_for_update().get(pk=attempt.pk)

@@ -1,5 +1,5 @@
-"""The sweep's judgement of one tenant's active attempts, and of work whose task was lost: queued again, failed after
-the start timeout with what the cluster says, or ended once the VM is gone."""
+"""The sweep's judgement of active attempts and of work whose task was lost: queued again, failed after the start
+timeout with what the cluster says, or ended once the VM is gone."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.utils.translation import gettext as _
 
-from labs.kubevirt import operations, status
+from labs.kubevirt import explain, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, AttemptState
 from labs.services.provisioning import attempt_end, attempt_fail
@@ -34,8 +34,8 @@ def teardown_redelivery_seconds() -> int:
 
 
 def requeue_requested(*, report: SweepReport, now: datetime) -> None:
-    """Attempts still ``requested`` long after they were made: their provisioning task never arrived. It is queued
-    again; one still unserved after the start timeout fails, so that no attempt waits in ``requested`` forever."""
+    """Queue the provisioning of attempts still ``requested`` long after they were made again; fail those still
+    unserved after the start timeout."""
     from labs.tasks import provision_attempt
 
     timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
@@ -47,15 +47,10 @@ def requeue_requested(*, report: SweepReport, now: datetime) -> None:
             "Start it again; this attempt does not count against your limit."
         ) % {"minutes": max(1, timeout // 60)}
 
-    for attempt_id in Attempt.objects.filter(state=AttemptState.REQUESTED, requested_at__lt=given_up).values_list(
-        "id", flat=True
-    ):
-        if attempt_fail(attempt_id=attempt_id, reason=reason, from_states=(AttemptState.REQUESTED,)):
-            report.timed_out.append(attempt_id)
-    cutoff = now - timedelta(seconds=provision_redelivery_seconds())
-    for attempt_id in Attempt.objects.filter(state=AttemptState.REQUESTED, requested_at__lt=cutoff).values_list(
-        "id", flat=True
-    ):
+    requested = Attempt.objects.filter(state=AttemptState.REQUESTED).values_list("id", flat=True)
+    for attempt_id in requested.filter(requested_at__lt=given_up):
+        _fail(attempt_id, into=report.timed_out, reason=reason, from_states=(AttemptState.REQUESTED,))
+    for attempt_id in requested.filter(requested_at__lt=now - timedelta(seconds=provision_redelivery_seconds())):
         _queue_again(provision_attempt, attempt_id, report=report)
 
 
@@ -70,59 +65,54 @@ def _queue_again(task: Any, attempt_id: int, *, report: SweepReport) -> None:
     report.requeued.append(attempt_id)
 
 
+def _fail(attempt_id: int, *, into: list[int], reason: Callable[[], str], from_states: tuple[str, ...]) -> None:
+    if attempt_fail(attempt_id=attempt_id, reason=reason, from_states=from_states):
+        into.append(attempt_id)
+
+
 def attempt_sweep(
     *, attempt: Attempt, vm: dict[str, Any] | None, listed_at: datetime, now: datetime, report: SweepReport
 ) -> None:
     from labs.tasks import provision_attempt, teardown_attempt
 
-    provision_cutoff = now - timedelta(seconds=provision_redelivery_seconds())
+    timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
+    timed_out = attempt.requested_at < now - timedelta(seconds=timeout)
+    stale = now - timedelta(seconds=provision_redelivery_seconds())
     if attempt.state == AttemptState.PROVISIONING:
-        timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
-        if attempt.requested_at < now - timedelta(seconds=timeout):
-            # Queued again sweep after sweep and still not through: say so instead of retrying for ever.
-            if attempt_fail(
-                attempt_id=attempt.id,
+        if timed_out:  # queued again sweep after sweep and still not through: say so instead of retrying for ever
+            _fail(
+                attempt.id,
+                into=report.timed_out,
                 reason=lambda: _start_timed_out(timeout),
                 from_states=(AttemptState.PROVISIONING,),
-            ):
-                report.timed_out.append(attempt.id)
-        elif attempt.updated_at < provision_cutoff:
+            )
+        elif attempt.updated_at < stale:
             _queue_again(provision_attempt, attempt.id, report=report)  # a worker died mid-provision
-        return
-    if attempt.state in (AttemptState.STARTING, AttemptState.RUNNING):
-        made_before_list = attempt.provisioned_at is not None and attempt.provisioned_at < listed_at
-        if vm is None and made_before_list:
-            if attempt_fail(
-                attempt_id=attempt.id,
+    elif attempt.state in (AttemptState.STARTING, AttemptState.RUNNING):
+        if vm is None and attempt.provisioned_at is not None and attempt.provisioned_at < listed_at:
+            _fail(
+                attempt.id,
+                into=report.vanished,
                 reason=lambda: _("The VM was deleted outside the portal."),
                 from_states=(AttemptState.STARTING, AttemptState.RUNNING),
-            ):
-                report.vanished.append(attempt.id)
-            return
-        timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
-        if attempt.state == AttemptState.STARTING and attempt.requested_at < now - timedelta(seconds=timeout):
+            )
+        elif attempt.state == AttemptState.STARTING and timed_out:
             detail = start_failure_detail(attempt=attempt, vm_listed=vm is not None)
-
-            def reason() -> str:
-                return with_cluster_words(_start_timed_out(timeout), detail())
-
-            if attempt_fail(attempt_id=attempt.id, reason=reason, from_states=(AttemptState.STARTING,)):
-                report.timed_out.append(attempt.id)
-        return
-    if attempt.state == AttemptState.STOPPING:
-        if vm is None:
-            if attempt.vm_deleted_at is None:
-                # Nothing to grade or delete; let the teardown (queued or lost) finish the bookkeeping.
-                stale = now - timedelta(seconds=provision_redelivery_seconds())
-                if attempt.stopping_at and attempt.stopping_at < stale and attempt_end(attempt_id=attempt.id):
-                    report.ended.append(attempt.id)
-                return
+            _fail(
+                attempt.id,
+                into=report.timed_out,
+                reason=lambda: with_cluster_words(_start_timed_out(timeout), detail()),
+                from_states=(AttemptState.STARTING,),
+            )
+    elif attempt.state == AttemptState.STOPPING and vm is None:
+        # With no deletion asked for yet, the teardown (queued or lost) finishes the bookkeeping unless long stale.
+        if attempt.vm_deleted_at is not None or (attempt.stopping_at and attempt.stopping_at < stale):
             if attempt_end(attempt_id=attempt.id):
                 report.ended.append(attempt.id)
-            return
-        teardown_cutoff = now - timedelta(seconds=teardown_redelivery_seconds())
+    elif attempt.state == AttemptState.STOPPING and vm is not None:
         since = attempt.vm_deleted_at or attempt.stopping_at
-        if since is not None and since < teardown_cutoff and not (vm.get("metadata") or {}).get("deletionTimestamp"):
+        lost = since is not None and since < now - timedelta(seconds=teardown_redelivery_seconds())
+        if lost and not (vm.get("metadata") or {}).get("deletionTimestamp"):
             _queue_again(teardown_attempt, attempt.id, report=report)
 
 
@@ -131,20 +121,15 @@ def _start_timed_out(timeout: int) -> str:
 
 
 def start_failure_detail(*, attempt: Attempt, vm_listed: bool) -> Callable[[], str]:
-    """What the cluster says about a VM that would not start (printable status, last problem, Warning events), as a
-    function that words it in the active language; the cluster is asked once, here. The sweep's list holds the VMs'
-    metadata only: a VM it listed is read whole for its status."""
+    """What the cluster says about a VM that would not start (its status, the last problem, Warning events), asked
+    once, as a function wording it in the active language."""
     vm = None
     if vm_listed:
         try:
             vm = operations.vm_get(namespace=attempt.namespace, name=attempt.vm_name)
         except ClusterError as error:
             logger.info("attempt %s: VM status unavailable (%s)", attempt.id, error.message)
-    try:
-        events = status.events_problem(operations.events_for(namespace=attempt.namespace, name=attempt.vm_name))
-    except ClusterError as error:
-        logger.info("attempt %s: events unavailable (%s)", attempt.id, error.message)
-        events = ""
+    events = explain.events_said(namespace=attempt.namespace, name=attempt.vm_name)
 
     def detail() -> str:
         parts = []

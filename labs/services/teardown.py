@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.utils import timezone
 
-from labs.kubevirt import names, operations
+from labs.kubevirt import operations
 from labs.models import FINAL_STATES, Attempt, AttemptState
 from labs.services.provisioning import attempt_end
 from labs.services.stopping import StopReason, enqueue_teardown
@@ -24,8 +24,7 @@ FINAL_GRADING_DONE_KEY = "labs:final-grading-done:{attempt_id}"
 
 
 def grade_final(*, attempt: Attempt, trigger: str) -> None:
-    """The grading app's last run before the VM goes (its receiver of ``attempt_final_grading``). Never raises:
-    a grading failure must not keep a VM alive."""
+    """The grading app's last run before the VM goes; never raises (a grading failure must not keep a VM alive)."""
     for _receiver, outcome in attempt_final_grading.send_robust(sender=Attempt, attempt=attempt, trigger=trigger):
         if isinstance(outcome, Exception):
             logger.error(
@@ -34,8 +33,8 @@ def grade_final(*, attempt: Attempt, trigger: str) -> None:
 
 
 def attempt_teardown(*, attempt_id: int) -> str:
-    """For a stopping attempt: grade once more if its agent ever answered, then delete the VM and Secret. For a
-    failed one: delete what is left. Ends the attempt at once if the VM was already gone."""
+    """For a stopping attempt: grade once more if its agent ever answered, then delete the VM (ending the attempt if
+    it was gone already). For a failed one: delete what is left."""
     attempt = Attempt.objects.select_related("lab").filter(id=attempt_id).first()
     if attempt is None:
         return "missing"
@@ -67,8 +66,7 @@ def attempt_teardown(*, attempt_id: int) -> str:
 
 
 def teardowns_resume(*, namespace: str) -> int:
-    """The namespace answers a list again after failing: queue the teardown of each of its stopping attempts whose
-    VM is still there now, rather than at its next backed-off retry (up to a minute away) or at the sweep."""
+    """The namespace answers again after failing: queue its stopping attempts' teardowns now, not at their retry."""
     ids = list(
         Attempt.objects.filter(
             namespace=namespace, state=AttemptState.STOPPING, vm_deleted_at__isnull=True
@@ -82,9 +80,7 @@ def teardowns_resume(*, namespace: str) -> int:
 
 
 def _final_grading_elsewhere(attempt_id: int) -> bool:
-    """Whether another teardown is running the final grading right now: it claimed it recently (a claim older than
-    the task time limit belongs to a worker that died) and has not said it finished. A retry of the teardown that
-    did the grading (its delete failed) finds it finished and goes on to delete the VM."""
+    """Whether another teardown is running the final grading now: claimed within the task time limit, not finished."""
     since = timezone.now() - timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT)
     if not Attempt.objects.filter(id=attempt_id, vm_deleted_at__isnull=True, final_grading_at__gt=since).exists():
         return False
@@ -92,7 +88,6 @@ def _final_grading_elsewhere(attempt_id: int) -> bool:
 
 
 def _delete_vm_and_secret(attempt: Attempt) -> bool:
-    existed = operations.vm_delete(namespace=attempt.namespace, name=attempt.vm_name)
-    operations.secret_delete(namespace=attempt.namespace, name=names.cloud_init_secret_name(attempt.vm_name))
+    existed = operations.vm_and_secret_delete(namespace=attempt.namespace, name=attempt.vm_name)
     Attempt.objects.filter(id=attempt.id, vm_deleted_at__isnull=True).update(vm_deleted_at=timezone.now())
     return existed

@@ -1,24 +1,10 @@
-"""Following the cluster: one list of VMIs per namespace, mapped onto that namespace's attempts.
-
-The cost is per namespace, never per attempt. A namespace with an attempt starting or stopping is listed on every
-sync; one where everything runs steadily only every ``ATTEMPT_RESYNC_SECONDS`` (in steady state nothing changes
-but failures, which that catches, and deletions, which the sweep catches). The only per-attempt requests are the
-guest agent's health checks while an attempt boots (``running`` means the agent answered, not just the VMI): one
-chain of ``labs.tasks.await_agents`` per namespace with booting attempts, quick at first, then at the sync's pace,
-so neither the sync nor provisioning ever waits on a guest.
-
-Status derivation (``labs.services.observation``) follows the cluster: no VMI yet means still starting; a stopping
-attempt ends when its VMI is gone; a VMI that is Failed fails the attempt with the cluster's reason; a VM that
-cannot be scheduled or cannot pull its image fails the attempt once that has lasted its grace
-(``ATTEMPT_UNSCHEDULABLE_GRACE_SECONDS``, sized for an autoscaler, or ``ATTEMPT_FAILURE_GRACE_SECONDS``); a
-launcher pod the cluster refuses for good fails it at once.
-"""
+"""Following the cluster: one list of VMIs per namespace (never per attempt), mapped onto its attempts by
+``labs.services.observation``. A namespace with an attempt starting or stopping is listed on every sync, a steady
+one every ``ATTEMPT_RESYNC_SECONDS``."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -81,9 +67,8 @@ def attempts_expire_due(*, now: datetime | None = None) -> int:
 
 
 def attempts_stop_left(*, now: datetime | None = None) -> int:
-    """Stop running attempts that no page of their student has had open for their lab's ``idle_stop_minutes``
-    (database only; their teardown grades them once more and deletes the VM). One query finds the candidates: no
-    page for the shortest limit any lab may set; each is then judged on its own lab's limit, under its row lock."""
+    """Stop running attempts no page has had open for their lab's ``idle_stop_minutes`` (database only): one query
+    finds those left for the shortest limit, each then judged on its own lab's."""
     now = now or timezone.now()
     candidates = (
         Attempt.objects.filter(state=AttemptState.RUNNING, lab__idle_stop_minutes__gt=0)
@@ -136,27 +121,16 @@ def attempts_sync(*, now: datetime | None = None) -> SyncReport:
     return report
 
 
-@contextmanager
-def _namespace_lock(namespace: str) -> Iterator[bool]:
-    """One sync of a namespace at a time (beat and follow-ups would only repeat the same list)."""
-    key = NAMESPACE_LOCK_KEY.format(namespace=namespace)
-    held = cache.add(key, "1", timeout=NAMESPACE_LOCK_SECONDS)
-    try:
-        yield held
-    finally:
-        if held:
-            cache.delete(key)
-
-
 def namespace_sync(*, namespace: str) -> SyncReport:
-    """List the namespace's VMIs once and bring each of its tracked attempts up to date. Skipped (``skipped``
-    set) while another sync of the same namespace runs."""
-    report = SyncReport(namespaces=[namespace])
-    with _namespace_lock(namespace) as held:
-        if not held:
-            report.skipped = True
-            return report
-        return _namespace_sync(namespace=namespace, report=report)
+    """List the namespace's VMIs once and bring each of its tracked attempts up to date; ``skipped`` while another
+    sync of the namespace runs (it would only repeat the same list)."""
+    key = NAMESPACE_LOCK_KEY.format(namespace=namespace)
+    if not cache.add(key, "1", timeout=NAMESPACE_LOCK_SECONDS):
+        return SyncReport(namespaces=[namespace], skipped=True)
+    try:
+        return _namespace_sync(namespace=namespace, report=SyncReport(namespaces=[namespace]))
+    finally:
+        cache.delete(key)
 
 
 def _namespace_sync(*, namespace: str, report: SyncReport) -> SyncReport:
@@ -177,14 +151,8 @@ def _namespace_sync(*, namespace: str, report: SyncReport) -> SyncReport:
     by_name: dict[str | None, dict[str, Any]] = {(vmi.get("metadata") or {}).get("name"): vmi for vmi in vmis}
     for attempt in attempts:
         outcome = attempt_observe(attempt=attempt, vmi=by_name.get(attempt.vm_name), now=now)
-        if outcome == Outcome.AWAITING_AGENT:
-            report.awaiting_agent += 1
-        elif outcome == Outcome.FAILED:
-            report.failed += 1
-        elif outcome == Outcome.ENDED:
-            report.ended += 1
-        elif outcome == Outcome.CHANGED:
-            report.changed += 1
+        if outcome != Outcome.UNCHANGED:  # the other outcomes are named as the report's counts
+            setattr(report, outcome, getattr(report, outcome) + 1)
     if report.awaiting_agent:
         agent_wait_start(namespace=namespace)
     if _looks_inconsistent(attempts=attempts, by_name=by_name, now=now):
@@ -193,17 +161,16 @@ def _namespace_sync(*, namespace: str, report: SyncReport) -> SyncReport:
 
 
 def _looks_inconsistent(*, attempts: list[Attempt], by_name: dict[str | None, dict[str, Any]], now: datetime) -> bool:
-    """Does the list hint at what only the sweep may judge? A VMI of ours that no tracked attempt owns (an orphan),
-    or a started attempt with no VMI for a while (its VM may be gone, or merely restarting). The sweep decides
-    on the VMs themselves; this only brings it forward."""
+    """Whether the list hints at what only the sweep may judge (an orphan VMI, a started attempt without one)."""
     owned = {attempt.vm_name for attempt in attempts}
-    for name, vmi in by_name.items():
-        if name in owned or (vmi.get("metadata") or {}).get("deletionTimestamp"):
-            continue
-        if (
-            name is None or names.pool_vm_id_from_vm_name(name) is None
-        ):  # a warm pool's VMs are the periodic sweep's to judge
-            return True
+    # A warm pool's VMs are the periodic sweep's to judge.
+    if any(
+        name not in owned
+        and not (vmi.get("metadata") or {}).get("deletionTimestamp")
+        and (name is None or names.pool_vm_id_from_vm_name(name) is None)
+        for name, vmi in by_name.items()
+    ):
+        return True
     settle = now - timedelta(seconds=VANISHED_AFTER_SECONDS)
     return any(
         attempt.state in (AttemptState.STARTING, AttemptState.RUNNING)

@@ -91,7 +91,7 @@ def test_a_follow_up_lets_the_next_one_be_queued_as_it_begins(broker, monkeypatc
     monkeypatch.setattr(
         tasks.tracking,
         "namespace_sync",
-        lambda namespace: mock.Mock(skipped=False, awaiting_agent=0, changed=0, failed=0),
+        lambda namespace: tasks.tracking.SyncReport(namespaces=[namespace]),
     )
     tasks.sync_namespace(namespace, follow_up=0.3)  # as the worker runs it
     follow_ups._schedule_follow_ups(namespace)

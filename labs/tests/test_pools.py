@@ -13,7 +13,7 @@ from labs.agent_client import AgentTokenRejected, healthz
 from labs.kubevirt import client, names, operations
 from labs.models import Attempt, AttemptState, LabPool, PoolMode, PoolVm, PoolVmState
 from labs.pool_selectors import pool_stats
-from labs.services import attempt_start, pools, sweeping
+from labs.services import agents, attempt_start, pools, sweeping
 from labs.services.quota import tenant_totals
 from labs.states import TRANSITIONS
 from labs.tests.conftest import start_together, sync_until, wait_until
@@ -160,7 +160,7 @@ def test_a_ready_pool_vm_that_stops_answering_is_replaced(lifecycle, lab_a):
 def test_a_ready_pool_vm_whose_agent_stops_answering_is_replaced(lifecycle, monkeypatch, settings, lab_a):
     pool = warm_pool(lab_a, 1)
     settings.POOL_READY_CHECK_SECONDS = 0
-    monkeypatch.setattr(pools, "_agent_answers", lambda pool_vm: False)
+    monkeypatch.setattr(agents, "_agent_answers", lambda pool_vm: False)
     lost = PoolVm.objects.get(pool=pool)
     assert pools.pool_vms_check().deleted == [lost.vm_name]
     lost.refresh_from_db()
@@ -301,7 +301,6 @@ def test_the_sweep_deletes_a_pool_secret_whose_vm_was_never_made(lifecycle, monk
     from django.core.cache import cache
 
     from labs.kubevirt.operations import ClusterError
-    from labs.services import pool_sweeping
 
     kept = warm_pool(lab_a, 1).vms.get()
     LabPool.objects.filter(lab=lab_a).update(size=2)
@@ -326,7 +325,7 @@ def test_the_sweep_deletes_a_pool_secret_whose_vm_was_never_made(lifecycle, monk
         return {secret["metadata"]["name"] for secret in operations.secrets_list(namespace=namespace)}
 
     assert swept() == [] and lost_secret in secret_names()  # too young: its VM may be on its way
-    monkeypatch.setattr(pool_sweeping, "POOL_SECRET_MIN_AGE", timedelta(0))
+    monkeypatch.setattr(sweeping, "POOL_SECRET_MIN_AGE", timedelta(0))
     # A booting row whose VM is not made yet holds its Secret.
     PoolVm.objects.filter(id=lost.id).update(state=PoolVmState.BOOTING)
     assert swept() == []

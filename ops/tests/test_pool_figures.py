@@ -127,7 +127,7 @@ def test_an_instructor_sets_a_pool_for_their_lab_but_not_another_tenants(client,
 
 
 def test_long_ended_pool_vm_rows_are_pruned_and_their_figures_kept(settings, busy_pool, lab_a, student_a):
-    from labs.services.pool_pruning import pool_vms_prune
+    from labs.services.pools import pool_vms_prune
 
     settings.POOL_VM_RETENTION_DAYS = 30
     day = 24 * 60
@@ -168,7 +168,7 @@ def test_long_ended_pool_vm_rows_are_pruned_and_their_figures_kept(settings, bus
 
 
 def test_a_pool_whose_rows_were_all_pruned_keeps_its_figures(settings, lab_b):
-    from labs.services.pool_pruning import pool_vms_prune
+    from labs.services.pools import pool_vms_prune
 
     pool = LabPool.objects.create(lab=lab_b, mode=PoolMode.ALWAYS, size=1)
     gone = pool_vm(pool, PoolVmState.DELETED, minutes_up=50 * 24 * 60)
