@@ -25,7 +25,7 @@ from portal.admin_scoping import (
 )
 
 # Importing admin_users also registers the people's admin.
-from portal.admin_users import password_links_csv, password_setup_url
+from portal.admin_users import password_links
 from portal.enrollment_import import enrollment_import
 from portal.errors import ApplicationError
 from portal.forms import (
@@ -173,16 +173,7 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
                 except ApplicationError as exc:
                     context.update(form=form, import_error=exc.message, row_errors=exc.extra.get("errors", []))
                 else:
-                    links = [
-                        {
-                            "username": person.username,
-                            "email": person.email,
-                            "name": person.full_name,
-                            "link": password_setup_url(request, person.password_setup),
-                        }
-                        for person in result.people
-                        if person.password_setup is not None
-                    ]
+                    people = [(person, person.password_setup) for person in result.people if person.password_setup]
                     self.message_user(
                         request,
                         gettext(
@@ -196,12 +187,7 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
                         },
                         messages.SUCCESS,
                     )
-                    context.update(
-                        form=EnrollmentImportForm(),
-                        result=result,
-                        links=links,
-                        links_csv=password_links_csv(links) if links else "",
-                    )
+                    context.update(form=EnrollmentImportForm(), result=result, **password_links(request, people))
         else:
             form = EnrollmentImportForm()
         context.setdefault("form", form)

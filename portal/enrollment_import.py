@@ -5,11 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import IO
 
-from django.contrib.auth.tokens import default_token_generator
 from django.db import IntegrityError, transaction
 from django.db.models.functions import Lower
-from django.utils.encoding import force_bytes
-from django.utils.http import urlsafe_base64_encode
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
@@ -196,12 +193,7 @@ def _enrollment_write(
                 account_created=account_created,
                 membership_created=membership_created,
                 user=user,
-                password_setup=PasswordSetupToken(
-                    uidb64=urlsafe_base64_encode(force_bytes(user.pk)),
-                    token=default_token_generator.make_token(user),
-                )
-                if account_created
-                else None,
+                password_setup=PasswordSetupToken.for_user(user) if account_created else None,
             )
         )
     audit_record(

@@ -149,18 +149,18 @@ def user_create(
 
 @dataclass(frozen=True)
 class PasswordSetupToken:
-    """What the URL ``password_reset_confirm`` (django.contrib.auth.urls) needs: ``uidb64`` and ``token``.
-
-    Valid until the password is set, or for ``settings.PASSWORD_RESET_TIMEOUT`` seconds.
-    """
+    """What the URL ``password_reset_confirm`` needs; valid until the password is set, or for
+    ``settings.PASSWORD_RESET_TIMEOUT`` seconds."""
 
     uidb64: str
     token: str
+
+    @classmethod
+    def for_user(cls, user: User) -> PasswordSetupToken:
+        return cls(uidb64=urlsafe_base64_encode(force_bytes(user.pk)), token=default_token_generator.make_token(user))
 
 
 def user_password_setup_token(*, actor: User, user: User) -> PasswordSetupToken:
     """A one-time token with which ``user`` chooses their own password (no password is ever shown or mailed)."""
     audit_record(actor=actor, action="user.password_link", target=user, tenant=user.tenant)
-    return PasswordSetupToken(
-        uidb64=urlsafe_base64_encode(force_bytes(user.pk)), token=default_token_generator.make_token(user)
-    )
+    return PasswordSetupToken.for_user(user)
