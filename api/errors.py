@@ -17,8 +17,6 @@ from rest_framework.views import set_rollback
 
 from portal.errors import ApplicationError, error_body
 
-__all__ = ["error_body", "exception_handler"]
-
 
 def _plain(detail: Any) -> Any:
     """ErrorDetail trees as plain JSON: strings, lists and dicts."""
