@@ -4,7 +4,7 @@ selector first (404 for what the user may not see), then the service decides wha
 from __future__ import annotations
 
 from django.utils.translation import gettext as _
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import status
 from rest_framework.generics import ListAPIView
 from rest_framework.request import Request
@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from api.grading_serializers import GradingRunDetailSerializer
 from api.serializers import AttemptSerializer, AttemptStartSerializer, EmptyInputSerializer, ErrorSerializer
-from api.views.common import PortalPagination, choice_param, int_param, ordered, signed_in
+from api.views.common import choice_param, int_param, ordered, signed_in
 from grading import services as grading_services
 from labs import services as lab_services
 from labs.access import attempt_get_for_user, attempts_visible_to, lab_get_for_user
@@ -52,11 +52,22 @@ def refuse_body(request: Request) -> None:
     EmptyInputSerializer(data=request.data).is_valid(raise_exception=True)
 
 
+@extend_schema_view(
+    get=extend_schema(
+        parameters=[
+            OpenApiParameter("lab", int, description="Only attempts of this lab"),
+            OpenApiParameter("course", int, description="Only attempts in this course"),
+            OpenApiParameter("student", int, description="Only attempts of this student (staff)"),
+            OpenApiParameter("state", str, enum=AttemptState.values),
+            OpenApiParameter("ordering", str, description="requested_at, state, lab, expires_at or id; - reverses"),
+        ],
+        summary="Attempts you may see",
+    )
+)
 class AttemptListView(ListAPIView):
     """``GET`` lists your attempts (and, for staff, those of your courses); ``POST`` starts one."""
 
     serializer_class = AttemptSerializer
-    pagination_class = PortalPagination
 
     def get_queryset(self):
         attempts = attempts_visible_to(user=self.request.user).select_related("lab", "student")
@@ -71,19 +82,6 @@ class AttemptListView(ListAPIView):
 
     def get_serializer_context(self):
         return {**super().get_serializer_context(), "staff_course_ids": staff_course_ids(user=self.request.user)}
-
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("lab", int, description="Only attempts of this lab"),
-            OpenApiParameter("course", int, description="Only attempts in this course"),
-            OpenApiParameter("student", int, description="Only attempts of this student (staff)"),
-            OpenApiParameter("state", str, enum=AttemptState.values),
-            OpenApiParameter("ordering", str, description="requested_at, state, lab, expires_at or id; - reverses"),
-        ],
-        summary="Attempts you may see",
-    )
-    def get(self, request: Request, *args, **kwargs) -> Response:
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         request=AttemptStartSerializer,

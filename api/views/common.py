@@ -20,7 +20,6 @@ def signed_in(request: Request) -> User:
 
 
 class PortalPagination(PageNumberPagination):
-    page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 200
 

@@ -8,7 +8,7 @@ import io
 
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework.generics import ListAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 from api.grading_serializers import CourseReportSerializer
 from api.selectors import staff_course_get_for_user
 from api.serializers import AuditEventSerializer, CourseSerializer, ErrorSerializer
-from api.views.common import PortalPagination, int_param, ordered, signed_in
+from api.views.common import int_param, ordered, signed_in
 from grading.selectors import Gradebook, course_gradebook, gradebook_csv_rows
 from portal.models import Membership, Role, User
 from portal.selectors import audit_events_for_course, course_get_for_user, courses_for_user
@@ -35,9 +35,14 @@ def roles_by_course(*, user: User) -> dict[int, str]:
     return dict(Membership.objects.filter(user=user, course__tenant_id=user.tenant_id).values_list("course_id", "role"))
 
 
+@extend_schema_view(
+    get=extend_schema(
+        parameters=[OpenApiParameter("ordering", str, description="code, title, term or id; prefix - to reverse")],
+        summary="Courses you belong to",
+    )
+)
 class CourseListView(ListAPIView):
     serializer_class = CourseSerializer
-    pagination_class = PortalPagination
 
     def get_queryset(self):
         return ordered(
@@ -49,13 +54,6 @@ class CourseListView(ListAPIView):
 
     def get_serializer_context(self):
         return {**super().get_serializer_context(), "roles": roles_by_course(user=self.request.user)}
-
-    @extend_schema(
-        parameters=[OpenApiParameter("ordering", str, description="code, title, term or id; prefix - to reverse")],
-        summary="Courses you belong to",
-    )
-    def get(self, request: Request, *args, **kwargs) -> Response:
-        return super().get(request, *args, **kwargs)
 
 
 class CourseDetailView(APIView):
@@ -128,11 +126,20 @@ class CourseReportCsvView(APIView):
         return response
 
 
+@extend_schema_view(
+    get=extend_schema(
+        parameters=[
+            OpenApiParameter("action", str, description="Only events with this action, e.g. attempt.started"),
+            OpenApiParameter("actor", int, description="Only events by this user id"),
+        ],
+        responses={200: AuditEventSerializer(many=True), 403: ErrorSerializer, 404: ErrorSerializer},
+        summary="Audit log of a course (instructors)",
+    )
+)
 class CourseAuditView(ListAPIView):
     """Who started, stopped, extended, checked or overrode what in the course, newest first (instructors)."""
 
     serializer_class = AuditEventSerializer
-    pagination_class = PortalPagination
 
     def get_queryset(self):
         events = audit_events_for_course(user=self.request.user, course_id=self.kwargs["course_id"])
@@ -143,14 +150,3 @@ class CourseAuditView(ListAPIView):
         if actor is not None:
             events = events.filter(actor_id=actor)
         return events
-
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("action", str, description="Only events with this action, e.g. attempt.started"),
-            OpenApiParameter("actor", int, description="Only events by this user id"),
-        ],
-        responses={200: AuditEventSerializer(many=True), 403: ErrorSerializer, 404: ErrorSerializer},
-        summary="Audit log of a course (instructors)",
-    )
-    def get(self, request: Request, *args, **kwargs) -> Response:
-        return super().get(request, *args, **kwargs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django.utils.translation import gettext as _
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import serializers
 from rest_framework.generics import ListAPIView
 from rest_framework.request import Request
@@ -16,7 +16,7 @@ from api.grading_serializers import GradeSerializer, GradingRunDetailSerializer,
 from api.selectors import grade_get_for_user, grades_for_user, grading_runs_for_user
 from api.serializers import ErrorSerializer, StrictInputSerializer
 from api.views.attempts import staff_course_ids
-from api.views.common import PortalPagination, choice_param, int_param, ordered, signed_in
+from api.views.common import choice_param, int_param, ordered, signed_in
 from grading.models import RunState
 from grading.selectors import run_get_for_user
 from grading.services import grade_override
@@ -32,9 +32,19 @@ GRADE_ORDERING = {
 }
 
 
+@extend_schema_view(
+    get=extend_schema(
+        parameters=[
+            OpenApiParameter("attempt", int, description="Only runs of this attempt"),
+            OpenApiParameter("lab", int, description="Only runs of attempts of this lab"),
+            OpenApiParameter("state", str, enum=RunState.values),
+            OpenApiParameter("ordering", str, description="created_at, finished_at, score or id; - reverses"),
+        ],
+        summary="Grading runs you may see",
+    )
+)
 class GradingRunListView(ListAPIView):
     serializer_class = GradingRunSerializer
-    pagination_class = PortalPagination
 
     def get_queryset(self):
         runs = grading_runs_for_user(user=self.request.user)
@@ -50,18 +60,6 @@ class GradingRunListView(ListAPIView):
     def get_serializer_context(self):
         return {**super().get_serializer_context(), "staff_course_ids": staff_course_ids(user=self.request.user)}
 
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("attempt", int, description="Only runs of this attempt"),
-            OpenApiParameter("lab", int, description="Only runs of attempts of this lab"),
-            OpenApiParameter("state", str, enum=RunState.values),
-            OpenApiParameter("ordering", str, description="created_at, finished_at, score or id; - reverses"),
-        ],
-        summary="Grading runs you may see",
-    )
-    def get(self, request: Request, *args, **kwargs) -> Response:
-        return super().get(request, *args, **kwargs)
-
 
 class GradingRunDetailView(APIView):
     @extend_schema(
@@ -75,19 +73,8 @@ class GradingRunDetailView(APIView):
         return Response(GradingRunDetailSerializer(run, context=context).data)
 
 
-class GradeListView(ListAPIView):
-    serializer_class = GradeSerializer
-    pagination_class = PortalPagination
-
-    def get_queryset(self):
-        grades = grades_for_user(user=self.request.user)
-        for name, field in (("lab", "lab_id"), ("course", "lab__course_id"), ("student", "student_id")):
-            value = int_param(self.request, name)
-            if value is not None:
-                grades = grades.filter(**{field: value})
-        return ordered(grades, self.request, allowed=GRADE_ORDERING, default=["lab_id", "student__username", "id"])
-
-    @extend_schema(
+@extend_schema_view(
+    get=extend_schema(
         parameters=[
             OpenApiParameter("lab", int, description="Only grades of this lab"),
             OpenApiParameter("course", int, description="Only grades in this course"),
@@ -96,8 +83,17 @@ class GradeListView(ListAPIView):
         ],
         summary="Grades you may see",
     )
-    def get(self, request: Request, *args, **kwargs) -> Response:
-        return super().get(request, *args, **kwargs)
+)
+class GradeListView(ListAPIView):
+    serializer_class = GradeSerializer
+
+    def get_queryset(self):
+        grades = grades_for_user(user=self.request.user)
+        for name, field in (("lab", "lab_id"), ("course", "lab__course_id"), ("student", "student_id")):
+            value = int_param(self.request, name)
+            if value is not None:
+                grades = grades.filter(**{field: value})
+        return ordered(grades, self.request, allowed=GRADE_ORDERING, default=["lab_id", "student__username", "id"])
 
 
 class GradeDetailView(APIView):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.utils.translation import gettext as _
-from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema, extend_schema_view
 from rest_framework.generics import ListAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 
 from api.grading_serializers import LabReportSerializer
 from api.serializers import ErrorSerializer, LabSerializer, StaffLabDetailSerializer, StudentLabDetailSerializer
-from api.views.common import PortalPagination, int_param, ordered, signed_in
+from api.views.common import int_param, ordered, signed_in
 from grading.selectors import lab_report
 from labs.access import lab_get_for_user, labs_visible_to
 from portal.errors import PermissionDenied
@@ -21,9 +21,17 @@ from portal.selectors import course_role
 LAB_ORDERING = {"id": "id", "title": "title", "due_at": "due_at", "opens_at": "opens_at", "course": "course_id"}
 
 
+@extend_schema_view(
+    get=extend_schema(
+        parameters=[
+            OpenApiParameter("course", int, description="Only labs of this course"),
+            OpenApiParameter("ordering", str, description="title, due_at, opens_at, course or id; - reverses"),
+        ],
+        summary="Labs of your courses",
+    )
+)
 class LabListView(ListAPIView):
     serializer_class = LabSerializer
-    pagination_class = PortalPagination
 
     def get_queryset(self):
         labs = labs_visible_to(user=self.request.user)
@@ -31,16 +39,6 @@ class LabListView(ListAPIView):
         if course is not None:
             labs = labs.filter(course_id=course)
         return ordered(labs, self.request, allowed=LAB_ORDERING, default=["course_id", "due_at", "title", "id"])
-
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("course", int, description="Only labs of this course"),
-            OpenApiParameter("ordering", str, description="title, due_at, opens_at, course or id; - reverses"),
-        ],
-        summary="Labs of your courses",
-    )
-    def get(self, request: Request, *args, **kwargs) -> Response:
-        return super().get(request, *args, **kwargs)
 
 
 class LabDetailView(APIView):
