@@ -155,17 +155,26 @@ class AttemptTimestampsSerializer(serializers.Serializer):
     ended = serializers.DateTimeField(source="ended_at", read_only=True, allow_null=True)
 
 
-class StaffViewMixin:
+class StaffViewSerializer(serializers.ModelSerializer):
     """Staff-only values are filled in only for objects of a course where the reader is staff
     (``context["staff_course_ids"]``); everyone else reads null there."""
 
-    context: dict[str, Any]
+    staff_only: tuple[str, ...] = ()
 
     def staff_view(self, course_id: int | None) -> bool:
         return course_id in self.context.get("staff_course_ids", ())
 
+    def course_id_of(self, instance: Any) -> int | None:
+        return instance.lab.course_id
 
-class AttemptSerializer(StaffViewMixin, serializers.ModelSerializer):
+    def to_representation(self, instance: Any) -> Any:
+        data = super().to_representation(instance)
+        if not self.staff_view(self.course_id_of(instance)):
+            data.update(dict.fromkeys(self.staff_only))
+        return data
+
+
+class AttemptSerializer(StaffViewSerializer):
     """An attempt. The VM name and namespace are shown to course staff only; the agent token to nobody."""
 
     lab = serializers.IntegerField(source="lab_id", read_only=True)
@@ -174,8 +183,8 @@ class AttemptSerializer(StaffViewMixin, serializers.ModelSerializer):
     timestamps = AttemptTimestampsSerializer(source="*", read_only=True)
     time_left_seconds = serializers.SerializerMethodField()
     can_extend = serializers.SerializerMethodField(help_text="Whether the time limit may be extended now.")
-    vm_name = serializers.SerializerMethodField(help_text="Staff only.")
-    namespace = serializers.SerializerMethodField(help_text="Staff only.")
+    vm_name = serializers.CharField(read_only=True, allow_null=True, help_text="Staff only.")
+    namespace = serializers.CharField(read_only=True, allow_null=True, help_text="Staff only.")
     failure_reason = serializers.CharField(
         source="failure_reason_shown",
         read_only=True,
@@ -212,18 +221,14 @@ class AttemptSerializer(StaffViewMixin, serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
+    staff_only = ("vm_name", "namespace")
+
     def get_time_left_seconds(self, attempt: Attempt) -> int | None:
         left = attempt.time_left() if attempt.is_active else None
         return int(left.total_seconds()) if left is not None else None
 
     def get_can_extend(self, attempt: Attempt) -> bool:
         return attempt_can_extend(attempt)
-
-    def get_vm_name(self, attempt: Attempt) -> str | None:
-        return attempt.vm_name if self.staff_view(attempt.lab.course_id) else None
-
-    def get_namespace(self, attempt: Attempt) -> str | None:
-        return attempt.namespace if self.staff_view(attempt.lab.course_id) else None
 
 
 class MeUpdateSerializer(StrictInputSerializer):
