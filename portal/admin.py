@@ -148,10 +148,7 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
         ]
 
     def enrollment_import_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """Upload a CSV of people; show every bad line, or the result with set-password links for new accounts.
-
-        The links are shown on this response only and never stored (admin_view makes it never_cache).
-        """
+        """Upload a CSV of people; show every bad line, or the result with set-password links (never cached)."""
         course = self.get_object(request, unquote(object_id))
         if course is None or not self.has_change_permission(request, course):
             raise Http404(gettext("Course not found."))

@@ -244,8 +244,7 @@ class TenantUserAdminMixin(TenantScopedAdminMixin):
 
 
 class AuditedAdminMixin:
-    """Every save and delete made through the admin is also an AuditEvent (the admin's LogEntry is not
-    tenant-scoped and is not what the portal's reports read)."""
+    """Every save and delete made through the admin is also an AuditEvent (LogEntry is not tenant-scoped)."""
 
     def audit_scope(self, obj: Any) -> dict[str, Any]:
         """The tenant and course an object's events belong to; admins override for their model."""

@@ -206,11 +206,8 @@ def _check_row(values: dict[str, str], *, line: int, errors: list[RowError]) -> 
 
 
 def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> tuple[list[EnrollmentRow], list[RowError]]:
-    """The good rows of the file and the problems of the others (line number and message in the active language).
-
-    Each row is checked on its own and against the rows above it (duplicate usernames). A problem with the
-    whole file (size, encoding, header, no rows, broken quoting) raises ``EnrollmentFileInvalid`` instead.
-    """
+    """The good rows and the problems of the others; a problem with the whole file (size, encoding, header, no rows,
+    broken quoting) raises ``EnrollmentFileInvalid``."""
     data = _read_bytes(csv_file)
     if len(data) > MAX_FILE_BYTES:
         raise EnrollmentFileInvalid(

@@ -133,15 +133,9 @@ def _enrollment_rejected(errors: list[RowError]) -> ApplicationError:
 
 
 def enrollment_import(*, actor: User, course: Course, csv_file: IO[bytes] | bytes) -> ImportResult:
-    """Create the accounts and memberships a CSV file lists, all of them or none.
-
-    Any problem, in the file or against the database, raises ``ApplicationError`` (code
-    ``enrollment_invalid``) whose ``extra["errors"]`` lists every problem as ``{"line", "message"}`` in the
-    active language; nothing is written then. Otherwise new accounts land in the course's tenant with an
-    unusable password and a one-time set-password token each (the instructor hands out the links); existing
-    accounts of the tenant are enrolled as they are; rows already enrolled with the same role change nothing,
-    so importing the same file twice is harmless. New instructors get admin access (``is_staff``).
-    """
+    """Create the accounts (unusable password, a set-password token each) and memberships a CSV file lists, all of
+    them or none: any problem raises ``ApplicationError`` listing every one in ``extra["errors"]``. Rows already
+    enrolled with the same role change nothing."""
     try:
         rows, errors = enrollment_rows_read(csv_file)
     except EnrollmentFileInvalid as exc:

@@ -19,8 +19,7 @@ def time_zone_choices(blank_label: str | Promise | None = None) -> list[tuple[st
 
 
 def zone_choice_field(form: forms.ModelForm, *, current: str, blank_label: str | Promise | None = None) -> None:
-    """Make ``form``'s ``time_zone`` a choice among the zones this installation knows, rather than typed. A stored
-    zone a tzdata update dropped stays visible, to be changed."""
+    """Make ``form``'s ``time_zone`` a choice among the known zones (and the stored one, even if tzdata dropped it)."""
     field = form.fields["time_zone"]
     choices = time_zone_choices(blank_label)
     if current and current not in dict(choices):

@@ -44,11 +44,8 @@ def stop_child(process: subprocess.Popen, *, timeout: float) -> None:
 
 
 class KubesimSupervisor:
-    """Watches one kubesim child in a thread of its own.
-
-    ``start(extra_args)`` starts kubesim and returns once it serves; ``restarted()`` is called after each restart
-    (the portal reloads the kubeconfig, whose token is new); ``give_up(message)`` when kubesim is not started again.
-    """
+    """Watches one kubesim child in a thread of its own: ``start(extra_args)`` returns once it serves, ``restarted()``
+    follows each restart (the kubeconfig's token is new), ``give_up(message)`` when it is not started again."""
 
     def __init__(
         self,

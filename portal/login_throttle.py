@@ -100,8 +100,7 @@ def throttled_message(retry_after: int) -> str:
 
 
 class LoginThrottleMiddleware:
-    """Refuses POSTs to the sign-in pages (the portal's and the admin's) while the account is delayed for this
-    address, or the address is over its failure limit."""
+    """Refuses POSTs to the portal's and the admin's sign-in pages while the account or address is held back."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response

@@ -38,8 +38,7 @@ def _is_api(request: HttpRequest) -> bool:
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
-    """``handler500``, counted in ``portal_requests_failed_total``; nothing of the error's own text reaches the
-    person."""
+    """Counted in ``portal_requests_failed_total``; nothing of the error's own text reaches the person."""
     retry_after = None
     if database_busy(sys.exc_info()[1]):
         status, code = 503, "portal_busy"

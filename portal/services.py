@@ -1,6 +1,5 @@
-"""Writes of the core domain: courses, accounts, memberships, time zones, and the audit log.
-
-The enrollment import from CSV is in ``portal.enrollment_import``."""
+"""Writes of the core domain: courses, accounts, memberships, time zones, and the audit log (the CSV enrollment
+import is ``portal.enrollment_import``)."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ def audit_record(
 
 @transaction.atomic
 def course_create(*, actor: User, course: Course) -> Course:
-    """Save the new ``course`` (its tenant set). An instructor who creates it becomes its instructor, so they can
-    run it."""
+    """Save the new ``course`` (its tenant set); an instructor who creates it becomes its instructor."""
     course.save()
     if not actor.is_superuser:
         Membership.objects.create(user=actor, course=course, role=Role.INSTRUCTOR)
