@@ -18,21 +18,13 @@ from rest_framework.views import set_rollback
 from portal.errors import ApplicationError, error_body
 
 
-def _plain(detail: Any) -> Any:
-    """ErrorDetail trees as plain JSON: strings, lists and dicts."""
-    if isinstance(detail, dict):
-        return {str(key): _plain(value) for key, value in detail.items()}
-    if isinstance(detail, list | tuple):
-        return [_plain(item) for item in detail]
-    return str(detail)
-
-
 def _validation_error(exc: exceptions.ValidationError) -> tuple[str, dict[str, Any] | None]:
-    detail = _plain(exc.detail)
+    detail = exc.detail  # ErrorDetail is a str: the tree renders as plain JSON
     if isinstance(detail, dict):
-        non_field = detail.pop("non_field_errors", None)
-        message = non_field[0] if non_field else _("Some fields are not valid.")
-        return message, (detail or None)
+        fields = dict(detail)
+        non_field: Any = fields.pop("non_field_errors", None)
+        message = str(non_field[0]) if non_field else _("Some fields are not valid.")
+        return message, (fields or None)
     if isinstance(detail, list) and detail:
         return str(detail[0]), None
     return str(detail), None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+from dataclasses import asdict
 
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
@@ -66,32 +67,16 @@ class CourseDetailView(APIView):
 
 
 def _report_payload(book: Gradebook) -> dict:
-    return {
-        "course": book.course,
-        "labs": [
-            {"id": lab.id, "title": lab.title, "due_at": lab.due_at, "max_points": lab.max_points} for lab in book.labs
-        ],
-        "rows": [
-            {
-                "student": {"id": row.student.id, "username": row.student.username, "full_name": row.student.full_name},
-                "cells": [
-                    {
-                        "lab": lab.id,
-                        "final": cell.final,
-                        "computed": cell.computed,
-                        "max_score": cell.max_score,
-                        "late": cell.late,
-                        "overridden": cell.overridden,
-                        "attempts": cell.attempts,
-                    }
-                    for lab, cell in zip(book.labs, row.cells, strict=True)
-                ],
-                "total": row.total,
-            }
-            for row in book.rows
-        ],
-        "max_total": book.max_total,
-    }
+    """The gradebook with each cell naming its lab."""
+    rows = [
+        {
+            "student": row.student,
+            "cells": [{"lab": lab.id, **asdict(cell)} for lab, cell in zip(book.labs, row.cells, strict=True)],
+            "total": row.total,
+        }
+        for row in book.rows
+    ]
+    return {"course": book.course, "labs": book.labs, "rows": rows, "max_total": book.max_total}
 
 
 class CourseReportView(APIView):
