@@ -73,9 +73,6 @@ class RowError:
     line: int | None
     message: str
 
-    def as_dict(self) -> dict[str, object]:
-        return {"line": self.line, "message": self.message}
-
 
 @dataclass(frozen=True)
 class EnrollmentRow:

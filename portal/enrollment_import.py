@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import IO
 
 from django.db import IntegrityError, transaction
@@ -67,54 +67,33 @@ def _enrollment_errors_against_database(
     errors: list[RowError] = []
     for row in rows:
         user = existing.get(row.username)
+        values = {"username": row.username}
         if user is None:
             near = by_lower.get(row.username.lower())
-            if near:
-                errors.append(
-                    RowError(
-                        row.line,
-                        _("an account named “%(existing)s” already exists; use exactly that username, or another one")
-                        % {"existing": near[0].username},
-                    )
-                )
-            continue
-        if user.tenant_id != course.tenant_id:
+            if not near:
+                continue
+            message = _("an account named “%(existing)s” already exists; use exactly that username, or another one")
+            values["existing"] = near[0].username
+        elif user.tenant_id != course.tenant_id:
             # Usernames are unique across the platform; say no more than that about someone else's account.
-            errors.append(
-                RowError(
-                    row.line,
-                    _("the username “%(username)s” is already taken; choose another") % {"username": row.username},
-                )
-            )
+            message = _("the username “%(username)s” is already taken; choose another")
         elif user.email and user.email.casefold() != row.email.casefold():
-            errors.append(
-                RowError(
-                    row.line,
-                    _(
-                        "“%(username)s” is an existing account with another email address (%(email)s); check that this "
-                        "row means that person"
-                    )
-                    % {"username": row.username, "email": user.email},
-                )
+            message = _(
+                "“%(username)s” is an existing account with another email address (%(email)s); check that this "
+                "row means that person"
             )
+            values["email"] = user.email
         elif not user.is_active:
-            errors.append(
-                RowError(
-                    row.line,
-                    _("the account “%(username)s” is deactivated; reactivate it first") % {"username": row.username},
-                )
-            )
+            message = _("the account “%(username)s” is deactivated; reactivate it first")
         elif user.id in roles and roles[user.id] != row.role:
-            errors.append(
-                RowError(
-                    row.line,
-                    _(
-                        "“%(username)s” is already in this course as %(current)s; change the role on the membership "
-                        "instead of importing"
-                    )
-                    % {"username": row.username, "current": Role(roles[user.id]).label},
-                )
+            message = _(
+                "“%(username)s” is already in this course as %(current)s; change the role on the membership "
+                "instead of importing"
             )
+            values["current"] = str(Role(roles[user.id]).label)
+        else:
+            continue
+        errors.append(RowError(row.line, message % values))
     return errors, existing, roles
 
 
@@ -128,7 +107,7 @@ def _enrollment_rejected(errors: list[RowError]) -> ApplicationError:
         )
         % {"count": len(lines)},
         code="enrollment_invalid",
-        extra={"errors": [error.as_dict() for error in errors]},
+        extra={"errors": [asdict(error) for error in errors]},
     )
 
 
