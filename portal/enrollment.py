@@ -25,44 +25,25 @@ EMAIL_MAX_LENGTH = 254
 NAME_MAX_LENGTH = 200
 
 COLUMNS = ("username", "email", "name", "role")
+# Spellings of each column and role, compared after _fold.
 COLUMN_ALIASES = {
-    "username": "username",
-    "user": "username",
-    "login": "username",
-    "ユーザー名": "username",
-    "ユーザ名": "username",
-    "ユーザーid": "username",
-    "アカウント": "username",
-    "email": "email",
-    "e-mail": "email",
-    "mail": "email",
-    "メール": "email",
-    "メールアドレス": "email",
-    "name": "name",
-    "full name": "name",
-    "full_name": "name",
-    "氏名": "name",
-    "名前": "name",
-    "role": "role",
-    "役割": "role",
-    "ロール": "role",
+    alias: column
+    for column, aliases in {
+        "username": ("username", "user", "login", "ユーザー名", "ユーザ名", "ユーザーid", "アカウント"),
+        "email": ("email", "e-mail", "mail", "メール", "メールアドレス"),
+        "name": ("name", "full name", "full_name", "氏名", "名前"),
+        "role": ("role", "役割", "ロール"),
+    }.items()
+    for alias in aliases
 }
 ROLE_ALIASES = {
-    "instructor": Role.INSTRUCTOR,
-    "teacher": Role.INSTRUCTOR,
-    "教員": Role.INSTRUCTOR,
-    "講師": Role.INSTRUCTOR,
-    "教師": Role.INSTRUCTOR,
-    "担当教員": Role.INSTRUCTOR,
-    "ta": Role.TA,
-    "teaching assistant": Role.TA,
-    "ティーチングアシスタント": Role.TA,
-    "ティーエー": Role.TA,
-    "student": Role.STUDENT,
-    "学生": Role.STUDENT,
-    "受講生": Role.STUDENT,
-    "受講者": Role.STUDENT,
-    "生徒": Role.STUDENT,
+    alias: role
+    for role, aliases in {
+        Role.INSTRUCTOR: ("instructor", "teacher", "教員", "講師", "教師", "担当教員"),
+        Role.TA: ("ta", "teaching assistant", "ティーチングアシスタント", "ティーエー"),
+        Role.STUDENT: ("student", "学生", "受講生", "受講者", "生徒"),
+    }.items()
+    for alias in aliases
 }
 
 
