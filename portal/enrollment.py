@@ -67,9 +67,9 @@ class EnrollmentRow:
 class EnrollmentFileInvalid(Exception):
     """The file as a whole cannot be read; ``errors`` says where and why."""
 
-    def __init__(self, errors: list[RowError]) -> None:
-        super().__init__(f"{len(errors)} problem(s) in the enrollment file")
-        self.errors = errors
+    def __init__(self, line: int | None, message: str, *, earlier: list[RowError] | None = None) -> None:
+        super().__init__(message)
+        self.errors = [*(earlier or []), RowError(line, message)]
 
 
 def _fold(text: str) -> str:
@@ -92,15 +92,11 @@ def _decode(data: bytes) -> str:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise EnrollmentFileInvalid(
-            [
-                RowError(
-                    line,
-                    _(
-                        "This line is not UTF-8 text. Save the file as “CSV UTF-8” (in Excel: Save As → CSV UTF-8) and "
-                        "upload it again."
-                    ),
-                )
-            ]
+            line,
+            _(
+                "This line is not UTF-8 text. Save the file as “CSV UTF-8” (in Excel: Save As → CSV UTF-8) and "
+                "upload it again."
+            ),
         ) from exc
 
 
@@ -115,7 +111,7 @@ def _map_header(fields: list[str], *, line: int) -> dict[str, int]:
             continue
         if column in positions:
             raise EnrollmentFileInvalid(
-                [RowError(line, _("The column “%(column)s” appears twice in the header.") % {"column": column})]
+                line, _("The column “%(column)s” appears twice in the header.") % {"column": column}
             )
         positions[column] = index
     missing = [column for column in COLUMNS if column not in positions]
@@ -125,7 +121,7 @@ def _map_header(fields: list[str], *, line: int) -> dict[str, int]:
             message += " " + _("Missing: %(columns)s.") % {"columns": ", ".join(missing)}
         if unknown:
             message += " " + _("Unknown: %(columns)s.") % {"columns": ", ".join(unknown)}
-        raise EnrollmentFileInvalid([RowError(line, message)])
+        raise EnrollmentFileInvalid(line, message)
     return positions
 
 
@@ -189,12 +185,7 @@ def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> tuple[list[EnrollmentRo
     data = _read_bytes(csv_file)
     if len(data) > MAX_FILE_BYTES:
         raise EnrollmentFileInvalid(
-            [
-                RowError(
-                    None,
-                    _("The file is larger than %(size)d MB; split it.") % {"size": MAX_FILE_BYTES // (1024 * 1024)},
-                )
-            ]
+            None, _("The file is larger than %(size)d MB; split it.") % {"size": MAX_FILE_BYTES // (1024 * 1024)}
         )
     text = _decode(data)
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
@@ -213,7 +204,7 @@ def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> tuple[list[EnrollmentRo
             break
         except csv.Error as exc:
             raise EnrollmentFileInvalid(
-                [*errors, RowError(reader.line_num, _("This line is not valid CSV: %(error)s") % {"error": exc})]
+                reader.line_num, _("This line is not valid CSV: %(error)s") % {"error": exc}, earlier=errors
             ) from exc
         last_line = reader.line_num
         if not any(field.strip() for field in fields):
@@ -226,7 +217,7 @@ def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> tuple[list[EnrollmentRo
         data_rows += 1
         if data_rows > MAX_ROWS:
             raise EnrollmentFileInvalid(
-                [RowError(start_line, _("The file has more than %(max)d rows; split it.") % {"max": MAX_ROWS})]
+                start_line, _("The file has more than %(max)d rows; split it.") % {"max": MAX_ROWS}
             )
         if len(fields) < header_width or any(field.strip() for field in fields[header_width:]):
             errors.append(
@@ -260,8 +251,8 @@ def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> tuple[list[EnrollmentRo
 
     if positions is None and not errors:
         raise EnrollmentFileInvalid(
-            [RowError(None, _("The file is empty. The first line must be the header username,email,name,role."))]
+            None, _("The file is empty. The first line must be the header username,email,name,role.")
         )
     if positions is not None and data_rows == 0 and not errors:
-        raise EnrollmentFileInvalid([RowError(None, _("The file has a header but no people."))])
+        raise EnrollmentFileInvalid(None, _("The file has a header but no people."))
     return rows, errors
