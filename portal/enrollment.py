@@ -7,9 +7,11 @@ from __future__ import annotations
 import csv
 import io
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
 
+from django.contrib.auth.base_user import BaseUserManager
 from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
@@ -125,9 +127,9 @@ def _map_header(fields: list[str], *, line: int) -> dict[str, int]:
     return positions
 
 
-def _is_email(text: str) -> bool:
+def _passes(validator: Callable[[str], None], text: str) -> bool:
     try:
-        validate_email(text)
+        validator(text)
     except ValidationError:
         return False
     return True
@@ -145,22 +147,17 @@ def _check_row(values: dict[str, str], *, line: int, errors: list[RowError]) -> 
         problems.append(_("the username is missing"))
     elif len(username) > USERNAME_MAX_LENGTH:
         problems.append(_("the username is longer than %(max)d characters") % {"max": USERNAME_MAX_LENGTH})
-    else:
-        try:
-            UnicodeUsernameValidator()(username)
-        except ValidationError:
-            problems.append(
-                _("the username “%(username)s” may contain only letters, digits and @ . + - _") % {"username": username}
-            )
+    elif not _passes(UnicodeUsernameValidator(), username):
+        problems.append(
+            _("the username “%(username)s” may contain only letters, digits and @ . + - _") % {"username": username}
+        )
 
     if not email:
         problems.append(_("the email address is missing"))
+    elif len(email) > EMAIL_MAX_LENGTH or not _passes(validate_email, email):
+        problems.append(_("“%(email)s” is not a valid email address") % {"email": email})
     else:
-        if len(email) > EMAIL_MAX_LENGTH or not _is_email(email):
-            problems.append(_("“%(email)s” is not a valid email address") % {"email": email})
-        else:
-            local, _at, domain = email.rpartition("@")
-            email = f"{local}@{domain.lower()}"
+        email = BaseUserManager.normalize_email(email)
 
     if not full_name:
         problems.append(_("the name is missing"))
