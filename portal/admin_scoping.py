@@ -62,46 +62,33 @@ def forget_admin_access(request: HttpRequest) -> None:
         delattr(request, _ACCESS_ATTR)
 
 
-def scoped_choices(
-    *, admin_site: admin.AdminSite, request: HttpRequest, model: type[models.Model]
-) -> models.QuerySet | None:
-    """What the related model's portal admin lets the person see (nothing without one: fail closed); None for
-    superusers (Django's default)."""
-    if admin_access(request).is_superuser:
-        return None
-    related_admin = admin_site._registry.get(model)
-    if isinstance(related_admin, (TenantScopedAdminMixin, SuperuserOnlyAdminMixin)):
-        return related_admin.get_queryset(request)
-    return model._default_manager.none()
-
-
 class ScopedFormFieldsMixin(_AdminBase):
-    """Foreign-key and many-to-many choices drawn from the related model's scoped admin queryset; no lookup through
-    a secret field (``?agent_token__startswith=K`` would give a token away one character at a time)."""
+    """The base of every portal admin: no lookup through a secret field (``?agent_token__startswith=K`` would give a
+    token away one character at a time), and choices scoped like the related model's admin."""
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
         if SECRET_FIELDS.intersection(lookup.split(LOOKUP_SEP)):
             return False
         return super().lookup_allowed(lookup, value, request)
 
+    def _scoped_choices(self, db_field, request: HttpRequest, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A dropdown offers what the related model's portal admin shows (nothing without one: fail closed)."""
+        if not admin_access(request).is_superuser:
+            related_admin = self.admin_site._registry.get(db_field.related_model)
+            if isinstance(related_admin, ScopedFormFieldsMixin):
+                kwargs["queryset"] = related_admin.get_queryset(request)
+            else:
+                kwargs["queryset"] = db_field.related_model._default_manager.none()
+        return kwargs
+
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        choices = scoped_choices(admin_site=self.admin_site, request=request, model=db_field.related_model)
-        if choices is not None:
-            kwargs["queryset"] = choices
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+        return super().formfield_for_foreignkey(db_field, request, **self._scoped_choices(db_field, request, kwargs))
 
     def formfield_for_manytomany(self, db_field, request, **kwargs):
-        choices = scoped_choices(admin_site=self.admin_site, request=request, model=db_field.related_model)
-        if choices is not None:
-            kwargs["queryset"] = choices
-        return super().formfield_for_manytomany(db_field, request, **kwargs)
+        return super().formfield_for_manytomany(db_field, request, **self._scoped_choices(db_field, request, kwargs))
 
 
-class TenantScopedAdminMixin(ScopedFormFieldsMixin):
-    """Marker base of every admin whose rows are filtered by the person's tenant or courses."""
-
-
-class CourseScopedAdminMixin(TenantScopedAdminMixin):
+class CourseScopedAdminMixin(ScopedFormFieldsMixin):
     """Rows reached through a course (``course_lookup``: the ORM path to it, "" for Course itself); the person's role
     there decides. With ``read_only`` nobody writes through the admin, superusers included: the services do."""
 
@@ -195,7 +182,7 @@ class SuperuserOnlyAdminMixin(ScopedFormFieldsMixin):
     has_change_permission = has_delete_permission = _superuser
 
 
-class TenantUserAdminMixin(TenantScopedAdminMixin):
+class TenantUserAdminMixin(ScopedFormFieldsMixin):
     """Users: an instructor sees and adds the people of their own tenant, and changes only accounts without staff
     rights whose every membership is in a course they teach. Deleting accounts is for superusers."""
 
