@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils.translation import gettext as _
 from rest_framework import serializers
 
@@ -235,15 +234,9 @@ class MeUpdateSerializer(StrictInputSerializer):
     time_zone = serializers.CharField(
         allow_blank=True,
         max_length=64,
+        validators=[validate_time_zone],
         help_text="Your own clock, an IANA name such as Europe/Berlin; empty for your institution's.",
     )
-
-    def validate_time_zone(self, value: str) -> str:
-        try:
-            validate_time_zone(value)
-        except DjangoValidationError as error:
-            raise serializers.ValidationError(error.messages) from None
-        return value
 
 
 class AttemptStartSerializer(StrictInputSerializer):
