@@ -30,11 +30,6 @@ def _validation_error(exc: exceptions.ValidationError) -> tuple[str, dict[str, A
     return str(detail), None
 
 
-def _code_of(exc: exceptions.APIException) -> str:
-    codes = exc.get_codes()
-    return codes if isinstance(codes, str) else exc.default_code
-
-
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Map every known refusal to the error format; anything else propagates and is a server error (500)."""
     headers: dict[str, str] = {}
@@ -62,7 +57,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         retry_after = math.ceil(wait) if wait is not None else None
         message = _("Too many requests. Try again in %(seconds)s seconds.") % {"seconds": retry_after or 1}
     elif isinstance(exc, exceptions.APIException):
-        status_code, code, message = exc.status_code, _code_of(exc), str(exc.detail)
+        codes = exc.get_codes()
+        status_code, message = exc.status_code, str(exc.detail)
+        code = codes if isinstance(codes, str) else exc.default_code
         auth_header = getattr(exc, "auth_header", None)
         if auth_header:
             headers["WWW-Authenticate"] = auth_header
