@@ -160,34 +160,32 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
             "title": gettext("Import enrollment into %(course)s") % {"course": course},
             "roles": Role.choices,
         }
-        if request.method == "POST":
-            form = EnrollmentImportForm(request.POST, request.FILES)
-            if form.is_valid():
-                try:
-                    result = enrollment_import(
-                        actor=request_user(request), course=course, csv_file=form.cleaned_data["csv_file"]
+        form = EnrollmentImportForm(request.POST, request.FILES) if request.method == "POST" else EnrollmentImportForm()
+        if form.is_valid():
+            try:
+                result = enrollment_import(
+                    actor=request_user(request), course=course, csv_file=form.cleaned_data["csv_file"]
+                )
+            except ApplicationError as exc:
+                context.update(import_error=exc.message, row_errors=exc.extra.get("errors", []))
+            else:
+                people = [(person, person.password_setup) for person in result.people if person.password_setup]
+                self.message_user(
+                    request,
+                    gettext(
+                        "Imported: %(accounts)d new accounts, %(memberships)d new memberships, %(unchanged)d "
+                        "already enrolled."
                     )
-                except ApplicationError as exc:
-                    context.update(form=form, import_error=exc.message, row_errors=exc.extra.get("errors", []))
-                else:
-                    people = [(person, person.password_setup) for person in result.people if person.password_setup]
-                    self.message_user(
-                        request,
-                        gettext(
-                            "Imported: %(accounts)d new accounts, %(memberships)d new memberships, %(unchanged)d "
-                            "already enrolled."
-                        )
-                        % {
-                            "accounts": result.accounts_created,
-                            "memberships": result.memberships_created,
-                            "unchanged": result.unchanged,
-                        },
-                        messages.SUCCESS,
-                    )
-                    context.update(form=EnrollmentImportForm(), result=result, **password_links(request, people))
-        else:
-            form = EnrollmentImportForm()
-        context.setdefault("form", form)
+                    % {
+                        "accounts": result.accounts_created,
+                        "memberships": result.memberships_created,
+                        "unchanged": result.unchanged,
+                    },
+                    messages.SUCCESS,
+                )
+                context.update(result=result, **password_links(request, people))
+                form = EnrollmentImportForm()
+        context["form"] = form
         return TemplateResponse(request, "admin/portal/course/enrollment_import.html", context)
 
 
