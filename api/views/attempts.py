@@ -29,14 +29,7 @@ ATTEMPT_ORDERING = {
     "lab": "lab_id",
     "expires_at": "expires_at",
 }
-REFUSALS = {
-    400: ErrorSerializer,
-    403: ErrorSerializer,
-    404: ErrorSerializer,
-    409: ErrorSerializer,
-    429: ErrorSerializer,
-    503: ErrorSerializer,
-}
+REFUSALS = dict.fromkeys((400, 403, 404, 409, 429, 503), ErrorSerializer)
 
 
 def staff_course_ids(*, user: User) -> set[int]:
