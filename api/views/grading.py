@@ -16,11 +16,12 @@ from api.grading_serializers import GradeSerializer, GradingRunDetailSerializer,
 from api.selectors import grade_get_for_user, grades_for_user, grading_runs_for_user
 from api.serializers import ErrorSerializer, StrictInputSerializer
 from api.views.attempts import staff_course_ids
-from api.views.common import choice_param, int_param, ordered, signed_in
+from api.views.common import choice_param, int_param, ordered
 from grading.models import RunState
 from grading.selectors import run_get_for_user
 from grading.services import grade_override
 from portal.errors import PermissionDenied
+from portal.http import request_user
 
 RUN_ORDERING = {"id": "id", "created_at": "created_at", "finished_at": "finished_at", "score": "score"}
 GRADE_ORDERING = {
@@ -67,7 +68,7 @@ class GradingRunDetailView(APIView):
         summary="A grading run with its per-check results",
     )
     def get(self, request: Request, run_id: int) -> Response:
-        user = signed_in(request)
+        user = request_user(request)
         run = run_get_for_user(user=user, run_id=run_id)
         context = {"staff_course_ids": staff_course_ids(user=user)}
         return Response(GradingRunDetailSerializer(run, context=context).data)
@@ -99,7 +100,7 @@ class GradeListView(ListAPIView):
 class GradeDetailView(APIView):
     @extend_schema(responses={200: GradeSerializer, 404: ErrorSerializer}, summary="A grade")
     def get(self, request: Request, grade_id: int) -> Response:
-        user = signed_in(request)
+        user = request_user(request)
         return Response(GradeSerializer(grade_get_for_user(user=user, grade_id=grade_id)).data)
 
 
@@ -123,7 +124,7 @@ class GradeOverrideView(APIView):
     def post(self, request: Request, grade_id: int) -> Response:
         serializer = GradeOverrideSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        user = signed_in(request)
+        user = request_user(request)
         grade = grade_get_for_user(user=user, grade_id=grade_id)
         if grade.lab.course_id not in staff_course_ids(user=user):
             raise PermissionDenied(_("Only the course's staff may override grades."))

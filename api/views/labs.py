@@ -11,10 +11,11 @@ from rest_framework.views import APIView
 
 from api.grading_serializers import LabReportSerializer
 from api.serializers import ErrorSerializer, LabSerializer, StaffLabDetailSerializer, StudentLabDetailSerializer
-from api.views.common import int_param, ordered, signed_in
+from api.views.common import int_param, ordered
 from grading.selectors import lab_report
 from labs.access import lab_get_for_user, labs_visible_to
 from portal.errors import PermissionDenied
+from portal.http import request_user
 from portal.models import STAFF_ROLES
 from portal.selectors import course_role
 
@@ -54,7 +55,7 @@ class LabDetailView(APIView):
         summary="A lab, with its checks (staff see how each check is graded)",
     )
     def get(self, request: Request, lab_id: int) -> Response:
-        user = signed_in(request)
+        user = request_user(request)
         lab = lab_get_for_user(user=user, lab_id=lab_id)
         staff = course_role(user=user, course=lab.course) in STAFF_ROLES
         serializer_class = StaffLabDetailSerializer if staff else StudentLabDetailSerializer
@@ -67,7 +68,7 @@ class LabReportView(APIView):
         summary="Score summary of a lab (course staff)",
     )
     def get(self, request: Request, lab_id: int) -> Response:
-        user = signed_in(request)
+        user = request_user(request)
         lab = lab_get_for_user(user=user, lab_id=lab_id)
         if course_role(user=user, course=lab.course) not in STAFF_ROLES:
             raise PermissionDenied(_("Only the course's staff may see this."))
