@@ -7,4 +7,3 @@ from django.utils.translation import gettext_lazy as _
 class ApiConfig(AppConfig):
     name = "api"
     verbose_name = _("API")
-    default_auto_field = "django.db.models.BigAutoField"

@@ -17,32 +17,17 @@ from rest_framework.views import set_rollback
 
 from portal.errors import ApplicationError, error_body
 
-__all__ = ["error_body", "exception_handler"]
-
-
-def _plain(detail: Any) -> Any:
-    """ErrorDetail trees as plain JSON: strings, lists and dicts."""
-    if isinstance(detail, dict):
-        return {str(key): _plain(value) for key, value in detail.items()}
-    if isinstance(detail, list | tuple):
-        return [_plain(item) for item in detail]
-    return str(detail)
-
 
 def _validation_error(exc: exceptions.ValidationError) -> tuple[str, dict[str, Any] | None]:
-    detail = _plain(exc.detail)
+    detail = exc.detail  # ErrorDetail is a str: the tree renders as plain JSON
     if isinstance(detail, dict):
-        non_field = detail.pop("non_field_errors", None)
-        message = non_field[0] if non_field else _("Some fields are not valid.")
-        return message, (detail or None)
+        fields = dict(detail)
+        non_field: Any = fields.pop("non_field_errors", None)
+        message = str(non_field[0]) if non_field else _("Some fields are not valid.")
+        return message, (fields or None)
     if isinstance(detail, list) and detail:
         return str(detail[0]), None
     return str(detail), None
-
-
-def _code_of(exc: exceptions.APIException) -> str:
-    codes = exc.get_codes()
-    return codes if isinstance(codes, str) else exc.default_code
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
@@ -72,7 +57,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         retry_after = math.ceil(wait) if wait is not None else None
         message = _("Too many requests. Try again in %(seconds)s seconds.") % {"seconds": retry_after or 1}
     elif isinstance(exc, exceptions.APIException):
-        status_code, code, message = exc.status_code, _code_of(exc), str(exc.detail)
+        codes = exc.get_codes()
+        status_code, message = exc.status_code, str(exc.detail)
+        code = codes if isinstance(codes, str) else exc.default_code
         auth_header = getattr(exc, "auth_header", None)
         if auth_header:
             headers["WWW-Authenticate"] = auth_header

@@ -1,24 +1,24 @@
 """Serializers of the API's grading: runs and their results, grades, the course and lab reports. Read-only; command
-output and exit codes are filled in for course staff only (``StaffViewMixin``)."""
+output and exit codes are filled in for course staff only (``StaffViewSerializer``)."""
 
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from api.serializers import CourseSerializer, PersonSerializer, StaffViewMixin
+from api.serializers import CourseSerializer, PersonSerializer, StaffViewSerializer
 from grading.models import CheckResult, Grade, GradingRun
 from grading.selectors import result_feedback, run_error_message
 
 
-class CheckResultSerializer(StaffViewMixin, serializers.ModelSerializer):
+class CheckResultSerializer(StaffViewSerializer):
     """A check's outcome. Students read the feedback; command output and exit codes are for staff only."""
 
     check = serializers.IntegerField(source="check_ref_id", read_only=True, allow_null=True)
     feedback = serializers.SerializerMethodField()
-    exit_code = serializers.SerializerMethodField(help_text="Staff only.")
-    stdout = serializers.SerializerMethodField(help_text="Staff only.")
-    stderr = serializers.SerializerMethodField(help_text="Staff only.")
+    exit_code = serializers.IntegerField(read_only=True, allow_null=True, help_text="Staff only.")
+    stdout = serializers.CharField(read_only=True, allow_null=True, help_text="Staff only.")
+    stderr = serializers.CharField(read_only=True, allow_null=True, help_text="Staff only.")
 
     class Meta:
         model = CheckResult
@@ -40,29 +40,24 @@ class CheckResultSerializer(StaffViewMixin, serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
-    def _staff(self) -> bool:
-        return self.staff_view(self.context.get("course_id"))
+    staff_only = ("exit_code", "stdout", "stderr")
+
+    def course_id_of(self, instance: CheckResult) -> int | None:
+        return self.context.get("course_id")
 
     def get_feedback(self, result: CheckResult) -> str:
         return result_feedback(result)
 
-    def get_exit_code(self, result: CheckResult) -> int | None:
-        return result.exit_code if self._staff() else None
 
-    def get_stdout(self, result: CheckResult) -> str | None:
-        return result.stdout if self._staff() else None
-
-    def get_stderr(self, result: CheckResult) -> str | None:
-        return result.stderr if self._staff() else None
-
-
-class GradingRunSerializer(StaffViewMixin, serializers.ModelSerializer):
+class GradingRunSerializer(StaffViewSerializer):
     attempt = serializers.IntegerField(source="attempt_id", read_only=True)
     lab = serializers.IntegerField(source="attempt.lab_id", read_only=True)
     student = PersonSerializer(source="attempt.student", read_only=True)
     effective_score = serializers.DecimalField(max_digits=8, decimal_places=2, read_only=True, allow_null=True)
     error = serializers.SerializerMethodField(help_text="Why the run failed, in plain words.")
-    error_detail = serializers.SerializerMethodField(help_text="Technical detail of a failure. Staff only.")
+    error_detail = serializers.CharField(
+        source="error", read_only=True, allow_null=True, help_text="Technical detail of a failure. Staff only."
+    )
 
     class Meta:
         model = GradingRun
@@ -86,11 +81,13 @@ class GradingRunSerializer(StaffViewMixin, serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
+    staff_only = ("error_detail",)
+
+    def course_id_of(self, instance: GradingRun) -> int | None:
+        return instance.attempt.lab.course_id
+
     def get_error(self, run: GradingRun) -> str:
         return run_error_message(run)
-
-    def get_error_detail(self, run: GradingRun) -> str | None:
-        return run.error if self.staff_view(run.attempt.lab.course_id) else None
 
 
 class GradingRunDetailSerializer(GradingRunSerializer):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import ValidationError as DjangoValidationError
 from django.utils.translation import gettext as _
 from rest_framework import serializers
 
@@ -155,17 +154,26 @@ class AttemptTimestampsSerializer(serializers.Serializer):
     ended = serializers.DateTimeField(source="ended_at", read_only=True, allow_null=True)
 
 
-class StaffViewMixin:
+class StaffViewSerializer(serializers.ModelSerializer):
     """Staff-only values are filled in only for objects of a course where the reader is staff
     (``context["staff_course_ids"]``); everyone else reads null there."""
 
-    context: dict[str, Any]
+    staff_only: tuple[str, ...] = ()
 
     def staff_view(self, course_id: int | None) -> bool:
         return course_id in self.context.get("staff_course_ids", ())
 
+    def course_id_of(self, instance: Any) -> int | None:
+        return instance.lab.course_id
 
-class AttemptSerializer(StaffViewMixin, serializers.ModelSerializer):
+    def to_representation(self, instance: Any) -> Any:
+        data = super().to_representation(instance)
+        if not self.staff_view(self.course_id_of(instance)):
+            data.update(dict.fromkeys(self.staff_only))
+        return data
+
+
+class AttemptSerializer(StaffViewSerializer):
     """An attempt. The VM name and namespace are shown to course staff only; the agent token to nobody."""
 
     lab = serializers.IntegerField(source="lab_id", read_only=True)
@@ -174,8 +182,8 @@ class AttemptSerializer(StaffViewMixin, serializers.ModelSerializer):
     timestamps = AttemptTimestampsSerializer(source="*", read_only=True)
     time_left_seconds = serializers.SerializerMethodField()
     can_extend = serializers.SerializerMethodField(help_text="Whether the time limit may be extended now.")
-    vm_name = serializers.SerializerMethodField(help_text="Staff only.")
-    namespace = serializers.SerializerMethodField(help_text="Staff only.")
+    vm_name = serializers.CharField(read_only=True, allow_null=True, help_text="Staff only.")
+    namespace = serializers.CharField(read_only=True, allow_null=True, help_text="Staff only.")
     failure_reason = serializers.CharField(
         source="failure_reason_shown",
         read_only=True,
@@ -212,6 +220,8 @@ class AttemptSerializer(StaffViewMixin, serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
+    staff_only = ("vm_name", "namespace")
+
     def get_time_left_seconds(self, attempt: Attempt) -> int | None:
         left = attempt.time_left() if attempt.is_active else None
         return int(left.total_seconds()) if left is not None else None
@@ -219,26 +229,14 @@ class AttemptSerializer(StaffViewMixin, serializers.ModelSerializer):
     def get_can_extend(self, attempt: Attempt) -> bool:
         return attempt_can_extend(attempt)
 
-    def get_vm_name(self, attempt: Attempt) -> str | None:
-        return attempt.vm_name if self.staff_view(attempt.lab.course_id) else None
-
-    def get_namespace(self, attempt: Attempt) -> str | None:
-        return attempt.namespace if self.staff_view(attempt.lab.course_id) else None
-
 
 class MeUpdateSerializer(StrictInputSerializer):
     time_zone = serializers.CharField(
         allow_blank=True,
         max_length=64,
+        validators=[validate_time_zone],
         help_text="Your own clock, an IANA name such as Europe/Berlin; empty for your institution's.",
     )
-
-    def validate_time_zone(self, value: str) -> str:
-        try:
-            validate_time_zone(value)
-        except DjangoValidationError as error:
-            raise serializers.ValidationError(error.messages) from None
-        return value
 
 
 class AttemptStartSerializer(StrictInputSerializer):

@@ -25,7 +25,7 @@ from portal.admin_scoping import (
 )
 
 # Importing admin_users also registers the people's admin.
-from portal.admin_users import password_links_csv, password_setup_url
+from portal.admin_users import password_links
 from portal.enrollment_import import enrollment_import
 from portal.errors import ApplicationError
 from portal.forms import (
@@ -148,10 +148,7 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
         ]
 
     def enrollment_import_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """Upload a CSV of people; show every bad line, or the result with set-password links for new accounts.
-
-        The links are shown on this response only and never stored (admin_view makes it never_cache).
-        """
+        """Upload a CSV of people; show every bad line, or the result with set-password links (never cached)."""
         course = self.get_object(request, unquote(object_id))
         if course is None or not self.has_change_permission(request, course):
             raise Http404(gettext("Course not found."))
@@ -163,48 +160,32 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
             "title": gettext("Import enrollment into %(course)s") % {"course": course},
             "roles": Role.choices,
         }
-        if request.method == "POST":
-            form = EnrollmentImportForm(request.POST, request.FILES)
-            if form.is_valid():
-                try:
-                    result = enrollment_import(
-                        actor=request_user(request), course=course, csv_file=form.cleaned_data["csv_file"]
+        form = EnrollmentImportForm(request.POST, request.FILES) if request.method == "POST" else EnrollmentImportForm()
+        if form.is_valid():
+            try:
+                result = enrollment_import(
+                    actor=request_user(request), course=course, csv_file=form.cleaned_data["csv_file"]
+                )
+            except ApplicationError as exc:
+                context.update(import_error=exc.message, row_errors=exc.extra.get("errors", []))
+            else:
+                people = [(person, person.password_setup) for person in result.people if person.password_setup]
+                self.message_user(
+                    request,
+                    gettext(
+                        "Imported: %(accounts)d new accounts, %(memberships)d new memberships, %(unchanged)d "
+                        "already enrolled."
                     )
-                except ApplicationError as exc:
-                    context.update(form=form, import_error=exc.message, row_errors=exc.extra.get("errors", []))
-                else:
-                    links = [
-                        {
-                            "username": person.username,
-                            "email": person.email,
-                            "name": person.full_name,
-                            "link": password_setup_url(request, person.password_setup),
-                        }
-                        for person in result.people
-                        if person.password_setup is not None
-                    ]
-                    self.message_user(
-                        request,
-                        gettext(
-                            "Imported: %(accounts)d new accounts, %(memberships)d new memberships, %(unchanged)d "
-                            "already enrolled."
-                        )
-                        % {
-                            "accounts": result.accounts_created,
-                            "memberships": result.memberships_created,
-                            "unchanged": result.unchanged,
-                        },
-                        messages.SUCCESS,
-                    )
-                    context.update(
-                        form=EnrollmentImportForm(),
-                        result=result,
-                        links=links,
-                        links_csv=password_links_csv(links) if links else "",
-                    )
-        else:
-            form = EnrollmentImportForm()
-        context.setdefault("form", form)
+                    % {
+                        "accounts": result.accounts_created,
+                        "memberships": result.memberships_created,
+                        "unchanged": result.unchanged,
+                    },
+                    messages.SUCCESS,
+                )
+                context.update(result=result, **password_links(request, people))
+                form = EnrollmentImportForm()
+        context["form"] = form
         return TemplateResponse(request, "admin/portal/course/enrollment_import.html", context)
 
 

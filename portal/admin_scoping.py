@@ -5,25 +5,31 @@ superusers everything. Every portal ModelAdmin mixes in one of these classes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.db import models
+from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest
 
-from portal.admin_secrets import SecretFieldsHiddenMixin
 from portal.http import request_user
 from portal.models import Membership, Role, User
 from portal.selectors import courses_for_user
 from portal.services import audit_record
 
 _ACCESS_ATTR = "_portal_admin_access"
+# Fields that hold a secret (an attempt's agent token, a password hash, an API token's key): no admin lists,
+# searches or filters on them, and a filter on one in the address is refused (400).
+SECRET_FIELDS = frozenset({"agent_token", "password", "key"})
+
+if TYPE_CHECKING:
+    _AdminBase = admin.ModelAdmin[Any]
+else:
+    _AdminBase = object
 
 
 @dataclass(frozen=True)
 class AdminAccess:
-    """What the person behind a request may reach in the admin, worked out once per request."""
-
     is_superuser: bool
     tenant_id: int | None
     taught_course_ids: frozenset[int]
@@ -34,7 +40,7 @@ class AdminAccess:
 
 
 def admin_access(request: HttpRequest) -> AdminAccess:
-    """The request's admin access, cached on the request (the admin asks many times while rendering a page)."""
+    """Cached on the request: the admin asks many times while rendering a page."""
     cached = getattr(request, _ACCESS_ATTR, None)
     if cached is not None:
         return cached
@@ -56,53 +62,35 @@ def forget_admin_access(request: HttpRequest) -> None:
         delattr(request, _ACCESS_ATTR)
 
 
-def scoped_choices(
-    *, admin_site: admin.AdminSite, request: HttpRequest, model: type[models.Model]
-) -> models.QuerySet | None:
-    """The rows of ``model`` a foreign-key or many-to-many field may offer to this person.
+class ScopedFormFieldsMixin(_AdminBase):
+    """The base of every portal admin: no lookup through a secret field (``?agent_token__startswith=K`` would give a
+    token away one character at a time), and choices scoped like the related model's admin."""
 
-    The choices are exactly what the related model's portal admin lets the person see, so a dropdown never
-    offers more than the changelist shows. Models without a portal admin offer nothing to non-superusers: fail
-    closed rather than list another tenant's rows. ``None`` means "leave Django's default" (superusers).
-    """
-    if admin_access(request).is_superuser:
-        return None
-    related_admin = admin_site._registry.get(model)
-    if isinstance(related_admin, (TenantScopedAdminMixin, SuperuserOnlyAdminMixin)):
-        return related_admin.get_queryset(request)
-    return model._default_manager.none()
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        if SECRET_FIELDS.intersection(lookup.split(LOOKUP_SEP)):
+            return False
+        return super().lookup_allowed(lookup, value, request)
 
-
-class ScopedFormFieldsMixin(SecretFieldsHiddenMixin):
-    """Foreign-key and many-to-many choices drawn from the related model's scoped admin queryset."""
+    def _scoped_choices(self, db_field, request: HttpRequest, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A dropdown offers what the related model's portal admin shows (nothing without one: fail closed)."""
+        if not admin_access(request).is_superuser:
+            related_admin = self.admin_site._registry.get(db_field.related_model)
+            if isinstance(related_admin, ScopedFormFieldsMixin):
+                kwargs["queryset"] = related_admin.get_queryset(request)
+            else:
+                kwargs["queryset"] = db_field.related_model._default_manager.none()
+        return kwargs
 
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        choices = scoped_choices(admin_site=self.admin_site, request=request, model=db_field.related_model)
-        if choices is not None:
-            kwargs["queryset"] = choices
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+        return super().formfield_for_foreignkey(db_field, request, **self._scoped_choices(db_field, request, kwargs))
 
     def formfield_for_manytomany(self, db_field, request, **kwargs):
-        choices = scoped_choices(admin_site=self.admin_site, request=request, model=db_field.related_model)
-        if choices is not None:
-            kwargs["queryset"] = choices
-        return super().formfield_for_manytomany(db_field, request, **kwargs)
+        return super().formfield_for_manytomany(db_field, request, **self._scoped_choices(db_field, request, kwargs))
 
 
-class TenantScopedAdminMixin(ScopedFormFieldsMixin):
-    """Marker base of every admin whose rows are filtered by the person's tenant or courses."""
-
-
-class CourseScopedAdminMixin(TenantScopedAdminMixin):
-    """Rows reached through a course; the person's role in that course decides view, add, change and delete.
-
-    ``course_lookup`` is the ORM path from the model to its Course ("" for Course itself, "course" for a lab,
-    "lab__course" for an attempt). ``instructor_may_add``/``_change``/``_delete`` say what an instructor of the
-    course may do; read-only models set ``read_only`` and nobody, superusers included, writes through the admin
-    (their state changes go through the services, which keep the cluster and the audit log in step).
-
-    Subclasses adding admin actions can ask ``self.instructs(request, obj)`` in their ``has_<name>_permission``.
-    """
+class CourseScopedAdminMixin(ScopedFormFieldsMixin):
+    """Rows reached through a course (``course_lookup``: the ORM path to it, "" for Course itself); the person's role
+    there decides. With ``read_only`` nobody writes through the admin, superusers included: the services do."""
 
     course_lookup: str = "course"
     instructor_may_add = True
@@ -144,20 +132,19 @@ class CourseScopedAdminMixin(TenantScopedAdminMixin):
     def has_view_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
         return self.instructs(request, obj)
 
-    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+    def _may_write(self, request: HttpRequest, obj: models.Model | None, instructor_may: bool) -> bool:
         if self.read_only:
             return False
-        return admin_access(request).is_superuser or (self.instructor_may_add and self.instructs(request))
+        return admin_access(request).is_superuser or (instructor_may and self.instructs(request, obj))
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        return self._may_write(request, None, self.instructor_may_add)
 
     def has_change_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
-        if self.read_only:
-            return False
-        return admin_access(request).is_superuser or (self.instructor_may_change and self.instructs(request, obj))
+        return self._may_write(request, obj, self.instructor_may_change)
 
     def has_delete_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
-        if self.read_only:
-            return False
-        return admin_access(request).is_superuser or (self.instructor_may_delete and self.instructs(request, obj))
+        return self._may_write(request, obj, self.instructor_may_delete)
 
 
 class CourseScopedInlineMixin(ScopedFormFieldsMixin):
@@ -175,14 +162,10 @@ class CourseScopedInlineMixin(ScopedFormFieldsMixin):
     def has_view_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
         return self._parent_instructs(request, obj)
 
-    def has_add_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+    def _parent_writes(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
         return not self.read_only and self._parent_instructs(request, obj)
 
-    def has_change_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
-        return not self.read_only and self._parent_instructs(request, obj)
-
-    def has_delete_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
-        return not self.read_only and self._parent_instructs(request, obj)
+    has_add_permission = has_change_permission = has_delete_permission = _parent_writes
 
 
 class SuperuserOnlyAdminMixin(ScopedFormFieldsMixin):
@@ -192,29 +175,16 @@ class SuperuserOnlyAdminMixin(ScopedFormFieldsMixin):
         queryset = super().get_queryset(request)
         return queryset if admin_access(request).is_superuser else queryset.none()
 
-    def has_module_permission(self, request: HttpRequest) -> bool:
+    def _superuser(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
         return admin_access(request).is_superuser
 
-    def has_view_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
-        return admin_access(request).is_superuser
-
-    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
-        return admin_access(request).is_superuser
-
-    def has_change_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
-        return admin_access(request).is_superuser
-
-    def has_delete_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
-        return admin_access(request).is_superuser
+    has_module_permission = has_view_permission = has_add_permission = _superuser
+    has_change_permission = has_delete_permission = _superuser
 
 
-class TenantUserAdminMixin(TenantScopedAdminMixin):
-    """Users: an instructor sees the people of their own tenant (to enrol them) and adds people to it.
-
-    They change only the people they manage: accounts without staff or superuser rights whose every
-    membership is in a course they teach (so one instructor cannot reset the password of a colleague or of a
-    student who is only in someone else's course). Deleting accounts is for superusers; instructors deactivate.
-    """
+class TenantUserAdminMixin(ScopedFormFieldsMixin):
+    """Users: an instructor sees and adds the people of their own tenant, and changes only accounts without staff
+    rights whose every membership is in a course they teach. Deleting accounts is for superusers."""
 
     def get_queryset(self, request: HttpRequest) -> models.QuerySet:
         queryset = super().get_queryset(request)
@@ -261,8 +231,7 @@ class TenantUserAdminMixin(TenantScopedAdminMixin):
 
 
 class AuditedAdminMixin:
-    """Every save and delete made through the admin is also an AuditEvent (the admin's LogEntry is not
-    tenant-scoped and is not what the portal's reports read)."""
+    """Every save and delete made through the admin is also an AuditEvent (LogEntry is not tenant-scoped)."""
 
     def audit_scope(self, obj: Any) -> dict[str, Any]:
         """The tenant and course an object's events belong to; admins override for their model."""
@@ -278,17 +247,19 @@ class AuditedAdminMixin:
             **self.audit_scope(obj),
         )
 
+    def _audit_delete(self, request, obj) -> None:
+        audit_record(
+            actor=request_user(request),
+            action=f"admin.{obj._meta.model_name}.delete",
+            target=obj,
+            **self.audit_scope(obj),
+        )
+
     def delete_model(self, request, obj):
-        scope = self.audit_scope(obj)
-        audit_record(actor=request_user(request), action=f"admin.{obj._meta.model_name}.delete", target=obj, **scope)
+        self._audit_delete(request, obj)
         super().delete_model(request, obj)
 
     def delete_queryset(self, request, queryset):
         for obj in queryset:
-            audit_record(
-                actor=request_user(request),
-                action=f"admin.{obj._meta.model_name}.delete",
-                target=obj,
-                **self.audit_scope(obj),
-            )
+            self._audit_delete(request, obj)
         super().delete_queryset(request, queryset)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.auth.admin import UserAdmin as DjangoUserAdmin
@@ -31,20 +32,25 @@ from portal.services import (
 )
 
 
-def password_setup_url(request: HttpRequest, token: PasswordSetupToken) -> str:
-    return request.build_absolute_uri(
-        reverse("password_reset_confirm", kwargs={"uidb64": token.uidb64, "token": token.token})
-    )
-
-
-def password_links_csv(rows: list[dict[str, str]]) -> str:
-    """The links as a CSV the instructor can mail-merge (opened by Excel as UTF-8 thanks to the BOM)."""
+def password_links(request: HttpRequest, people: list[tuple[Any, PasswordSetupToken]]) -> dict[str, Any]:
+    """The set-password links of (person, token) pairs, also as a CSV the instructor can mail-merge (opened by Excel
+    as UTF-8 thanks to the BOM)."""
+    links = [
+        {
+            "username": person.username,
+            "email": person.email,
+            "name": person.full_name,
+            "link": request.build_absolute_uri(
+                reverse("password_reset_confirm", kwargs={"uidb64": token.uidb64, "token": token.token})
+            ),
+        }
+        for person, token in people
+    ]
     buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(["username", "email", "name", "link"])
-    for row in rows:
-        writer.writerow([row["username"], row["email"], row["name"], row["link"]])
-    return "\ufeff" + buffer.getvalue()
+    writer = csv.DictWriter(buffer, fieldnames=["username", "email", "name", "link"])
+    writer.writeheader()
+    writer.writerows(links)
+    return {"links": links, "links_csv": "\ufeff" + buffer.getvalue()}
 
 
 @admin.register(User)
@@ -122,21 +128,13 @@ class UserAdmin(TenantUserAdminMixin, AuditedAdminMixin, DjangoUserAdmin):
             )
         if not users:
             return None
-        links = [
-            {
-                "username": user.username,
-                "email": user.email,
-                "name": user.full_name,
-                "link": password_setup_url(request, user_password_setup_token(actor=request_user(request), user=user)),
-            }
-            for user in users
-        ]
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": gettext("Set-password links"),
-            "links": links,
-            "links_csv": password_links_csv(links),
+            **password_links(
+                request, [(user, user_password_setup_token(actor=request_user(request), user=user)) for user in users]
+            ),
         }
         # admin_view marks every admin response never_cache, so the links are not kept by any cache.
         return TemplateResponse(request, "admin/portal/user/password_links.html", context)

@@ -34,8 +34,7 @@ def api_token_revoke(*, actor: User | None, user: User, reason: str) -> bool:
 def revoke_on_credentials_change(
     sender: type[User], instance: User, raw: bool = False, update_fields: Any = None, **kwargs: Any
 ) -> None:
-    """``pre_save`` of users: a new password or a deactivation revokes the API token. Django's password change,
-    reset and admin forms, ``set_password`` and ``changepassword`` all end in this save."""
+    """``pre_save`` of users: a new password or a deactivation revokes the API token, whatever saved it."""
     if raw or instance.pk is None:
         return
     if update_fields is not None and not {"password", "is_active"} & set(update_fields):

@@ -7,16 +7,16 @@ from django.utils.translation import gettext_lazy as _
 class PortalConfig(AppConfig):
     name = "portal"
     verbose_name = _("Portal")
-    default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
         from django.db.backends.signals import connection_created
         from django.db.models.signals import pre_save
+        from django.urls import register_converter
 
         from portal import api_tokens, converters, login_throttle, prepared
         from portal.models import User
 
-        converters.register()  # before any URLconf is loaded
+        register_converter(converters.IdConverter, "id")  # before any URLconf is loaded
 
         connection_created.connect(prepared.install, dispatch_uid="portal.prepared")
         login_throttle.connect_signals()

@@ -8,8 +8,7 @@ from django.core.exceptions import ValidationError
 
 
 class TenantModelBackend(ModelBackend):
-    """Every page needs the signed-in person's tenant (its time zone, ``portal.timezones``), and many the tenant
-    itself: the session's user brings it in the same query instead of one more."""
+    """Every page needs the person's tenant (its time zone): the session's user brings it in the same query."""
 
     def get_user(self, user_id):
         try:

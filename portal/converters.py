@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from django.urls import register_converter
-
 # The largest value of a BigAutoField (a signed 64-bit integer): a larger number is no row of ours, and SQLite
 # raises OverflowError for it instead of finding nothing.
 MAX_ID = 2**63 - 1
@@ -20,7 +18,3 @@ class IdConverter:
 
     def to_url(self, value: int) -> str:
         return str(int(value))
-
-
-def register() -> None:
-    register_converter(IdConverter, "id")

@@ -7,9 +7,11 @@ from __future__ import annotations
 import csv
 import io
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO
 
+from django.contrib.auth.base_user import BaseUserManager
 from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
@@ -25,44 +27,25 @@ EMAIL_MAX_LENGTH = 254
 NAME_MAX_LENGTH = 200
 
 COLUMNS = ("username", "email", "name", "role")
+# Spellings of each column and role, compared after _fold.
 COLUMN_ALIASES = {
-    "username": "username",
-    "user": "username",
-    "login": "username",
-    "ユーザー名": "username",
-    "ユーザ名": "username",
-    "ユーザーid": "username",
-    "アカウント": "username",
-    "email": "email",
-    "e-mail": "email",
-    "mail": "email",
-    "メール": "email",
-    "メールアドレス": "email",
-    "name": "name",
-    "full name": "name",
-    "full_name": "name",
-    "氏名": "name",
-    "名前": "name",
-    "role": "role",
-    "役割": "role",
-    "ロール": "role",
+    alias: column
+    for column, aliases in {
+        "username": ("username", "user", "login", "ユーザー名", "ユーザ名", "ユーザーid", "アカウント"),
+        "email": ("email", "e-mail", "mail", "メール", "メールアドレス"),
+        "name": ("name", "full name", "full_name", "氏名", "名前"),
+        "role": ("role", "役割", "ロール"),
+    }.items()
+    for alias in aliases
 }
 ROLE_ALIASES = {
-    "instructor": Role.INSTRUCTOR,
-    "teacher": Role.INSTRUCTOR,
-    "教員": Role.INSTRUCTOR,
-    "講師": Role.INSTRUCTOR,
-    "教師": Role.INSTRUCTOR,
-    "担当教員": Role.INSTRUCTOR,
-    "ta": Role.TA,
-    "teaching assistant": Role.TA,
-    "ティーチングアシスタント": Role.TA,
-    "ティーエー": Role.TA,
-    "student": Role.STUDENT,
-    "学生": Role.STUDENT,
-    "受講生": Role.STUDENT,
-    "受講者": Role.STUDENT,
-    "生徒": Role.STUDENT,
+    alias: role
+    for role, aliases in {
+        Role.INSTRUCTOR: ("instructor", "teacher", "教員", "講師", "教師", "担当教員"),
+        Role.TA: ("ta", "teaching assistant", "ティーチングアシスタント", "ティーエー"),
+        Role.STUDENT: ("student", "学生", "受講生", "受講者", "生徒"),
+    }.items()
+    for alias in aliases
 }
 
 
@@ -72,9 +55,6 @@ class RowError:
 
     line: int | None
     message: str
-
-    def as_dict(self) -> dict[str, object]:
-        return {"line": self.line, "message": self.message}
 
 
 @dataclass(frozen=True)
@@ -89,9 +69,9 @@ class EnrollmentRow:
 class EnrollmentFileInvalid(Exception):
     """The file as a whole cannot be read; ``errors`` says where and why."""
 
-    def __init__(self, errors: list[RowError]) -> None:
-        super().__init__(f"{len(errors)} problem(s) in the enrollment file")
-        self.errors = errors
+    def __init__(self, line: int | None, message: str, *, earlier: list[RowError] | None = None) -> None:
+        super().__init__(message)
+        self.errors = [*(earlier or []), RowError(line, message)]
 
 
 def _fold(text: str) -> str:
@@ -114,15 +94,11 @@ def _decode(data: bytes) -> str:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise EnrollmentFileInvalid(
-            [
-                RowError(
-                    line,
-                    _(
-                        "This line is not UTF-8 text. Save the file as “CSV UTF-8” (in Excel: Save As → CSV UTF-8) and "
-                        "upload it again."
-                    ),
-                )
-            ]
+            line,
+            _(
+                "This line is not UTF-8 text. Save the file as “CSV UTF-8” (in Excel: Save As → CSV UTF-8) and "
+                "upload it again."
+            ),
         ) from exc
 
 
@@ -137,7 +113,7 @@ def _map_header(fields: list[str], *, line: int) -> dict[str, int]:
             continue
         if column in positions:
             raise EnrollmentFileInvalid(
-                [RowError(line, _("The column “%(column)s” appears twice in the header.") % {"column": column})]
+                line, _("The column “%(column)s” appears twice in the header.") % {"column": column}
             )
         positions[column] = index
     missing = [column for column in COLUMNS if column not in positions]
@@ -147,13 +123,13 @@ def _map_header(fields: list[str], *, line: int) -> dict[str, int]:
             message += " " + _("Missing: %(columns)s.") % {"columns": ", ".join(missing)}
         if unknown:
             message += " " + _("Unknown: %(columns)s.") % {"columns": ", ".join(unknown)}
-        raise EnrollmentFileInvalid([RowError(line, message)])
+        raise EnrollmentFileInvalid(line, message)
     return positions
 
 
-def _is_email(text: str) -> bool:
+def _passes(validator: Callable[[str], None], text: str) -> bool:
     try:
-        validate_email(text)
+        validator(text)
     except ValidationError:
         return False
     return True
@@ -171,22 +147,17 @@ def _check_row(values: dict[str, str], *, line: int, errors: list[RowError]) -> 
         problems.append(_("the username is missing"))
     elif len(username) > USERNAME_MAX_LENGTH:
         problems.append(_("the username is longer than %(max)d characters") % {"max": USERNAME_MAX_LENGTH})
-    else:
-        try:
-            UnicodeUsernameValidator()(username)
-        except ValidationError:
-            problems.append(
-                _("the username “%(username)s” may contain only letters, digits and @ . + - _") % {"username": username}
-            )
+    elif not _passes(UnicodeUsernameValidator(), username):
+        problems.append(
+            _("the username “%(username)s” may contain only letters, digits and @ . + - _") % {"username": username}
+        )
 
     if not email:
         problems.append(_("the email address is missing"))
+    elif len(email) > EMAIL_MAX_LENGTH or not _passes(validate_email, email):
+        problems.append(_("“%(email)s” is not a valid email address") % {"email": email})
     else:
-        if len(email) > EMAIL_MAX_LENGTH or not _is_email(email):
-            problems.append(_("“%(email)s” is not a valid email address") % {"email": email})
-        else:
-            local, _at, domain = email.rpartition("@")
-            email = f"{local}@{domain.lower()}"
+        email = BaseUserManager.normalize_email(email)
 
     if not full_name:
         problems.append(_("the name is missing"))
@@ -206,20 +177,12 @@ def _check_row(values: dict[str, str], *, line: int, errors: list[RowError]) -> 
 
 
 def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> tuple[list[EnrollmentRow], list[RowError]]:
-    """The good rows of the file and the problems of the others (line number and message in the active language).
-
-    Each row is checked on its own and against the rows above it (duplicate usernames). A problem with the
-    whole file (size, encoding, header, no rows, broken quoting) raises ``EnrollmentFileInvalid`` instead.
-    """
+    """The good rows and the problems of the others; a problem with the whole file (size, encoding, header, no rows,
+    broken quoting) raises ``EnrollmentFileInvalid``."""
     data = _read_bytes(csv_file)
     if len(data) > MAX_FILE_BYTES:
         raise EnrollmentFileInvalid(
-            [
-                RowError(
-                    None,
-                    _("The file is larger than %(size)d MB; split it.") % {"size": MAX_FILE_BYTES // (1024 * 1024)},
-                )
-            ]
+            None, _("The file is larger than %(size)d MB; split it.") % {"size": MAX_FILE_BYTES // (1024 * 1024)}
         )
     text = _decode(data)
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
@@ -238,7 +201,7 @@ def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> tuple[list[EnrollmentRo
             break
         except csv.Error as exc:
             raise EnrollmentFileInvalid(
-                [*errors, RowError(reader.line_num, _("This line is not valid CSV: %(error)s") % {"error": exc})]
+                reader.line_num, _("This line is not valid CSV: %(error)s") % {"error": exc}, earlier=errors
             ) from exc
         last_line = reader.line_num
         if not any(field.strip() for field in fields):
@@ -251,7 +214,7 @@ def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> tuple[list[EnrollmentRo
         data_rows += 1
         if data_rows > MAX_ROWS:
             raise EnrollmentFileInvalid(
-                [RowError(start_line, _("The file has more than %(max)d rows; split it.") % {"max": MAX_ROWS})]
+                start_line, _("The file has more than %(max)d rows; split it.") % {"max": MAX_ROWS}
             )
         if len(fields) < header_width or any(field.strip() for field in fields[header_width:]):
             errors.append(
@@ -285,8 +248,8 @@ def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> tuple[list[EnrollmentRo
 
     if positions is None and not errors:
         raise EnrollmentFileInvalid(
-            [RowError(None, _("The file is empty. The first line must be the header username,email,name,role."))]
+            None, _("The file is empty. The first line must be the header username,email,name,role.")
         )
     if positions is not None and data_rows == 0 and not errors:
-        raise EnrollmentFileInvalid([RowError(None, _("The file has a header but no people."))])
+        raise EnrollmentFileInvalid(None, _("The file has a header but no people."))
     return rows, errors

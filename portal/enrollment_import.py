@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import IO
 
-from django.contrib.auth.tokens import default_token_generator
 from django.db import IntegrityError, transaction
 from django.db.models.functions import Lower
-from django.utils.encoding import force_bytes
-from django.utils.http import urlsafe_base64_encode
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
@@ -70,54 +67,33 @@ def _enrollment_errors_against_database(
     errors: list[RowError] = []
     for row in rows:
         user = existing.get(row.username)
+        values = {"username": row.username}
         if user is None:
             near = by_lower.get(row.username.lower())
-            if near:
-                errors.append(
-                    RowError(
-                        row.line,
-                        _("an account named “%(existing)s” already exists; use exactly that username, or another one")
-                        % {"existing": near[0].username},
-                    )
-                )
-            continue
-        if user.tenant_id != course.tenant_id:
+            if not near:
+                continue
+            message = _("an account named “%(existing)s” already exists; use exactly that username, or another one")
+            values["existing"] = near[0].username
+        elif user.tenant_id != course.tenant_id:
             # Usernames are unique across the platform; say no more than that about someone else's account.
-            errors.append(
-                RowError(
-                    row.line,
-                    _("the username “%(username)s” is already taken; choose another") % {"username": row.username},
-                )
-            )
+            message = _("the username “%(username)s” is already taken; choose another")
         elif user.email and user.email.casefold() != row.email.casefold():
-            errors.append(
-                RowError(
-                    row.line,
-                    _(
-                        "“%(username)s” is an existing account with another email address (%(email)s); check that this "
-                        "row means that person"
-                    )
-                    % {"username": row.username, "email": user.email},
-                )
+            message = _(
+                "“%(username)s” is an existing account with another email address (%(email)s); check that this "
+                "row means that person"
             )
+            values["email"] = user.email
         elif not user.is_active:
-            errors.append(
-                RowError(
-                    row.line,
-                    _("the account “%(username)s” is deactivated; reactivate it first") % {"username": row.username},
-                )
-            )
+            message = _("the account “%(username)s” is deactivated; reactivate it first")
         elif user.id in roles and roles[user.id] != row.role:
-            errors.append(
-                RowError(
-                    row.line,
-                    _(
-                        "“%(username)s” is already in this course as %(current)s; change the role on the membership "
-                        "instead of importing"
-                    )
-                    % {"username": row.username, "current": Role(roles[user.id]).label},
-                )
+            message = _(
+                "“%(username)s” is already in this course as %(current)s; change the role on the membership "
+                "instead of importing"
             )
+            values["current"] = str(Role(roles[user.id]).label)
+        else:
+            continue
+        errors.append(RowError(row.line, message % values))
     return errors, existing, roles
 
 
@@ -131,20 +107,14 @@ def _enrollment_rejected(errors: list[RowError]) -> ApplicationError:
         )
         % {"count": len(lines)},
         code="enrollment_invalid",
-        extra={"errors": [error.as_dict() for error in errors]},
+        extra={"errors": [asdict(error) for error in errors]},
     )
 
 
 def enrollment_import(*, actor: User, course: Course, csv_file: IO[bytes] | bytes) -> ImportResult:
-    """Create the accounts and memberships a CSV file lists, all of them or none.
-
-    Any problem, in the file or against the database, raises ``ApplicationError`` (code
-    ``enrollment_invalid``) whose ``extra["errors"]`` lists every problem as ``{"line", "message"}`` in the
-    active language; nothing is written then. Otherwise new accounts land in the course's tenant with an
-    unusable password and a one-time set-password token each (the instructor hands out the links); existing
-    accounts of the tenant are enrolled as they are; rows already enrolled with the same role change nothing,
-    so importing the same file twice is harmless. New instructors get admin access (``is_staff``).
-    """
+    """Create the accounts (unusable password, a set-password token each) and memberships a CSV file lists, all of
+    them or none: any problem raises ``ApplicationError`` listing every one in ``extra["errors"]``. Rows already
+    enrolled with the same role change nothing."""
     try:
         rows, errors = enrollment_rows_read(csv_file)
     except EnrollmentFileInvalid as exc:
@@ -196,12 +166,7 @@ def _enrollment_write(
                 account_created=account_created,
                 membership_created=membership_created,
                 user=user,
-                password_setup=PasswordSetupToken(
-                    uidb64=urlsafe_base64_encode(force_bytes(user.pk)),
-                    token=default_token_generator.make_token(user),
-                )
-                if account_created
-                else None,
+                password_setup=PasswordSetupToken.for_user(user) if account_created else None,
             )
         )
     audit_record(

@@ -70,8 +70,7 @@ def error_body(
 
 
 def database_busy(error: BaseException | None) -> bool:
-    """Did ``error`` come from the connection pool timing out (Django wraps psycopg_pool's ``PoolTimeout`` in its
-    ``OperationalError``)?"""
+    """Did ``error`` come from the connection pool timing out (``PoolTimeout``, wrapped by Django)?"""
     try:
         from psycopg_pool import PoolTimeout
     except ImportError:  # no pool without psycopg_pool (the embedded default's SQLite)

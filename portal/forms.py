@@ -13,16 +13,11 @@ from portal.models import Course, Membership, Tenant, User
 from portal.timezones import tenant_time_zone, time_zone_names
 
 
-def time_zone_choices(blank_label: str | Promise | None = None) -> list[tuple[str, str | Promise]]:
-    default = blank_label or _("The portal's default (%(zone)s)") % {"zone": settings.TIME_ZONE}
-    return [("", default), *((name, name) for name in time_zone_names())]
-
-
 def zone_choice_field(form: forms.ModelForm, *, current: str, blank_label: str | Promise | None = None) -> None:
-    """Make ``form``'s ``time_zone`` a choice among the zones this installation knows, rather than typed. A stored
-    zone a tzdata update dropped stays visible, to be changed."""
+    """Make ``form``'s ``time_zone`` a choice among the known zones (and the stored one, even if tzdata dropped it)."""
     field = form.fields["time_zone"]
-    choices = time_zone_choices(blank_label)
+    blank = blank_label or _("The portal's default (%(zone)s)") % {"zone": settings.TIME_ZONE}
+    choices: list[tuple[str, str | Promise]] = [("", blank), *((name, name) for name in time_zone_names())]
     if current and current not in dict(choices):
         choices.append((current, current))
     form.fields["time_zone"] = forms.ChoiceField(
@@ -46,11 +41,6 @@ class TenantAdminForm(forms.ModelForm):
         zone_choice_field(self, current=self.instance.time_zone)
 
 
-def institution_zone_label(user: User) -> str:
-    """What an empty personal zone means for ``user``: their institution's clock, named."""
-    return _("My institution's (%(zone)s)") % {"zone": tenant_time_zone(user.tenant)}
-
-
 class PersonalTimeZoneForm(forms.ModelForm):
     """A person's own clock, chosen on their time zone page."""
 
@@ -60,7 +50,8 @@ class PersonalTimeZoneForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        zone_choice_field(self, current=self.instance.time_zone, blank_label=institution_zone_label(self.instance))
+        institution_zone = _("My institution's (%(zone)s)") % {"zone": tenant_time_zone(self.instance.tenant)}
+        zone_choice_field(self, current=self.instance.time_zone, blank_label=institution_zone)
         # The page says what the choice does; the model's help text is written for admins.
         self.fields["time_zone"].label = _("Your time zone")
         self.fields["time_zone"].help_text = ""

@@ -12,8 +12,7 @@ SERVER_GC_THRESHOLDS = (10_000, 20, 20)
 
 
 def freeze_startup_objects() -> None:
-    """Collect what startup left behind, then move everything still alive out of the collector's sight, and set the
-    serving thresholds."""
+    """Collect what startup left behind, hide what is still alive from the collector, set the serving thresholds."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*SERVER_GC_THRESHOLDS)

@@ -44,11 +44,8 @@ def stop_child(process: subprocess.Popen, *, timeout: float) -> None:
 
 
 class KubesimSupervisor:
-    """Watches one kubesim child in a thread of its own.
-
-    ``start(extra_args)`` starts kubesim and returns once it serves; ``restarted()`` is called after each restart
-    (the portal reloads the kubeconfig, whose token is new); ``give_up(message)`` when kubesim is not started again.
-    """
+    """Watches one kubesim child in a thread of its own: ``start(extra_args)`` returns once it serves, ``restarted()``
+    follows each restart (the kubeconfig's token is new), ``give_up(message)`` when it is not started again."""
 
     def __init__(
         self,
@@ -117,11 +114,13 @@ class KubesimSupervisor:
             else:
                 how = f"with status {status}" if status >= 0 else f"on signal {-status}"
             if len(exits) > self._max_restarts:
-                self._stop_for_good(
+                self.gave_up = (
                     f"kubesim, the portal's cluster, exited {how}, {len(exits)} times within "
                     f"{self._window_seconds:g} s; stopping the portal rather than running without a "
                     f"cluster. See {self._log_path}."
                 )
+                logger.critical(self.gave_up)
+                self._give_up(self.gave_up)
                 return
             logger.error(
                 "kubesim, the portal's cluster, exited %s; starting it again on the same port. It keeps its "
@@ -144,8 +143,3 @@ class KubesimSupervisor:
                 continue
             self._restarted()
             logger.warning("kubesim started again (pid %s)", self._process.pid)
-
-    def _stop_for_good(self, message: str) -> None:
-        self.gave_up = message
-        logger.critical(message)
-        self._give_up(message)

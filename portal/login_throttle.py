@@ -14,11 +14,11 @@ from django.conf import settings
 from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
-from django.urls import NoReverseMatch, reverse
+from django.shortcuts import render, resolve_url
+from django.urls import reverse
 from django.utils.translation import gettext as _
 
-from portal.ratelimit import rate_limit_count, rate_limit_exceeded
+from portal.ratelimit import cache_count, rate_limit_count, rate_limit_exceeded
 
 ADDRESS_SCOPE = "login_address"
 # The clock the delays are measured with (tests move it).
@@ -26,7 +26,7 @@ clock: Callable[[], float] = time.time
 
 
 def client_address(request: HttpRequest) -> str:
-    """The client's address: REMOTE_ADDR, or the header the trusted proxy in front sets (settings)."""
+    """REMOTE_ADDR, or the header the trusted proxy in front sets (settings)."""
     header = settings.RATE_LIMIT_CLIENT_ADDRESS_HEADER or "REMOTE_ADDR"
     value = request.META.get(header, "") or request.META.get("REMOTE_ADDR", "")
     # X-Forwarded-For style lists: the proxy appends the address it saw last.
@@ -38,11 +38,6 @@ def _pair_keys(*, request: HttpRequest, username: str) -> tuple[str, str]:
     pair = f"{username.strip().lower()}\n{client_address(request)}"
     digest = hashlib.sha256(pair.encode()).hexdigest()[:32]
     return f"login_failures:{digest}:count", f"login_failures:{digest}:last"
-
-
-def _memory_seconds() -> int:
-    """How long failures are remembered after the last one: at least as long as the longest delay."""
-    return max(settings.LOGIN_DELAY_MAX_SECONDS, settings.RATE_LIMITS[ADDRESS_SCOPE][1])
 
 
 def login_delay(failures: int) -> int:
@@ -66,19 +61,19 @@ def login_retry_after(*, request: HttpRequest, username: str | None) -> int | No
     return max(due) if due else None
 
 
-def login_failure_record(*, request: HttpRequest | None, username: str | None) -> None:
+def _on_login_failed(
+    sender: Any, credentials: dict[str, Any], request: HttpRequest | None = None, **kwargs: Any
+) -> None:
     """Count a failed sign-in against the (account, address) and against the address."""
+    username = credentials.get("username")
     if request is None:
         return
     rate_limit_count(scope=ADDRESS_SCOPE, key=client_address(request))
     if username:
         count_key, last_key = _pair_keys(request=request, username=username)
-        memory = _memory_seconds()
-        cache.add(count_key, 0, timeout=memory)
-        try:
-            cache.incr(count_key)
-        except ValueError:  # expired between add and incr
-            cache.set(count_key, 1, timeout=memory)
+        # Remembered after the last failure at least as long as the longest delay.
+        memory = max(settings.LOGIN_DELAY_MAX_SECONDS, settings.RATE_LIMITS[ADDRESS_SCOPE][1])
+        cache_count(count_key, timeout=memory)
         cache.touch(count_key, timeout=memory)
         cache.set(last_key, clock(), timeout=memory)
 
@@ -86,12 +81,6 @@ def login_failure_record(*, request: HttpRequest | None, username: str | None) -
 def login_failures_forget(*, request: HttpRequest, username: str) -> None:
     """A successful sign-in: that account's failures from that address no longer count."""
     cache.delete_many(list(_pair_keys(request=request, username=username)))
-
-
-def _on_login_failed(
-    sender: Any, credentials: dict[str, Any], request: HttpRequest | None = None, **kwargs: Any
-) -> None:
-    login_failure_record(request=request, username=credentials.get("username"))
 
 
 def _on_logged_in(sender: Any, request: HttpRequest | None, user: Any, **kwargs: Any) -> None:
@@ -111,27 +100,13 @@ def throttled_message(retry_after: int) -> str:
 
 
 class LoginThrottleMiddleware:
-    """Refuses POSTs to the sign-in pages (the portal's and the admin's) while the account is delayed for this
-    address, or the address is over its failure limit."""
+    """Refuses POSTs to the portal's and the admin's sign-in pages while the account or address is held back."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
-        self._login_paths: set[str] | None = None
-
-    def login_paths(self) -> set[str]:
-        if self._login_paths is None:
-            paths = set()
-            for name in (settings.LOGIN_URL, "admin:login"):
-                try:
-                    paths.add(reverse(name))
-                except NoReverseMatch:
-                    if str(name).startswith("/"):
-                        paths.add(str(name))
-            self._login_paths = paths
-        return self._login_paths
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.method == "POST" and request.path in self.login_paths():
+        if request.method == "POST" and request.path in (resolve_url(settings.LOGIN_URL), reverse("admin:login")):
             retry_after = login_retry_after(request=request, username=request.POST.get("username"))
             if retry_after is not None:
                 response = render(

@@ -79,24 +79,20 @@ def _count_safely(key: str, field: str, amount: int = 1) -> None:
 
 
 def record_cluster_api_error(*, operation: str, reason: str) -> None:
-    """Count one failed call to the cluster API. ``operation`` is a short fixed name ("list_vmis",
-    "create_vm"); ``reason`` the HTTP status ("503") or "timeout" / "connection". Keep both low-cardinality."""
+    """``operation``: a short fixed name ("list_vmis"); ``reason``: the HTTP status, "timeout" or "connection"."""
     _count_safely(CLUSTER_API_ERRORS_KEY, f"{operation}|{reason}")
 
 
 def record_request_failure(*, reason: str) -> None:
-    """Count one HTTP request that failed inside the portal:
-    ``portal_busy`` (no database connection came free in time, answered 503) or ``server_error`` (500)."""
+    """``reason``: ``portal_busy`` (503, no database connection came free in time) or ``server_error`` (500)."""
     _count_safely(REQUEST_FAILURES_KEY, reason)
 
 
 def console_session_opened() -> None:
-    """Count a browser console session that connected (call once per accepted WebSocket)."""
     _count_safely(CONSOLE_SESSIONS_KEY, "opened")
 
 
 def console_session_closed() -> None:
-    """Count a browser console session that ended (call once per session that console_session_opened counted)."""
     _count_safely(CONSOLE_SESSIONS_KEY, "closed")
 
 

@@ -17,11 +17,7 @@ DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def generate_namespace_name(tenant_name: str) -> str:
-    """A DNS-1123 label for a tenant's Kubernetes namespace, never taken from user input verbatim.
-
-    The readable part is an ASCII slug of the name (empty for names such as Japanese ones), and a random
-    suffix keeps two tenants with the same name apart.
-    """
+    """A DNS-1123 label: an ASCII slug of the name (empty for Japanese ones) and a random suffix."""
     stem = re.sub(r"[^a-z0-9]+", "-", slugify(tenant_name).encode("ascii", "ignore").decode())[:40].strip("-")
     suffix = secrets.token_hex(3)
     return f"lab-{stem}-{suffix}" if stem else f"lab-{suffix}"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.cache import cache
@@ -20,85 +19,53 @@ class RateLimited(ApplicationError):
     code = "rate_limited"
 
 
-@dataclass(frozen=True)
-class Window:
-    limit: int
-    seconds: int
-    count: int
-    retry_after: int
-    cache_key: str
-
-    @property
-    def exceeded(self) -> bool:
-        return self.count > self.limit
-
-
-def _rate(scope: str) -> tuple[int, int]:
+def cache_count(cache_key: str, *, timeout: int) -> int:
+    """Add one to a counter in the cache, which forgets it ``timeout`` seconds after it was created."""
+    cache.add(cache_key, 0, timeout=timeout)
     try:
-        limit, seconds = settings.RATE_LIMITS[scope]
-    except KeyError:
-        raise KeyError(f"No rate limit named {scope!r} in settings.RATE_LIMITS.") from None
-    return int(limit), int(seconds)
+        return cache.incr(cache_key)
+    except ValueError:  # expired between add and incr
+        cache.set(cache_key, 1, timeout=timeout)
+        return 1
 
 
-def _cache_key(scope: str, key: str, bucket: int) -> str:
-    # Hashed so that usernames and addresses never become cache key syntax.
-    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
-    return f"ratelimit:{scope}:{digest}:{bucket}"
-
-
-@dataclass(frozen=True)
-class Counted:
-    """One request counted by ``rate_limit_hit``: the window it went into, for ``rate_limit_refund``."""
-
-    cache_key: str
-
-
-def _window(scope: str, key: str, *, increment: bool) -> Window:
-    limit, seconds = _rate(scope)
+def _window(scope: str, key: str) -> tuple[int, int, str, int]:
+    """The scope's limit and window, and the current window's cache key and seconds left."""
+    limit, seconds = settings.RATE_LIMITS[scope]
     now = time.time()
     bucket = int(now // seconds)
-    cache_key = _cache_key(scope, key, bucket)
-    if increment:
-        cache.add(cache_key, 0, timeout=seconds + 1)
-        try:
-            count = cache.incr(cache_key)
-        except ValueError:  # expired between add and incr
-            cache.set(cache_key, 1, timeout=seconds + 1)
-            count = 1
-    else:
-        count = int(cache.get(cache_key, 0))
-    retry_after = max(1, math.ceil((bucket + 1) * seconds - now))
-    return Window(limit=limit, seconds=seconds, count=count, retry_after=retry_after, cache_key=cache_key)
+    # Hashed so that usernames and addresses never become cache key syntax.
+    digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+    return limit, seconds, f"ratelimit:{scope}:{digest}:{bucket}", max(1, math.ceil((bucket + 1) * seconds - now))
 
 
-def rate_limit_hit(*, scope: str, key: str, message: str | None = None) -> Counted:
-    """Count one request of ``key`` against the ``scope`` limit; raise ``RateLimited`` once it is exceeded."""
-    window = _window(scope, key, increment=True)
-    if window.exceeded:
+def rate_limit_hit(*, scope: str, key: str, message: str | None = None) -> str:
+    """Count one request of ``key`` against the ``scope`` limit; raise ``RateLimited`` once it is exceeded.
+    Returns the counter's cache key, for ``rate_limit_refund``."""
+    limit, seconds, cache_key, retry_after = _window(scope, key)
+    if cache_count(cache_key, timeout=seconds + 1) > limit:
         raise RateLimited(
-            message or _("Too many requests. Try again in %(seconds)s seconds.") % {"seconds": window.retry_after},
-            retry_after=window.retry_after,
+            message or _("Too many requests. Try again in %(seconds)s seconds.") % {"seconds": retry_after},
+            retry_after=retry_after,
         )
-    return Counted(cache_key=window.cache_key)
+    return cache_key
 
 
-def rate_limit_refund(counted: Counted) -> None:
-    """Take back a request that ``rate_limit_hit`` counted (it turned out to do nothing the limit is for). The
-    count goes back in the window it went into; if that window has ended, there is nothing to take back."""
+def rate_limit_refund(cache_key: str) -> None:
+    """Take back a request that ``rate_limit_hit`` counted (it turned out to do nothing the limit is for)."""
     try:
-        cache.decr(counted.cache_key)
-    except ValueError:  # the window ended and its counter expired
+        cache.decr(cache_key)
+    except ValueError:  # the window ended and its counter expired: nothing to take back
         pass
 
 
 def rate_limit_count(*, scope: str, key: str) -> None:
     """Count one event (a failed login) without refusing anything."""
-    _window(scope, key, increment=True)
+    _limit, seconds, cache_key, _retry_after = _window(scope, key)
+    cache_count(cache_key, timeout=seconds + 1)
 
 
 def rate_limit_exceeded(*, scope: str, key: str) -> int | None:
     """Seconds to wait if ``key`` has used up the ``scope`` limit (counting nothing), else None."""
-    limit, _seconds = _rate(scope)
-    window = _window(scope, key, increment=False)
-    return window.retry_after if window.count >= limit else None
+    limit, _seconds, cache_key, retry_after = _window(scope, key)
+    return retry_after if int(cache.get(cache_key, 0)) >= limit else None

@@ -6,20 +6,11 @@ from __future__ import annotations
 
 from django_redis.cache import RedisCache, omit_exception
 from django_redis.client.default import glob_escape
-
-# Keys deleted per DEL while clearing, and asked for per SCAN step.
-CLEAR_BATCH = 1000
+from django_redis.util import CacheKey
 
 
 class PrefixedRedisCache(RedisCache):
     @omit_exception
     def clear(self) -> None:
-        client = self.client.get_client(write=True)
-        batch: list[bytes] = []
-        for key in client.scan_iter(match=f"{glob_escape(self.key_prefix)}:*", count=CLEAR_BATCH):
-            batch.append(key)
-            if len(batch) == CLEAR_BATCH:
-                client.delete(*batch)
-                batch = []
-        if batch:
-            client.delete(*batch)
+        # A CacheKey is taken as the whole pattern: every version of this cache's keys.
+        self.delete_pattern(CacheKey(f"{glob_escape(self.key_prefix)}:*"), itersize=1000)

@@ -27,13 +27,6 @@ def body_limit(headers: dict[bytes, bytes]) -> int:
     return settings.REQUEST_BODY_MAX_BYTES
 
 
-def _declared_length(headers: dict[bytes, bytes]) -> int | None:
-    try:
-        return int(headers[b"content-length"])
-    except (KeyError, ValueError):
-        return None
-
-
 async def _refuse(scope, send, limit: int) -> None:
     headers = dict(scope.get("headers", []))
     # Refused before LocaleMiddleware runs: the language is chosen here by the same rules (cookie, Accept-Language).
@@ -72,8 +65,8 @@ class RequestBodyLimit:
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers", []))
         limit = body_limit(headers)
-        declared = _declared_length(headers)
-        if declared is not None and declared > limit:
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
             return await _refuse(scope, send, limit)
         received = 0
 

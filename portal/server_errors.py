@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import secrets
 import sys
-from dataclasses import dataclass
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.loader import render_to_string
@@ -38,42 +37,20 @@ def _is_api(request: HttpRequest) -> bool:
     return API_NAMESPACE in match.namespaces
 
 
-@dataclass(frozen=True)
-class FailureAnswer:
-    """What a person is told of a failure they did not cause."""
-
-    status: int
-    code: str
-    message: str
-    retry_after: int | None = None
-
-
-def failure_answer(error: BaseException | None) -> FailureAnswer:
-    """``portal_busy`` (503, come back in a few seconds) when no database connection came free in time, else
-    ``server_error`` (500); counted in ``portal_requests_failed_total`` either way. Nothing of the error's own text
-    reaches the person."""
-    if database_busy(error):
-        low, high = BUSY_RETRY_AFTER_RANGE
-        answer = FailureAnswer(
-            503,
-            "portal_busy",
-            _("The portal is very busy right now and could not answer. Try again in a few seconds."),
-            retry_after=low + secrets.randbelow(high - low + 1),
-        )
-    else:
-        answer = FailureAnswer(
-            500,
-            "server_error",
-            _("Something went wrong on the portal's side. Try again; if it keeps happening, tell your instructor."),
-        )
-    record_request_failure(reason=answer.code)
-    return answer
-
-
 def server_error(request: HttpRequest) -> HttpResponse:
-    """``handler500``: a clear answer for a failure the person did not cause."""
-    answer = failure_answer(sys.exc_info()[1])
-    status, code, message, retry_after = answer.status, answer.code, answer.message, answer.retry_after
+    """Counted in ``portal_requests_failed_total``; nothing of the error's own text reaches the person."""
+    retry_after = None
+    if database_busy(sys.exc_info()[1]):
+        status, code = 503, "portal_busy"
+        message = _("The portal is very busy right now and could not answer. Try again in a few seconds.")
+        low, high = BUSY_RETRY_AFTER_RANGE
+        retry_after = low + secrets.randbelow(high - low + 1)
+    else:
+        status, code = 500, "server_error"
+        message = _(
+            "Something went wrong on the portal's side. Try again; if it keeps happening, tell your instructor."
+        )
+    record_request_failure(reason=code)
     if _is_api(request):
         response: HttpResponse = JsonResponse(
             error_body(code=code, message=message, retry_after=retry_after), status=status

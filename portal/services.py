@@ -1,6 +1,5 @@
-"""Writes of the core domain: courses, accounts, memberships, time zones, and the audit log.
-
-The enrollment import from CSV is in ``portal.enrollment_import``."""
+"""Writes of the core domain: courses, accounts, memberships, time zones, and the audit log (the CSV enrollment
+import is ``portal.enrollment_import``)."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ def audit_record(
 
 @transaction.atomic
 def course_create(*, actor: User, course: Course) -> Course:
-    """Save the new ``course`` (its tenant set). An instructor who creates it becomes its instructor, so they can
-    run it."""
+    """Save the new ``course`` (its tenant set); an instructor who creates it becomes its instructor."""
     course.save()
     if not actor.is_superuser:
         Membership.objects.create(user=actor, course=course, role=Role.INSTRUCTOR)
@@ -149,18 +147,18 @@ def user_create(
 
 @dataclass(frozen=True)
 class PasswordSetupToken:
-    """What the URL ``password_reset_confirm`` (django.contrib.auth.urls) needs: ``uidb64`` and ``token``.
-
-    Valid until the password is set, or for ``settings.PASSWORD_RESET_TIMEOUT`` seconds.
-    """
+    """What the URL ``password_reset_confirm`` needs; valid until the password is set, or for
+    ``settings.PASSWORD_RESET_TIMEOUT`` seconds."""
 
     uidb64: str
     token: str
+
+    @classmethod
+    def for_user(cls, user: User) -> PasswordSetupToken:
+        return cls(uidb64=urlsafe_base64_encode(force_bytes(user.pk)), token=default_token_generator.make_token(user))
 
 
 def user_password_setup_token(*, actor: User, user: User) -> PasswordSetupToken:
     """A one-time token with which ``user`` chooses their own password (no password is ever shown or mailed)."""
     audit_record(actor=actor, action="user.password_link", target=user, tenant=user.tenant)
-    return PasswordSetupToken(
-        uidb64=urlsafe_base64_encode(force_bytes(user.pk)), token=default_token_generator.make_token(user)
-    )
+    return PasswordSetupToken.for_user(user)

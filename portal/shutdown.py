@@ -19,8 +19,7 @@ FORCED_EXIT_STATUS = 1
 
 
 class BoundedShutdown:
-    """``begin()`` starts the clock (from the server's own shutdown hook); ``cleanup`` stops child processes before
-    a forced exit, where ``atexit`` handlers do not run."""
+    """``begin()`` starts the clock; ``cleanup`` stops child processes before a forced exit (no ``atexit`` then)."""
 
     def __init__(self, *, grace_seconds: float, cleanup: Callable[[], None]) -> None:
         self.grace_seconds = grace_seconds

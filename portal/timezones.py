@@ -36,8 +36,7 @@ def validate_time_zone(value: str) -> None:
 
 
 def zone_named(name: str) -> zoneinfo.ZoneInfo | None:
-    """The named zone; None (the deployment's default) for no name, or for one this installation no longer knows
-    (a tzdata update that dropped it must not take the tenant's pages down)."""
+    """The named zone; None for no name, or for one a tzdata update dropped (the tenant's pages must stay up)."""
     if not name:
         return None
     try:
@@ -47,49 +46,37 @@ def zone_named(name: str) -> zoneinfo.ZoneInfo | None:
 
 
 def tenant_time_zone(tenant: Any) -> Any:
-    """The zone a tenant's times are written in, whoever reads them (the deployment's default if it names none)."""
+    """The zone a tenant's times are written in (the deployment's default if it names none)."""
     return zone_named(getattr(tenant, "time_zone", "")) or timezone.get_default_timezone()
 
 
-def user_time_zone(user: Any) -> zoneinfo.ZoneInfo | None:
-    """The zone a person's pages are shown in: their own if they chose one, else their tenant's, or None for the
-    deployment's default. The session's user comes with its tenant (``portal.auth_backends``), so this reads no
-    more rows."""
-    if not getattr(user, "is_authenticated", False):
-        return None
-    own = zone_named(getattr(user, "time_zone", ""))
-    if own is not None or getattr(user, "tenant_id", None) is None:
-        return own
-    return zone_named(user.tenant.time_zone)
-
-
 def person_time_zone(user: Any, tenant: Any) -> Any:
-    """The zone to write a message to ``user`` in, wherever it is read (an API client included): theirs, else the
-    tenant's, else the deployment's default."""
+    """The zone to write to ``user`` in, wherever it is read: theirs, else the tenant's, else the default."""
     return zone_named(getattr(user, "time_zone", "")) or tenant_time_zone(tenant)
 
 
+def user_time_zone(user: Any) -> Any:
+    """The zone a person's pages are shown in; the session's user comes with its tenant (``portal.auth_backends``)."""
+    if not getattr(user, "is_authenticated", False):
+        return timezone.get_default_timezone()
+    return person_time_zone(user, user.tenant)
+
+
 class TenantTimeZoneMiddleware:
-    """Activates the signed-in person's zone (their own, else their tenant's) for the request, after
-    ``AuthenticationMiddleware``; the API's requests stay in UTC."""
+    """Activates the signed-in person's zone for the request, after ``AuthenticationMiddleware``."""
 
     def __init__(self, get_response) -> None:
         self.get_response = get_response
 
     def __call__(self, request):
-        zone = user_time_zone(request.user)
-        if zone is None:
-            timezone.deactivate()
-        else:
-            timezone.activate(zone)
+        timezone.activate(user_time_zone(request.user))
         try:
             return self.get_response(request)
         finally:
             timezone.deactivate()
 
     def process_view(self, request, view_func, view_args, view_kwargs) -> None:
-        """The API's views answer in UTC: a token is only read by the view, so the zone cannot depend on who signed
-        in, and a client should not read other text for the same instant after signing in another way."""
+        # A token is only read by the view, so the API's zone cannot depend on who signed in: it answers in UTC.
         match = request.resolver_match
         if match is not None and API_NAMESPACE in match.namespaces:
             timezone.activate(UTC)

@@ -19,8 +19,7 @@ from portal.timezones import tenant_time_zone
 
 
 class TimeZoneView(LoginRequiredMixin, UpdateView):
-    """The signed-in person's own clock: their institution's (the default) or a zone they choose, for a student
-    abroad or an instructor teaching from elsewhere. Every page, and the times they type in admin, follow it."""
+    """The signed-in person's own clock, which every page and the admin's typed times follow."""
 
     request: AuthenticatedRequest
 

@@ -12,9 +12,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.serializers import ErrorSerializer, MeSerializer, MeUpdateSerializer, TokenRequestSerializer, TokenSerializer
-from api.views.common import signed_in
 from portal.api_tokens import api_token_create, api_token_revoke
 from portal.errors import ApplicationError
+from portal.http import request_user
 from portal.login_throttle import login_failures_forget, login_retry_after, throttled_message
 from portal.ratelimit import RateLimited
 from portal.services import user_time_zone_set
@@ -23,7 +23,7 @@ from portal.services import user_time_zone_set
 class MeView(APIView):
     @extend_schema(responses={200: MeSerializer}, summary="The signed-in user")
     def get(self, request: Request) -> Response:
-        user = signed_in(request)
+        user = request_user(request)
         return Response(MeSerializer(user).data)
 
     @extend_schema(
@@ -34,7 +34,7 @@ class MeView(APIView):
     def patch(self, request: Request) -> Response:
         serializer = MeUpdateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        user = signed_in(request)
+        user = request_user(request)
         person = user_time_zone_set(actor=user, user=user, time_zone=serializer.validated_data["time_zone"])
         return Response(MeSerializer(person).data)
 
@@ -76,6 +76,6 @@ class TokenRevokeView(APIView):
 
     @extend_schema(request=None, responses={204: None}, summary="Revoke your API token")
     def delete(self, request: Request) -> Response:
-        user = signed_in(request)
+        user = request_user(request)
         api_token_revoke(actor=user, user=user, reason="owner")
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -4,7 +4,7 @@ selector first (404 for what the user may not see), then the service decides wha
 from __future__ import annotations
 
 from django.utils.translation import gettext as _
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import status
 from rest_framework.generics import ListAPIView
 from rest_framework.request import Request
@@ -13,11 +13,12 @@ from rest_framework.views import APIView
 
 from api.grading_serializers import GradingRunDetailSerializer
 from api.serializers import AttemptSerializer, AttemptStartSerializer, EmptyInputSerializer, ErrorSerializer
-from api.views.common import PortalPagination, choice_param, int_param, ordered, signed_in
+from api.views.common import choice_param, int_param, ordered
 from grading import services as grading_services
 from labs import services as lab_services
 from labs.access import attempt_get_for_user, attempts_visible_to, lab_get_for_user
 from labs.models import AttemptState
+from portal.http import request_user
 from portal.models import User
 from portal.ratelimit import rate_limit_hit
 from portal.selectors import staff_courses_for_user
@@ -29,14 +30,7 @@ ATTEMPT_ORDERING = {
     "lab": "lab_id",
     "expires_at": "expires_at",
 }
-REFUSALS = {
-    400: ErrorSerializer,
-    403: ErrorSerializer,
-    404: ErrorSerializer,
-    409: ErrorSerializer,
-    429: ErrorSerializer,
-    503: ErrorSerializer,
-}
+REFUSALS = dict.fromkeys((400, 403, 404, 409, 429, 503), ErrorSerializer)
 
 
 def staff_course_ids(*, user: User) -> set[int]:
@@ -52,11 +46,22 @@ def refuse_body(request: Request) -> None:
     EmptyInputSerializer(data=request.data).is_valid(raise_exception=True)
 
 
+@extend_schema_view(
+    get=extend_schema(
+        parameters=[
+            OpenApiParameter("lab", int, description="Only attempts of this lab"),
+            OpenApiParameter("course", int, description="Only attempts in this course"),
+            OpenApiParameter("student", int, description="Only attempts of this student (staff)"),
+            OpenApiParameter("state", str, enum=AttemptState.values),
+            OpenApiParameter("ordering", str, description="requested_at, state, lab, expires_at or id; - reverses"),
+        ],
+        summary="Attempts you may see",
+    )
+)
 class AttemptListView(ListAPIView):
     """``GET`` lists your attempts (and, for staff, those of your courses); ``POST`` starts one."""
 
     serializer_class = AttemptSerializer
-    pagination_class = PortalPagination
 
     def get_queryset(self):
         attempts = attempts_visible_to(user=self.request.user).select_related("lab", "student")
@@ -73,19 +78,6 @@ class AttemptListView(ListAPIView):
         return {**super().get_serializer_context(), "staff_course_ids": staff_course_ids(user=self.request.user)}
 
     @extend_schema(
-        parameters=[
-            OpenApiParameter("lab", int, description="Only attempts of this lab"),
-            OpenApiParameter("course", int, description="Only attempts in this course"),
-            OpenApiParameter("student", int, description="Only attempts of this student (staff)"),
-            OpenApiParameter("state", str, enum=AttemptState.values),
-            OpenApiParameter("ordering", str, description="requested_at, state, lab, expires_at or id; - reverses"),
-        ],
-        summary="Attempts you may see",
-    )
-    def get(self, request: Request, *args, **kwargs) -> Response:
-        return super().get(request, *args, **kwargs)
-
-    @extend_schema(
         request=AttemptStartSerializer,
         responses={201: AttemptSerializer, **REFUSALS},
         summary="Start an attempt of a lab",
@@ -97,7 +89,7 @@ class AttemptListView(ListAPIView):
     def post(self, request: Request) -> Response:
         serializer = AttemptStartSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        user = signed_in(request)
+        user = request_user(request)
         lab = lab_get_for_user(user=user, lab_id=serializer.validated_data["lab"])
         attempt = lab_services.attempt_start_limited(actor=user, lab=lab)
         return Response(attempt_data(attempt, user=user), status=status.HTTP_201_CREATED)
@@ -106,7 +98,7 @@ class AttemptListView(ListAPIView):
 class AttemptDetailView(APIView):
     @extend_schema(responses={200: AttemptSerializer, 404: ErrorSerializer}, summary="An attempt")
     def get(self, request: Request, attempt_id: int) -> Response:
-        user = signed_in(request)
+        user = request_user(request)
         attempt = attempt_get_for_user(user=user, attempt_id=attempt_id)
         return Response(attempt_data(attempt, user=user))
 
@@ -115,7 +107,7 @@ class AttemptStopView(APIView):
     @extend_schema(request=None, responses={200: AttemptSerializer, **REFUSALS}, summary="Stop an attempt")
     def post(self, request: Request, attempt_id: int) -> Response:
         refuse_body(request)
-        user = signed_in(request)
+        user = request_user(request)
         attempt = attempt_get_for_user(user=user, attempt_id=attempt_id)
         attempt = lab_services.attempt_stop(actor=user, attempt=attempt)
         return Response(attempt_data(attempt, user=user))
@@ -127,7 +119,7 @@ class AttemptExtendView(APIView):
     )
     def post(self, request: Request, attempt_id: int) -> Response:
         refuse_body(request)
-        user = signed_in(request)
+        user = request_user(request)
         attempt = attempt_get_for_user(user=user, attempt_id=attempt_id)
         attempt = lab_services.attempt_extend(actor=user, attempt=attempt)
         return Response(attempt_data(attempt, user=user))
@@ -143,7 +135,7 @@ class AttemptCheckView(APIView):
     )
     def post(self, request: Request, attempt_id: int) -> Response:
         refuse_body(request)
-        user = signed_in(request)
+        user = request_user(request)
         attempt = attempt_get_for_user(user=user, attempt_id=attempt_id)
         rate_limit_hit(
             scope="attempt_check",

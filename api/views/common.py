@@ -4,23 +4,12 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 from django.utils.translation import gettext as _
-from rest_framework.exceptions import NotAuthenticated, ValidationError
+from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
 
-from portal.models import User
-
-
-def signed_in(request: Request) -> User:
-    """The portal user behind a request its permission classes let through (typed as such, not maybe anonymous)."""
-    user = request.user
-    if not isinstance(user, User):
-        raise NotAuthenticated()
-    return user
-
 
 class PortalPagination(PageNumberPagination):
-    page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 200
 

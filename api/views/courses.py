@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import csv
 import io
+from dataclasses import asdict
 
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework.generics import ListAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -17,8 +18,9 @@ from rest_framework.views import APIView
 from api.grading_serializers import CourseReportSerializer
 from api.selectors import staff_course_get_for_user
 from api.serializers import AuditEventSerializer, CourseSerializer, ErrorSerializer
-from api.views.common import PortalPagination, int_param, ordered, signed_in
+from api.views.common import int_param, ordered
 from grading.selectors import Gradebook, course_gradebook, gradebook_csv_rows
+from portal.http import request_user
 from portal.models import Membership, Role, User
 from portal.selectors import audit_events_for_course, course_get_for_user, courses_for_user
 
@@ -35,9 +37,14 @@ def roles_by_course(*, user: User) -> dict[int, str]:
     return dict(Membership.objects.filter(user=user, course__tenant_id=user.tenant_id).values_list("course_id", "role"))
 
 
+@extend_schema_view(
+    get=extend_schema(
+        parameters=[OpenApiParameter("ordering", str, description="code, title, term or id; prefix - to reverse")],
+        summary="Courses you belong to",
+    )
+)
 class CourseListView(ListAPIView):
     serializer_class = CourseSerializer
-    pagination_class = PortalPagination
 
     def get_queryset(self):
         return ordered(
@@ -50,50 +57,27 @@ class CourseListView(ListAPIView):
     def get_serializer_context(self):
         return {**super().get_serializer_context(), "roles": roles_by_course(user=self.request.user)}
 
-    @extend_schema(
-        parameters=[OpenApiParameter("ordering", str, description="code, title, term or id; prefix - to reverse")],
-        summary="Courses you belong to",
-    )
-    def get(self, request: Request, *args, **kwargs) -> Response:
-        return super().get(request, *args, **kwargs)
-
 
 class CourseDetailView(APIView):
     @extend_schema(responses={200: CourseSerializer, 404: ErrorSerializer}, summary="One of your courses")
     def get(self, request: Request, course_id: int) -> Response:
-        user = signed_in(request)
+        user = request_user(request)
         course = course_get_for_user(user=user, course_id=course_id)
         context = {"roles": roles_by_course(user=user)}
         return Response(CourseSerializer(course, context=context).data)
 
 
 def _report_payload(book: Gradebook) -> dict:
-    return {
-        "course": book.course,
-        "labs": [
-            {"id": lab.id, "title": lab.title, "due_at": lab.due_at, "max_points": lab.max_points} for lab in book.labs
-        ],
-        "rows": [
-            {
-                "student": {"id": row.student.id, "username": row.student.username, "full_name": row.student.full_name},
-                "cells": [
-                    {
-                        "lab": lab.id,
-                        "final": cell.final,
-                        "computed": cell.computed,
-                        "max_score": cell.max_score,
-                        "late": cell.late,
-                        "overridden": cell.overridden,
-                        "attempts": cell.attempts,
-                    }
-                    for lab, cell in zip(book.labs, row.cells, strict=True)
-                ],
-                "total": row.total,
-            }
-            for row in book.rows
-        ],
-        "max_total": book.max_total,
-    }
+    """The gradebook with each cell naming its lab."""
+    rows = [
+        {
+            "student": row.student,
+            "cells": [{"lab": lab.id, **asdict(cell)} for lab, cell in zip(book.labs, row.cells, strict=True)],
+            "total": row.total,
+        }
+        for row in book.rows
+    ]
+    return {"course": book.course, "labs": book.labs, "rows": rows, "max_total": book.max_total}
 
 
 class CourseReportView(APIView):
@@ -102,7 +86,7 @@ class CourseReportView(APIView):
         summary="Gradebook of a course (staff)",
     )
     def get(self, request: Request, course_id: int) -> Response:
-        user = signed_in(request)
+        user = request_user(request)
         course = staff_course_get_for_user(user=user, course_id=course_id)
         payload = _report_payload(course_gradebook(course=course))
         context = {"roles": roles_by_course(user=user)}
@@ -119,7 +103,7 @@ class CourseReportCsvView(APIView):
         summary="Gradebook of a course as CSV (staff)",
     )
     def get(self, request: Request, course_id: int) -> HttpResponse:
-        user = signed_in(request)
+        user = request_user(request)
         course = staff_course_get_for_user(user=user, course_id=course_id)
         buffer = io.StringIO()
         csv.writer(buffer).writerows(gradebook_csv_rows(course=course))
@@ -128,11 +112,20 @@ class CourseReportCsvView(APIView):
         return response
 
 
+@extend_schema_view(
+    get=extend_schema(
+        parameters=[
+            OpenApiParameter("action", str, description="Only events with this action, e.g. attempt.started"),
+            OpenApiParameter("actor", int, description="Only events by this user id"),
+        ],
+        responses={200: AuditEventSerializer(many=True), 403: ErrorSerializer, 404: ErrorSerializer},
+        summary="Audit log of a course (instructors)",
+    )
+)
 class CourseAuditView(ListAPIView):
     """Who started, stopped, extended, checked or overrode what in the course, newest first (instructors)."""
 
     serializer_class = AuditEventSerializer
-    pagination_class = PortalPagination
 
     def get_queryset(self):
         events = audit_events_for_course(user=self.request.user, course_id=self.kwargs["course_id"])
@@ -143,14 +136,3 @@ class CourseAuditView(ListAPIView):
         if actor is not None:
             events = events.filter(actor_id=actor)
         return events
-
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("action", str, description="Only events with this action, e.g. attempt.started"),
-            OpenApiParameter("actor", int, description="Only events by this user id"),
-        ],
-        responses={200: AuditEventSerializer(many=True), 403: ErrorSerializer, 404: ErrorSerializer},
-        summary="Audit log of a course (instructors)",
-    )
-    def get(self, request: Request, *args, **kwargs) -> Response:
-        return super().get(request, *args, **kwargs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django.utils.translation import gettext as _
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import serializers
 from rest_framework.generics import ListAPIView
 from rest_framework.request import Request
@@ -16,11 +16,12 @@ from api.grading_serializers import GradeSerializer, GradingRunDetailSerializer,
 from api.selectors import grade_get_for_user, grades_for_user, grading_runs_for_user
 from api.serializers import ErrorSerializer, StrictInputSerializer
 from api.views.attempts import staff_course_ids
-from api.views.common import PortalPagination, choice_param, int_param, ordered, signed_in
+from api.views.common import choice_param, int_param, ordered
 from grading.models import RunState
 from grading.selectors import run_get_for_user
 from grading.services import grade_override
 from portal.errors import PermissionDenied
+from portal.http import request_user
 
 RUN_ORDERING = {"id": "id", "created_at": "created_at", "finished_at": "finished_at", "score": "score"}
 GRADE_ORDERING = {
@@ -32,9 +33,19 @@ GRADE_ORDERING = {
 }
 
 
+@extend_schema_view(
+    get=extend_schema(
+        parameters=[
+            OpenApiParameter("attempt", int, description="Only runs of this attempt"),
+            OpenApiParameter("lab", int, description="Only runs of attempts of this lab"),
+            OpenApiParameter("state", str, enum=RunState.values),
+            OpenApiParameter("ordering", str, description="created_at, finished_at, score or id; - reverses"),
+        ],
+        summary="Grading runs you may see",
+    )
+)
 class GradingRunListView(ListAPIView):
     serializer_class = GradingRunSerializer
-    pagination_class = PortalPagination
 
     def get_queryset(self):
         runs = grading_runs_for_user(user=self.request.user)
@@ -50,18 +61,6 @@ class GradingRunListView(ListAPIView):
     def get_serializer_context(self):
         return {**super().get_serializer_context(), "staff_course_ids": staff_course_ids(user=self.request.user)}
 
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("attempt", int, description="Only runs of this attempt"),
-            OpenApiParameter("lab", int, description="Only runs of attempts of this lab"),
-            OpenApiParameter("state", str, enum=RunState.values),
-            OpenApiParameter("ordering", str, description="created_at, finished_at, score or id; - reverses"),
-        ],
-        summary="Grading runs you may see",
-    )
-    def get(self, request: Request, *args, **kwargs) -> Response:
-        return super().get(request, *args, **kwargs)
-
 
 class GradingRunDetailView(APIView):
     @extend_schema(
@@ -69,15 +68,25 @@ class GradingRunDetailView(APIView):
         summary="A grading run with its per-check results",
     )
     def get(self, request: Request, run_id: int) -> Response:
-        user = signed_in(request)
+        user = request_user(request)
         run = run_get_for_user(user=user, run_id=run_id)
         context = {"staff_course_ids": staff_course_ids(user=user)}
         return Response(GradingRunDetailSerializer(run, context=context).data)
 
 
+@extend_schema_view(
+    get=extend_schema(
+        parameters=[
+            OpenApiParameter("lab", int, description="Only grades of this lab"),
+            OpenApiParameter("course", int, description="Only grades in this course"),
+            OpenApiParameter("student", int, description="Only grades of this student (staff)"),
+            OpenApiParameter("ordering", str, description="lab, student, score, updated_at or id; - reverses"),
+        ],
+        summary="Grades you may see",
+    )
+)
 class GradeListView(ListAPIView):
     serializer_class = GradeSerializer
-    pagination_class = PortalPagination
 
     def get_queryset(self):
         grades = grades_for_user(user=self.request.user)
@@ -87,23 +96,11 @@ class GradeListView(ListAPIView):
                 grades = grades.filter(**{field: value})
         return ordered(grades, self.request, allowed=GRADE_ORDERING, default=["lab_id", "student__username", "id"])
 
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("lab", int, description="Only grades of this lab"),
-            OpenApiParameter("course", int, description="Only grades in this course"),
-            OpenApiParameter("student", int, description="Only grades of this student (staff)"),
-            OpenApiParameter("ordering", str, description="lab, student, score, updated_at or id; - reverses"),
-        ],
-        summary="Grades you may see",
-    )
-    def get(self, request: Request, *args, **kwargs) -> Response:
-        return super().get(request, *args, **kwargs)
-
 
 class GradeDetailView(APIView):
     @extend_schema(responses={200: GradeSerializer, 404: ErrorSerializer}, summary="A grade")
     def get(self, request: Request, grade_id: int) -> Response:
-        user = signed_in(request)
+        user = request_user(request)
         return Response(GradeSerializer(grade_get_for_user(user=user, grade_id=grade_id)).data)
 
 
@@ -127,7 +124,7 @@ class GradeOverrideView(APIView):
     def post(self, request: Request, grade_id: int) -> Response:
         serializer = GradeOverrideSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        user = signed_in(request)
+        user = request_user(request)
         grade = grade_get_for_user(user=user, grade_id=grade_id)
         if grade.lab.course_id not in staff_course_ids(user=user):
             raise PermissionDenied(_("Only the course's staff may override grades."))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.utils.translation import gettext as _
-from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema, extend_schema_view
 from rest_framework.generics import ListAPIView
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -11,19 +11,28 @@ from rest_framework.views import APIView
 
 from api.grading_serializers import LabReportSerializer
 from api.serializers import ErrorSerializer, LabSerializer, StaffLabDetailSerializer, StudentLabDetailSerializer
-from api.views.common import PortalPagination, int_param, ordered, signed_in
+from api.views.common import int_param, ordered
 from grading.selectors import lab_report
 from labs.access import lab_get_for_user, labs_visible_to
 from portal.errors import PermissionDenied
+from portal.http import request_user
 from portal.models import STAFF_ROLES
 from portal.selectors import course_role
 
 LAB_ORDERING = {"id": "id", "title": "title", "due_at": "due_at", "opens_at": "opens_at", "course": "course_id"}
 
 
+@extend_schema_view(
+    get=extend_schema(
+        parameters=[
+            OpenApiParameter("course", int, description="Only labs of this course"),
+            OpenApiParameter("ordering", str, description="title, due_at, opens_at, course or id; - reverses"),
+        ],
+        summary="Labs of your courses",
+    )
+)
 class LabListView(ListAPIView):
     serializer_class = LabSerializer
-    pagination_class = PortalPagination
 
     def get_queryset(self):
         labs = labs_visible_to(user=self.request.user)
@@ -31,16 +40,6 @@ class LabListView(ListAPIView):
         if course is not None:
             labs = labs.filter(course_id=course)
         return ordered(labs, self.request, allowed=LAB_ORDERING, default=["course_id", "due_at", "title", "id"])
-
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("course", int, description="Only labs of this course"),
-            OpenApiParameter("ordering", str, description="title, due_at, opens_at, course or id; - reverses"),
-        ],
-        summary="Labs of your courses",
-    )
-    def get(self, request: Request, *args, **kwargs) -> Response:
-        return super().get(request, *args, **kwargs)
 
 
 class LabDetailView(APIView):
@@ -56,7 +55,7 @@ class LabDetailView(APIView):
         summary="A lab, with its checks (staff see how each check is graded)",
     )
     def get(self, request: Request, lab_id: int) -> Response:
-        user = signed_in(request)
+        user = request_user(request)
         lab = lab_get_for_user(user=user, lab_id=lab_id)
         staff = course_role(user=user, course=lab.course) in STAFF_ROLES
         serializer_class = StaffLabDetailSerializer if staff else StudentLabDetailSerializer
@@ -69,7 +68,7 @@ class LabReportView(APIView):
         summary="Score summary of a lab (course staff)",
     )
     def get(self, request: Request, lab_id: int) -> Response:
-        user = signed_in(request)
+        user = request_user(request)
         lab = lab_get_for_user(user=user, lab_id=lab_id)
         if course_role(user=user, course=lab.course) not in STAFF_ROLES:
             raise PermissionDenied(_("Only the course's staff may see this."))

@@ -75,9 +75,9 @@ def test_a_refund_after_its_window_ended_takes_nothing_from_the_next(settings):
     rate_limit_refund(counted)
     assert rate_limit_exceeded(scope="attempt_start", key="user:refund-test") is None
     rate_limit_hit(scope="attempt_start", key="user:refund-test")
-    cache.delete(counted.cache_key)  # the window ended: its counter expired
+    cache.delete(counted)  # the window ended: its counter expired
     rate_limit_refund(counted)
-    assert cache.get(counted.cache_key) is None  # no counter brought back, none below zero
+    assert cache.get(counted) is None  # no counter brought back, none below zero
 
 
 @pytest.mark.django_db

@@ -35,8 +35,7 @@ else:
 
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
-# Request bodies past these sizes are refused with 413 before they are read (portal.request_bounds): uploads
-# (multipart/form-data, such as the enrollment CSV of at most 2 MiB) and everything else.
+# Request bodies past these sizes (uploads, everything else) are refused with 413 before they are read.
 REQUEST_BODY_MAX_BYTES = env_int("REQUEST_BODY_MAX_BYTES", 1024 * 1024)
 REQUEST_UPLOAD_MAX_BYTES = env_int("REQUEST_UPLOAD_MAX_BYTES", 4 * 1024 * 1024)
 # Django's own check on the bodies it reads into memory (forms, request.body) at the same size.
@@ -108,10 +107,9 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 if PORTAL_ENV == "test":
-    # PBKDF2 costs about a second per persona on a shared CI core; tests check behaviour, not hashing strength.
+    # PBKDF2 costs about a second per persona on a shared CI core.
     PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-# The session's user comes with its tenant (portal.timezones). Django's own backend stays listed so that sessions
-# it signed in before remain valid.
+# The session's user comes with its tenant; Django's own backend stays listed for the sessions it signed in.
 AUTHENTICATION_BACKENDS = ["portal.auth_backends.TenantModelBackend", "django.contrib.auth.backends.ModelBackend"]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
@@ -142,8 +140,7 @@ STORAGES = {
 }
 WHITENOISE_USE_FINDERS = not PRODUCTION
 
-# Sessions are read on every page, request and socket handshake: from the shared cache (Redis) first, written
-# through to the database, so that they survive a cache restart.
+# Sessions are read from the shared cache first, written through to the database to survive a cache restart.
 SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
@@ -177,8 +174,7 @@ LOGGING = {
         "django.db.backends": {"level": "INFO"},
         # Django's own console handler (DEBUG only) would write each of its messages a second time beside the root's.
         "django": {"handlers": [], "level": "INFO", "propagate": True},
-        # Celery's line per task sent, received and succeeded: the attempt sync alone runs every few seconds, and
-        # at INFO those lines bury everything else (bin/run's logins, warnings). Failures are logged at ERROR.
+        # Celery's line per task sent, received and succeeded would bury everything else (failures are ERROR).
         **{
             name: {"level": env_log_level("TASK_LOG_LEVEL", "WARNING")}
             for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")

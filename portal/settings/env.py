@@ -4,9 +4,14 @@ at start with a message naming it."""
 from __future__ import annotations
 
 import os
-from typing import overload
+from collections.abc import Callable
+from typing import TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
+
+T = TypeVar("T")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 @overload
@@ -25,29 +30,22 @@ def env_required(name: str) -> str:
     return value
 
 
-def env_bool(name: str, default: bool) -> bool:
-    value = env_str(name)
-    if value is None:
-        return default
-    lowered = value.strip().lower()
-    if lowered in {"1", "true", "yes", "on"}:
-        return True
-    if lowered in {"0", "false", "no", "off"}:
-        return False
-    raise ImproperlyConfigured(f"{name} must be true or false, not {value!r}.")
-
-
-def env_int(name: str, default: int) -> int:
+def _env_parsed(name: str, default: T, parse: Callable[[str], T], expected: str) -> T:
     value = env_str(name)
     if value is None:
         return default
     try:
-        return int(value)
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"{name} must be an integer, not {value!r}.") from exc
+        return parse(value)
+    except (KeyError, ValueError) as exc:
+        raise ImproperlyConfigured(f"{name} must be {expected}, not {value!r}.") from exc
 
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+def env_bool(name: str, default: bool) -> bool:
+    return _env_parsed(name, default, lambda value: BOOLEANS[value.strip().lower()], "true or false")
+
+
+def env_int(name: str, default: int) -> int:
+    return _env_parsed(name, default, int, "an integer")
 
 
 def env_log_level(name: str, default: str) -> str:

@@ -19,33 +19,27 @@ ATTEMPT_START_TIMEOUT_SECONDS = env_int("ATTEMPT_START_TIMEOUT_SECONDS", 600)
 ATTEMPT_SLOW_START_NOTICE_SECONDS = env_int("ATTEMPT_SLOW_START_NOTICE_SECONDS", 90)
 ATTEMPT_EXTEND_MINUTES = env_int("ATTEMPT_EXTEND_MINUTES", 15)
 ATTEMPT_MAX_EXTENSIONS = env_int("ATTEMPT_MAX_EXTENSIONS", 2)
-# Namespaces whose attempts are all steady (running) are listed this often; one with an attempt starting or
-# stopping is listed on every sync. Keeps steady-state API cost far below one request per attempt per minute.
+# Namespaces whose attempts are all steady (running) are listed this often; others on every sync.
 ATTEMPT_RESYNC_SECONDS = env_int("ATTEMPT_RESYNC_SECONDS", 30)
 # How long a VM may stay unable to pull its image (or be otherwise held) before the attempt fails with that reason.
 ATTEMPT_FAILURE_GRACE_SECONDS = env_int("ATTEMPT_FAILURE_GRACE_SECONDS", 30)
-# How long a VM may wait for a node with room: a cluster autoscaler takes minutes to add one. The student reads
-# that the cluster is waiting for room from the first sync on. Keep it below ATTEMPT_START_TIMEOUT_SECONDS.
+# How long a VM may wait for a node with room (an autoscaler takes minutes); below ATTEMPT_START_TIMEOUT_SECONDS.
 ATTEMPT_UNSCHEDULABLE_GRACE_SECONDS = env_int("ATTEMPT_UNSCHEDULABLE_GRACE_SECONDS", 300)
 # Starts in flight across the deployment before new ones are asked to retry (JupyterHub's concurrent_spawn_limit).
 ATTEMPT_CONCURRENT_START_LIMIT = env_int("ATTEMPT_CONCURRENT_START_LIMIT", 100)
-# After creating a VM the namespace is listed again at these delays, so a quick start is seen without waiting for
-# the next sync (VMs created close together share them: labs.services.follow_ups._schedule_follow_ups).
+# After creating a VM its namespace is listed again at these delays, so a quick start is seen before the next sync.
 ATTEMPT_FOLLOW_UP_SECONDS = (0.05, 0.3, 1.0, 2.5)
 ATTEMPT_TASK_SOFT_TIME_LIMIT_SECONDS = env_int("ATTEMPT_TASK_SOFT_TIME_LIMIT_SECONDS", 60)
 KUBEVIRT_NAMESPACE = env_str("KUBEVIRT_NAMESPACE", "kubevirt")
 # The portal's own namespace when it runs in the cluster (its pods may then reach the agent port too).
 PORTAL_NAMESPACE = env_str("PORTAL_NAMESPACE")
-# Warm pools (labs.services.pools): one pass every POOL_PASS_SECONDS asks the pools' agents and refills, making at
-# most POOL_REFILL_PER_PASS VMs per pool per pass, so a pool filling up never floods the cluster.
+# Warm pools (labs.services.pools): a pass every POOL_PASS_SECONDS makes at most POOL_REFILL_PER_PASS VMs per pool.
 POOL_PASS_SECONDS = env_int("POOL_PASS_SECONDS", 5)
 POOL_REFILL_PER_PASS = env_int("POOL_REFILL_PER_PASS", 5)
-# Booting pool VMs' agents are asked every pass, ready ones only every POOL_READY_CHECK_SECONDS (their VMIs are
-# looked at every pass, and a claim asks the agent anyway).
+# Booting pool VMs' agents are asked every pass, ready ones only this often (a claim asks the agent anyway).
 POOL_READY_CHECK_SECONDS = env_int("POOL_READY_CHECK_SECONDS", 30)
-# A pool's refill makes no VM while its class is arriving: not within POOL_REFILL_HOLD_SECONDS of the pool's latest
-# claim (the class's Starts go first), yet for at most POOL_REFILL_HOLD_MAX_SECONDS after the first claim since its
-# last refill, so Starts trickling in every few seconds never keep an always-warm pool from refilling. 0: no hold.
+# A pool's refill waits while its class is arriving (within POOL_REFILL_HOLD_SECONDS of its latest claim), for at
+# most POOL_REFILL_HOLD_MAX_SECONDS after the first claim since its last refill. 0: no hold.
 POOL_REFILL_HOLD_SECONDS = env_int("POOL_REFILL_HOLD_SECONDS", 5)
 POOL_REFILL_HOLD_MAX_SECONDS = 6 * POOL_REFILL_HOLD_SECONDS
 # Claimed and deleted pool VM rows are pruned this many days after they ended, their figures kept on the pool.
@@ -74,8 +68,7 @@ CONSOLE_RECORDING_FLUSH_SECONDS = 0.5
 CONSOLE_REDIS_MAX_CONNECTIONS = 64
 CONSOLE_RECORDINGS_DIR = Path(env_str("CONSOLE_RECORDINGS_DIR", str(VAR_DIR / "recordings")))
 
-# Health probes and metrics (README, "Operations"). /metrics accepts `Authorization: Bearer $METRICS_TOKEN`
-# when the token is set, and a staff session always.
+# /metrics accepts `Authorization: Bearer $METRICS_TOKEN` when the token is set, and a staff session always.
 METRICS_TOKEN = env_str("METRICS_TOKEN")
 HEALTH_CLUSTER_TIMEOUT_SECONDS = env_int("HEALTH_CLUSTER_TIMEOUT_SECONDS", 2)
 HEALTH_CLUSTER_CACHE_SECONDS = env_int("HEALTH_CLUSTER_CACHE_SECONDS", 5)

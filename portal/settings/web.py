@@ -50,9 +50,8 @@ RATE_LIMITS = {
         env_int("RATE_LIMIT_LOGIN_WINDOW_SECONDS", 900),
     ),
 }
-# Failed sign-ins per (account, address) (portal.login_throttle): after LOGIN_FAILURES_BEFORE_DELAY of them, each
-# further try for that account from that address waits LOGIN_DELAY_SECONDS, doubled with every failure, at most
-# LOGIN_DELAY_MAX_SECONDS. Other addresses are not held up, so nobody can lock someone else out.
+# Past LOGIN_FAILURES_BEFORE_DELAY failed sign-ins per (account, address), each try waits LOGIN_DELAY_SECONDS,
+# doubled with every failure, at most LOGIN_DELAY_MAX_SECONDS (portal.login_throttle).
 LOGIN_FAILURES_BEFORE_DELAY = env_int("LOGIN_FAILURES_BEFORE_DELAY", 5)
 LOGIN_DELAY_SECONDS = env_int("LOGIN_DELAY_SECONDS", 2)
 LOGIN_DELAY_MAX_SECONDS = env_int("LOGIN_DELAY_MAX_SECONDS", 900)
@@ -61,8 +60,8 @@ RATE_LIMIT_CLIENT_ADDRESS_HEADER = env_str("RATE_LIMIT_CLIENT_ADDRESS_HEADER", "
 
 
 def websocket_sources(hosts: list[str], *, secure_only: bool) -> list[str]:
-    """ws:// and wss:// sources for connect-src matching ALLOWED_HOSTS (older browsers do not count them as
-    'self'). Outside production any port is allowed, for the development server on :8000."""
+    """ws:// and wss:// connect-src sources for ALLOWED_HOSTS (not 'self' to older browsers); any port outside
+    production."""
     sources: list[str] = []
     for host in hosts:
         # CSP host sources cannot name IPv6 literals ([::1]); browsers reject the whole source as invalid.

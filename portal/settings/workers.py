@@ -18,8 +18,7 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Socket timeouts: a broker that accepts connections but never answers would otherwise hang the request that
-# queues a task (a student's Start) for good. They stay above the worker's 1 s BRPOP.
+# Socket timeouts (above the worker's 1 s BRPOP): a broker that never answers must not hang a student's Start.
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
     "visibility_timeout": 3600,
     "socket_timeout": 5,
@@ -34,12 +33,8 @@ CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 300)
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 240)
 CELERY_TIMEZONE = TIME_ZONE
 
-# The beat's passes (expiry, crashes, vanished VMs, orphans, stuck runs) have a queue of their own, which every
-# worker consumes by default alongside the main one (alternately): behind a backlog of starts or teardowns in the
-# main queue one runs as soon as a worker process is free, instead of after the backlog. A pass waiting for a free
-# process stays valid for a few periods (an expiry of one period discarded every pass that had to wait).
-# A warm Start's claim finish (labs.tasks_pools.finish_pool_claim) has one too: a student holding a ready pool VM
-# waits a second or two for it, not behind a class's cold provisioning or a pool's refill in the main queue.
+# The beat's passes, and a warm Start's claim finish, have queues of their own that every worker also consumes, so
+# they run as soon as a process is free rather than behind a backlog of starts; a pass stays valid a few periods.
 CELERY_TASK_QUEUES = [Queue("celery"), Queue("periodic"), Queue("claims")]
 CELERY_TASK_ROUTES = {"labs.tasks_pools.finish_pool_claim": {"queue": "claims"}}
 

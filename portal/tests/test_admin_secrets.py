@@ -9,7 +9,7 @@ from django.test import Client
 
 from labs.models import Attempt
 from labs.services import attempt_start
-from portal.admin_secrets import SECRET_FIELDS
+from portal.admin_scoping import SECRET_FIELDS
 
 pytestmark = pytest.mark.django_db
 
