@@ -1,12 +1,6 @@
-"""The console under churn: rounds of sockets opening and closing at random moments (during the handshake, between
-``hello`` and ``status``, after typing), on the in-memory and the Redis channel layer in this process, and across
-two daphne processes sharing Redis.
-
-After every round a new socket gets a ``status`` within 2 s and its input reaches the guest, the lease is held by
-a live viewer or nobody, and nothing of the gone sockets is left: no console task, no lease renewed for them, no
-registration, no group membership or queued message in the in-memory layer, no upstream connection; the daphne
-processes' memory stays within 40 MB of what it was after the first round.
-"""
+"""The console under churn: rounds of sockets opening and closing at random moments, on both channel layers and
+across two daphne processes; after every round a new socket gets ``status`` within 2 s, its input reaches the
+guest, nothing of the gone sockets is left and memory stays within 40 MB of the first round's."""
 
 from __future__ import annotations
 
