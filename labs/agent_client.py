@@ -98,69 +98,21 @@ class CheckLike(Protocol):
     timeout_s: int
 
 
-def run_deadline_s(timeouts_s: Sequence[float]) -> float:
-    """How long a run of checks with these timeouts may take before the portal gives up on it: the agent runs
-    checks one after another, so the sum of their timeouts, a grace per check and a margin for the transport."""
-    return float(sum(timeouts_s)) + PER_CHECK_GRACE_S * len(timeouts_s) + REQUEST_MARGIN_S
-
-
 def deadline_for_checks(checks: Sequence[CheckLike]) -> float:
-    """The deadline :func:`run_checks` applies to ``checks`` (used to judge when a run is stuck)."""
-    return run_deadline_s([c.timeout_s for c in checks]) if checks else REQUEST_MARGIN_S
+    """How long :func:`run_checks` waits for ``checks``: the agent runs them one after another, so the sum of their
+    timeouts, a grace per check and a margin for the transport."""
+    return float(sum(c.timeout_s for c in checks)) + PER_CHECK_GRACE_S * len(checks) + REQUEST_MARGIN_S
 
 
-def healthz(attempt: AgentTarget, *, timeout_s: float = HEALTHZ_TIMEOUT_S) -> dict[str, Any]:
-    """Ask the attempt's agent whether it is up. Returns its JSON (``ready``, ``version``, ``setup_finished``)."""
-    response = agent_request(attempt, method="GET", path="/healthz", timeout_s=timeout_s)
-    payload = expect_ok_json(response)
-    if not isinstance(payload, dict) or payload.get("ready") is not True:
-        raise AgentBadResponse(f"the agent's health answer is not ready: {payload!r}"[:500], status=response.status)
-    return payload
-
-
-def rotate_token(target: AgentTarget, *, new_token: str, timeout_s: float = HEALTHZ_TIMEOUT_S) -> None:
-    """Make the agent, reached with ``target.agent_token``, take ``new_token`` instead (a warm pool's VM claimed by
-    an attempt): the old token is refused from then on."""
-    response = agent_request(
-        target, method="POST", path="/v1/token", json_body={"token": new_token}, timeout_s=timeout_s
-    )
-    payload = expect_ok_json(response)
-    if not isinstance(payload, dict) or payload.get("rotated") is not True:
-        raise AgentBadResponse(f"the agent did not take the new token: {payload!r}"[:500], status=response.status)
-
-
-def set_tty_size(attempt: AgentTarget, *, rows: int, cols: int, timeout_s: float = TTY_SIZE_TIMEOUT_S) -> None:
-    """Set the guest's serial console to ``rows`` x ``cols`` (the agent's ``/v1/tty-size``)."""
-    body = {"rows": rows, "cols": cols}
-    expect_ok_json(agent_request(attempt, method="POST", path="/v1/tty-size", json_body=body, timeout_s=timeout_s))
-
-
-def run_checks(attempt: AgentTarget, checks: Sequence[CheckLike]) -> list[dict[str, Any]]:
-    """Run ``checks`` in the guest (sent with their primary keys as ids); the agent's result for each, in order."""
-    if not checks:
-        return []
-    body = {"checks": [{"id": str(c.pk), "command": c.command, "timeout_s": c.timeout_s} for c in checks]}
-    response = agent_request(
-        attempt, method="POST", path="/v1/run", json_body=body, timeout_s=deadline_for_checks(checks)
-    )
-    payload = expect_ok_json(response)
-    results = payload.get("results") if isinstance(payload, dict) else None
-    if not isinstance(results, list):
-        raise AgentBadResponse("the agent's answer has no list of results", status=response.status)
-    by_id = {r["id"]: r for r in results if isinstance(r, dict) and isinstance(r.get("id"), str)}
-    missing = [str(c.pk) for c in checks if str(c.pk) not in by_id]
-    if missing:
-        raise AgentBadResponse(f"the agent returned no result for checks {', '.join(missing)}", status=200)
-    return [by_id[str(c.pk)] for c in checks]
-
-
-def expect_ok_json(response: AgentResponse) -> Any:
-    """The answer's JSON when the agent answered 200, else the error its status stands for."""
+def _ask(target: AgentTarget, path: str, body: Mapping[str, Any] | None = None, *, timeout_s: float) -> Any:
+    """POST ``body`` (GET without one) to the agent; its JSON answer, or the error its status stands for."""
+    method = "GET" if body is None else "POST"
+    response = agent_request(target, method=method, path=path, json_body=body, timeout_s=timeout_s)
     if response.status == 200:
         return response.json()
     try:
-        payload = json.loads(response.body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        payload = response.json()
+    except AgentBadResponse:
         payload = response.body[:200].decode("utf-8", errors="replace")
     detail = payload["error"] if isinstance(payload, dict) and isinstance(payload.get("error"), str) else payload
     detail = str(detail)[:300]
@@ -169,6 +121,43 @@ def expect_ok_json(response: AgentResponse) -> Any:
     if response.status == 429:
         raise AgentBusy(f"the agent is busy: {detail}", status=429)
     raise AgentBadResponse(f"the agent answered {response.status}: {detail}", status=response.status)
+
+
+def healthz(attempt: AgentTarget, *, timeout_s: float = HEALTHZ_TIMEOUT_S) -> dict[str, Any]:
+    """Ask the attempt's agent whether it is up. Returns its JSON (``ready``, ``version``, ``setup_finished``)."""
+    payload = _ask(attempt, "/healthz", timeout_s=timeout_s)
+    if not isinstance(payload, dict) or payload.get("ready") is not True:
+        raise AgentBadResponse(f"the agent's health answer is not ready: {payload!r}"[:500], status=200)
+    return payload
+
+
+def rotate_token(target: AgentTarget, *, new_token: str, timeout_s: float = HEALTHZ_TIMEOUT_S) -> None:
+    """Make the agent, reached with ``target.agent_token``, take ``new_token`` instead (a warm pool's VM claimed by
+    an attempt): the old token is refused from then on."""
+    payload = _ask(target, "/v1/token", {"token": new_token}, timeout_s=timeout_s)
+    if not isinstance(payload, dict) or payload.get("rotated") is not True:
+        raise AgentBadResponse(f"the agent did not take the new token: {payload!r}"[:500], status=200)
+
+
+def set_tty_size(attempt: AgentTarget, *, rows: int, cols: int, timeout_s: float = TTY_SIZE_TIMEOUT_S) -> None:
+    """Set the guest's serial console to ``rows`` x ``cols`` (the agent's ``/v1/tty-size``)."""
+    _ask(attempt, "/v1/tty-size", {"rows": rows, "cols": cols}, timeout_s=timeout_s)
+
+
+def run_checks(attempt: AgentTarget, checks: Sequence[CheckLike]) -> list[dict[str, Any]]:
+    """Run ``checks`` in the guest (sent with their primary keys as ids); the agent's result for each, in order."""
+    if not checks:
+        return []
+    body = {"checks": [{"id": str(c.pk), "command": c.command, "timeout_s": c.timeout_s} for c in checks]}
+    payload = _ask(attempt, "/v1/run", body, timeout_s=deadline_for_checks(checks))
+    results = payload.get("results") if isinstance(payload, dict) else None
+    if not isinstance(results, list):
+        raise AgentBadResponse("the agent's answer has no list of results", status=200)
+    by_id = {r["id"]: r for r in results if isinstance(r, dict) and isinstance(r.get("id"), str)}
+    missing = [str(c.pk) for c in checks if str(c.pk) not in by_id]
+    if missing:
+        raise AgentBadResponse(f"the agent returned no result for checks {', '.join(missing)}", status=200)
+    return [by_id[str(c.pk)] for c in checks]
 
 
 def agent_request(
@@ -199,20 +188,39 @@ def agent_request(
     if json_body is not None:
         body = json.dumps(json_body, ensure_ascii=False).encode("utf-8")
         headers["Content-Type"] = "application/json"
+    # http.client writes to and reads from the stream as if it were the connection's socket.
+    connection = http.client.HTTPConnection("localhost", settings.AGENT_PORT)
+    connection.sock = stream  # type: ignore[assignment]
+    too_big = AgentBadResponse(f"the agent's answer exceeds {MAX_RESPONSE_BYTES} bytes")
     try:
-        connection = _AgentConnection(stream)
         connection.request(method, path, body=body, headers=headers)
-        return _read_response(connection, stream)
+        response = connection.getresponse()
+        length = response.getheader("Content-Length", "")
+        if length.isdigit() and int(length) > MAX_RESPONSE_BYTES:
+            raise too_big
+        # With a Content-Length, http.client says when the answer is cut short; without, at most the cap is read.
+        answer = response.read(None if length.isdigit() else MAX_RESPONSE_BYTES + 1)
+    except http.client.RemoteDisconnected:
+        raise AgentNotAnswering(f"the agent closed the connection without answering ({stream.ended})") from None
+    except http.client.IncompleteRead as exc:
+        raise AgentBadResponse(
+            f"the agent's answer was cut off after {len(exc.partial)} bytes ({stream.ended})"
+        ) from None
+    except http.client.HTTPException as exc:
+        raise AgentBadResponse(f"the agent's answer is not HTTP: {exc!r}"[:200]) from None
     finally:
         try:
             ws.close(timeout=CLOSE_TIMEOUT_S)
         except Exception:  # noqa: S110  the answer is already in hand; a failed close frame changes nothing
             pass
+    if len(answer) > MAX_RESPONSE_BYTES:
+        raise too_big
+    return AgentResponse(status=response.status, body=answer)
 
 
 class _Portforward(io.RawIOBase):
-    """An open portforward WebSocket as the socket ``http.client`` writes to and reads from: the agent's bytes
-    come in binary frames, and nothing more is waited for after ``deadline``."""
+    """An open portforward WebSocket as the socket ``http.client`` uses: the agent's bytes come in binary frames,
+    and nothing more is waited for after ``deadline``. Closing it is ``agent_request``'s business."""
 
     def __init__(self, ws: websocket.WebSocket, *, deadline: float, late: str) -> None:
         super().__init__()
@@ -232,8 +240,7 @@ class _Portforward(io.RawIOBase):
         return True
 
     def close(self) -> None:
-        """Nothing: ``http.client`` closes its socket before the body is read, and the WebSocket is closed by
-        ``agent_request``."""
+        """Nothing: ``http.client`` closes its socket before the body is read."""
 
     def readinto(self, buffer: Any) -> int:
         while not self._pending and not self.ended:
@@ -257,39 +264,6 @@ class _Portforward(io.RawIOBase):
         buffer[:count] = self._pending[:count]
         self._pending = self._pending[count:]
         return count
-
-
-class _AgentConnection(http.client.HTTPConnection):
-    """HTTP/1.1 to the agent over an open portforward stream instead of a TCP connection of its own."""
-
-    def __init__(self, stream: _Portforward) -> None:
-        super().__init__("localhost", settings.AGENT_PORT)
-        self._stream = stream
-
-    def connect(self) -> None:
-        self.sock = self._stream
-
-
-def _read_response(connection: http.client.HTTPConnection, stream: _Portforward) -> AgentResponse:
-    too_big = AgentBadResponse(f"the agent's answer exceeds {MAX_RESPONSE_BYTES} bytes")
-    try:
-        response = connection.getresponse()
-        length = response.getheader("Content-Length", "")
-        if length.isdigit() and int(length) > MAX_RESPONSE_BYTES:
-            raise too_big
-        # With a Content-Length, http.client says when the answer is cut short; without, at most the cap is read.
-        body = response.read(None if length.isdigit() else MAX_RESPONSE_BYTES + 1)
-    except http.client.RemoteDisconnected:
-        raise AgentNotAnswering(f"the agent closed the connection without answering ({stream.ended})") from None
-    except http.client.IncompleteRead as exc:
-        raise AgentBadResponse(
-            f"the agent's answer was cut off after {len(exc.partial)} bytes ({stream.ended})"
-        ) from None
-    except http.client.HTTPException as exc:
-        raise AgentBadResponse(f"the agent's answer is not HTTP: {exc!r}"[:200]) from None
-    if len(body) > MAX_RESPONSE_BYTES:
-        raise too_big
-    return AgentResponse(status=response.status, body=body)
 
 
 def _connect(target: StreamTarget, *, timeout_s: float) -> websocket.WebSocket:
@@ -318,7 +292,7 @@ def _connect(target: StreamTarget, *, timeout_s: float) -> websocket.WebSocket:
             **proxy,
         )
     except websocket.WebSocketBadStatusException as exc:
-        raise _handshake_error(status=exc.status_code, body=exc.resp_body, fallback=str(exc)) from None
+        raise _handshake_error(exc) from None
     except (websocket.WebSocketTimeoutException, TimeoutError):
         raise AgentTimeout(f"the cluster did not open the portforward stream within {timeout_s:.0f} s") from None
     except (ConnectionRefusedError, socket.gaierror) as exc:
@@ -329,14 +303,15 @@ def _connect(target: StreamTarget, *, timeout_s: float) -> websocket.WebSocket:
         raise ClusterUnavailable(f"cannot open the portforward stream: {exc}") from None
 
 
-def _handshake_error(*, status: int, body: bytes | str | None, fallback: str) -> AgentError:
-    """The error for a portforward WebSocket the cluster refused with ``status``."""
+def _handshake_error(exc: websocket.WebSocketBadStatusException) -> AgentError:
+    """The error for a portforward WebSocket the cluster refused."""
+    status, body = exc.status_code, exc.resp_body
     text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body or ""
     try:
         said = json.loads(text)["message"]
     except (ValueError, TypeError, KeyError):
         said = text.strip()
-    message = (said if isinstance(said, str) else text.strip())[:300] or fallback
+    message = (said if isinstance(said, str) else text.strip())[:300] or str(exc)
     if status in (400, 404, 409):
         return VMNotRunning(f"the virtual machine is not running ({status}: {message})", status=status)
     if status in (401, 403):

@@ -10,7 +10,6 @@ import websocket
 
 from grading.tests.guests import delete_vm, new_attempt_on_cluster
 from labs import agent_client
-from labs.agent_client import run_deadline_s
 
 pytestmark = pytest.mark.django_db
 
@@ -104,7 +103,11 @@ class TestHTTPParsing:
             ask()
 
     def test_deadline_is_the_sum_of_timeouts_plus_grace_and_margin(self):
-        assert run_deadline_s([30, 30, 5]) == 65 + 3 * agent_client.PER_CHECK_GRACE_S + agent_client.REQUEST_MARGIN_S
+        checks = [SimpleNamespace(timeout_s=t) for t in (30, 30, 5)]
+        assert (
+            agent_client.deadline_for_checks(checks)
+            == 65 + 3 * agent_client.PER_CHECK_GRACE_S + agent_client.REQUEST_MARGIN_S
+        )
 
 
 class TestAgainstKubesim:
