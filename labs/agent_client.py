@@ -190,7 +190,7 @@ def agent_request(
         headers["Content-Type"] = "application/json"
     # http.client writes to and reads from the stream as if it were the connection's socket.
     connection = http.client.HTTPConnection("localhost", settings.AGENT_PORT)
-    connection.sock = stream  # type: ignore[assignment]
+    connection.sock = stream
     too_big = AgentBadResponse(f"the agent's answer exceeds {MAX_RESPONSE_BYTES} bytes")
     try:
         connection.request(method, path, body=body, headers=headers)
