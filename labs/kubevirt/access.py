@@ -3,6 +3,8 @@ SelfSubjectAccessReview per object provisioning creates there (the tenant's Role
 
 from __future__ import annotations
 
+import kubernetes
+
 from labs.kubevirt import client
 from labs.kubevirt.calls import RBAC_HINT, api_call, cluster_error
 
@@ -17,7 +19,7 @@ def refusal(namespace: str) -> str | None:
     """None when the portal may create what provisioning needs in ``namespace``; otherwise what to record and show,
     with what to apply. Raises ``ClusterError`` when the cluster cannot answer."""
     try:
-        api = client.authorization_v1()
+        api = kubernetes.client.AuthorizationV1Api(client.api_client())
     except client.ClusterNotConfigured as exc:
         raise cluster_error(exc, doing=f"reviewing access in {namespace}") from exc
     for verb, group, resource in PROVISIONING_NEEDS:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import ssl
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 import urllib3
 from django.conf import settings
@@ -33,21 +35,28 @@ REQUEST_RETRIES = urllib3.Retry(
     raise_on_status=False,
 )
 
-_lock = threading.Lock()
-_configuration: client.Configuration | None = None
-_api_client: client.ApiClient | None = None
-_metadata_client: client.ApiClient | None = None
 # Metadata only, as client-go's metadata informers list (a server without it answers whole objects, read the same).
 METADATA_LIST_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
-_stream_ssl: tuple[client.Configuration, ssl.SSLContext | None] | None = None
+_lock = threading.RLock()
+_made: dict[str, Any] = {}
+T = TypeVar("T")
 
 
 class ClusterNotConfigured(RuntimeError):
     """No in-cluster service account, no KUBECONFIG, and no embedded kubesim kubeconfig."""
 
 
+def _once(key: str, make: Callable[[], T]) -> T:
+    """``make()``'s result, made once per loaded configuration (``reset`` forgets them all)."""
+    with _lock:
+        if key not in _made:
+            _made[key] = make()
+        return cast(T, _made[key])
+
+
 def _load_configuration() -> client.Configuration:
     configuration = client.Configuration()
+    configuration.retries = REQUEST_RETRIES
     if os.environ.get("KUBERNETES_SERVICE_HOST") and not settings.KUBECONFIG:
         config.load_incluster_config(client_configuration=configuration)
         return configuration
@@ -69,42 +78,28 @@ def _load_configuration() -> client.Configuration:
 
 
 def configuration() -> client.Configuration:
-    global _configuration
-    with _lock:
-        if _configuration is None:
-            _configuration = _load_configuration()
-            _configuration.retries = REQUEST_RETRIES
-        return _configuration
+    return _once("configuration", _load_configuration)
 
 
 def api_client() -> client.ApiClient:
-    global _api_client
-    cfg = configuration()
-    with _lock:
-        if _api_client is None:
-            _api_client = client.ApiClient(configuration=cfg)
-        return _api_client
+    return _once("api_client", lambda: client.ApiClient(configuration=configuration()))
+
+
+def _metadata_api_client() -> client.ApiClient:
+    """A client whose every request asks for metadata only (its default headers replace the methods' Accept)."""
+    api = client.ApiClient(configuration=configuration())
+    api.set_default_header("Accept", METADATA_LIST_ACCEPT)
+    return api
 
 
 def metadata_api_client() -> client.ApiClient:
-    """A client whose every request asks for metadata only (its default headers replace the methods' Accept)."""
-    global _metadata_client
-    cfg = configuration()
-    with _lock:
-        if _metadata_client is None:
-            _metadata_client = client.ApiClient(configuration=cfg)
-            _metadata_client.set_default_header("Accept", METADATA_LIST_ACCEPT)
-        return _metadata_client
+    return _once("metadata_api_client", _metadata_api_client)
 
 
 def reset() -> None:
     """Forget the loaded configuration (tests point the portal at a fresh kubesim; settings changed)."""
-    global _configuration, _api_client, _metadata_client, _stream_ssl
     with _lock:
-        _configuration = None
-        _api_client = None
-        _metadata_client = None
-        _stream_ssl = None
+        _made.clear()
 
 
 def custom_objects() -> client.CustomObjectsApi:
@@ -115,24 +110,8 @@ def core_v1() -> client.CoreV1Api:
     return client.CoreV1Api(api_client())
 
 
-def metadata_custom_objects() -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(metadata_api_client())
-
-
-def metadata_core_v1() -> client.CoreV1Api:
-    return client.CoreV1Api(metadata_api_client())
-
-
 def networking_v1() -> client.NetworkingV1Api:
     return client.NetworkingV1Api(api_client())
-
-
-def authorization_v1() -> client.AuthorizationV1Api:
-    return client.AuthorizationV1Api(api_client())
-
-
-def version_api() -> client.VersionApi:
-    return client.VersionApi(api_client())
 
 
 @dataclass(frozen=True)
@@ -148,17 +127,8 @@ class StreamTarget:
     proxy: str | None = None
 
 
-def _ssl_context(cfg: client.Configuration) -> ssl.SSLContext | None:
-    """The TLS context of the streams (console, portforward), made once per configuration: building one reads the CA
-    certificates, and every console and agent check opens a connection."""
-    global _stream_ssl
-    with _lock:
-        if _stream_ssl is None or _stream_ssl[0] is not cfg:
-            _stream_ssl = (cfg, _new_ssl_context(cfg))
-        return _stream_ssl[1]
-
-
 def _new_ssl_context(cfg: client.Configuration) -> ssl.SSLContext | None:
+    """The TLS context of the streams (console, portforward): made once, as building one reads the CA certificates."""
     if not cfg.host.startswith("https"):
         return None
     context = ssl.create_default_context(cafile=cfg.ssl_ca_cert) if cfg.ssl_ca_cert else ssl.create_default_context()
@@ -181,18 +151,15 @@ def stream_target(path: str) -> StreamTarget:
     """A WebSocket URL and headers for ``path`` (e.g. ``/apis/subresources.kubevirt.io/v1/...``)."""
     cfg = configuration()
     headers = auth_headers(cfg)
-    host = cfg.host.rstrip("/")
-    if host.startswith("https://"):
-        url = "wss://" + host[len("https://") :] + path
-    elif host.startswith("http://"):
-        url = "ws://" + host[len("http://") :] + path
-    else:
+    scheme, _sep, address = cfg.host.rstrip("/").partition("://")
+    if scheme not in ("http", "https"):
         raise ClusterNotConfigured(f"Unsupported API server address {cfg.host!r}.")
+    url = f"{'wss' if scheme == 'https' else 'ws'}://{address}{path}"
     proxy = cfg.proxy if cfg.proxy and not should_bypass_proxies(cfg.host, no_proxy=cfg.no_proxy or "") else None
     return StreamTarget(
         url=url,
         headers=headers,
-        ssl=_ssl_context(cfg),
+        ssl=_once("stream_ssl", lambda: _new_ssl_context(cfg)),
         server_hostname=(cfg.tls_server_name or None) if url.startswith("wss://") else None,
         proxy=proxy,
     )

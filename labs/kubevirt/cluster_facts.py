@@ -10,6 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError
 from django.utils.translation import gettext as _
+from kubernetes.client import VersionApi
 
 from labs.kubevirt import access, client
 from labs.kubevirt.calls import ClusterError, any_cluster_error, api_call
@@ -57,7 +58,9 @@ def gather() -> ClusterFacts:
     """Read the server version, the KubeVirt CR and the nodes. Never raises for cluster trouble: it is a finding."""
     facts = ClusterFacts()
     try:
-        facts.server_version = _read("reading /version", client.version_api(), "get_code").get("gitVersion", "")
+        facts.server_version = _read("reading /version", VersionApi(client.api_client()), "get_code").get(
+            "gitVersion", ""
+        )
     except ClusterError as error:
         facts.problems.append(
             Finding(

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import kubernetes
+
 from labs.kubevirt import client, names
 from labs.kubevirt.calls import REQUEST_TIMEOUT, ClusterError, api_call, cluster_error
 
@@ -21,7 +23,7 @@ VMIS = "virtualmachineinstances"
 
 def _kubevirt(doing: str, method: str, *args: Any, metadata: bool = False, **kwargs: Any) -> Any:
     """A call of the custom objects API on KubeVirt's group (``metadata``: asking for metadata only)."""
-    api = client.metadata_custom_objects() if metadata else client.custom_objects()
+    api = kubernetes.client.CustomObjectsApi(client.metadata_api_client()) if metadata else client.custom_objects()
     return api_call(doing, api, method, client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION, *args, **kwargs)
 
 
@@ -132,7 +134,7 @@ def secret_delete(*, namespace: str, name: str) -> bool:
 
 def secrets_list(*, namespace: str) -> list[dict[str, Any]]:
     """The portal's Secrets in a namespace, metadata only: each holds a VM's whole cloud-init (about 50 KB)."""
-    api = client.metadata_core_v1()
+    api = kubernetes.client.CoreV1Api(client.metadata_api_client())
     payload = api_call(
         f"listing Secrets in {namespace}",
         api,
