@@ -39,24 +39,6 @@ class ClusterError(Exception):
         self.retry_after = retry_after
 
 
-def _status_message(exc: ApiException) -> str:
-    try:
-        body = json.loads(exc.body) if exc.body else {}
-    except (TypeError, ValueError):
-        body = {}
-    if isinstance(body, dict) and body.get("message"):
-        return str(body["message"])
-    return f"{exc.status} {exc.reason}".strip()
-
-
-def _retry_after(exc: ApiException) -> float | None:
-    try:
-        seconds = float((exc.headers or {})["Retry-After"])
-    except (KeyError, ValueError):
-        return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
-
-
 def _count_error(*, doing: str, reason: str) -> None:
     """Count the failure for /metrics by the first two words of ``doing`` ("creating VM"), never the object's name."""
     from portal.metrics import record_cluster_api_error
@@ -69,29 +51,30 @@ def cluster_error(exc: BaseException, *, doing: str) -> ClusterError:
     if isinstance(exc, ClusterError):
         return exc
     if isinstance(exc, ApiException):
-        message = _status_message(exc)
+        try:
+            body = json.loads(exc.body) if exc.body else {}
+        except (TypeError, ValueError):
+            body = {}
+        has_message = isinstance(body, dict) and body.get("message")
+        message = str(body["message"]) if has_message else f"{exc.status} {exc.reason}".strip()
         status = exc.status or None
         # A ResourceQuota refusal (403 "exceeded quota") while a stopped VM is still terminating clears by itself.
         quota = status == 403 and "exceeded quota" in message
         if status == 403 and RBAC_SIGNATURE in message:
             message += RBAC_HINT
+        try:
+            retry_after = min(max(float((exc.headers or {})["Retry-After"]), 0.0), MAX_RETRY_AFTER_SECONDS)
+        except (KeyError, ValueError):
+            retry_after = None
         transient = status in TRANSIENT_STATUSES or status is None or quota
         _count_error(doing=doing, reason=str(status or "unknown"))
-        return ClusterError(f"{doing}: {message}", status=status, transient=transient, retry_after=_retry_after(exc))
+        return ClusterError(f"{doing}: {message}", status=status, transient=transient, retry_after=retry_after)
     if isinstance(exc, (urllib3.exceptions.HTTPError, OSError, TimeoutError)):
         _count_error(doing=doing, reason="connection")
         return ClusterError(f"{doing}: cannot reach the cluster API ({exc.__class__.__name__}: {exc})", transient=True)
     if isinstance(exc, client.ClusterNotConfigured):
         return ClusterError(f"{doing}: {exc}", transient=False)
     raise exc
-
-
-def any_cluster_error(exc: BaseException, *, doing: str) -> ClusterError:
-    """``cluster_error``, with anything else the client raised reported too (a finding, not a traceback)."""
-    try:
-        return cluster_error(exc, doing=doing)
-    except Exception as other:
-        return ClusterError(f"{doing}: {other.__class__.__name__}: {other}")
 
 
 def api_call(doing: str, api: Any, method: str, *args: Any, tolerate: int | None = None, **kwargs: Any) -> Any:

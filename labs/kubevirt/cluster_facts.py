@@ -3,7 +3,6 @@ whether the portal may manage them), with trouble met while reading already turn
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +12,7 @@ from django.utils.translation import gettext as _
 from kubernetes.client import VersionApi
 
 from labs.kubevirt import access, client
-from labs.kubevirt.calls import ClusterError, any_cluster_error, api_call
+from labs.kubevirt.calls import ClusterError, api_call
 
 ERROR = "error"
 WARNING = "warning"
@@ -40,18 +39,14 @@ class ClusterFacts:
     problems: list[Finding] = field(default_factory=list)
 
 
-def parse_version(text: str) -> tuple[int, int, int] | None:
-    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")
-    if not match:
-        return None
-    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
-
-
 def _read(doing: str, api: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+    """``api_call``, with anything else the client raised reported as a ``ClusterError`` too (a finding)."""
     try:
         return api_call(doing, api, method, *args, **kwargs)
+    except ClusterError:
+        raise
     except Exception as exc:
-        raise any_cluster_error(exc, doing=doing) from exc
+        raise ClusterError(f"{doing}: {exc.__class__.__name__}: {exc}") from exc
 
 
 def gather() -> ClusterFacts:

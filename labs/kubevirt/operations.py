@@ -10,10 +10,10 @@ from typing import Any
 import kubernetes
 
 from labs.kubevirt import client, names
-from labs.kubevirt.calls import REQUEST_TIMEOUT, ClusterError, api_call, cluster_error
+from labs.kubevirt.calls import ClusterError, api_call, cluster_error
 
 # Callers catch ``operations.ClusterError``; the call helpers live in ``calls``.
-__all__ = ["REQUEST_TIMEOUT", "ClusterError", "cluster_error"]
+__all__ = ["ClusterError", "cluster_error"]
 
 # Writes ask the API server to refuse unknown fields (400) rather than drop them: a misspelt field is a bug to see.
 STRICT = "Strict"

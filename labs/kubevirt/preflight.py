@@ -4,25 +4,30 @@ check tagged ``cluster``."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import asdict
 from typing import Any
 
 from django.utils.translation import gettext as _
 from kubernetes.utils import parse_quantity
 
-from labs.kubevirt import podsecurity
-from labs.kubevirt.cluster_facts import ERROR, INFO, WARNING, ClusterFacts, Finding, gather, parse_version
+from labs.kubevirt.cluster_facts import ERROR, INFO, WARNING, ClusterFacts, Finding, gather
 
-__all__ = ["ERROR", "INFO", "WARNING", "ClusterFacts", "Finding", "assess", "blocking", "findings_as_json", "gather"]
+__all__ = ["ERROR", "INFO", "WARNING", "ClusterFacts", "Finding", "assess", "blocking", "gather"]
 
 
 KVM_RESOURCE = "devices.kubevirt.io/kvm"
+ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 IMAGE_VOLUME_GATE = "ImageVolume"
 BETA_ON_BY_DEFAULT_SINCE = (1, 9, 0)
 # First releases whose runtime mounts OCI image volumes (reference §6: k3s's containerd 2.2.3 does not, 2.3.2 does).
 IMAGE_VOLUME_RUNTIMES = {"containerd": (2, 3, 0), "cri-o": (1, 31, 0)}
 IMAGE_VOLUME_KUBERNETES = (1, 31, 0)
+
+
+def parse_version(text: str) -> tuple[int, int, int] | None:
+    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    return (int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)) if match else None
 
 
 def developer_configuration(kubevirt: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -155,6 +160,14 @@ def assess(facts: ClusterFacts) -> list[Finding]:
 
 
 def _pod_security_findings(namespaces: list[dict[str, Any]], kubevirt: Mapping[str, Any] | None) -> list[Finding]:
+    """Namespaces enforcing ``restricted`` refuse KubeVirt v1.9's virt-launcher pods unless the KubeVirt CR sets their
+    seccomp profile (``virtualMachineInstanceProfile``); ``baseline`` admits them."""
+    configuration = ((kubevirt or {}).get("spec") or {}).get("configuration") or {}
+    profile = (configuration.get("seccompConfiguration") or {}).get("virtualMachineInstanceProfile") or {}
+    custom = profile.get("customProfile") or {}
+    if custom.get("localhostProfile") or custom.get("runtimeDefaultProfile"):
+        return []
+    levels = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(ENFORCE_LABEL) for n in namespaces}
     return [
         Finding(
             ERROR,
@@ -169,9 +182,10 @@ def _pod_security_findings(namespaces: list[dict[str, Any]], kubevirt: Mapping[s
                 "Run: %(command)s (or set spec.configuration.seccompConfiguration.virtualMachineInstanceProfile in the "
                 "KubeVirt resource)."
             )
-            % {"command": podsecurity.fix_command(name)},
+            % {"command": f"kubectl label --overwrite namespace {name} {ENFORCE_LABEL}=privileged"},
         )
-        for name in podsecurity.refusing_namespaces(namespaces, kubevirt)
+        for name in sorted(levels)
+        if levels[name] == "restricted"
     ]
 
 
@@ -221,7 +235,3 @@ def _image_volume_findings(facts: ClusterFacts, nodes: list[dict[str, Any]], ver
 
 def blocking(findings: list[Finding]) -> bool:
     return any(f.level == ERROR for f in findings)
-
-
-def findings_as_json(findings: list[Finding]) -> list[dict[str, str]]:
-    return [asdict(f) for f in findings]

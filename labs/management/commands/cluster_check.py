@@ -4,6 +4,7 @@ VMs. ``--json`` prints them as JSON, ``--strict`` also fails on warnings."""
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -27,7 +28,7 @@ class Command(BaseCommand):
                         "server_version": facts.server_version,
                         "kubevirt_version": preflight.kubevirt_version(facts.kubevirt),
                         "nodes": len(facts.nodes),
-                        "findings": preflight.findings_as_json(findings),
+                        "findings": [asdict(f) for f in findings],
                     },
                     indent=2,
                 )
