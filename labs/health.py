@@ -26,16 +26,12 @@ class ComponentStatus:
     latency_ms: float | None = None
 
 
-def _translated(message: str, params: dict[str, object]) -> str:
+def _say(message: str, **params: object) -> str:
     return gettext(message) % params if params else gettext(message)
 
 
-_lazy_translated = lazy(_translated, str)
-
-
-def say(message: str, **params: object) -> str | Promise:
-    """``message`` (marked with ``gettext_noop``) with ``params``, translated whenever it is turned into text."""
-    return _lazy_translated(message, params)
+# ``message`` (marked with ``gettext_noop``) with ``params``, translated whenever it is turned into text.
+say = lazy(_say, str)
 
 
 def elapsed_ms(started: float) -> float:
@@ -63,18 +59,14 @@ def _probe_cluster(*, timeout: float) -> tuple[str, ComponentStatus]:
         api = kube_client.api_client()
     except kube_client.ClusterNotConfigured as exc:
         logger.warning("Readiness: %s", exc)
-        return "", ComponentStatus(
-            "cluster",
-            False,
-            say(gettext_noop("No cluster is configured (no in-cluster account and no readable kubeconfig).")),
-        )
-    cfg = api.configuration
-    host = cfg.host.rstrip("/")
+        message = say(gettext_noop("No cluster is configured (no in-cluster account and no readable kubeconfig)."))
+        return "", ComponentStatus("cluster", False, message)
+    host = api.configuration.host.rstrip("/")
     try:
         response = api.rest_client.pool_manager.request(
             "GET",
             f"{host}/version",
-            headers={"Accept": "application/json", **kube_client.auth_headers(cfg)},
+            headers={"Accept": "application/json", **kube_client.auth_headers(api.configuration)},
             retries=False,
             timeout=urllib3.Timeout(connect=timeout, read=timeout),
         )
@@ -93,17 +85,16 @@ def _probe_cluster(*, timeout: float) -> tuple[str, ComponentStatus]:
             message = say(gettext_noop("The cluster API is not reachable (the connection failed)."))
         return host, ComponentStatus("cluster", False, message, elapsed_ms(started))
     if response.status == 200:
-        return host, ComponentStatus(
-            "cluster", True, say(gettext_noop("The cluster API answered.")), elapsed_ms(started)
-        )
-    record_cluster_api_error(operation="version", reason=str(response.status))
-    if response.status in (401, 403):
+        message = say(gettext_noop("The cluster API answered."))
+    elif response.status in (401, 403):
         message = say(
             gettext_noop("The cluster API refused the portal's credentials (HTTP %(status)s)."), status=response.status
         )
     else:
         message = say(gettext_noop("The cluster API answered with an error (HTTP %(status)s)."), status=response.status)
-    return host, ComponentStatus("cluster", False, message, elapsed_ms(started))
+    if response.status != 200:
+        record_cluster_api_error(operation="version", reason=str(response.status))
+    return host, ComponentStatus("cluster", response.status == 200, message, elapsed_ms(started))
 
 
 def check_cluster(*, max_age: float | None = None) -> ComponentStatus:

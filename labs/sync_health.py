@@ -32,21 +32,19 @@ class SyncHeartbeat:
 
 def _as_datetime(value: object) -> datetime | None:
     """Read a heartbeat timestamp written as epoch seconds or an ISO 8601 string."""
-    if value is None:
-        return None
     if isinstance(value, int | float):
+        return datetime.fromtimestamp(value, tz=UTC)
+    if not isinstance(value, str):
+        return None
+    try:
         return datetime.fromtimestamp(float(value), tz=UTC)
-    if isinstance(value, str):
-        try:
-            return datetime.fromtimestamp(float(value), tz=UTC)
-        except ValueError:
-            pass
-        try:
-            parsed = datetime.fromisoformat(value)
-        except ValueError:
-            return None
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-    return None
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def record_sync_success(*, at: datetime | None = None) -> None:
@@ -57,29 +55,18 @@ def record_sync_success(*, at: datetime | None = None) -> None:
 
 def record_sync_error(*, message: str, at: datetime | None = None) -> None:
     """Called by the sync task when a pass failed; the message is for operators (dashboard, logs)."""
-    moment = at or datetime.now(tz=UTC)
-    cache.set(
-        SYNC_LAST_ERROR_KEY,
-        {"at": moment.timestamp(), "message": message[:500]},
-        timeout=SYNC_HEARTBEAT_TTL_SECONDS,
-    )
+    error = {"at": (at or datetime.now(tz=UTC)).timestamp(), "message": message[:500]}
+    cache.set(SYNC_LAST_ERROR_KEY, error, timeout=SYNC_HEARTBEAT_TTL_SECONDS)
 
 
 def sync_heartbeat() -> SyncHeartbeat:
     """The sync loop's last success and last error, as written to the shared cache. Raises if the cache is down."""
     values = cache.get_many([SYNC_LAST_SUCCESS_KEY, SYNC_LAST_ERROR_KEY])
-    error = values.get(SYNC_LAST_ERROR_KEY)
-    error_at: datetime | None = None
-    error_message = ""
-    if isinstance(error, dict):
-        error_at = _as_datetime(error.get("at"))
-        error_message = str(error.get("message") or "")
-    elif error is not None:
-        error_at = _as_datetime(error)
+    error = values.get(SYNC_LAST_ERROR_KEY) or {}
     return SyncHeartbeat(
         last_success=_as_datetime(values.get(SYNC_LAST_SUCCESS_KEY)),
-        last_error_at=error_at,
-        last_error_message=error_message,
+        last_error_at=_as_datetime(error.get("at")),
+        last_error_message=str(error.get("message") or ""),
     )
 
 
