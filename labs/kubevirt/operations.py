@@ -4,16 +4,18 @@ selector; other failures raise ``ClusterError`` (``calls``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import kubernetes
 
-from labs.kubevirt import client, names
+from labs.kubevirt import client, names, status
 from labs.kubevirt.calls import ClusterError, api_call, cluster_error
 
 # Callers catch ``operations.ClusterError``; the call helpers live in ``calls``.
 __all__ = ["ClusterError", "cluster_error"]
+logger = logging.getLogger(__name__)
 
 # Writes ask the API server to refuse unknown fields (400) rather than drop them: a misspelt field is a bug to see.
 STRICT = "Strict"
@@ -168,16 +170,31 @@ def namespace_bootstrap(
         api_call(doing, core, "patch_namespaced_resource_quota", quota_name, name, patch, field_validation=STRICT)
 
 
-def events_for(*, namespace: str, name: str) -> list[dict[str, Any]]:
-    """Events about the objects named ``name`` in the namespace (the VM and the VMI share the attempt's name)."""
-    payload = api_call(
-        f"listing events for {namespace}/{name}",
-        client.core_v1(),
-        "list_namespaced_event",
-        namespace,
-        field_selector=f"involvedObject.name={name}",
-    )
-    return list(payload.get("items") or [])
+def events_said(*, namespace: str, name: str) -> str:
+    """The latest Warning events about the objects named ``name`` (the VM and the VMI share the attempt's name), for
+    when the VMI does not say why it failed (KubeVirt v1.9 writes no ``status.reason`` for a failed launcher or
+    guest); '' when the cluster cannot say."""
+    try:
+        payload = api_call(
+            f"listing events for {namespace}/{name}",
+            client.core_v1(),
+            "list_namespaced_event",
+            namespace,
+            field_selector=f"involvedObject.name={name}",
+        )
+    except ClusterError as error:
+        logger.info("events of %s/%s unavailable: %s", namespace, name, error.message)
+        return ""
+    return status.events_problem(payload.get("items") or [])
+
+
+def failed_vmi_words(vmi: Mapping[str, Any]) -> Callable[[], str]:
+    """A function giving the Failed VMI's reason in the active language (pure: call it under each language)."""
+    if status.observe_vmi(vmi).explained:
+        return lambda: status.failed_problem(vmi)
+    metadata = vmi.get("metadata") or {}
+    said = events_said(namespace=metadata.get("namespace", ""), name=metadata.get("name", ""))
+    return lambda: status.failed_problem(vmi, said)
 
 
 def node_cordoned(name: str) -> bool:

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
-from labs.kubevirt import explain, operations, status
+from labs.kubevirt import operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, AttemptState
 from labs.services.events import attempt_push_on_commit
@@ -53,7 +53,7 @@ def _observed_changes(attempt: Attempt, observation: status.VmiObservation) -> d
 def _fail_restarted(attempt: Attempt) -> str:
     """The VMI the attempt followed ended after running and KubeVirt made a new one from a fresh disk: the work is
     gone. The old VMI's reason survives only in Events."""
-    detail = explain.events_said(namespace=attempt.namespace, name=attempt.vm_name)
+    detail = operations.events_said(namespace=attempt.namespace, name=attempt.vm_name)
     try:  # a drain shuts down what cannot live-migrate (evictionStrategy None, or LiveMigrateIfPossible)
         drained = bool(attempt.node_name) and operations.node_cordoned(attempt.node_name)
     except ClusterError as error:
@@ -109,7 +109,7 @@ def _observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> 
 
     if observation.failed:
         _apply(attempt, changes, to=to)
-        failure = explain.failed_vmi_words(vmi)
+        failure = operations.failed_vmi_words(vmi)
         if attempt.state == AttemptState.RUNNING:
             return _fail(attempt, lambda: _("The VM stopped unexpectedly.") + " " + failure())
         return _fail(attempt, lambda: failure() + " " + start_again_hint())

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.utils.translation import gettext as _
 
-from labs.kubevirt import explain, operations, status
+from labs.kubevirt import operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, AttemptState
 from labs.services.provisioning import attempt_end, attempt_fail
@@ -129,7 +129,7 @@ def start_failure_detail(*, attempt: Attempt, vm_listed: bool) -> Callable[[], s
             vm = operations.vm_get(namespace=attempt.namespace, name=attempt.vm_name)
         except ClusterError as error:
             logger.info("attempt %s: VM status unavailable (%s)", attempt.id, error.message)
-    events = explain.events_said(namespace=attempt.namespace, name=attempt.vm_name)
+    events = operations.events_said(namespace=attempt.namespace, name=attempt.vm_name)
 
     def detail() -> str:
         parts = []
