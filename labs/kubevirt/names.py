@@ -3,7 +3,6 @@ user text, so they are valid DNS-1123 labels and a retried provisioning finds th
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -19,10 +18,7 @@ POOL_VM_LABEL = "labs.portal/pool-vm"
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 
 VM_PREFIX = "attempt-"
-CLOUD_INIT_SUFFIX = "-cloudinit"
-_VM_NAME_RE = re.compile(r"^attempt-([1-9][0-9]*)$")
 POOL_VM_PREFIX = "pool-"
-_POOL_VM_NAME_RE = re.compile(r"^pool-([1-9][0-9]*)$")
 
 DEFAULT_DENY_POLICY = "lab-portal-default-deny-ingress"
 AGENT_POLICY = "lab-portal-allow-agent"
@@ -35,9 +31,13 @@ def _name(prefix: str, object_id: int) -> str:
     return f"{prefix}{object_id}"
 
 
-def _id_from_name(pattern: re.Pattern[str], name: str) -> int | None:
-    match = pattern.match(name or "")
-    return int(match.group(1)) if match else None
+def _id(text: str) -> int | None:
+    """A positive id written without leading zeros; None for anything else."""
+    return int(text) if text.isascii() and text.isdigit() and not text.startswith("0") else None
+
+
+def _id_from_name(prefix: str, name: str) -> int | None:
+    return _id(name.removeprefix(prefix)) if name.startswith(prefix) else None
 
 
 def _labels(*, tenant_id: int, course_id: int, lab_id: int, own: tuple[str, int]) -> dict[str, str]:
@@ -54,8 +54,7 @@ def _id_from_labels(labels: Mapping[str, str] | None, key: str) -> int | None:
     """The id an object of ours carries under ``key``; None when it is not ours or the label is malformed."""
     if not labels or labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
         return None
-    value = labels.get(key, "")
-    return int(value) if value.isdigit() and not value.startswith("0") else None
+    return _id(labels.get(key, ""))
 
 
 def vm_name(attempt_id: int) -> str:
@@ -65,11 +64,11 @@ def vm_name(attempt_id: int) -> str:
 
 def cloud_init_secret_name(vm: str) -> str:
     """The Secret holding the VM's cloud-init user data (and so the agent token)."""
-    return f"{vm}{CLOUD_INIT_SUFFIX}"
+    return f"{vm}-cloudinit"
 
 
 def attempt_id_from_vm_name(name: str) -> int | None:
-    return _id_from_name(_VM_NAME_RE, name)
+    return _id_from_name(VM_PREFIX, name)
 
 
 def attempt_labels(*, tenant_id: int, course_id: int, lab_id: int, attempt_id: int) -> dict[str, str]:
@@ -87,7 +86,7 @@ def pool_vm_name(pool_vm_id: int) -> str:
 
 
 def pool_vm_id_from_vm_name(name: str) -> int | None:
-    return _id_from_name(_POOL_VM_NAME_RE, name)
+    return _id_from_name(POOL_VM_PREFIX, name)
 
 
 def pool_vm_labels(*, tenant_id: int, course_id: int, lab_id: int, pool_vm_id: int) -> dict[str, str]:
