@@ -29,6 +29,12 @@ def _kubevirt(doing: str, method: str, *args: Any, metadata: bool = False, **kwa
     return api_call(doing, api, method, client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION, *args, **kwargs)
 
 
+def _core(doing: str, method: str, *args: Any, metadata: bool = False, **kwargs: Any) -> Any:
+    """A call of the core API (``metadata``: asking for metadata only)."""
+    api = kubernetes.client.CoreV1Api(client.metadata_api_client()) if metadata else client.core_v1()
+    return api_call(doing, api, method, *args, **kwargs)
+
+
 def vm_create(body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     """Create a VM; returns (the VM, created). A VM of that name already there is returned as it is."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
@@ -101,15 +107,7 @@ def secret_create(body: Mapping[str, Any]) -> bool:
     """Create the Secret; False when one of that name exists already (its content is the same attempt's)."""
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     doing = f"creating Secret {namespace}/{name}"
-    created = api_call(
-        doing,
-        client.core_v1(),
-        "create_namespaced_secret",
-        namespace,
-        dict(body),
-        field_validation=STRICT,
-        tolerate=409,
-    )
+    created = _core(doing, "create_namespaced_secret", namespace, dict(body), field_validation=STRICT, tolerate=409)
     return created is not None
 
 
@@ -117,33 +115,18 @@ def secret_set_owner(*, namespace: str, name: str, owner: Mapping[str, Any]) -> 
     """Make the VM own its Secret, so the Secret goes when the VM goes, whoever deletes it (404: it went already)."""
     patch = [{"op": "add", "path": "/metadata/ownerReferences", "value": [dict(owner)]}]
     doing = f"setting the owner of Secret {namespace}/{name}"
-    api_call(
-        doing,
-        client.core_v1(),
-        "patch_namespaced_secret",
-        name,
-        namespace,
-        patch,
-        field_validation=STRICT,
-        tolerate=404,
-    )
+    _core(doing, "patch_namespaced_secret", name, namespace, patch, field_validation=STRICT, tolerate=404)
 
 
 def secret_delete(*, namespace: str, name: str) -> bool:
     doing = f"deleting Secret {namespace}/{name}"
-    return api_call(doing, client.core_v1(), "delete_namespaced_secret", name, namespace, tolerate=404) is not None
+    return _core(doing, "delete_namespaced_secret", name, namespace, tolerate=404) is not None
 
 
 def secrets_list(*, namespace: str) -> list[dict[str, Any]]:
     """The portal's Secrets in a namespace, metadata only: each holds a VM's whole cloud-init (about 50 KB)."""
-    api = kubernetes.client.CoreV1Api(client.metadata_api_client())
-    payload = api_call(
-        f"listing Secrets in {namespace}",
-        api,
-        "list_namespaced_secret",
-        namespace,
-        label_selector=names.MANAGED_SELECTOR,
-    )
+    doing = f"listing Secrets in {namespace}"
+    payload = _core(doing, "list_namespaced_secret", namespace, label_selector=names.MANAGED_SELECTOR, metadata=True)
     return list(payload.get("items") or [])
 
 
@@ -153,35 +136,27 @@ def namespace_bootstrap(
     """Create the tenant's namespace, its NetworkPolicies and its ResourceQuota; bring the quota's limits up to
     date when it exists. Existing objects are left as they are otherwise (an operator may have added to them)."""
     name = namespace["metadata"]["name"]
-    core, networking = client.core_v1(), client.networking_v1()
-    api_call(
-        f"creating namespace {name}", core, "create_namespace", dict(namespace), field_validation=STRICT, tolerate=409
-    )
+    _core(f"creating namespace {name}", "create_namespace", dict(namespace), field_validation=STRICT, tolerate=409)
+    networking = client.networking_v1()
     for policy in policies:
         doing = f"creating NetworkPolicy {name}/{policy['metadata']['name']}"
         create = "create_namespaced_network_policy"
         api_call(doing, networking, create, name, dict(policy), field_validation=STRICT, tolerate=409)
     quota_name = quota["metadata"]["name"]
-    doing = f"creating ResourceQuota {name}/{quota_name}"
-    create = "create_namespaced_resource_quota"
-    if api_call(doing, core, create, name, dict(quota), field_validation=STRICT, tolerate=409) is None:
+    doing, create = f"creating ResourceQuota {name}/{quota_name}", "create_namespaced_resource_quota"
+    if _core(doing, create, name, dict(quota), field_validation=STRICT, tolerate=409) is None:
         patch = [{"op": "replace", "path": "/spec/hard", "value": dict(quota["spec"]["hard"])}]
         doing = f"updating ResourceQuota {name}"
-        api_call(doing, core, "patch_namespaced_resource_quota", quota_name, name, patch, field_validation=STRICT)
+        _core(doing, "patch_namespaced_resource_quota", quota_name, name, patch, field_validation=STRICT)
 
 
 def events_said(*, namespace: str, name: str) -> str:
     """The latest Warning events about the objects named ``name`` (the VM and the VMI share the attempt's name), for
     when the VMI does not say why it failed (KubeVirt v1.9 writes no ``status.reason`` for a failed launcher or
     guest); '' when the cluster cannot say."""
+    doing = f"listing events for {namespace}/{name}"
     try:
-        payload = api_call(
-            f"listing events for {namespace}/{name}",
-            client.core_v1(),
-            "list_namespaced_event",
-            namespace,
-            field_selector=f"involvedObject.name={name}",
-        )
+        payload = _core(doing, "list_namespaced_event", namespace, field_selector=f"involvedObject.name={name}")
     except ClusterError as error:
         logger.info("events of %s/%s unavailable: %s", namespace, name, error.message)
         return ""
@@ -199,5 +174,5 @@ def failed_vmi_words(vmi: Mapping[str, Any]) -> Callable[[], str]:
 
 def node_cordoned(name: str) -> bool:
     """Whether the node is cordoned (``spec.unschedulable``: a drain under way or done); False for a node gone."""
-    node = api_call(f"reading node {name}", client.core_v1(), "read_node", name, tolerate=404)
+    node = _core(f"reading node {name}", "read_node", name, tolerate=404)
     return bool(((node or {}).get("spec") or {}).get("unschedulable"))
