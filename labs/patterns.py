@@ -37,14 +37,9 @@ def pattern_timeout_seconds() -> float:
 
 def search(pattern: str, text: str, *, timeout: float | None = None) -> bool:
     """``re.search`` with ``MULTILINE``; ``PatternTimeout`` past ``timeout`` seconds (default the setting)."""
-    compiled = compile_pattern(pattern)
+    limit = pattern_timeout_seconds() if timeout is None else timeout
     try:
-        return (
-            compiled.search(
-                text[:MATCH_INPUT_MAX_CHARS], timeout=pattern_timeout_seconds() if timeout is None else timeout
-            )
-            is not None
-        )
+        return compile_pattern(pattern).search(text[:MATCH_INPUT_MAX_CHARS], timeout=limit) is not None
     except TimeoutError as exc:
         raise PatternTimeout(pattern) from exc
 
@@ -52,8 +47,7 @@ def search(pattern: str, text: str, *, timeout: float | None = None) -> bool:
 def _probe_inputs(pattern: str) -> list[str]:
     """Short repetitive texts of the pattern's and common characters, ending in one that fails the match."""
     own = dict.fromkeys(ch for ch in pattern if ch.isprintable() and ch not in "()[]{}|*+?^$\\")
-    characters = dict.fromkeys(list(own)[:PROBE_MAX_PATTERN_CHARACTERS])
-    characters.update(dict.fromkeys(PROBE_FILLERS))
+    characters = dict.fromkeys([*list(own)[:PROBE_MAX_PATTERN_CHARACTERS], *PROBE_FILLERS])
     probes = [ch * PROBE_LENGTH + ending for ch in characters for ending in PROBE_ENDINGS]
     probes.append(("ab" * PROBE_LENGTH) + "!")
     return probes

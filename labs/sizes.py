@@ -57,13 +57,6 @@ def guest_resources(size: str) -> GuestResources:
         raise ValueError(f"Unknown lab size {size!r}; expected one of {', '.join(SIZE_TABLE)}.") from None
 
 
-def launcher_memory_overhead_bytes(*, vcpus: int, memory_mib: int, graphics: bool = True) -> int:
-    guest_bytes = memory_mib * MIB
-    page_tables = -(-guest_bytes // 1000) * 1000 // PAGE_TABLE_DIVISOR
-    overhead_mib = FIXED_OVERHEAD_MIB + PER_VCPU_OVERHEAD_MIB * vcpus + IOTHREAD_OVERHEAD_MIB
-    return page_tables + (overhead_mib + (VIDEO_RAM_MIB if graphics else 0)) * MIB
-
-
 def cpu_millicores_for(vcpus: int) -> int:
     """The compute container's CPU request for this many vCPUs (rounded up to a millicore)."""
     return -(-vcpus * 1000 // CPU_ALLOCATION_RATIO)
@@ -74,9 +67,9 @@ def launcher_requests(
 ) -> LauncherRequests:
     """The virt-launcher pod's CPU and memory requests for a guest of this shape."""
     compute_cpu = cpu_millicores_for(vcpus)
-    compute_memory = memory_mib * MIB + launcher_memory_overhead_bytes(
-        vcpus=vcpus, memory_mib=memory_mib, graphics=graphics
-    )
+    page_tables = -(-memory_mib * MIB // 1000) * 1000 // PAGE_TABLE_DIVISOR
+    overhead_mib = FIXED_OVERHEAD_MIB + PER_VCPU_OVERHEAD_MIB * vcpus + IOTHREAD_OVERHEAD_MIB
+    compute_memory = (memory_mib + overhead_mib + (VIDEO_RAM_MIB if graphics else 0)) * MIB + page_tables
     cpu, memory = compute_cpu, compute_memory
     if console_log:
         cpu, memory = cpu + CONSOLE_LOG_CPU_MILLICORES, memory + CONSOLE_LOG_MEMORY_BYTES
