@@ -292,7 +292,22 @@ def _connect(target: StreamTarget, *, timeout_s: float) -> websocket.WebSocket:
             **proxy,
         )
     except websocket.WebSocketBadStatusException as exc:
-        raise _handshake_error(exc) from None
+        status, body = exc.status_code, exc.resp_body
+        text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body or ""
+        try:
+            said = json.loads(text)["message"]
+        except (ValueError, TypeError, KeyError):
+            said = text.strip()
+        message = (said if isinstance(said, str) else text.strip())[:300] or str(exc)
+        if status in (400, 404, 409):
+            raise VMNotRunning(f"the virtual machine is not running ({status}: {message})", status=status) from None
+        if status in (401, 403):
+            refused = f"the cluster refused the portal's credentials ({status}: {message})"
+            raise ClusterUnavailable(refused, status=status) from None
+        if status in (500, 502, 503):
+            # virt-api dials the guest before upgrading: nothing listening on the agent port shows up here.
+            raise AgentNotAnswering(f"the agent is not answering ({status}: {message})", status=status) from None
+        raise AgentBadResponse(f"the portforward stream was refused ({status}: {message})", status=status) from None
     except (websocket.WebSocketTimeoutException, TimeoutError):
         raise AgentTimeout(f"the cluster did not open the portforward stream within {timeout_s:.0f} s") from None
     except (ConnectionRefusedError, socket.gaierror) as exc:
@@ -301,22 +316,3 @@ def _connect(target: StreamTarget, *, timeout_s: float) -> websocket.WebSocket:
         raise ClusterUnavailable(f"TLS with the cluster API failed: {exc}") from None
     except (websocket.WebSocketException, OSError) as exc:
         raise ClusterUnavailable(f"cannot open the portforward stream: {exc}") from None
-
-
-def _handshake_error(exc: websocket.WebSocketBadStatusException) -> AgentError:
-    """The error for a portforward WebSocket the cluster refused."""
-    status, body = exc.status_code, exc.resp_body
-    text = body.decode("utf-8", errors="replace") if isinstance(body, bytes) else body or ""
-    try:
-        said = json.loads(text)["message"]
-    except (ValueError, TypeError, KeyError):
-        said = text.strip()
-    message = (said if isinstance(said, str) else text.strip())[:300] or str(exc)
-    if status in (400, 404, 409):
-        return VMNotRunning(f"the virtual machine is not running ({status}: {message})", status=status)
-    if status in (401, 403):
-        return ClusterUnavailable(f"the cluster refused the portal's credentials ({status}: {message})", status=status)
-    if status in (500, 502, 503):
-        # virt-api dials the guest before upgrading: nothing listening on the agent port shows up here.
-        return AgentNotAnswering(f"the agent is not answering ({status}: {message})", status=status)
-    return AgentBadResponse(f"the portforward stream was refused ({status}: {message})", status=status)

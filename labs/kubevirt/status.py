@@ -90,17 +90,6 @@ def grace_seconds(observation: VmiObservation) -> int:
     return settings.ATTEMPT_FAILURE_GRACE_SECONDS
 
 
-def phase_times(vmi: Mapping[str, Any]) -> dict[str, datetime]:
-    """First time the VMI reached each phase, from ``status.phaseTransitionTimestamps``."""
-    times: dict[str, datetime] = {}
-    for entry in (vmi.get("status") or {}).get("phaseTransitionTimestamps") or ():
-        phase = entry.get("phase", "")
-        when = _time(entry.get("phaseTransitionTimestamp"))
-        if phase and when and phase not in times:
-            times[phase] = when
-    return times
-
-
 def image_volume_hint(message: str) -> str:
     if CONTAINER_DISK_SIGNATURE in message and "no such file or directory" in message:
         return " " + _(
@@ -133,7 +122,11 @@ def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
     status = vmi.get("status") or {}
     phase = status.get("phase") or ""
     conditions = _conditions(vmi)
-    times = phase_times(vmi)
+    times: dict[str, datetime] = {}  # the first time the VMI reached each phase
+    for entry in status.get("phaseTransitionTimestamps") or ():
+        when = _time(entry.get("phaseTransitionTimestamp"))
+        if entry.get("phase") and when:
+            times.setdefault(entry["phase"], when)
     seen = VmiObservation(
         phase=phase,
         uid=(vmi.get("metadata") or {}).get("uid") or "",
