@@ -76,19 +76,18 @@ def assess(facts: ClusterFacts) -> list[Finding]:
     if any(f.code == "unreachable" for f in findings):
         return findings
     kubevirt = facts.kubevirt
-    if kubevirt is None and not any(f.code == "kubevirt_unreadable" for f in findings):
-        findings.append(
-            Finding(
-                ERROR,
-                "kubevirt_missing",
-                _("KubeVirt is not installed: the cluster has no KubeVirt resource."),
-                _("Install the KubeVirt operator and its KubeVirt CR (see kubevirt.io/user-guide)."),
-            )
-        )
     version_text = kubevirt_version(kubevirt)
-    developer = developer_configuration(kubevirt)
-
-    if kubevirt is not None:
+    if kubevirt is None:
+        if not any(f.code == "kubevirt_unreadable" for f in findings):
+            findings.append(
+                Finding(
+                    ERROR,
+                    "kubevirt_missing",
+                    _("KubeVirt is not installed: the cluster has no KubeVirt resource."),
+                    _("Install the KubeVirt operator and its KubeVirt CR (see kubevirt.io/user-guide)."),
+                )
+            )
+    else:
         phase = ((kubevirt.get("status") or {}).get("phase")) or ""
         if phase != "Deployed":
             findings.append(
@@ -99,9 +98,20 @@ def assess(facts: ClusterFacts) -> list[Finding]:
                     _("Wait for the operator to finish, or look at the KubeVirt resource's conditions."),
                 )
             )
+        findings.append(
+            Finding(
+                INFO,
+                "running_deprecated",
+                _(
+                    "KubeVirt %(version)s deprecates spec.running (admission warns about it since v1.4); the portal's "
+                    "VMs use spec.runStrategy: Always, so nothing needs doing."
+                )
+                % {"version": version_text or "?"},
+            )
+        )
 
     kvm_nodes = [n for n in facts.nodes if _node_allocatable(n, KVM_RESOURCE) > 0]
-    if facts.nodes and not kvm_nodes and developer.get("useEmulation"):
+    if facts.nodes and not kvm_nodes and developer_configuration(kubevirt).get("useEmulation"):
         findings.append(
             Finding(
                 WARNING,
@@ -143,18 +153,6 @@ def assess(facts: ClusterFacts) -> list[Finding]:
     if kubevirt is not None and image_volume_enabled(kubevirt):
         findings.extend(_image_volume_findings(facts, kvm_nodes or facts.nodes, version_text))
 
-    if kubevirt is not None:
-        findings.append(
-            Finding(
-                INFO,
-                "running_deprecated",
-                _(
-                    "KubeVirt %(version)s deprecates spec.running (admission warns about it since v1.4); the portal's "
-                    "VMs use spec.runStrategy: Always, so nothing needs doing."
-                )
-                % {"version": version_text or "?"},
-            )
-        )
     order = {ERROR: 0, WARNING: 1, INFO: 2}
     return sorted(findings, key=lambda f: order.get(f.level, 3))
 

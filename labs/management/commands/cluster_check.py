@@ -21,22 +21,18 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         facts = preflight.gather()
         findings = preflight.assess(facts)
+        version = preflight.kubevirt_version(facts.kubevirt)
         if options["json"]:
-            self.stdout.write(
-                json.dumps(
-                    {
-                        "server_version": facts.server_version,
-                        "kubevirt_version": preflight.kubevirt_version(facts.kubevirt),
-                        "nodes": len(facts.nodes),
-                        "findings": [asdict(f) for f in findings],
-                    },
-                    indent=2,
-                )
-            )
+            report = {
+                "server_version": facts.server_version,
+                "kubevirt_version": version,
+                "nodes": len(facts.nodes),
+                "findings": [asdict(f) for f in findings],
+            }
+            self.stdout.write(json.dumps(report, indent=2))
         else:
             self.stdout.write(
-                f"Kubernetes {facts.server_version or '?'}, KubeVirt "
-                f"{preflight.kubevirt_version(facts.kubevirt) or '?'}, {len(facts.nodes)} node(s)."
+                f"Kubernetes {facts.server_version or '?'}, KubeVirt {version or '?'}, {len(facts.nodes)} node(s)."
             )
             styles = {
                 preflight.ERROR: self.style.ERROR,
@@ -47,10 +43,8 @@ class Command(BaseCommand):
                 self.stdout.write(styles[finding.level](f"{finding.level.upper()}: {finding.message}"))
                 if finding.fix:
                     self.stdout.write(f"  Fix: {finding.fix}")
-            if not any(f.level in (preflight.ERROR, preflight.WARNING) for f in findings):
+            if all(f.level == preflight.INFO for f in findings):
                 self.stdout.write(self.style.SUCCESS("The cluster can run lab VMs."))
-        failing = preflight.blocking(findings) or (
-            options["strict"] and any(f.level == preflight.WARNING for f in findings)
-        )
-        if failing:
+        warned = any(f.level == preflight.WARNING for f in findings)
+        if preflight.blocking(findings) or (options["strict"] and warned):
             raise CommandError("The cluster cannot run lab VMs as it is; see the findings above.", returncode=1)
