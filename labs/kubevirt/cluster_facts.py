@@ -11,8 +11,8 @@ from django.db import DatabaseError
 from django.utils.translation import gettext as _
 from kubernetes.client import VersionApi
 
-from labs.kubevirt import access, client
-from labs.kubevirt.calls import ClusterError, api_call
+from labs.kubevirt import client
+from labs.kubevirt.operations import ClusterError, access_refusal, api_call
 
 ERROR = "error"
 WARNING = "warning"
@@ -113,7 +113,7 @@ def _read_kubevirt() -> dict[str, Any] | None:
 
 def _read_tenant_namespaces(facts: ClusterFacts) -> None:
     """Every tenant's namespace, set up or not: its Pod Security labels, and whether the tenant's Role lets the
-    portal manage its objects (``access.refusal``)."""
+    portal manage its objects (``access_refusal``)."""
     from labs.models import TenantNamespace
     from portal.models import Tenant
 
@@ -137,7 +137,7 @@ def _read_tenant_namespaces(facts: ClusterFacts) -> None:
     core = client.core_v1()
     for namespace, tenant in sorted(recorded.items()):
         try:
-            said = access.refusal(namespace)
+            said = access_refusal(namespace)
         except ClusterError as unanswered:
             facts.problems.append(
                 Finding(

@@ -11,8 +11,8 @@ from django.conf import settings
 from django.db import IntegrityError
 from django.utils import timezone
 
-from labs.kubevirt import access, manifests, operations
-from labs.kubevirt.calls import RBAC_SIGNATURE, ClusterError
+from labs.kubevirt import manifests, operations
+from labs.kubevirt.operations import RBAC_SIGNATURE, ClusterError
 from labs.models import TenantNamespace
 from portal.models import Tenant
 
@@ -81,7 +81,7 @@ def is_rbac_refusal(error: ClusterError) -> bool:
 
 def is_refusal_record(text: str) -> bool:
     """Whether a namespace's recorded error says the cluster refuses the portal there (a 403 or a review)."""
-    return RBAC_SIGNATURE in text or access.REVIEW_REFUSAL in text
+    return RBAC_SIGNATURE in text or operations.REVIEW_REFUSAL in text
 
 
 def tenant_namespace_refused(*, namespace: str, said: str) -> None:
@@ -106,7 +106,7 @@ def tenant_namespace_ready(*, tenant: Tenant) -> bool:
         if (timezone.now() - row["last_error_at"]).total_seconds() < NOT_READY_RECHECK_SECONDS:
             return False
     try:
-        said = access.refusal(tenant.namespace)
+        said = operations.access_refusal(tenant.namespace)
     except ClusterError:
         return True
     if said is not None:
