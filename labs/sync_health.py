@@ -97,30 +97,19 @@ def check_sync(*, now: datetime | None = None) -> ComponentStatus:
     failed = _seconds_ago(now, error_at) if error_at is not None and error_at > beat.last_success else None
     stale = (now - beat.last_success).total_seconds() > max_age
     if stale and failed is not None:
-        message = say(
-            gettext_noop(
-                "The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s); its "
-                "last pass failed %(failed)s s ago."
-            ),
-            succeeded=succeeded,
-            limit=max_age,
-            failed=failed,
+        text = gettext_noop(
+            "The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s); its "
+            "last pass failed %(failed)s s ago."
         )
     elif stale:
-        message = say(
-            gettext_noop("The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s)."),
-            succeeded=succeeded,
-            limit=max_age,
-        )
+        text = gettext_noop("The attempt sync loop last succeeded %(succeeded)s s ago (limit %(limit)s s).")
     elif failed is not None:
-        message = say(
-            gettext_noop("The attempt sync loop succeeded %(succeeded)s s ago. Its last pass failed %(failed)s s ago."),
-            succeeded=succeeded,
-            failed=failed,
+        text = gettext_noop(
+            "The attempt sync loop succeeded %(succeeded)s s ago. Its last pass failed %(failed)s s ago."
         )
     else:
-        message = say(gettext_noop("The attempt sync loop succeeded %(succeeded)s s ago."), succeeded=succeeded)
-    return ComponentStatus("sync", not stale, message)
+        text = gettext_noop("The attempt sync loop succeeded %(succeeded)s s ago.")
+    return ComponentStatus("sync", not stale, say(text, succeeded=succeeded, limit=max_age, failed=failed))
 
 
 def _seconds_ago(now: datetime, then: datetime) -> int:
