@@ -97,14 +97,13 @@ def _probe_cluster(*, timeout: float) -> tuple[str, ComponentStatus]:
     return host, ComponentStatus("cluster", response.status == 200, message, elapsed_ms(started))
 
 
-def check_cluster(*, max_age: float | None = None) -> ComponentStatus:
-    """The cluster probe's result, at most ``max_age`` seconds old (HEALTH_CLUSTER_CACHE_SECONDS by default),
-    remembered per process and API server address: load balancers probing every second cost a request every few."""
+def check_cluster() -> ComponentStatus:
+    """The cluster probe's result, at most HEALTH_CLUSTER_CACHE_SECONDS old, remembered per process and API server
+    address: load balancers probing every second cost a request every few."""
     global _cluster_cached
-    max_age = settings.HEALTH_CLUSTER_CACHE_SECONDS if max_age is None else max_age
     with _cluster_lock:
         cached = _cluster_cached
-    if cached is not None and time.monotonic() - cached[0] < max_age:
+    if cached is not None and time.monotonic() - cached[0] < settings.HEALTH_CLUSTER_CACHE_SECONDS:
         from labs.kubevirt import client as kube_client
 
         try:

@@ -60,16 +60,14 @@ def _load_configuration() -> client.Configuration:
     if os.environ.get("KUBERNETES_SERVICE_HOST") and not settings.KUBECONFIG:
         config.load_incluster_config(client_configuration=configuration)
         return configuration
-    if settings.KUBECONFIG:
-        path, missing = settings.KUBECONFIG, f"KUBECONFIG points at {settings.KUBECONFIG}, which does not exist."
-    else:
-        path = str(settings.EMBEDDED_KUBECONFIG)
-        missing = (
+    path = settings.KUBECONFIG or str(settings.EMBEDDED_KUBECONFIG)
+    if not Path(path).exists() and settings.KUBECONFIG:
+        raise ClusterNotConfigured(f"KUBECONFIG points at {path}, which does not exist.")
+    if not Path(path).exists():
+        raise ClusterNotConfigured(
             "No cluster configured: not running in a cluster, KUBECONFIG is unset, and the embedded kubesim has not "
             f"written {path} (start the portal with `python manage.py run_portal`)."
         )
-    if not Path(path).exists():
-        raise ClusterNotConfigured(missing)
     try:
         config.load_kube_config(config_file=path, context=settings.KUBE_CONTEXT, client_configuration=configuration)
     except ConfigException as exc:
@@ -150,7 +148,6 @@ def auth_headers(cfg: client.Configuration) -> dict[str, str]:
 def stream_target(path: str) -> StreamTarget:
     """A WebSocket URL and headers for ``path`` (e.g. ``/apis/subresources.kubevirt.io/v1/...``)."""
     cfg = configuration()
-    headers = auth_headers(cfg)
     scheme, _sep, address = cfg.host.rstrip("/").partition("://")
     if scheme not in ("http", "https"):
         raise ClusterNotConfigured(f"Unsupported API server address {cfg.host!r}.")
@@ -158,7 +155,7 @@ def stream_target(path: str) -> StreamTarget:
     proxy = cfg.proxy if cfg.proxy and not should_bypass_proxies(cfg.host, no_proxy=cfg.no_proxy or "") else None
     return StreamTarget(
         url=url,
-        headers=headers,
+        headers=auth_headers(cfg),
         ssl=_once("stream_ssl", lambda: _new_ssl_context(cfg)),
         server_hostname=(cfg.tls_server_name or None) if url.startswith("wss://") else None,
         proxy=proxy,
