@@ -140,7 +140,6 @@ def rotate_token(target: AgentTarget, *, new_token: str, timeout_s: float = HEAL
 
 
 def set_tty_size(attempt: AgentTarget, *, rows: int, cols: int, timeout_s: float = TTY_SIZE_TIMEOUT_S) -> None:
-    """Set the guest's serial console to ``rows`` x ``cols`` (the agent's ``/v1/tty-size``)."""
     _ask(attempt, "/v1/tty-size", {"rows": rows, "cols": cols}, timeout_s=timeout_s)
 
 

@@ -110,7 +110,6 @@ def _kubevirt(doing: str, method: str, *args: Any, metadata: bool = False, **kwa
 
 
 def _core(doing: str, method: str, *args: Any, metadata: bool = False, **kwargs: Any) -> Any:
-    """A call of the core API (``metadata``: asking for metadata only)."""
     api = kubernetes.client.CoreV1Api(client.metadata_api_client()) if metadata else client.core_v1()
     return api_call(doing, api, method, *args, **kwargs)
 

@@ -118,7 +118,6 @@ def failed_problem(vmi: Mapping[str, Any], events: str = "") -> str:
 
 
 def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
-    """What one VMI says about its attempt."""
     status = vmi.get("status") or {}
     phase = status.get("phase") or ""
     conditions = _conditions(vmi)
