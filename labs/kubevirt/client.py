@@ -156,7 +156,8 @@ def stream_target(path: str) -> StreamTarget:
     return StreamTarget(
         url=url,
         headers=auth_headers(cfg),
-        ssl=_once("stream_ssl", lambda: _new_ssl_context(cfg)),
+        # Made from the configuration current under the lock, so a concurrent reset() cannot cache an old one's.
+        ssl=_once("stream_ssl", lambda: _new_ssl_context(configuration())),
         server_hostname=(cfg.tls_server_name or None) if url.startswith("wss://") else None,
         proxy=proxy,
     )
