@@ -35,6 +35,7 @@ DEFAULT_PORT = 8787
 DEFAULT_TOKEN_FILE = "/etc/lab-agent/token"
 DEFAULT_HOME = "/home/student"
 DEFAULT_MAX_CONCURRENT = 2
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Request limits. The body cap is checked against Content-Length before a byte of the body is read.
 MAX_BODY_BYTES = 256 * 1024
@@ -134,25 +135,6 @@ def _has_exited(pid: int) -> bool:
     return info is not None
 
 
-def _open_pidfd(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
-
-
-def find_shell() -> str:
-    return shutil.which("bash") or "/bin/sh"
-
-
-def check_environment(*, home: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["HOME"] = home
-    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-    env.setdefault("LANG", "C.UTF-8")
-    return env
-
-
 def run_check(*, check_id: str, command: str, timeout_s: float, home: str, groups: ProcessGroups) -> dict[str, Any]:
     """Run one check in its own process group, killed whole on timeout and when the shell exits, so that no
     background child outlives it or keeps its pipes open."""
@@ -161,12 +143,12 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
     stderr = CappedOutput(cap=OUTPUT_CAP_BYTES)
     try:
         proc = subprocess.Popen(
-            [find_shell(), "-c", command],
+            [shutil.which("bash") or "/bin/sh", "-c", command],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=home,
-            env=check_environment(home=home),
+            env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", **os.environ, "HOME": home},
             start_new_session=True,
             close_fds=True,
         )
@@ -181,9 +163,10 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
     selector = selectors.DefaultSelector()
     for fd in open_fds:
         selector.register(fd, selectors.EVENT_READ)
-    # A pidfd wakes the loop the moment the shell exits; without one (old kernels) the loop polls.
-    pidfd = _open_pidfd(proc.pid)
-    if pidfd is not None:
+    # A pidfd wakes the loop the moment the shell exits; without one (Python < 3.9, old kernels) the loop polls.
+    pidfd: int | None = None
+    with contextlib.suppress(AttributeError, OSError):
+        pidfd = os.pidfd_open(proc.pid)
         selector.register(pidfd, selectors.EVENT_READ)
     longest_wait = 1.0 if pidfd is not None else POLL_INTERVAL_S
 
@@ -230,13 +213,8 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
         for pipe, _sink in pipes.values():
             pipe.close()
 
-    exit_code: int | None
-    if timed_out:
-        exit_code = None
-    elif proc.returncode < 0:
-        exit_code = 128 - proc.returncode  # killed by a signal: report it the way a shell would
-    else:
-        exit_code = proc.returncode
+    # Killed by a signal: reported the way a shell would.
+    exit_code = None if timed_out else proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
     return check_result(
         check_id=check_id, exit_code=exit_code, stdout=stdout, stderr=stderr, started=started, timed_out=timed_out
     )
@@ -419,12 +397,7 @@ def resolve_default_home() -> str:
     return "/"
 
 
-ROUTES: dict[str, tuple[str, ...]] = {
-    "/healthz": ("GET",),
-    "/v1/run": ("POST",),
-    "/v1/token": ("POST",),
-    "/v1/tty-size": ("POST",),
-}
+ROUTES = {"/healthz": "GET", "/v1/run": "POST", "/v1/token": "POST", "/v1/tty-size": "POST"}
 
 
 class AgentHandler(http.server.BaseHTTPRequestHandler):
@@ -443,13 +416,11 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
         try:
             self._authenticate()
             path = self.path.split("?", 1)[0]
-            methods = ROUTES.get(path)
-            if methods is None:
+            method = ROUTES.get(path)
+            if method is None:
                 raise RequestError(404, f"no such endpoint: {path}")
-            if self.command not in methods:
-                raise RequestError(
-                    405, f"method {self.command} not allowed on {path}", headers={"Allow": ", ".join(methods)}
-                )
+            if self.command != method:
+                raise RequestError(405, f"method {self.command} not allowed on {path}", headers={"Allow": method})
             if path == "/healthz":
                 self._send_json(
                     200,
@@ -463,7 +434,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             else:
                 self._run_checks()
         except RequestError as exc:
-            if self._has_body() and not self._body_read:
+            if ("Content-Length" in self.headers or "Transfer-Encoding" in self.headers) and not self._body_read:
                 # An unread body would be taken for the next request on this connection.
                 self.close_connection = True
             self._send_json(exc.status, {"error": exc.message}, headers=exc.headers)
@@ -484,9 +455,6 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
         matches = hmac.compare_digest(candidate, self.config.token)
         if scheme.lower() != "bearer" or not matches:
             raise RequestError(401, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
-
-    def _has_body(self) -> bool:
-        return "Content-Length" in self.headers or "Transfer-Encoding" in self.headers
 
     def _read_body(self) -> bytes:
         if "Transfer-Encoding" in self.headers:
@@ -609,9 +577,7 @@ def _utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
 
 
-class AgentServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class AgentServer(http.server.ThreadingHTTPServer):  # daemon threads and address reuse are its defaults
     request_queue_size = 64
 
 
