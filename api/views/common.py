@@ -38,11 +38,8 @@ def choice_param(request: Request, name: str, choices: list[str] | tuple[str, ..
 
 
 def ordered(queryset: QuerySet, request: Request, *, allowed: dict[str, str], default: list[str]) -> QuerySet:
-    """Order by ``?ordering=name,-other`` where each name is in ``allowed`` (public name -> model path).
-
-    Only allow-listed names are accepted, so ordering can never reach a field such as ``tenant`` or walk a
-    relation into another tenant's data; ``id`` always breaks ties so pages are stable.
-    """
+    """Order by ``?ordering=name,-other``, each name allow-listed (public name -> model path) so that ordering never
+    reaches ``tenant`` or another tenant's rows through a relation; ``id`` breaks ties so pages are stable."""
     raw = request.query_params.get("ordering")
     if not raw:
         return queryset.order_by(*default)

@@ -1,7 +1,7 @@
 """Reads of grading, always tenant- and role-scoped, by subject (``access``, ``attempts``, ``runs``, ``reports``,
 ``gradebook_csv``); the names below are the public contract."""
 
-from grading.selectors.access import course_student_get, run_get_for_user, staff_course_get
+from grading.selectors.access import course_student_get, run_get_for_user
 from grading.selectors.attempts import attempt_detail, student_lab_attempts
 from grading.selectors.gradebook_csv import gradebook_csv_rows
 from grading.selectors.reports import (
@@ -26,7 +26,6 @@ __all__ = [
     "result_feedback",
     "run_error_message",
     "run_get_for_user",
-    "staff_course_get",
     "student_grades",
     "student_lab_attempts",
     "student_lab_runs",

@@ -1,5 +1,5 @@
-"""Grading's own scoped lookups (a course the user teaches, a grading run, a course's student); which labs and
-attempts a user may see is ``labs.access``'s. A missing object and a forbidden one raise the same ``NotFound``."""
+"""Grading's own scoped lookups (a grading run, a course's student); which labs and attempts a user may see is
+``labs.access``'s. A missing object and a forbidden one raise the same ``NotFound``."""
 
 from __future__ import annotations
 
@@ -9,12 +9,6 @@ from grading.models import GradingRun
 from labs.access import attempts_visible_to
 from portal.errors import NotFound
 from portal.models import Course, Membership, Role, User
-from portal.selectors import course_get_for_user
-
-
-def staff_course_get(*, user: User, course_id: int) -> Course:
-    """A course the user teaches (instructor or TA) in their own tenant."""
-    return course_get_for_user(user=user, course_id=course_id, roles=(Role.INSTRUCTOR, Role.TA))
 
 
 def run_get_for_user(*, user: User, run_id: int) -> GradingRun:

@@ -28,10 +28,8 @@ FINAL_RUN_POLL_SECONDS = 0.25
 
 
 def grading_run_final(*, attempt: Attempt, trigger: str) -> GradingRun | None:
-    """Grade the attempt once more, synchronously, before its VM is deleted (None: nothing to grade).
-
-    Agent trouble ends the run in ``error`` rather than raising. Call it outside a transaction: it blocks on the
-    guest for up to the sum of the checks' timeouts."""
+    """Grade the attempt once more before its VM is deleted (None: nothing to grade); agent trouble ends the run in
+    ``error``. Call it outside a transaction: it blocks on the guest for up to the sum of the checks' timeouts."""
     if trigger not in (RunTrigger.EXPIRY, RunTrigger.STOP):
         raise ValueError(f"a final run is triggered by expiry or stop, not {trigger!r}")
     attempt = Attempt.objects.select_related("lab").get(pk=attempt.pk)
