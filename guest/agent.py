@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import dataclasses
 import fcntl
 import hmac
 import http.server
@@ -317,11 +318,10 @@ def rotate_token(config: AgentConfig, body: bytes) -> None:
         raise RequestError(400, f"token must be 16 to {MAX_TOKEN_CHARS} ASCII characters")
     if not all(ch.isalnum() or ch in "-_." for ch in token):
         raise RequestError(400, "token may hold letters, digits, '-', '_' and '.' only")
-    if config.token_file:
-        try:
-            write_atomically(config.token_file, token + "\n")
-        except OSError as exc:
-            raise RequestError(500, f"cannot write the token file: {exc.strerror or exc}") from None
+    try:
+        write_atomically(config.token_file, token + "\n")
+    except OSError as exc:
+        raise RequestError(500, f"cannot write the token file: {exc.strerror or exc}") from None
     config.token = token.encode("utf-8")
 
 
@@ -353,47 +353,26 @@ def set_tty_size(path: str, *, rows: int, cols: int) -> None:
 # HTTP
 
 
+@dataclasses.dataclass
 class AgentConfig:
-    """What the request handler needs to know, fixed at start."""
+    """What the request handler needs to know; only the token changes (``/v1/token``)."""
 
-    def __init__(
-        self,
-        *,
-        token: str,
-        home: str | None,
-        max_concurrent: int,
-        setup_marker: str | None,
-        token_file: str | None = None,
-        console_tty: str = DEFAULT_CONSOLE_TTY,
-    ) -> None:
-        self.token = token.encode("utf-8")
-        self.token_file = token_file
-        self.configured_home = home
-        self.run_slots = threading.BoundedSemaphore(max_concurrent)
-        self.setup_marker = setup_marker
-        self.groups = ProcessGroups()
-        self.console_tty = console_tty
-
-    def home(self) -> str:
-        # Resolved per run when not given, so an agent started before the student's home exists still uses it.
-        if self.configured_home is not None:
-            return self.configured_home
-        return resolve_default_home()
-
-    def setup_finished(self) -> bool:
-        return self.setup_marker is None or os.path.exists(self.setup_marker)
+    token: bytes
+    token_file: str
+    home: str | None  # None: resolved per run, so an agent started before the student's home exists uses it
+    setup_marker: str | None
+    console_tty: str
+    run_slots: threading.BoundedSemaphore
+    groups: ProcessGroups = dataclasses.field(default_factory=ProcessGroups)
 
 
 def resolve_default_home() -> str:
     if os.path.isdir(DEFAULT_HOME):
         return DEFAULT_HOME
-    home = os.environ.get("HOME")
-    if home and os.path.isdir(home):
-        return home
     with contextlib.suppress(RuntimeError, KeyError):
-        fallback = str(pathlib.Path.home())
-        if os.path.isdir(fallback):
-            return fallback
+        home = str(pathlib.Path.home())  # $HOME, else the password database's
+        if os.path.isdir(home):
+            return home
     return "/"
 
 
@@ -422,9 +401,11 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             if self.command != method:
                 raise RequestError(405, f"method {self.command} not allowed on {path}", headers={"Allow": method})
             if path == "/healthz":
+                marker = self.config.setup_marker
+                setup_finished = marker is None or os.path.exists(marker)
                 self._send_json(
                     200,
-                    {"ready": True, "version": AGENT_VERSION, "setup_finished": self.config.setup_finished()},
+                    {"ready": True, "version": AGENT_VERSION, "setup_finished": setup_finished},
                 )
             elif path == "/v1/token":
                 rotate_token(self.config, self._read_body())
@@ -489,7 +470,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
                 429, "too many runs in progress; retry later", headers={"Retry-After": str(RETRY_AFTER_S)}
             )
         try:
-            home = self.config.home()
+            home = self.config.home or resolve_default_home()
             results = [
                 run_check(
                     check_id=check["id"],
@@ -662,14 +643,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    token = read_token(args.token_file)
     config = AgentConfig(
-        token=token,
-        home=args.home,
-        max_concurrent=args.max_concurrent,
-        setup_marker=args.setup_marker,
+        token=read_token(args.token_file).encode("utf-8"),
         token_file=args.token_file,
+        home=args.home,
+        setup_marker=args.setup_marker,
         console_tty=args.console_tty,
+        run_slots=threading.BoundedSemaphore(args.max_concurrent),
     )
     try:
         server = make_server(host=args.host, port=args.port, config=config, unix_socket=args.unix_socket)
