@@ -14,18 +14,20 @@ class PortalPagination(PageNumberPagination):
     max_page_size = 200
 
 
-def int_param(request: Request, name: str) -> int | None:
-    """An optional positive integer query parameter; anything else is a 400 naming the parameter."""
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationError({name: [_("Give a whole number.")]}) from None
-    if value < 1 or value > 2**63 - 1:
-        raise ValidationError({name: [_("Give a whole number.")]})
-    return value
+def filter_by_ids(queryset: QuerySet, request: Request, params: dict[str, str]) -> QuerySet:
+    """Filter by each optional id query parameter given (name -> model path); one not a positive integer is a 400."""
+    for name, path in params.items():
+        raw = request.query_params.get(name)
+        if not raw:
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            value = 0
+        if not 1 <= value <= 2**63 - 1:
+            raise ValidationError({name: [_("Give a whole number.")]})
+        queryset = queryset.filter(**{path: value})
+    return queryset
 
 
 def choice_param(request: Request, name: str, choices: list[str] | tuple[str, ...]) -> str | None:

@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 from api.grading_serializers import CourseReportSerializer
 from api.selectors import staff_course_get_for_user
 from api.serializers import AuditEventSerializer, CourseSerializer, ErrorSerializer
-from api.views.common import int_param, ordered
+from api.views.common import filter_by_ids, ordered
 from grading.selectors import Gradebook, course_gradebook, gradebook_csv_rows
 from portal.http import request_user
 from portal.models import Membership, Role, User
@@ -132,7 +132,4 @@ class CourseAuditView(ListAPIView):
         action = self.request.query_params.get("action")
         if action:
             events = events.filter(action=action[:80])
-        actor = int_param(self.request, "actor")
-        if actor is not None:
-            events = events.filter(actor_id=actor)
-        return events
+        return filter_by_ids(events, self.request, {"actor": "actor_id"})
