@@ -68,14 +68,6 @@ def labs_with_max_points(labs: QuerySet[Lab]) -> list[WithAnnotations[Lab, _MaxP
     return list(labs.annotate(max_points=Sum("checks__points")).order_by("due_at", "title", "id"))
 
 
-def course_students(*, course: Course) -> list[User]:
-    return list(
-        User.objects.filter(memberships__course=course, memberships__role=Role.STUDENT, tenant_id=course.tenant_id)
-        .only("id", "username", "full_name", "email")
-        .order_by("full_name", "username", "id")
-    )
-
-
 def grade_of_student(*, lab: Lab, student: User) -> Grade | None:
     """The student's grade row for the lab (callers have checked access to both)."""
     return Grade.objects.filter(lab=lab, student=student).select_related("overridden_by").first()
@@ -84,7 +76,11 @@ def grade_of_student(*, lab: Lab, student: User) -> Grade | None:
 def course_gradebook(*, course: Course) -> Gradebook:
     """Students × labs with the final grade and its flags, in four queries; rows are read as tuples."""
     labs = labs_with_max_points(Lab.objects.filter(course=course))
-    students = course_students(course=course)
+    students = (
+        User.objects.filter(memberships__course=course, memberships__role=Role.STUDENT, tenant_id=course.tenant_id)
+        .only("id", "username", "full_name", "email")
+        .order_by("full_name", "username", "id")
+    )
     lab_ids = [lab.pk for lab in labs]
     grades: dict[tuple[int, int], tuple] = {
         (lab_id, student_id): (score, max_score, late, override)
