@@ -384,7 +384,6 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     server_version = f"lab-agent/{AGENT_VERSION}"
-    sys_version = ""
     timeout = SOCKET_TIMEOUT_S
     config: AgentConfig  # set on the subclass built by make_server
 
@@ -438,8 +437,8 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             raise RequestError(401, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
 
     def _read_body(self) -> bytes:
+        # A refused body is left unread, and _handle closes the connection for it.
         if "Transfer-Encoding" in self.headers:
-            self.close_connection = True
             raise RequestError(411, "chunked bodies are not supported; send Content-Length")
         raw_length = self.headers.get("Content-Length")
         if raw_length is None:
@@ -450,11 +449,8 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
         except ValueError:
             length = -1
         if length < 0:
-            self.close_connection = True
             raise RequestError(400, "Content-Length is not a valid length")
         if length > MAX_BODY_BYTES:
-            # Not read: the connection cannot carry another request after an unread body.
-            self.close_connection = True
             raise RequestError(413, f"request body too large: {length} bytes (at most {MAX_BODY_BYTES})")
         body = self.rfile.read(length)
         self._body_read = True
@@ -528,8 +524,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             self.request_version = "HTTP/1.0"
         self._started = getattr(self, "_started", time.monotonic())
         self._note = ""
-        if not hasattr(self, "command") or self.command is None:
-            self.command = ""
+        self.command = getattr(self, "command", None) or ""
         self._send_json(code, {"error": message or http.HTTPStatus(code).phrase})
 
     def _log_request_line(self, status: int, size: int) -> None:
