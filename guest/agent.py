@@ -614,17 +614,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port; 0 picks a free one")
     parser.add_argument("--token-file", default=DEFAULT_TOKEN_FILE, help="file holding the bearer token")
-    parser.add_argument("--port-file", default=None, help="write the bound port here once listening")
-    parser.add_argument("--unix-socket", default=None, help="listen on this Unix socket instead of TCP")
-    parser.add_argument(
-        "--home", default=None, help=f"working directory and HOME for checks (default {DEFAULT_HOME}, else $HOME)"
-    )
+    parser.add_argument("--port-file", help="write the bound port here once listening")
+    parser.add_argument("--unix-socket", help="listen on this Unix socket instead of TCP")
+    parser.add_argument("--home", help=f"working directory and HOME for checks (default {DEFAULT_HOME}, else $HOME)")
     parser.add_argument(
         "--max-concurrent", type=int, default=DEFAULT_MAX_CONCURRENT, help="runs allowed at once; more get 429"
     )
-    parser.add_argument(
-        "--setup-marker", default=None, help="file whose existence means guest setup finished (e.g. cloud-init's)"
-    )
+    parser.add_argument("--setup-marker", help="file whose existence means guest setup finished (e.g. cloud-init's)")
     parser.add_argument("--console-tty", default=DEFAULT_CONSOLE_TTY, help="the serial console /v1/tty-size resizes")
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
