@@ -35,10 +35,6 @@ class GradeCell:
     overridden: bool
     attempts: int
 
-    @property
-    def graded(self) -> bool:
-        return self.final is not None
-
 
 LAB_REPORT_REGRADES = 5
 
