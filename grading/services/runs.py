@@ -26,8 +26,6 @@ from portal.models import User
 logger = logging.getLogger(__name__)
 
 UNFINISHED_STATES = (RunState.QUEUED, RunState.RUNNING)
-# A queued run no worker picked up within this long is failed, so that it no longer blocks the attempt.
-QUEUED_STALE_SECONDS = settings.GRADING_QUEUED_STALE_SECONDS
 # Beyond a running run's own deadline, before it is taken for a run whose worker died.
 RUNNING_STALE_SLACK_SECONDS = 60
 
@@ -203,7 +201,7 @@ def grading_runs_fail_stale(*, attempt: Attempt | None = None, now=None) -> int:
     deadlines: dict[int, float] = {}
     for run in runs:
         if run.state == RunState.QUEUED:
-            stale = run.created_at < now - timedelta(seconds=QUEUED_STALE_SECONDS)
+            stale = run.created_at < now - timedelta(seconds=settings.GRADING_QUEUED_STALE_SECONDS)
         else:
             lab_id = run.attempt.lab_id
             if lab_id not in deadlines:
