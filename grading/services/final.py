@@ -9,7 +9,6 @@ from django.db import transaction
 from django.utils import timezone
 
 from grading.models import GradingRun, RunState, RunTrigger
-from grading.services.push import push_run_on_commit
 from grading.services.runs import (
     ERROR_REPLACED,
     ERROR_STALE,
@@ -17,6 +16,7 @@ from grading.services.runs import (
     grading_run_fail,
     lab_checks,
     measure_and_record,
+    push_run_on_commit,
 )
 from labs import agent_client
 from labs.models import Attempt

@@ -18,8 +18,13 @@ from django.utils.translation import gettext as _
 from grading.evaluation import late_penalty_percent
 from grading.models import GradingRun, LabRegrade, RunState, RunTrigger
 from grading.services.grades import _require_course_staff, grade_recompute
-from grading.services.push import push_run_on_commit
-from grading.services.runs import UNFINISHED_STATES, check_results_create, enqueue_run_on_commit, lab_checks
+from grading.services.runs import (
+    UNFINISHED_STATES,
+    check_results_create,
+    enqueue_run_on_commit,
+    lab_checks,
+    push_run_on_commit,
+)
 from labs.models import Attempt, AttemptState, Check, Lab
 from portal.errors import ApplicationError, NotFound, PermissionDenied
 from portal.models import STAFF_ROLES, User
