@@ -18,18 +18,6 @@ from rest_framework.views import set_rollback
 from portal.errors import ApplicationError, error_body
 
 
-def _validation_error(exc: exceptions.ValidationError) -> tuple[str, dict[str, Any] | None]:
-    detail = exc.detail  # ErrorDetail is a str: the tree renders as plain JSON
-    if isinstance(detail, dict):
-        fields = dict(detail)
-        non_field: Any = fields.pop("non_field_errors", None)
-        message = str(non_field[0]) if non_field else _("Some fields are not valid.")
-        return message, (fields or None)
-    if isinstance(detail, list) and detail:
-        return str(detail[0]), None
-    return str(detail), None
-
-
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Map every known refusal to the error format; anything else propagates and is a server error (500)."""
     headers: dict[str, str] = {}
@@ -50,7 +38,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         message = _("You do not have permission to perform this action.")
     elif isinstance(exc, exceptions.ValidationError):
         status_code, code = status.HTTP_400_BAD_REQUEST, "invalid"
-        message, fields = _validation_error(exc)
+        detail = exc.detail  # ErrorDetail is a str: the tree renders as plain JSON
+        if isinstance(detail, dict):
+            fields = dict(detail)
+            non_field: Any = fields.pop("non_field_errors", None)
+            message = str(non_field[0]) if non_field else _("Some fields are not valid.")
+            fields = fields or None
+        else:
+            message = str(detail[0] if isinstance(detail, list) and detail else detail)
     elif isinstance(exc, exceptions.Throttled):
         status_code, code = status.HTTP_429_TOO_MANY_REQUESTS, "throttled"
         wait: float | None = exc.wait  # type: ignore[attr-defined]  # set by Throttled.__init__, absent from the stubs

@@ -50,7 +50,6 @@ class CheckResultSerializer(StaffViewSerializer):
 
 
 class GradingRunSerializer(StaffViewSerializer):
-    attempt = serializers.IntegerField(source="attempt_id", read_only=True)
     lab = serializers.IntegerField(source="attempt.lab_id", read_only=True)
     student = PersonSerializer(source="attempt.student", read_only=True)
     effective_score = serializers.DecimalField(max_digits=8, decimal_places=2, read_only=True, allow_null=True)
@@ -106,11 +105,9 @@ class GradingRunDetailSerializer(GradingRunSerializer):
 
 
 class GradeSerializer(serializers.ModelSerializer):
-    lab = serializers.IntegerField(source="lab_id", read_only=True)
     course = serializers.IntegerField(source="lab.course_id", read_only=True)
     student = PersonSerializer(read_only=True)
     final_score = serializers.DecimalField(max_digits=8, decimal_places=2, read_only=True, allow_null=True)
-    is_overridden = serializers.BooleanField(read_only=True)
 
     class Meta:
         model = Grade

@@ -89,10 +89,8 @@ class StaffCheckSerializer(serializers.ModelSerializer):
 
 
 class LabSerializer(serializers.ModelSerializer):
-    course = serializers.IntegerField(source="course_id", read_only=True)
     vcpus = serializers.SerializerMethodField()
     memory_mib = serializers.SerializerMethodField()
-    is_open = serializers.SerializerMethodField()
 
     class Meta:
         model = Lab
@@ -121,9 +119,6 @@ class LabSerializer(serializers.ModelSerializer):
 
     def get_memory_mib(self, lab: Lab) -> int:
         return guest_resources(lab.size).memory_mib
-
-    def get_is_open(self, lab: Lab) -> bool:
-        return lab.is_open()
 
 
 class StudentLabDetailSerializer(LabSerializer):

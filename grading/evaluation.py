@@ -10,32 +10,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any
 
 import regex
 from django.utils.translation import gettext as _
 
-from labs.models import GradePolicy, StdoutMatch
+from labs.models import Check, GradePolicy, Lab, StdoutMatch
 from labs.patterns import PatternTimeout, pattern_timeout_seconds, search
 
 logger = logging.getLogger(__name__)
 
 HUNDRED = Decimal(100)
 CENT = Decimal("0.01")
-
-
-class CheckDefinition(Protocol):
-    expected_exit_code: int | None
-    stdout_match: str
-    stdout_pattern: str
-    points: Decimal
-    hint: str
-
-
-class LatePolicy(Protocol):
-    due_at: datetime | None
-    late_cutoff_at: datetime | None
-    late_penalty_percent_per_day: Decimal
 
 
 @dataclass(frozen=True)
@@ -48,22 +34,7 @@ class CheckVerdict:
     pattern_timeout_seconds: float | None = None  # set when the output pattern ran out of time: not judged
 
 
-def output_matches(*, match: str, pattern: str, output: str) -> bool:
-    """Whether ``output`` meets the expectation. Raises ``PatternTimeout`` when a regex runs out of time."""
-    if match == StdoutMatch.NONE:
-        return True
-    if match == StdoutMatch.CONTAINS:
-        return pattern in output
-    if match == StdoutMatch.REGEX:
-        try:
-            return search(pattern, output)
-        except regex.error:
-            # Check.clean refuses such patterns; one saved around it fails the check rather than the whole run.
-            return False
-    return False
-
-
-def evaluate_check(*, check: CheckDefinition, result: Mapping[str, Any]) -> CheckVerdict:
+def evaluate_check(*, check: Check, result: Mapping[str, Any]) -> CheckVerdict:
     """Score one check from the agent's raw result for it."""
     max_points = Decimal(check.points)
     try:
@@ -94,7 +65,7 @@ def pattern_timeout_feedback(seconds: float) -> str:
     ) % {"seconds": f"{seconds:g}"}
 
 
-def _failure_reason(*, check: CheckDefinition, result: Mapping[str, Any]) -> str:
+def _failure_reason(*, check: Check, result: Mapping[str, Any]) -> str:
     if result.get("timed_out"):
         return "timed out"
     exit_code = result.get("exit_code")
@@ -103,10 +74,15 @@ def _failure_reason(*, check: CheckDefinition, result: Mapping[str, Any]) -> str
     if check.expected_exit_code is not None and exit_code != check.expected_exit_code:
         return f"exit code {exit_code}, expected {check.expected_exit_code}"
     stdout = result.get("stdout") or ""
-    if not output_matches(match=check.stdout_match, pattern=check.stdout_pattern, output=stdout):
-        if check.stdout_match == StdoutMatch.REGEX:
-            return "output does not match the expected pattern"
+    if check.stdout_match == StdoutMatch.CONTAINS and check.stdout_pattern not in stdout:
         return "output does not contain the expected text"
+    if check.stdout_match == StdoutMatch.REGEX:
+        try:
+            matched = search(check.stdout_pattern, stdout)  # raises PatternTimeout when it runs out of time
+        except regex.error:
+            matched = False  # Check.clean refuses such patterns; one saved around it fails the check, not the run
+        if not matched:
+            return "output does not match the expected pattern"
     return ""
 
 
@@ -117,7 +93,7 @@ def days_late(*, due_at: datetime | None, measured_at: datetime) -> int:
     return math.ceil((measured_at - due_at) / timedelta(days=1))
 
 
-def credit_closes_at(lab: LatePolicy) -> datetime | None:
+def credit_closes_at(lab: Lab) -> datetime | None:
     """When work stops earning credit (see the module docstring)."""
     if lab.late_cutoff_at is not None:
         return lab.late_cutoff_at
@@ -126,12 +102,12 @@ def credit_closes_at(lab: LatePolicy) -> datetime | None:
     return None
 
 
-def earns_credit(lab: LatePolicy, *, measured_at: datetime) -> bool:
+def earns_credit(lab: Lab, *, measured_at: datetime) -> bool:
     closes = credit_closes_at(lab)
     return closes is None or measured_at <= closes
 
 
-def late_penalty_percent(lab: LatePolicy, *, measured_at: datetime) -> Decimal:
+def late_penalty_percent(lab: Lab, *, measured_at: datetime) -> Decimal:
     """The penalty for work measured at ``measured_at``: 100 when it earns no credit at all."""
     if not earns_credit(lab, measured_at=measured_at):
         return HUNDRED

@@ -32,7 +32,8 @@ from labs.views.instructions import render_instructions
 from labs.views.pages import LabDetailView, PageView
 from portal.errors import ApplicationError, NotFound, PermissionDenied
 from portal.http import AuthenticatedRequest
-from portal.selectors import staff_courses_for_user
+from portal.models import STAFF_ROLES
+from portal.selectors import course_get_for_user, staff_courses_for_user
 
 
 class MyGradesView(PageView):
@@ -110,7 +111,7 @@ def gradebook_cells_html(book: selectors.Gradebook) -> list[tuple[GradebookRow, 
 
 class GradebookView(PageView):
     def get(self, request: AuthenticatedRequest, course_id: int) -> HttpResponse:
-        course = selectors.staff_course_get(user=request.user, course_id=course_id)
+        course = course_get_for_user(user=request.user, course_id=course_id, roles=STAFF_ROLES)
         book = selectors.course_gradebook(course=course)
         context = {"book": book, "rows": gradebook_cells_html(book)}
         return render(request, "grading/gradebook.html", context)
@@ -132,7 +133,7 @@ def csv_stream(rows: Iterable[list[str]]) -> Iterator[str]:
 
 class GradebookExportView(PageView):
     def get(self, request: AuthenticatedRequest, course_id: int) -> StreamingHttpResponse:
-        course = selectors.staff_course_get(user=request.user, course_id=course_id)
+        course = course_get_for_user(user=request.user, course_id=course_id, roles=STAFF_ROLES)
         response = StreamingHttpResponse(
             csv_stream(selectors.gradebook_csv_rows(course=course)), content_type="text/csv; charset=utf-8"
         )

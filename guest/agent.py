@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import dataclasses
 import fcntl
 import hmac
 import http.server
@@ -35,6 +36,7 @@ DEFAULT_PORT = 8787
 DEFAULT_TOKEN_FILE = "/etc/lab-agent/token"
 DEFAULT_HOME = "/home/student"
 DEFAULT_MAX_CONCURRENT = 2
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Request limits. The body cap is checked against Content-Length before a byte of the body is read.
 MAX_BODY_BYTES = 256 * 1024
@@ -134,25 +136,6 @@ def _has_exited(pid: int) -> bool:
     return info is not None
 
 
-def _open_pidfd(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return None
-
-
-def find_shell() -> str:
-    return shutil.which("bash") or "/bin/sh"
-
-
-def check_environment(*, home: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["HOME"] = home
-    env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-    env.setdefault("LANG", "C.UTF-8")
-    return env
-
-
 def run_check(*, check_id: str, command: str, timeout_s: float, home: str, groups: ProcessGroups) -> dict[str, Any]:
     """Run one check in its own process group, killed whole on timeout and when the shell exits, so that no
     background child outlives it or keeps its pipes open."""
@@ -161,12 +144,12 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
     stderr = CappedOutput(cap=OUTPUT_CAP_BYTES)
     try:
         proc = subprocess.Popen(
-            [find_shell(), "-c", command],
+            [shutil.which("bash") or "/bin/sh", "-c", command],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=home,
-            env=check_environment(home=home),
+            env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", **os.environ, "HOME": home},
             start_new_session=True,
             close_fds=True,
         )
@@ -181,9 +164,10 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
     selector = selectors.DefaultSelector()
     for fd in open_fds:
         selector.register(fd, selectors.EVENT_READ)
-    # A pidfd wakes the loop the moment the shell exits; without one (old kernels) the loop polls.
-    pidfd = _open_pidfd(proc.pid)
-    if pidfd is not None:
+    # A pidfd wakes the loop the moment the shell exits; without one (Python < 3.9, old kernels) the loop polls.
+    pidfd: int | None = None
+    with contextlib.suppress(AttributeError, OSError):
+        pidfd = os.pidfd_open(proc.pid)
         selector.register(pidfd, selectors.EVENT_READ)
     longest_wait = 1.0 if pidfd is not None else POLL_INTERVAL_S
 
@@ -230,13 +214,8 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
         for pipe, _sink in pipes.values():
             pipe.close()
 
-    exit_code: int | None
-    if timed_out:
-        exit_code = None
-    elif proc.returncode < 0:
-        exit_code = 128 - proc.returncode  # killed by a signal: report it the way a shell would
-    else:
-        exit_code = proc.returncode
+    # Killed by a signal: reported the way a shell would.
+    exit_code = None if timed_out else proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
     return check_result(
         check_id=check_id, exit_code=exit_code, stdout=stdout, stderr=stderr, started=started, timed_out=timed_out
     )
@@ -339,11 +318,10 @@ def rotate_token(config: AgentConfig, body: bytes) -> None:
         raise RequestError(400, f"token must be 16 to {MAX_TOKEN_CHARS} ASCII characters")
     if not all(ch.isalnum() or ch in "-_." for ch in token):
         raise RequestError(400, "token may hold letters, digits, '-', '_' and '.' only")
-    if config.token_file:
-        try:
-            write_atomically(config.token_file, token + "\n")
-        except OSError as exc:
-            raise RequestError(500, f"cannot write the token file: {exc.strerror or exc}") from None
+    try:
+        write_atomically(config.token_file, token + "\n")
+    except OSError as exc:
+        raise RequestError(500, f"cannot write the token file: {exc.strerror or exc}") from None
     config.token = token.encode("utf-8")
 
 
@@ -375,56 +353,30 @@ def set_tty_size(path: str, *, rows: int, cols: int) -> None:
 # HTTP
 
 
+@dataclasses.dataclass
 class AgentConfig:
-    """What the request handler needs to know, fixed at start."""
+    """What the request handler needs to know; only the token changes (``/v1/token``)."""
 
-    def __init__(
-        self,
-        *,
-        token: str,
-        home: str | None,
-        max_concurrent: int,
-        setup_marker: str | None,
-        token_file: str | None = None,
-        console_tty: str = DEFAULT_CONSOLE_TTY,
-    ) -> None:
-        self.token = token.encode("utf-8")
-        self.token_file = token_file
-        self.configured_home = home
-        self.run_slots = threading.BoundedSemaphore(max_concurrent)
-        self.setup_marker = setup_marker
-        self.groups = ProcessGroups()
-        self.console_tty = console_tty
-
-    def home(self) -> str:
-        # Resolved per run when not given, so an agent started before the student's home exists still uses it.
-        if self.configured_home is not None:
-            return self.configured_home
-        return resolve_default_home()
-
-    def setup_finished(self) -> bool:
-        return self.setup_marker is None or os.path.exists(self.setup_marker)
+    token: bytes
+    token_file: str
+    home: str | None  # None: resolved per run, so an agent started before the student's home exists uses it
+    setup_marker: str | None
+    console_tty: str
+    run_slots: threading.BoundedSemaphore
+    groups: ProcessGroups = dataclasses.field(default_factory=ProcessGroups)
 
 
 def resolve_default_home() -> str:
     if os.path.isdir(DEFAULT_HOME):
         return DEFAULT_HOME
-    home = os.environ.get("HOME")
-    if home and os.path.isdir(home):
-        return home
     with contextlib.suppress(RuntimeError, KeyError):
-        fallback = str(pathlib.Path.home())
-        if os.path.isdir(fallback):
-            return fallback
+        home = str(pathlib.Path.home())  # $HOME, else the password database's
+        if os.path.isdir(home):
+            return home
     return "/"
 
 
-ROUTES: dict[str, tuple[str, ...]] = {
-    "/healthz": ("GET",),
-    "/v1/run": ("POST",),
-    "/v1/token": ("POST",),
-    "/v1/tty-size": ("POST",),
-}
+ROUTES = {"/healthz": "GET", "/v1/run": "POST", "/v1/token": "POST", "/v1/tty-size": "POST"}
 
 
 class AgentHandler(http.server.BaseHTTPRequestHandler):
@@ -432,7 +384,6 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     server_version = f"lab-agent/{AGENT_VERSION}"
-    sys_version = ""
     timeout = SOCKET_TIMEOUT_S
     config: AgentConfig  # set on the subclass built by make_server
 
@@ -443,17 +394,17 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
         try:
             self._authenticate()
             path = self.path.split("?", 1)[0]
-            methods = ROUTES.get(path)
-            if methods is None:
+            method = ROUTES.get(path)
+            if method is None:
                 raise RequestError(404, f"no such endpoint: {path}")
-            if self.command not in methods:
-                raise RequestError(
-                    405, f"method {self.command} not allowed on {path}", headers={"Allow": ", ".join(methods)}
-                )
+            if self.command != method:
+                raise RequestError(405, f"method {self.command} not allowed on {path}", headers={"Allow": method})
             if path == "/healthz":
+                marker = self.config.setup_marker
+                setup_finished = marker is None or os.path.exists(marker)
                 self._send_json(
                     200,
-                    {"ready": True, "version": AGENT_VERSION, "setup_finished": self.config.setup_finished()},
+                    {"ready": True, "version": AGENT_VERSION, "setup_finished": setup_finished},
                 )
             elif path == "/v1/token":
                 rotate_token(self.config, self._read_body())
@@ -463,7 +414,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             else:
                 self._run_checks()
         except RequestError as exc:
-            if self._has_body() and not self._body_read:
+            if ("Content-Length" in self.headers or "Transfer-Encoding" in self.headers) and not self._body_read:
                 # An unread body would be taken for the next request on this connection.
                 self.close_connection = True
             self._send_json(exc.status, {"error": exc.message}, headers=exc.headers)
@@ -485,12 +436,9 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
         if scheme.lower() != "bearer" or not matches:
             raise RequestError(401, "missing or invalid bearer token", headers={"WWW-Authenticate": "Bearer"})
 
-    def _has_body(self) -> bool:
-        return "Content-Length" in self.headers or "Transfer-Encoding" in self.headers
-
     def _read_body(self) -> bytes:
+        # A refused body is left unread, and _handle closes the connection for it.
         if "Transfer-Encoding" in self.headers:
-            self.close_connection = True
             raise RequestError(411, "chunked bodies are not supported; send Content-Length")
         raw_length = self.headers.get("Content-Length")
         if raw_length is None:
@@ -501,11 +449,8 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
         except ValueError:
             length = -1
         if length < 0:
-            self.close_connection = True
             raise RequestError(400, "Content-Length is not a valid length")
         if length > MAX_BODY_BYTES:
-            # Not read: the connection cannot carry another request after an unread body.
-            self.close_connection = True
             raise RequestError(413, f"request body too large: {length} bytes (at most {MAX_BODY_BYTES})")
         body = self.rfile.read(length)
         self._body_read = True
@@ -521,7 +466,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
                 429, "too many runs in progress; retry later", headers={"Retry-After": str(RETRY_AFTER_S)}
             )
         try:
-            home = self.config.home()
+            home = self.config.home or resolve_default_home()
             results = [
                 run_check(
                     check_id=check["id"],
@@ -579,8 +524,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             self.request_version = "HTTP/1.0"
         self._started = getattr(self, "_started", time.monotonic())
         self._note = ""
-        if not hasattr(self, "command") or self.command is None:
-            self.command = ""
+        self.command = getattr(self, "command", None) or ""
         self._send_json(code, {"error": message or http.HTTPStatus(code).phrase})
 
     def _log_request_line(self, status: int, size: int) -> None:
@@ -609,9 +553,7 @@ def _utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
 
 
-class AgentServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class AgentServer(http.server.ThreadingHTTPServer):  # daemon threads and address reuse are its defaults
     request_queue_size = 64
 
 
@@ -672,17 +614,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port; 0 picks a free one")
     parser.add_argument("--token-file", default=DEFAULT_TOKEN_FILE, help="file holding the bearer token")
-    parser.add_argument("--port-file", default=None, help="write the bound port here once listening")
-    parser.add_argument("--unix-socket", default=None, help="listen on this Unix socket instead of TCP")
-    parser.add_argument(
-        "--home", default=None, help=f"working directory and HOME for checks (default {DEFAULT_HOME}, else $HOME)"
-    )
+    parser.add_argument("--port-file", help="write the bound port here once listening")
+    parser.add_argument("--unix-socket", help="listen on this Unix socket instead of TCP")
+    parser.add_argument("--home", help=f"working directory and HOME for checks (default {DEFAULT_HOME}, else $HOME)")
     parser.add_argument(
         "--max-concurrent", type=int, default=DEFAULT_MAX_CONCURRENT, help="runs allowed at once; more get 429"
     )
-    parser.add_argument(
-        "--setup-marker", default=None, help="file whose existence means guest setup finished (e.g. cloud-init's)"
-    )
+    parser.add_argument("--setup-marker", help="file whose existence means guest setup finished (e.g. cloud-init's)")
     parser.add_argument("--console-tty", default=DEFAULT_CONSOLE_TTY, help="the serial console /v1/tty-size resizes")
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
@@ -696,14 +634,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    token = read_token(args.token_file)
     config = AgentConfig(
-        token=token,
-        home=args.home,
-        max_concurrent=args.max_concurrent,
-        setup_marker=args.setup_marker,
+        token=read_token(args.token_file).encode("utf-8"),
         token_file=args.token_file,
+        home=args.home,
+        setup_marker=args.setup_marker,
         console_tty=args.console_tty,
+        run_slots=threading.BoundedSemaphore(args.max_concurrent),
     )
     try:
         server = make_server(host=args.host, port=args.port, config=config, unix_socket=args.unix_socket)

@@ -74,7 +74,6 @@ APPENDED_KEYS = ("write_files", "runcmd", "packages")
 # Other user-data formats cloud-init understands; they cannot be merged into one cloud-config.
 _OTHER_USER_DATA_HEADERS = ("#!", "#include", "#cloud-boothook", "#part-handler", "#upstart-job", "Content-Type:")
 
-_LOCAL_AGENT_PATH = Path(__file__).with_name("agent.py")
 _TOKEN_RE = re.compile(r"[\x21-\x7e]{16,512}")
 
 UNIT_TEMPLATE = """\
@@ -113,7 +112,7 @@ def render_user_data(
     serial_autologin: bool = True,
 ) -> str:
     """The `#cloud-config` document for one attempt's VM (see guest/README.md); ValueError when it cannot be."""
-    if not isinstance(token, str) or not _TOKEN_RE.fullmatch(token):
+    if not _TOKEN_RE.fullmatch(token):
         raise ValueError("the agent token must be 16 to 512 printable ASCII characters without spaces")
     source = agent_source if agent_source is not None else _local_agent_source()
 
@@ -132,7 +131,7 @@ def render_user_data(
 @functools.cache
 def _local_agent_source() -> str:
     """The agent shipped with this code: read once per process (every VM gets the same one)."""
-    return _LOCAL_AGENT_PATH.read_text(encoding="utf-8")
+    return Path(__file__).with_name("agent.py").read_text(encoding="utf-8")
 
 
 @functools.lru_cache(maxsize=4)
@@ -194,8 +193,6 @@ def base_cloud_config(*, token: str, agent_source: str, serial_autologin: bool) 
 
 def parse_extra_cloud_config(text: str) -> dict[str, Any]:
     """Parse and check a lab's extra cloud-config (empty text: an empty mapping); ValueError with the reason."""
-    if not isinstance(text, str):
-        raise ValueError("the extra cloud-config must be text")
     if not text.strip():
         return {}
     first_line = text.lstrip().split("\n", 1)[0].strip()

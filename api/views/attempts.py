@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from api.grading_serializers import GradingRunDetailSerializer
 from api.serializers import AttemptSerializer, AttemptStartSerializer, EmptyInputSerializer, ErrorSerializer
-from api.views.common import choice_param, int_param, ordered
+from api.views.common import choice_param, filter_by_ids, ordered
 from grading import services as grading_services
 from labs import services as lab_services
 from labs.access import attempt_get_for_user, attempts_visible_to, lab_get_for_user
@@ -65,10 +65,8 @@ class AttemptListView(ListAPIView):
 
     def get_queryset(self):
         attempts = attempts_visible_to(user=self.request.user).select_related("lab", "student")
-        for name, field in (("lab", "lab_id"), ("course", "lab__course_id"), ("student", "student_id")):
-            value = int_param(self.request, name)
-            if value is not None:
-                attempts = attempts.filter(**{field: value})
+        params = {"lab": "lab_id", "course": "lab__course_id", "student": "student_id"}
+        attempts = filter_by_ids(attempts, self.request, params)
         state = choice_param(self.request, "state", AttemptState.values)
         if state is not None:
             attempts = attempts.filter(state=state)

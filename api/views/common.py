@@ -14,18 +14,20 @@ class PortalPagination(PageNumberPagination):
     max_page_size = 200
 
 
-def int_param(request: Request, name: str) -> int | None:
-    """An optional positive integer query parameter; anything else is a 400 naming the parameter."""
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationError({name: [_("Give a whole number.")]}) from None
-    if value < 1 or value > 2**63 - 1:
-        raise ValidationError({name: [_("Give a whole number.")]})
-    return value
+def filter_by_ids(queryset: QuerySet, request: Request, params: dict[str, str]) -> QuerySet:
+    """Filter by each optional id query parameter given (name -> model path); one not a positive integer is a 400."""
+    for name, path in params.items():
+        raw = request.query_params.get(name)
+        if not raw:
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            value = 0
+        if not 1 <= value <= 2**63 - 1:
+            raise ValidationError({name: [_("Give a whole number.")]})
+        queryset = queryset.filter(**{path: value})
+    return queryset
 
 
 def choice_param(request: Request, name: str, choices: list[str] | tuple[str, ...]) -> str | None:
@@ -38,11 +40,8 @@ def choice_param(request: Request, name: str, choices: list[str] | tuple[str, ..
 
 
 def ordered(queryset: QuerySet, request: Request, *, allowed: dict[str, str], default: list[str]) -> QuerySet:
-    """Order by ``?ordering=name,-other`` where each name is in ``allowed`` (public name -> model path).
-
-    Only allow-listed names are accepted, so ordering can never reach a field such as ``tenant`` or walk a
-    relation into another tenant's data; ``id`` always breaks ties so pages are stable.
-    """
+    """Order by ``?ordering=name,-other``, each name allow-listed (public name -> model path) so that ordering never
+    reaches ``tenant`` or another tenant's rows through a relation; ``id`` breaks ties so pages are stable."""
     raw = request.query_params.get("ordering")
     if not raw:
         return queryset.order_by(*default)

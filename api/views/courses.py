@@ -18,8 +18,8 @@ from rest_framework.views import APIView
 from api.grading_serializers import CourseReportSerializer
 from api.selectors import staff_course_get_for_user
 from api.serializers import AuditEventSerializer, CourseSerializer, ErrorSerializer
-from api.views.common import int_param, ordered
-from grading.selectors import Gradebook, course_gradebook, gradebook_csv_rows
+from api.views.common import filter_by_ids, ordered
+from grading.selectors import course_gradebook, gradebook_csv_rows
 from portal.http import request_user
 from portal.models import Membership, Role, User
 from portal.selectors import audit_events_for_course, course_get_for_user, courses_for_user
@@ -67,19 +67,6 @@ class CourseDetailView(APIView):
         return Response(CourseSerializer(course, context=context).data)
 
 
-def _report_payload(book: Gradebook) -> dict:
-    """The gradebook with each cell naming its lab."""
-    rows = [
-        {
-            "student": row.student,
-            "cells": [{"lab": lab.id, **asdict(cell)} for lab, cell in zip(book.labs, row.cells, strict=True)],
-            "total": row.total,
-        }
-        for row in book.rows
-    ]
-    return {"course": book.course, "labs": book.labs, "rows": rows, "max_total": book.max_total}
-
-
 class CourseReportView(APIView):
     @extend_schema(
         responses={200: CourseReportSerializer, 403: ErrorSerializer, 404: ErrorSerializer},
@@ -88,9 +75,17 @@ class CourseReportView(APIView):
     def get(self, request: Request, course_id: int) -> Response:
         user = request_user(request)
         course = staff_course_get_for_user(user=user, course_id=course_id)
-        payload = _report_payload(course_gradebook(course=course))
-        context = {"roles": roles_by_course(user=user)}
-        return Response(CourseReportSerializer(payload, context=context).data)
+        book = course_gradebook(course=course)
+        rows = [
+            {
+                "student": row.student,
+                "cells": [{"lab": lab.id, **asdict(cell)} for lab, cell in zip(book.labs, row.cells, strict=True)],
+                "total": row.total,
+            }
+            for row in book.rows
+        ]
+        payload = {"course": book.course, "labs": book.labs, "rows": rows, "max_total": book.max_total}
+        return Response(CourseReportSerializer(payload, context={"roles": roles_by_course(user=user)}).data)
 
 
 class CourseReportCsvView(APIView):
@@ -132,7 +127,4 @@ class CourseAuditView(ListAPIView):
         action = self.request.query_params.get("action")
         if action:
             events = events.filter(action=action[:80])
-        actor = int_param(self.request, "actor")
-        if actor is not None:
-            events = events.filter(actor_id=actor)
-        return events
+        return filter_by_ids(events, self.request, {"actor": "actor_id"})

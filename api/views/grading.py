@@ -16,7 +16,7 @@ from api.grading_serializers import GradeSerializer, GradingRunDetailSerializer,
 from api.selectors import grade_get_for_user, grades_for_user, grading_runs_for_user
 from api.serializers import ErrorSerializer, StrictInputSerializer
 from api.views.attempts import staff_course_ids
-from api.views.common import choice_param, int_param, ordered
+from api.views.common import choice_param, filter_by_ids, ordered
 from grading.models import RunState
 from grading.selectors import run_get_for_user
 from grading.services import grade_override
@@ -49,10 +49,7 @@ class GradingRunListView(ListAPIView):
 
     def get_queryset(self):
         runs = grading_runs_for_user(user=self.request.user)
-        for name, field in (("attempt", "attempt_id"), ("lab", "attempt__lab_id")):
-            value = int_param(self.request, name)
-            if value is not None:
-                runs = runs.filter(**{field: value})
+        runs = filter_by_ids(runs, self.request, {"attempt": "attempt_id", "lab": "attempt__lab_id"})
         state = choice_param(self.request, "state", RunState.values)
         if state is not None:
             runs = runs.filter(state=state)
@@ -90,10 +87,9 @@ class GradeListView(ListAPIView):
 
     def get_queryset(self):
         grades = grades_for_user(user=self.request.user)
-        for name, field in (("lab", "lab_id"), ("course", "lab__course_id"), ("student", "student_id")):
-            value = int_param(self.request, name)
-            if value is not None:
-                grades = grades.filter(**{field: value})
+        grades = filter_by_ids(
+            grades, self.request, {"lab": "lab_id", "course": "lab__course_id", "student": "student_id"}
+        )
         return ordered(grades, self.request, allowed=GRADE_ORDERING, default=["lab_id", "student__username", "id"])
 
 

@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 
 from api.grading_serializers import LabReportSerializer
 from api.serializers import ErrorSerializer, LabSerializer, StaffLabDetailSerializer, StudentLabDetailSerializer
-from api.views.common import int_param, ordered
+from api.views.common import filter_by_ids, ordered
 from grading.selectors import lab_report
 from labs.access import lab_get_for_user, labs_visible_to
 from portal.errors import PermissionDenied
@@ -35,10 +35,7 @@ class LabListView(ListAPIView):
     serializer_class = LabSerializer
 
     def get_queryset(self):
-        labs = labs_visible_to(user=self.request.user)
-        course = int_param(self.request, "course")
-        if course is not None:
-            labs = labs.filter(course_id=course)
+        labs = filter_by_ids(labs_visible_to(user=self.request.user), self.request, {"course": "course_id"})
         return ordered(labs, self.request, allowed=LAB_ORDERING, default=["course_id", "due_at", "title", "id"])
 
 

@@ -1,18 +1,17 @@
-"""Reads of grading, always tenant- and role-scoped, by subject (``access``, ``attempts``, ``runs``, ``reports``,
-``gradebook_csv``); the names below are the public contract."""
+"""Reads of grading, always tenant- and role-scoped, by subject (``attempts``, ``runs``, ``reports``, and
+``class_view``); the names below are the public contract."""
 
-from grading.selectors.access import course_student_get, run_get_for_user, staff_course_get
-from grading.selectors.attempts import attempt_detail, student_lab_attempts
-from grading.selectors.gradebook_csv import gradebook_csv_rows
+from grading.selectors.attempts import attempt_detail, course_student_get, student_lab_attempts
 from grading.selectors.reports import (
     Gradebook,
     course_gradebook,
     grade_of_student,
+    gradebook_csv_rows,
     lab_report,
     student_grades,
     student_lab_runs,
 )
-from grading.selectors.runs import grading_run_payload, result_feedback, run_error_message
+from grading.selectors.runs import grading_run_payload, result_feedback, run_error_message, run_get_for_user
 
 __all__ = [
     "Gradebook",
@@ -26,7 +25,6 @@ __all__ = [
     "result_feedback",
     "run_error_message",
     "run_get_for_user",
-    "staff_course_get",
     "student_grades",
     "student_lab_attempts",
     "student_lab_runs",

@@ -1,5 +1,5 @@
-"""Reads of one attempt or of one student's attempts at a lab, for course staff: the attempts with their runs
-counted, an attempt's timeline, runs and grade. Callers have checked access (``grading.selectors.access``)."""
+"""Reads of one attempt or of one student's attempts at a lab, for course staff: the student in their course, the
+attempts with their runs counted, an attempt's timeline, runs and grade. Callers have checked access to the lab."""
 
 from __future__ import annotations
 
@@ -7,11 +7,25 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db.models import Count, Field, Prefetch, Q, QuerySet
+from django.utils.translation import gettext as _
 
 from grading.models import CheckResult, Grade, GradingRun, RunState
 from labs.models import Attempt, Lab
 from labs.selectors import PHASE_FIELDS
-from portal.models import User
+from portal.errors import NotFound
+from portal.models import Course, Membership, Role, User
+
+
+def course_student_get(*, course: Course, student_id: int) -> User:
+    """A student enrolled in the course (staff pages address students only through their course)."""
+    membership = (
+        Membership.objects.filter(course=course, user_id=student_id, role=Role.STUDENT, user__tenant=course.tenant)
+        .select_related("user")
+        .first()
+    )
+    if membership is None:
+        raise NotFound(_("Student not found."))
+    return membership.user
 
 
 def attempts_with_run_counts(attempts: QuerySet[Attempt]) -> QuerySet[Attempt]:

@@ -1,14 +1,16 @@
-"""Reports for course staff and students: the course gradebook, a lab's report, a student's own grades. Each runs
-a fixed number of queries whatever the class size (the CSV: ``gradebook_csv``)."""
+"""Reports for course staff and students: the course gradebook (also as CSV rows), a lab's report, a student's own
+grades. Each runs a fixed number of queries whatever the class size."""
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, TypedDict
 
 from django.db.models import Count, Q, QuerySet, Sum
+from django.utils.translation import gettext as _
 
 from grading.models import CheckResult, Grade, GradingRun, LabRegrade, RunState
 from grading.selectors.attempts import attempts_with_run_counts, runs_with_results
@@ -34,10 +36,6 @@ class GradeCell:
     late: bool
     overridden: bool
     attempts: int
-
-    @property
-    def graded(self) -> bool:
-        return self.final is not None
 
 
 LAB_REPORT_REGRADES = 5
@@ -68,14 +66,6 @@ def labs_with_max_points(labs: QuerySet[Lab]) -> list[WithAnnotations[Lab, _MaxP
     return list(labs.annotate(max_points=Sum("checks__points")).order_by("due_at", "title", "id"))
 
 
-def course_students(*, course: Course) -> list[User]:
-    return list(
-        User.objects.filter(memberships__course=course, memberships__role=Role.STUDENT, tenant_id=course.tenant_id)
-        .only("id", "username", "full_name", "email")
-        .order_by("full_name", "username", "id")
-    )
-
-
 def grade_of_student(*, lab: Lab, student: User) -> Grade | None:
     """The student's grade row for the lab (callers have checked access to both)."""
     return Grade.objects.filter(lab=lab, student=student).select_related("overridden_by").first()
@@ -84,7 +74,11 @@ def grade_of_student(*, lab: Lab, student: User) -> Grade | None:
 def course_gradebook(*, course: Course) -> Gradebook:
     """Students × labs with the final grade and its flags, in four queries; rows are read as tuples."""
     labs = labs_with_max_points(Lab.objects.filter(course=course))
-    students = course_students(course=course)
+    students = (
+        User.objects.filter(memberships__course=course, memberships__role=Role.STUDENT, tenant_id=course.tenant_id)
+        .only("id", "username", "full_name", "email")
+        .order_by("full_name", "username", "id")
+    )
     lab_ids = [lab.pk for lab in labs]
     grades: dict[tuple[int, int], tuple] = {
         (lab_id, student_id): (score, max_score, late, override)
@@ -117,6 +111,40 @@ def course_gradebook(*, course: Course) -> Gradebook:
             )
         rows.append(GradebookRow(student=student, cells=cells))
     return Gradebook(course=course, labs=labs, rows=rows)
+
+
+# Characters that make spreadsheet programs read a cell as a formula (OWASP "CSV injection"), with the
+# full-width forms that Japanese input methods produce.
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r", "\n", "＝", "＋", "－", "＠")
+
+
+def csv_text(value: object) -> str:
+    """A text cell that a spreadsheet shows as text, never evaluates."""
+    text = "" if value is None else str(value)
+    return "'" + text if text.startswith(FORMULA_PREFIXES) else text
+
+
+def _csv_number(value: Decimal | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def gradebook_csv_rows(*, course: Course) -> Iterator[list[str]]:
+    """The gradebook as rows: identity columns, then per lab its final score and its flags, then the total."""
+    book = course_gradebook(course=course)
+    header = [_("Username"), _("Full name"), _("Email")]
+    for lab in book.labs:
+        title = csv_text(lab.title)
+        header += [f"{title} (/{_csv_number(lab.max_points or Decimal(0))})", _("%(lab)s: flags") % {"lab": title}]
+    header.append(_("Total (/%(max)s)") % {"max": _csv_number(book.max_total)})
+    yield header
+    late, overridden = _("late"), _("override")
+    for row in book.rows:
+        cells = [csv_text(row.student.username), csv_text(row.student.full_name), csv_text(row.student.email)]
+        for cell in row.cells:
+            flags = [flag for flag, on in ((late, cell.late), (overridden, cell.overridden)) if on]
+            cells += [_csv_number(cell.final), " ".join(flags)]
+        cells.append(_csv_number(row.total))
+        yield cells
 
 
 @dataclass(frozen=True)

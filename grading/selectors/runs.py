@@ -1,4 +1,5 @@
-"""Reads of grading runs: the JSON payload pushed to browsers, and plain-words messages for run errors."""
+"""Reads of grading runs: one run for a user who may see it, the JSON payload pushed to browsers, and plain-words
+messages for run errors."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from django.utils.translation import gettext_lazy
 
 from grading.evaluation import pattern_timeout_feedback
 from grading.models import CheckResult, GradingRun
+from labs.access import attempts_visible_to
+from portal.errors import NotFound
+from portal.models import User
 
 # Messages for GradingRun.error_code, as students and staff read them; the technical detail stays in ``error``.
 RUN_ERROR_MESSAGES = {
@@ -35,6 +39,18 @@ RUN_ERROR_MESSAGES = {
     "queue_unavailable": gettext_lazy("The check could not be queued. Try again in a minute."),
 }
 DEFAULT_FAILURE_FEEDBACK = gettext_lazy("This check did not pass.")
+
+
+def run_get_for_user(*, user: User, run_id: int) -> GradingRun:
+    run = (
+        GradingRun.objects.filter(id=run_id, attempt__in=attempts_visible_to(user=user))
+        .select_related("attempt")
+        .prefetch_related("results")
+        .first()
+    )
+    if run is None:
+        raise NotFound(_("Grading run not found."))
+    return run
 
 
 def run_error_message(run: GradingRun) -> str:

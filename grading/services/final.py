@@ -9,7 +9,6 @@ from django.db import transaction
 from django.utils import timezone
 
 from grading.models import GradingRun, RunState, RunTrigger
-from grading.services.push import push_run_on_commit
 from grading.services.runs import (
     ERROR_REPLACED,
     ERROR_STALE,
@@ -17,6 +16,7 @@ from grading.services.runs import (
     grading_run_fail,
     lab_checks,
     measure_and_record,
+    push_run_on_commit,
 )
 from labs import agent_client
 from labs.models import Attempt
@@ -28,10 +28,8 @@ FINAL_RUN_POLL_SECONDS = 0.25
 
 
 def grading_run_final(*, attempt: Attempt, trigger: str) -> GradingRun | None:
-    """Grade the attempt once more, synchronously, before its VM is deleted (None: nothing to grade).
-
-    Agent trouble ends the run in ``error`` rather than raising. Call it outside a transaction: it blocks on the
-    guest for up to the sum of the checks' timeouts."""
+    """Grade the attempt once more before its VM is deleted (None: nothing to grade); agent trouble ends the run in
+    ``error``. Call it outside a transaction: it blocks on the guest for up to the sum of the checks' timeouts."""
     if trigger not in (RunTrigger.EXPIRY, RunTrigger.STOP):
         raise ValueError(f"a final run is triggered by expiry or stop, not {trigger!r}")
     attempt = Attempt.objects.select_related("lab").get(pk=attempt.pk)

@@ -62,11 +62,9 @@ def grade_recompute(*, lab: Lab, student_id: int) -> Grade:
     return grade
 
 
-def _require_course_staff(*, actor: User, lab: Lab) -> str:
-    role = course_role(user=actor, course=lab.course)
-    if role not in STAFF_ROLES:
+def _require_course_staff(*, actor: User, lab: Lab) -> None:
+    if course_role(user=actor, course=lab.course) not in STAFF_ROLES:
         raise NotFound(_("Lab not found."))
-    return role
 
 
 @transaction.atomic

@@ -18,8 +18,13 @@ from django.utils.translation import gettext as _
 from grading.evaluation import late_penalty_percent
 from grading.models import GradingRun, LabRegrade, RunState, RunTrigger
 from grading.services.grades import _require_course_staff, grade_recompute
-from grading.services.push import push_run_on_commit
-from grading.services.runs import UNFINISHED_STATES, check_results_create, enqueue_run_on_commit, lab_checks
+from grading.services.runs import (
+    UNFINISHED_STATES,
+    check_results_create,
+    enqueue_run_on_commit,
+    lab_checks,
+    push_run_on_commit,
+)
 from labs.models import Attempt, AttemptState, Check, Lab
 from portal.errors import ApplicationError, NotFound, PermissionDenied
 from portal.models import STAFF_ROLES, User
@@ -170,16 +175,6 @@ def grading_regrade_lab(*, actor: User, lab: Lab) -> LabRegradeOutcome:
 QUEUED_STALE_SECONDS = max(settings.GRADING_QUEUED_STALE_SECONDS, 2 * settings.CELERY_TASK_TIME_LIMIT)
 
 
-def lab_regrade_attempts(*, lab: Lab) -> int:
-    """Attempts a regrade of the lab works on: those with a scored run, and those still running."""
-    return (
-        Attempt.objects.filter(lab=lab)
-        .filter(Q(runs__state=RunState.DONE) | Q(state=AttemptState.RUNNING))
-        .distinct()
-        .count()
-    )
-
-
 @transaction.atomic
 def lab_regrade_request(*, actor: User, lab: Lab) -> tuple[LabRegrade, bool]:
     """Queue a regrade of every attempt at the lab (course staff; audited); returns it and whether it is new, since
@@ -190,7 +185,9 @@ def lab_regrade_request(*, actor: User, lab: Lab) -> tuple[LabRegrade, bool]:
     pending = LabRegrade.objects.filter(lab=lab, state=RunState.QUEUED).order_by("created_at", "id").first()
     if pending is not None:
         return pending, False
-    regrade = LabRegrade.objects.create(lab=lab, requested_by=actor, attempts_requested=lab_regrade_attempts(lab=lab))
+    # The attempts it works on: those with a scored run, and those still running.
+    attempts = Attempt.objects.filter(Q(runs__state=RunState.DONE) | Q(state=AttemptState.RUNNING), lab=lab)
+    regrade = LabRegrade.objects.create(lab=lab, requested_by=actor, attempts_requested=attempts.distinct().count())
     audit_record(
         actor=actor,
         action="grading.lab_regrade_queued",
@@ -199,21 +196,17 @@ def lab_regrade_request(*, actor: User, lab: Lab) -> tuple[LabRegrade, bool]:
         course=lab.course,
         data={"lab_id": lab.pk, "lab_regrade_id": regrade.pk, "attempts": regrade.attempts_requested},
     )
-    _enqueue_on_commit(regrade_id=regrade.pk)
-    return regrade, True
-
-
-def _enqueue_on_commit(*, regrade_id: int) -> None:
     from grading.tasks import lab_regrade_execute as task
 
     def send() -> None:
         try:
-            task.delay(regrade_id)
+            task.delay(regrade.pk)
         except Exception as exc:
-            logger.exception("lab regrade %s could not be queued", regrade_id)
-            _fail(regrade_id=regrade_id, error=f"the task queue refused the regrade: {type(exc).__name__}: {exc}")
+            logger.exception("lab regrade %s could not be queued", regrade.pk)
+            _fail(regrade_id=regrade.pk, error=f"the task queue refused the regrade: {type(exc).__name__}: {exc}")
 
     transaction.on_commit(send)
+    return regrade, True
 
 
 def lab_regrade_execute(*, regrade_id: int) -> LabRegrade | None:

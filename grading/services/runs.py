@@ -1,5 +1,6 @@
-"""Grading runs (``queued → running → done | error``): queueing, the Celery execution, clean-up of stuck runs.
-Only a ``done`` run counts towards a grade; one that could not reach the agent ends ``error`` with a reason."""
+"""Grading runs (``queued → running → done | error``): queueing, the Celery execution, clean-up of stuck runs, and
+the ``grading.update`` pushes to the attempt's page. Only a ``done`` run counts towards a grade; one that could not
+reach the agent ends ``error`` with a reason."""
 
 from __future__ import annotations
 
@@ -12,22 +13,20 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.utils import timezone
+from django.utils import timezone, translation
 from django.utils.translation import gettext as _
 
 from grading.evaluation import evaluate_check, late_penalty_percent
 from grading.models import CheckResult, GradingRun, RunState
-from grading.services.push import push_run_on_commit
 from labs import agent_client
 from labs.models import Attempt, AttemptState, Check
+from labs.services.events import CLASS_CHANGED_HOLD_SECONDS, attempt_group, lab_class_group, send_to_group
 from portal.errors import Conflict
 from portal.models import User
 
 logger = logging.getLogger(__name__)
 
 UNFINISHED_STATES = (RunState.QUEUED, RunState.RUNNING)
-# A queued run no worker picked up within this long is failed, so that it no longer blocks the attempt.
-QUEUED_STALE_SECONDS = settings.GRADING_QUEUED_STALE_SECONDS
 # Beyond a running run's own deadline, before it is taken for a run whose worker died.
 RUNNING_STALE_SLACK_SECONDS = 60
 
@@ -58,6 +57,44 @@ def create_unfinished_run(*, attempt: Attempt, state: str, trigger: str, request
     except IntegrityError:
         # grading_one_unfinished_run_per_attempt: another run slipped in (e.g. a final run without the lock).
         raise Conflict(_("A check of this attempt is already in progress."), code="run_in_progress") from None
+
+
+def push_run_on_commit(*, run: GradingRun, results: Sequence[CheckResult] | None = None) -> None:
+    """After commit, send the run's payload in every language (``runs``, and ``run`` in the default one) to
+    ``attempt-<id>``; ``results`` saves reading them when the caller holds them."""
+    run_id, attempt_id = run.pk, run.attempt_id
+    attempt = run.attempt if GradingRun._meta.get_field("attempt").is_cached(run) else None
+    lab_id = attempt.lab_id if attempt is not None and "lab_id" not in attempt.get_deferred_fields() else None
+
+    def push() -> None:
+        from grading.selectors import grading_run_payload
+
+        try:
+            if results is None:
+                fresh = GradingRun.objects.filter(pk=run_id).prefetch_related("results").first()
+                if fresh is None:
+                    return
+                source, rows = fresh, None
+            else:
+                source, rows = run, results
+            payloads = {}
+            for language, _name in settings.LANGUAGES:
+                with translation.override(language):
+                    payloads[language] = grading_run_payload(source, results=rows)
+            default = payloads.get(settings.LANGUAGE_CODE) or next(iter(payloads.values()))
+            send_to_group(attempt_group(attempt_id), {"type": "grading.update", "run": default, "runs": payloads})
+        except Exception:
+            # The run is stored whatever happens here; the page shows it on its next load.
+            logger.warning("grading run %s: could not push the update to attempt-%s", run_id, attempt_id, exc_info=True)
+        try:
+            # The lab's class views show the last Check's score and what still fails.
+            lab = lab_id or Attempt.objects.filter(pk=attempt_id).values_list("lab_id", flat=True).first()
+            if lab is not None:
+                send_to_group(lab_class_group(lab), {"type": "class.changed"}, hold=CLASS_CHANGED_HOLD_SECONDS)
+        except Exception:
+            logger.warning("grading run %s: could not tell the class view", run_id, exc_info=True)
+
+    transaction.on_commit(push)
 
 
 def enqueue_run_on_commit(*, run: GradingRun, checks: Sequence[Check]) -> None:
@@ -203,7 +240,7 @@ def grading_runs_fail_stale(*, attempt: Attempt | None = None, now=None) -> int:
     deadlines: dict[int, float] = {}
     for run in runs:
         if run.state == RunState.QUEUED:
-            stale = run.created_at < now - timedelta(seconds=QUEUED_STALE_SECONDS)
+            stale = run.created_at < now - timedelta(seconds=settings.GRADING_QUEUED_STALE_SECONDS)
         else:
             lab_id = run.attempt.lab_id
             if lab_id not in deadlines:

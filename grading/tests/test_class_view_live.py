@@ -19,7 +19,7 @@ from conftest import make_person
 from grading import class_view_consumer
 from grading.class_view_consumer import class_view_html
 from grading.models import GradingRun
-from grading.services.push import push_run_on_commit
+from grading.services.runs import push_run_on_commit
 from grading.tests.builders import ALL_PASS, FIRST_ONLY, NONE_PASS, make_attempt, record_run
 from labs.models import AttemptState
 from labs.services.events import attempt_push_on_commit

@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from conftest import make_lab, make_person
 from grading.models import Grade, GradingRun, RunState, RunTrigger
-from grading.selectors.gradebook_csv import csv_text
+from grading.selectors.reports import csv_text
 from grading.services import grade_override
 from grading.tests.builders import ALL_PASS, FIRST_ONLY, NONE_PASS, agent_result, make_attempt, record_run
 from labs.models import AttemptState, StdoutMatch

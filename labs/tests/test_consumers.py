@@ -775,7 +775,7 @@ def finished_run_with_a_pattern_timeout(attempt):
 async def test_events_socket_speaks_the_language_of_its_page(attempt, cluster, student_a):
     """The snapshot and the pushes are in the page's language (cookie, then Accept-Language), whatever the
     language of the worker that graded."""
-    from grading.services.push import push_run_on_commit
+    from grading.services.runs import push_run_on_commit
 
     run = await sync_to_async(finished_run_with_a_pattern_timeout)(attempt)
     cookie = await sync_to_async(session_cookie)(student_a)

@@ -4,8 +4,8 @@ for a cluster admin to apply, since the portal holds no RBAC rights of its own:
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
+from string import Template
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -14,31 +14,6 @@ from labs.kubevirt.manifests import quota_hard
 from portal.models import Tenant
 
 TEMPLATE = Path(settings.BASE_DIR) / "deploy" / "tenant-namespace.yaml"
-PLACEHOLDER = re.compile(r"\$\{([A-Z_]+)\}")
-
-
-def tenant_values(tenant: Tenant) -> dict[str, str]:
-    hard = quota_hard(
-        max_vms=tenant.max_concurrent_vms, max_vcpus=tenant.max_vcpus, max_memory_mib=tenant.max_memory_mib
-    )
-    return {
-        "TENANT_NAMESPACE": tenant.namespace,
-        "TENANT_ID": str(tenant.pk),
-        "QUOTA_VMS": hard["count/virtualmachines.kubevirt.io"],
-        "QUOTA_REQUESTS_CPU": hard["requests.cpu"],
-        "QUOTA_REQUESTS_MEMORY": hard["requests.memory"],
-        "PORTAL_NAMESPACE": settings.PORTAL_NAMESPACE or "lab-portal",
-        "KUBEVIRT_NAMESPACE": settings.KUBEVIRT_NAMESPACE,
-    }
-
-
-def render_tenant_manifests(tenant: Tenant) -> str:
-    values = tenant_values(tenant)
-    text = TEMPLATE.read_text()
-    unknown = sorted(set(PLACEHOLDER.findall(text)) - set(values))
-    if unknown:
-        raise CommandError(f"{TEMPLATE} uses variables this command does not know: {', '.join(unknown)}")
-    return PLACEHOLDER.sub(lambda match: values[match.group(1)], text)
 
 
 class Command(BaseCommand):
@@ -52,4 +27,19 @@ class Command(BaseCommand):
         found = found or Tenant.objects.filter(name=tenant).first()
         if found is None:
             raise CommandError(f"No tenant named or numbered {tenant!r}.")
-        self.stdout.write(render_tenant_manifests(found), ending="")
+        hard = quota_hard(
+            max_vms=found.max_concurrent_vms, max_vcpus=found.max_vcpus, max_memory_mib=found.max_memory_mib
+        )
+        values = {
+            "TENANT_NAMESPACE": found.namespace,
+            "TENANT_ID": str(found.pk),
+            "QUOTA_VMS": hard["count/virtualmachines.kubevirt.io"],
+            "QUOTA_REQUESTS_CPU": hard["requests.cpu"],
+            "QUOTA_REQUESTS_MEMORY": hard["requests.memory"],
+            "PORTAL_NAMESPACE": settings.PORTAL_NAMESPACE or "lab-portal",
+            "KUBEVIRT_NAMESPACE": settings.KUBEVIRT_NAMESPACE,
+        }
+        try:
+            self.stdout.write(Template(TEMPLATE.read_text()).substitute(values), ending="")
+        except KeyError as exc:
+            raise CommandError(f"{TEMPLATE} uses a variable this command does not know: {exc}") from None
