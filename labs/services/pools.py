@@ -21,8 +21,9 @@ from labs.models import FINAL_STATES
 from labs.pool_models import POOL_HOLDING_STATES, LabPool, PoolMode, PoolVm, PoolVmState, pool_vm_recipe
 from labs.services.agents import agents_answer
 from labs.services.provisioning import lab_vm_create
-from labs.services.quota import quota_refusal, tenant_locked, tenant_totals
+from labs.services.quota import quota_refusal, tenant_totals
 from labs.sizes import guest_resources, launcher_requests
+from portal.models import Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ def pool_vm_create(*, pool: LabPool) -> PoolVm | None:
     guest = guest_resources(lab.size)
     launcher = launcher_requests(vcpus=guest.vcpus, memory_mib=guest.memory_mib)
     with transaction.atomic():
-        locked = tenant_locked(tenant.id)
+        locked = Tenant.objects.select_for_update(no_key=True).get(id=tenant.id)
         totals = tenant_totals(tenant_id=tenant.id, student=None)
         if quota_refusal(tenant=locked, used=totals, vcpus=guest.vcpus, memory_mib=launcher.memory_mib) is not None:
             return None
