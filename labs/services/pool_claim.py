@@ -22,15 +22,9 @@ from labs.states import attempt_transition
 logger = logging.getLogger(__name__)
 
 
-class ClaimOutcome:
-    RUNNING = "running"
-    SKIPPED = "skipped"
-    COLD = "cold"
-
-
 def pool_vm_claim(*, attempt: Attempt, lab: Lab, now: datetime) -> PoolVm | None:
     """Inside the Start's transaction: take the lab's longest-ready pool VM of the tenant, made from the lab's current
-    settings, for ``attempt`` (its ``vm_name`` becomes the VM's), or None."""
+    settings, for ``attempt``, or None."""
     pool_vm = (
         PoolVm.objects.select_for_update(skip_locked=True)
         .filter(
@@ -45,8 +39,6 @@ def pool_vm_claim(*, attempt: Attempt, lab: Lab, now: datetime) -> PoolVm | None
     if pool_vm is None:
         return None
     PoolVm.objects.filter(id=pool_vm.id).update(state=PoolVmState.CLAIMED, claimed_at=now, attempt=attempt)
-    attempt.vm_name = pool_vm.vm_name
-    Attempt.objects.filter(id=attempt.id).update(vm_name=pool_vm.vm_name)
     return pool_vm
 
 
@@ -96,7 +88,7 @@ def pool_claim_finish(*, attempt_id: int) -> str:
 
     attempt = Attempt.objects.select_related("lab").filter(id=attempt_id, state=AttemptState.REQUESTED).first()
     if attempt is None:
-        return ClaimOutcome.SKIPPED
+        return "skipped"
     pool_vm = PoolVm.objects.filter(attempt_id=attempt_id, state=PoolVmState.CLAIMED).first()
     if pool_vm is None or pool_vm.vm_name != attempt.vm_name:
         return _start_cold(attempt=attempt, pool_vm=pool_vm, why="no claimed pool VM")
@@ -129,9 +121,8 @@ def pool_claim_finish(*, attempt_id: int) -> str:
         phase="Running",
         expires_at=now + timedelta(minutes=attempt.lab.time_limit_minutes),
     )
-    if running is None:
-        return ClaimOutcome.SKIPPED  # stopped meanwhile: its teardown deletes the VM by its name
-    return ClaimOutcome.RUNNING
+    # None: stopped meanwhile, and its teardown deletes the VM by its name.
+    return "skipped" if running is None else "running"
 
 
 def _start_cold(*, attempt: Attempt, pool_vm: PoolVm | None, why: str) -> str:
@@ -147,6 +138,6 @@ def _start_cold(*, attempt: Attempt, pool_vm: PoolVm | None, why: str) -> str:
             pool_vm_delete_on_cluster(pool_vm=pool_vm)
     own = names.vm_name(attempt.id)
     if not Attempt.objects.filter(id=attempt.id, state=AttemptState.REQUESTED).update(vm_name=own):
-        return ClaimOutcome.SKIPPED
+        return "skipped"
     provision_attempt.delay(attempt.id)
-    return ClaimOutcome.COLD
+    return "cold"

@@ -101,6 +101,8 @@ def refill_held(*, pool: LabPool, now: datetime) -> bool:
 def pool_vm_create(*, pool: LabPool) -> PoolVm | None:
     """Make one VM for the pool if the tenant's quota has room (under the tenant's lock, as a Start), else None. Its
     row is written first, so a crash leaves a VM the sweep can tell from an orphan."""
+    from guest.cloud_init import render_user_data
+
     lab = pool.lab
     tenant = lab.course.tenant
     guest = guest_resources(lab.size)
@@ -124,31 +126,22 @@ def pool_vm_create(*, pool: LabPool) -> PoolVm | None:
         pool_vm.vm_name = names.pool_vm_name(pool_vm.id)
         PoolVm.objects.filter(id=pool_vm.id).update(vm_name=pool_vm.vm_name)
     try:
-        _put_on_cluster(pool_vm)
+        lab_vm_create(
+            tenant=tenant,
+            namespace=pool_vm.namespace,
+            name=pool_vm.vm_name,
+            labels=names.pool_vm_labels(
+                tenant_id=tenant.id, course_id=lab.course_id, lab_id=lab.id, pool_vm_id=pool_vm.id
+            ),
+            lab=lab,
+            vcpus=pool_vm.vcpus,
+            memory_mib=pool_vm.memory_mib,
+            user_data=render_user_data(token=pool_vm.agent_token, extra_cloud_config=lab.extra_cloud_init),
+        )
     except (ClusterError, ValueError):
         pool_vm_end(pool_vm=pool_vm, reason=EndReason.CREATE_FAILED)
         raise
     return pool_vm
-
-
-def _put_on_cluster(pool_vm: PoolVm) -> None:
-    from guest.cloud_init import render_user_data
-
-    lab = pool_vm.lab
-    user_data = render_user_data(token=pool_vm.agent_token, extra_cloud_config=lab.extra_cloud_init)
-    labels = names.pool_vm_labels(
-        tenant_id=pool_vm.tenant_id, course_id=lab.course_id, lab_id=lab.id, pool_vm_id=pool_vm.id
-    )
-    lab_vm_create(
-        tenant=pool_vm.tenant,
-        namespace=pool_vm.namespace,
-        name=pool_vm.vm_name,
-        labels=labels,
-        lab=lab,
-        vcpus=pool_vm.vcpus,
-        memory_mib=pool_vm.memory_mib,
-        user_data=user_data,
-    )
 
 
 def pool_vm_end(
@@ -181,10 +174,17 @@ def pool_vm_delete_on_cluster(*, pool_vm: PoolVm) -> None:
         logger.warning("pool VM %s: delete failed (%s); the sweep removes it", pool_vm.vm_name, error.message)
 
 
-def _ended_on_cluster(vms: list[PoolVm], report: PoolReport) -> dict[int, str]:
-    """Pool VMs the cluster says are done, by id, with the reason: their VMI ended or being deleted, or their VM
-    gone. One VMI list per namespace, a VM list only where a VMI is missing; no answer gives no verdict."""
-    ended: dict[int, str] = {}
+def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
+    """End the unclaimed pool VMs whose VMI ended or VM is gone, then ask the agents of the booting ones and of the
+    ready ones not asked for ``POOL_READY_CHECK_SECONDS``: a booting one that answers is ready; a ready one that
+    does not, or a booting one past the start timeout, is replaced."""
+    now = now or timezone.now()
+    report = PoolReport()
+    vms = list(PoolVm.objects.filter(state__in=POOL_HOLDING_STATES).exclude(vm_name=""))
+    if not vms:
+        return report
+    # One VMI list per namespace, a VM list only where a VMI is missing; no answer gives no verdict.
+    ended: set[int] = set()
     by_namespace: dict[str, list[PoolVm]] = {}
     for pool_vm in vms:
         by_namespace.setdefault(pool_vm.namespace, []).append(pool_vm)
@@ -199,27 +199,15 @@ def _ended_on_cluster(vms: list[PoolVm], report: PoolReport) -> dict[int, str]:
         for pool_vm in members:
             vmi = vmis.get(pool_vm.vm_name)
             if vmi is None and pool_vm.vm_name not in listed:
-                ended[pool_vm.id] = EndReason.VM_GONE
+                reason = EndReason.VM_GONE
             elif vmi is not None and (
                 vmi["metadata"].get("deletionTimestamp") or (vmi.get("status") or {}).get("phase") in FINAL_PHASES
             ):
-                ended[pool_vm.id] = EndReason.VMI_ENDED
-    return ended
-
-
-def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
-    """End the unclaimed pool VMs the cluster says are done, then ask the agents of the booting ones and of the
-    ready ones not asked for ``POOL_READY_CHECK_SECONDS``: a booting one that answers is ready; a ready one that
-    does not, or a booting one past the start timeout, is replaced."""
-    now = now or timezone.now()
-    report = PoolReport()
-    vms = list(PoolVm.objects.filter(state__in=POOL_HOLDING_STATES).exclude(vm_name=""))
-    if not vms:
-        return report
-    ended = _ended_on_cluster(vms, report)
-    for pool_vm in vms:
-        if pool_vm.id in ended:
-            pool_vm_end(pool_vm=pool_vm, reason=ended[pool_vm.id], report=report)
+                reason = EndReason.VMI_ENDED
+            else:
+                continue
+            ended.add(pool_vm.id)
+            pool_vm_end(pool_vm=pool_vm, reason=reason, report=report)
     due = now - timedelta(seconds=settings.POOL_READY_CHECK_SECONDS)
     asked = [
         pool_vm

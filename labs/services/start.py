@@ -116,9 +116,8 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
             )
             # A ready VM of the lab's warm pool, when there is one; else the attempt's own VM, made on commit.
             claimed = pool_vm_claim(attempt=attempt, lab=lab, now=now) if pooled else None
-            if claimed is None:
-                attempt.vm_name = names.vm_name(attempt.id)
-                Attempt.objects.filter(id=attempt.id).update(vm_name=attempt.vm_name)
+            attempt.vm_name = names.vm_name(attempt.id) if claimed is None else claimed.vm_name
+            Attempt.objects.filter(id=attempt.id).update(vm_name=attempt.vm_name)
             audit_record(
                 actor=actor,
                 action="attempt.start",
