@@ -17,7 +17,7 @@ from django.utils.translation import gettext as _
 from labs import wording
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt
-from labs.services import agents, follow_ups, provisioning, sweeping, teardown, tracking
+from labs.services import agents, provisioning, stopping, sweeping, tracking
 from labs.services.namespaces import is_rbac_refusal, tenant_namespace_refused
 
 logger = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def provision_attempt(self, attempt_id: int) -> str:
 @shared_task(bind=True, acks_late=True, max_retries=MAX_RETRIES)
 def teardown_attempt(self, attempt_id: int) -> str:
     try:
-        return teardown.attempt_teardown(attempt_id=attempt_id)
+        return stopping.attempt_teardown(attempt_id=attempt_id)
     except ClusterError as error:
         _retry_or_raise(self, error)
         # Given up for now: the sweep sees the VM still there and tries again.
@@ -128,7 +128,7 @@ def sync_namespace(namespace: str, follow_up: float | None = None) -> dict:
     """List one namespace now: a follow-up after VMs were made there (``follow_up``: its delay), or for the agent
     checks."""
     if follow_up is not None:
-        follow_ups.follow_up_begins(namespace=namespace, delay=follow_up)
+        agents.follow_up_begins(namespace=namespace, delay=follow_up)
     try:
         report = tracking.namespace_sync(namespace=namespace)
     except ClusterError as error:
@@ -146,16 +146,16 @@ def await_agents(self, namespace: str, step: int = 0, waiting_before: int = 0, a
     try:
         running, waiting = agents.agents_check(namespace=namespace, since_last_round=since)
     except Exception:
-        agents.agent_wait_done(namespace=namespace)
+        cache.delete(agents.agent_wait_key(namespace))
         raise
     chained = not (self.request.is_eager or self.request.called_directly)
     if waiting and chained and step < agents.agent_wait_max_steps():
         step = 0 if waiting > waiting_before else step + 1
-        agents.agent_wait_refresh(namespace=namespace)
+        cache.set(agents.agent_wait_key(namespace), "1", timeout=agents.AGENT_WAIT_TTL_SECONDS)
         delay = agents.agent_wait_delay(step)
         self.apply_async(args=[namespace, step, waiting, began], countdown=delay, expires=delay + 60)
     else:
-        agents.agent_wait_done(namespace=namespace)
+        cache.delete(agents.agent_wait_key(namespace))
     return {"running": running, "waiting": waiting}
 
 

@@ -16,7 +16,8 @@ from labs.kubevirt import explain, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, AttemptState
 from labs.services.events import attempt_push_on_commit
-from labs.services.provisioning import attempt_end, attempt_fail
+from labs.services.provisioning import attempt_fail
+from labs.services.stopping import attempt_end
 from labs.states import attempt_transition
 from labs.wording import in_every_language, node_drained, with_cluster_words
 

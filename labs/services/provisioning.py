@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Case, Value, When
-from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from labs.kubevirt import manifests, names, operations
 from labs.kubevirt.operations import ClusterError
 from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, Lab
-from labs.services.follow_ups import watch_new_vm
+from labs.services.agents import watch_new_vm
 from labs.services.namespaces import tenant_namespace_ensure
-from labs.services.stopping import StopReason, enqueue_teardown
+from labs.services.stopping import enqueue_teardown
 from labs.states import attempt_transition
 from labs.wording import in_every_language
 from portal.models import Tenant
@@ -53,40 +51,6 @@ def attempt_fail(*, attempt_id: int, reason: Callable[[], str], from_states: tup
         enqueue_teardown(attempt_id)
     logger.info("attempt %s failed: %s", attempt_id, default)
     return True
-
-
-def attempt_end(*, attempt_id: int) -> bool:
-    """A stopping attempt whose VM is gone ends: ``expired`` if its time ran out, ``stopped`` otherwise."""
-    attempt = Attempt.objects.filter(id=attempt_id, state=AttemptState.STOPPING).first()
-    if attempt is None:
-        return False
-    final = AttemptState.EXPIRED if attempt.stop_reason == StopReason.EXPIRED else AttemptState.STOPPED
-    return (
-        attempt_transition(
-            attempt=attempt, to=final, from_states=(AttemptState.STOPPING,), status_message="", status_message_texts={}
-        )
-        is not None
-    )
-
-
-def attempt_mark_running(*, attempt_id: int, now: datetime | None = None) -> bool:
-    """The guest agent answered: the attempt is ``running`` and its time limit starts now."""
-    now = now or timezone.now()
-    attempt = Attempt.objects.select_related("lab").filter(id=attempt_id, state=AttemptState.STARTING).first()
-    if attempt is None:
-        return False
-    return (
-        attempt_transition(
-            attempt=attempt,
-            to=AttemptState.RUNNING,
-            from_states=(AttemptState.STARTING,),
-            now=now,
-            expires_at=now + timedelta(minutes=attempt.lab.time_limit_minutes),
-            status_message="",
-            status_message_texts={},
-        )
-        is not None
-    )
 
 
 class ProvisionOutcome:

@@ -1,5 +1,5 @@
-"""Ending attempts: a person's stop and extension, the time limit, and the stop when nobody has the attempt open;
-each becomes ``stopping`` and a task grades it once more and deletes the VM."""
+"""Ending attempts: a person's stop and extension, the time limit, the stop when no page has it open (presence), and
+the teardown that grades once more and deletes the VM."""
 
 from __future__ import annotations
 
@@ -7,13 +7,15 @@ import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from labs.models import ACTIVE_STATES, Attempt, AttemptState
+from labs.kubevirt import operations
+from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState
 from labs.services.events import attempt_push_on_commit, on_commit_logged
-from labs.services.presence import attempt_left_since
+from labs.signals import attempt_final_grading
 from labs.states import attempt_transition
 from portal.errors import Conflict, NotFound, PermissionDenied
 from portal.models import Role, User
@@ -21,6 +23,15 @@ from portal.selectors import course_role
 from portal.services import audit_record
 
 logger = logging.getLogger(__name__)
+
+# While the student's page has an attempt open, its events socket stamps the attempt as seen this often
+# (labs.consumers.events; well under the shortest stop when left, IDLE_STOP_MIN_MINUTES).
+PRESENCE_STAMP_SECONDS = 60
+# A last stamp older than this means no page has the attempt open now (one stamp missed, and a margin).
+PRESENCE_LOST_AFTER_SECONDS = 2 * PRESENCE_STAMP_SECONDS + 30
+# Set once a teardown's final grading has returned, so that its own retry (after a failed delete) is not taken for
+# a second delivery still grading.
+FINAL_GRADING_DONE_KEY = "labs:final-grading-done:{attempt_id}"
 
 
 class StopReason:
@@ -133,3 +144,109 @@ def attempt_expire(*, attempt: Attempt) -> Attempt:
             return locked
         _begin_stopping(locked, reason=StopReason.EXPIRED, now=now)
     return locked
+
+
+def attempt_end(*, attempt_id: int) -> bool:
+    """A stopping attempt whose VM is gone ends: ``expired`` if its time ran out, ``stopped`` otherwise."""
+    attempt = Attempt.objects.filter(id=attempt_id, state=AttemptState.STOPPING).first()
+    if attempt is None:
+        return False
+    final = AttemptState.EXPIRED if attempt.stop_reason == StopReason.EXPIRED else AttemptState.STOPPED
+    return (
+        attempt_transition(
+            attempt=attempt, to=final, from_states=(AttemptState.STOPPING,), status_message="", status_message_texts={}
+        )
+        is not None
+    )
+
+
+def attempt_seen(*, attempt_id: int, now: datetime | None = None) -> bool:
+    """A page of the student has the attempt open now (its events socket); False once the attempt has ended."""
+    return bool(
+        Attempt.objects.filter(id=attempt_id, state__in=ACTIVE_STATES).update(last_seen_at=now or timezone.now())
+    )
+
+
+def attempt_stops_as_left_at(
+    attempt: Attempt, *, idle_stop_minutes: int, now: datetime | None = None
+) -> datetime | None:
+    """When the running attempt will be stopped as left, while no page has it open (for the dashboard); else None."""
+    now = now or timezone.now()
+    since = attempt_left_since(attempt)
+    if attempt.state != AttemptState.RUNNING or not idle_stop_minutes or since is None:
+        return None
+    if (now - since).total_seconds() < PRESENCE_LOST_AFTER_SECONDS:
+        return None
+    return since + timedelta(minutes=idle_stop_minutes)
+
+
+def attempt_left_since(attempt: Attempt) -> datetime | None:
+    """Since when no page has had the attempt open: its last stamp, or when its agent answered if later; None until
+    it runs."""
+    stamps = [stamp for stamp in (attempt.last_seen_at, attempt.agent_ready_at) if stamp is not None]
+    return max(stamps) if attempt.agent_ready_at is not None else None
+
+
+def grade_final(*, attempt: Attempt, trigger: str) -> None:
+    """The grading app's last run before the VM goes; never raises (a grading failure must not keep a VM alive)."""
+    for _receiver, outcome in attempt_final_grading.send_robust(sender=Attempt, attempt=attempt, trigger=trigger):
+        if isinstance(outcome, Exception):
+            logger.error(
+                "attempt %s: the final grading run failed; deleting its VM anyway", attempt.id, exc_info=outcome
+            )
+
+
+def attempt_teardown(*, attempt_id: int) -> str:
+    """For a stopping attempt: grade once more if its agent ever answered, then delete the VM (ending the attempt if
+    it was gone already). For a failed one: delete what is left. Safe to run twice."""
+    attempt = Attempt.objects.select_related("lab").filter(id=attempt_id).first()
+    if attempt is None:
+        return "missing"
+    if attempt.state == AttemptState.STOPPING:
+        if attempt.agent_ready_at is not None and attempt.vm_deleted_at is None:
+            done_key = FINAL_GRADING_DONE_KEY.format(attempt_id=attempt_id)
+            claimed = Attempt.objects.filter(id=attempt_id, final_grading_at__isnull=True).update(
+                final_grading_at=timezone.now()
+            )
+            if claimed:
+                grade_final(attempt=attempt, trigger="expiry" if attempt.stop_reason == StopReason.EXPIRED else "stop")
+                cache.set(done_key, "1", timeout=settings.CELERY_TASK_TIME_LIMIT + 60)
+            elif (
+                Attempt.objects.filter(
+                    id=attempt_id,
+                    vm_deleted_at__isnull=True,
+                    final_grading_at__gt=timezone.now() - timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT),
+                ).exists()
+                and cache.get(done_key) is None
+            ):
+                # A second delivery of this teardown while the first grades: deleting the VM now would cut that
+                # final run off. The first deletes it; if it died, the sweep queues the teardown again later.
+                return "grading_elsewhere"
+        existed = _delete_vm_and_secret(attempt)
+        if not existed:
+            attempt_end(attempt_id=attempt_id)
+        return "deleted" if existed else "ended"
+    if attempt.state in FINAL_STATES and attempt.vm_deleted_at is None and attempt.vm_name:
+        _delete_vm_and_secret(attempt)
+        return "cleaned"
+    return "skipped"
+
+
+def teardowns_resume(*, namespace: str) -> int:
+    """The namespace answers again after failing: queue its stopping attempts' teardowns now, not at their retry."""
+    ids = list(
+        Attempt.objects.filter(
+            namespace=namespace, state=AttemptState.STOPPING, vm_deleted_at__isnull=True
+        ).values_list("id", flat=True)
+    )
+    for attempt_id in ids:
+        enqueue_teardown(attempt_id)
+    if ids:
+        logger.info("cluster answers again in %s: teardown of %s resumed", namespace, ids)
+    return len(ids)
+
+
+def _delete_vm_and_secret(attempt: Attempt) -> bool:
+    existed = operations.vm_and_secret_delete(namespace=attempt.namespace, name=attempt.vm_name)
+    Attempt.objects.filter(id=attempt.id, vm_deleted_at__isnull=True).update(vm_deleted_at=timezone.now())
+    return existed

@@ -14,7 +14,8 @@ from django.utils.translation import gettext as _
 from labs.kubevirt import explain, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, AttemptState
-from labs.services.provisioning import attempt_end, attempt_fail
+from labs.services.provisioning import attempt_fail
+from labs.services.stopping import attempt_end
 from labs.wording import with_cluster_words
 
 if TYPE_CHECKING:

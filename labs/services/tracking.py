@@ -20,9 +20,7 @@ from labs.kubevirt.operations import ClusterError
 from labs.models import IDLE_STOP_MIN_MINUTES, Attempt, AttemptState, TenantNamespace
 from labs.services.agents import agent_wait_start
 from labs.services.observation import Outcome, attempt_observe
-from labs.services.presence import attempt_left_since
-from labs.services.stopping import attempt_expire, attempt_stop_left
-from labs.services.teardown import teardowns_resume
+from labs.services.stopping import attempt_expire, attempt_left_since, attempt_stop_left, teardowns_resume
 
 logger = logging.getLogger(__name__)
 

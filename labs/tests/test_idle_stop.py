@@ -18,7 +18,7 @@ from labs import tasks
 from labs.consumers import events
 from labs.models import Attempt, AttemptState, Lab
 from labs.services import attempt_start, tracking
-from labs.services.presence import attempt_seen
+from labs.services.stopping import attempt_seen
 from labs.tests.conftest import sync_until, vm_names, wait_until
 from labs.tests.test_consumers import HOST, ORIGIN, session_cookie
 from ops.asgi import application
@@ -275,7 +275,7 @@ def test_the_handshake_reads_the_labs_rule_with_the_attempt(student_a, lab_a, dj
 
 
 def test_when_a_left_attempt_stops_is_known_only_while_no_page_has_it_open(student_a, lab_a):
-    from labs.services.presence import PRESENCE_LOST_AFTER_SECONDS, attempt_stops_as_left_at
+    from labs.services.stopping import PRESENCE_LOST_AFTER_SECONDS, attempt_stops_as_left_at
 
     now = timezone.now()
     left = running(student_a, leaves_after(lab_a, 10), ready_minutes_ago=30, seen_minutes_ago=4)
