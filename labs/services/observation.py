@@ -82,59 +82,54 @@ def _fail(attempt: Attempt, reason: Callable[[], str]) -> str:
 def attempt_observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> str:
     """Apply what the attempt's VMI (or its absence) says, in the attempt's language and in each; an ``Outcome``."""
     with translation.override(attempt.language or settings.LANGUAGE_CODE):
-        return _observe(attempt=attempt, vmi=vmi, now=now)
+        if attempt.state == AttemptState.STOPPING:
+            if vmi is None and attempt.vm_deleted_at is not None:
+                return Outcome.ENDED if attempt_end(attempt_id=attempt.id) else Outcome.UNCHANGED
+            return Outcome.UNCHANGED
+        if vmi is None:
+            return Outcome.UNCHANGED  # no VMI yet: still starting; a VM gone altogether is the sweep's to judge
+
+        observation = status.observe_vmi(vmi)
+        if attempt.vmi_uid and observation.uid and observation.uid != attempt.vmi_uid and attempt.vmi_running_at:
+            return _fail_restarted(attempt)
+        changes = _observed_changes(attempt, observation)
+        to = None
+        if attempt.state == AttemptState.PROVISIONING:
+            # The VM exists but its provisioning never recorded it (a worker died after creating it).
+            to = AttemptState.STARTING
+            changes["provisioned_at"] = attempt.provisioned_at or now
+
+        if observation.failed:
+            _apply(attempt, changes, to=to)
+            failure = explain.failed_vmi_words(vmi)
+            if attempt.state == AttemptState.RUNNING:
+                return _fail(attempt, lambda: _("The VM stopped unexpectedly.") + " " + failure())
+            return _fail(attempt, lambda: failure() + " " + start_again_hint())
+
+        if attempt.state != AttemptState.RUNNING:
+            message: Callable[[dict[str, Any]], str] | None = None
+            if observation.problem:
+                since = observation.problem_since or now
+                if observation.problem_final or (now - since).total_seconds() >= status.grace_seconds(observation):
+                    _apply(attempt, changes, to=to)
+                    return _fail(attempt, lambda: _problem(vmi) + " " + start_again_hint())
+                message = _problem
+            elif observation.running:
+                message = _waiting_for_agent
+            worded = message(vmi) if message else ""  # in the attempt's language, as the stored message is
+            if worded != attempt.status_message:
+                changes["status_message"] = worded
+                changes["status_message_texts"] = in_every_language(lambda: message(vmi)) if message else {}
+
+        changed = _apply(attempt, changes, to=to)
+        if observation.running and (to or attempt.state) == AttemptState.STARTING:
+            return Outcome.AWAITING_AGENT
+        return Outcome.CHANGED if changed else Outcome.UNCHANGED
 
 
 def _problem(vmi: dict[str, Any]) -> str:
     """The VMI's problem in the active language (the interpretation is pure: worded again per language)."""
     return status.observe_vmi(vmi).problem
-
-
-def _observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> str:
-    if attempt.state == AttemptState.STOPPING:
-        if vmi is None and attempt.vm_deleted_at is not None:
-            return Outcome.ENDED if attempt_end(attempt_id=attempt.id) else Outcome.UNCHANGED
-        return Outcome.UNCHANGED
-    if vmi is None:
-        return Outcome.UNCHANGED  # no VMI yet: still starting; a VM gone altogether is the sweep's to judge
-
-    observation = status.observe_vmi(vmi)
-    if attempt.vmi_uid and observation.uid and observation.uid != attempt.vmi_uid and attempt.vmi_running_at:
-        return _fail_restarted(attempt)
-    changes = _observed_changes(attempt, observation)
-    to = None
-    if attempt.state == AttemptState.PROVISIONING:
-        # The VM exists but its provisioning never recorded it (a worker died after creating it).
-        to = AttemptState.STARTING
-        changes["provisioned_at"] = attempt.provisioned_at or now
-
-    if observation.failed:
-        _apply(attempt, changes, to=to)
-        failure = explain.failed_vmi_words(vmi)
-        if attempt.state == AttemptState.RUNNING:
-            return _fail(attempt, lambda: _("The VM stopped unexpectedly.") + " " + failure())
-        return _fail(attempt, lambda: failure() + " " + start_again_hint())
-
-    if attempt.state != AttemptState.RUNNING:
-        if observation.problem:
-            since = observation.problem_since or now
-            if observation.problem_final or (now - since).total_seconds() >= status.grace_seconds(observation):
-                _apply(attempt, changes, to=to)
-                return _fail(attempt, lambda: _problem(vmi) + " " + start_again_hint())
-            message = _problem
-        elif observation.running:
-            message = _waiting_for_agent
-        else:
-            message = None
-        worded = message(vmi) if message else ""  # in the attempt's language, as the stored message is
-        if worded != attempt.status_message:
-            changes["status_message"] = worded
-            changes["status_message_texts"] = in_every_language(lambda: message(vmi)) if message else {}
-
-    changed = _apply(attempt, changes, to=to)
-    if observation.running and (to or attempt.state) == AttemptState.STARTING:
-        return Outcome.AWAITING_AGENT
-    return Outcome.CHANGED if changed else Outcome.UNCHANGED
 
 
 def _waiting_for_agent(vmi: dict[str, Any]) -> str:

@@ -122,65 +122,59 @@ def attempts_sync(*, now: datetime | None = None) -> SyncReport:
 def namespace_sync(*, namespace: str) -> SyncReport:
     """List the namespace's VMIs once and bring each of its tracked attempts up to date; ``skipped`` while another
     sync of the namespace runs (it would only repeat the same list)."""
+    report = SyncReport(namespaces=[namespace])
     key = NAMESPACE_LOCK_KEY.format(namespace=namespace)
     if not cache.add(key, "1", timeout=NAMESPACE_LOCK_SECONDS):
-        return SyncReport(namespaces=[namespace], skipped=True)
+        report.skipped = True
+        return report
     try:
-        return _namespace_sync(namespace=namespace, report=SyncReport(namespaces=[namespace]))
+        if not Attempt.objects.filter(namespace=namespace, state__in=TRACKED_STATES).exists():
+            return report
+        vmis = operations.vmis_list(namespace=namespace)
+        now = timezone.now()
+        # Attempts are read after the list, so none is judged on a list older than its own last change.
+        attempts = list(Attempt.objects.filter(namespace=namespace, state__in=TRACKED_STATES))
+        # A namespace whose last list failed is answering again: teardowns cut off meanwhile go on now.
+        rows = TenantNamespace.objects.filter(namespace=namespace)
+        if rows.exclude(last_error="").update(listed_at=now, last_error=""):
+            teardowns_resume(namespace=namespace)
+        else:
+            rows.update(listed_at=now, last_error="")
+        by_name: dict[str | None, dict[str, Any]] = {(vmi.get("metadata") or {}).get("name"): vmi for vmi in vmis}
+        for attempt in attempts:
+            outcome = attempt_observe(attempt=attempt, vmi=by_name.get(attempt.vm_name), now=now)
+            if outcome != Outcome.UNCHANGED:  # the other outcomes are named as the report's counts
+                setattr(report, outcome, getattr(report, outcome) + 1)
+        if report.awaiting_agent:
+            agent_wait_start(namespace=namespace)
+        report.sweep_requested = _sweep_if_inconsistent(
+            namespace=namespace, attempts=attempts, by_name=by_name, now=now
+        )
+        return report
     finally:
         cache.delete(key)
 
 
-def _namespace_sync(*, namespace: str, report: SyncReport) -> SyncReport:
-    if not Attempt.objects.filter(namespace=namespace, state__in=TRACKED_STATES).exists():
-        return report
-    vmis = operations.vmis_list(namespace=namespace)
-    now = timezone.now()
-    # Attempts are read after the list, so none is judged on a list older than its own last change.
-    attempts = list(Attempt.objects.filter(namespace=namespace, state__in=TRACKED_STATES))
-    # A namespace whose last list failed is answering again: teardowns cut off meanwhile go on now.
-    recovered = (
-        TenantNamespace.objects.filter(namespace=namespace).exclude(last_error="").update(listed_at=now, last_error="")
-    )
-    if recovered:
-        teardowns_resume(namespace=namespace)
-    else:
-        TenantNamespace.objects.filter(namespace=namespace).update(listed_at=now, last_error="")
-    by_name: dict[str | None, dict[str, Any]] = {(vmi.get("metadata") or {}).get("name"): vmi for vmi in vmis}
-    for attempt in attempts:
-        outcome = attempt_observe(attempt=attempt, vmi=by_name.get(attempt.vm_name), now=now)
-        if outcome != Outcome.UNCHANGED:  # the other outcomes are named as the report's counts
-            setattr(report, outcome, getattr(report, outcome) + 1)
-    if report.awaiting_agent:
-        agent_wait_start(namespace=namespace)
-    if _looks_inconsistent(attempts=attempts, by_name=by_name, now=now):
-        report.sweep_requested = sweep_soon(namespace=namespace)
-    return report
-
-
-def _looks_inconsistent(*, attempts: list[Attempt], by_name: dict[str | None, dict[str, Any]], now: datetime) -> bool:
-    """Whether the list hints at what only the sweep may judge (an orphan VMI, a started attempt without one)."""
+def _sweep_if_inconsistent(
+    *, namespace: str, attempts: list[Attempt], by_name: dict[str | None, dict[str, Any]], now: datetime
+) -> bool:
+    """Queue a sweep of the namespace now (at most one per resync) if the list hints at what only the sweep may judge:
+    an orphan VMI (a warm pool's are the periodic sweep's), a started attempt without one."""
     owned = {attempt.vm_name for attempt in attempts}
-    # A warm pool's VMs are the periodic sweep's to judge.
-    if any(
+    settle = now - timedelta(seconds=VANISHED_AFTER_SECONDS)
+    if not any(
         name not in owned
         and not (vmi.get("metadata") or {}).get("deletionTimestamp")
         and (name is None or names.pool_vm_id_from_vm_name(name) is None)
         for name, vmi in by_name.items()
-    ):
-        return True
-    settle = now - timedelta(seconds=VANISHED_AFTER_SECONDS)
-    return any(
+    ) and not any(
         attempt.state in (AttemptState.STARTING, AttemptState.RUNNING)
         and attempt.vm_name not in by_name
         and attempt.provisioned_at is not None
         and attempt.provisioned_at < settle
         for attempt in attempts
-    )
-
-
-def sweep_soon(*, namespace: str) -> bool:
-    """Queue a sweep of this namespace now rather than at the next periodic sweep (at most one per resync)."""
+    ):
+        return False
     if not cache.add(SWEEP_SOON_KEY.format(namespace=namespace), "1", timeout=settings.ATTEMPT_RESYNC_SECONDS):
         return False
     from labs.tasks import sweep_namespace
