@@ -83,7 +83,7 @@ def provision_attempt(self, attempt_id: int) -> str:
                     _("The cluster did not accept the lab's VM (%(error)s). Try again later.") % {"error": said}
                 ),
             )
-        return provisioning.ProvisionOutcome.FAILED
+        return "failed"
 
 
 @shared_task(bind=True, acks_late=True, max_retries=MAX_RETRIES)

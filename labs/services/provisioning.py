@@ -53,39 +53,26 @@ def attempt_fail(*, attempt_id: int, reason: Callable[[], str], from_states: tup
     return True
 
 
-class ProvisionOutcome:
-    CREATED = "created"
-    SKIPPED = "skipped"
-    FAILED = "failed"
-    ABANDONED = "abandoned"
-
-
 def attempt_provision(*, attempt_id: int) -> str:
     """Create the attempt's cloud-init Secret and VM; the attempt becomes ``starting``. Raises ``ClusterError``."""
     attempt = Attempt.objects.select_related("lab", "tenant").filter(id=attempt_id).first()
-    if (
-        attempt is not None
-        and attempt.state == AttemptState.REQUESTED
-        and names.pool_vm_id_from_vm_name(attempt.vm_name)
-    ):
-        # It claimed a warm pool's VM (a lost claim task, queued again by the sweep): finish that claim instead.
-        from labs.services.pool_claim import pool_claim_finish
-
-        pool_claim_finish(attempt_id=attempt_id)
-        return ProvisionOutcome.SKIPPED
     if attempt is not None and attempt.state == AttemptState.REQUESTED:
-        if (
-            attempt_transition(
-                attempt=attempt,
-                to=AttemptState.PROVISIONING,
-                from_states=(AttemptState.REQUESTED,),
-                hold=PROVISIONING_PUSH_HOLD_SECONDS,
-            )
-            is None
-        ):
+        if names.pool_vm_id_from_vm_name(attempt.vm_name):
+            # It claimed a warm pool's VM (a lost claim task, queued again by the sweep): finish that claim instead.
+            from labs.services.pool_claim import pool_claim_finish
+
+            pool_claim_finish(attempt_id=attempt_id)
+            return "skipped"
+        moved = attempt_transition(
+            attempt=attempt,
+            to=AttemptState.PROVISIONING,
+            from_states=(AttemptState.REQUESTED,),
+            hold=PROVISIONING_PUSH_HOLD_SECONDS,
+        )
+        if moved is None:
             attempt.refresh_from_db(fields=["state"])
     if attempt is None or attempt.state != AttemptState.PROVISIONING:
-        return ProvisionOutcome.SKIPPED  # done by an earlier delivery, or stopped before it began
+        return "skipped"  # done by an earlier delivery, or stopped before it began
 
     from guest.cloud_init import render_user_data
 
@@ -100,16 +87,15 @@ def attempt_provision(*, attempt_id: int) -> str:
                 _("The lab's cloud-init settings are invalid (%(error)s). Tell your instructor.") % {"error": error}
             ),
         )
-        return ProvisionOutcome.FAILED
+        return "failed"
 
-    labels = names.attempt_labels(
-        tenant_id=attempt.tenant_id, course_id=lab.course_id, lab_id=lab.id, attempt_id=attempt.id
-    )
     created_vm = lab_vm_create(
         tenant=attempt.tenant,
         namespace=attempt.namespace,
         name=attempt.vm_name,
-        labels=labels,
+        labels=names.attempt_labels(
+            tenant_id=attempt.tenant_id, course_id=lab.course_id, lab_id=lab.id, attempt_id=attempt.id
+        ),
         lab=lab,
         vcpus=attempt.vcpus,
         memory_mib=attempt.memory_mib,
@@ -124,13 +110,17 @@ def attempt_provision(*, attempt_id: int) -> str:
                 % {"name": attempt.vm_name}
             ),
         )
-        return ProvisionOutcome.FAILED
+        return "failed"
 
     # Any other write to a provisioning attempt (a sync, a stop) moves it on, and then this matches nothing.
     if attempt_transition(attempt=attempt, to=AttemptState.STARTING, from_states=(AttemptState.PROVISIONING,)) is None:
-        return _after_lost_claim(attempt_id=attempt_id)
+        # It left ``provisioning`` while its VM was made (a stop): if its teardown ran already, delete the VM.
+        attempt.refresh_from_db(fields=["state", "vm_deleted_at"])
+        if attempt.state in FINAL_STATES or (attempt.state == AttemptState.STOPPING and attempt.vm_deleted_at):
+            operations.vm_and_secret_delete(namespace=attempt.namespace, name=attempt.vm_name)
+        return "abandoned"
     watch_new_vm(attempt.namespace)
-    return ProvisionOutcome.CREATED
+    return "created"
 
 
 def lab_vm_create(
@@ -174,11 +164,3 @@ def lab_vm_create(
         owner = manifests.owner_reference(created_vm)
         operations.secret_set_owner(namespace=namespace, name=secret_name, owner=owner)
     return created_vm
-
-
-def _after_lost_claim(*, attempt_id: int) -> str:
-    """The attempt left ``provisioning`` while its VM was made (a stop): if its teardown ran already, delete the VM."""
-    attempt = Attempt.objects.get(id=attempt_id)
-    if attempt.state in FINAL_STATES or (attempt.state == AttemptState.STOPPING and attempt.vm_deleted_at):
-        operations.vm_and_secret_delete(namespace=attempt.namespace, name=attempt.vm_name)
-    return ProvisionOutcome.ABANDONED
