@@ -12,11 +12,12 @@ from celery import shared_task
 from celery.signals import worker_ready
 from django.conf import settings
 from django.core.cache import cache
+from django.db import connection
 from django.utils.translation import gettext as _
 
-from labs import wording
+from labs import sync_health, wording
 from labs.kubevirt.operations import ClusterError
-from labs.models import Attempt
+from labs.models import Attempt, TenantNamespace
 from labs.services import agents, provisioning, stopping, sweeping, tracking
 from labs.services.namespaces import is_rbac_refusal, tenant_namespace_refused
 
@@ -35,17 +36,10 @@ SWEEP_LOCK_KEY = "labs:sweep:lock"
 def forget_pass_locks(**_kwargs) -> None:
     """Drop the pass locks a killed worker left behind, which would make its successor skip every sync and sweep
     until they expire; at worst a pass still running elsewhere overlaps once with a new one (they are idempotent)."""
-    from django.db import connection
-
-    from labs.models import TenantNamespace
-
     try:
-        keys = [SYNC_LOCK_KEY, SWEEP_LOCK_KEY]
-        keys += [
-            tracking.NAMESPACE_LOCK_KEY.format(namespace=namespace)
-            for namespace in TenantNamespace.objects.values_list("namespace", flat=True)
-        ]
-        cache.delete_many(keys)
+        namespaces = TenantNamespace.objects.values_list("namespace", flat=True)
+        locks = [tracking.NAMESPACE_LOCK_KEY.format(namespace=namespace) for namespace in namespaces]
+        cache.delete_many([SYNC_LOCK_KEY, SWEEP_LOCK_KEY, *locks])
     except Exception:
         logger.warning("could not clear the sync and sweep locks; they expire by themselves", exc_info=True)
     finally:
@@ -97,29 +91,23 @@ def teardown_attempt(self, attempt_id: int) -> str:
         return "error"
 
 
-def _record_heartbeat(errors: list[str]) -> None:
-    """Tell the readiness probe (``ops.health``) whether the sync loop can see the cluster."""
-    from labs import sync_health as health
-
-    if errors:
-        health.record_sync_error(message="; ".join(errors))
-    else:
-        health.record_sync_success()
-
-
 @shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
 def sync_attempts() -> dict:
     # One sync at a time across workers: an overlapping one would only repeat the same lists.
     if not cache.add(SYNC_LOCK_KEY, "1", timeout=HARD_LIMIT):
         return {"skipped": True}
+    # The heartbeat tells the readiness probe (``ops.health``) whether the sync loop can see the cluster.
     try:
         report = tracking.attempts_sync()
     except Exception as exc:
-        _record_heartbeat([f"{exc.__class__.__name__}: {exc}"])
+        sync_health.record_sync_error(message=f"{exc.__class__.__name__}: {exc}")
         raise
     finally:
         cache.delete(SYNC_LOCK_KEY)
-    _record_heartbeat(report.errors)
+    if report.errors:
+        sync_health.record_sync_error(message="; ".join(report.errors))
+    else:
+        sync_health.record_sync_success()
     return {**asdict(report), "namespaces": len(report.namespaces)}
 
 
