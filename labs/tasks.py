@@ -34,8 +34,7 @@ SWEEP_LOCK_KEY = "labs:sweep:lock"
 
 @worker_ready.connect
 def forget_pass_locks(**_kwargs) -> None:
-    """Drop the pass locks a killed worker left behind, which would make its successor skip every sync and sweep
-    until they expire; at worst a pass still running elsewhere overlaps once with a new one (they are idempotent)."""
+    """Drop the pass locks a killed worker left, which would make every pass skip until they expire."""
     try:
         namespaces = TenantNamespace.objects.values_list("namespace", flat=True)
         locks = [tracking.NAMESPACE_LOCK_KEY.format(namespace=namespace) for namespace in namespaces]
@@ -113,8 +112,7 @@ def sync_attempts() -> dict:
 
 @shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
 def sync_namespace(namespace: str, follow_up: float | None = None) -> dict:
-    """List one namespace now: a follow-up after VMs were made there (``follow_up``: its delay), or for the agent
-    checks."""
+    """List one namespace now: a follow-up after VMs were made there (``follow_up``: its delay), or on request."""
     if follow_up is not None:
         agents.follow_up_begins(namespace=namespace, delay=follow_up)
     try:
@@ -127,8 +125,7 @@ def sync_namespace(namespace: str, follow_up: float | None = None) -> dict:
 
 @shared_task(bind=True, acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
 def await_agents(self, namespace: str, step: int = 0, waiting_before: int = 0, asked_at: float | None = None) -> dict:
-    """Ask the namespace's booting agents for ``/healthz`` and, while some do not answer, again after a countdown
-    (back to the quick pace when more wait than last round); run eagerly, it asks once."""
+    """Ask the namespace's booting agents, again after a countdown while some wait; run eagerly, it asks once."""
     began = time.time()
     since = None if asked_at is None else max(0.0, began - asked_at)
     try:

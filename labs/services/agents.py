@@ -114,9 +114,7 @@ def agent_ask_due(
 
 
 def agents_check(*, namespace: str, since_last_round: float | None = None) -> tuple[int, int]:
-    """Ask the agents of the namespace's starting attempts that are due a question for ``/healthz`` (in parallel)
-    and mark those that answer running; returns (now running, still waiting). VMs made in the last few seconds are
-    asked before a list shows their VMI Running: an agent that answers proves it runs."""
+    """Ask the due booting agents (a just-made VM's too), mark those that answer running; (running, waiting)."""
     now = timezone.now()
     just_made = now - timedelta(seconds=AGENT_FAST_PATH_SECONDS)
     # Only what deciding and asking need: a round runs every fraction of a second while a class boots.
@@ -147,9 +145,9 @@ def agents_check(*, namespace: str, since_last_round: float | None = None) -> tu
     now_running = [
         attempt for attempt, ok in zip(attempts, answers, strict=True) if ok and _mark_running(attempt_id=attempt.id)
     ]
-    if any(attempt.vmi_running_at is None for attempt in now_running):
-        # Answered before a list showed the VMI Running (the fast path): its phase times come from a list.
-        namespace_list_soon(namespace)
+    if any(attempt.vmi_running_at is None for attempt in now_running) and settings.ATTEMPT_FOLLOW_UP_SECONDS:
+        # Answered before a list showed the VMI Running (the fast path): a list soon gives the page its phase times.
+        _schedule_follow_up(namespace, settings.ATTEMPT_FOLLOW_UP_SECONDS[0])
     return len(now_running), len(waiting) - sum(1 for ok in answers if ok)
 
 
@@ -172,8 +170,7 @@ def _mark_running(*, attempt_id: int) -> bool:
 
 
 def watch_new_vm(namespace: str) -> None:
-    """A VM was just made in ``namespace``: follow-up lists of it, and its chain of agent checks, unless under way
-    (read in one round trip)."""
+    """A VM was just made: follow-up lists of its namespace and its agent checks, unless under way (one cache read)."""
     agent_key = agent_wait_key(namespace)
     waiting = _waiting([*_follow_up_keys(namespace), agent_key])
     _schedule_follow_ups(namespace, waiting=waiting)
@@ -194,8 +191,7 @@ def _follow_up_keys(namespace: str) -> list[str]:
 
 
 def _schedule_follow_ups(namespace: str, *, waiting: dict | None = None) -> None:
-    """For each delay ``d`` in ``ATTEMPT_FOLLOW_UP_SECONDS``, a list of the namespace within ``d``, shared: while one
-    is waiting to run, it covers every VM made meanwhile, so a burst of starts costs a few lists, not four per VM."""
+    """A list of the namespace within each follow-up delay, shared by every VM made while one waits to run."""
     if waiting is None:
         waiting = _waiting(_follow_up_keys(namespace))
     for delay in settings.ATTEMPT_FOLLOW_UP_SECONDS:
@@ -203,13 +199,6 @@ def _schedule_follow_ups(namespace: str, *, waiting: dict | None = None) -> None
             continue  # it lists after this VM was made, within its delay
         if not _schedule_follow_up(namespace, delay):
             return
-
-
-def namespace_list_soon(namespace: str) -> None:
-    """List the namespace at the first follow-up delay (for an agent that answered before a list showed its VMI
-    Running: the page gets the phase times now)."""
-    if settings.ATTEMPT_FOLLOW_UP_SECONDS:
-        _schedule_follow_up(namespace, settings.ATTEMPT_FOLLOW_UP_SECONDS[0])
 
 
 def _follow_up_key(namespace: str, delay: float) -> str:

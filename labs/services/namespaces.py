@@ -81,8 +81,7 @@ def tenant_namespace_refused(*, namespace: str, said: str) -> None:
 
 
 def tenant_namespace_ready(*, tenant: Tenant) -> bool:
-    """False while the cluster refuses the portal in the tenant's namespace: one never set up is asked about once per
-    process, a recorded refusal again after ``NOT_READY_RECHECK_SECONDS``."""
+    """False while the cluster refuses the portal in the namespace (asked once per process, a refusal again later)."""
     row = TenantNamespace.objects.filter(tenant=tenant).values("bootstrapped_at", "last_error", "last_error_at").first()
     refused = row is not None and is_refusal_record(row["last_error"])
     if not refused and (tenant.id in _reviewed_ready or (row is not None and row["bootstrapped_at"] is not None)):

@@ -52,8 +52,7 @@ def _observed_changes(attempt: Attempt, observation: status.VmiObservation) -> d
 
 
 def _fail_restarted(attempt: Attempt) -> str:
-    """The VMI the attempt followed ended after running and KubeVirt made a new one from a fresh disk: the work is
-    gone. The old VMI's reason survives only in Events."""
+    """KubeVirt replaced the VMI that ran with a new one from a fresh disk: the work is gone (the why is in Events)."""
     detail = explain.events_said(namespace=attempt.namespace, name=attempt.vm_name)
     try:  # a drain shuts down what cannot live-migrate (evictionStrategy None, or LiveMigrateIfPossible)
         drained = bool(attempt.node_name) and operations.node_cordoned(attempt.node_name)

@@ -23,8 +23,7 @@ logger = logging.getLogger(__name__)
 
 
 def pool_vm_claim(*, attempt: Attempt, lab: Lab, now: datetime) -> PoolVm | None:
-    """Inside the Start's transaction: take the lab's longest-ready pool VM of the tenant, made from the lab's current
-    settings, for ``attempt``, or None."""
+    """In the Start's transaction: take the tenant's longest-ready pool VM of the lab's current recipe, or None."""
     pool_vm = (
         PoolVm.objects.select_for_update(skip_locked=True)
         .filter(
@@ -50,8 +49,7 @@ def pool_miss_record(*, lab: Lab, now: datetime) -> None:
 
 
 def pool_give_way(*, tenant_id: int, totals: TenantTotals, fits) -> TenantTotals:
-    """Under the tenant's lock: end unclaimed pool VMs of the tenant (booting first) until ``fits(totals)``, deleted
-    on the cluster if the Start commits; returns the totals without them."""
+    """Under the tenant's lock: end unclaimed pool VMs (booting first) until ``fits``; the totals without them."""
     given: list[PoolVm] = []
     candidates = (
         PoolVm.objects.select_for_update(skip_locked=True)
@@ -82,8 +80,7 @@ def pool_give_way(*, tenant_id: int, totals: TenantTotals, fits) -> TenantTotals
 
 
 def pool_claim_finish(*, attempt_id: int) -> str:
-    """The claim's second half: rotate the agent's token, label the VM, make the attempt running. Safe to run twice;
-    raises a transient ``ClusterError`` for the task to retry; anything else makes the attempt start cold."""
+    """Rotate the agent's token, label the VM, run the attempt; a transient ``ClusterError`` raises, else cold start."""
     from labs.agent_client import AgentError, AgentTokenRejected, healthz, rotate_token
 
     attempt = Attempt.objects.select_related("lab").filter(id=attempt_id, state=AttemptState.REQUESTED).first()

@@ -50,8 +50,7 @@ class PoolReport:
 
 
 def pools_refill(*, now: datetime | None = None) -> PoolReport:
-    """One pass over every pool that holds VMs or wants some: drain what is beyond its target, or make up to
-    ``POOL_REFILL_PER_PASS`` VMs of the deficit within the quota, unless its class is arriving (``refill_held``)."""
+    """Drain each pool beyond its target, or make up to ``POOL_REFILL_PER_PASS`` VMs unless its class is arriving."""
     now = now or timezone.now()
     report = PoolReport()
     pools = LabPool.objects.select_related("lab__course__tenant").annotate(
@@ -85,8 +84,7 @@ def pools_refill(*, now: datetime | None = None) -> PoolReport:
 
 
 def refill_held(*, pool: LabPool, now: datetime) -> bool:
-    """Whether the pool's class is arriving (a claim within ``POOL_REFILL_HOLD_SECONDS``, the first since the last
-    VM made within ``POOL_REFILL_HOLD_MAX_SECONDS``): the refill waits so their Starts go first."""
+    """Whether the pool's class is arriving (claims began recently): the refill waits so their Starts go first."""
     if settings.POOL_REFILL_HOLD_SECONDS <= 0:
         return False
     vms = PoolVm.objects.filter(pool=pool)
@@ -99,8 +97,7 @@ def refill_held(*, pool: LabPool, now: datetime) -> bool:
 
 
 def pool_vm_create(*, pool: LabPool) -> PoolVm | None:
-    """Make one VM for the pool if the tenant's quota has room (under the tenant's lock, as a Start), else None. Its
-    row is written first, so a crash leaves a VM the sweep can tell from an orphan."""
+    """Make one pool VM within the quota (else None); its row first, so the sweep never takes it as an orphan."""
     from guest.cloud_init import render_user_data
 
     lab = pool.lab
@@ -175,9 +172,7 @@ def pool_vm_delete_on_cluster(*, pool_vm: PoolVm) -> None:
 
 
 def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
-    """End the unclaimed pool VMs whose VMI ended or VM is gone, then ask the agents of the booting ones and of the
-    ready ones not asked for ``POOL_READY_CHECK_SECONDS``: a booting one that answers is ready; a ready one that
-    does not, or a booting one past the start timeout, is replaced."""
+    """Replace the pool VMs that ended, lost their agent or never booted; a booting one whose agent answers is ready."""
     now = now or timezone.now()
     report = PoolReport()
     vms = list(PoolVm.objects.filter(state__in=POOL_HOLDING_STATES).exclude(vm_name=""))

@@ -28,8 +28,7 @@ PROVISIONING_PUSH_HOLD_SECONDS = 1.0
 
 
 def attempt_fail(*, attempt_id: int, reason: Callable[[], str], from_states: tuple[str, ...] = ACTIVE_STATES) -> bool:
-    """Mark the attempt failed and queue the clean-up of its VM; False when it had left ``from_states``. ``reason``
-    says why for the student, called once per language, so it only translates and formats."""
+    """Fail the attempt and queue its clean-up (``reason`` is called per language); False if it left ``from_states``."""
     texts = {code: text[:4000] for code, text in in_every_language(reason).items()}
     default = texts.get(settings.LANGUAGE_CODE) or next(iter(texts.values()))
     # The text field keeps the attempt's own language, picked in the update itself.
@@ -134,9 +133,7 @@ def lab_vm_create(
     memory_mib: int,
     user_data: str,
 ) -> dict:
-    """Create a lab's VM and its cloud-init Secret in the tenant's namespace (set up first, and again if it was
-    deleted behind the portal's back), the Secret owned by the VM if it is the one asked for; returns the VM as the
-    cluster has it."""
+    """Create a lab VM and its cloud-init Secret (owned by the VM) in the tenant's namespace; returns the VM."""
     tenant_namespace_ensure(tenant=tenant)
     secret_name = names.cloud_init_secret_name(name)
     try:

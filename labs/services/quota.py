@@ -47,8 +47,7 @@ def per_student_refusal(*, running: int, stopping: int) -> Conflict:
 
 
 def per_student_cap_message(*, student: User, tenant: Tenant) -> str:
-    """What the lab page says instead of offering Start when the student has as many labs going as one person may
-    ('' when Start may be tried; ``attempt_start`` decides for real)."""
+    """What the lab page says instead of offering Start to a student at the per-person limit, else ''."""
     if not tenant.max_vms_per_student:
         return ""
     going = Attempt.objects.filter(student=student, tenant=tenant, state__in=ACTIVE_STATES).aggregate(

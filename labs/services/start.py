@@ -175,9 +175,7 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
 
 
 def attempt_start_limited(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
-    """``attempt_start`` behind the per-person start limit (``RATE_LIMITS["attempt_start"]``). A refusal that asks to
-    come back later (Retry-After) or a database too busy to answer is not counted, so a page that retries by itself
-    does not use up the limit."""
+    """``attempt_start`` behind the per-person limit; a Retry-After refusal or a busy database is not counted."""
     counted = rate_limit_hit(
         scope="attempt_start",
         key=f"user:{actor.pk}",

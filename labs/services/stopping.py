@@ -181,8 +181,7 @@ def attempt_stops_as_left_at(
 
 
 def attempt_left_since(attempt: Attempt) -> datetime | None:
-    """Since when no page has had the attempt open: its last stamp, or when its agent answered if later; None until
-    it runs."""
+    """Since when no page has had the attempt open (its last stamp or its agent's answer); None until it runs."""
     stamps = [stamp for stamp in (attempt.last_seen_at, attempt.agent_ready_at) if stamp is not None]
     return max(stamps) if attempt.agent_ready_at is not None else None
 
@@ -197,8 +196,7 @@ def grade_final(*, attempt: Attempt, trigger: str) -> None:
 
 
 def attempt_teardown(*, attempt_id: int) -> str:
-    """For a stopping attempt: grade once more if its agent ever answered, then delete the VM (ending the attempt if
-    it was gone already). For a failed one: delete what is left. Safe to run twice."""
+    """Grade a stopping attempt once more if its agent answered, then delete its VM (a failed one's too); rerunnable."""
     attempt = Attempt.objects.select_related("lab").filter(id=attempt_id).first()
     if attempt is None:
         return "missing"

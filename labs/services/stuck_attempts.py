@@ -35,8 +35,7 @@ def teardown_redelivery_seconds() -> int:
 
 
 def requeue_requested(*, report: SweepReport, now: datetime) -> None:
-    """Queue the provisioning of attempts still ``requested`` long after they were made again; fail those still
-    unserved after the start timeout."""
+    """Queue again the provisioning of attempts long ``requested``; fail those unserved after the start timeout."""
     from labs.tasks import provision_attempt
 
     timeout = settings.ATTEMPT_START_TIMEOUT_SECONDS
@@ -122,8 +121,7 @@ def _start_timed_out(timeout: int) -> str:
 
 
 def start_failure_detail(*, attempt: Attempt, vm_listed: bool) -> Callable[[], str]:
-    """What the cluster says about a VM that would not start (its status, the last problem, Warning events), asked
-    once, as a function wording it in the active language."""
+    """What the cluster says about a VM that would not start, read once, as a function wording it in any language."""
     vm = None
     if vm_listed:
         try:

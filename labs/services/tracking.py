@@ -65,8 +65,7 @@ def attempts_expire_due(*, now: datetime | None = None) -> int:
 
 
 def attempts_stop_left(*, now: datetime | None = None) -> int:
-    """Stop running attempts no page has had open for their lab's ``idle_stop_minutes`` (database only): one query
-    finds those left for the shortest limit, each then judged on its own lab's."""
+    """Stop the running attempts no page has had open for their lab's ``idle_stop_minutes``."""
     now = now or timezone.now()
     candidates = (
         Attempt.objects.filter(state=AttemptState.RUNNING, lab__idle_stop_minutes__gt=0)
@@ -120,8 +119,7 @@ def attempts_sync(*, now: datetime | None = None) -> SyncReport:
 
 
 def namespace_sync(*, namespace: str) -> SyncReport:
-    """List the namespace's VMIs once and bring each of its tracked attempts up to date; ``skipped`` while another
-    sync of the namespace runs (it would only repeat the same list)."""
+    """List the namespace's VMIs once and update its tracked attempts; ``skipped`` while another sync of it runs."""
     report = SyncReport(namespaces=[namespace])
     key = NAMESPACE_LOCK_KEY.format(namespace=namespace)
     if not cache.add(key, "1", timeout=NAMESPACE_LOCK_SECONDS):
@@ -158,8 +156,7 @@ def namespace_sync(*, namespace: str) -> SyncReport:
 def _sweep_if_inconsistent(
     *, namespace: str, attempts: list[Attempt], by_name: dict[str | None, dict[str, Any]], now: datetime
 ) -> bool:
-    """Queue a sweep of the namespace now (at most one per resync) if the list hints at what only the sweep may judge:
-    an orphan VMI (a warm pool's are the periodic sweep's), a started attempt without one."""
+    """Queue a sweep now (once per resync) if the list shows an orphan VMI or a started attempt without one."""
     owned = {attempt.vm_name for attempt in attempts}
     settle = now - timedelta(seconds=VANISHED_AFTER_SECONDS)
     if not any(
