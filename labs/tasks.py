@@ -1,5 +1,5 @@
-"""Celery tasks of the attempt lifecycle, each a thin call to a service: provision, teardown, sync, agent waits and
-sweeps; idempotent, and retrying transient cluster errors with capped backoff."""
+"""Celery tasks of the attempt lifecycle and the warm pools, each a thin call to a service; idempotent, and retrying
+transient cluster errors with capped backoff."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from django.utils.translation import gettext as _
 from labs import sync_health, wording
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, TenantNamespace
-from labs.services import agents, provisioning, stopping, sweeping, tracking
+from labs.services import agents, pool_claim, pools, provisioning, stopping, sweeping, tracking
 from labs.services.namespaces import is_rbac_refusal, tenant_namespace_refused
 
 logger = logging.getLogger(__name__)
@@ -30,6 +30,9 @@ SOFT_LIMIT = settings.ATTEMPT_TASK_SOFT_TIME_LIMIT_SECONDS
 HARD_LIMIT = SOFT_LIMIT + 30
 SYNC_LOCK_KEY = "labs:sync:lock"
 SWEEP_LOCK_KEY = "labs:sweep:lock"
+TEND_LOCK_KEY = "labs:pools:lock"
+PRUNE_KEY = "labs:pools:pruned"
+PRUNE_EVERY_SECONDS = 3600
 
 
 @worker_ready.connect
@@ -164,5 +167,34 @@ def sweep_attempts() -> dict:
     return asdict(report)
 
 
-# The warm pools' tasks, registered with these (the worker imports this module).
-from labs import tasks_pools  # noqa: E402, F401
+@shared_task(bind=True, acks_late=True, max_retries=MAX_RETRIES, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
+def finish_pool_claim(self, attempt_id: int) -> str:
+    try:
+        return pool_claim.pool_claim_finish(attempt_id=attempt_id)
+    except ClusterError as error:
+        _retry_or_raise(self, error)
+        # Given up: the attempt stays requested until the sweep queues it again (its start timeout fails it).
+        logger.error("finishing the pool claim of attempt %s failed: %s", attempt_id, error.message)
+        return "error"
+
+
+@shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
+def tend_pools() -> dict:
+    # One pass at a time across workers: two would make the same VMs' worth twice.
+    if not cache.add(TEND_LOCK_KEY, "1", timeout=HARD_LIMIT):
+        return {"skipped": True}
+    try:
+        checked = pools.pool_vms_check()
+        refilled = pools.pools_refill()
+        # Long-ended rows go hourly: the pass runs every few seconds, and they pile up over days.
+        if cache.add(PRUNE_KEY, "1", timeout=PRUNE_EVERY_SECONDS):
+            pools.pool_vms_prune()
+    finally:
+        cache.delete(TEND_LOCK_KEY)
+    return {
+        "ready": checked.ready,
+        "created": refilled.created,
+        "deleted": checked.deleted + refilled.deleted,
+        "errors": refilled.errors,
+        "held": refilled.held,
+    }

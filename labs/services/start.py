@@ -158,7 +158,7 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
         raise _already_active(attempt_id=active) from None
     # No update is pushed: nobody listens to an attempt that did not exist, and the answer carries its status.
     if claimed is not None:
-        from labs.tasks_pools import finish_pool_claim
+        from labs.tasks import finish_pool_claim
 
         # A broker that refuses leaves the attempt requested; the sweep queues its provisioning, which finishes it.
         on_commit_logged(lambda: finish_pool_claim.delay(attempt.id), what=f"queueing the claim of {attempt.id}")
