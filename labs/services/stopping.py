@@ -9,11 +9,13 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from labs.kubevirt import operations
-from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState
+from labs.models import ACTIVE_STATES, FINAL_STATES, IDLE_STOP_MIN_MINUTES, Attempt, AttemptState
 from labs.services.events import attempt_push_on_commit, on_commit_logged
 from labs.signals import attempt_final_grading
 from labs.states import attempt_transition
@@ -144,6 +146,36 @@ def attempt_expire(*, attempt: Attempt) -> Attempt:
             return locked
         _begin_stopping(locked, reason=StopReason.EXPIRED, now=now)
     return locked
+
+
+def attempts_expire_due(*, now: datetime | None = None) -> int:
+    """Expire running attempts whose time is up (database only; their teardown is queued)."""
+    now = now or timezone.now()
+    expired = 0
+    for attempt in Attempt.objects.filter(state=AttemptState.RUNNING, expires_at__lte=now).only("id"):
+        if attempt_expire(attempt=attempt).state == AttemptState.STOPPING:
+            expired += 1
+    return expired
+
+
+def attempts_stop_left(*, now: datetime | None = None) -> int:
+    """Stop the running attempts no page has had open for their lab's ``idle_stop_minutes``."""
+    now = now or timezone.now()
+    candidates = (
+        Attempt.objects.filter(state=AttemptState.RUNNING, lab__idle_stop_minutes__gt=0)
+        .annotate(left_since=Greatest(Coalesce(F("last_seen_at"), F("agent_ready_at")), F("agent_ready_at")))
+        .filter(left_since__lte=now - timedelta(minutes=IDLE_STOP_MIN_MINUTES))
+        .select_related("lab")
+        .only("id", "last_seen_at", "agent_ready_at", "lab__idle_stop_minutes")
+    )
+    stopped = 0
+    for attempt in candidates:
+        since = attempt_left_since(attempt)
+        if since is None or since > now - timedelta(minutes=attempt.lab.idle_stop_minutes):
+            continue
+        if attempt_stop_left(attempt=attempt, now=now).state == AttemptState.STOPPING:
+            stopped += 1
+    return stopped
 
 
 def attempt_end(*, attempt_id: int) -> bool:
