@@ -67,18 +67,17 @@ def provision_attempt(self, attempt_id: int) -> str:
     except ClusterError as error:
         _retry_or_raise(self, error)
         logger.error("provisioning attempt %s failed for good: %s", attempt_id, error.message)
-        said = error.message
-        if error.status == 403:  # RBAC: the tenant's Role is not applied yet (cluster_check says what to apply)
-            if is_rbac_refusal(error):  # the next Starts are refused before they make an attempt
-                tenant_namespace_refused(namespace=Attempt.objects.get(id=attempt_id).namespace, said=said)
-            provisioning.attempt_fail(attempt_id=attempt_id, reason=lambda: wording.course_not_ready(said))
-        else:
-            provisioning.attempt_fail(
-                attempt_id=attempt_id,
-                reason=lambda: (
-                    _("The cluster did not accept the lab's VM (%(error)s). Try again later.") % {"error": said}
-                ),
-            )
+        said, refused = error.message, error.status == 403
+        # RBAC: the tenant's Role is not applied yet; the next Starts are refused before they make an attempt.
+        if is_rbac_refusal(error):
+            tenant_namespace_refused(namespace=Attempt.objects.get(id=attempt_id).namespace, said=said)
+
+        def reason() -> str:
+            if refused:  # cluster_check says what to apply
+                return wording.course_not_ready(said)
+            return _("The cluster did not accept the lab's VM (%(error)s). Try again later.") % {"error": said}
+
+        provisioning.attempt_fail(attempt_id=attempt_id, reason=reason)
         return "failed"
 
 

@@ -8,13 +8,12 @@ import logging
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from labs.kubevirt import names, operations
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, AttemptState, Lab
-from labs.pool_models import POOL_HOLDING_STATES, LabPool, PoolMode, PoolVm, PoolVmState, pool_vm_recipe
+from labs.pool_models import POOL_HOLDING_STATES, PoolVm, PoolVmState, pool_vm_recipe
 from labs.services.pools import EndReason, pool_vm_delete_on_cluster
 from labs.services.quota import TenantTotals
 from labs.states import attempt_transition
@@ -39,13 +38,6 @@ def pool_vm_claim(*, attempt: Attempt, lab: Lab, now: datetime) -> PoolVm | None
         return None
     PoolVm.objects.filter(id=pool_vm.id).update(state=PoolVmState.CLAIMED, claimed_at=now, attempt=attempt)
     return pool_vm
-
-
-def pool_miss_record(*, lab: Lab, now: datetime) -> None:
-    """A Start of a lab whose pool is meant to be warm found no ready VM."""
-    pool = LabPool.objects.filter(lab=lab).exclude(mode=PoolMode.OFF).select_related("lab").first()
-    if pool is not None and pool.target(now):
-        LabPool.objects.filter(id=pool.id).update(misses=F("misses") + 1)
 
 
 def pool_give_way(*, tenant_id: int, totals: TenantTotals, fits) -> TenantTotals:
@@ -90,18 +82,15 @@ def pool_claim_finish(*, attempt_id: int) -> str:
     if pool_vm is None or pool_vm.vm_name != attempt.vm_name:
         return _start_cold(attempt=attempt, pool_vm=pool_vm, why="no claimed pool VM")
     try:
-        rotate_token(pool_vm, new_token=attempt.agent_token)
-    except AgentTokenRejected:
-        try:  # a delivery before this one rotated it already
-            healthz(attempt)
-        except AgentError as error:
-            return _start_cold(attempt=attempt, pool_vm=pool_vm, why=error.message)
-    except AgentError as error:
-        return _start_cold(attempt=attempt, pool_vm=pool_vm, why=error.message)
-    try:
+        try:
+            rotate_token(pool_vm, new_token=attempt.agent_token)
+        except AgentTokenRejected:
+            healthz(attempt)  # a delivery before this one rotated it already
         labelled = operations.vm_label(
             namespace=pool_vm.namespace, name=pool_vm.vm_name, labels={names.ATTEMPT_LABEL: str(attempt.id)}
         )
+    except AgentError as error:
+        return _start_cold(attempt=attempt, pool_vm=pool_vm, why=error.message)
     except ClusterError as error:
         if error.transient:
             raise

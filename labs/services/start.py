@@ -8,16 +8,17 @@ import secrets
 
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, transaction
-from django.db.models import Count, Max, Q
+from django.db.models import Count, F, Max, Q
 from django.utils import formats, timezone, translation
 from django.utils.translation import gettext as _
 
 from labs.kubevirt import names
 from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab, extra_cloud_init_problem
+from labs.pool_models import LabPool, PoolMode
 from labs.selectors import STARTING_STATES
 from labs.services.events import on_commit_logged
 from labs.services.namespaces import tenant_namespace_ready
-from labs.services.pool_claim import pool_give_way, pool_miss_record, pool_vm_claim
+from labs.services.pool_claim import pool_give_way, pool_vm_claim
 from labs.services.provisioning import attempt_fail
 from labs.services.quota import TenantTotals, per_student_refusal, quota_refusal, retry_after_seconds, tenant_totals
 from labs.sizes import guest_resources, launcher_requests
@@ -163,8 +164,10 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
         # A broker that refuses leaves the attempt requested; the sweep queues its provisioning, which finishes it.
         on_commit_logged(lambda: finish_pool_claim.delay(attempt.id), what=f"queueing the claim of {attempt.id}")
         return attempt
-    if pooled:
-        pool_miss_record(lab=lab, now=now)
+    # A Start of a lab whose pool is meant to be warm found no ready VM: a miss.
+    pool = LabPool.objects.filter(lab=lab).exclude(mode=PoolMode.OFF).select_related("lab").first() if pooled else None
+    if pool is not None and pool.target(now):
+        LabPool.objects.filter(id=pool.id).update(misses=F("misses") + 1)
     queued = _enqueue_provision(attempt.id)
     if not transaction.get_connection().in_atomic_block and not queued.get("sent", True):
         # The provisioning could not be handed to the broker: the attempt was failed in words.
