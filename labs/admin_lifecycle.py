@@ -1,5 +1,4 @@
-"""The lifecycle's part of the attempt admin: stop and extend actions (through the services, so they are audited)
-and a capacity page per tenant."""
+"""The lifecycle's part of the attempt admin: audited stop and extend actions, and a capacity page per tenant."""
 
 from __future__ import annotations
 

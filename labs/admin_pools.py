@@ -1,5 +1,4 @@
-"""Warm pools in the admin: one per lab, with the size and window suggested from the course's enrolment and the
-lab's dates, and the pool's figures."""
+"""Warm pools in the admin: one per lab, with the size and window suggested from its enrolment and dates."""
 
 from __future__ import annotations
 

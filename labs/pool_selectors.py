@@ -1,5 +1,4 @@
-"""Reads about warm pools: each pool's figures (ready, booting, claimed, hits, misses, idle VM-seconds, hit ratio)
-for the operations page and ``/metrics``, and the size and window the admin form suggests for a lab."""
+"""Reads about warm pools: each pool's figures for the operations page and ``/metrics``, and the admin's suggestion."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Telling browsers that an attempt changed: ``attempt.update`` on the group ``attempt-<id>``, sent after commit by
-one sender thread per process (a persistent loop keeps its Redis connection and the messages' order). A *held*
-message is sent later unless a newer one of its type for the group replaces it first."""
+"""Telling browsers that an attempt changed, after commit, through one sender thread per process (it keeps the
+messages' order); a *held* message goes later unless a newer one of its type for the group replaces it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""How a Start takes a warm pool's VM: claimed in its transaction (skipping VMs another Start has locked), then
-finished by a task (the agent's token rotated, the VM labelled, the attempt ``running``), or else started cold.
-Also the pool giving way to a cold Start's quota."""
+"""How a Start takes a warm pool's VM (claimed in its transaction, finished by a task, else started cold), and the
+pool giving way to a cold Start's quota."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Warm pools kept at their size: VMs made ahead of Starts (within the tenant's quota), asked until their agent
-answers, replaced when it stops or the cluster says they ended, drained when the pool is off or its lab closes;
-long-ended rows pruned, their figures kept on their pool."""
+"""Warm pools kept at their size within the tenant's quota: VMs made, asked until their agent answers, replaced,
+drained; long-ended rows pruned, their figures kept on their pool."""
 
 from __future__ import annotations
 

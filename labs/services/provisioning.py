@@ -1,5 +1,4 @@
-"""Putting an attempt's VM on the cluster, and the system's own attempt transitions; each safe to rerun after a
-crash at any line (conditional updates, deterministic names, "already exists" and "not found" taken as done)."""
+"""Putting an attempt's VM on the cluster, and failing an attempt; each safe to rerun after a crash at any line."""
 
 from __future__ import annotations
 

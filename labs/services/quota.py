@@ -1,5 +1,4 @@
-"""The tenant's capacity and the per-student limit as the Start checks them under the tenant's lock, and the
-refusals (with a Retry-After hint when capacity is full)."""
+"""The tenant's capacity and the per-student limit as the Start checks them under the tenant lock, and the refusals."""
 
 from __future__ import annotations
 

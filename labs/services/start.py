@@ -1,5 +1,5 @@
-"""Starting an attempt: the checks, the quota under the tenant's row lock (exactly one of concurrent starts gets the
-last slot), the row, and the provisioning or the warm pool's claim queued on commit."""
+"""Starting an attempt: the checks, the quota under the tenant's row lock, the row, and the provisioning or the warm
+pool's claim queued on commit."""
 
 from __future__ import annotations
 

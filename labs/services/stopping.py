@@ -1,5 +1,4 @@
-"""Ending attempts: a person's stop and extension, the time limit, the stop when no page has it open (presence), and
-the teardown that grades once more and deletes the VM."""
+"""Ending attempts: a person's stop and extension, the time limit, the stop when no page has it open, the teardown."""
 
 from __future__ import annotations
 

@@ -114,7 +114,7 @@ def namespace_sync(*, namespace: str) -> SyncReport:
         by_name: dict[str | None, dict[str, Any]] = {(vmi.get("metadata") or {}).get("name"): vmi for vmi in vmis}
         for attempt in attempts:
             outcome = attempt_observe(attempt=attempt, vmi=by_name.get(attempt.vm_name), now=now)
-            if outcome != Outcome.UNCHANGED:  # the other outcomes are named as the report's counts
+            if outcome != "unchanged":
                 setattr(report, outcome, getattr(report, outcome) + 1)
         if report.awaiting_agent:
             agent_wait_start(namespace=namespace)
@@ -161,29 +161,6 @@ def start_again_hint() -> str:
     return _("You can start the lab again; a failed attempt does not count against your attempt limit.")
 
 
-class Outcome:
-    UNCHANGED = "unchanged"
-    CHANGED = "changed"
-    FAILED = "failed"
-    ENDED = "ended"
-    AWAITING_AGENT = "awaiting_agent"
-
-
-def _observed_changes(attempt: Attempt, observation: status.VmiObservation) -> dict[str, Any]:
-    changes: dict[str, Any] = {}
-    for phase, field_name in status.PHASE_FIELDS.items():
-        when = observation.phase_times.get(phase)
-        if when is not None and getattr(attempt, field_name) is None:
-            changes[field_name] = when
-    if observation.phase != attempt.phase:
-        changes["phase"] = observation.phase
-    if observation.node_name and observation.node_name != attempt.node_name:
-        changes["node_name"] = observation.node_name
-    if observation.uid and observation.uid != attempt.vmi_uid:
-        changes["vmi_uid"] = observation.uid
-    return changes
-
-
 def _fail_restarted(attempt: Attempt) -> str:
     """KubeVirt replaced the VMI that ran with a new one from a fresh disk: the work is gone (the why is in Events)."""
     detail = explain.events_said(namespace=attempt.namespace, name=attempt.vm_name)
@@ -208,23 +185,34 @@ def _fail_restarted(attempt: Attempt) -> str:
 
 
 def _fail(attempt: Attempt, reason: Callable[[], str]) -> str:
-    return Outcome.FAILED if attempt_fail(attempt_id=attempt.id, reason=reason) else Outcome.UNCHANGED
+    return "failed" if attempt_fail(attempt_id=attempt.id, reason=reason) else "unchanged"
 
 
 def attempt_observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> str:
-    """Apply what the attempt's VMI (or its absence) says, in the attempt's language and in each; an ``Outcome``."""
+    """Apply what the attempt's VMI (or its absence) says, in the attempt's language and in each; the outcome is one
+    of the ``SyncReport`` counts, or "unchanged"."""
     with translation.override(attempt.language or settings.LANGUAGE_CODE):
         if attempt.state == AttemptState.STOPPING:
             if vmi is None and attempt.vm_deleted_at is not None:
-                return Outcome.ENDED if attempt_end(attempt_id=attempt.id) else Outcome.UNCHANGED
-            return Outcome.UNCHANGED
+                return "ended" if attempt_end(attempt_id=attempt.id) else "unchanged"
+            return "unchanged"
         if vmi is None:
-            return Outcome.UNCHANGED  # no VMI yet: still starting; a VM gone altogether is the sweep's to judge
+            return "unchanged"  # no VMI yet: still starting; a VM gone altogether is the sweep's to judge
 
         observation = status.observe_vmi(vmi)
         if attempt.vmi_uid and observation.uid and observation.uid != attempt.vmi_uid and attempt.vmi_running_at:
             return _fail_restarted(attempt)
-        changes = _observed_changes(attempt, observation)
+        changes: dict[str, Any] = {
+            name: when
+            for phase, name in status.PHASE_FIELDS.items()
+            if (when := observation.phase_times.get(phase)) is not None and getattr(attempt, name) is None
+        }
+        if observation.phase != attempt.phase:
+            changes["phase"] = observation.phase
+        if observation.node_name and observation.node_name != attempt.node_name:
+            changes["node_name"] = observation.node_name
+        if observation.uid and observation.uid != attempt.vmi_uid:
+            changes["vmi_uid"] = observation.uid
         to = None
         if attempt.state == AttemptState.PROVISIONING:
             # The VM exists but its provisioning never recorded it (a worker died after creating it).
@@ -255,8 +243,8 @@ def attempt_observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: dateti
 
         changed = _apply(attempt, changes, to=to)
         if observation.running and (to or attempt.state) == AttemptState.STARTING:
-            return Outcome.AWAITING_AGENT
-        return Outcome.CHANGED if changed else Outcome.UNCHANGED
+            return "awaiting_agent"
+        return "changed" if changed else "unchanged"
 
 
 def _problem(vmi: dict[str, Any]) -> str:
