@@ -27,12 +27,11 @@ class LabPoolAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
 
     @admin.display(description=_("suggested"))
     def suggested(self, pool: LabPool | None) -> str:
-        lab = pool.lab if pool is not None and pool.pk else None
-        if lab is None:
+        if pool is None or not pool.pk:
             return str(
                 _("Save the pool with its lab first; the suggestion follows from the course and the lab's dates.")
             )
-        suggestion = pool_suggestion(lab=lab)
+        suggestion = pool_suggestion(lab=pool.lab)
         text = _(
             "%(enrolled)d students enrolled, quota %(quota)d VMs: always warm %(always)d, or scheduled %(size)d"
         ) % {

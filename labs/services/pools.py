@@ -57,9 +57,7 @@ def pools_refill(*, now: datetime | None = None) -> PoolReport:
     )
     for pool in pools.filter(Q(holding__gt=0) | ~Q(mode=PoolMode.OFF)):
         stale = PoolVm.objects.filter(pool=pool, state__in=POOL_HOLDING_STATES).exclude(recipe=pool_vm_recipe(pool.lab))
-        for pool_vm in stale:
-            if pool_vm_end(pool_vm=pool_vm, reason=EndReason.STALE, report=report):
-                pool.holding -= 1
+        pool.holding -= sum(pool_vm_end(pool_vm=pool_vm, reason=EndReason.STALE, report=report) for pool_vm in stale)
         target = pool.target(now)
         if pool.holding > target:
             # Booting ones first (they cost the least to give up), then the most recently ready.

@@ -149,12 +149,8 @@ def attempt_expire(*, attempt: Attempt) -> Attempt:
 
 def attempts_expire_due(*, now: datetime | None = None) -> int:
     """Expire running attempts whose time is up (database only; their teardown is queued)."""
-    now = now or timezone.now()
-    expired = 0
-    for attempt in Attempt.objects.filter(state=AttemptState.RUNNING, expires_at__lte=now).only("id"):
-        if attempt_expire(attempt=attempt).state == AttemptState.STOPPING:
-            expired += 1
-    return expired
+    due = Attempt.objects.filter(state=AttemptState.RUNNING, expires_at__lte=now or timezone.now()).only("id")
+    return sum(attempt_expire(attempt=attempt).state == AttemptState.STOPPING for attempt in due)
 
 
 def attempts_stop_left(*, now: datetime | None = None) -> int:
@@ -167,14 +163,11 @@ def attempts_stop_left(*, now: datetime | None = None) -> int:
         .select_related("lab")
         .only("id", "last_seen_at", "agent_ready_at", "lab__idle_stop_minutes")
     )
-    stopped = 0
-    for attempt in candidates:
-        since = attempt_left_since(attempt)
-        if since is None or since > now - timedelta(minutes=attempt.lab.idle_stop_minutes):
-            continue
-        if attempt_stop_left(attempt=attempt, now=now).state == AttemptState.STOPPING:
-            stopped += 1
-    return stopped
+    return sum(
+        attempt_stop_left(attempt=attempt, now=now).state == AttemptState.STOPPING
+        for attempt in candidates
+        if (since := attempt_left_since(attempt)) and since <= now - timedelta(minutes=attempt.lab.idle_stop_minutes)
+    )
 
 
 def attempt_end(*, attempt_id: int) -> bool:
@@ -191,11 +184,9 @@ def attempt_end(*, attempt_id: int) -> bool:
     )
 
 
-def attempt_seen(*, attempt_id: int, now: datetime | None = None) -> bool:
+def attempt_seen(*, attempt_id: int) -> bool:
     """A page of the student has the attempt open now (its events socket); False once the attempt has ended."""
-    return bool(
-        Attempt.objects.filter(id=attempt_id, state__in=ACTIVE_STATES).update(last_seen_at=now or timezone.now())
-    )
+    return bool(Attempt.objects.filter(id=attempt_id, state__in=ACTIVE_STATES).update(last_seen_at=timezone.now()))
 
 
 def attempt_stops_as_left_at(
