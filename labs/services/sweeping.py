@@ -112,21 +112,14 @@ def namespace_sweep(*, tenant: Tenant, report: SweepReport, now: datetime) -> No
     secrets = []
     if cache.add(CLOUD_INIT_SWEEP_KEY.format(namespace=namespace), "1", timeout=CLOUD_INIT_SWEEP_SECONDS):
         secrets = operations.secrets_list(namespace=namespace)
-    pool_rows = {
-        row.id: row
-        for row in PoolVm.objects.filter(
-            id__in=[i for _vm, (kind, i) in owners.values() if kind == "pool"], tenant=tenant, namespace=namespace
-        )
-    }
+    pool_ids = [i for _vm, (kind, i) in owners.values() if kind == "pool"]
+    pool_rows = PoolVm.objects.filter(tenant=tenant, namespace=namespace).in_bulk(pool_ids)
     attempt_ids = {i for _vm, (kind, i) in owners.values() if kind == "attempt"}
     attempt_ids |= {row.attempt_id for row in pool_rows.values() if row.attempt_id}
     for secret in secrets:
         if (attempt_id := names.attempt_id_from_labels((secret.get("metadata") or {}).get("labels"))) is not None:
             attempt_ids.add(attempt_id)
-    known = {
-        a.id: a
-        for a in Attempt.objects.filter(id__in=attempt_ids).only("id", "state", "tenant_id", "vm_deleted_at", "vm_name")
-    }
+    known = Attempt.objects.only("id", "state", "tenant_id", "vm_deleted_at", "vm_name").in_bulk(attempt_ids)
 
     def held(attempt: Attempt | None) -> bool:
         return attempt is not None and attempt.state in ACTIVE_STATES and attempt.tenant_id == tenant.id

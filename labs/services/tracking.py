@@ -51,10 +51,10 @@ class SyncReport:
     errors: list[str] = field(default_factory=list)
 
     def merge(self, other: SyncReport) -> None:
+        """Add one namespace's sync (which counts only its attempts' outcomes)."""
         self.namespaces += other.namespaces
-        for name in ("changed", "failed", "ended", "expired", "awaiting_agent"):
+        for name in ("changed", "failed", "ended", "awaiting_agent"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.errors += other.errors
 
 
 def namespaces_due(*, now: datetime | None = None) -> list[str]:
