@@ -30,8 +30,7 @@ AGENT_FAST_PATH_SECONDS = 5
 # An agent is asked again after a quarter of the time it has had to come up, at least AGENT_ASK_MIN_SECONDS apart.
 AGENT_ASK_MIN_SECONDS = 0.2
 AGENT_ASK_FRACTION = 0.25
-# However many agents of a namespace boot at once, about this many questions a second in all, so a class starting
-# together does not keep the worker and the API server busy with portforwards.
+# At most about this many questions a second per namespace, so a class booting together costs few portforwards.
 AGENT_ASK_RATE_PER_SECOND = 40
 FOLLOW_UP_KEY = "labs:follow-up:{namespace}:{delay}"
 # A queued follow-up that has not begun this long after it was due (its worker lost) no longer holds back the next.

@@ -14,9 +14,7 @@ from labs.kubevirt.calls import RBAC_SIGNATURE, ClusterError
 from labs.models import TenantNamespace
 from portal.models import Tenant
 
-# Tenant id -> digest of the objects this process saw applied: every provision ensures the namespace, and after the
-# first it needs no database row to know. A namespace deleted behind the portal's back fails the next create with
-# 404, which forces the objects again.
+# Tenant id -> digest of the objects this process applied (a namespace deleted since makes the next create force it).
 _applied_digests: dict[int, str] = {}
 
 

@@ -25,13 +25,11 @@ from portal.services import audit_record
 
 logger = logging.getLogger(__name__)
 
-# While the student's page has an attempt open, its events socket stamps the attempt as seen this often
-# (labs.consumers.events; well under the shortest stop when left, IDLE_STOP_MIN_MINUTES).
+# How often a page's events socket stamps its open attempt as seen (well under IDLE_STOP_MIN_MINUTES).
 PRESENCE_STAMP_SECONDS = 60
 # A last stamp older than this means no page has the attempt open now (one stamp missed, and a margin).
 PRESENCE_LOST_AFTER_SECONDS = 2 * PRESENCE_STAMP_SECONDS + 30
-# Set once a teardown's final grading has returned, so that its own retry (after a failed delete) is not taken for
-# a second delivery still grading.
+# Set once a final grading returned, so the teardown's own retry is not taken for a second delivery still grading.
 FINAL_GRADING_DONE_KEY = "labs:final-grading-done:{attempt_id}"
 
 

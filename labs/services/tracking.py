@@ -32,8 +32,7 @@ MOVING_STATES = (AttemptState.PROVISIONING, AttemptState.STARTING, AttemptState.
 NAMESPACE_LOCK_KEY = "labs:sync:namespace:{namespace}"
 NAMESPACE_LOCK_SECONDS = 90
 SWEEP_SOON_KEY = "labs:sweep-soon:{namespace}"
-# A started attempt without a VMI for this long makes the sync ask for a sweep (a VMI being replaced after a
-# restart is missing for a moment only).
+# A started attempt without a VMI this long makes the sync ask for a sweep (a restarted VMI is missing a moment).
 VANISHED_AFTER_SECONDS = 10
 
 
