@@ -214,10 +214,8 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
     boot_limit = now - timedelta(seconds=settings.ATTEMPT_START_TIMEOUT_SECONDS)
     for pool_vm, answers_now in zip(asked, answers, strict=True):
         if pool_vm.state == PoolVmState.BOOTING and answers_now:
-            stamp = timezone.now()
-            if PoolVm.objects.filter(id=pool_vm.id, state=PoolVmState.BOOTING).update(
-                state=PoolVmState.READY, ready_at=stamp
-            ):
+            ready = PoolVm.objects.filter(id=pool_vm.id, state=PoolVmState.BOOTING)
+            if ready.update(state=PoolVmState.READY, ready_at=timezone.now()):
                 report.ready.append(pool_vm.vm_name)
         elif pool_vm.state == PoolVmState.READY and not answers_now:
             pool_vm_end(pool_vm=pool_vm, reason=EndReason.AGENT_LOST, from_states=(PoolVmState.READY,), report=report)

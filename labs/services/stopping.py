@@ -120,9 +120,8 @@ def attempt_extend(*, actor: User, attempt: Attempt) -> Attempt:
     return locked
 
 
-def attempt_stop_left(*, attempt: Attempt, now: datetime | None = None) -> Attempt:
+def attempt_stop_left(*, attempt: Attempt, now: datetime) -> Attempt:
     """Stop the running attempt if no page has had it open for its lab's ``idle_stop_minutes`` (reason ``left``)."""
-    now = now or timezone.now()
     with transaction.atomic():
         locked = Attempt.objects.select_for_update(of=("self",)).select_related("lab").get(pk=attempt.pk)
         limit = locked.lab.idle_stop_minutes
@@ -187,11 +186,8 @@ def attempt_seen(*, attempt_id: int) -> bool:
     return bool(Attempt.objects.filter(id=attempt_id, state__in=ACTIVE_STATES).update(last_seen_at=timezone.now()))
 
 
-def attempt_stops_as_left_at(
-    attempt: Attempt, *, idle_stop_minutes: int, now: datetime | None = None
-) -> datetime | None:
+def attempt_stops_as_left_at(attempt: Attempt, *, idle_stop_minutes: int, now: datetime) -> datetime | None:
     """When the running attempt will be stopped as left, while no page has it open (for the dashboard); else None."""
-    now = now or timezone.now()
     since = attempt_left_since(attempt)
     if attempt.state != AttemptState.RUNNING or not idle_stop_minutes or since is None:
         return None
