@@ -202,7 +202,3 @@ class AttemptAdmin(AttemptLifecycleAdminMixin, CourseScopedAdminMixin, admin.Mod
     @admin.display(description=_("failure reason"))
     def short_failure_reason(self, attempt: Attempt) -> str:
         return Truncator(attempt.failure_reason_shown).chars(80)
-
-
-# Warm pools have an admin page of their own (registered on import).
-from labs import admin_pools  # noqa: E402, F401

@@ -1,24 +1,29 @@
-"""The lifecycle's part of the attempt admin: stop and extend actions (through the services, so they are audited)
-and a capacity page per tenant."""
+"""The lifecycle's part of the admin: audited stop and extend actions and a capacity page per tenant for attempts,
+and the warm pools with the size and window suggested from the course's enrolment and the lab's dates."""
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import path
-from django.utils import timezone
+from django.utils import formats, timezone
 from django.utils.timesince import timesince
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from labs.models import Attempt, TenantNamespace
+from labs.pool_models import LabPool
+from labs.pool_selectors import pool_suggestion
 from labs.selectors import tenant_capacity, tenants_for_capacity_view
 from labs.services import attempt_extend, attempt_stop
 from labs.services.namespaces import is_refusal_record
-from portal.admin_scoping import CourseScopedAdminMixin
+from portal.admin_scoping import AuditedAdminMixin, CourseScopedAdminMixin
+from portal.admin_widgets import LabelledSplitDateTime
 from portal.errors import ApplicationError
 from portal.http import request_user
 
@@ -101,3 +106,39 @@ class AttemptLifecycleAdminMixin(CourseScopedAdminMixin):
             "rows": rows,
         }
         return TemplateResponse(request, "admin/labs/attempt/capacity.html", context)
+
+
+@admin.register(LabPool)
+class LabPoolAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
+    course_lookup = "lab__course"
+    list_display = ("lab", "mode", "size", "starts_at", "ends_at", "misses")
+    list_select_related = ("lab__course",)
+    fields = ("lab", "suggested", "mode", "size", ("starts_at", "ends_at"), "misses")
+    readonly_fields = ("suggested", "misses")
+    formfield_overrides = {
+        models.DateTimeField: {"form_class": forms.SplitDateTimeField, "widget": LabelledSplitDateTime}
+    }
+
+    @admin.display(description=gettext_lazy("suggested"))
+    def suggested(self, pool: LabPool | None) -> str:
+        if pool is None or not pool.pk:
+            return _("Save the pool with its lab first; the suggestion follows from the course and the lab's dates.")
+        suggestion = pool_suggestion(lab=pool.lab)
+        text = _(
+            "%(enrolled)d students enrolled, quota %(quota)d VMs: always warm %(always)d, or scheduled %(size)d"
+        ) % {
+            "enrolled": suggestion.enrolled,
+            "quota": suggestion.quota,
+            "always": suggestion.always_size,
+            "size": suggestion.scheduled_size,
+        }
+        if suggestion.starts_at and suggestion.ends_at:
+            text += _(" from %(start)s until %(end)s") % {
+                "start": formats.date_format(timezone.localtime(suggestion.starts_at), "DATETIME_FORMAT"),
+                "end": formats.date_format(timezone.localtime(suggestion.ends_at), "DATETIME_FORMAT"),
+            }
+        return text + "."
+
+    def audit_scope(self, obj: models.Model) -> dict:
+        assert isinstance(obj, LabPool)
+        return {"tenant": obj.lab.course.tenant, "course": obj.lab.course}

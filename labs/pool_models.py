@@ -57,8 +57,7 @@ class LabPool(models.Model):
             raise ValidationError({"size": _("Give the number of VMs to keep ready, or switch the pool off.")})
 
     def target(self, now: datetime | None = None) -> int:
-        """How many unclaimed VMs the pool should hold now: none when off, outside its schedule or while the
-        lab is closed."""
+        """How many unclaimed VMs the pool should hold now: none when off, outside its schedule or the lab closed."""
         now = now or timezone.now()
         # A scheduled pool warms up before the lab opens (the class begins at the opening): that is not "closed".
         opens_later = bool(self.lab.opens_at and now < self.lab.opens_at)

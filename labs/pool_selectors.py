@@ -1,5 +1,4 @@
-"""Reads about warm pools: each pool's figures (ready, booting, claimed, hits, misses, idle VM-seconds, hit ratio)
-for the operations page and ``/metrics``, and the size and window the admin form suggests for a lab."""
+"""Reads about warm pools: each pool's figures for the operations page and ``/metrics``, and the admin's suggestion."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ class PoolStats:
 
 
 def pool_stats(*, tenant_ids: Iterable[int] | None = None, now: datetime | None = None) -> list[PoolStats]:
-    """One row per pool that is on or has ever held a VM (of ``tenant_ids``, else every tenant). Hits and idle
-    VM-seconds include those of pruned rows (``labs.services.pools.pool_vms_prune``)."""
+    """One row per pool that is on or ever held a VM (of ``tenant_ids``), pruned rows' hits and idle time included."""
     now = now or timezone.now()
     pools = LabPool.objects.select_related("lab__course__tenant").annotate(
         ready=Count("vms", filter=Q(vms__state=PoolVmState.READY)),
@@ -99,8 +97,7 @@ class PoolSuggestion:
 
 
 def pool_suggestion(*, lab: Lab) -> PoolSuggestion:
-    """From the course's enrolment and the lab's window: a scheduled pool of the whole class (within the tenant's
-    VM quota) from shortly before the lab opens until half an hour after, or a small always-warm pool."""
+    """A scheduled pool of the class (within the VM quota) around the lab's opening, or a small always-warm one."""
     enrolled = Membership.objects.filter(course_id=lab.course_id, role=Role.STUDENT).count()
     quota = lab.course.tenant.max_concurrent_vms
     starts_at = lab.opens_at - SCHEDULE_LEAD if lab.opens_at else None

@@ -12,8 +12,7 @@ from django.utils import timezone
 from labs.models import Attempt, AttemptState
 
 S = AttemptState
-# to-state -> the states an attempt may reach it from. An attempt is created ``requested``; any active attempt may
-# be stopped or fail; a stopping one ends once its VM is gone.
+# to-state -> the states an attempt may reach it from (it is created ``requested``).
 TRANSITIONS: dict[str, frozenset[str]] = {
     S.PROVISIONING: frozenset({S.REQUESTED}),
     S.STARTING: frozenset({S.PROVISIONING}),

@@ -1,5 +1,5 @@
-"""Celery tasks of the attempt lifecycle, each a thin call to a service: provision, teardown, sync, agent waits and
-sweeps; idempotent, and retrying transient cluster errors with capped backoff."""
+"""Celery tasks of the attempt lifecycle and the warm pools, each a thin call to a service; idempotent, and retrying
+transient cluster errors with capped backoff."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from celery import shared_task
 from celery.signals import worker_ready
 from django.conf import settings
 from django.core.cache import cache
+from django.db import connection
 from django.utils.translation import gettext as _
 
-from labs import wording
+from labs import sync_health, wording
 from labs.kubevirt.operations import ClusterError
-from labs.models import Attempt
-from labs.services import agents, follow_ups, provisioning, sweeping, teardown, tracking
+from labs.models import Attempt, TenantNamespace
+from labs.services import agents, pool_claim, pools, provisioning, stopping, sweeping, tracking
 from labs.services.namespaces import is_rbac_refusal, tenant_namespace_refused
 
 logger = logging.getLogger(__name__)
@@ -29,23 +30,18 @@ SOFT_LIMIT = settings.ATTEMPT_TASK_SOFT_TIME_LIMIT_SECONDS
 HARD_LIMIT = SOFT_LIMIT + 30
 SYNC_LOCK_KEY = "labs:sync:lock"
 SWEEP_LOCK_KEY = "labs:sweep:lock"
+TEND_LOCK_KEY = "labs:pools:lock"
+PRUNE_KEY = "labs:pools:pruned"
+PRUNE_EVERY_SECONDS = 3600
 
 
 @worker_ready.connect
 def forget_pass_locks(**_kwargs) -> None:
-    """Drop the pass locks a killed worker left behind, which would make its successor skip every sync and sweep
-    until they expire; at worst a pass still running elsewhere overlaps once with a new one (they are idempotent)."""
-    from django.db import connection
-
-    from labs.models import TenantNamespace
-
+    """Drop the pass locks a killed worker left, which would make every pass skip until they expire."""
     try:
-        keys = [SYNC_LOCK_KEY, SWEEP_LOCK_KEY]
-        keys += [
-            tracking.NAMESPACE_LOCK_KEY.format(namespace=namespace)
-            for namespace in TenantNamespace.objects.values_list("namespace", flat=True)
-        ]
-        cache.delete_many(keys)
+        namespaces = TenantNamespace.objects.values_list("namespace", flat=True)
+        locks = [tracking.NAMESPACE_LOCK_KEY.format(namespace=namespace) for namespace in namespaces]
+        cache.delete_many([SYNC_LOCK_KEY, SWEEP_LOCK_KEY, *locks])
     except Exception:
         logger.warning("could not clear the sync and sweep locks; they expire by themselves", exc_info=True)
     finally:
@@ -71,25 +67,24 @@ def provision_attempt(self, attempt_id: int) -> str:
     except ClusterError as error:
         _retry_or_raise(self, error)
         logger.error("provisioning attempt %s failed for good: %s", attempt_id, error.message)
-        said = error.message
-        if error.status == 403:  # RBAC: the tenant's Role is not applied yet (cluster_check says what to apply)
-            if is_rbac_refusal(error):  # the next Starts are refused before they make an attempt
-                tenant_namespace_refused(namespace=Attempt.objects.get(id=attempt_id).namespace, said=said)
-            provisioning.attempt_fail(attempt_id=attempt_id, reason=lambda: wording.course_not_ready(said))
-        else:
-            provisioning.attempt_fail(
-                attempt_id=attempt_id,
-                reason=lambda: (
-                    _("The cluster did not accept the lab's VM (%(error)s). Try again later.") % {"error": said}
-                ),
-            )
-        return provisioning.ProvisionOutcome.FAILED
+        said, refused = error.message, error.status == 403
+        # RBAC: the tenant's Role is not applied yet; the next Starts are refused before they make an attempt.
+        if is_rbac_refusal(error):
+            tenant_namespace_refused(namespace=Attempt.objects.get(id=attempt_id).namespace, said=said)
+
+        def reason() -> str:
+            if refused:  # cluster_check says what to apply
+                return wording.course_not_ready(said)
+            return _("The cluster did not accept the lab's VM (%(error)s). Try again later.") % {"error": said}
+
+        provisioning.attempt_fail(attempt_id=attempt_id, reason=reason)
+        return "failed"
 
 
 @shared_task(bind=True, acks_late=True, max_retries=MAX_RETRIES)
 def teardown_attempt(self, attempt_id: int) -> str:
     try:
-        return teardown.attempt_teardown(attempt_id=attempt_id)
+        return stopping.attempt_teardown(attempt_id=attempt_id)
     except ClusterError as error:
         _retry_or_raise(self, error)
         # Given up for now: the sweep sees the VM still there and tries again.
@@ -97,38 +92,31 @@ def teardown_attempt(self, attempt_id: int) -> str:
         return "error"
 
 
-def _record_heartbeat(errors: list[str]) -> None:
-    """Tell the readiness probe (``ops.health``) whether the sync loop can see the cluster."""
-    from labs import sync_health as health
-
-    if errors:
-        health.record_sync_error(message="; ".join(errors))
-    else:
-        health.record_sync_success()
-
-
 @shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
 def sync_attempts() -> dict:
     # One sync at a time across workers: an overlapping one would only repeat the same lists.
     if not cache.add(SYNC_LOCK_KEY, "1", timeout=HARD_LIMIT):
         return {"skipped": True}
+    # The heartbeat tells the readiness probe (``ops.health``) whether the sync loop can see the cluster.
     try:
         report = tracking.attempts_sync()
     except Exception as exc:
-        _record_heartbeat([f"{exc.__class__.__name__}: {exc}"])
+        sync_health.record_sync_error(message=f"{exc.__class__.__name__}: {exc}")
         raise
     finally:
         cache.delete(SYNC_LOCK_KEY)
-    _record_heartbeat(report.errors)
+    if report.errors:
+        sync_health.record_sync_error(message="; ".join(report.errors))
+    else:
+        sync_health.record_sync_success()
     return {**asdict(report), "namespaces": len(report.namespaces)}
 
 
 @shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
 def sync_namespace(namespace: str, follow_up: float | None = None) -> dict:
-    """List one namespace now: a follow-up after VMs were made there (``follow_up``: its delay), or for the agent
-    checks."""
+    """List one namespace now: a follow-up after VMs were made there (``follow_up``: its delay), or on request."""
     if follow_up is not None:
-        follow_ups.follow_up_begins(namespace=namespace, delay=follow_up)
+        agents.follow_up_begins(namespace=namespace, delay=follow_up)
     try:
         report = tracking.namespace_sync(namespace=namespace)
     except ClusterError as error:
@@ -139,23 +127,22 @@ def sync_namespace(namespace: str, follow_up: float | None = None) -> dict:
 
 @shared_task(bind=True, acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
 def await_agents(self, namespace: str, step: int = 0, waiting_before: int = 0, asked_at: float | None = None) -> dict:
-    """Ask the namespace's booting agents for ``/healthz`` and, while some do not answer, again after a countdown
-    (back to the quick pace when more wait than last round); run eagerly, it asks once."""
+    """Ask the namespace's booting agents, again after a countdown while some wait; run eagerly, it asks once."""
     began = time.time()
     since = None if asked_at is None else max(0.0, began - asked_at)
     try:
         running, waiting = agents.agents_check(namespace=namespace, since_last_round=since)
     except Exception:
-        agents.agent_wait_done(namespace=namespace)
+        cache.delete(agents.agent_wait_key(namespace))
         raise
     chained = not (self.request.is_eager or self.request.called_directly)
     if waiting and chained and step < agents.agent_wait_max_steps():
         step = 0 if waiting > waiting_before else step + 1
-        agents.agent_wait_refresh(namespace=namespace)
+        cache.set(agents.agent_wait_key(namespace), "1", timeout=agents.AGENT_WAIT_TTL_SECONDS)
         delay = agents.agent_wait_delay(step)
         self.apply_async(args=[namespace, step, waiting, began], countdown=delay, expires=delay + 60)
     else:
-        agents.agent_wait_done(namespace=namespace)
+        cache.delete(agents.agent_wait_key(namespace))
     return {"running": running, "waiting": waiting}
 
 
@@ -179,5 +166,34 @@ def sweep_attempts() -> dict:
     return asdict(report)
 
 
-# The warm pools' tasks, registered with these (the worker imports this module).
-from labs import tasks_pools  # noqa: E402, F401
+@shared_task(bind=True, acks_late=True, max_retries=MAX_RETRIES, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
+def finish_pool_claim(self, attempt_id: int) -> str:
+    try:
+        return pool_claim.pool_claim_finish(attempt_id=attempt_id)
+    except ClusterError as error:
+        _retry_or_raise(self, error)
+        # Given up: the attempt stays requested until the sweep queues it again (its start timeout fails it).
+        logger.error("finishing the pool claim of attempt %s failed: %s", attempt_id, error.message)
+        return "error"
+
+
+@shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
+def tend_pools() -> dict:
+    # One pass at a time across workers: two would make the same VMs' worth twice.
+    if not cache.add(TEND_LOCK_KEY, "1", timeout=HARD_LIMIT):
+        return {"skipped": True}
+    try:
+        checked = pools.pool_vms_check()
+        refilled = pools.pools_refill()
+        # Long-ended rows go hourly: the pass runs every few seconds, and they pile up over days.
+        if cache.add(PRUNE_KEY, "1", timeout=PRUNE_EVERY_SECONDS):
+            pools.pool_vms_prune()
+    finally:
+        cache.delete(TEND_LOCK_KEY)
+    return {
+        "ready": checked.ready,
+        "created": refilled.created,
+        "deleted": checked.deleted + refilled.deleted,
+        "errors": refilled.errors,
+        "held": refilled.held,
+    }

@@ -14,7 +14,7 @@ from grading.models import Grade
 from grading.selectors import student_grades
 from labs.access import attempts_visible_to
 from labs.models import ACTIVE_STATES, Attempt, Lab
-from labs.services.presence import attempt_stops_as_left_at
+from labs.services.stopping import attempt_stops_as_left_at
 from portal.http import AuthenticatedRequest
 from portal.models import Course
 from portal.selectors import staff_courses_for_user, user_tenant_ids

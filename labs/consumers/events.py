@@ -15,7 +15,7 @@ from labs.access import attempt_get_for_user
 from labs.models import ACTIVE_STATES
 from labs.selectors import attempt_status_payload
 from labs.services.events import attempt_group
-from labs.services.presence import PRESENCE_STAMP_SECONDS, attempt_seen
+from labs.services.stopping import PRESENCE_STAMP_SECONDS, attempt_seen
 from labs.signals import socket_parts
 from portal.websocket_consumer import NotAuthenticated, PageSocketConsumer
 from portal.websocket_language import scope_language

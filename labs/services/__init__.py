@@ -1,5 +1,4 @@
-"""Every write of the labs app, split by subject (start, stopping, provisioning, tracking, sweeping, pools...); the
-names below are what other apps import."""
+"""Every write of the labs app, split by subject; the names below are what other apps import."""
 
 from labs.services.namespaces import tenant_namespace_ensure
 from labs.services.provisioning import attempt_provision

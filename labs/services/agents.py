@@ -1,12 +1,13 @@
-"""Waiting for the guest agents of booting attempts: one chain of ``labs.tasks.await_agents`` per namespace, each
-agent asked at a pace that slows with its boot time and with how many boot at once."""
+"""After a VM is made: follow-up lists of its namespace, shared by the VMs made close together, and one chain of
+``labs.tasks.await_agents`` per namespace asking each booting agent at a pace that slows with its boot time."""
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.cache import cache
@@ -15,8 +16,7 @@ from django.utils import timezone
 
 from labs.agent_client import AgentError, AgentTarget, healthz
 from labs.models import Attempt, AttemptState
-from labs.services.follow_ups import namespace_list_soon
-from labs.services.provisioning import attempt_mark_running
+from labs.states import attempt_transition
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +30,11 @@ AGENT_FAST_PATH_SECONDS = 5
 # An agent is asked again after a quarter of the time it has had to come up, at least AGENT_ASK_MIN_SECONDS apart.
 AGENT_ASK_MIN_SECONDS = 0.2
 AGENT_ASK_FRACTION = 0.25
-# However many agents of a namespace boot at once, about this many questions a second in all, so a class starting
-# together does not keep the worker and the API server busy with portforwards.
+# At most about this many questions a second per namespace, so a class booting together costs few portforwards.
 AGENT_ASK_RATE_PER_SECOND = 40
+FOLLOW_UP_KEY = "labs:follow-up:{namespace}:{delay}"
+# A queued follow-up that has not begun this long after it was due (its worker lost) no longer holds back the next.
+FOLLOW_UP_PENDING_GRACE_SECONDS = 10
 
 
 def agent_wait_key(namespace: str) -> str:
@@ -54,22 +56,12 @@ def agent_wait_start(*, namespace: str) -> bool:
     return True
 
 
-def agent_wait_refresh(*, namespace: str) -> None:
-    cache.set(agent_wait_key(namespace), "1", timeout=AGENT_WAIT_TTL_SECONDS)
-
-
-def agent_wait_done(*, namespace: str) -> None:
-    cache.delete(agent_wait_key(namespace))
-
-
 def agent_wait_delay(step: int) -> float:
     """Seconds before the next round: quick while fast guests come up, then the sync's pace."""
-    if step < 15:  # about 3 s: a simulated or pre-baked guest answers within this
-        return 0.2
-    if step < 21:
-        return 0.5
-    if step < 27:
-        return 1.0
+    # 15 steps of 0.2 s: a simulated or pre-baked guest answers within about 3 s.
+    for below, delay in ((15, 0.2), (21, 0.5), (27, 1.0)):
+        if step < below:
+            return delay
     return float(max(1, settings.ATTEMPT_SYNC_INTERVAL_SECONDS))
 
 
@@ -118,33 +110,26 @@ def agent_ask_due(
     return False
 
 
-def _first_question_due(attempt: Attempt, *, now: datetime) -> bool:
-    """An agent whose VMI no list has shown Running is first asked AGENT_ASK_MIN_SECONDS after its VM was made."""
-    if attempt.vmi_running_at is not None or attempt.provisioned_at is None:
-        return True
-    return (now - attempt.provisioned_at).total_seconds() >= AGENT_ASK_MIN_SECONDS
-
-
-AGENT_CHECK_FIELDS = ("id", "provisioned_at", "vmi_running_at", "namespace", "vm_name", "agent_token")
-
-
 def agents_check(*, namespace: str, since_last_round: float | None = None) -> tuple[int, int]:
-    """Ask the agents of the namespace's starting attempts that are due a question for ``/healthz`` (in parallel)
-    and mark those that answer running; returns (now running, still waiting). VMs made in the last few seconds are
-    asked before a list shows their VMI Running: an agent that answers proves it runs."""
+    """Ask the due booting agents (a just-made VM's too), mark those that answer running; (running, waiting)."""
     now = timezone.now()
     just_made = now - timedelta(seconds=AGENT_FAST_PATH_SECONDS)
     # Only what deciding and asking need: a round runs every fraction of a second while a class boots.
     waiting = list(
         Attempt.objects.filter(namespace=namespace, state=AttemptState.STARTING)
         .filter(Q(phase="Running") | Q(provisioned_at__gte=just_made))
-        .only(*AGENT_CHECK_FIELDS)
+        .only("id", "provisioned_at", "vmi_running_at", "namespace", "vm_name", "agent_token")
     )
     min_gap = agent_ask_gap(len(waiting))
     attempts = [
         attempt
         for attempt in waiting
-        if _first_question_due(attempt, now=now)
+        # One whose VMI no list has shown Running is first asked AGENT_ASK_MIN_SECONDS after its VM was made.
+        if (
+            attempt.vmi_running_at is not None
+            or attempt.provisioned_at is None
+            or (now - attempt.provisioned_at).total_seconds() >= AGENT_ASK_MIN_SECONDS
+        )
         and agent_ask_due(
             booting_for=(now - (attempt.vmi_running_at or attempt.provisioned_at or now)).total_seconds(),
             since_last_round=since_last_round,
@@ -155,11 +140,88 @@ def agents_check(*, namespace: str, since_last_round: float | None = None) -> tu
         return 0, len(waiting)
     answers = agents_answer(attempts)
     now_running = [
-        attempt
-        for attempt, ok in zip(attempts, answers, strict=True)
-        if ok and attempt_mark_running(attempt_id=attempt.id)
+        attempt for attempt, ok in zip(attempts, answers, strict=True) if ok and _mark_running(attempt_id=attempt.id)
     ]
-    if any(attempt.vmi_running_at is None for attempt in now_running):
-        # Answered before a list showed the VMI Running (the fast path): its phase times come from a list.
-        namespace_list_soon(namespace)
+    if any(attempt.vmi_running_at is None for attempt in now_running) and settings.ATTEMPT_FOLLOW_UP_SECONDS:
+        # Answered before a list showed the VMI Running (the fast path): a list soon gives the page its phase times.
+        _schedule_follow_up(namespace, settings.ATTEMPT_FOLLOW_UP_SECONDS[0])
     return len(now_running), len(waiting) - sum(1 for ok in answers if ok)
+
+
+def _mark_running(*, attempt_id: int) -> bool:
+    """The guest agent answered: the attempt is ``running`` and its time limit starts now."""
+    now = timezone.now()
+    attempt = Attempt.objects.select_related("lab").filter(id=attempt_id, state=AttemptState.STARTING).first()
+    if attempt is None:
+        return False
+    running = attempt_transition(
+        attempt=attempt,
+        to=AttemptState.RUNNING,
+        from_states=(AttemptState.STARTING,),
+        now=now,
+        expires_at=now + timedelta(minutes=attempt.lab.time_limit_minutes),
+        status_message="",
+        status_message_texts={},
+    )
+    return running is not None
+
+
+def watch_new_vm(namespace: str) -> None:
+    """A VM was just made: follow-up lists of its namespace and its agent checks, unless under way (one cache read)."""
+    agent_key = agent_wait_key(namespace)
+    waiting = _waiting([*_follow_up_keys(namespace), agent_key])
+    _schedule_follow_ups(namespace, waiting=waiting)
+    if agent_key not in waiting:
+        agent_wait_start(namespace=namespace)
+
+
+def _waiting(keys: list[str]) -> dict:
+    """Which of these markers are set; none when the cache does not answer (each add that follows tries again)."""
+    try:
+        return cache.get_many(keys)
+    except Exception:
+        return {}
+
+
+def _follow_up_keys(namespace: str) -> list[str]:
+    return [_follow_up_key(namespace, delay) for delay in settings.ATTEMPT_FOLLOW_UP_SECONDS]
+
+
+def _schedule_follow_ups(namespace: str, *, waiting: dict | None = None) -> None:
+    """A list of the namespace within each follow-up delay, shared by every VM made while one waits to run."""
+    if waiting is None:
+        waiting = _waiting(_follow_up_keys(namespace))
+    for delay in settings.ATTEMPT_FOLLOW_UP_SECONDS:
+        if _follow_up_key(namespace, delay) in waiting:
+            continue  # it lists after this VM was made, within its delay
+        if not _schedule_follow_up(namespace, delay):
+            return
+
+
+def _follow_up_key(namespace: str, delay: float) -> str:
+    return FOLLOW_UP_KEY.format(namespace=namespace, delay=delay)
+
+
+def _schedule_follow_up(namespace: str, delay: float) -> bool:
+    """Queue a list ``delay`` seconds from now unless one of that delay is waiting; False when the broker refused."""
+    from labs.tasks import sync_namespace
+
+    key = _follow_up_key(namespace, delay)
+    try:
+        if cache.add(key, "1", timeout=math.ceil(delay) + FOLLOW_UP_PENDING_GRACE_SECONDS):
+            try:
+                sync_namespace.apply_async(
+                    args=[namespace], kwargs={"follow_up": delay}, countdown=delay, expires=delay + 30
+                )
+            except Exception:
+                cache.delete(key)
+                raise
+    except Exception:
+        logger.warning("could not queue a follow-up sync of %s; the beat sync will see it", namespace, exc_info=True)
+        return False
+    return True
+
+
+def follow_up_begins(*, namespace: str, delay: float) -> None:
+    """A follow-up of ``delay`` begins, before it lists: a VM made from now on needs one of its own."""
+    cache.delete(_follow_up_key(namespace, delay))

@@ -1,6 +1,5 @@
-"""Telling browsers that an attempt changed: ``attempt.update`` on the group ``attempt-<id>``, sent after commit by
-one sender thread per process (a persistent loop keeps its Redis connection and the messages' order). A *held*
-message is sent later unless a newer one of its type for the group replaces it first."""
+"""Telling browsers that an attempt changed, after commit, through one sender thread per process (it keeps the
+messages' order); a *held* message goes later unless a newer one of its type for the group replaces it."""
 
 from __future__ import annotations
 
@@ -102,12 +101,6 @@ def lab_class_group(lab_id: int) -> str:
 CLASS_CHANGED_HOLD_SECONDS = 0.5
 
 
-def class_changed_on_commit(*, lab_id: int) -> None:
-    """After commit, tell the lab's class views that one of its attempts changed (they render the table anew)."""
-    message = {"type": "class.changed"}
-    transaction.on_commit(lambda: send_to_group(lab_class_group(lab_id), message, hold=CLASS_CHANGED_HOLD_SECONDS))
-
-
 def attempt_push_on_commit(*, attempt: Attempt, hold: float = 0.0) -> None:
     """Queue an ``attempt.update`` with the attempt's payload as it stands now, to be sent on commit."""
     from labs.selectors import attempt_status_payload
@@ -122,8 +115,11 @@ def attempt_push_on_commit(*, attempt: Attempt, hold: float = 0.0) -> None:
     if wording:
         message["wording"] = wording
     transaction.on_commit(lambda: send_to_group(attempt_group(attempt.id), message, hold=hold))
-    if "lab_id" not in attempt.get_deferred_fields():  # reading a deferred lab_id would cost a query
-        class_changed_on_commit(lab_id=attempt.lab_id)
+    # The lab's class views render their table anew; reading a deferred lab_id would cost a query.
+    if "lab_id" not in attempt.get_deferred_fields():
+        changed = {"type": "class.changed"}
+        group = lab_class_group(attempt.lab_id)
+        transaction.on_commit(lambda: send_to_group(group, changed, hold=CLASS_CHANGED_HOLD_SECONDS))
 
 
 def on_commit_logged(action: Callable[[], object], *, what: str) -> None:

@@ -1,6 +1,5 @@
-"""The tenant's namespace on the cluster (namespace, NetworkPolicies, ResourceQuota): made once, and again when
-the tenant's settings change or the namespace was deleted behind the portal's back; whether the cluster lets the
-portal in (a new tenant's Role may not be applied yet)."""
+"""The tenant's namespace on the cluster (namespace, NetworkPolicies, ResourceQuota), made again when its settings
+change or it was deleted; whether the cluster lets the portal in (a new tenant's Role may not be applied yet)."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ import hashlib
 import json
 
 from django.conf import settings
-from django.db import IntegrityError
 from django.utils import timezone
 
 from labs.kubevirt import manifests, operations
@@ -16,8 +14,12 @@ from labs.kubevirt.operations import RBAC_SIGNATURE, ClusterError
 from labs.models import TenantNamespace
 from portal.models import Tenant
 
+# Tenant id -> digest of the objects this process applied (a namespace deleted since makes the next create force it).
+_applied_digests: dict[int, str] = {}
 
-def _namespace_objects(tenant: Tenant) -> tuple[dict, list[dict], dict]:
+
+def tenant_namespace_ensure(*, tenant: Tenant, force: bool = False) -> bool:
+    """Create the tenant's namespace objects unless the same were applied already; True when it asked the cluster."""
     namespace = manifests.namespace(name=tenant.namespace, tenant_id=tenant.id)
     policies = manifests.network_policies(
         namespace=tenant.namespace,
@@ -33,30 +35,11 @@ def _namespace_objects(tenant: Tenant) -> tuple[dict, list[dict], dict]:
         max_vcpus=tenant.max_vcpus,
         max_memory_mib=tenant.max_memory_mib,
     )
-    return namespace, policies, quota
-
-
-def _tenant_namespace_row(tenant: Tenant) -> TenantNamespace:
-    try:
-        row, _created = TenantNamespace.objects.get_or_create(tenant=tenant, defaults={"namespace": tenant.namespace})
-    except IntegrityError:  # two provisions of the same tenant's first attempts raced to create it
-        row = TenantNamespace.objects.get(tenant=tenant)
-    return row
-
-
-# Tenant id -> digest of the objects this process saw applied: every provision ensures the namespace, and after the
-# first it needs no database row to know. A namespace deleted behind the portal's back fails the next create with
-# 404, which forces the objects again.
-_applied_digests: dict[int, str] = {}
-
-
-def tenant_namespace_ensure(*, tenant: Tenant, force: bool = False) -> bool:
-    """Create the tenant's namespace objects unless the same were applied already; True when it asked the cluster."""
-    namespace, policies, quota = _namespace_objects(tenant)
     digest = hashlib.sha256(json.dumps([namespace, policies, quota], sort_keys=True).encode()).hexdigest()
     if not force and _applied_digests.get(tenant.id) == digest:
         return False
-    row = _tenant_namespace_row(tenant)
+    # get_or_create retries the read when two provisions of the tenant's first attempts race to create the row.
+    row, _created = TenantNamespace.objects.get_or_create(tenant=tenant, defaults={"namespace": tenant.namespace})
     if not force and row.bootstrapped_at is not None and row.bootstrap_digest == digest:
         _applied_digests[tenant.id] = digest
         return False
@@ -96,8 +79,7 @@ def tenant_namespace_refused(*, namespace: str, said: str) -> None:
 
 
 def tenant_namespace_ready(*, tenant: Tenant) -> bool:
-    """False while the cluster refuses the portal in the tenant's namespace: one never set up is asked about once per
-    process, a recorded refusal again after ``NOT_READY_RECHECK_SECONDS``."""
+    """False while the cluster refuses the portal in the namespace (asked once per process, a refusal again later)."""
     row = TenantNamespace.objects.filter(tenant=tenant).values("bootstrapped_at", "last_error", "last_error_at").first()
     refused = row is not None and is_refusal_record(row["last_error"])
     if not refused and (tenant.id in _reviewed_ready or (row is not None and row["bootstrapped_at"] is not None)):

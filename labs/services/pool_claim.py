@@ -1,6 +1,5 @@
-"""How a Start takes a warm pool's VM: claimed in its transaction (skipping VMs another Start has locked), then
-finished by a task (the agent's token rotated, the VM labelled, the attempt ``running``), or else started cold.
-Also the pool giving way to a cold Start's quota."""
+"""How a Start takes a warm pool's VM (claimed in its transaction, finished by a task, else started cold), and the
+pool giving way to a cold Start's quota."""
 
 from __future__ import annotations
 
@@ -8,13 +7,12 @@ import logging
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from labs.kubevirt import names, operations
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, AttemptState, Lab
-from labs.pool_models import POOL_HOLDING_STATES, LabPool, PoolMode, PoolVm, PoolVmState, pool_vm_recipe
+from labs.pool_models import POOL_HOLDING_STATES, PoolVm, PoolVmState, pool_vm_recipe
 from labs.services.pools import EndReason, pool_vm_delete_on_cluster
 from labs.services.quota import TenantTotals
 from labs.states import attempt_transition
@@ -22,15 +20,8 @@ from labs.states import attempt_transition
 logger = logging.getLogger(__name__)
 
 
-class ClaimOutcome:
-    RUNNING = "running"
-    SKIPPED = "skipped"
-    COLD = "cold"
-
-
 def pool_vm_claim(*, attempt: Attempt, lab: Lab, now: datetime) -> PoolVm | None:
-    """Inside the Start's transaction: take the lab's longest-ready pool VM of the tenant, made from the lab's current
-    settings, for ``attempt`` (its ``vm_name`` becomes the VM's), or None."""
+    """In the Start's transaction: take the tenant's longest-ready pool VM of the lab's current recipe, or None."""
     pool_vm = (
         PoolVm.objects.select_for_update(skip_locked=True)
         .filter(
@@ -45,21 +36,11 @@ def pool_vm_claim(*, attempt: Attempt, lab: Lab, now: datetime) -> PoolVm | None
     if pool_vm is None:
         return None
     PoolVm.objects.filter(id=pool_vm.id).update(state=PoolVmState.CLAIMED, claimed_at=now, attempt=attempt)
-    attempt.vm_name = pool_vm.vm_name
-    Attempt.objects.filter(id=attempt.id).update(vm_name=pool_vm.vm_name)
     return pool_vm
 
 
-def pool_miss_record(*, lab: Lab, now: datetime) -> None:
-    """A Start of a lab whose pool is meant to be warm found no ready VM."""
-    pool = LabPool.objects.filter(lab=lab).exclude(mode=PoolMode.OFF).select_related("lab").first()
-    if pool is not None and pool.target(now):
-        LabPool.objects.filter(id=pool.id).update(misses=F("misses") + 1)
-
-
 def pool_give_way(*, tenant_id: int, totals: TenantTotals, fits) -> TenantTotals:
-    """Under the tenant's lock: end unclaimed pool VMs of the tenant (booting first) until ``fits(totals)``, deleted
-    on the cluster if the Start commits; returns the totals without them."""
+    """Under the tenant's lock: end unclaimed pool VMs (booting first) until ``fits``; the totals without them."""
     given: list[PoolVm] = []
     candidates = (
         PoolVm.objects.select_for_update(skip_locked=True)
@@ -90,29 +71,25 @@ def pool_give_way(*, tenant_id: int, totals: TenantTotals, fits) -> TenantTotals
 
 
 def pool_claim_finish(*, attempt_id: int) -> str:
-    """The claim's second half: rotate the agent's token, label the VM, make the attempt running. Safe to run twice;
-    raises a transient ``ClusterError`` for the task to retry; anything else makes the attempt start cold."""
+    """Rotate the agent's token, label the VM, run the attempt; a transient ``ClusterError`` raises, else cold start."""
     from labs.agent_client import AgentError, AgentTokenRejected, healthz, rotate_token
 
     attempt = Attempt.objects.select_related("lab").filter(id=attempt_id, state=AttemptState.REQUESTED).first()
     if attempt is None:
-        return ClaimOutcome.SKIPPED
+        return "skipped"
     pool_vm = PoolVm.objects.filter(attempt_id=attempt_id, state=PoolVmState.CLAIMED).first()
     if pool_vm is None or pool_vm.vm_name != attempt.vm_name:
         return _start_cold(attempt=attempt, pool_vm=pool_vm, why="no claimed pool VM")
     try:
-        rotate_token(pool_vm, new_token=attempt.agent_token)
-    except AgentTokenRejected:
-        try:  # a delivery before this one rotated it already
-            healthz(attempt)
-        except AgentError as error:
-            return _start_cold(attempt=attempt, pool_vm=pool_vm, why=error.message)
-    except AgentError as error:
-        return _start_cold(attempt=attempt, pool_vm=pool_vm, why=error.message)
-    try:
+        try:
+            rotate_token(pool_vm, new_token=attempt.agent_token)
+        except AgentTokenRejected:
+            healthz(attempt)  # a delivery before this one rotated it already
         labelled = operations.vm_label(
             namespace=pool_vm.namespace, name=pool_vm.vm_name, labels={names.ATTEMPT_LABEL: str(attempt.id)}
         )
+    except AgentError as error:
+        return _start_cold(attempt=attempt, pool_vm=pool_vm, why=error.message)
     except ClusterError as error:
         if error.transient:
             raise
@@ -129,9 +106,8 @@ def pool_claim_finish(*, attempt_id: int) -> str:
         phase="Running",
         expires_at=now + timedelta(minutes=attempt.lab.time_limit_minutes),
     )
-    if running is None:
-        return ClaimOutcome.SKIPPED  # stopped meanwhile: its teardown deletes the VM by its name
-    return ClaimOutcome.RUNNING
+    # None: stopped meanwhile, and its teardown deletes the VM by its name.
+    return "skipped" if running is None else "running"
 
 
 def _start_cold(*, attempt: Attempt, pool_vm: PoolVm | None, why: str) -> str:
@@ -147,6 +123,6 @@ def _start_cold(*, attempt: Attempt, pool_vm: PoolVm | None, why: str) -> str:
             pool_vm_delete_on_cluster(pool_vm=pool_vm)
     own = names.vm_name(attempt.id)
     if not Attempt.objects.filter(id=attempt.id, state=AttemptState.REQUESTED).update(vm_name=own):
-        return ClaimOutcome.SKIPPED
+        return "skipped"
     provision_attempt.delay(attempt.id)
-    return ClaimOutcome.COLD
+    return "cold"

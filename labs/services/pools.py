@@ -1,6 +1,5 @@
-"""Warm pools kept at their size: VMs made ahead of Starts (within the tenant's quota), asked until their agent
-answers, replaced when it stops or the cluster says they ended, drained when the pool is off or its lab closes;
-long-ended rows pruned, their figures kept on their pool."""
+"""Warm pools kept at their size within the tenant's quota: VMs made, asked until their agent answers, replaced,
+drained; long-ended rows pruned, their figures kept on their pool."""
 
 from __future__ import annotations
 
@@ -21,8 +20,9 @@ from labs.models import FINAL_STATES
 from labs.pool_models import POOL_HOLDING_STATES, LabPool, PoolMode, PoolVm, PoolVmState, pool_vm_recipe
 from labs.services.agents import agents_answer
 from labs.services.provisioning import lab_vm_create
-from labs.services.quota import quota_refusal, tenant_locked, tenant_totals
+from labs.services.quota import quota_refusal, tenant_totals
 from labs.sizes import guest_resources, launcher_requests
+from portal.models import Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,7 @@ class PoolReport:
 
 
 def pools_refill(*, now: datetime | None = None) -> PoolReport:
-    """One pass over every pool that holds VMs or wants some: drain what is beyond its target, or make up to
-    ``POOL_REFILL_PER_PASS`` VMs of the deficit within the quota, unless its class is arriving (``refill_held``)."""
+    """Drain each pool beyond its target, or make up to ``POOL_REFILL_PER_PASS`` VMs unless its class is arriving."""
     now = now or timezone.now()
     report = PoolReport()
     pools = LabPool.objects.select_related("lab__course__tenant").annotate(
@@ -58,9 +57,7 @@ def pools_refill(*, now: datetime | None = None) -> PoolReport:
     )
     for pool in pools.filter(Q(holding__gt=0) | ~Q(mode=PoolMode.OFF)):
         stale = PoolVm.objects.filter(pool=pool, state__in=POOL_HOLDING_STATES).exclude(recipe=pool_vm_recipe(pool.lab))
-        for pool_vm in stale:
-            if pool_vm_end(pool_vm=pool_vm, reason=EndReason.STALE, report=report):
-                pool.holding -= 1
+        pool.holding -= sum(pool_vm_end(pool_vm=pool_vm, reason=EndReason.STALE, report=report) for pool_vm in stale)
         target = pool.target(now)
         if pool.holding > target:
             # Booting ones first (they cost the least to give up), then the most recently ready.
@@ -84,8 +81,7 @@ def pools_refill(*, now: datetime | None = None) -> PoolReport:
 
 
 def refill_held(*, pool: LabPool, now: datetime) -> bool:
-    """Whether the pool's class is arriving (a claim within ``POOL_REFILL_HOLD_SECONDS``, the first since the last
-    VM made within ``POOL_REFILL_HOLD_MAX_SECONDS``): the refill waits so their Starts go first."""
+    """Whether the pool's class is arriving (claims began recently): the refill waits so their Starts go first."""
     if settings.POOL_REFILL_HOLD_SECONDS <= 0:
         return False
     vms = PoolVm.objects.filter(pool=pool)
@@ -98,14 +94,15 @@ def refill_held(*, pool: LabPool, now: datetime) -> bool:
 
 
 def pool_vm_create(*, pool: LabPool) -> PoolVm | None:
-    """Make one VM for the pool if the tenant's quota has room (under the tenant's lock, as a Start), else None. Its
-    row is written first, so a crash leaves a VM the sweep can tell from an orphan."""
+    """Make one pool VM within the quota (else None); its row first, so the sweep never takes it as an orphan."""
+    from guest.cloud_init import render_user_data
+
     lab = pool.lab
     tenant = lab.course.tenant
     guest = guest_resources(lab.size)
     launcher = launcher_requests(vcpus=guest.vcpus, memory_mib=guest.memory_mib)
     with transaction.atomic():
-        locked = tenant_locked(tenant.id)
+        locked = Tenant.objects.select_for_update(no_key=True).get(id=tenant.id)
         totals = tenant_totals(tenant_id=tenant.id, student=None)
         if quota_refusal(tenant=locked, used=totals, vcpus=guest.vcpus, memory_mib=launcher.memory_mib) is not None:
             return None
@@ -123,31 +120,22 @@ def pool_vm_create(*, pool: LabPool) -> PoolVm | None:
         pool_vm.vm_name = names.pool_vm_name(pool_vm.id)
         PoolVm.objects.filter(id=pool_vm.id).update(vm_name=pool_vm.vm_name)
     try:
-        _put_on_cluster(pool_vm)
+        lab_vm_create(
+            tenant=tenant,
+            namespace=pool_vm.namespace,
+            name=pool_vm.vm_name,
+            labels=names.pool_vm_labels(
+                tenant_id=tenant.id, course_id=lab.course_id, lab_id=lab.id, pool_vm_id=pool_vm.id
+            ),
+            lab=lab,
+            vcpus=pool_vm.vcpus,
+            memory_mib=pool_vm.memory_mib,
+            user_data=render_user_data(token=pool_vm.agent_token, extra_cloud_config=lab.extra_cloud_init),
+        )
     except (ClusterError, ValueError):
         pool_vm_end(pool_vm=pool_vm, reason=EndReason.CREATE_FAILED)
         raise
     return pool_vm
-
-
-def _put_on_cluster(pool_vm: PoolVm) -> None:
-    from guest.cloud_init import render_user_data
-
-    lab = pool_vm.lab
-    user_data = render_user_data(token=pool_vm.agent_token, extra_cloud_config=lab.extra_cloud_init)
-    labels = names.pool_vm_labels(
-        tenant_id=pool_vm.tenant_id, course_id=lab.course_id, lab_id=lab.id, pool_vm_id=pool_vm.id
-    )
-    lab_vm_create(
-        tenant=pool_vm.tenant,
-        namespace=pool_vm.namespace,
-        name=pool_vm.vm_name,
-        labels=labels,
-        lab=lab,
-        vcpus=pool_vm.vcpus,
-        memory_mib=pool_vm.memory_mib,
-        user_data=user_data,
-    )
 
 
 def pool_vm_end(
@@ -180,10 +168,15 @@ def pool_vm_delete_on_cluster(*, pool_vm: PoolVm) -> None:
         logger.warning("pool VM %s: delete failed (%s); the sweep removes it", pool_vm.vm_name, error.message)
 
 
-def _ended_on_cluster(vms: list[PoolVm], report: PoolReport) -> dict[int, str]:
-    """Pool VMs the cluster says are done, by id, with the reason: their VMI ended or being deleted, or their VM
-    gone. One VMI list per namespace, a VM list only where a VMI is missing; no answer gives no verdict."""
-    ended: dict[int, str] = {}
+def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
+    """Replace the pool VMs that ended, lost their agent or never booted; a booting one whose agent answers is ready."""
+    now = now or timezone.now()
+    report = PoolReport()
+    vms = list(PoolVm.objects.filter(state__in=POOL_HOLDING_STATES).exclude(vm_name=""))
+    if not vms:
+        return report
+    # One VMI list per namespace, a VM list only where a VMI is missing; no answer gives no verdict.
+    ended: set[int] = set()
     by_namespace: dict[str, list[PoolVm]] = {}
     for pool_vm in vms:
         by_namespace.setdefault(pool_vm.namespace, []).append(pool_vm)
@@ -198,27 +191,15 @@ def _ended_on_cluster(vms: list[PoolVm], report: PoolReport) -> dict[int, str]:
         for pool_vm in members:
             vmi = vmis.get(pool_vm.vm_name)
             if vmi is None and pool_vm.vm_name not in listed:
-                ended[pool_vm.id] = EndReason.VM_GONE
+                reason = EndReason.VM_GONE
             elif vmi is not None and (
                 vmi["metadata"].get("deletionTimestamp") or (vmi.get("status") or {}).get("phase") in FINAL_PHASES
             ):
-                ended[pool_vm.id] = EndReason.VMI_ENDED
-    return ended
-
-
-def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
-    """End the unclaimed pool VMs the cluster says are done, then ask the agents of the booting ones and of the
-    ready ones not asked for ``POOL_READY_CHECK_SECONDS``: a booting one that answers is ready; a ready one that
-    does not, or a booting one past the start timeout, is replaced."""
-    now = now or timezone.now()
-    report = PoolReport()
-    vms = list(PoolVm.objects.filter(state__in=POOL_HOLDING_STATES).exclude(vm_name=""))
-    if not vms:
-        return report
-    ended = _ended_on_cluster(vms, report)
-    for pool_vm in vms:
-        if pool_vm.id in ended:
-            pool_vm_end(pool_vm=pool_vm, reason=ended[pool_vm.id], report=report)
+                reason = EndReason.VMI_ENDED
+            else:
+                continue
+            ended.add(pool_vm.id)
+            pool_vm_end(pool_vm=pool_vm, reason=reason, report=report)
     due = now - timedelta(seconds=settings.POOL_READY_CHECK_SECONDS)
     asked = [
         pool_vm
@@ -233,10 +214,8 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
     boot_limit = now - timedelta(seconds=settings.ATTEMPT_START_TIMEOUT_SECONDS)
     for pool_vm, answers_now in zip(asked, answers, strict=True):
         if pool_vm.state == PoolVmState.BOOTING and answers_now:
-            stamp = timezone.now()
-            if PoolVm.objects.filter(id=pool_vm.id, state=PoolVmState.BOOTING).update(
-                state=PoolVmState.READY, ready_at=stamp
-            ):
+            ready = PoolVm.objects.filter(id=pool_vm.id, state=PoolVmState.BOOTING)
+            if ready.update(state=PoolVmState.READY, ready_at=timezone.now()):
                 report.ready.append(pool_vm.vm_name)
         elif pool_vm.state == PoolVmState.READY and not answers_now:
             pool_vm_end(pool_vm=pool_vm, reason=EndReason.AGENT_LOST, from_states=(PoolVmState.READY,), report=report)

@@ -1,24 +1,21 @@
-"""Putting an attempt's VM on the cluster, and the system's own attempt transitions; each safe to rerun after a
-crash at any line (conditional updates, deterministic names, "already exists" and "not found" taken as done)."""
+"""Putting an attempt's VM on the cluster, and failing an attempt; each safe to rerun after a crash at any line."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Case, Value, When
-from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from labs.kubevirt import manifests, names, operations
 from labs.kubevirt.operations import ClusterError
 from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, Lab
-from labs.services.follow_ups import watch_new_vm
+from labs.services.agents import watch_new_vm
 from labs.services.namespaces import tenant_namespace_ensure
-from labs.services.stopping import StopReason, enqueue_teardown
+from labs.services.stopping import enqueue_teardown
 from labs.states import attempt_transition
 from labs.wording import in_every_language
 from portal.models import Tenant
@@ -30,8 +27,7 @@ PROVISIONING_PUSH_HOLD_SECONDS = 1.0
 
 
 def attempt_fail(*, attempt_id: int, reason: Callable[[], str], from_states: tuple[str, ...] = ACTIVE_STATES) -> bool:
-    """Mark the attempt failed and queue the clean-up of its VM; False when it had left ``from_states``. ``reason``
-    says why for the student, called once per language, so it only translates and formats."""
+    """Fail the attempt and queue its clean-up (``reason`` is called per language); False if it left ``from_states``."""
     texts = {code: text[:4000] for code, text in in_every_language(reason).items()}
     default = texts.get(settings.LANGUAGE_CODE) or next(iter(texts.values()))
     # The text field keeps the attempt's own language, picked in the update itself.
@@ -55,73 +51,26 @@ def attempt_fail(*, attempt_id: int, reason: Callable[[], str], from_states: tup
     return True
 
 
-def attempt_end(*, attempt_id: int) -> bool:
-    """A stopping attempt whose VM is gone ends: ``expired`` if its time ran out, ``stopped`` otherwise."""
-    attempt = Attempt.objects.filter(id=attempt_id, state=AttemptState.STOPPING).first()
-    if attempt is None:
-        return False
-    final = AttemptState.EXPIRED if attempt.stop_reason == StopReason.EXPIRED else AttemptState.STOPPED
-    return (
-        attempt_transition(
-            attempt=attempt, to=final, from_states=(AttemptState.STOPPING,), status_message="", status_message_texts={}
-        )
-        is not None
-    )
-
-
-def attempt_mark_running(*, attempt_id: int, now: datetime | None = None) -> bool:
-    """The guest agent answered: the attempt is ``running`` and its time limit starts now."""
-    now = now or timezone.now()
-    attempt = Attempt.objects.select_related("lab").filter(id=attempt_id, state=AttemptState.STARTING).first()
-    if attempt is None:
-        return False
-    return (
-        attempt_transition(
-            attempt=attempt,
-            to=AttemptState.RUNNING,
-            from_states=(AttemptState.STARTING,),
-            now=now,
-            expires_at=now + timedelta(minutes=attempt.lab.time_limit_minutes),
-            status_message="",
-            status_message_texts={},
-        )
-        is not None
-    )
-
-
-class ProvisionOutcome:
-    CREATED = "created"
-    SKIPPED = "skipped"
-    FAILED = "failed"
-    ABANDONED = "abandoned"
-
-
 def attempt_provision(*, attempt_id: int) -> str:
     """Create the attempt's cloud-init Secret and VM; the attempt becomes ``starting``. Raises ``ClusterError``."""
     attempt = Attempt.objects.select_related("lab", "tenant").filter(id=attempt_id).first()
-    if (
-        attempt is not None
-        and attempt.state == AttemptState.REQUESTED
-        and names.pool_vm_id_from_vm_name(attempt.vm_name)
-    ):
-        # It claimed a warm pool's VM (a lost claim task, queued again by the sweep): finish that claim instead.
-        from labs.services.pool_claim import pool_claim_finish
-
-        pool_claim_finish(attempt_id=attempt_id)
-        return ProvisionOutcome.SKIPPED
     if attempt is not None and attempt.state == AttemptState.REQUESTED:
-        if (
-            attempt_transition(
-                attempt=attempt,
-                to=AttemptState.PROVISIONING,
-                from_states=(AttemptState.REQUESTED,),
-                hold=PROVISIONING_PUSH_HOLD_SECONDS,
-            )
-            is None
-        ):
+        if names.pool_vm_id_from_vm_name(attempt.vm_name):
+            # It claimed a warm pool's VM (a lost claim task, queued again by the sweep): finish that claim instead.
+            from labs.services.pool_claim import pool_claim_finish
+
+            pool_claim_finish(attempt_id=attempt_id)
+            return "skipped"
+        moved = attempt_transition(
+            attempt=attempt,
+            to=AttemptState.PROVISIONING,
+            from_states=(AttemptState.REQUESTED,),
+            hold=PROVISIONING_PUSH_HOLD_SECONDS,
+        )
+        if moved is None:
             attempt.refresh_from_db(fields=["state"])
     if attempt is None or attempt.state != AttemptState.PROVISIONING:
-        return ProvisionOutcome.SKIPPED  # done by an earlier delivery, or stopped before it began
+        return "skipped"  # done by an earlier delivery, or stopped before it began
 
     from guest.cloud_init import render_user_data
 
@@ -136,16 +85,15 @@ def attempt_provision(*, attempt_id: int) -> str:
                 _("The lab's cloud-init settings are invalid (%(error)s). Tell your instructor.") % {"error": error}
             ),
         )
-        return ProvisionOutcome.FAILED
+        return "failed"
 
-    labels = names.attempt_labels(
-        tenant_id=attempt.tenant_id, course_id=lab.course_id, lab_id=lab.id, attempt_id=attempt.id
-    )
     created_vm = lab_vm_create(
         tenant=attempt.tenant,
         namespace=attempt.namespace,
         name=attempt.vm_name,
-        labels=labels,
+        labels=names.attempt_labels(
+            tenant_id=attempt.tenant_id, course_id=lab.course_id, lab_id=lab.id, attempt_id=attempt.id
+        ),
         lab=lab,
         vcpus=attempt.vcpus,
         memory_mib=attempt.memory_mib,
@@ -160,13 +108,17 @@ def attempt_provision(*, attempt_id: int) -> str:
                 % {"name": attempt.vm_name}
             ),
         )
-        return ProvisionOutcome.FAILED
+        return "failed"
 
     # Any other write to a provisioning attempt (a sync, a stop) moves it on, and then this matches nothing.
     if attempt_transition(attempt=attempt, to=AttemptState.STARTING, from_states=(AttemptState.PROVISIONING,)) is None:
-        return _after_lost_claim(attempt_id=attempt_id)
+        # It left ``provisioning`` while its VM was made (a stop): if its teardown ran already, delete the VM.
+        attempt.refresh_from_db(fields=["state", "vm_deleted_at"])
+        if attempt.state in FINAL_STATES or (attempt.state == AttemptState.STOPPING and attempt.vm_deleted_at):
+            operations.vm_and_secret_delete(namespace=attempt.namespace, name=attempt.vm_name)
+        return "abandoned"
     watch_new_vm(attempt.namespace)
-    return ProvisionOutcome.CREATED
+    return "created"
 
 
 def lab_vm_create(
@@ -180,9 +132,7 @@ def lab_vm_create(
     memory_mib: int,
     user_data: str,
 ) -> dict:
-    """Create a lab's VM and its cloud-init Secret in the tenant's namespace (set up first, and again if it was
-    deleted behind the portal's back), the Secret owned by the VM if it is the one asked for; returns the VM as the
-    cluster has it."""
+    """Create a lab VM and its cloud-init Secret (owned by the VM) in the tenant's namespace; returns the VM."""
     tenant_namespace_ensure(tenant=tenant)
     secret_name = names.cloud_init_secret_name(name)
     try:
@@ -210,11 +160,3 @@ def lab_vm_create(
         owner = manifests.owner_reference(created_vm)
         operations.secret_set_owner(namespace=namespace, name=secret_name, owner=owner)
     return created_vm
-
-
-def _after_lost_claim(*, attempt_id: int) -> str:
-    """The attempt left ``provisioning`` while its VM was made (a stop): if its teardown ran already, delete the VM."""
-    attempt = Attempt.objects.get(id=attempt_id)
-    if attempt.state in FINAL_STATES or (attempt.state == AttemptState.STOPPING and attempt.vm_deleted_at):
-        operations.vm_and_secret_delete(namespace=attempt.namespace, name=attempt.vm_name)
-    return ProvisionOutcome.ABANDONED

@@ -1,19 +1,16 @@
-"""The tenant's capacity and the per-student limit as the Start checks them under the tenant's lock, and the
-refusals (with a Retry-After hint when capacity is full)."""
+"""The tenant's capacity and the per-student limit as the Start checks them under the tenant lock, and the refusals."""
 
 from __future__ import annotations
 
 import secrets
 from typing import NamedTuple
 
-from django.conf import settings
 from django.db.models import Count, Q, Sum
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from labs.models import ACTIVE_STATES, Attempt, AttemptState
 from labs.pool_models import POOL_HOLDING_STATES, PoolVm
-from labs.selectors import STARTING_STATES
 from portal.errors import Conflict, Unavailable
 from portal.models import Tenant, User
 
@@ -25,16 +22,6 @@ def retry_after_seconds() -> int:
     """A wait spread over the range so refused students do not all come back in the same second."""
     low, high = RETRY_AFTER_RANGE
     return low + secrets.randbelow(high - low + 1)
-
-
-def check_start_throttle() -> None:
-    limit = settings.ATTEMPT_CONCURRENT_START_LIMIT
-    if limit and Attempt.objects.filter(state__in=STARTING_STATES).count() >= limit:
-        raise Unavailable(
-            _("Many labs are starting right now. Try again in a minute."),
-            code="too_many_starts",
-            retry_after=retry_after_seconds(),
-        )
 
 
 def per_student_refusal(*, running: int, stopping: int) -> Conflict:
@@ -59,8 +46,7 @@ def per_student_refusal(*, running: int, stopping: int) -> Conflict:
 
 
 def per_student_cap_message(*, student: User, tenant: Tenant) -> str:
-    """What the lab page says instead of offering Start when the student has as many labs going as one person may
-    ('' when Start may be tried; ``attempt_start`` decides for real)."""
+    """What the lab page says instead of offering Start to a student at the per-person limit, else ''."""
     if not tenant.max_vms_per_student:
         return ""
     going = Attempt.objects.filter(student=student, tenant=tenant, state__in=ACTIVE_STATES).aggregate(
@@ -81,15 +67,14 @@ class TenantTotals(NamedTuple):
 
 def quota_refusal(*, tenant: Tenant, used: TenantTotals, vcpus: int, memory_mib: int) -> Unavailable | None:
     """The refusal when one more VM of this shape would pass any of the tenant's limits, else None."""
-    used_vms, used_vcpus, used_memory = used.vms, used.vcpus, used.memory
     reasons = []
-    if used_vms + 1 > tenant.max_concurrent_vms:
+    if used.vms + 1 > tenant.max_concurrent_vms:
         reasons.append(_("all %(limit)d lab VMs are in use") % {"limit": tenant.max_concurrent_vms})
-    if used_vcpus + vcpus > tenant.max_vcpus:
-        reasons.append(_("%(used)d of %(limit)d vCPUs are in use") % {"used": used_vcpus, "limit": tenant.max_vcpus})
-    if used_memory + memory_mib > tenant.max_memory_mib:
+    if used.vcpus + vcpus > tenant.max_vcpus:
+        reasons.append(_("%(used)d of %(limit)d vCPUs are in use") % {"used": used.vcpus, "limit": tenant.max_vcpus})
+    if used.memory + memory_mib > tenant.max_memory_mib:
         reasons.append(
-            _("%(used)d of %(limit)d MiB of memory are in use") % {"used": used_memory, "limit": tenant.max_memory_mib}
+            _("%(used)d of %(limit)d MiB of memory are in use") % {"used": used.memory, "limit": tenant.max_memory_mib}
         )
     if not reasons:
         return None
@@ -101,14 +86,8 @@ def quota_refusal(*, tenant: Tenant, used: TenantTotals, vcpus: int, memory_mib:
     )
 
 
-def tenant_locked(tenant_id: int) -> Tenant:
-    """The tenant, its row locked FOR NO KEY UPDATE (rows that only reference it need not wait) until commit."""
-    return Tenant.objects.select_for_update(no_key=True).get(id=tenant_id)
-
-
 def tenant_totals(*, tenant_id: int, student: User | None) -> TenantTotals:
-    """How many VMs the tenant's active attempts and unclaimed pool VMs hold, their vCPUs and launcher memory, and
-    the student's own attempts."""
+    """The VMs, vCPUs and launcher memory of the tenant's active attempts and unclaimed pool VMs; the student's own."""
     totals = Attempt.objects.filter(tenant_id=tenant_id, state__in=ACTIVE_STATES).aggregate(
         vms=Count("id"),
         vcpus=Sum("vcpus"),

@@ -1,75 +1,35 @@
-"""Starting an attempt: the checks, the quota under the tenant's row lock (exactly one of concurrent starts gets the
-last slot), the row, and the provisioning or the warm pool's claim queued on commit."""
+"""Starting an attempt: the checks, the quota under the tenant's row lock, the row, and the provisioning or the warm
+pool's claim queued on commit."""
 
 from __future__ import annotations
 
 import logging
 import secrets
 
+from django.conf import settings
 from django.db import IntegrityError, OperationalError, transaction
-from django.db.models import Count, Max, Q
+from django.db.models import Count, F, Max, Q
 from django.utils import formats, timezone, translation
 from django.utils.translation import gettext as _
 
 from labs.kubevirt import names
 from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab, extra_cloud_init_problem
+from labs.pool_models import LabPool, PoolMode
+from labs.selectors import STARTING_STATES
 from labs.services.events import on_commit_logged
 from labs.services.namespaces import tenant_namespace_ready
-from labs.services.pool_claim import pool_give_way, pool_miss_record, pool_vm_claim
+from labs.services.pool_claim import pool_give_way, pool_vm_claim
 from labs.services.provisioning import attempt_fail
-from labs.services.quota import (
-    TenantTotals,
-    check_start_throttle,
-    per_student_refusal,
-    quota_refusal,
-    retry_after_seconds,
-    tenant_locked,
-    tenant_totals,
-)
+from labs.services.quota import TenantTotals, per_student_refusal, quota_refusal, retry_after_seconds, tenant_totals
 from labs.sizes import guest_resources, launcher_requests
 from portal.errors import ApplicationError, Conflict, NotFound, PermissionDenied, Unavailable, database_busy
-from portal.models import Role, User
+from portal.models import Role, Tenant, User
 from portal.ratelimit import rate_limit_hit, rate_limit_refund
 from portal.selectors import course_role
 from portal.services import audit_record
 from portal.timezones import person_time_zone
 
 logger = logging.getLogger(__name__)
-
-# labs.models.Attempt's constraint: one active attempt per student and lab.
-ONE_ACTIVE_CONSTRAINT = "attempt_one_active_per_student_lab"
-
-
-def _lab_closed_message(lab: Lab, now, *, actor) -> str:
-    if lab.opens_at and now < lab.opens_at:
-        # In the student's clock (their own, else the tenant's), even for an API client, whose requests are in UTC.
-        zone = person_time_zone(actor, lab.course.tenant)
-        return _("This lab opens on %(when)s.") % {
-            "when": formats.date_format(timezone.localtime(lab.opens_at, zone), "DATETIME_FORMAT")
-        }
-    return _("This lab is closed.")
-
-
-def _check_extra_cloud_init(lab: Lab) -> None:
-    # The instructor's mistake is theirs to read (in admin, on the lab's page, and in the log), not the student's.
-    if problem := extra_cloud_init_problem(lab.extra_cloud_init):
-        logger.error("lab %s cannot start: its extra cloud-init is invalid: %s", lab.pk, problem)
-        raise Conflict(
-            _(
-                "This lab is misconfigured, so it cannot start. Your course staff see the problem on the lab's "
-                "settings page."
-            ),
-            code="lab_misconfigured",
-        )
-
-
-def _my_attempts(*, student: User, lab: Lab) -> dict:
-    """How many of the student's attempts count against the limit (not the failed), the top number, an active one."""
-    return Attempt.objects.filter(student=student, lab=lab).aggregate(
-        counted=Count("id", filter=~Q(state=AttemptState.FAILED)),
-        number=Max("number"),
-        active=Max("id", filter=Q(state__in=ACTIVE_STATES)),
-    )
 
 
 def _already_active(*, attempt_id: int | None) -> Conflict:
@@ -78,13 +38,6 @@ def _already_active(*, attempt_id: int | None) -> Conflict:
         code="attempt_active",
         extra={"attempt_id": attempt_id} if attempt_id is not None else None,
     )
-
-
-def _is_one_active_violation(error: IntegrityError) -> bool:
-    diag = getattr(error.__cause__, "diag", None)
-    constraint = getattr(diag, "constraint_name", None)
-    # Without the driver's diagnostics (not PostgreSQL), the attempt insert is the one statement that can clash.
-    return constraint is None or constraint == ONE_ACTIVE_CONSTRAINT
 
 
 def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
@@ -100,12 +53,30 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
         raise PermissionDenied(_("Only students of the course can start this lab."))
     now = timezone.now()
     if not lab.is_open(now):
-        raise Conflict(_lab_closed_message(lab, now, actor=actor), code="lab_closed")
+        message = _("This lab is closed.")
+        if lab.opens_at and now < lab.opens_at:
+            # In the student's clock (their own, else the tenant's), even for an API client, whose requests are in UTC.
+            opens_at = timezone.localtime(lab.opens_at, person_time_zone(actor, course.tenant))
+            message = _("This lab opens on %(when)s.") % {"when": formats.date_format(opens_at, "DATETIME_FORMAT")}
+        raise Conflict(message, code="lab_closed")
     guest = guest_resources(lab.size)
     launcher = launcher_requests(vcpus=guest.vcpus, memory_mib=guest.memory_mib)
-    _check_extra_cloud_init(lab)
+    # The instructor's mistake is theirs to read (in admin, on the lab's page, and in the log), not the student's.
+    if problem := extra_cloud_init_problem(lab.extra_cloud_init):
+        logger.error("lab %s cannot start: its extra cloud-init is invalid: %s", lab.pk, problem)
+        raise Conflict(
+            _(
+                "This lab is misconfigured, so it cannot start. Your course staff see the problem on the lab's "
+                "settings page."
+            ),
+            code="lab_misconfigured",
+        )
     # Counted outside the lock: the one-active constraint lets no second start of the student past the limit.
-    mine = _my_attempts(student=actor, lab=lab)
+    mine = Attempt.objects.filter(student=actor, lab=lab).aggregate(
+        counted=Count("id", filter=~Q(state=AttemptState.FAILED)),
+        number=Max("number"),
+        active=Max("id", filter=Q(state__in=ACTIVE_STATES)),
+    )
     if mine["active"] is not None:
         raise _already_active(attempt_id=mine["active"])
     if lab.attempt_limit and mine["counted"] >= lab.attempt_limit:
@@ -117,7 +88,13 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
         # Nothing to fail: the cluster is known to refuse the portal here (the capacity page says what to apply).
         logger.error("start of lab %s refused: tenant %s's namespace refuses the portal", lab.pk, course.tenant_id)
         raise Conflict(_("This course is not ready yet; your instructor has been told."), code="course_not_ready")
-    check_start_throttle()
+    limit = settings.ATTEMPT_CONCURRENT_START_LIMIT
+    if limit and Attempt.objects.filter(state__in=STARTING_STATES).count() >= limit:
+        raise Unavailable(
+            _("Many labs are starting right now. Try again in a minute."),
+            code="too_many_starts",
+            retry_after=retry_after_seconds(),
+        )
     number = (mine["number"] or 0) + 1
     pooled = hasattr(lab, "pool")  # read with the lab by the lab page's Start, else one query
 
@@ -140,9 +117,8 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
             )
             # A ready VM of the lab's warm pool, when there is one; else the attempt's own VM, made on commit.
             claimed = pool_vm_claim(attempt=attempt, lab=lab, now=now) if pooled else None
-            if claimed is None:
-                attempt.vm_name = names.vm_name(attempt.id)
-                Attempt.objects.filter(id=attempt.id).update(vm_name=attempt.vm_name)
+            attempt.vm_name = names.vm_name(attempt.id) if claimed is None else claimed.vm_name
+            Attempt.objects.filter(id=attempt.id).update(vm_name=attempt.vm_name)
             audit_record(
                 actor=actor,
                 action="attempt.start",
@@ -152,7 +128,8 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
                 data={"lab": lab.id, "size": lab.size, "number": number},
             )
             # Serialises the tenant's starts: the totals include every one that committed before.
-            tenant = tenant_locked(course.tenant_id)
+            # FOR NO KEY UPDATE: rows that only reference the tenant need not wait.
+            tenant = Tenant.objects.select_for_update(no_key=True).get(id=course.tenant_id)
             totals = tenant_totals(tenant_id=course.tenant_id, student=actor)
             if tenant.max_vms_per_student and totals.students > tenant.max_vms_per_student:
                 raise per_student_refusal(running=totals.students - 1, stopping=totals.stopping)
@@ -172,7 +149,9 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
                 if refusal is not None:
                     raise refusal
     except IntegrityError as error:
-        if not _is_one_active_violation(error):
+        # Without the driver's diagnostics (not PostgreSQL), the attempt insert is the one statement that can clash.
+        constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
+        if constraint not in (None, "attempt_one_active_per_student_lab"):
             raise
         active = (
             Attempt.objects.filter(student=actor, lab=lab, state__in=ACTIVE_STATES).values_list("id", flat=True).first()
@@ -180,13 +159,15 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
         raise _already_active(attempt_id=active) from None
     # No update is pushed: nobody listens to an attempt that did not exist, and the answer carries its status.
     if claimed is not None:
-        from labs.tasks_pools import finish_pool_claim
+        from labs.tasks import finish_pool_claim
 
         # A broker that refuses leaves the attempt requested; the sweep queues its provisioning, which finishes it.
         on_commit_logged(lambda: finish_pool_claim.delay(attempt.id), what=f"queueing the claim of {attempt.id}")
         return attempt
-    if pooled:
-        pool_miss_record(lab=lab, now=now)
+    # A Start of a lab whose pool is meant to be warm found no ready VM: a miss.
+    pool = LabPool.objects.filter(lab=lab).exclude(mode=PoolMode.OFF).select_related("lab").first() if pooled else None
+    if pool is not None and pool.target(now):
+        LabPool.objects.filter(id=pool.id).update(misses=F("misses") + 1)
     queued = _enqueue_provision(attempt.id)
     if not transaction.get_connection().in_atomic_block and not queued.get("sent", True):
         # The provisioning could not be handed to the broker: the attempt was failed in words.
@@ -197,9 +178,7 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
 
 
 def attempt_start_limited(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
-    """``attempt_start`` behind the per-person start limit (``RATE_LIMITS["attempt_start"]``). A refusal that asks to
-    come back later (Retry-After) or a database too busy to answer is not counted, so a page that retries by itself
-    does not use up the limit."""
+    """``attempt_start`` behind the per-person limit; a Retry-After refusal or a busy database is not counted."""
     counted = rate_limit_hit(
         scope="attempt_start",
         key=f"user:{actor.pk}",

@@ -1,5 +1,4 @@
-"""Ending attempts: a person's stop and extension, the time limit, and the stop when nobody has the attempt open;
-each becomes ``stopping`` and a task grades it once more and deletes the VM."""
+"""Ending attempts: a person's stop and extension, the time limit, the stop when no page has it open, the teardown."""
 
 from __future__ import annotations
 
@@ -7,13 +6,17 @@ import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from labs.models import ACTIVE_STATES, Attempt, AttemptState
+from labs.kubevirt import operations
+from labs.models import ACTIVE_STATES, FINAL_STATES, IDLE_STOP_MIN_MINUTES, Attempt, AttemptState
 from labs.services.events import attempt_push_on_commit, on_commit_logged
-from labs.services.presence import attempt_left_since
+from labs.signals import attempt_final_grading
 from labs.states import attempt_transition
 from portal.errors import Conflict, NotFound, PermissionDenied
 from portal.models import Role, User
@@ -21,6 +24,13 @@ from portal.selectors import course_role
 from portal.services import audit_record
 
 logger = logging.getLogger(__name__)
+
+# How often a page's events socket stamps its open attempt as seen (well under IDLE_STOP_MIN_MINUTES).
+PRESENCE_STAMP_SECONDS = 60
+# A last stamp older than this means no page has the attempt open now (one stamp missed, and a margin).
+PRESENCE_LOST_AFTER_SECONDS = 2 * PRESENCE_STAMP_SECONDS + 30
+# Set once a final grading returned, so the teardown's own retry is not taken for a second delivery still grading.
+FINAL_GRADING_DONE_KEY = "labs:final-grading-done:{attempt_id}"
 
 
 class StopReason:
@@ -110,9 +120,8 @@ def attempt_extend(*, actor: User, attempt: Attempt) -> Attempt:
     return locked
 
 
-def attempt_stop_left(*, attempt: Attempt, now: datetime | None = None) -> Attempt:
+def attempt_stop_left(*, attempt: Attempt, now: datetime) -> Attempt:
     """Stop the running attempt if no page has had it open for its lab's ``idle_stop_minutes`` (reason ``left``)."""
-    now = now or timezone.now()
     with transaction.atomic():
         locked = Attempt.objects.select_for_update(of=("self",)).select_related("lab").get(pk=attempt.pk)
         limit = locked.lab.idle_stop_minutes
@@ -133,3 +142,125 @@ def attempt_expire(*, attempt: Attempt) -> Attempt:
             return locked
         _begin_stopping(locked, reason=StopReason.EXPIRED, now=now)
     return locked
+
+
+def attempts_expire_due(*, now: datetime | None = None) -> int:
+    """Expire running attempts whose time is up (database only; their teardown is queued)."""
+    due = Attempt.objects.filter(state=AttemptState.RUNNING, expires_at__lte=now or timezone.now()).only("id")
+    return sum(attempt_expire(attempt=attempt).state == AttemptState.STOPPING for attempt in due)
+
+
+def attempts_stop_left(*, now: datetime | None = None) -> int:
+    """Stop the running attempts no page has had open for their lab's ``idle_stop_minutes``."""
+    now = now or timezone.now()
+    candidates = (
+        Attempt.objects.filter(state=AttemptState.RUNNING, lab__idle_stop_minutes__gt=0)
+        .annotate(left_since=Greatest(Coalesce(F("last_seen_at"), F("agent_ready_at")), F("agent_ready_at")))
+        .filter(left_since__lte=now - timedelta(minutes=IDLE_STOP_MIN_MINUTES))
+        .select_related("lab")
+        .only("id", "last_seen_at", "agent_ready_at", "lab__idle_stop_minutes")
+    )
+    return sum(
+        attempt_stop_left(attempt=attempt, now=now).state == AttemptState.STOPPING
+        for attempt in candidates
+        if (since := attempt_left_since(attempt)) and since <= now - timedelta(minutes=attempt.lab.idle_stop_minutes)
+    )
+
+
+def attempt_end(*, attempt_id: int) -> bool:
+    """A stopping attempt whose VM is gone ends: ``expired`` if its time ran out, ``stopped`` otherwise."""
+    attempt = Attempt.objects.filter(id=attempt_id, state=AttemptState.STOPPING).first()
+    if attempt is None:
+        return False
+    final = AttemptState.EXPIRED if attempt.stop_reason == StopReason.EXPIRED else AttemptState.STOPPED
+    return (
+        attempt_transition(
+            attempt=attempt, to=final, from_states=(AttemptState.STOPPING,), status_message="", status_message_texts={}
+        )
+        is not None
+    )
+
+
+def attempt_seen(*, attempt_id: int) -> bool:
+    """A page of the student has the attempt open now (its events socket); False once the attempt has ended."""
+    return bool(Attempt.objects.filter(id=attempt_id, state__in=ACTIVE_STATES).update(last_seen_at=timezone.now()))
+
+
+def attempt_stops_as_left_at(attempt: Attempt, *, idle_stop_minutes: int, now: datetime) -> datetime | None:
+    """When the running attempt will be stopped as left, while no page has it open (for the dashboard); else None."""
+    since = attempt_left_since(attempt)
+    if attempt.state != AttemptState.RUNNING or not idle_stop_minutes or since is None:
+        return None
+    if (now - since).total_seconds() < PRESENCE_LOST_AFTER_SECONDS:
+        return None
+    return since + timedelta(minutes=idle_stop_minutes)
+
+
+def attempt_left_since(attempt: Attempt) -> datetime | None:
+    """Since when no page has had the attempt open (its last stamp or its agent's answer); None until it runs."""
+    stamps = [stamp for stamp in (attempt.last_seen_at, attempt.agent_ready_at) if stamp is not None]
+    return max(stamps) if attempt.agent_ready_at is not None else None
+
+
+def grade_final(*, attempt: Attempt, trigger: str) -> None:
+    """The grading app's last run before the VM goes; never raises (a grading failure must not keep a VM alive)."""
+    for _receiver, outcome in attempt_final_grading.send_robust(sender=Attempt, attempt=attempt, trigger=trigger):
+        if isinstance(outcome, Exception):
+            logger.error(
+                "attempt %s: the final grading run failed; deleting its VM anyway", attempt.id, exc_info=outcome
+            )
+
+
+def attempt_teardown(*, attempt_id: int) -> str:
+    """Grade a stopping attempt once more if its agent answered, then delete its VM (a failed one's too); rerunnable."""
+    attempt = Attempt.objects.select_related("lab").filter(id=attempt_id).first()
+    if attempt is None:
+        return "missing"
+    if attempt.state == AttemptState.STOPPING:
+        if attempt.agent_ready_at is not None and attempt.vm_deleted_at is None:
+            done_key = FINAL_GRADING_DONE_KEY.format(attempt_id=attempt_id)
+            claimed = Attempt.objects.filter(id=attempt_id, final_grading_at__isnull=True).update(
+                final_grading_at=timezone.now()
+            )
+            if claimed:
+                grade_final(attempt=attempt, trigger="expiry" if attempt.stop_reason == StopReason.EXPIRED else "stop")
+                cache.set(done_key, "1", timeout=settings.CELERY_TASK_TIME_LIMIT + 60)
+            elif (
+                Attempt.objects.filter(
+                    id=attempt_id,
+                    vm_deleted_at__isnull=True,
+                    final_grading_at__gt=timezone.now() - timedelta(seconds=settings.CELERY_TASK_TIME_LIMIT),
+                ).exists()
+                and cache.get(done_key) is None
+            ):
+                # A second delivery of this teardown while the first grades: deleting the VM now would cut that
+                # final run off. The first deletes it; if it died, the sweep queues the teardown again later.
+                return "grading_elsewhere"
+        existed = _delete_vm_and_secret(attempt)
+        if not existed:
+            attempt_end(attempt_id=attempt_id)
+        return "deleted" if existed else "ended"
+    if attempt.state in FINAL_STATES and attempt.vm_deleted_at is None and attempt.vm_name:
+        _delete_vm_and_secret(attempt)
+        return "cleaned"
+    return "skipped"
+
+
+def teardowns_resume(*, namespace: str) -> int:
+    """The namespace answers again after failing: queue its stopping attempts' teardowns now, not at their retry."""
+    ids = list(
+        Attempt.objects.filter(
+            namespace=namespace, state=AttemptState.STOPPING, vm_deleted_at__isnull=True
+        ).values_list("id", flat=True)
+    )
+    for attempt_id in ids:
+        enqueue_teardown(attempt_id)
+    if ids:
+        logger.info("cluster answers again in %s: teardown of %s resumed", namespace, ids)
+    return len(ids)
+
+
+def _delete_vm_and_secret(attempt: Attempt) -> bool:
+    existed = operations.vm_and_secret_delete(namespace=attempt.namespace, name=attempt.vm_name)
+    Attempt.objects.filter(id=attempt.id, vm_deleted_at__isnull=True).update(vm_deleted_at=timezone.now())
+    return existed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from labs.models import Attempt
-from labs.services.teardown import grade_final
+from labs.services.stopping import grade_final
 from labs.signals import attempt_final_grading
 from labs.tests.test_views import make_attempt
 

@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 
 from labs import tasks
-from labs.services import follow_ups
+from labs.services import agents
 
 DELAYS = (0.05, 0.3, 1.0, 2.5)
 
@@ -33,7 +33,7 @@ class Broker:
         for item in sorted((q for q in self.queued if q["due"] <= now), key=lambda q: q["due"]):
             self.queued.remove(item)
             self.runs.append((item["delay"], item["due"]))
-            follow_ups.follow_up_begins(namespace=item["namespace"], delay=item["delay"])
+            agents.follow_up_begins(namespace=item["namespace"], delay=item["delay"])
         self.now = now
 
 
@@ -49,14 +49,14 @@ def broker(settings):
 def test_vms_created_together_share_their_follow_ups(broker):
     namespace = f"lab-{secrets.token_hex(4)}"
     for _ in range(100):  # a hundred VMs created before any follow-up ran
-        follow_ups._schedule_follow_ups(namespace)
+        agents._schedule_follow_ups(namespace)
     assert sorted(item["delay"] for item in broker.queued) == sorted(DELAYS)
     # Another namespace has follow-ups of its own.
-    follow_ups._schedule_follow_ups(f"{namespace}-other")
+    agents._schedule_follow_ups(f"{namespace}-other")
     assert len(broker.queued) == 2 * len(DELAYS)
     # Once the shortest has begun, the next VM queues another of that delay only.
     broker.advance(broker.now + 0.06)
-    follow_ups._schedule_follow_ups(namespace)
+    agents._schedule_follow_ups(namespace)
     assert sorted(item["delay"] for item in broker.queued if item["namespace"] == namespace) == sorted(DELAYS)
     assert len(broker.queued) == 2 * len(DELAYS) - 1  # the other namespace's shortest has run, and no VM came
 
@@ -71,7 +71,7 @@ def test_every_vm_is_listed_within_each_delay_of_its_creation(broker, lag):
     created = sorted(1_000_000 + rng.uniform(0, 5) for _ in range(300))  # a burst spread over five seconds
     for when in created:
         broker.advance(when)
-        follow_ups._schedule_follow_ups(namespace)
+        agents._schedule_follow_ups(namespace)
     broker.advance(created[-1] + 10)
     for when in created:
         for delay in DELAYS:
@@ -86,7 +86,7 @@ def test_every_vm_is_listed_within_each_delay_of_its_creation(broker, lag):
 
 def test_a_follow_up_lets_the_next_one_be_queued_as_it_begins(broker, monkeypatch):
     namespace = f"lab-{secrets.token_hex(4)}"
-    follow_ups._schedule_follow_ups(namespace)
+    agents._schedule_follow_ups(namespace)
     assert len(broker.queued) == len(DELAYS)
     monkeypatch.setattr(
         tasks.tracking,
@@ -94,10 +94,10 @@ def test_a_follow_up_lets_the_next_one_be_queued_as_it_begins(broker, monkeypatc
         lambda namespace: tasks.tracking.SyncReport(namespaces=[namespace]),
     )
     tasks.sync_namespace(namespace, follow_up=0.3)  # as the worker runs it
-    follow_ups._schedule_follow_ups(namespace)
+    agents._schedule_follow_ups(namespace)
     assert sorted(item["delay"] for item in broker.queued) == sorted([*DELAYS, 0.3])
     tasks.sync_namespace(namespace)  # a list not queued as a follow-up frees none
-    follow_ups._schedule_follow_ups(namespace)
+    agents._schedule_follow_ups(namespace)
     assert len(broker.queued) == len(DELAYS) + 1
 
 
@@ -105,15 +105,15 @@ def test_a_vm_made_while_every_follow_up_waits_asks_the_cache_once(broker):
     from django.core.cache import cache
 
     namespace = f"lab-{secrets.token_hex(4)}"
-    follow_ups._schedule_follow_ups(namespace)
+    agents._schedule_follow_ups(namespace)
     with (
         mock.patch.object(cache, "add", wraps=cache.add) as add,
         mock.patch.object(cache, "get_many", wraps=cache.get_many) as get_many,
     ):
-        follow_ups._schedule_follow_ups(namespace)
+        agents._schedule_follow_ups(namespace)
         assert (get_many.call_count, add.call_count) == (1, 0)
         broker.advance(broker.now + 0.06)  # the shortest began: only it is queued again
-        follow_ups._schedule_follow_ups(namespace)
+        agents._schedule_follow_ups(namespace)
         assert (get_many.call_count, add.call_count) == (2, 1)
     assert sorted(item["delay"] for item in broker.queued) == sorted(DELAYS)
 
@@ -126,16 +126,16 @@ def test_a_vm_made_while_its_namespaces_lists_and_agent_checks_are_under_way_ask
     started = []
     monkeypatch.setattr(agents, "agent_wait_start", lambda namespace: started.append(namespace) or True)
     namespace = f"lab-{secrets.token_hex(4)}"
-    follow_ups.watch_new_vm(namespace)  # the first VM: everything is queued
+    agents.watch_new_vm(namespace)  # the first VM: everything is queued
     assert started == [namespace] and len(broker.queued) == len(DELAYS)
     cache.set(agents.agent_wait_key(namespace), "1")  # the agent checks are under way (agent_wait_start's key)
     with (
         mock.patch.object(cache, "add", wraps=cache.add) as add,
         mock.patch.object(cache, "get_many", wraps=cache.get_many) as get_many,
     ):
-        follow_ups.watch_new_vm(namespace)
+        agents.watch_new_vm(namespace)
         assert (get_many.call_count, add.call_count) == (1, 0)
     assert started == [namespace] and len(broker.queued) == len(DELAYS)
     cache.delete(agents.agent_wait_key(namespace))  # the checks ended: the next VM starts them again
-    follow_ups.watch_new_vm(namespace)
+    agents.watch_new_vm(namespace)
     assert started == [namespace, namespace]

@@ -17,8 +17,8 @@ from django.utils import timezone
 from labs import tasks
 from labs.consumers import events
 from labs.models import Attempt, AttemptState, Lab
-from labs.services import attempt_start, tracking
-from labs.services.presence import attempt_seen
+from labs.services import attempt_start, stopping, tracking
+from labs.services.stopping import attempt_seen
 from labs.tests.conftest import sync_until, vm_names, wait_until
 from labs.tests.test_consumers import HOST, ORIGIN, session_cookie
 from ops.asgi import application
@@ -81,7 +81,7 @@ def test_an_attempt_nobody_had_open_for_the_labs_limit_is_stopped_and_the_rest_a
     kept = other("other-lab", lab=keeps, ready_minutes_ago=300, seen_minutes_ago=299)
 
     with django_capture_on_commit_callbacks(execute=True):
-        assert tracking.attempts_stop_left() == 2
+        assert stopping.attempts_stop_left() == 2
     states = dict(Attempt.objects.values_list("id", "state"))
     assert states[left.id] == states[never_opened.id] == AttemptState.STOPPING
     assert states[seen_lately.id] == states[ready_lately.id] == states[kept.id] == AttemptState.RUNNING
@@ -90,7 +90,7 @@ def test_an_attempt_nobody_had_open_for_the_labs_limit_is_stopped_and_the_rest_a
     assert sorted(queued) == sorted([left.id, never_opened.id])  # their teardown grades once more, deletes the VM
 
     with django_capture_on_commit_callbacks(execute=True):
-        assert tracking.attempts_stop_left() == 0  # nothing twice
+        assert stopping.attempts_stop_left() == 0  # nothing twice
 
 
 def test_a_stamp_that_lands_after_the_candidates_were_read_keeps_the_attempt(student_a, lab_a, monkeypatch):
@@ -104,8 +104,8 @@ def test_a_stamp_that_lands_after_the_candidates_were_read_keeps_the_attempt(stu
         attempt_seen(attempt_id=attempt.id)  # the student's page came back between the read and the lock
         return real(**kwargs)
 
-    monkeypatch.setattr(tracking, "attempt_stop_left", page_reopened_first)
-    assert tracking.attempts_stop_left() == 0
+    monkeypatch.setattr(stopping, "attempt_stop_left", page_reopened_first)
+    assert stopping.attempts_stop_left() == 0
     attempt.refresh_from_db()
     assert attempt.state == AttemptState.RUNNING
 
@@ -138,7 +138,7 @@ def test_a_stopped_as_left_attempt_is_graded_once_more_and_its_vm_deleted(
     sync_until(attempt, AttemptState.RUNNING)
     Attempt.objects.filter(pk=attempt.pk).update(agent_ready_at=timezone.now() - timedelta(minutes=6))
     with django_capture_on_commit_callbacks(execute=True):
-        assert tracking.attempts_stop_left() == 1
+        assert stopping.attempts_stop_left() == 1
     sync_until(attempt, AttemptState.STOPPED)  # stopped, not expired: its time was not up
     assert attempt.stop_reason == "left"
     wait_until(lambda: vm_names(attempt.namespace) == [], what="the VM to be gone")
@@ -275,7 +275,7 @@ def test_the_handshake_reads_the_labs_rule_with_the_attempt(student_a, lab_a, dj
 
 
 def test_when_a_left_attempt_stops_is_known_only_while_no_page_has_it_open(student_a, lab_a):
-    from labs.services.presence import PRESENCE_LOST_AFTER_SECONDS, attempt_stops_as_left_at
+    from labs.services.stopping import PRESENCE_LOST_AFTER_SECONDS, attempt_stops_as_left_at
 
     now = timezone.now()
     left = running(student_a, leaves_after(lab_a, 10), ready_minutes_ago=30, seen_minutes_ago=4)

@@ -10,7 +10,7 @@ from django.utils import timezone
 from labs import tasks
 from labs.kubevirt import client, manifests, names, operations
 from labs.models import Attempt, AttemptState, TenantNamespace
-from labs.services import agents, attempt_start, attempt_stop, namespaces, provisioning, tracking
+from labs.services import agents, attempt_start, attempt_stop, namespaces, provisioning, stopping, tracking
 from labs.tests.conftest import sync_until, vm_names, wait_until
 from portal.models import AuditEvent
 
@@ -129,7 +129,7 @@ def test_expiry_grades_once_more_then_deletes_the_vm(lifecycle, student_a, lab_a
     sync_until(attempt, AttemptState.RUNNING)
     Attempt.objects.filter(id=attempt.id).update(expires_at=timezone.now() - timedelta(seconds=1))
     with django_capture_on_commit_callbacks(execute=True):
-        assert tracking.attempts_expire_due() == 1
+        assert stopping.attempts_expire_due() == 1
     attempt.refresh_from_db()
     assert attempt.state == AttemptState.STOPPING and attempt.stop_reason == "expired"
     sync_until(attempt, AttemptState.EXPIRED)

@@ -73,7 +73,7 @@ def test_no_hold_when_the_setting_is_zero(lifecycle, settings, student_a, lab_a,
 
 
 def test_a_claim_finish_goes_to_the_claims_queue_which_every_worker_consumes():
-    route = app.amqp.router.route({}, "labs.tasks_pools.finish_pool_claim")
+    route = app.amqp.router.route({}, "labs.tasks.finish_pool_claim")
     assert route["queue"].name == "claims"
     assert app.amqp.router.route({}, "labs.tasks.provision_attempt")["queue"].name == "celery"
     # A worker started without -Q consumes every declared queue; none of the shipped worker commands narrows them.

@@ -20,7 +20,7 @@ from grading.models import GradingRun, RunState
 from grading.services import grading_run_request
 from labs import tasks
 from labs.models import Attempt, AttemptState
-from labs.services import attempt_start, attempt_stop, stuck_attempts, sweeping
+from labs.services import attempt_start, attempt_stop, sweeping
 from labs.tests.reliability import (
     clock_fixture,
     cluster_fixture,
@@ -176,7 +176,7 @@ def test_a_lost_provisioning_message_is_queued_again_and_a_start_never_served_fa
     # Within the redelivery delay nothing happens; past it, the sweep queues the provisioning again.
     report = sweeping.attempts_sweep()
     assert report.requeued == []
-    clock.advance(seconds=stuck_attempts.provision_redelivery_seconds() + 1)
+    clock.advance(seconds=sweeping.provision_redelivery_seconds() + 1)
     report = sweeping.attempts_sweep()
     assert report.requeued == [lost.id]
     assert ("labs.tasks.provision_attempt", f"({lost.id},)") in queued_tasks()

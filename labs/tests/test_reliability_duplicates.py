@@ -16,7 +16,7 @@ from grading.services import grading_run_request
 from labs import tasks
 from labs.kubevirt import operations
 from labs.models import Attempt, AttemptState
-from labs.services import attempt_start, attempt_stop, teardown
+from labs.services import attempt_start, attempt_stop, stopping
 from labs.tests.reliability import (
     cluster_fixture,
     drive_to,
@@ -159,7 +159,7 @@ def test_a_teardown_retried_after_its_grading_deletes_the_vm(cluster, lab):
     attempt_stop(actor=student, attempt=attempt)
     cluster.admin.inject_fault(code=500, verbs=["delete"], resources=["virtualmachines"], count=1)
     with pytest.raises(operations.ClusterError):
-        teardown.attempt_teardown(attempt_id=attempt.id)
+        stopping.attempt_teardown(attempt_id=attempt.id)
     assert GradingRun.objects.get(attempt=attempt).state == RunState.DONE
     assert vm_names(attempt.namespace) == [attempt.vm_name]
     assert tasks.teardown_attempt(attempt.id) == "deleted"  # the retry

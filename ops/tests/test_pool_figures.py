@@ -182,15 +182,15 @@ def test_a_pool_whose_rows_were_all_pruned_keeps_its_figures(settings, lab_b):
 def test_the_pool_pass_prunes_hourly(settings, lab_b):
     from django.core.cache import cache
 
-    from labs import tasks_pools
+    from labs import tasks
 
     pool = LabPool.objects.create(lab=lab_b, mode=PoolMode.OFF, size=0)
     first, second = (pool_vm(pool, PoolVmState.DELETED, minutes_up=50 * 24 * 60) for _n in range(2))
     PoolVm.objects.filter(id=first.id).update(ended_at=timezone.now() - timedelta(days=40))
-    cache.delete(tasks_pools.PRUNE_KEY)
-    tasks_pools.tend_pools()
+    cache.delete(tasks.PRUNE_KEY)
+    tasks.tend_pools()
     assert list(PoolVm.objects.filter(pool=pool)) == [second]
     PoolVm.objects.filter(id=second.id).update(ended_at=timezone.now() - timedelta(days=40))
-    tasks_pools.tend_pools()
+    tasks.tend_pools()
     assert list(PoolVm.objects.filter(pool=pool)) == [second]  # not again within the hour
-    cache.delete(tasks_pools.PRUNE_KEY)
+    cache.delete(tasks.PRUNE_KEY)

@@ -36,7 +36,7 @@ CELERY_TIMEZONE = TIME_ZONE
 # The beat's passes, and a warm Start's claim finish, have queues of their own that every worker also consumes, so
 # they run as soon as a process is free rather than behind a backlog of starts; a pass stays valid a few periods.
 CELERY_TASK_QUEUES = [Queue("celery"), Queue("periodic"), Queue("claims")]
-CELERY_TASK_ROUTES = {"labs.tasks_pools.finish_pool_claim": {"queue": "claims"}}
+CELERY_TASK_ROUTES = {"labs.tasks.finish_pool_claim": {"queue": "claims"}}
 
 
 def periodic_options(interval: float) -> dict:
@@ -55,7 +55,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": periodic_options(float(ATTEMPT_SWEEP_INTERVAL_SECONDS)),
     },
     "labs-tend-pools": {
-        "task": "labs.tasks_pools.tend_pools",
+        "task": "labs.tasks.tend_pools",
         "schedule": float(POOL_PASS_SECONDS),
         "options": periodic_options(float(POOL_PASS_SECONDS)),
     },
