@@ -19,7 +19,7 @@ from rest_framework.authtoken.models import TokenProxy
 from portal.admin_scoping import (
     AuditedAdminMixin,
     CourseScopedAdminMixin,
-    SuperuserOnlyAdminMixin,
+    ScopedFormFieldsMixin,
     admin_access,
     forget_admin_access,
 )
@@ -60,7 +60,9 @@ class _CourseCounts(TypedDict):
 
 
 @admin.register(Tenant)
-class TenantAdmin(SuperuserOnlyAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
+class TenantAdmin(ScopedFormFieldsMixin, AuditedAdminMixin, admin.ModelAdmin):
+    """Platform-level: superusers only, invisible to everyone else."""
+
     form = TenantAdminForm
     list_display = ("name", "namespace", "time_zone", "max_concurrent_vms", "max_vcpus", "max_memory_mib", "created_at")
     search_fields = ("name", "namespace")
@@ -75,6 +77,16 @@ class TenantAdmin(SuperuserOnlyAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
         "max_memory_mib",
         "created_at",
     )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Tenant]:
+        queryset = super().get_queryset(request)
+        return queryset if admin_access(request).is_superuser else queryset.none()
+
+    def _superuser(self, request: HttpRequest, obj: Tenant | None = None) -> bool:
+        return admin_access(request).is_superuser
+
+    has_module_permission = has_view_permission = has_add_permission = _superuser
+    has_change_permission = has_delete_permission = _superuser
 
     def audit_scope(self, obj: Tenant) -> dict:
         return {"tenant": obj}

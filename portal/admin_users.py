@@ -15,17 +15,13 @@ from django.urls import reverse
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from portal.admin_scoping import (
-    AuditedAdminMixin,
-    TenantUserAdminMixin,
-    admin_access,
-)
+from portal.admin_scoping import AuditedAdminMixin, ScopedFormFieldsMixin, admin_access
 from portal.forms import (
     TenantUserChangeForm,
     TenantUserCreationForm,
 )
 from portal.http import request_user
-from portal.models import User
+from portal.models import Membership, User
 from portal.services import (
     PasswordSetupToken,
     user_password_setup_token,
@@ -54,7 +50,10 @@ def password_links(request: HttpRequest, people: list[tuple[Any, PasswordSetupTo
 
 
 @admin.register(User)
-class UserAdmin(TenantUserAdminMixin, AuditedAdminMixin, DjangoUserAdmin):
+class UserAdmin(ScopedFormFieldsMixin, AuditedAdminMixin, DjangoUserAdmin):
+    """An instructor sees and adds the people of their own tenant, and changes only accounts without staff rights
+    whose every membership is in a course they teach. Deleting accounts is for superusers."""
+
     form = TenantUserChangeForm
     add_form = TenantUserCreationForm
     list_display = ("username", "full_name", "email", "tenant", "is_active", "is_staff")
@@ -74,6 +73,41 @@ class UserAdmin(TenantUserAdminMixin, AuditedAdminMixin, DjangoUserAdmin):
         (_("Status"), {"fields": ("is_active",)}),
         (_("Important dates"), {"fields": ("last_login", "date_joined")}),
     )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[User]:
+        queryset = super().get_queryset(request)
+        access = admin_access(request)
+        if access.is_superuser:
+            return queryset
+        if not access.is_instructor or access.tenant_id is None:
+            return queryset.none()
+        return queryset.filter(tenant_id=access.tenant_id)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return admin_access(request).is_instructor
+
+    def has_view_permission(self, request: HttpRequest, obj: User | None = None) -> bool:
+        access = admin_access(request)
+        if obj is None or access.is_superuser:
+            return access.is_instructor
+        return access.is_instructor and obj.tenant_id is not None and obj.tenant_id == access.tenant_id
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        access = admin_access(request)
+        return access.is_superuser or (access.is_instructor and access.tenant_id is not None)
+
+    def has_change_permission(self, request: HttpRequest, obj: User | None = None) -> bool:
+        access = admin_access(request)
+        if obj is None:
+            return self.has_add_permission(request)
+        if access.is_superuser:
+            return True
+        if not access.is_instructor or obj.tenant_id != access.tenant_id or obj.is_staff or obj.is_superuser:
+            return False
+        return not Membership.objects.filter(user=obj).exclude(course_id__in=access.taught_course_ids).exists()
+
+    def has_delete_permission(self, request: HttpRequest, obj: User | None = None) -> bool:
+        return admin_access(request).is_superuser
 
     def get_fieldsets(self, request: HttpRequest, obj: User | None = None):
         superuser = admin_access(request).is_superuser
