@@ -181,7 +181,7 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
             except ApplicationError as exc:
                 context.update(import_error=exc.message, row_errors=exc.extra.get("errors", []))
             else:
-                people = [(person, person.password_setup) for person in result.people if person.password_setup]
+                people = [(person.user, person.password_setup) for person in result.people if person.password_setup]
                 self.message_user(
                     request,
                     gettext(
