@@ -310,10 +310,10 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = REDIS_KEY_PREFIX
 else:
-    # Channels' own, forgetting the channels of consumers that ended (portal.memory_channel_layer), with room for
+    # Channels' own, forgetting the channels of consumers that ended (portal.channel_layer), with room for
     # as many messages per channel as above (a class's tabs overflowed the default of 100).
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "portal.memory_channel_layer.InMemoryChannelLayer", "CONFIG": {"capacity": 1500}}
+        "default": {"BACKEND": "portal.channel_layer.InMemoryChannelLayer", "CONFIG": {"capacity": 1500}}
     }
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "portal"}}
     CELERY_BROKER_URL = "memory://localhost/"  # with a host: kombu warns at start without one
