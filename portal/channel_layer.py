@@ -85,7 +85,7 @@ class RedisChannelLayer(UpstreamRedisChannelLayer):
 
 
 class InMemoryChannelLayer(layers.InMemoryChannelLayer):
-    """Drops a consumer's queue and groups as soon as it ends (``discard_channel``, from ``portal.websocket_consumer``):
+    """Drops a consumer's queue and groups as soon as it ends (``discard_channel``, from ``portal.websockets``):
     an idle process would otherwise keep them (channels_redis lets them expire unread)."""
 
     extensions = [*layers.InMemoryChannelLayer.extensions, "discard_channel"]

@@ -12,7 +12,7 @@ from django.utils import translation
 from django.utils.translation import gettext as _
 
 from portal.errors import error_body
-from portal.websocket_language import scope_language
+from portal.websockets import scope_language
 
 
 class BodyTooLarge(Exception):

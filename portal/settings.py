@@ -312,9 +312,7 @@ if REDIS_URL:
 else:
     # Channels' own, forgetting the channels of consumers that ended (portal.channel_layer), with room for
     # as many messages per channel as above (a class's tabs overflowed the default of 100).
-    CHANNEL_LAYERS = {
-        "default": {"BACKEND": "portal.channel_layer.InMemoryChannelLayer", "CONFIG": {"capacity": 1500}}
-    }
+    CHANNEL_LAYERS = {"default": {"BACKEND": "portal.channel_layer.InMemoryChannelLayer", "CONFIG": {"capacity": 1500}}}
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "portal"}}
     CELERY_BROKER_URL = "memory://localhost/"  # with a host: kombu warns at start without one
     # The in-memory transport polls its queues; its default of 1 s would add up to a second to every start.
