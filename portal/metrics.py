@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 CLUSTER_API_ERRORS_KEY = "portal:metrics:cluster_api_errors"
 CONSOLE_SESSIONS_KEY = "portal:metrics:console_sessions"
 REQUEST_FAILURES_KEY = "portal:metrics:request_failures"
-# portal.server_errors' two answers, always exported so that each series exists (at 0) before its first failure.
+# portal.views.server_error's two answers, always exported so that each series exists (at 0) before its first failure.
 REQUEST_FAILURE_REASONS = ("portal_busy", "server_error")
 
 
