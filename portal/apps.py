@@ -67,12 +67,11 @@ class PortalConfig(AppConfig):
         from django.db.models.signals import pre_save
         from django.urls import register_converter
 
-        from portal import login_throttle
+        from portal import login_throttle  # noqa: F401 (its receivers count failed sign-ins)
         from portal.models import User
         from portal.services import revoke_on_credentials_change
 
         register_converter(IdConverter, "id")  # before any URLconf is loaded
 
         connection_created.connect(replan_on_postgresql, dispatch_uid="portal.prepared")
-        login_throttle.connect_signals()
         pre_save.connect(revoke_on_credentials_change, sender=User, dispatch_uid="portal.api_tokens")

@@ -8,7 +8,6 @@ from django.contrib.auth.forms import AdminUserCreationForm, SetUnusablePassword
 from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
-from portal.enrollment import MAX_FILE_BYTES
 from portal.models import Course, Membership, Tenant, User
 from portal.timezones import tenant_time_zone, time_zone_names
 
@@ -136,12 +135,3 @@ class EnrollmentImportForm(forms.Form):
         label=_("CSV file"),
         help_text=_("UTF-8 (Excel: “CSV UTF-8”), first line username,email,name,role."),
     )
-
-    def clean_csv_file(self):
-        uploaded = self.cleaned_data["csv_file"]
-        if uploaded.size > MAX_FILE_BYTES:
-            raise forms.ValidationError(
-                _("The file is larger than %(size)d MB; split it.") % {"size": MAX_FILE_BYTES // (1024 * 1024)},
-                code="too_large",
-            )
-        return uploaded

@@ -13,6 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.core.cache import cache
+from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render, resolve_url
 from django.urls import reverse
@@ -27,8 +28,7 @@ clock: Callable[[], float] = time.time
 
 def client_address(request: HttpRequest) -> str:
     """REMOTE_ADDR, or the header the trusted proxy in front sets (settings)."""
-    header = settings.RATE_LIMIT_CLIENT_ADDRESS_HEADER or "REMOTE_ADDR"
-    value = request.META.get(header, "") or request.META.get("REMOTE_ADDR", "")
+    value = request.META.get(settings.RATE_LIMIT_CLIENT_ADDRESS_HEADER) or request.META.get("REMOTE_ADDR", "")
     # X-Forwarded-For style lists: the proxy appends the address it saw last.
     return value.split(",")[-1].strip() or "unknown"
 
@@ -61,15 +61,15 @@ def login_retry_after(*, request: HttpRequest, username: str | None) -> int | No
     return max(due) if due else None
 
 
+@receiver(user_login_failed, dispatch_uid="portal.login_throttle.failed")
 def _on_login_failed(
     sender: Any, credentials: dict[str, Any], request: HttpRequest | None = None, **kwargs: Any
 ) -> None:
     """Count a failed sign-in against the (account, address) and against the address."""
-    username = credentials.get("username")
     if request is None:
         return
     rate_limit_count(scope=ADDRESS_SCOPE, key=client_address(request))
-    if username:
+    if username := credentials.get("username"):
         count_key, last_key = _pair_keys(request=request, username=username)
         # Remembered after the last failure at least as long as the longest delay.
         memory = max(settings.LOGIN_DELAY_MAX_SECONDS, settings.RATE_LIMITS[ADDRESS_SCOPE][1])
@@ -83,14 +83,10 @@ def login_failures_forget(*, request: HttpRequest, username: str) -> None:
     cache.delete_many(list(_pair_keys(request=request, username=username)))
 
 
+@receiver(user_logged_in, dispatch_uid="portal.login_throttle.logged_in")
 def _on_logged_in(sender: Any, request: HttpRequest | None, user: Any, **kwargs: Any) -> None:
     if request is not None:
         login_failures_forget(request=request, username=user.get_username())
-
-
-def connect_signals() -> None:
-    user_login_failed.connect(_on_login_failed, dispatch_uid="portal.login_throttle.failed")
-    user_logged_in.connect(_on_logged_in, dispatch_uid="portal.login_throttle.logged_in")
 
 
 def throttled_message(retry_after: int) -> str:
