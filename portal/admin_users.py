@@ -29,8 +29,7 @@ from portal.services import (
 
 
 def password_links(request: HttpRequest, people: list[tuple[User, PasswordSetupToken]]) -> dict[str, Any]:
-    """The set-password links of (person, token) pairs, also as a CSV the instructor can mail-merge (opened by Excel
-    as UTF-8 thanks to the BOM)."""
+    """Set-password links for (person, token) pairs, also as a CSV to mail-merge (its BOM makes Excel read UTF-8)."""
     links = [
         {
             "username": person.username,

@@ -168,8 +168,7 @@ def _check_row(values: dict[str, str], *, line: int, errors: list[RowError]) -> 
 
 
 def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> tuple[list[EnrollmentRow], list[RowError]]:
-    """The good rows and the problems of the others; a problem with the whole file (size, encoding, header, no rows,
-    broken quoting) raises ``EnrollmentFileInvalid``."""
+    """The good rows and the other rows' problems; a problem of the whole file raises ``EnrollmentFileInvalid``."""
     # One byte past the limit tells "too big" from "exactly at the limit" without reading a huge upload.
     data = csv_file if isinstance(csv_file, bytes) else csv_file.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:

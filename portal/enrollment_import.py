@@ -109,9 +109,8 @@ def _enrollment_rejected(errors: list[RowError]) -> ApplicationError:
 
 
 def enrollment_import(*, actor: User, course: Course, csv_file: IO[bytes] | bytes) -> ImportResult:
-    """Create the accounts (unusable password, a set-password token each) and memberships a CSV file lists, all of
-    them or none: any problem raises ``ApplicationError`` listing every one in ``extra["errors"]``. Rows already
-    enrolled with the same role change nothing."""
+    """Create the accounts (unusable password, set-password token) and memberships a CSV lists, all or none: any
+    problem raises ``ApplicationError`` listing each in ``extra["errors"]``. Rows already enrolled change nothing."""
     try:
         rows, errors = enrollment_rows_read(csv_file)
     except EnrollmentFileInvalid as exc:

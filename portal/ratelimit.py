@@ -40,8 +40,7 @@ def _window(scope: str, key: str) -> tuple[int, int, str, int]:
 
 
 def rate_limit_hit(*, scope: str, key: str, message: str | None = None) -> str:
-    """Count one request of ``key`` against the ``scope`` limit; raise ``RateLimited`` once it is exceeded.
-    Returns the counter's cache key, for ``rate_limit_refund``."""
+    """Count one request against the ``scope`` limit, raising ``RateLimited`` past it; returns the key to refund."""
     limit, seconds, cache_key, retry_after = _window(scope, key)
     if cache_count(cache_key, timeout=seconds + 1) > limit:
         raise RateLimited(

@@ -148,8 +148,7 @@ def user_create(
 
 @dataclass(frozen=True)
 class PasswordSetupToken:
-    """What the URL ``password_reset_confirm`` needs; valid until the password is set, or for
-    ``settings.PASSWORD_RESET_TIMEOUT`` seconds."""
+    """What ``password_reset_confirm`` needs; valid until used, or for ``settings.PASSWORD_RESET_TIMEOUT`` seconds."""
 
     uidb64: str
     token: str
@@ -187,8 +186,7 @@ def api_token_revoke(*, actor: User | None, user: User, reason: str) -> bool:
 def revoke_on_credentials_change(
     sender: type[User], instance: User, raw: bool = False, update_fields: Any = None, **kwargs: Any
 ) -> None:
-    """``pre_save`` of users: a new password (change or reset) or a deactivation revokes the API token, whatever code
-    saves the user."""
+    """``pre_save`` of users: a new password or a deactivation revokes the API token, whatever saves the user."""
     if raw or instance.pk is None:
         return
     if update_fields is not None and not {"password", "is_active"} & set(update_fields):

@@ -375,8 +375,7 @@ RATE_LIMIT_CLIENT_ADDRESS_HEADER = os.environ.get("RATE_LIMIT_CLIENT_ADDRESS_HEA
 
 
 def websocket_sources(hosts: list[str], *, secure_only: bool) -> list[str]:
-    """ws:// and wss:// connect-src sources for ALLOWED_HOSTS (not 'self' to older browsers); any port outside
-    production."""
+    """ws:// and wss:// connect-src sources for ALLOWED_HOSTS, which 'self' does not cover in older browsers."""
     sources: list[str] = []
     for host in hosts:
         # CSP host sources cannot name IPv6 literals ([::1]); browsers reject the whole source as invalid.

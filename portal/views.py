@@ -149,9 +149,8 @@ def _is_api(request: HttpRequest) -> bool:
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
-    """Django's ``handler500``: 503 with Retry-After when the database pool stayed exhausted (waiting helps), else
-    500, in the API's format, as JSON for the pages' scripts, or as a page. It touches neither the database nor the
-    session, either of which may be what failed; nothing of the error's own text reaches the person."""
+    """``handler500``: 503 with Retry-After when the database pool stayed exhausted, else 500; in the API's format, as
+    JSON or as a page. It touches neither the database nor the session, and shows nothing of the error's text."""
     retry_after = None
     if database_busy(sys.exc_info()[1]):
         status, code = 503, "portal_busy"

@@ -77,8 +77,7 @@ def _last_header(scope, name: bytes) -> str | None:
 
 
 def _is_secure(scope) -> bool:
-    """As ``HttpRequest.is_secure``: the proxy's header when ``SECURE_PROXY_SSL_HEADER`` names one and it is
-    present, else the socket's own scheme."""
+    """As ``HttpRequest.is_secure``: the ``SECURE_PROXY_SSL_HEADER`` if the proxy sent it, else the socket's scheme."""
     if settings.SECURE_PROXY_SSL_HEADER:
         meta_name, secure_value = settings.SECURE_PROXY_SSL_HEADER
         header = meta_name.removeprefix("HTTP_").lower().replace("_", "-").encode()
