@@ -165,8 +165,6 @@ LOCALE_PATHS = [BASE_DIR / "locale"]
 TIME_ZONE = os.environ.get("TIME_ZONE") or "UTC"
 # Date-and-time formats that end with the zone's abbreviation and write times as the browser's Intl does.
 FORMAT_MODULE_PATH = ["portal.formats"]
-USE_I18N = True
-USE_TZ = True
 
 STATIC_URL = "/static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
@@ -185,15 +183,10 @@ WHITENOISE_USE_FINDERS = not PRODUCTION
 
 # Sessions are read from the shared cache first, written through to the database to survive a cache restart.
 SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
-SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SAMESITE = "Lax"
-CSRF_COOKIE_SAMESITE = "Lax"
 # Absolute session lifetime (a school day plus margin); logging out ends the session on the server.
 SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 12 * 3600)
-CSRF_COOKIE_HTTPONLY = False  # the lab page's script reads it to send CSRF headers with fetch()
-X_FRAME_OPTIONS = "DENY"
-SECURE_CONTENT_TYPE_NOSNIFF = True
-SECURE_REFERRER_POLICY = "same-origin"
+# Django's defaults hold for the rest: HttpOnly session cookie (not the CSRF one, which the lab page's script
+# sends with fetch()), SameSite=Lax, nosniff, a same-origin Referer, X-Frame-Options DENY; Celery speaks JSON.
 if PRODUCTION:
     # __Host- cookies are only accepted over HTTPS, for this exact host, with Path=/ (no subdomain can set them).
     SESSION_COOKIE_NAME = "__Host-sessionid"
@@ -471,8 +464,6 @@ HEALTH_CLUSTER_TIMEOUT_SECONDS = env_int("HEALTH_CLUSTER_TIMEOUT_SECONDS", 2)
 HEALTH_CLUSTER_CACHE_SECONDS = env_int("HEALTH_CLUSTER_CACHE_SECONDS", 5)
 HEALTH_SYNC_MAX_AGE_SECONDS = env_int("HEALTH_SYNC_MAX_AGE_SECONDS", max(60, 10 * ATTEMPT_SYNC_INTERVAL_SECONDS))
 
-CELERY_TASK_SERIALIZER = "json"
-CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
