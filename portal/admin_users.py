@@ -59,20 +59,6 @@ class UserAdmin(ScopedFormFieldsMixin, AuditedAdminMixin, DjangoUserAdmin):
     search_fields = ("username", "full_name", "email")
     actions = ("issue_password_links",)
 
-    superuser_fieldsets = (
-        (None, {"fields": ("username", "password")}),
-        (_("Personal info"), {"fields": ("full_name", "email", "tenant", "time_zone")}),
-        (_("Permissions"), {"fields": ("is_active", "is_staff", "is_superuser", "groups", "user_permissions")}),
-        (_("Important dates"), {"fields": ("last_login", "date_joined")}),
-    )
-    # Instructors never see the fields that grant rights or move someone to another tenant.
-    instructor_fieldsets = (
-        (None, {"fields": ("username", "password")}),
-        (_("Personal info"), {"fields": ("full_name", "email", "tenant", "time_zone")}),
-        (_("Status"), {"fields": ("is_active",)}),
-        (_("Important dates"), {"fields": ("last_login", "date_joined")}),
-    )
-
     def get_queryset(self, request: HttpRequest) -> QuerySet[User]:
         queryset = super().get_queryset(request)
         access = admin_access(request)
@@ -115,7 +101,16 @@ class UserAdmin(ScopedFormFieldsMixin, AuditedAdminMixin, DjangoUserAdmin):
             if superuser:
                 fields.insert(3, "tenant")
             return ((None, {"classes": ("wide",), "fields": fields}),)
-        return self.superuser_fieldsets if superuser else self.instructor_fieldsets
+        # Instructors never see the fields that grant rights or move someone to another tenant.
+        rights = (
+            ("is_active", "is_staff", "is_superuser", "groups", "user_permissions") if superuser else ("is_active",)
+        )
+        return (
+            (None, {"fields": ("username", "password")}),
+            (_("Personal info"), {"fields": ("full_name", "email", "tenant", "time_zone")}),
+            (_("Permissions") if superuser else _("Status"), {"fields": rights}),
+            (_("Important dates"), {"fields": ("last_login", "date_joined")}),
+        )
 
     def get_readonly_fields(self, request: HttpRequest, obj: User | None = None) -> tuple[str, ...]:
         if admin_access(request).is_superuser:

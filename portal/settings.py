@@ -366,19 +366,18 @@ LOGIN_DELAY_MAX_SECONDS = env_int("LOGIN_DELAY_MAX_SECONDS", 900)
 # Behind a proxy, the META key carrying the client's address (e.g. HTTP_X_REAL_IP); REMOTE_ADDR otherwise.
 RATE_LIMIT_CLIENT_ADDRESS_HEADER = os.environ.get("RATE_LIMIT_CLIENT_ADDRESS_HEADER") or "REMOTE_ADDR"
 
-
-def websocket_sources(hosts: list[str], *, secure_only: bool) -> list[str]:
-    """ws:// and wss:// connect-src sources for ALLOWED_HOSTS, which 'self' does not cover in older browsers."""
-    sources: list[str] = []
-    for host in hosts:
-        # CSP host sources cannot name IPv6 literals ([::1]); browsers reject the whole source as invalid.
-        if host == "*" or not host or host.startswith("["):
-            continue
-        host = f"*{host}" if host.startswith(".") else host
-        for scheme in ("wss",) if secure_only else ("ws", "wss"):
-            sources.append(f"{scheme}://{host}" if secure_only else f"{scheme}://{host}:*")
-    return sources
-
+# ws:// and wss:// connect-src sources for ALLOWED_HOSTS, which 'self' does not cover in older browsers (any port
+# outside production). CSP host sources cannot name IPv6 literals ([::1]): browsers reject the whole source.
+_websocket_hosts = [
+    f"*{host}" if host.startswith(".") else host
+    for host in ALLOWED_HOSTS
+    if host not in ("", "*") and not host.startswith("[")
+]
+_websocket_sources = (
+    [f"wss://{host}" for host in _websocket_hosts]
+    if PRODUCTION
+    else [f"{scheme}://{host}:*" for host in _websocket_hosts for scheme in ("ws", "wss")]
+)
 
 # Content Security Policy (django-csp): no inline or third-party script anywhere. Styles allow 'unsafe-inline'
 # because xterm.js 6 (static/vendor/xterm) injects <style> elements for its DOM renderer and scrollbar.
@@ -389,7 +388,7 @@ CONTENT_SECURITY_POLICY = {
         "style-src": ["'self'", "'unsafe-inline'"],
         "img-src": ["'self'", "data:"],
         "font-src": ["'self'"],
-        "connect-src": ["'self'", *websocket_sources(ALLOWED_HOSTS, secure_only=PRODUCTION)],
+        "connect-src": ["'self'", *_websocket_sources],
         "object-src": ["'none'"],
         "base-uri": ["'self'"],
         "form-action": ["'self'"],
