@@ -12,7 +12,7 @@ from django.utils.translation import gettext_lazy as _
 from labs.pool_models import LabPool
 from labs.pool_selectors import pool_suggestion
 from portal.admin_scoping import AuditedAdminMixin, CourseScopedAdminMixin
-from portal.admin_widgets import LabelledSplitDateTime
+from portal.forms import LabelledSplitDateTime
 
 
 @admin.register(LabPool)

@@ -1,9 +1,11 @@
-"""Forms of the core domain: the admin's course, membership and user forms, and the enrollment CSV upload."""
+"""Forms of the core domain: the admin's course, membership and user forms, the enrollment CSV upload, and a
+date-and-time widget that names each of its inputs for screen readers."""
 
 from __future__ import annotations
 
 from django import forms
 from django.conf import settings
+from django.contrib.admin.widgets import AdminSplitDateTime
 from django.contrib.auth.forms import AdminUserCreationForm, SetUnusablePasswordMixin, UserChangeForm
 from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
@@ -135,3 +137,13 @@ class EnrollmentImportForm(forms.Form):
         label=_("CSV file"),
         help_text=_("UTF-8 (Excel: “CSV UTF-8”), first line username,email,name,role."),
     )
+
+
+class LabelledSplitDateTime(AdminSplitDateTime):
+    """Django's date and time pair, each input with its own accessible name (the field's label names neither)."""
+
+    def get_context(self, name, value, attrs):
+        context = super().get_context(name, value, attrs)
+        for subwidget, label in zip(context["widget"]["subwidgets"], (_("Date"), _("Time")), strict=True):
+            subwidget["attrs"]["aria-label"] = str(label)
+        return context

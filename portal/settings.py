@@ -117,7 +117,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
-    "portal.login_throttle.LoginThrottleMiddleware",
+    "portal.ratelimit.LoginThrottleMiddleware",
 ]
 
 ROOT_URLCONF = "ops.urls"
@@ -153,7 +153,7 @@ if PORTAL_ENV == "test":
     # PBKDF2 costs about a second per persona on a shared CI core.
     PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # The session's user comes with its tenant; Django's own backend stays listed for the sessions it signed in.
-AUTHENTICATION_BACKENDS = ["portal.auth_backends.TenantModelBackend", "django.contrib.auth.backends.ModelBackend"]
+AUTHENTICATION_BACKENDS = ["portal.http.TenantModelBackend", "django.contrib.auth.backends.ModelBackend"]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard"
 LOGOUT_REDIRECT_URL = "login"
@@ -359,7 +359,7 @@ RATE_LIMITS = {
     ),
 }
 # Past LOGIN_FAILURES_BEFORE_DELAY failed sign-ins per (account, address), each try waits LOGIN_DELAY_SECONDS,
-# doubled with every failure, at most LOGIN_DELAY_MAX_SECONDS (portal.login_throttle).
+# doubled with every failure, at most LOGIN_DELAY_MAX_SECONDS (portal.ratelimit).
 LOGIN_FAILURES_BEFORE_DELAY = env_int("LOGIN_FAILURES_BEFORE_DELAY", 5)
 LOGIN_DELAY_SECONDS = env_int("LOGIN_DELAY_SECONDS", 2)
 LOGIN_DELAY_MAX_SECONDS = env_int("LOGIN_DELAY_MAX_SECONDS", 900)

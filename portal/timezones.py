@@ -52,7 +52,7 @@ def person_time_zone(user: Any, tenant: Any) -> Any:
 
 
 def user_time_zone(user: Any) -> Any:
-    """The zone a person's pages are shown in; the session's user comes with its tenant (``portal.auth_backends``)."""
+    """The zone a person's pages are shown in; the session's user comes with its tenant (``portal.http``)."""
     if not getattr(user, "is_authenticated", False):
         return timezone.get_default_timezone()
     return person_time_zone(user, user.tenant)
