@@ -137,10 +137,7 @@ def user_create(
         tenant=tenant,
         is_staff=is_staff,
     )
-    if password is None:
-        user.set_unusable_password()
-    else:
-        user.set_password(password)
+    user.set_password(password)  # None: an unusable password
     user.save()
     audit_record(actor=actor, action="user.create", target=user, tenant=tenant, data={"username": user.username})
     return user
