@@ -111,11 +111,9 @@ def login_retry_after(*, request: HttpRequest, username: str | None) -> int | No
     if username:
         count_key, last_key = _pair_keys(request=request, username=username)
         failures, last = int(cache.get(count_key, 0)), cache.get(last_key)
-        if failures and last is not None:
-            left = last + login_delay(failures) - clock()
-            waits.append(math.ceil(left) if left > 0 else None)
-    due = [wait for wait in waits if wait is not None]
-    return max(due) if due else None
+        if failures and last is not None and (left := last + login_delay(failures) - clock()) > 0:
+            waits.append(math.ceil(left))
+    return max((wait for wait in waits if wait is not None), default=None)
 
 
 @receiver(user_login_failed, dispatch_uid="portal.login_throttle.failed")

@@ -226,18 +226,19 @@ if DATABASE_URL:
         # Server-side binding gives the same query text every time, which psycopg prepares after
         # DB_PREPARE_THRESHOLD runs on a connection that lives (set it to 0 behind PgBouncer in transaction mode).
         prepare_threshold = env_int("DB_PREPARE_THRESHOLD", 5)
-        DATABASES["default"].setdefault("OPTIONS", {}).update(
+        options = DATABASES["default"].setdefault("OPTIONS", {})
+        options.update(
             server_side_binding=True,
             prepare_threshold=prepare_threshold if prepare_threshold > 0 else None,
         )
-    # daphne gives each request its own thread and connection: a pool per process makes a class's Starts wait
-    # rather than exhaust PostgreSQL's max_connections (needs DB_CONN_MAX_AGE=0).
-    if env_int("DB_POOL_MAX_SIZE", 0) > 0 and DATABASES["default"]["ENGINE"].endswith("postgresql"):
-        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-            "min_size": 1,
-            "max_size": env_int("DB_POOL_MAX_SIZE", 0),
-            "timeout": env_int("DB_POOL_TIMEOUT", 30),
-        }
+        # daphne gives each request its own thread and connection: a pool per process makes a class's Starts wait
+        # rather than exhaust PostgreSQL's max_connections (needs DB_CONN_MAX_AGE=0).
+        if (pool_size := env_int("DB_POOL_MAX_SIZE", 0)) > 0:
+            options["pool"] = {
+                "min_size": 1,
+                "max_size": pool_size,
+                "timeout": env_int("DB_POOL_TIMEOUT", 30),
+            }
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)  # a fresh clone has no var/ yet, and SQLite will not create it
     DATABASES = {
