@@ -138,9 +138,15 @@ def enrollment_import(*, actor: User, course: Course, csv_file: IO[bytes] | byte
                     Membership.objects.create(user=user, course=course, role=row.role)
                     if row.role == Role.INSTRUCTOR:
                         grant_admin_access(user)
-                setup = PasswordSetupToken.for_user(user) if account_created else None
                 result.people.append(
-                    ImportedPerson(row.line, user, row.role, account_created, membership_created, setup)
+                    ImportedPerson(
+                        line=row.line,
+                        user=user,
+                        role=row.role,
+                        account_created=account_created,
+                        membership_created=membership_created,
+                        password_setup=PasswordSetupToken.for_user(user) if account_created else None,
+                    )
                 )
             audit_record(
                 actor=actor,
