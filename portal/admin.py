@@ -203,7 +203,6 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
 
 @admin.register(Membership)
 class MembershipAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
-    course_lookup = "course"
     form = MembershipAdminForm
     autocomplete_fields = ("user", "course")
     list_display = ("user", "user_username", "user_email", "course", "role", "created_at")
@@ -239,7 +238,6 @@ class MembershipAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmi
 
 @admin.register(AuditEvent)
 class AuditEventAdmin(CourseScopedAdminMixin, admin.ModelAdmin):
-    course_lookup = "course"
     read_only = True
     list_display = ("created_at", "actor", "action", "target_repr", "course")
     list_filter = ("action", ("course", admin.RelatedOnlyFieldListFilter))
