@@ -122,7 +122,6 @@ MIDDLEWARE = [
 
 ROOT_URLCONF = "ops.urls"
 ASGI_APPLICATION = "ops.asgi.application"
-WSGI_APPLICATION = "portal.wsgi.application"
 
 TEMPLATES = [
     {
