@@ -113,7 +113,6 @@ class KubesimSupervisor:
         kubeconfigs: tuple[Path, ...],
         log_path: Path,
         max_restarts: int = MAX_RESTARTS,
-        window_seconds: float = RESTART_WINDOW_SECONDS,
     ) -> None:
         self._start = start
         self._restarted = restarted
@@ -121,17 +120,18 @@ class KubesimSupervisor:
         self._kubeconfigs = kubeconfigs
         self._log_path = log_path
         self._max_restarts = max_restarts
-        self._window_seconds = window_seconds
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
-        self._ports: list[int | None] = []
+        self._restart_args: list[str] = []
         self.gave_up: str | None = None
 
     def run(self) -> None:
         """Start kubesim now (errors reach the caller) and watch it from then on."""
         self._process = self._start([])
-        self._ports = [served_port(path) for path in self._kubeconfigs]
+        # A restart serves on the same ports: the kubeconfigs name the HTTP one, then the HTTPS one.
+        ports = zip(("--port", "--tls-port"), [served_port(path) for path in self._kubeconfigs], strict=False)
+        self._restart_args = [arg for flag, port in ports if port for arg in (flag, str(port))]
         threading.Thread(target=self._watch, name="kubesim-supervisor", daemon=True).start()
 
     def shutting_down(self) -> None:
@@ -150,11 +150,6 @@ class KubesimSupervisor:
             if locked:
                 self._lock.release()
 
-    def _same_ports(self) -> list[str]:
-        http_port, https_port = (self._ports + [None, None])[:2]
-        args = ["--port", str(http_port)] if http_port else []
-        return args + (["--tls-port", str(https_port)] if https_port else [])
-
     def _watch(self) -> None:
         exits: list[float] = []
         while not self._stopping.is_set():
@@ -165,7 +160,7 @@ class KubesimSupervisor:
             if self._stopping.wait(SHUTDOWN_NOTICE_SECONDS):
                 return
             now = time.monotonic()
-            exits = [at for at in exits if at > now - self._window_seconds] + [now]
+            exits = [at for at in exits if at > now - RESTART_WINDOW_SECONDS] + [now]
             if status is None:
                 how = "before it served"
             else:
@@ -173,7 +168,7 @@ class KubesimSupervisor:
             if len(exits) > self._max_restarts:
                 self.gave_up = (
                     f"kubesim, the portal's cluster, exited {how}, {len(exits)} times within "
-                    f"{self._window_seconds:g} s; stopping the portal rather than running without a "
+                    f"{RESTART_WINDOW_SECONDS:g} s; stopping the portal rather than running without a "
                     f"cluster. See {self._log_path}."
                 )
                 logger.critical(self.gave_up)
@@ -190,7 +185,7 @@ class KubesimSupervisor:
                 with self._lock:
                     if self._stopping.is_set():
                         return
-                    self._process = self._start(self._same_ports())
+                    self._process = self._start(self._restart_args)
                     if self._stopping.is_set():
                         stop_child(self._process, timeout=3)
                         return
