@@ -35,7 +35,7 @@ from portal.forms import (
     TenantAdminForm,
 )
 from portal.http import request_user
-from portal.models import AuditEvent, Course, Membership, Role, Tenant
+from portal.models import AuditEvent, Course, Membership, Tenant
 from portal.services import (
     course_create,
     membership_create,
@@ -170,7 +170,6 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
             "original": course,
             "course": course,
             "title": gettext("Import enrollment into %(course)s") % {"course": course},
-            "roles": Role.choices,
         }
         form = EnrollmentImportForm(request.POST, request.FILES) if request.method == "POST" else EnrollmentImportForm()
         if form.is_valid():

@@ -33,7 +33,6 @@ class ImportedPerson:
 
 @dataclass
 class ImportResult:
-    course: Course
     people: list[ImportedPerson] = field(default_factory=list)
 
     @property
@@ -121,7 +120,7 @@ def enrollment_import(*, actor: User, course: Course, csv_file: IO[bytes] | byte
 
     try:
         with transaction.atomic():
-            result = ImportResult(course=course)
+            result = ImportResult()
             for row in rows:
                 user = existing.get(row.username)
                 if account_created := user is None:
