@@ -352,7 +352,7 @@ def live_portal(
 ) -> Iterator[LivePortal]:
     """Start the portal as production runs it and wait until it serves ``/healthz``."""
     port = free_port()
-    # A pool per process, as production should run (portal/settings/stores.py, DB_POOL_MAX_SIZE): without it 100
+    # A pool per process, as production should run (portal/settings.py, DB_POOL_MAX_SIZE): without it 100
     # simultaneous requests open 100 connections and PostgreSQL refuses the rest.
     environment = portal_environment(KUBECONFIG=str(kubeconfig), DB_POOL_MAX_SIZE="12", **(env or {}))
     logs = BENCH_VAR / "logs" / f"portal-{port}"

@@ -16,8 +16,7 @@ from labs.access import lab_get_for_staff
 from labs.services.events import lab_class_group
 from portal.errors import ApplicationError
 from portal.timezones import user_time_zone
-from portal.websocket_consumer import NotAuthenticated, PageSocketConsumer
-from portal.websocket_language import scope_language
+from portal.websockets import NotAuthenticated, PageSocketConsumer, scope_language
 
 logger = logging.getLogger(__name__)
 

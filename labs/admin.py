@@ -17,7 +17,7 @@ from labs.admin_lifecycle import AttemptLifecycleAdminMixin
 from labs.models import Attempt, Check, Lab, extra_cloud_init_problem
 from labs.selectors import PHASE_FIELDS
 from portal.admin_scoping import AuditedAdminMixin, CourseScopedAdminMixin, CourseScopedInlineMixin
-from portal.admin_widgets import LabelledSplitDateTime
+from portal.forms import LabelledSplitDateTime
 from portal.http import request_user
 from portal.services import audit_record
 

@@ -23,8 +23,8 @@ from labs.selectors import tenant_capacity, tenants_for_capacity_view
 from labs.services import attempt_extend, attempt_stop
 from labs.services.namespaces import is_refusal_record
 from portal.admin_scoping import AuditedAdminMixin, CourseScopedAdminMixin
-from portal.admin_widgets import LabelledSplitDateTime
 from portal.errors import ApplicationError
+from portal.forms import LabelledSplitDateTime
 from portal.http import request_user
 
 

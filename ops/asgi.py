@@ -14,13 +14,12 @@ from grading.routing import websocket_urlpatterns as grading_routes  # noqa: E40
 from labs.routing import websocket_urlpatterns as labs_routes  # noqa: E402
 from portal.heap import freeze_startup_objects  # noqa: E402
 from portal.request_bounds import RequestBodyLimit  # noqa: E402
-from portal.websocket_auth import LazySessionAuthMiddlewareStack  # noqa: E402
-from portal.websocket_gate import websocket_gate  # noqa: E402
+from portal.websockets import websocket_gate  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": RequestBodyLimit(django_asgi_app),
-        "websocket": websocket_gate([*labs_routes, *grading_routes], middleware=LazySessionAuthMiddlewareStack),
+        "websocket": websocket_gate([*labs_routes, *grading_routes]),
     }
 )
 freeze_startup_objects()

@@ -9,8 +9,7 @@ from ops.dashboard import ops_dashboard_view
 from ops.health import healthz_view, readyz_view
 from ops.home import DashboardView
 from ops.metrics import metrics_view
-from portal.audit_page import CourseAuditPage
-from portal.views import TimeZoneView, favicon_view
+from portal.views import CourseAuditPage, TimeZoneView, favicon_view
 
 urlpatterns = [
     path("", DashboardView.as_view(), name="dashboard"),
@@ -30,5 +29,5 @@ urlpatterns = [
 ]
 
 # Failures inside the portal: 503 with Retry-After when the database was busy, else 500; JSON for the API and the
-# pages' scripts (portal/server_errors.py).
-handler500 = "portal.server_errors.server_error"
+# pages' scripts (portal/views.py).
+handler500 = "portal.views.server_error"

@@ -19,7 +19,7 @@ from rest_framework.authtoken.models import TokenProxy
 from portal.admin_scoping import (
     AuditedAdminMixin,
     CourseScopedAdminMixin,
-    SuperuserOnlyAdminMixin,
+    ScopedFormFieldsMixin,
     admin_access,
     forget_admin_access,
 )
@@ -35,7 +35,7 @@ from portal.forms import (
     TenantAdminForm,
 )
 from portal.http import request_user
-from portal.models import AuditEvent, Course, Membership, Role, Tenant
+from portal.models import AuditEvent, Course, Membership, Tenant
 from portal.services import (
     course_create,
     membership_create,
@@ -60,7 +60,9 @@ class _CourseCounts(TypedDict):
 
 
 @admin.register(Tenant)
-class TenantAdmin(SuperuserOnlyAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
+class TenantAdmin(ScopedFormFieldsMixin, AuditedAdminMixin, admin.ModelAdmin):
+    """Platform-level: superusers only, invisible to everyone else."""
+
     form = TenantAdminForm
     list_display = ("name", "namespace", "time_zone", "max_concurrent_vms", "max_vcpus", "max_memory_mib", "created_at")
     search_fields = ("name", "namespace")
@@ -75,6 +77,16 @@ class TenantAdmin(SuperuserOnlyAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
         "max_memory_mib",
         "created_at",
     )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Tenant]:
+        queryset = super().get_queryset(request)
+        return queryset if admin_access(request).is_superuser else queryset.none()
+
+    def _superuser(self, request: HttpRequest, obj: Tenant | None = None) -> bool:
+        return admin_access(request).is_superuser
+
+    has_module_permission = has_view_permission = has_add_permission = _superuser
+    has_change_permission = has_delete_permission = _superuser
 
     def audit_scope(self, obj: Tenant) -> dict:
         return {"tenant": obj}
@@ -158,7 +170,6 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
             "original": course,
             "course": course,
             "title": gettext("Import enrollment into %(course)s") % {"course": course},
-            "roles": Role.choices,
         }
         form = EnrollmentImportForm(request.POST, request.FILES) if request.method == "POST" else EnrollmentImportForm()
         if form.is_valid():
@@ -169,7 +180,7 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
             except ApplicationError as exc:
                 context.update(import_error=exc.message, row_errors=exc.extra.get("errors", []))
             else:
-                people = [(person, person.password_setup) for person in result.people if person.password_setup]
+                people = [(person.user, person.password_setup) for person in result.people if person.password_setup]
                 self.message_user(
                     request,
                     gettext(
@@ -191,7 +202,6 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
 
 @admin.register(Membership)
 class MembershipAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
-    course_lookup = "course"
     form = MembershipAdminForm
     autocomplete_fields = ("user", "course")
     list_display = ("user", "user_username", "user_email", "course", "role", "created_at")
@@ -227,7 +237,6 @@ class MembershipAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmi
 
 @admin.register(AuditEvent)
 class AuditEventAdmin(CourseScopedAdminMixin, admin.ModelAdmin):
-    course_lookup = "course"
     read_only = True
     list_display = ("created_at", "actor", "action", "target_repr", "course")
     list_filter = ("action", ("course", admin.RelatedOnlyFieldListFilter))

@@ -13,7 +13,7 @@ from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest
 
 from portal.http import request_user
-from portal.models import Membership, Role, User
+from portal.models import Role
 from portal.selectors import courses_for_user
 from portal.services import audit_record
 
@@ -41,19 +41,18 @@ class AdminAccess:
 
 def admin_access(request: HttpRequest) -> AdminAccess:
     """Cached on the request: the admin asks many times while rendering a page."""
-    cached = getattr(request, _ACCESS_ATTR, None)
-    if cached is not None:
-        return cached
-    user = request.user
-    if not (user.is_authenticated and user.is_active and user.is_staff):
-        access = AdminAccess(is_superuser=False, tenant_id=None, taught_course_ids=frozenset())
-    elif user.is_superuser:
-        access = AdminAccess(is_superuser=True, tenant_id=user.tenant_id, taught_course_ids=frozenset())
-    else:
-        taught = courses_for_user(user=user, roles=(Role.INSTRUCTOR,)).values_list("id", flat=True)
-        access = AdminAccess(is_superuser=False, tenant_id=user.tenant_id, taught_course_ids=frozenset(taught))
-    setattr(request, _ACCESS_ATTR, access)
-    return access
+    if not hasattr(request, _ACCESS_ATTR):
+        user: Any = request.user
+        staff = user.is_authenticated and user.is_active and user.is_staff
+        teaches = staff and not user.is_superuser
+        taught = courses_for_user(user=user, roles=(Role.INSTRUCTOR,)).values_list("id", flat=True) if teaches else ()
+        access = AdminAccess(
+            is_superuser=staff and user.is_superuser,
+            tenant_id=user.tenant_id if staff else None,
+            taught_course_ids=frozenset(taught),
+        )
+        setattr(request, _ACCESS_ATTR, access)
+    return getattr(request, _ACCESS_ATTR)
 
 
 def forget_admin_access(request: HttpRequest) -> None:
@@ -93,9 +92,6 @@ class CourseScopedAdminMixin(ScopedFormFieldsMixin):
     there decides. With ``read_only`` nobody writes through the admin, superusers included: the services do."""
 
     course_lookup: str = "course"
-    instructor_may_add = True
-    instructor_may_change = True
-    instructor_may_delete = True
     read_only = False
 
     def course_id_of(self, obj: models.Model) -> int | None:
@@ -112,11 +108,9 @@ class CourseScopedAdminMixin(ScopedFormFieldsMixin):
     def instructs(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
         """Superuser, or instructor of ``obj``'s course (of any course when ``obj`` is None)."""
         access = admin_access(request)
-        if access.is_superuser:
-            return True
         if obj is None:
-            return bool(access.taught_course_ids)
-        return self.course_id_of(obj) in access.taught_course_ids
+            return access.is_instructor
+        return access.is_superuser or self.course_id_of(obj) in access.taught_course_ids
 
     def get_queryset(self, request: HttpRequest) -> models.QuerySet:
         queryset = super().get_queryset(request)
@@ -132,19 +126,10 @@ class CourseScopedAdminMixin(ScopedFormFieldsMixin):
     def has_view_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
         return self.instructs(request, obj)
 
-    def _may_write(self, request: HttpRequest, obj: models.Model | None, instructor_may: bool) -> bool:
-        if self.read_only:
-            return False
-        return admin_access(request).is_superuser or (instructor_may and self.instructs(request, obj))
+    def _writes(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
+        return not self.read_only and self.instructs(request, obj)
 
-    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
-        return self._may_write(request, None, self.instructor_may_add)
-
-    def has_change_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
-        return self._may_write(request, obj, self.instructor_may_change)
-
-    def has_delete_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
-        return self._may_write(request, obj, self.instructor_may_delete)
+    has_add_permission = has_change_permission = has_delete_permission = _writes
 
 
 class CourseScopedInlineMixin(ScopedFormFieldsMixin):
@@ -166,68 +151,6 @@ class CourseScopedInlineMixin(ScopedFormFieldsMixin):
         return not self.read_only and self._parent_instructs(request, obj)
 
     has_add_permission = has_change_permission = has_delete_permission = _parent_writes
-
-
-class SuperuserOnlyAdminMixin(ScopedFormFieldsMixin):
-    """Platform-level objects (tenants and their quotas): superusers only, invisible to everyone else."""
-
-    def get_queryset(self, request: HttpRequest) -> models.QuerySet:
-        queryset = super().get_queryset(request)
-        return queryset if admin_access(request).is_superuser else queryset.none()
-
-    def _superuser(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
-        return admin_access(request).is_superuser
-
-    has_module_permission = has_view_permission = has_add_permission = _superuser
-    has_change_permission = has_delete_permission = _superuser
-
-
-class TenantUserAdminMixin(ScopedFormFieldsMixin):
-    """Users: an instructor sees and adds the people of their own tenant, and changes only accounts without staff
-    rights whose every membership is in a course they teach. Deleting accounts is for superusers."""
-
-    def get_queryset(self, request: HttpRequest) -> models.QuerySet:
-        queryset = super().get_queryset(request)
-        access = admin_access(request)
-        if access.is_superuser:
-            return queryset
-        if not access.is_instructor or access.tenant_id is None:
-            return queryset.none()
-        return queryset.filter(tenant_id=access.tenant_id)
-
-    def user_is_managed_by(self, request: HttpRequest, user: User) -> bool:
-        access = admin_access(request)
-        if access.is_superuser:
-            return True
-        if not access.is_instructor or user.tenant_id != access.tenant_id or user.is_staff or user.is_superuser:
-            return False
-        return not Membership.objects.filter(user=user).exclude(course_id__in=access.taught_course_ids).exists()
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return admin_access(request).is_instructor
-
-    def has_view_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
-        access = admin_access(request)
-        if obj is None or access.is_superuser:
-            return access.is_instructor
-        return (
-            access.is_instructor
-            and isinstance(obj, User)
-            and obj.tenant_id is not None
-            and obj.tenant_id == access.tenant_id
-        )
-
-    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
-        access = admin_access(request)
-        return access.is_superuser or (access.is_instructor and access.tenant_id is not None)
-
-    def has_change_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
-        if obj is None:
-            return self.has_add_permission(request)
-        return isinstance(obj, User) and self.user_is_managed_by(request, obj)
-
-    def has_delete_permission(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
-        return admin_access(request).is_superuser
 
 
 class AuditedAdminMixin:

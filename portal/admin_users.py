@@ -15,26 +15,21 @@ from django.urls import reverse
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from portal.admin_scoping import (
-    AuditedAdminMixin,
-    TenantUserAdminMixin,
-    admin_access,
-)
+from portal.admin_scoping import AuditedAdminMixin, ScopedFormFieldsMixin, admin_access
 from portal.forms import (
     TenantUserChangeForm,
     TenantUserCreationForm,
 )
 from portal.http import request_user
-from portal.models import User
+from portal.models import Membership, User
 from portal.services import (
     PasswordSetupToken,
     user_password_setup_token,
 )
 
 
-def password_links(request: HttpRequest, people: list[tuple[Any, PasswordSetupToken]]) -> dict[str, Any]:
-    """The set-password links of (person, token) pairs, also as a CSV the instructor can mail-merge (opened by Excel
-    as UTF-8 thanks to the BOM)."""
+def password_links(request: HttpRequest, people: list[tuple[User, PasswordSetupToken]]) -> dict[str, Any]:
+    """Set-password links for (person, token) pairs, also as a CSV to mail-merge (its BOM makes Excel read UTF-8)."""
     links = [
         {
             "username": person.username,
@@ -54,26 +49,50 @@ def password_links(request: HttpRequest, people: list[tuple[Any, PasswordSetupTo
 
 
 @admin.register(User)
-class UserAdmin(TenantUserAdminMixin, AuditedAdminMixin, DjangoUserAdmin):
+class UserAdmin(ScopedFormFieldsMixin, AuditedAdminMixin, DjangoUserAdmin):
+    """An instructor sees and adds the people of their own tenant, and changes only accounts without staff rights
+    whose every membership is in a course they teach. Deleting accounts is for superusers."""
+
     form = TenantUserChangeForm
     add_form = TenantUserCreationForm
     list_display = ("username", "full_name", "email", "tenant", "is_active", "is_staff")
     search_fields = ("username", "full_name", "email")
     actions = ("issue_password_links",)
 
-    superuser_fieldsets = (
-        (None, {"fields": ("username", "password")}),
-        (_("Personal info"), {"fields": ("full_name", "email", "tenant", "time_zone")}),
-        (_("Permissions"), {"fields": ("is_active", "is_staff", "is_superuser", "groups", "user_permissions")}),
-        (_("Important dates"), {"fields": ("last_login", "date_joined")}),
-    )
-    # Instructors never see the fields that grant rights or move someone to another tenant.
-    instructor_fieldsets = (
-        (None, {"fields": ("username", "password")}),
-        (_("Personal info"), {"fields": ("full_name", "email", "tenant", "time_zone")}),
-        (_("Status"), {"fields": ("is_active",)}),
-        (_("Important dates"), {"fields": ("last_login", "date_joined")}),
-    )
+    def get_queryset(self, request: HttpRequest) -> QuerySet[User]:
+        queryset = super().get_queryset(request)
+        access = admin_access(request)
+        if access.is_superuser:
+            return queryset
+        if not access.is_instructor or access.tenant_id is None:
+            return queryset.none()
+        return queryset.filter(tenant_id=access.tenant_id)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return admin_access(request).is_instructor
+
+    def has_view_permission(self, request: HttpRequest, obj: User | None = None) -> bool:
+        access = admin_access(request)
+        if obj is None or access.is_superuser:
+            return access.is_instructor
+        return access.is_instructor and obj.tenant_id is not None and obj.tenant_id == access.tenant_id
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        access = admin_access(request)
+        return access.is_superuser or (access.is_instructor and access.tenant_id is not None)
+
+    def has_change_permission(self, request: HttpRequest, obj: User | None = None) -> bool:
+        access = admin_access(request)
+        if obj is None:
+            return self.has_add_permission(request)
+        if access.is_superuser:
+            return True
+        if not access.is_instructor or obj.tenant_id != access.tenant_id or obj.is_staff or obj.is_superuser:
+            return False
+        return not Membership.objects.filter(user=obj).exclude(course_id__in=access.taught_course_ids).exists()
+
+    def has_delete_permission(self, request: HttpRequest, obj: User | None = None) -> bool:
+        return admin_access(request).is_superuser
 
     def get_fieldsets(self, request: HttpRequest, obj: User | None = None):
         superuser = admin_access(request).is_superuser
@@ -82,7 +101,16 @@ class UserAdmin(TenantUserAdminMixin, AuditedAdminMixin, DjangoUserAdmin):
             if superuser:
                 fields.insert(3, "tenant")
             return ((None, {"classes": ("wide",), "fields": fields}),)
-        return self.superuser_fieldsets if superuser else self.instructor_fieldsets
+        # Instructors never see the fields that grant rights or move someone to another tenant.
+        rights = (
+            ("is_active", "is_staff", "is_superuser", "groups", "user_permissions") if superuser else ("is_active",)
+        )
+        return (
+            (None, {"fields": ("username", "password")}),
+            (_("Personal info"), {"fields": ("full_name", "email", "tenant", "time_zone")}),
+            (_("Permissions") if superuser else _("Status"), {"fields": rights}),
+            (_("Important dates"), {"fields": ("last_login", "date_joined")}),
+        )
 
     def get_readonly_fields(self, request: HttpRequest, obj: User | None = None) -> tuple[str, ...]:
         if admin_access(request).is_superuser:

@@ -14,14 +14,9 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
+# Each prefork pool process once it has loaded the tasks and Django, and the worker's own process once it is ready
+# (the threads and solo pools run tasks there; prefork's parent holds the consumer).
 @worker_process_init.connect
-def _freeze_startup_objects(**kwargs) -> None:
-    # Each pool process, once it has loaded the tasks and Django (portal.heap).
-    freeze_startup_objects()
-
-
 @worker_ready.connect
-def _freeze_main_process(**kwargs) -> None:
-    # The worker's own process, once it is ready: with the threads or solo pool the tasks run here, and prefork's
-    # parent holds the consumer (its children froze themselves above).
+def _freeze_startup_objects(**kwargs) -> None:
     freeze_startup_objects()

@@ -1,11 +1,11 @@
-"""channels_redis's channel layer, with a receive that loses no message when its consumer is cancelled mid-pop
-(channels_redis #366: the pop runs in a task of its own and its backup is put back first), and a pool that makes a
-command wait for a free connection."""
+"""The channel layers: channels_redis's, whose receive loses no message when its consumer is cancelled mid-pop
+(channels_redis #366); and Channels' in-memory one (the embedded default's), which forgets an ended consumer."""
 
 from __future__ import annotations
 
 import asyncio
 
+from channels import layers
 from channels_redis.core import RedisChannelLayer as UpstreamRedisChannelLayer
 from redis.asyncio import BlockingConnectionPool
 
@@ -82,3 +82,32 @@ class RedisChannelLayer(UpstreamRedisChannelLayer):
             return
         # At most one BZPOPMIN timeout: it ends with the first message that arrives, or empty-handed.
         await asyncio.wait({popping}, timeout=self.brpop_timeout + 1)
+
+
+class InMemoryChannelLayer(layers.InMemoryChannelLayer):
+    """Drops a consumer's queue and groups as soon as it ends (``discard_channel``, from ``portal.websockets``):
+    an idle process would otherwise keep them (channels_redis lets them expire unread)."""
+
+    extensions = [*layers.InMemoryChannelLayer.extensions, "discard_channel"]
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        # The process-specific channels whose consumers still run (every receiver here was made by new_channel).
+        self.open_channels: set[str] = set()
+
+    async def new_channel(self, prefix: str = "specific.") -> str:
+        channel = await super().new_channel(prefix)
+        self.open_channels.add(channel)
+        return channel
+
+    async def send(self, channel: str, message: dict) -> None:
+        if "!" in channel and channel not in self.open_channels:
+            return  # its consumer has ended: nobody will ever read it
+        await super().send(channel, message)
+
+    async def discard_channel(self, channel: str) -> None:
+        """The consumer reading ``channel`` has ended: drop its queue and its group memberships."""
+        self.open_channels.discard(channel)
+        self.channels.pop(channel, None)
+        for group in list(self.groups):
+            await self.group_discard(group, channel)

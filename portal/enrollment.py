@@ -79,15 +79,6 @@ def _fold(text: str) -> str:
     return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
 
 
-def _read_bytes(csv_file: IO[bytes] | bytes) -> bytes:
-    if isinstance(csv_file, bytes):
-        return csv_file
-    if hasattr(csv_file, "seek"):
-        csv_file.seek(0)
-    # One byte past the limit tells "too big" from "exactly at the limit" without reading a huge upload.
-    return csv_file.read(MAX_FILE_BYTES + 1)
-
-
 def _decode(data: bytes) -> str:
     try:
         return data.decode("utf-8-sig")
@@ -177,74 +168,59 @@ def _check_row(values: dict[str, str], *, line: int, errors: list[RowError]) -> 
 
 
 def enrollment_rows_read(csv_file: IO[bytes] | bytes) -> tuple[list[EnrollmentRow], list[RowError]]:
-    """The good rows and the problems of the others; a problem with the whole file (size, encoding, header, no rows,
-    broken quoting) raises ``EnrollmentFileInvalid``."""
-    data = _read_bytes(csv_file)
+    """The good rows and the other rows' problems; a problem of the whole file raises ``EnrollmentFileInvalid``."""
+    # One byte past the limit tells "too big" from "exactly at the limit" without reading a huge upload.
+    data = csv_file if isinstance(csv_file, bytes) else csv_file.read(MAX_FILE_BYTES + 1)
     if len(data) > MAX_FILE_BYTES:
         raise EnrollmentFileInvalid(
             None, _("The file is larger than %(size)d MB; split it.") % {"size": MAX_FILE_BYTES // (1024 * 1024)}
         )
-    text = _decode(data)
-    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    reader = csv.reader(io.StringIO(_decode(data), newline=""), strict=True)
     errors: list[RowError] = []
     rows: list[EnrollmentRow] = []
     positions: dict[str, int] | None = None
     header_width = 0
     first_line_by_username: dict[str, int] = {}
-    last_line = 0
+    start_line = 1
     data_rows = 0
-    while True:
-        start_line = last_line + 1
-        try:
-            fields = next(reader)
-        except StopIteration:
-            break
-        except csv.Error as exc:
-            raise EnrollmentFileInvalid(
-                reader.line_num, _("This line is not valid CSV: %(error)s") % {"error": exc}, earlier=errors
-            ) from exc
-        last_line = reader.line_num
-        if not any(field.strip() for field in fields):
-            continue
-        if positions is None:
-            positions = _map_header(fields, line=start_line)
-            # Spreadsheets often leave empty trailing columns; only what the header names is read.
-            header_width = max(positions.values()) + 1
-            continue
-        data_rows += 1
-        if data_rows > MAX_ROWS:
-            raise EnrollmentFileInvalid(
-                start_line, _("The file has more than %(max)d rows; split it.") % {"max": MAX_ROWS}
-            )
-        if len(fields) < header_width or any(field.strip() for field in fields[header_width:]):
-            errors.append(
-                RowError(
-                    start_line,
-                    ngettext(
-                        "expected %(expected)d value as in the header, found %(found)d",
-                        "expected %(expected)d values as in the header, found %(found)d",
-                        header_width,
-                    )
-                    % {"expected": header_width, "found": len(fields)},
+    try:
+        for fields in reader:
+            line, start_line = start_line, reader.line_num + 1
+            if not any(field.strip() for field in fields):
+                continue
+            if positions is None:
+                positions = _map_header(fields, line=line)
+                # Spreadsheets often leave empty trailing columns; only what the header names is read.
+                header_width = max(positions.values()) + 1
+                continue
+            data_rows += 1
+            if data_rows > MAX_ROWS:
+                raise EnrollmentFileInvalid(
+                    line, _("The file has more than %(max)d rows; split it.") % {"max": MAX_ROWS}
                 )
-            )
-            continue
-        values = {column: fields[index].strip() for column, index in positions.items()}
-        row = _check_row(values, line=start_line, errors=errors)
-        if row is None:
-            continue
-        key = row.username.casefold()
-        if key in first_line_by_username:
-            errors.append(
-                RowError(
-                    start_line,
-                    _("the username “%(username)s” already appears on line %(line)d")
-                    % {"username": row.username, "line": first_line_by_username[key]},
+            if len(fields) < header_width or any(field.strip() for field in fields[header_width:]):
+                message = ngettext(
+                    "expected %(expected)d value as in the header, found %(found)d",
+                    "expected %(expected)d values as in the header, found %(found)d",
+                    header_width,
                 )
-            )
-            continue
-        first_line_by_username[key] = start_line
-        rows.append(row)
+                errors.append(RowError(line, message % {"expected": header_width, "found": len(fields)}))
+                continue
+            values = {column: fields[index].strip() for column, index in positions.items()}
+            row = _check_row(values, line=line, errors=errors)
+            if row is None:
+                continue
+            key = row.username.casefold()
+            if key in first_line_by_username:
+                message = _("the username “%(username)s” already appears on line %(line)d")
+                errors.append(RowError(line, message % {"username": row.username, "line": first_line_by_username[key]}))
+                continue
+            first_line_by_username[key] = line
+            rows.append(row)
+    except csv.Error as exc:
+        raise EnrollmentFileInvalid(
+            reader.line_num, _("This line is not valid CSV: %(error)s") % {"error": exc}, earlier=errors
+        ) from exc
 
     if positions is None and not errors:
         raise EnrollmentFileInvalid(

@@ -19,13 +19,10 @@ from portal.services import PasswordSetupToken, audit_record, grant_admin_access
 @dataclass
 class ImportedPerson:
     line: int
-    username: str
-    full_name: str
-    email: str
+    user: User
     role: str
     account_created: bool
     membership_created: bool
-    user: User
     # Only for accounts created by this import: the way their owner sets a password and logs in.
     password_setup: PasswordSetupToken | None = None
 
@@ -36,7 +33,6 @@ class ImportedPerson:
 
 @dataclass
 class ImportResult:
-    course: Course
     people: list[ImportedPerson] = field(default_factory=list)
 
     @property
@@ -112,9 +108,8 @@ def _enrollment_rejected(errors: list[RowError]) -> ApplicationError:
 
 
 def enrollment_import(*, actor: User, course: Course, csv_file: IO[bytes] | bytes) -> ImportResult:
-    """Create the accounts (unusable password, a set-password token each) and memberships a CSV file lists, all of
-    them or none: any problem raises ``ApplicationError`` listing every one in ``extra["errors"]``. Rows already
-    enrolled with the same role change nothing."""
+    """Create the accounts (unusable password, set-password token) and memberships a CSV lists, all or none: any
+    problem raises ``ApplicationError`` listing each in ``extra["errors"]``. Rows already enrolled change nothing."""
     try:
         rows, errors = enrollment_rows_read(csv_file)
     except EnrollmentFileInvalid as exc:
@@ -125,60 +120,48 @@ def enrollment_import(*, actor: User, course: Course, csv_file: IO[bytes] | byte
 
     try:
         with transaction.atomic():
-            result = _enrollment_write(actor=actor, course=course, rows=rows, existing=existing, roles=roles)
+            result = ImportResult()
+            for row in rows:
+                user = existing.get(row.username)
+                if account_created := user is None:
+                    user = User(
+                        username=row.username,
+                        email=row.email,
+                        full_name=row.full_name,
+                        tenant=course.tenant,
+                        is_staff=row.role == Role.INSTRUCTOR,
+                    )
+                    user.set_unusable_password()
+                    user.save()
+                if membership_created := user.id not in roles:
+                    Membership.objects.create(user=user, course=course, role=row.role)
+                    if row.role == Role.INSTRUCTOR:
+                        grant_admin_access(user)
+                result.people.append(
+                    ImportedPerson(
+                        line=row.line,
+                        user=user,
+                        role=row.role,
+                        account_created=account_created,
+                        membership_created=membership_created,
+                        password_setup=PasswordSetupToken.for_user(user) if account_created else None,
+                    )
+                )
+            audit_record(
+                actor=actor,
+                action="enrollment.import",
+                target=course,
+                tenant=course.tenant,
+                course=course,
+                data={
+                    "accounts_created": [p.user.username for p in result.people if p.account_created],
+                    "memberships_created": [[p.user.username, p.role] for p in result.people if p.membership_created],
+                    "unchanged": [p.user.username for p in result.people if not p.membership_created],
+                },
+            )
     except IntegrityError as exc:
         # Someone created one of these accounts or memberships between our checks and our writes.
         raise Conflict(
             _("The course or its accounts changed while importing; nothing was imported. Upload the file again.")
         ) from exc
-    return result
-
-
-def _enrollment_write(
-    *, actor: User, course: Course, rows: list[EnrollmentRow], existing: dict[str, User], roles: dict[int, str]
-) -> ImportResult:
-    result = ImportResult(course=course)
-    for row in rows:
-        user = existing.get(row.username)
-        account_created = user is None
-        if user is None:
-            user = User(
-                username=row.username,
-                email=row.email,
-                full_name=row.full_name,
-                tenant=course.tenant,
-                is_staff=row.role == Role.INSTRUCTOR,
-            )
-            user.set_unusable_password()
-            user.save()
-        membership_created = user.id not in roles
-        if membership_created:
-            Membership.objects.create(user=user, course=course, role=row.role)
-            if row.role == Role.INSTRUCTOR:
-                grant_admin_access(user)
-        result.people.append(
-            ImportedPerson(
-                line=row.line,
-                username=user.username,
-                full_name=user.full_name,
-                email=user.email,
-                role=row.role,
-                account_created=account_created,
-                membership_created=membership_created,
-                user=user,
-                password_setup=PasswordSetupToken.for_user(user) if account_created else None,
-            )
-        )
-    audit_record(
-        actor=actor,
-        action="enrollment.import",
-        target=course,
-        tenant=course.tenant,
-        course=course,
-        data={
-            "accounts_created": [p.username for p in result.people if p.account_created],
-            "memberships_created": [[p.username, p.role] for p in result.people if p.membership_created],
-            "unchanged": [p.username for p in result.people if not p.membership_created],
-        },
-    )
     return result

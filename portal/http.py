@@ -1,11 +1,12 @@
-"""The request a view behind a login sees: django-stubs types ``request.user`` as maybe anonymous, this as the
-portal's User (annotate a view's ``request`` with it, or a class-based view's ``request`` attribute)."""
+"""The request's user: the session's comes with its tenant (``TenantModelBackend``), and a view behind a login sees
+the portal's User (``AuthenticatedRequest``, ``request_user``) where django-stubs types it as maybe anonymous."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from django.core.exceptions import PermissionDenied
+from django.contrib.auth.backends import ModelBackend
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest
 
 from portal.models import User
@@ -24,3 +25,14 @@ def request_user(request: HttpRequest | Request) -> User:
     if not isinstance(user, User):
         raise PermissionDenied
     return user
+
+
+class TenantModelBackend(ModelBackend):
+    """Every page needs the person's tenant (its time zone): the session's user brings it in the same query."""
+
+    def get_user(self, user_id):
+        try:
+            user = User._default_manager.select_related("tenant").filter(pk=user_id).first()
+        except (ValueError, TypeError, ValidationError):  # a session whose user id is not one (another user model)
+            return None
+        return user if user is not None and self.user_can_authenticate(user) else None

@@ -3,8 +3,10 @@ process through Redis hashes (process memory without Redis); ``ops.metrics`` exp
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
+from collections import Counter, defaultdict
 
 import redis
 from asgiref.sync import sync_to_async
@@ -16,8 +18,13 @@ logger = logging.getLogger(__name__)
 CLUSTER_API_ERRORS_KEY = "portal:metrics:cluster_api_errors"
 CONSOLE_SESSIONS_KEY = "portal:metrics:console_sessions"
 REQUEST_FAILURES_KEY = "portal:metrics:request_failures"
-# portal.server_errors' two answers, always exported so that each series exists (at 0) before its first failure.
+# portal.views.server_error's two answers, always exported so that each series exists (at 0) before its first failure.
 REQUEST_FAILURE_REASONS = ("portal_busy", "server_error")
+
+
+@functools.cache
+def _redis_client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1, **settings.REDIS_CONNECTION_OPTIONS)
 
 
 class _CounterStore:
@@ -25,55 +32,37 @@ class _CounterStore:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._local: dict[str, dict[str, int]] = {}
-        self._client: redis.Redis | None = None
-        self._client_url: str | None = None
+        self._local: defaultdict[str, Counter[str]] = defaultdict(Counter)
 
-    def _redis(self) -> redis.Redis | None:
-        url = settings.REDIS_URL
-        if not url:
-            return None
-        with self._lock:
-            if self._client is None or self._client_url != url:
-                self._client = redis.Redis.from_url(
-                    url, socket_timeout=1, socket_connect_timeout=1, **settings.REDIS_CONNECTION_OPTIONS
-                )
-                self._client_url = url
-            return self._client
-
-    def incr(self, key: str, field: str, amount: int = 1) -> None:
-        client = self._redis()
-        if client is None:
+    def incr(self, key: str, field: str) -> None:
+        if settings.REDIS_URL:
+            _redis_client(settings.REDIS_URL).hincrby(settings.REDIS_KEY_PREFIX + key, field, 1)
+        else:
             with self._lock:
-                bucket = self._local.setdefault(key, {})
-                bucket[field] = bucket.get(field, 0) + amount
-            return
-        client.hincrby(settings.REDIS_KEY_PREFIX + key, field, amount)
+                self._local[key][field] += 1
 
     def read(self, key: str) -> dict[str, int]:
-        client = self._redis()
-        if client is None:
-            with self._lock:
-                return dict(self._local.get(key, {}))
-        fields = client.hgetall(settings.REDIS_KEY_PREFIX + key).items()
-        return {name.decode() if isinstance(name, bytes) else name: int(value) for name, value in fields}
+        if settings.REDIS_URL:
+            fields = _redis_client(settings.REDIS_URL).hgetall(settings.REDIS_KEY_PREFIX + key)
+            return {name.decode() if isinstance(name, bytes) else name: int(value) for name, value in fields.items()}
+        with self._lock:
+            return dict(self._local[key])
 
     def clear(self, key: str) -> None:
-        client = self._redis()
-        if client is None:
+        if settings.REDIS_URL:
+            _redis_client(settings.REDIS_URL).delete(settings.REDIS_KEY_PREFIX + key)
+        else:
             with self._lock:
                 self._local.pop(key, None)
-            return
-        client.delete(settings.REDIS_KEY_PREFIX + key)
 
 
 counters = _CounterStore()
 
 
-def _count_safely(key: str, field: str, amount: int = 1) -> None:
+def _count_safely(key: str, field: str) -> None:
     # A metrics hiccup must never break the work being counted; it only shows up in the log.
     try:
-        counters.incr(key, field, amount)
+        counters.incr(key, field)
     except redis.RedisError as exc:
         logger.warning("Could not count %s %s: %s", key, field, exc)
 

@@ -74,9 +74,8 @@ NO_MAINT_NOTIFICATIONS = MaintNotificationsConfig(enabled=False)
 
 
 def pool_options(url: str, **options: Any) -> dict[str, Any]:
-    """Keyword arguments for ``redis.asyncio.ConnectionPool`` (or ``BlockingConnectionPool``) reaching ``url``,
-    with ``options`` and the cancellable connection class for the URL's scheme. channels_redis takes the same dict
-    as a host (one without ``address`` is passed to the pool as it is)."""
+    """Keyword arguments for ``redis.asyncio.ConnectionPool`` (or its blocking kind) reaching ``url`` with ``options``
+    and the cancellable connection class of the URL's scheme; channels_redis takes the same dict as a host."""
     parsed = parse_url(url)
     return {
         "maint_notifications_config": NO_MAINT_NOTIFICATIONS,

@@ -12,19 +12,11 @@ from django.utils import translation
 from django.utils.translation import gettext as _
 
 from portal.errors import error_body
-from portal.websocket_language import scope_language
+from portal.websockets import scope_language
 
 
 class BodyTooLarge(Exception):
     """The body read so far is past the bound (a body sent without ``Content-Length``)."""
-
-
-def body_limit(headers: dict[bytes, bytes]) -> int:
-    """Bytes a request with these headers may send: uploads (``multipart/form-data``) get the larger bound."""
-    content_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-    if content_type == b"multipart/form-data":
-        return settings.REQUEST_UPLOAD_MAX_BYTES
-    return settings.REQUEST_BODY_MAX_BYTES
 
 
 async def _refuse(scope, send, limit: int) -> None:
@@ -55,7 +47,7 @@ async def _refuse(scope, send, limit: int) -> None:
 
 
 class RequestBodyLimit:
-    """ASGI middleware: answers 413 to a request whose body is past ``body_limit``, reading no more of it."""
+    """ASGI middleware: answers 413 to a request whose body is past its bound, reading no more of it."""
 
     def __init__(self, app) -> None:
         self.app = app
@@ -64,7 +56,10 @@ class RequestBodyLimit:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers", []))
-        limit = body_limit(headers)
+        # Uploads (multipart/form-data) get the larger bound.
+        content_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        upload = content_type == b"multipart/form-data"
+        limit = settings.REQUEST_UPLOAD_MAX_BYTES if upload else settings.REQUEST_BODY_MAX_BYTES
         declared = headers.get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
             return await _refuse(scope, send, limit)

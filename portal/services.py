@@ -1,5 +1,5 @@
-"""Writes of the core domain: courses, accounts, memberships, time zones, and the audit log (the CSV enrollment
-import is ``portal.enrollment_import``)."""
+"""Writes of the core domain: courses, accounts, memberships, time zones, API tokens (DRF's ``authtoken``) and the
+audit log (the CSV enrollment import is ``portal.enrollment_import``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from django.db import models, transaction
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 from django.utils.translation import gettext as _
+from rest_framework.authtoken.models import Token
 
 from portal.errors import ApplicationError, Conflict
 from portal.models import AuditEvent, Course, Membership, Role, Tenant, User
@@ -136,10 +137,7 @@ def user_create(
         tenant=tenant,
         is_staff=is_staff,
     )
-    if password is None:
-        user.set_unusable_password()
-    else:
-        user.set_password(password)
+    user.set_password(password)  # None: an unusable password
     user.save()
     audit_record(actor=actor, action="user.create", target=user, tenant=tenant, data={"username": user.username})
     return user
@@ -147,8 +145,7 @@ def user_create(
 
 @dataclass(frozen=True)
 class PasswordSetupToken:
-    """What the URL ``password_reset_confirm`` needs; valid until the password is set, or for
-    ``settings.PASSWORD_RESET_TIMEOUT`` seconds."""
+    """What ``password_reset_confirm`` needs; valid until used, or for ``settings.PASSWORD_RESET_TIMEOUT`` seconds."""
 
     uidb64: str
     token: str
@@ -162,3 +159,39 @@ def user_password_setup_token(*, actor: User, user: User) -> PasswordSetupToken:
     """A one-time token with which ``user`` chooses their own password (no password is ever shown or mailed)."""
     audit_record(actor=actor, action="user.password_link", target=user, tenant=user.tenant)
     return PasswordSetupToken.for_user(user)
+
+
+@transaction.atomic
+def api_token_create(*, actor: User, user: User) -> Token:
+    """``user``'s API token, created on first use."""
+    token, created = Token.objects.get_or_create(user=user)
+    if created:
+        # The user is the target: a token's str() is its key, which the audit log must never hold.
+        audit_record(actor=actor, action="api_token.create", target=user, tenant=user.tenant)
+    return token
+
+
+@transaction.atomic
+def api_token_revoke(*, actor: User | None, user: User, reason: str) -> bool:
+    """Delete ``user``'s API token, if there is one; ``reason`` is recorded (owner, password_changed, ...)."""
+    deleted, _per_model = Token.objects.filter(user=user).delete()
+    if deleted:
+        audit_record(actor=actor, action="api_token.revoke", target=user, tenant=user.tenant, data={"reason": reason})
+    return bool(deleted)
+
+
+def revoke_on_credentials_change(
+    sender: type[User], instance: User, raw: bool = False, update_fields: Any = None, **kwargs: Any
+) -> None:
+    """``pre_save`` of users: a new password or a deactivation revokes the API token, whatever saves the user."""
+    if raw or instance.pk is None:
+        return
+    if update_fields is not None and not {"password", "is_active"} & set(update_fields):
+        return  # last_login and the like
+    before = sender.objects.filter(pk=instance.pk).values("password", "is_active").first()
+    if before is None:
+        return
+    if before["password"] != instance.password:
+        api_token_revoke(actor=None, user=instance, reason="password_changed")
+    elif before["is_active"] and not instance.is_active:
+        api_token_revoke(actor=None, user=instance, reason="deactivated")

@@ -22,19 +22,6 @@ def time_zone_names() -> tuple[str, ...]:
     return tuple(sorted(zoneinfo.available_timezones()))
 
 
-def validate_time_zone(value: str) -> None:
-    if not value:
-        return
-    try:
-        zoneinfo.ZoneInfo(value)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        raise ValidationError(
-            _("“%(value)s” is not a time zone. Use an IANA name such as Asia/Tokyo or Europe/Berlin."),
-            code="unknown_time_zone",
-            params={"value": value},
-        ) from None
-
-
 def zone_named(name: str) -> zoneinfo.ZoneInfo | None:
     """The named zone; None for no name, or for one a tzdata update dropped (the tenant's pages must stay up)."""
     if not name:
@@ -43,6 +30,15 @@ def zone_named(name: str) -> zoneinfo.ZoneInfo | None:
         return zoneinfo.ZoneInfo(name)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
         return None
+
+
+def validate_time_zone(value: str) -> None:
+    if value and zone_named(value) is None:
+        raise ValidationError(
+            _("“%(value)s” is not a time zone. Use an IANA name such as Asia/Tokyo or Europe/Berlin."),
+            code="unknown_time_zone",
+            params={"value": value},
+        )
 
 
 def tenant_time_zone(tenant: Any) -> Any:
@@ -56,7 +52,7 @@ def person_time_zone(user: Any, tenant: Any) -> Any:
 
 
 def user_time_zone(user: Any) -> Any:
-    """The zone a person's pages are shown in; the session's user comes with its tenant (``portal.auth_backends``)."""
+    """The zone a person's pages are shown in; the session's user comes with its tenant (``portal.http``)."""
     if not getattr(user, "is_authenticated", False):
         return timezone.get_default_timezone()
     return person_time_zone(user, user.tenant)

@@ -1,21 +1,91 @@
-"""The page where a person picks the time zone their pages use."""
+"""The core domain's pages: a person's time zone, a course's audit log, the favicon, and the 500 handler."""
 
 from __future__ import annotations
 
+import secrets
+import sys
+
 from django.contrib import messages
 from django.contrib.auth.mixins import LoginRequiredMixin
-from django.http import HttpRequest, HttpResponseRedirect
-from django.shortcuts import redirect
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.templatetags.static import static
-from django.urls import reverse
+from django.urls import Resolver404, resolve, reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+from django.views import View
 from django.views.generic import UpdateView
 
+from portal.errors import NotFound, PermissionDenied, database_busy, error_body
 from portal.forms import PersonalTimeZoneForm
 from portal.http import AuthenticatedRequest
+from portal.metrics import record_request_failure
+from portal.selectors import audit_events_for_course, course_get_for_user
 from portal.services import user_time_zone_set
-from portal.timezones import tenant_time_zone
+from portal.timezones import API_NAMESPACE, tenant_time_zone
+
+AUDIT_PAGE_SIZE = 50
+# How the audit log names the actions people take; an action missing here is shown by its code.
+ACTION_LABELS = {
+    "attempt.start": gettext_lazy("started an attempt"),
+    "attempt.stop": gettext_lazy("stopped an attempt"),
+    "attempt.extend": gettext_lazy("extended an attempt"),
+    "grading.run_requested": gettext_lazy("ran the checks"),
+    "grading.override_set": gettext_lazy("overrode a grade"),
+    "grading.override_removed": gettext_lazy("removed a grade override"),
+    "grading.regraded": gettext_lazy("regraded an attempt"),
+    "grading.lab_regrade_queued": gettext_lazy("queued a regrade of a lab"),
+    "grading.lab_regraded": gettext_lazy("regraded a lab"),
+    "console.take_control": gettext_lazy("took control of a console"),
+    "console.release_control": gettext_lazy("released control of a console"),
+    "enrollment.import": gettext_lazy("imported enrolments"),
+    "membership.create": gettext_lazy("added a member"),
+    "membership.role": gettext_lazy("changed a member's role"),
+    "admin.lab.add": gettext_lazy("added a lab"),
+    "admin.lab.checks": gettext_lazy("changed a lab's checks"),
+    "course.create": gettext_lazy("created the course"),
+}
+
+
+class CourseAuditPage(LoginRequiredMixin, View):
+    """Who started, stopped, extended, checked or overrode what in the course, and when; newest first."""
+
+    def get(self, request: AuthenticatedRequest, course_id: int) -> HttpResponse:
+        try:
+            events = audit_events_for_course(user=request.user, course_id=course_id)
+            course = course_get_for_user(user=request.user, course_id=course_id)
+        except NotFound as exc:
+            raise Http404(exc.message) from exc
+        except PermissionDenied as exc:
+            raise DjangoPermissionDenied(exc.message) from exc
+        action = request.GET.get("action", "")[:80]
+        actions = sorted(set(events.values_list("action", flat=True).order_by()))
+        if action:
+            events = events.filter(action=action)
+        page = Paginator(events, AUDIT_PAGE_SIZE).get_page(request.GET.get("page"))
+        rows = [
+            {
+                "event": event,
+                "label": ACTION_LABELS.get(event.action, event.action),
+                "details": sorted((event.data or {}).items()),
+            }
+            for event in page.object_list
+        ]
+        return render(
+            request,
+            "audit/course_audit.html",
+            {
+                "course": course,
+                "page": page,
+                "rows": rows,
+                "action": action,
+                "actions": [(code, ACTION_LABELS.get(code, code)) for code in actions],
+            },
+        )
 
 
 class TimeZoneView(LoginRequiredMixin, UpdateView):
@@ -55,3 +125,54 @@ class TimeZoneView(LoginRequiredMixin, UpdateView):
 def favicon_view(request: HttpRequest) -> HttpResponseRedirect:
     """Browsers ask for /favicon.ico where a page names no icon (a JSON error, a file): send them to the icon."""
     return HttpResponseRedirect(static("img/favicon.svg"))
+
+
+# Seconds a client is asked to wait when the database is busy: short (the pool frees a connection as each request
+# ends), spread so that a refused class does not come back in the same second.
+BUSY_RETRY_AFTER_RANGE = (3, 10)
+
+
+def wants_json(request: HttpRequest) -> bool:
+    """Does the request come from a page's script that reads JSON (``Accept: application/json``)?"""
+    return "application/json" in request.headers.get("Accept", "")
+
+
+def _is_api(request: HttpRequest) -> bool:
+    """A request for the API, whether or not its URL was resolved before it failed (middleware runs first)."""
+    match = request.resolver_match
+    if match is None:
+        try:
+            match = resolve(request.path_info)
+        except Resolver404:
+            return False
+    return API_NAMESPACE in match.namespaces
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """``handler500``: 503 with Retry-After when the database pool stayed exhausted, else 500; in the API's format, as
+    JSON or as a page. It touches neither the database nor the session, and shows nothing of the error's text."""
+    retry_after = None
+    if database_busy(sys.exc_info()[1]):
+        status, code = 503, "portal_busy"
+        message = _("The portal is very busy right now and could not answer. Try again in a few seconds.")
+        low, high = BUSY_RETRY_AFTER_RANGE
+        retry_after = low + secrets.randbelow(high - low + 1)
+    else:
+        status, code = 500, "server_error"
+        message = _(
+            "Something went wrong on the portal's side. Try again; if it keeps happening, tell your instructor."
+        )
+    record_request_failure(reason=code)
+    if _is_api(request):
+        response: HttpResponse = JsonResponse(
+            error_body(code=code, message=message, retry_after=retry_after), status=status
+        )
+    elif wants_json(request):
+        response = JsonResponse({"error": message, "code": code}, status=status)
+    else:
+        response = HttpResponse(
+            render_to_string("server_error.html", {"status": status, "message": message}), status=status
+        )
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response

@@ -12,12 +12,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.serializers import ErrorSerializer, MeSerializer, MeUpdateSerializer, TokenRequestSerializer, TokenSerializer
-from portal.api_tokens import api_token_create, api_token_revoke
 from portal.errors import ApplicationError
 from portal.http import request_user
-from portal.login_throttle import login_failures_forget, login_retry_after, throttled_message
-from portal.ratelimit import RateLimited
-from portal.services import user_time_zone_set
+from portal.ratelimit import RateLimited, login_failures_forget, login_retry_after, throttled_message
+from portal.services import api_token_create, api_token_revoke, user_time_zone_set
 
 
 class MeView(APIView):

@@ -25,7 +25,7 @@ from labs.services.events import attempt_group
 from portal.errors import ApplicationError
 from portal.metrics import aconsole_session_closed, console_session_opened
 from portal.waiting import cancel_and_wait
-from portal.websocket_consumer import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, PortalConsumer
+from portal.websockets import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, PortalConsumer
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ HANDSHAKE_LOCATION_FRESH_SECONDS = 2.0
 
 def console_handshake(*, user, attempt_id: int) -> ConsoleAccess | None:
     """The viewer's access, or None without a logged-in session. ``user`` may be the lazy ``scope["user"]``
-    (portal.websocket_auth): it is resolved here, in sync code."""
+    (portal.websockets): it is resolved here, in sync code."""
     if user is None or not user.is_authenticated:
         return None
     access = console_access(user=user, attempt_id=attempt_id)

@@ -17,8 +17,7 @@ from labs.selectors import attempt_status_payload
 from labs.services.events import attempt_group
 from labs.services.stopping import PRESENCE_STAMP_SECONDS, attempt_seen
 from labs.signals import socket_parts
-from portal.websocket_consumer import NotAuthenticated, PageSocketConsumer
-from portal.websocket_language import scope_language
+from portal.websockets import NotAuthenticated, PageSocketConsumer, scope_language
 
 logger = logging.getLogger(__name__)
 

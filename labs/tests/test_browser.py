@@ -444,7 +444,7 @@ def test_start_is_posted_over_http_and_the_panel_follows_the_attempt_on_its_own_
 
 
 def test_a_start_the_portal_was_too_busy_to_answer_is_tried_again_by_the_page(student_a, lab_a, live_portal, browser):
-    """``portal.server_errors`` answers 503
+    """``portal.views.server_error`` answers 503
     ``portal_busy`` with Retry-After when no database connection came free in time; the lab page waits that out and
     tries again by itself, as for full capacity. The first Start is answered as the portal answers then (its
     handler's own body), the second reaches the portal."""

@@ -56,7 +56,7 @@ def channel_layer_kind(request, settings):
     if request.param == "memory":
         settings.REDIS_URL = None
         settings.CHANNEL_LAYERS = {
-            "default": {"BACKEND": "portal.memory_channel_layer.InMemoryChannelLayer", "CONFIG": {"capacity": 1500}}
+            "default": {"BACKEND": "portal.channel_layer.InMemoryChannelLayer", "CONFIG": {"capacity": 1500}}
         }
     elif not settings.REDIS_URL:
         pytest.fail("The Redis channel layer needs REDIS_URL.")

@@ -21,7 +21,7 @@ from labs.services import attempt_extend, attempt_start_limited, attempt_stop
 from labs.views.pages import lab_start_fragments
 from portal.errors import ApplicationError
 from portal.http import AuthenticatedRequest
-from portal.server_errors import wants_json
+from portal.views import wants_json
 
 
 def refusal(request: HttpRequest, error: ApplicationError, *, fallback_url: str) -> HttpResponse:

@@ -1,4 +1,4 @@
-"""API tokens (``portal.api_tokens``): created and revoked through audited services, and revoked with a password
+"""API tokens (``portal.services``): created and revoked through audited services, and revoked with a password
 change, a password reset and a deactivation, whichever way it is made."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from conftest import PASSWORD
-from portal.api_tokens import api_token_create, api_token_revoke
 from portal.models import AuditEvent
+from portal.services import api_token_create, api_token_revoke
 
 pytestmark = pytest.mark.django_db
 NEW_PASSWORD = "a-brand-new-passphrase-42"

@@ -18,7 +18,7 @@ def compose() -> dict:
 
 
 def settings_source() -> str:
-    return "\n".join(path.read_text() for path in sorted((ROOT / "portal" / "settings").glob("*.py")))
+    return (ROOT / "portal" / "settings.py").read_text()
 
 
 def test_every_variable_compose_gives_the_portal_is_one_the_settings_read():

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from portal import guest_choice as choice_module
-from portal.guest_choice import GuestUnavailable, guest_choice
+from portal import embedded as choice_module
+from portal.embedded import GuestUnavailable, guest_choice
 
 
 def test_a_guest_given_by_the_operator_is_kept(monkeypatch):

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from portal.kubesim_supervision import KubesimSupervisor, served_port
+from portal.embedded import KubesimSupervisor, served_port
 
 
 def child(code: str) -> subprocess.Popen:
@@ -33,7 +33,7 @@ def test_a_child_that_keeps_exiting_stops_the_portal_with_a_clear_message(tmp_pa
         log_path=tmp_path / "kubesim.log",
         max_restarts=2,
     )
-    with caplog.at_level(logging.ERROR, logger="portal.kubesim_supervision"):
+    with caplog.at_level(logging.ERROR, logger="portal.embedded"):
         supervisor.run()
         assert gave_up.wait(20), "the supervisor never gave up"
     assert len(started) == 3  # the first start and two restarts

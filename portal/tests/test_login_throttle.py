@@ -1,4 +1,4 @@
-"""The login throttle (``portal.login_throttle``) on the sign-in page, the admin's and the API's token endpoint:
+"""The login throttle (``portal.ratelimit``) on the sign-in page, the admin's and the API's token endpoint:
 failures delay further tries for that account from that address, more with every failure; the right password from
 another address still goes through, so nobody can lock someone else out; each address keeps its own limit."""
 
@@ -13,7 +13,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from conftest import PASSWORD
-from portal import login_throttle
+from portal import ratelimit as login_throttle
 
 pytestmark = pytest.mark.django_db
 ATTACKER, CLASSROOM = "203.0.113.66", "198.51.100.7"

@@ -1,5 +1,5 @@
 """A prepared statement made stale by a migration (a column's type changed under a running process) is planned
-anew outside a transaction, and fails only its own transaction inside one (portal/prepared.py)."""
+anew outside a transaction, and fails only its own transaction inside one (portal/apps.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from django.conf import settings
 from django.db import NotSupportedError, connection, transaction
 
-from portal.prepared import replan_stale_statements
+from portal.apps import replan_stale_statements
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),  # autocommit, as the portal's reads run

@@ -12,9 +12,9 @@ from psycopg_pool import PoolTimeout
 
 from labs.models import Attempt
 from portal import metrics
-from portal.auth_backends import TenantModelBackend
 from portal.errors import database_busy
-from portal.server_errors import BUSY_RETRY_AFTER_RANGE
+from portal.http import TenantModelBackend
+from portal.views import BUSY_RETRY_AFTER_RANGE
 
 MESSAGE = "couldn't get a connection after 30.00 sec"
 

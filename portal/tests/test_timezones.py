@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from labs.models import Lab
 from labs.services import attempt_start
-from portal.auth_backends import TenantModelBackend
 from portal.errors import ApplicationError, Conflict
 from portal.forms import TenantAdminForm
+from portal.http import TenantModelBackend
 from portal.models import AuditEvent, Tenant
 from portal.services import user_time_zone_set
 from portal.timezones import validate_time_zone

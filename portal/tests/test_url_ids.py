@@ -1,4 +1,4 @@
-"""Ids in URLs (``portal.converters``): a number too large for any id is a 404 on every route that takes one,
+"""Ids in URLs (``portal.apps.IdConverter``): a number too large for any id is a 404 on every route that takes one,
 pages, API and WebSockets alike, never a server error (SQLite raised OverflowError for it)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.converters import IntConverter
 
-from portal.converters import IdConverter
+from portal.apps import IdConverter
 
 pytestmark = pytest.mark.django_db
 

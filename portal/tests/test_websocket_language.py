@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
-from portal.websocket_language import scope_language
+from portal.websockets import scope_language
 
 
 def scope(*, accept: bytes | None = None, cookie_language: str | None = None) -> dict:

@@ -1,4 +1,4 @@
-"""What the WebSocket gate refuses (``portal.websocket_gate``): another origin, no origin, a path the portal does not
+"""What the WebSocket gate refuses (``portal.websockets``): another origin, no origin, a path the portal does not
 serve. Each is refused at the handshake, and the refused connection's application ends with it, without an error:
 one that waited on the channel layer outlived its connection by seconds, holding a Redis connection."""
 

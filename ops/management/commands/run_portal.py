@@ -1,6 +1,6 @@
 """``manage.py run_portal``: the whole portal from one command. In the embedded default it also supervises kubesim
 and runs the Celery worker and beat in-process; with ``REDIS_URL`` or a cluster configured those are separate.
-A SIGTERM ends it within ``--shutdown-grace`` seconds (``portal.shutdown``)."""
+A SIGTERM ends it within ``--shutdown-grace`` seconds (``portal.embedded``)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from portal.guest_choice import GuestUnavailable, guest_choice
-from portal.kubesim_supervision import KubesimSupervisor
-from portal.shutdown import BoundedShutdown
+from portal.embedded import BoundedShutdown, GuestUnavailable, KubesimSupervisor, guest_choice
 
 
 def start_kubesim(*, kubeconfig: Path, log_path: Path, extra_args: list[str]) -> subprocess.Popen:
