@@ -11,9 +11,9 @@ from django.db import transaction
 from django.utils.translation import gettext as _
 
 from labs.access import attempt_get_for_user
-from labs.console.stage import console_stage
 from labs.console.upstream import ConsoleLocation
 from labs.models import Attempt
+from labs.selectors import console_stage
 from portal.errors import NotFound
 from portal.metrics import console_session_opened
 from portal.models import STAFF_ROLES, Course, User

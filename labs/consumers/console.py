@@ -15,11 +15,11 @@ from django.conf import settings
 
 from labs.console.access import ConsoleAccess, console_access, console_location
 from labs.console.flow import InputRateLimiter, OutputWindow
-from labs.console.stage import console_stage
 from labs.console.state import ScrollbackSnapshot, console_state
 from labs.console.upstream import ConsoleLocation, UpstreamState
 from labs.consumers.console_holder import ConsoleHolder
 from labs.consumers.console_keyboard import ConsoleKeyboard
+from labs.selectors import console_stage
 from labs.services.events import attempt_group
 from portal.errors import ApplicationError
 from portal.metrics import aconsole_session_closed

@@ -1,9 +1,8 @@
 """Lab templates, their checks, attempts (one KubeVirt VM each) with their lifecycle state, tenant namespaces and
 warm pools."""
 
-from labs.models.attempts import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState
+from labs.models.attempts import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, TenantNamespace
 from labs.models.labs import IDLE_STOP_MIN_MINUTES, Check, GradePolicy, Lab, StdoutMatch, extra_cloud_init_problem
-from labs.models.namespaces import TenantNamespace
 
 # Last: the pool models import Lab and Attempt from this package.
 from labs.pool_models import LabPool, PoolMode, PoolVm, PoolVmState
