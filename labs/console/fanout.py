@@ -125,8 +125,6 @@ class OutputFanout:
                 self.urgent.clear()
             try:
                 await self._publish(data)
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 logger.exception("Console %s: output could not be shared with other viewers", self.attempt_id)
             self.done_count += chunks

@@ -81,8 +81,6 @@ class ConsoleHolder(ConsolePart):
                     await self._send_json({"type": "notice", "code": "too_slow"})
                     await self.close(code=CLOSE_TOO_SLOW)
                     return
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 # Redis briefly unreachable, say: keep trying rather than leaving the viewer without a holder.
                 logger.exception("Console %s: lease handling failed; retrying", self.attempt_id)
@@ -141,8 +139,6 @@ class ConsoleHolder(ConsolePart):
         assert self.upstream is not None  # set before this task starts
         try:
             await self.upstream.run()
-        except asyncio.CancelledError:
-            raise
         except Exception:
             # The ownership loop sees the finished task and hands the lease over, so a holder starts afresh.
             logger.exception("Console %s: upstream bridge failed", self.attempt_id)
