@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 
 from channels.db import database_sync_to_async
 from django.utils import translation
@@ -16,35 +15,29 @@ from labs.models import ACTIVE_STATES
 from labs.selectors import attempt_status_payload
 from labs.services.events import attempt_group
 from labs.services.presence import PRESENCE_STAMP_SECONDS, attempt_seen
-from labs.signals import socket_parts
+from labs.signals import attempt_socket_opened
 from portal.websocket_consumer import NotAuthenticated, PageSocketConsumer
 from portal.websocket_language import scope_language
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Handshake:
-    messages: list[dict]
-    # The student's own page on a lab that stops attempts nobody has open: the socket stamps the attempt as seen.
-    stamps_presence: bool = False
-
-
-def attempt_events_handshake(*, user, attempt_id: int, language: str) -> Handshake:
-    """The handshake's one database call: the session's user (the lazy ``scope["user"]``), access and the first
-    messages in ``language``. Raises ``NotAuthenticated`` or ``NotFound``."""
+def attempt_events_handshake(*, user, attempt_id: int, language: str) -> tuple[list[dict], bool]:
+    """The handshake's one database call: the session's user (the lazy ``scope["user"]``), access, the first messages
+    in ``language`` and whether the socket stamps the attempt as seen. Raises ``NotAuthenticated`` or ``NotFound``."""
     if user is None or not user.is_authenticated:
         raise NotAuthenticated
     with translation.override(language):
         attempt = attempt_get_for_user(user=user, attempt_id=attempt_id, related=False, with_idle_stop=True)
         idle_stop = attempt.lab_idle_stop_minutes  # type: ignore[attr-defined]  # annotated by with_idle_stop
+        # The student's own page on a lab that stops attempts nobody has open.
         stamps = bool(attempt.student_id == user.pk and attempt.state in ACTIVE_STATES and idle_stop)
         if stamps:
             attempt_seen(attempt_id=attempt.id)
         messages: list[dict] = [{"type": "attempt.update", "attempt": attempt_status_payload(attempt)}]
-        for part in socket_parts:  # given the attempt just checked above, so scoped like it
-            messages.extend(part(attempt))
-    return Handshake(messages=messages, stamps_presence=stamps)
+        for _receiver, part in attempt_socket_opened.send(sender=None, attempt=attempt):
+            messages.extend(part)
+    return messages, stamps
 
 
 # Not thread-sensitive: channels' default would run every handshake of the process on one shared thread, one after
@@ -68,9 +61,10 @@ class AttemptEventsConsumer(PageSocketConsumer):
         if handshake is None:
             return
         self.attempt_id = attempt_id
-        for message in handshake.messages:
+        messages, stamps_presence = handshake
+        for message in messages:
             await self.send_json(message)
-        if handshake.stamps_presence:
+        if stamps_presence:
             self.presence = asyncio.ensure_future(self._stamp_presence())
 
     async def _stamp_presence(self) -> None:
