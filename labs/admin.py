@@ -23,7 +23,6 @@ from portal.services import audit_record
 class CheckInline(CourseScopedInlineMixin, admin.StackedInline):
     model = Check
     extra = 0
-    ordering = ("order", "id")
     fields = (
         ("order", "title", "points", "timeout_s"),
         "command",
@@ -143,7 +142,6 @@ class AttemptAdmin(AttemptLifecycleAdminMixin, CourseScopedAdminMixin, admin.Mod
     )
     list_select_related = ("student", "lab__course")
     search_fields = ("student__username", "student__full_name", "vm_name")
-    ordering = ("-requested_at", "-id")
     # Never the agent token: it is the guest's secret.
     fieldsets = (
         (
