@@ -52,15 +52,14 @@ class AttemptEventsConsumer(PageSocketConsumer):
     presence: asyncio.Task | None = None
 
     async def connect(self) -> None:
-        attempt_id = int(self.scope["url_route"]["kwargs"]["attempt_id"])
+        self.attempt_id = int(self.scope["url_route"]["kwargs"]["attempt_id"])
         self.language = scope_language(self.scope)
         handshake = await self.join_and_accept(
-            attempt_group(attempt_id),
-            lambda: _handshake(user=self.scope.get("user"), attempt_id=attempt_id, language=self.language),
+            attempt_group(self.attempt_id),
+            lambda: _handshake(user=self.scope.get("user"), attempt_id=self.attempt_id, language=self.language),
         )
         if handshake is None:
             return
-        self.attempt_id = attempt_id
         messages, stamps_presence = handshake
         for message in messages:
             await self.send_json(message)
