@@ -102,17 +102,10 @@ class RecordingWriter:
             recorder.written(size, error)
 
 
+# Each event loop's writers, by flush interval.
 _writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, RecordingWriter]] = (
     weakref.WeakKeyDictionary()
 )
-
-
-def recording_writer(*, interval: float) -> RecordingWriter:
-    """The running loop's writer for recordings flushed every ``interval`` seconds."""
-    writers = _writers.setdefault(asyncio.get_running_loop(), {})
-    if interval not in writers:
-        writers[interval] = RecordingWriter(interval=interval)
-    return writers[interval]
 
 
 class AsciicastRecorder:
@@ -143,7 +136,8 @@ class AsciicastRecorder:
             self.failed = True
             return
         self.truncated = self.size >= self.max_bytes
-        self.writer = recording_writer(interval=self.flush_seconds)
+        writers = _writers.setdefault(asyncio.get_running_loop(), {})
+        self.writer = writers.setdefault(self.flush_seconds, RecordingWriter(interval=self.flush_seconds))
         self.writer.add(self)
 
     def _event(self, kind: str, text: str) -> None:
