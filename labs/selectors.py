@@ -127,6 +127,8 @@ def tenants_for_capacity_view(*, user: User) -> QuerySet[Tenant]:
     """Tenants whose capacity the user may see: all for superusers, their own for instructors."""
     if user.is_superuser:
         return Tenant.objects.all()
+    if not user.is_authenticated or not user.tenant_id:
+        return Tenant.objects.none()
     if not courses_for_user(user=user, roles=(Role.INSTRUCTOR,)).exists():
         return Tenant.objects.none()
     return Tenant.objects.filter(id=user.tenant_id)
