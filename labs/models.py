@@ -270,10 +270,10 @@ class Attempt(models.Model):
         """What the cluster is waiting for, in the active language when it was written in it."""
         return in_language(self.status_message_texts, self.status_message)
 
-    def time_left(self, now=None) -> timedelta | None:
+    def time_left(self) -> timedelta | None:
         if not self.expires_at:
             return None
-        return max(self.expires_at - (now or timezone.now()), timedelta(0))
+        return max(self.expires_at - timezone.now(), timedelta(0))
 
 
 class TenantNamespace(models.Model):

@@ -38,6 +38,7 @@ def _strings_in(language: str | None) -> dict[str, object]:
         "failed": _("The lab could not start: %(reason)s"),
         "time_left": _("Time left: %(time)s"),
         "expired": _("Time is up."),
+        "extensions_left": _("Extensions left: %(count)s"),
         "ended": _("This attempt has ended."),
         # Beside the state in the attempt's history row, as the lab page draws it (labs/_attempt_history_row.html).
         "stop_reasons": {"left": _("no page had it open")},
