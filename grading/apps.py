@@ -10,10 +10,10 @@ class GradingConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from labs.signals import attempt_final_grading, socket_part_register
+        from labs.signals import attempt_final_grading, attempt_socket_opened
 
         attempt_final_grading.connect(grade_before_teardown, dispatch_uid="grading.final")
-        socket_part_register(latest_run_message)
+        attempt_socket_opened.connect(latest_run_message, dispatch_uid="grading.latest_run")
 
 
 def grade_before_teardown(sender, *, attempt, trigger: str, **kwargs) -> None:
@@ -22,7 +22,7 @@ def grade_before_teardown(sender, *, attempt, trigger: str, **kwargs) -> None:
     grading_run_final(attempt=attempt, trigger=trigger)
 
 
-def latest_run_message(attempt) -> list[dict]:
+def latest_run_message(sender, *, attempt, **kwargs) -> list[dict]:
     """The attempt's latest run for its newly opened events socket (none before its agent answered)."""
     from grading.selectors import grading_run_payload
 

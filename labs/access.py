@@ -3,7 +3,9 @@ the tenant boundary, decided here only. A missing row and a forbidden one raise 
 
 from __future__ import annotations
 
-from django.db.models import F, Q, QuerySet
+from typing import TypeVar
+
+from django.db.models import F, Model, Q, QuerySet
 from django.utils.translation import gettext as _
 
 from labs.models import ACTIVE_STATES, Attempt, Lab
@@ -11,7 +13,15 @@ from portal.errors import NotFound
 from portal.models import Role, User
 from portal.selectors import courses_for_user, staff_courses_for_user
 
-# ---- labs ----------------------------------------------------------------------------------------------------
+M = TypeVar("M", bound=Model)
+
+
+def _first(rows: QuerySet[M], message: str) -> M:
+    """The first of ``rows``, or the ``NotFound`` that a missing row and a forbidden one share."""
+    row = rows.first()
+    if row is None:
+        raise NotFound(message)
+    return row
 
 
 def labs_visible_to(*, user: User) -> QuerySet[Lab]:
@@ -20,10 +30,7 @@ def labs_visible_to(*, user: User) -> QuerySet[Lab]:
 
 
 def lab_get_for_user(*, user: User, lab_id: int) -> Lab:
-    lab = labs_visible_to(user=user).filter(id=lab_id).first()
-    if lab is None:
-        raise NotFound(_("Lab not found."))
-    return lab
+    return _first(labs_visible_to(user=user).filter(id=lab_id), _("Lab not found."))
 
 
 def labs_for_staff(*, user: User) -> QuerySet[Lab]:
@@ -32,27 +39,18 @@ def labs_for_staff(*, user: User) -> QuerySet[Lab]:
 
 
 def lab_get_for_staff(*, user: User, lab_id: int) -> Lab:
-    lab = labs_for_staff(user=user).filter(id=lab_id).select_related("course__tenant").first()
-    if lab is None:
-        raise NotFound(_("Lab not found."))
-    return lab
+    return _first(labs_for_staff(user=user).filter(id=lab_id).select_related("course__tenant"), _("Lab not found."))
 
 
 def lab_get_for_student(*, user: User, lab_id: int) -> Lab:
     """A lab of a course the user takes as a student (any lab for a superuser), with its warm pool for a Start."""
     labs = Lab.objects.filter(course__in=courses_for_user(user=user, roles=(Role.STUDENT,)))
-    lab = labs.filter(id=lab_id).select_related("course__tenant", "pool").order_by().first()
-    if lab is None:
-        raise NotFound(_("Lab not found."))
-    return lab
+    return _first(labs.filter(id=lab_id).select_related("course__tenant", "pool").order_by(), _("Lab not found."))
 
 
 def student_role_shown(*, user: User) -> str | None:
     """The role ``lab_get_for_student`` implies: a student's, or None for a superuser (read it from the course)."""
     return None if user.is_superuser else Role.STUDENT
-
-
-# ---- attempts ------------------------------------------------------------------------------------------------
 
 
 def attempts_visible_to(*, user: User) -> QuerySet[Attempt]:
@@ -86,25 +84,16 @@ def attempt_get_for_user(*, user: User, attempt_id: int, related: bool = True, w
     if user.is_authenticated and not user.is_superuser and user.tenant_id is not None:
         own = Attempt.objects.filter(student_id=user.pk, tenant_id=user.tenant_id)
         attempt = _attempt_rows(own, attempt_id=attempt_id, related=related, with_idle_stop=with_idle_stop).first()
-    if attempt is None:
-        attempt = _attempt_rows(
-            attempts_visible_to(user=user), attempt_id=attempt_id, related=related, with_idle_stop=with_idle_stop
-        ).first()
-    if attempt is None:
-        raise NotFound(_("Attempt not found."))
-    return attempt
+    visible = _attempt_rows(
+        attempts_visible_to(user=user), attempt_id=attempt_id, related=related, with_idle_stop=with_idle_stop
+    )
+    return attempt or _first(visible, _("Attempt not found."))
 
 
 def attempt_get_for_staff(*, user: User, attempt_id: int) -> Attempt:
     """An attempt in a course the user teaches (the TA pages; not the student's own)."""
-    attempt = (
-        Attempt.objects.filter(id=attempt_id, lab__course__in=staff_courses_for_user(user=user))
-        .select_related("lab__course__tenant", "student")
-        .first()
-    )
-    if attempt is None:
-        raise NotFound(_("Attempt not found."))
-    return attempt
+    attempts = Attempt.objects.filter(id=attempt_id, lab__course__in=staff_courses_for_user(user=user))
+    return _first(attempts.select_related("lab__course__tenant", "student"), _("Attempt not found."))
 
 
 def attempts_for_student(*, user: User, lab: Lab | None = None) -> QuerySet[Attempt]:

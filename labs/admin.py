@@ -3,8 +3,6 @@ Scoping by course role comes from ``portal.admin_scoping``; stop, extend and cap
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypedDict
-
 from django import forms
 from django.contrib import admin, messages
 from django.db import models
@@ -21,18 +19,10 @@ from portal.forms import LabelledSplitDateTime
 from portal.http import request_user
 from portal.services import audit_record
 
-if TYPE_CHECKING:
-    from django_stubs_ext import WithAnnotations
-
-
-class _CheckCount(TypedDict):
-    num_checks: int
-
 
 class CheckInline(CourseScopedInlineMixin, admin.StackedInline):
     model = Check
     extra = 0
-    ordering = ("order", "id")
     fields = (
         ("order", "title", "points", "timeout_s"),
         "command",
@@ -95,8 +85,8 @@ class LabAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
         return super().get_queryset(request).annotate(num_checks=Count("checks"))
 
     @admin.display(description=_("checks"), ordering="num_checks")
-    def check_count(self, lab: WithAnnotations[Lab, _CheckCount]) -> int:
-        return lab.num_checks
+    def check_count(self, lab: Lab) -> int:
+        return lab.num_checks  # type: ignore[attr-defined]  # annotated by get_queryset
 
     def audit_scope(self, obj: Lab) -> dict:
         return {"tenant": obj.course.tenant, "course": obj.course}
@@ -134,7 +124,7 @@ class AttemptAdmin(AttemptLifecycleAdminMixin, CourseScopedAdminMixin, admin.Mod
         "id",
         "student",
         "lab",
-        "course",
+        "lab__course",
         "number",
         "state",
         "phase",
@@ -152,7 +142,6 @@ class AttemptAdmin(AttemptLifecycleAdminMixin, CourseScopedAdminMixin, admin.Mod
     )
     list_select_related = ("student", "lab__course")
     search_fields = ("student__username", "student__full_name", "vm_name")
-    ordering = ("-requested_at", "-id")
     # Never the agent token: it is the guest's secret.
     fieldsets = (
         (
@@ -190,10 +179,6 @@ class AttemptAdmin(AttemptLifecycleAdminMixin, CourseScopedAdminMixin, admin.Mod
             {"fields": (*PHASE_FIELDS, "expires_at", "extensions", "updated_at")},
         ),
     )
-
-    @admin.display(description=_("course"), ordering="lab__course__code")
-    def course(self, attempt: Attempt):
-        return attempt.lab.course
 
     @admin.display(description=_("failure reason"))
     def failure_reason_shown(self, attempt: Attempt) -> str:

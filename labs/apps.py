@@ -7,7 +7,6 @@ from django.utils.translation import gettext_lazy as _
 class LabsConfig(AppConfig):
     name = "labs"
     verbose_name = _("Labs")
-    default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
         from labs import checks  # noqa: F401  (registers the cluster preflight as a deploy check)

@@ -11,8 +11,7 @@ from django.conf import settings
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
-from labs.console.stage import console_stage
-from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab
+from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, Lab
 from labs.sizes import namespace_cpu_millicores
 from portal.models import Role, Tenant, User
 from portal.selectors import courses_for_user
@@ -45,6 +44,16 @@ def attempt_can_extend(attempt: Attempt) -> bool:
     )
 
 
+def console_stage(*, state: str, phase: str) -> str:
+    """Where an attempt's console stands, decided the same way by the bridge (whether to dial) and the page (whether
+    to open the socket): ``ended``, ``ready`` (the VMI runs) or ``waiting`` (no VM yet, or one still scheduling)."""
+    if state == AttemptState.STOPPING or state in FINAL_STATES:
+        return "ended"
+    if state == AttemptState.RUNNING or (state == AttemptState.STARTING and phase == "Running"):
+        return "ready"
+    return "waiting"
+
+
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
@@ -70,7 +79,7 @@ def attempt_status_payload(attempt: Attempt, *, now: datetime | None = None) -> 
         "can_extend": attempt_can_extend(attempt),
         "timestamps": {field.removesuffix("_at"): _iso(getattr(attempt, field)) for field in PHASE_FIELDS},
         "slow_start": slow_start,
-        # Whether the page should open the console socket yet (labs.console.stage): waiting, ready or ended.
+        # Whether the page should open the console socket yet: waiting, ready or ended.
         "console": console_stage(state=attempt.state, phase=attempt.phase),
         # Why it was stopped, once stopping: student, staff, expired, or left (no page had it open).
         "stop_reason": attempt.stop_reason,

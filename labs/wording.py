@@ -53,11 +53,8 @@ def cluster_notice(*, state: str | None) -> str | None:
     return _("The cluster is not answering; your lab may be slow to start.")
 
 
-# ---- why a VM's launcher pod was not made (labs.kubevirt.status) ---------------------------------------------
-
-
 def pod_refused(said: str) -> str:
-    """The cluster refused the VM's pod for good (e.g. the namespace's Pod Security level)."""
+    """The cluster refused the VM's pod for good (labs.kubevirt.status)."""
     if "PodSecurity" in said:
         words = _(
             "The cluster refused to start this VM: the course's namespace enforces a Pod Security level that "
@@ -70,7 +67,6 @@ def pod_refused(said: str) -> str:
 
 
 def pod_waiting(said: str) -> str:
-    """The VM's pod waits for room in the course's quota (another VM of the course is still going away)."""
     return with_cluster_words(
         _("The course's cluster quota is full for now; the VM starts as soon as another VM of the course has stopped."),
         said,
@@ -78,7 +74,6 @@ def pod_waiting(said: str) -> str:
 
 
 def node_drained(said: str) -> str:
-    """The VM ran on a node an operator drained (maintenance): it was shut down and started afresh elsewhere."""
     return with_cluster_words(
         _(
             "The node your lab ran on was drained for maintenance, so its VM was shut down and the work in it is "
@@ -89,7 +84,6 @@ def node_drained(said: str) -> str:
 
 
 def course_not_ready(said: str) -> str:
-    """The cluster refuses the portal in the course's namespace: a cluster admin has not set it up yet."""
     return with_cluster_words(
         _(
             "This course is not ready yet: the cluster has not been set up for it. Tell your instructor (an operator "

@@ -16,9 +16,8 @@ logger = logging.getLogger(__name__)
 
 BATCH_BYTES = 256 * 1024
 MAX_PENDING_BYTES = 2 * 1024 * 1024
-# Alone, the holder lets small output (keystroke echoes) gather this long before appending it to the scrollback:
-# one append per second of typing instead of one per key. Anyone who needs the scrollback current (a newcomer's
-# sync, a redraw) flushes first, which ends the wait.
+# Alone, the holder lets small output (keystroke echoes) gather this long before appending it to the scrollback;
+# whoever needs the scrollback current (a newcomer's sync, a redraw) flushes first, which ends the wait.
 ALONE_LINGER_SECONDS = 1.0
 
 
@@ -36,7 +35,7 @@ class OutputFanout:
     ) -> None:
         self.attempt_id = attempt_id
         self.state = state
-        # Whether anybody else watches, and as of when (time.monotonic()); see observe_others.
+        # Whether anybody else watches, and as of when (time.monotonic()).
         self.others = others
         self.others_as_of = time.monotonic()
         self.channel_layer = channel_layer
@@ -59,7 +58,6 @@ class OutputFanout:
         self.task = asyncio.create_task(self._run(), name=f"console-{attempt_id}-fanout")
 
     def claim(self, size: int) -> int:
-        """The offset just past the next ``size`` bytes of output."""
         self.end += size
         return self.end
 
@@ -102,8 +100,7 @@ class OutputFanout:
     async def _publish(self, data: bytes) -> None:
         end = await self.state.scrollback_append(attempt_id=self.attempt_id, data=data)
         if end != self.published_end + len(data):
-            # Someone else appended too (a holder that lost its lease without noticing): viewers resynchronise
-            # from the scrollback when they see the gap.
+            # Someone else appended too (a holder that lost its lease unawares): viewers resynchronise on the gap.
             logger.warning(
                 "Console %s: scrollback offset %s, expected %s", self.attempt_id, end, self.published_end + len(data)
             )
@@ -128,16 +125,13 @@ class OutputFanout:
                 self.urgent.clear()
             try:
                 await self._publish(data)
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 logger.exception("Console %s: output could not be shared with other viewers", self.attempt_id)
             self.done_count += chunks
             self.progress.set()
 
     async def flush(self) -> None:
-        """Return once everything put so far is in the scrollback (and published); output put meanwhile is
-        not waited for, so this ends even while a program floods the console."""
+        """Return once everything put so far is in the scrollback (and published), not waiting for later output."""
         target = self.put_count
         if self.done_count < target:
             self.urgent.set()

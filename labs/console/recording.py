@@ -17,11 +17,9 @@ from django.conf import settings
 logger = logging.getLogger(__name__)
 
 ASCIICAST_CONTENT_TYPE = "application/x-asciicast"
-# Output waiting for the periodic flush is written at once past this size: a serial console can produce tens of
-# megabytes a second, which must not pile up in memory between two flushes.
+# Output waiting for the periodic flush is written at once past this size (a console can flood megabytes a second).
 FLUSH_AT_BYTES = 256 * 1024
-# Should the disk fall behind even so, output past this backlog is left out of the recording (with a marker)
-# rather than held in memory.
+# Should the disk fall behind even so, output past this backlog is left out (with a marker), not held in memory.
 MAX_PENDING_BYTES = 4 * 1024 * 1024
 
 
@@ -104,17 +102,10 @@ class RecordingWriter:
             recorder.written(size, error)
 
 
+# Each event loop's writers, by flush interval.
 _writers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, RecordingWriter]] = (
     weakref.WeakKeyDictionary()
 )
-
-
-def recording_writer(*, interval: float) -> RecordingWriter:
-    """The running loop's writer for recordings flushed every ``interval`` seconds."""
-    writers = _writers.setdefault(asyncio.get_running_loop(), {})
-    if interval not in writers:
-        writers[interval] = RecordingWriter(interval=interval)
-    return writers[interval]
 
 
 class AsciicastRecorder:
@@ -145,7 +136,8 @@ class AsciicastRecorder:
             self.failed = True
             return
         self.truncated = self.size >= self.max_bytes
-        self.writer = recording_writer(interval=self.flush_seconds)
+        writers = _writers.setdefault(asyncio.get_running_loop(), {})
+        self.writer = writers.setdefault(self.flush_seconds, RecordingWriter(interval=self.flush_seconds))
         self.writer.add(self)
 
     def _event(self, kind: str, text: str) -> None:
@@ -176,7 +168,6 @@ class AsciicastRecorder:
         self._event("r", f"{cols}x{rows}")
 
     def take_pending(self) -> tuple[str, int]:
-        """What is waiting to be written, handed to the writer (which reports back through ``written``)."""
         text, size = "".join(self.pending), self.pending_bytes
         self.pending, self.pending_bytes = [], 0
         return text, size
@@ -192,7 +183,6 @@ class AsciicastRecorder:
             self._event("m", f"recording skipped {skipped} characters of output (the disk fell behind)")
 
     async def flush(self) -> None:
-        """Write what is pending now, without waiting for the next interval."""
         if self.writer is not None:
             await self.writer.write([self])
 

@@ -14,16 +14,14 @@ from django.conf import settings
 
 from portal.redis_async import pool_options
 
-# Past CONSOLE_REDIS_MAX_CONNECTIONS a command waits for a free connection (up to this long) instead of failing,
-# which redis-py's default pool does at once from its 101st simultaneous command.
+# Past CONSOLE_REDIS_MAX_CONNECTIONS a command waits this long for a connection instead of failing at once.
 CONNECTION_WAIT_SECONDS = 10.0
 VIEWER_TTL_SECONDS = 10.0
 # Scrollback and size expire a day after they were last written: long enough for a student to come back.
 EXPIRY_SECONDS = 24 * 3600
 DEFAULT_SIZE = (80, 24)  # (cols, rows): kubesim's pty; a serial port nobody sized reads as 80x24 to programs
 
-# Already ours (1, renewed), free (2, taken) or somebody else's (0). Already ours also covers an acquire whose answer
-# was lost on the way (a cancelled or failed call), which is then repeated.
+# Already ours (1, renewed; also an acquire whose answer was lost, repeated), free (2, taken) or somebody else's (0).
 _ACQUIRE = """
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
@@ -59,7 +57,6 @@ _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, redis_asyncio.Red
 
 
 def console_key(kind: str, attempt_id: int) -> str:
-    """The Redis key of one attempt's console ``kind`` (lease, viewers, control, size, scrollback, offset)."""
     return f"{settings.REDIS_KEY_PREFIX}portal:console:{kind}:{attempt_id}"
 
 
@@ -70,8 +67,7 @@ def shared_redis() -> redis_asyncio.Redis | None:
     loop = asyncio.get_running_loop()
     client = _clients.get(loop)
     if client is None:
-        # Cancellable connections (portal.redis_async): a console's tasks are cancelled mid-command when its tab
-        # closes.
+        # Cancellable connections (portal.redis_async): a closing tab cancels its tasks mid-command.
         pool = redis_asyncio.BlockingConnectionPool(
             **pool_options(
                 settings.REDIS_URL,

@@ -18,8 +18,7 @@ from portal.waiting import cancel_and_wait, wait_event
 logger = logging.getLogger(__name__)
 
 CONSOLE_SUBPROTOCOL = "plain.kubevirt.io"
-# Frames queued between the socket reader and the fan-out; beyond it the reader waits, and TCP pushes back
-# on the API server instead of this process buffering.
+# Frames queued between the socket reader and the fan-out; beyond it TCP pushes back on the API server.
 READ_QUEUE_FRAMES = 64
 # Output read in one go is fanned out as one chunk up to this size: fewer, larger messages under load.
 BATCH_BYTES = 64 * 1024
@@ -86,8 +85,7 @@ class ConsoleUpstream:
         timeout = aiohttp.ClientWSTimeout(ws_close=2.0)
         async with aiohttp.ClientSession() as session:
             while True:
-                # Cleared before the lookup, not after it: an update that lands while it runs still wakes the
-                # wait below.
+                # Cleared before the lookup: an update that lands while it runs still wakes the wait below.
                 self.attempt_changed.clear()
                 location = await self.locate()
                 if location.ended:

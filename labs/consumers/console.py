@@ -4,6 +4,7 @@ attempt holding the upstream (docs/console.md)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 
@@ -14,36 +15,24 @@ from django.conf import settings
 
 from labs.console.access import ConsoleAccess, console_access, console_location
 from labs.console.flow import InputRateLimiter, OutputWindow
-from labs.console.stage import console_stage
-from labs.console.state import console_state
+from labs.console.state import ScrollbackSnapshot, console_state
 from labs.console.upstream import ConsoleLocation, UpstreamState
-from labs.consumers.console_control import ConsoleControl
 from labs.consumers.console_holder import ConsoleHolder
-from labs.consumers.console_size import ConsoleSizing
-from labs.consumers.console_stream import ConsoleStream
+from labs.consumers.console_keyboard import ConsoleKeyboard
+from labs.selectors import console_stage
 from labs.services.events import attempt_group
 from portal.errors import ApplicationError
-from portal.metrics import aconsole_session_closed, console_session_opened
+from portal.metrics import aconsole_session_closed
 from portal.waiting import cancel_and_wait
 from portal.websockets import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, PortalConsumer
 
 logger = logging.getLogger(__name__)
 
+_console_access = database_sync_to_async(console_access, thread_sensitive=False)
 _console_location = database_sync_to_async(console_location, thread_sensitive=False)
 
-# The handshake's console location stands in for the first dial's lookup only if that dial follows this closely
-# (a viewer that takes over from a holder later looks the attempt up again).
+# The handshake's console location stands in for the first dial's lookup only if that dial follows this closely.
 HANDSHAKE_LOCATION_FRESH_SECONDS = 2.0
-
-
-def console_handshake(*, user, attempt_id: int) -> ConsoleAccess | None:
-    """The viewer's access, or None without a logged-in session. ``user`` may be the lazy ``scope["user"]``
-    (portal.websockets): it is resolved here, in sync code."""
-    if user is None or not user.is_authenticated:
-        return None
-    access = console_access(user=user, attempt_id=attempt_id)
-    console_session_opened()  # counted here, in the handshake's thread call, rather than in one more of its own
-    return access
 
 
 def console_group(attempt_id: int) -> str:
@@ -56,7 +45,7 @@ def console_input_group(attempt_id: int) -> str:
 
 # PortalConsumer's send is AsyncConsumer's (one message), which the WebSocket send calls through the MRO.
 class AttemptConsoleConsumer(  # type: ignore[misc]
-    ConsoleHolder, ConsoleStream, ConsoleSizing, ConsoleControl, AsyncWebsocketConsumer, PortalConsumer
+    ConsoleHolder, ConsoleKeyboard, AsyncWebsocketConsumer, PortalConsumer
 ):
     # None until the handshake grants access; the parts (ConsolePart) run only after it.
     access: ConsoleAccess | None = None  # type: ignore[assignment]
@@ -75,11 +64,8 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
         self.attempt_id = int(self.scope["url_route"]["kwargs"]["attempt_id"])
         self.user = self.scope.get("user")
         try:
-            # One thread-pool call resolves the session's user and decides access; not thread-sensitive, so
-            # handshakes do not queue one after another on the process's single thread for such code.
-            access = await database_sync_to_async(console_handshake, thread_sensitive=False)(
-                user=self.user, attempt_id=self.attempt_id
-            )
+            # Not thread-sensitive, so handshakes do not queue on the process's one thread for such code.
+            access = await _console_access(user=self.user, attempt_id=self.attempt_id)
         except ApplicationError:
             await self.close(code=CLOSE_NOT_FOUND)
             return
@@ -88,7 +74,7 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
             return
         self.access = access
         self.handshake_location = (access.location, time.monotonic())
-        self.can_write = access.can_type
+        self.can_write = access.is_student
         self.state = console_state()
         self.window = OutputWindow(window=settings.CONSOLE_OUTPUT_WINDOW_BYTES)
         self.input_limiter = InputRateLimiter(
@@ -107,8 +93,7 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
         self.output_group = console_group(self.attempt_id)
         self.input_group = console_input_group(self.attempt_id)
         self.events_group = attempt_group(self.attempt_id)
-        # Join the output group before taking the scrollback snapshot: output produced in between carries an
-        # offset past the snapshot's end and is delivered after it; anything older is skipped.
+        # The output group before the snapshot: output in between is past the snapshot's end, delivered after it.
         await self.channel_layer.group_add(self.output_group, self.channel_name)
         await self.channel_layer.group_add(self.events_group, self.channel_name)
         others = await self.state.viewer_add(attempt_id=self.attempt_id, viewer=self.channel_name)
@@ -116,13 +101,9 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
         await self._control_at_connect()
         await self.accept()
         await self._send_hello(replay=len(snapshot.data), size=await self.state.size_get(attempt_id=self.attempt_id))
-        if snapshot.data:
-            self.window.record_sent(len(snapshot.data))
-            await self.send(bytes_data=snapshot.data)
-        self.delivered_end = snapshot.end
+        await self._replay(snapshot)
         if others:
-            # Alone (the usual single tab) there is nobody to ask. Registered before the lease is read: a holder
-            # that takes it meanwhile sees this viewer among the others, and tells the group its state.
+            # Alone there is nobody to ask; a holder that takes the lease later sees this viewer registered.
             await self._announce()
         if access.is_staff and not access.is_student:
             await self._broadcast_notice("staff_watching", who=access.viewer_name)
@@ -132,8 +113,7 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
         try:
             await super().__call__(scope, receive, send)
         finally:
-            # A consumer can end without disconnect(): cancelled by the server, or failed in a handler. What it
-            # holds is handed back all the same.
+            # A consumer can end without disconnect() (cancelled, or failed in a handler): hand back all the same.
             await self._leave_once()
 
     async def disconnect(self, code: int) -> None:
@@ -142,17 +122,15 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
     async def _leave_once(self) -> None:
         if self.access is None:
             return  # refused before accept: nothing was set up
-        # Shielded: the consumer may be cancelled meanwhile (daphne gives up on one that takes 10 s, a test
-        # communicator after 1 s), and the upstream, lease and registration must be handed back all the same. Kept
-        # on the consumer: once the shield's waiter is cancelled, nothing else holds the task while it runs.
+        # Shielded, since daphne may cancel the consumer meanwhile; kept on the consumer, since once the shield's
+        # waiter is cancelled nothing else holds the task.
         if self.leaving is None:
             self.leaving = asyncio.ensure_future(self._leave())
         await asyncio.shield(self.leaving)
 
     async def _leave(self) -> None:
         steps = (
-            # Whatever the ownership loop was doing when cancelled (taking the lease, handing it over), the second
-            # step finishes handing back what it took.
+            # Whatever the cancelled ownership loop was taking or handing over, _stop_owning finishes the job.
             self._end_ownership_loop,
             self._end_sizing,
             self._end_control,
@@ -191,9 +169,8 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
         await self._send_json(hello)
 
     async def _announce(self) -> None:
-        """Ask the holder for the upstream's state and where the output stands (``console_viewer_joined``). Only
-        the holder answers, and the lease names its channel: a class's tabs opening together send one message
-        each, not one to every tab already there."""
+        """Ask the holder (named by the lease, so one message, not one to every tab) for the upstream's state and
+        where the output stands (``console_viewer_joined``)."""
         holder = await self.state.get("lease", self.attempt_id)
         if holder is None or holder == self.channel_name:
             return
@@ -201,6 +178,112 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
             await self.channel_layer.send(holder, {"type": "console.viewer_joined", "reply_to": self.channel_name})
         except ChannelFull:
             logger.info("Console %s: the holder's channel is full; asking again later", self.attempt_id)
+
+    # -- browser → bridge ---------------------------------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if bytes_data is not None:
+            await self._input(bytes_data)
+            return
+        try:
+            message = json.loads(text_data or "")
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser follows
+            await self._notice("bad_message")
+            return
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "ack":
+            await self._acknowledge(message.get("bytes"))
+        elif kind == "take_control":
+            await self._set_control(taken=True)
+        elif kind == "release_control":
+            await self._set_control(taken=False)
+        elif kind == "resize":
+            await self._resize(message)
+        elif kind == "ping":
+            await self._send_json({"type": "pong"})
+        else:
+            await self._notice("bad_message")
+
+    async def _input(self, data: bytes) -> None:
+        assert self.access is not None  # input arrives only on an accepted socket
+        if not self.can_write:
+            if self.access.is_student and self.keyboard:
+                await self._notice("keyboard_held", who=self.keyboard)  # staff hold the keyboard for now
+            else:
+                await self._notice("read_only")
+            return
+        if len(data) > settings.CONSOLE_INPUT_FRAME_MAX_BYTES:
+            await self._notice("input_too_large")
+            return
+        if not self.input_limiter.allow(len(data)):
+            await self._notice("input_rate")
+            return
+        if self.upstream is not None:
+            if not await self.upstream.send(data):
+                await self._notice("not_connected")
+        else:
+            await self.channel_layer.group_send(self.input_group, {"type": "console.input", "data": data})
+
+    async def _acknowledge(self, total: object) -> None:
+        if not isinstance(total, int) or isinstance(total, bool):
+            await self._notice("bad_message")
+            return
+        if self.window.acknowledge(total):
+            await self._redraw()
+
+    async def _deliver_locked(self, data: bytes, end: int) -> None:
+        """Send one chunk of output (ending at offset ``end``) unless already sent or the browser is behind. One
+        starting past what this browser has means output went missing (a full channel, a holder that did not know
+        of this viewer yet): the screen is redrawn from the scrollback, which holds everything published."""
+        if end <= self.delivered_end:
+            return
+        if self.window.lagging_since is not None:
+            self.window.may_send(len(data))  # counts what is skipped; the catch-up redraw replaces it
+            self.delivered_end = end
+            return
+        start = end - len(data)
+        if start > self.delivered_end:
+            await self._redraw_locked()
+            if end <= self.delivered_end:
+                return
+        if start < self.delivered_end:
+            data = data[self.delivered_end - start :]
+        self.delivered_end = end
+        if not self.window.may_send(len(data)):
+            await self._send_json({"type": "lagging"})
+            return
+        # Counted before sending: the browser's acknowledgement may be handled before send() returns.
+        self.window.record_sent(len(data))
+        await self.send(bytes_data=data)
+
+    async def _redraw(self) -> None:
+        """A lagging browser caught up: give it a fresh screen from scrollback instead of the skipped bytes."""
+        async with self.deliver_lock:
+            await self._redraw_locked()
+
+    async def _redraw_locked(self) -> None:
+        if self.fanout is not None:
+            # The holder's own tab runs ahead of the scrollback: the snapshot must end where its next chunk starts.
+            await self.fanout.flush()
+        snapshot = await self.state.scrollback_snapshot(attempt_id=self.attempt_id)
+        cols, rows = await self.state.size_get(attempt_id=self.attempt_id)
+        await self._send_json({"type": "reset", "replay": len(snapshot.data), "cols": cols, "rows": rows})
+        await self._replay(snapshot)
+
+    async def _replay(self, snapshot: ScrollbackSnapshot) -> None:
+        if snapshot.data:
+            self.window.record_sent(len(snapshot.data))
+            await self.send(bytes_data=snapshot.data)
+        self.delivered_end = snapshot.end
+
+    async def console_output(self, event: dict) -> None:
+        if event.get("origin") != self.channel_name:
+            async with self.deliver_lock:
+                await self._deliver_locked(event["data"], event["end"])
+
+    async def console_sync(self, event: dict) -> None:
+        if event["end"] > self.delivered_end:
+            await self._redraw()
 
     # -- channel layer handlers ---------------------------------------------------------------------------
 
@@ -217,23 +300,17 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
         await self._send_json({"type": "notice", **{k: v for k, v in event.items() if k not in ("type", "origin")}})
 
     async def attempt_update(self, event: dict) -> None:
-        # The update carries the attempt's state and VMI phase: while the console waits for its VMI, only an
-        # update that can change the answer (the VMI runs, or the attempt ended) is worth a database lookup.
+        # While the console waits for its VMI, only an update that can end the wait is worth a database lookup.
         attempt = event.get("attempt")
         if isinstance(attempt, dict) and self.upstream is not None and self.upstream.state == UpstreamState.WAITING:
             if console_stage(state=attempt.get("state", ""), phase=attempt.get("phase", "")) == "waiting":
                 return
         self.attempt_changed.set()
 
-    # -- the holder's lookups --------------------------------------------------------------------------
-
     async def _locate(self) -> ConsoleLocation:
-        # The location read with the handshake serves the first dial, while it is fresh and ready: a page opens its
-        # console once the VMI runs, and then dials without a second lookup. One that was waiting or ended is looked
-        # up afresh, as is every later dial, so an update that came in between is not missed.
+        # The handshake's location serves the first dial while fresh and ready (a page opens its console once the
+        # VMI runs); any other is looked up afresh, so an update that came in between is not missed.
         early, self.handshake_location = self.handshake_location, None
         if early is not None and early[0].ready and time.monotonic() - early[1] < HANDSHAKE_LOCATION_FRESH_SECONDS:
             return early[0]
-        # Not thread-sensitive: a class's consoles looking up their attempts together must not queue on the
-        # process's one thread for such code.
         return await _console_location(user=self.user, attempt_id=self.attempt_id)

@@ -22,8 +22,6 @@ CLOSE_TOO_SLOW = 4008  # a viewer that stayed too far behind the output
 
 
 class ConsoleHolder(ConsolePart):
-    # -- channel layer handlers of the holder ----------------------------------------------------------
-
     async def console_input(self, event: dict) -> None:
         if self.upstream is not None:
             await self.upstream.send(event["data"])
@@ -32,8 +30,7 @@ class ConsoleHolder(ConsolePart):
         fanout, upstream = self.fanout, self.upstream
         if event["reply_to"] == self.channel_name or fanout is None:
             return
-        # Publish from now on, then tell the newcomer where the output stands: whatever it missed between its
-        # snapshot and now (published to nobody while this holder was alone) it redraws from the scrollback.
+        # Publish from now on; what the newcomer missed since its snapshot it redraws from the scrollback.
         fanout.viewer_joined()
         await fanout.flush()
         try:
@@ -45,8 +42,6 @@ class ConsoleHolder(ConsolePart):
         except ChannelFull:
             # The newcomer is gone already, or too far behind to read: it resynchronises when it reads again.
             logger.info("Console %s: a newcomer's channel is full; not answered", self.attempt_id)
-
-    # -- holding the upstream -------------------------------------------------------------------------
 
     async def _ownership_loop(self) -> None:
         """Keep this viewer registered; take the lease when it is free and hold the upstream while renewing the
@@ -71,12 +66,10 @@ class ConsoleHolder(ConsolePart):
                             raise
                         continue
                     self.lease_claimed = False
-                    # A holder leaving says so (owner_gone); the timeout only covers one that died silently,
-                    # whose lease then runs out.
+                    # A holder leaving says so (owner_gone); the timeout covers one that died silently.
                     self.owner_gone.clear()
                     if not await wait_event(self.owner_gone, until_beat) and not self.status_seen:
-                        # The holder lives on but never answered (the announcement fell off a full channel, or
-                        # reached it as it handed over, or there was none to make yet): ask it again.
+                        # The holder lives on but never answered (a full channel, a handover): ask it again.
                         await self._announce()
                 elif self.upstream_task.done():
                     await self._stop_owning(release=True)
@@ -88,8 +81,6 @@ class ConsoleHolder(ConsolePart):
                     await self._send_json({"type": "notice", "code": "too_slow"})
                     await self.close(code=CLOSE_TOO_SLOW)
                     return
-            except asyncio.CancelledError:
-                raise
             except Exception:
                 # Redis briefly unreachable, say: keep trying rather than leaving the viewer without a holder.
                 logger.exception("Console %s: lease handling failed; retrying", self.attempt_id)
@@ -148,17 +139,14 @@ class ConsoleHolder(ConsolePart):
         assert self.upstream is not None  # set before this task starts
         try:
             await self.upstream.run()
-        except asyncio.CancelledError:
-            raise
         except Exception:
             # The ownership loop sees the finished task and hands the lease over, so a holder starts afresh.
             logger.exception("Console %s: upstream bridge failed", self.attempt_id)
             await self._upstream_state(UpstreamState.LOST, "bridge error")
 
     async def _stop_owning(self, *, release: bool) -> None:
-        """Hand back what this viewer holds, whichever step of taking or handing it over was cut short: each
-        resource is let go of before it is forgotten, so a second call (``_leave`` after a cancelled one)
-        finishes the job. With ``release`` the lease goes too; without, somebody else holds it already."""
+        """Hand back what this viewer holds; each resource is let go of before it is forgotten, so a second call
+        finishes a cancelled one. Without ``release`` somebody else holds the lease already."""
         self.upstream = None
         if self.upstream_task is not None:
             await cancel_and_wait(self.upstream_task)
@@ -179,9 +167,8 @@ class ConsoleHolder(ConsolePart):
             self.lease_claimed = False
 
     async def _upstream_output(self, data: bytes) -> None:
-        # This viewer's own browser first (the common case: one tab; an echo must not wait for Redis), then the
-        # scrollback and everybody else through the fan-out, in order. Under the delivery lock, so that a redraw
-        # never finds a chunk shown here but not yet queued.
+        # This viewer's own browser first (an echo must not wait for Redis), then the fan-out; under the delivery
+        # lock, so that a redraw never finds a chunk shown here but not yet queued.
         assert self.fanout is not None  # output arrives only while this viewer holds the upstream
         async with self.deliver_lock:
             end = self.fanout.claim(len(data))
@@ -194,8 +181,7 @@ class ConsoleHolder(ConsolePart):
         await self._send_status(state.value, detail)
         if self.recorder is not None and state in (UpstreamState.CONNECTED, UpstreamState.LOST):
             self.recorder.marker(f"console {state.value}")
-        # Alone (the usual single tab), nobody else is told: a viewer who arrives gets the state in the holder's
-        # answer to its announcement (console_viewer_joined), which also makes the fan-out publish from then on.
+        # Alone, nobody else is told: a viewer who arrives gets the state in answer to its announcement.
         if self.fanout is None or self.fanout.others:
             await self.channel_layer.group_send(
                 self.output_group,

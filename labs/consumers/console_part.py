@@ -1,5 +1,5 @@
-"""What the console consumer's parts (``console_holder``, ``console_stream``, ``console_size``, ``console_control``)
-share: the state ``AttemptConsoleConsumer.connect`` sets up, and the messages every part sends to its browser."""
+"""What the console consumer's parts (``console_holder``, ``console_keyboard``) share: the state
+``AttemptConsoleConsumer.connect`` sets up, and the messages every part sends to its browser."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from labs.console.access import ConsoleAccess
     from labs.console.fanout import OutputFanout
-    from labs.console.flow import InputRateLimiter, OutputWindow
+    from labs.console.flow import OutputWindow
     from labs.console.recording import AsciicastRecorder
     from labs.console.state import LocalConsoleState, RedisConsoleState
     from labs.console.upstream import ConsoleLocation, ConsoleUpstream
@@ -29,12 +29,10 @@ class ConsolePart:
         access: ConsoleAccess
         state: LocalConsoleState | RedisConsoleState
         can_write: bool
-        keyboard: str | None
         output_group: str
         input_group: str
         notices_sent: dict[str, float]
         window: OutputWindow
-        input_limiter: InputRateLimiter
         delivered_end: int
         deliver_lock: asyncio.Lock
         upstream: ConsoleUpstream | None
@@ -55,9 +53,7 @@ class ConsolePart:
         async def _locate(self) -> ConsoleLocation: ...
         async def _input(self, data: bytes) -> None: ...
         async def _deliver_locked(self, data: bytes, end: int) -> None: ...
-        async def _set_control(self, *, taken: bool) -> None: ...
         async def _beat_control(self) -> None: ...
-        async def _resize(self, message: dict) -> None: ...
 
     async def _send_json(self, payload: dict) -> None:
         await self.send(text_data=json.dumps(payload))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 
 from channels.db import database_sync_to_async
 from django.utils import translation
@@ -16,34 +15,28 @@ from labs.models import ACTIVE_STATES
 from labs.selectors import attempt_status_payload
 from labs.services.events import attempt_group
 from labs.services.stopping import PRESENCE_STAMP_SECONDS, attempt_seen
-from labs.signals import socket_parts
+from labs.signals import attempt_socket_opened
 from portal.websockets import NotAuthenticated, PageSocketConsumer, scope_language
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Handshake:
-    messages: list[dict]
-    # The student's own page on a lab that stops attempts nobody has open: the socket stamps the attempt as seen.
-    stamps_presence: bool = False
-
-
-def attempt_events_handshake(*, user, attempt_id: int, language: str) -> Handshake:
-    """The handshake's one database call: the session's user (the lazy ``scope["user"]``), access and the first
-    messages in ``language``. Raises ``NotAuthenticated`` or ``NotFound``."""
+def attempt_events_handshake(*, user, attempt_id: int, language: str) -> tuple[list[dict], bool]:
+    """The handshake's one database call: the session's user (the lazy ``scope["user"]``), access, the first messages
+    in ``language`` and whether the socket stamps the attempt as seen. Raises ``NotAuthenticated`` or ``NotFound``."""
     if user is None or not user.is_authenticated:
         raise NotAuthenticated
     with translation.override(language):
         attempt = attempt_get_for_user(user=user, attempt_id=attempt_id, related=False, with_idle_stop=True)
         idle_stop = attempt.lab_idle_stop_minutes  # type: ignore[attr-defined]  # annotated by with_idle_stop
+        # The student's own page on a lab that stops attempts nobody has open.
         stamps = bool(attempt.student_id == user.pk and attempt.state in ACTIVE_STATES and idle_stop)
         if stamps:
             attempt_seen(attempt_id=attempt.id)
         messages: list[dict] = [{"type": "attempt.update", "attempt": attempt_status_payload(attempt)}]
-        for part in socket_parts:  # given the attempt just checked above, so scoped like it
-            messages.extend(part(attempt))
-    return Handshake(messages=messages, stamps_presence=stamps)
+        for _receiver, part in attempt_socket_opened.send(sender=None, attempt=attempt):
+            messages.extend(part)  # type: ignore[arg-type]  # the stubs type a response as str
+    return messages, stamps
 
 
 # Not thread-sensitive: channels' default would run every handshake of the process on one shared thread, one after
@@ -58,18 +51,18 @@ class AttemptEventsConsumer(PageSocketConsumer):
     presence: asyncio.Task | None = None
 
     async def connect(self) -> None:
-        attempt_id = int(self.scope["url_route"]["kwargs"]["attempt_id"])
+        self.attempt_id = int(self.scope["url_route"]["kwargs"]["attempt_id"])
         self.language = scope_language(self.scope)
         handshake = await self.join_and_accept(
-            attempt_group(attempt_id),
-            lambda: _handshake(user=self.scope.get("user"), attempt_id=attempt_id, language=self.language),
+            attempt_group(self.attempt_id),
+            lambda: _handshake(user=self.scope.get("user"), attempt_id=self.attempt_id, language=self.language),
         )
         if handshake is None:
             return
-        self.attempt_id = attempt_id
-        for message in handshake.messages:
+        messages, stamps_presence = handshake
+        for message in messages:
             await self.send_json(message)
-        if handshake.stamps_presence:
+        if stamps_presence:
             self.presence = asyncio.ensure_future(self._stamp_presence())
 
     async def _stamp_presence(self) -> None:

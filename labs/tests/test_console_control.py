@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from asgiref.sync import sync_to_async
 
-from labs.consumers.console_control import ConsoleControl
+from labs.consumers.console_keyboard import ConsoleKeyboard
 from labs.tests import test_consumers as consumer_tests
 from labs.tests.test_consumers import connected_student, open_console
 from portal.models import AuditEvent
@@ -88,13 +88,13 @@ async def test_the_keyboard_comes_back_when_the_staff_members_process_dies(
 ):
     settings.CONSOLE_LEASE_TTL_SECONDS = 1.5
 
-    beat = ConsoleControl._beat_control
+    beat = ConsoleKeyboard._beat_control
 
     async def dead_if_holding(self):  # the staff member's process died: it renews nothing and says nothing
         if not self.control_mine:
             await beat(self)
 
-    monkeypatch.setattr(ConsoleControl, "_beat_control", dead_if_holding)
+    monkeypatch.setattr(ConsoleKeyboard, "_beat_control", dead_if_holding)
     student = await connected_student(student_a, attempt.id)
     staff = await open_console(instructor_a, attempt.id)
     await take_control(student, staff, str(instructor_a))

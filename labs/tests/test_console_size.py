@@ -58,7 +58,9 @@ async def test_resizes_in_quick_succession_set_only_the_last(attempt, cluster, s
         calls.append((kwargs["rows"], kwargs["cols"]))
         return resize(**kwargs)
 
-    monkeypatch.setattr("labs.consumers.console_size._console_resize", sync_to_async(counted, thread_sensitive=False))
+    monkeypatch.setattr(
+        "labs.consumers.console_keyboard._console_resize", sync_to_async(counted, thread_sensitive=False)
+    )
     student = await connected_student(student_a, attempt.id)
     for cols in range(90, 100):
         await student.send_json({"type": "resize", "rows": 30, "cols": cols})
@@ -110,7 +112,7 @@ async def test_a_bad_size_is_refused(attempt, cluster, student_a, message):
 async def test_a_watcher_does_not_resize_the_students_console(attempt, cluster, student_a, ta_a, monkeypatch):
     calls = []
     monkeypatch.setattr(
-        "labs.consumers.console_size._console_resize",
+        "labs.consumers.console_keyboard._console_resize",
         sync_to_async(lambda **kwargs: calls.append(kwargs) or True, thread_sensitive=False),
     )
     student = await connected_student(student_a, attempt.id)

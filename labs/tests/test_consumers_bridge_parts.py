@@ -15,10 +15,10 @@ from labs.console import recording
 from labs.console.fanout import OutputFanout
 from labs.console.flow import InputRateLimiter, OutputWindow
 from labs.console.recording import AsciicastRecorder, recording_path
-from labs.console.stage import console_stage
 from labs.console.state import LocalConsoleState, RedisConsoleState, shared_redis, tail_for_replay
 from labs.console.upstream import ConsoleLocation, ConsoleUpstream, UpstreamState
 from labs.consumers.console import AttemptConsoleConsumer
+from labs.selectors import console_stage
 
 
 async def clear_console_keys(client) -> None:

@@ -263,12 +263,16 @@ def test_the_handshake_reads_the_labs_rule_with_the_attempt(student_a, lab_a, dj
     attempt = running(student_a, lab_a, ready_minutes_ago=10)
     # The attempt (with its lab's rule), then its latest grading run: nothing more for a lab that never stops.
     with django_assert_num_queries(2):
-        handshake = events.attempt_events_handshake(user=student_a, attempt_id=attempt.id, language="en")
-    assert not handshake.stamps_presence
+        _messages, stamps_presence = events.attempt_events_handshake(
+            user=student_a, attempt_id=attempt.id, language="en"
+        )
+    assert not stamps_presence
     leaves_after(lab_a, 20)
     with django_assert_num_queries(3):  # and the stamp where it does
-        handshake = events.attempt_events_handshake(user=student_a, attempt_id=attempt.id, language="en")
-    assert handshake.stamps_presence
+        _messages, stamps_presence = events.attempt_events_handshake(
+            user=student_a, attempt_id=attempt.id, language="en"
+        )
+    assert stamps_presence
 
 
 # -- the warning on other pages -----------------------------------------------------------------------------------

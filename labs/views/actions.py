@@ -34,10 +34,6 @@ def refusal(request: HttpRequest, error: ApplicationError, *, fallback_url: str)
     return redirect(fallback_url)
 
 
-def lab_url(attempt: Attempt) -> str:
-    return reverse("labs:lab_detail", args=[attempt.lab_id])
-
-
 class AttemptStartView(LoginRequiredMixin, View):
     def post(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
         fallback = reverse("labs:lab_detail", args=[lab_id])
@@ -45,7 +41,7 @@ class AttemptStartView(LoginRequiredMixin, View):
             lab = lab_get_for_student(user=request.user, lab_id=lab_id)
             attempt = attempt_start_limited(
                 actor=request.user,
-                lab=lab,  # the API's start limit too
+                lab=lab,
                 role=student_role_shown(user=request.user),
             )
         except ApplicationError as error:
@@ -73,7 +69,7 @@ class AttemptActionView(LoginRequiredMixin, View):
         fallback = reverse("dashboard")
         try:
             attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
-            fallback = lab_url(attempt)
+            fallback = reverse("labs:lab_detail", args=[attempt.lab_id])
             done = self.act(request, attempt)
         except ApplicationError as error:
             return refusal(request, error, fallback_url=fallback)

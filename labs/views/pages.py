@@ -70,8 +70,7 @@ def attempt_page_config(*, attempt: Attempt, is_student: bool, is_staff: bool) -
 
 def lab_start_fragments(*, request: HttpRequest, attempt: Attempt) -> dict[str, str]:
     """The attempt panel and history row an answered Start puts in place without reloading (static/js/start.js)."""
-    # The fragments use nothing the context processors add (the user, messages, the language's details) but the CSRF
-    # token of their forms: given that, they render from a plain context, without running the processors twice.
+    # Given the CSRF token, the only thing they need of the context processors, they render from a plain context.
     context = {
         "attempt": attempt,
         "is_student": True,
@@ -95,11 +94,9 @@ class StartRefusal:
     going: tuple[Attempt, ...] = ()  # the student's labs that hold the per-student cap, to link to
 
 
-# How often a lab page whose Start is held back by something that may change elsewhere (the student's other labs,
-# the lab's opening time) asks again, while it is shown; it also asks each time it is shown again.
+# How often a lab page whose Start is held back by something that may change elsewhere asks again while shown.
 START_RECHECK_SECONDS = 60
-# A lab that opens later than this is asked about again only as its time comes near (at most a day apart): a class
-# that left its pages open the day before does not poll all day.
+# A lab that opens later than this is asked about again only as its time comes near (at most a day apart).
 START_RECHECK_NEAR_SECONDS = 3600
 START_RECHECK_LONGEST_SECONDS = 86400
 
@@ -135,7 +132,7 @@ class LabDetailView(PageView):
             lab = lab_get_for_student(user=request.user, lab_id=lab_id)
         except NotFound:
             return self._staff_page(request, lab_id)
-        attempts = list(attempts_for_student(user=request.user, lab=lab).order_by("-requested_at", "-id"))
+        attempts = list(attempts_for_student(user=request.user, lab=lab))
         current = next((a for a in attempts if a.state in ACTIVE_STATES), None)
         context = {
             "lab": lab,
@@ -164,9 +161,7 @@ class AttemptDetailView(PageView):
         attempt = attempt_get_for_user(user=request.user, attempt_id=attempt_id)
         lab = attempt.lab
         is_student = attempt.student_id == request.user.id
-        is_staff = course_role(user=request.user, course=lab.course) in STAFF_ROLES
-        if not (is_student or is_staff):
-            raise Http404
+        is_staff = course_role(user=request.user, course=lab.course) in STAFF_ROLES  # labs.access let in no one else
         context = {
             "lab": lab,
             "attempt": attempt,

@@ -31,7 +31,6 @@ class RecordingFileView(PageView):
         path = recording_path(attempt_id=attempt.id)
         if not path.exists():
             raise Http404("No recording for this attempt.")
-        response = FileResponse(path.open("rb"), content_type=ASCIICAST_CONTENT_TYPE)
-        response["Content-Disposition"] = f'attachment; filename="attempt-{attempt.id}.cast"'
+        response = FileResponse(path.open("rb"), as_attachment=True, content_type=ASCIICAST_CONTENT_TYPE)
         response["Cache-Control"] = "private, no-store"
         return response
