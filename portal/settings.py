@@ -16,8 +16,8 @@ from kombu import Queue
 from portal.redis_async import pool_options
 
 T = TypeVar("T")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 # An unset or empty variable gives the default; a malformed one fails at start with a message naming it.
@@ -37,7 +37,7 @@ def _env_parsed(name: str, default: T, parse: Callable[[str], T], expected: str)
 
 
 def env_bool(name: str, default: bool) -> bool:
-    return _env_parsed(name, default, lambda value: BOOLEANS[value.strip().lower()], "true or false")
+    return _env_parsed(name, default, lambda value: _BOOLEANS[value.strip().lower()], "true or false")
 
 
 def env_int(name: str, default: int) -> int:
@@ -45,8 +45,8 @@ def env_int(name: str, default: int) -> int:
 
 
 def env_log_level(name: str, default: str) -> str:
-    expected = f"one of {', '.join(LOG_LEVELS)}"
-    return _env_parsed(name, default, lambda value: LOG_LEVELS[LOG_LEVELS.index(value.strip().upper())], expected)
+    expected = f"one of {', '.join(_LOG_LEVELS)}"
+    return _env_parsed(name, default, lambda value: _LOG_LEVELS[_LOG_LEVELS.index(value.strip().upper())], expected)
 
 
 def env_list(name: str, default: list[str]) -> list[str]:

@@ -1,9 +1,6 @@
-"""The attempt events socket and the console bridge, driven through the real ASGI stack against kubesim.
-
-Refusals are checked against kubesim's request counters: a refused viewer must not cause a single console
-request. The bridge's sharing rules (one upstream, every tab sees the output, staff read-only) are checked with
-several WebsocketCommunicators on one attempt.
-"""
+"""The attempt events socket and the console bridge through the real ASGI stack against kubesim: a refused viewer
+causes no console request (kubesim's counters), and several communicators on one attempt share one upstream, every
+tab sees the output, staff are read-only."""
 
 from __future__ import annotations
 
