@@ -124,7 +124,7 @@ class AttemptAdmin(AttemptLifecycleAdminMixin, CourseScopedAdminMixin, admin.Mod
         "id",
         "student",
         "lab",
-        "lab__course",
+        "course",
         "number",
         "state",
         "phase",
@@ -179,6 +179,10 @@ class AttemptAdmin(AttemptLifecycleAdminMixin, CourseScopedAdminMixin, admin.Mod
             {"fields": (*PHASE_FIELDS, "expires_at", "extensions", "updated_at")},
         ),
     )
+
+    @admin.display(description=_("course"), ordering="lab__course__code")
+    def course(self, attempt: Attempt):
+        return attempt.lab.course
 
     @admin.display(description=_("failure reason"))
     def failure_reason_shown(self, attempt: Attempt) -> str:
