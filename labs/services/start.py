@@ -14,7 +14,7 @@ from django.utils.translation import gettext as _
 
 from labs.kubevirt import names
 from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab, extra_cloud_init_problem
-from labs.pool_models import LabPool, PoolMode
+from labs.pool_models import LabPool
 from labs.selectors import STARTING_STATES
 from labs.services.events import on_commit_logged
 from labs.services.namespaces import tenant_namespace_ready
@@ -165,9 +165,8 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
         on_commit_logged(lambda: finish_pool_claim.delay(attempt.id), what=f"queueing the claim of {attempt.id}")
         return attempt
     # A Start of a lab whose pool is meant to be warm found no ready VM: a miss.
-    pool = LabPool.objects.filter(lab=lab).exclude(mode=PoolMode.OFF).select_related("lab").first() if pooled else None
-    if pool is not None and pool.target(now):
-        LabPool.objects.filter(id=pool.id).update(misses=F("misses") + 1)
+    if pooled and lab.pool.target(now):  # the pool was read with the lab: no second query
+        LabPool.objects.filter(id=lab.pool.id).update(misses=F("misses") + 1)
     queued = _enqueue_provision(attempt.id)
     if not transaction.get_connection().in_atomic_block and not queued.get("sent", True):
         # The provisioning could not be handed to the broker: the attempt was failed in words.
