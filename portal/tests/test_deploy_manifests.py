@@ -325,6 +325,25 @@ def test_tenant_manifests_command_refuses_an_unknown_tenant(tenant_a):
         call_command("tenant_manifests", "No Such University")
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("text", "said"), [("name: ${NO_SUCH}\n", "does not know: 'NO_SUCH'"), ("cost: $ 5\n", "stray '\\$'")]
+)
+def test_tenant_manifests_command_names_what_is_wrong_with_a_broken_template(
+    tenant_a, tmp_path, monkeypatch, text, said
+):
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    from api.management.commands import tenant_manifests
+
+    template = tmp_path / "tenant-namespace.yaml"
+    template.write_text(text)
+    monkeypatch.setattr(tenant_manifests, "TEMPLATE", template)
+    with pytest.raises(CommandError, match=said):
+        call_command("tenant_manifests", tenant_a.name)
+
+
 # Every call the portal's code makes to the Kubernetes API must be granted above, so a new call in the lifecycle
 # cannot reach production without its RBAC line (and a review of why it is needed).
 SOURCE_DIRS = ("labs", "grading", "portal")

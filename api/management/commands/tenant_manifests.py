@@ -43,3 +43,5 @@ class Command(BaseCommand):
             self.stdout.write(Template(TEMPLATE.read_text()).substitute(values), ending="")
         except KeyError as exc:
             raise CommandError(f"{TEMPLATE} uses a variable this command does not know: {exc}") from None
+        except ValueError as exc:  # a "$" that starts no ${NAME}: write "$$" for a literal one
+            raise CommandError(f"{TEMPLATE} has a stray '$' (write '$$' for a literal one): {exc}") from None
