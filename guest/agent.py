@@ -43,17 +43,14 @@ MAX_BODY_BYTES = 256 * 1024
 MAX_CHECKS = 100
 MAX_ID_CHARS = 200
 MAX_COMMAND_CHARS = 16 * 1024
+MAX_TOKEN_CHARS = 128
 MAX_TIMEOUT_S = 600.0
 
-# Output limits: each stream keeps at most this many bytes; the rest is read and discarded so that a chatty
-# command never blocks on a full pipe.
+# Each output stream keeps this many bytes; the rest is read and dropped so that a chatty command never blocks.
 OUTPUT_CAP_BYTES = 64 * 1024
 READ_CHUNK_BYTES = 64 * 1024
 
-# The serial console whose size /v1/tty-size sets, and the sizes it accepts.
-DEFAULT_CONSOLE_TTY = "/dev/ttyS0"
-TTY_ROWS_RANGE = (2, 500)
-TTY_COLS_RANGE = (2, 1000)
+DEFAULT_CONSOLE_TTY = "/dev/ttyS0"  # the serial console whose size /v1/tty-size sets
 
 # Between SIGTERM and SIGKILL for a check that ran out of time.
 KILL_GRACE_S = 1.0
@@ -100,28 +97,6 @@ class CappedOutput:
         return decoder.decode(bytes(self._kept), final=not self.truncated)
 
 
-class ProcessGroups:
-    """Process groups of the checks now running, so that the agent can kill them when it is stopped."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pgids: set[int] = set()
-
-    def add(self, pgid: int) -> None:
-        with self._lock:
-            self._pgids.add(pgid)
-
-    def discard(self, pgid: int) -> None:
-        with self._lock:
-            self._pgids.discard(pgid)
-
-    def kill_all(self) -> None:
-        with self._lock:
-            pgids = list(self._pgids)
-        for pgid in pgids:
-            _signal_group(pgid, signal.SIGKILL)
-
-
 def _signal_group(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
@@ -136,12 +111,14 @@ def _has_exited(pid: int) -> bool:
     return info is not None
 
 
-def run_check(*, check_id: str, command: str, timeout_s: float, home: str, groups: ProcessGroups) -> dict[str, Any]:
+def run_check(*, check_id: str, command: str, timeout_s: float, home: str, groups: set[int]) -> dict[str, Any]:
     """Run one check in its own process group, killed whole on timeout and when the shell exits, so that no
     background child outlives it or keeps its pipes open."""
     started = time.monotonic()
     stdout = CappedOutput(cap=OUTPUT_CAP_BYTES)
     stderr = CappedOutput(cap=OUTPUT_CAP_BYTES)
+    exit_code = None
+    timed_out = False
     try:
         proc = subprocess.Popen(
             [shutil.which("bash") or "/bin/sh", "-c", command],
@@ -155,10 +132,36 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
         )
     except OSError as exc:
         stderr.feed(f"agent: cannot start the check: {exc}".encode())
-        return check_result(check_id=check_id, exit_code=None, stdout=stdout, stderr=stderr, started=started)
+    else:
+        pgid = proc.pid  # start_new_session makes the child the leader of a new session and process group
+        groups.add(pgid)
+        try:
+            timed_out = _read_until_done(proc, stdout=stdout, stderr=stderr, deadline=started + timeout_s)
+        finally:
+            # The leader is still unreaped here, so its pgid cannot have been reused.
+            _signal_group(pgid, signal.SIGKILL)
+            proc.wait()
+            groups.discard(pgid)
+        if not timed_out:
+            # Killed by a signal: reported the way a shell would.
+            exit_code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+    return {
+        "id": check_id,
+        "exit_code": exit_code,
+        "stdout": stdout.text(),
+        "stderr": stderr.text(),
+        "duration_ms": int((time.monotonic() - started) * 1000),
+        "timed_out": timed_out,
+        "stdout_truncated": stdout.truncated,
+        "stderr_truncated": stderr.truncated,
+    }
 
-    pgid = proc.pid  # start_new_session makes the child the leader of a new session and process group
-    groups.add(pgid)
+
+def _read_until_done(
+    proc: subprocess.Popen[bytes], *, stdout: CappedOutput, stderr: CappedOutput, deadline: float
+) -> bool:
+    """Read the check's output until its shell exits and its pipes close, killing its group at the deadline;
+    whether it timed out."""
     pipes = {pipe.fileno(): (pipe, sink) for pipe, sink in ((proc.stdout, stdout), (proc.stderr, stderr)) if pipe}
     open_fds = set(pipes)
     selector = selectors.DefaultSelector()
@@ -178,11 +181,8 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
             now = time.monotonic()
             if now >= until or (exited if until_exit else not open_fds):
                 return exited
-            wait = min(until - now, longest_wait)
-            if not selector.get_map():
-                time.sleep(wait)
-                continue
-            for key, _ in selector.select(wait):
+            # An empty epoll selector still waits out the timeout.
+            for key, _ in selector.select(min(until - now, longest_wait)):
                 if key.fd not in open_fds:
                     continue  # the pidfd: the exit is noticed at the top of the loop
                 data = os.read(key.fd, READ_CHUNK_BYTES)
@@ -194,52 +194,22 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
 
     timed_out = False
     try:
-        if not pump(started + timeout_s, until_exit=True):
+        if not pump(deadline, until_exit=True):
             timed_out = True
-            _signal_group(pgid, signal.SIGTERM)
+            _signal_group(proc.pid, signal.SIGTERM)
             if not pump(time.monotonic() + KILL_GRACE_S, until_exit=True):
-                _signal_group(pgid, signal.SIGKILL)
+                _signal_group(proc.pid, signal.SIGKILL)
                 pump(math.inf, until_exit=True)
         if pidfd is not None:
             selector.unregister(pidfd)  # readable from now on: it would wake every wait
         pump(time.monotonic() + DRAIN_GRACE_S, until_exit=False)
     finally:
-        # The leader is still unreaped here, so its pgid cannot have been reused.
-        _signal_group(pgid, signal.SIGKILL)
-        proc.wait()
-        groups.discard(pgid)
         selector.close()
         if pidfd is not None:
             os.close(pidfd)
         for pipe, _sink in pipes.values():
             pipe.close()
-
-    # Killed by a signal: reported the way a shell would.
-    exit_code = None if timed_out else proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-    return check_result(
-        check_id=check_id, exit_code=exit_code, stdout=stdout, stderr=stderr, started=started, timed_out=timed_out
-    )
-
-
-def check_result(
-    *,
-    check_id: str,
-    exit_code: int | None,
-    stdout: CappedOutput,
-    stderr: CappedOutput,
-    started: float,
-    timed_out: bool = False,
-) -> dict[str, Any]:
-    return {
-        "id": check_id,
-        "exit_code": exit_code,
-        "stdout": stdout.text(),
-        "stderr": stderr.text(),
-        "duration_ms": int((time.monotonic() - started) * 1000),
-        "timed_out": timed_out,
-        "stdout_truncated": stdout.truncated,
-        "stderr_truncated": stderr.truncated,
-    }
+    return timed_out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -305,12 +275,6 @@ def parse_run_request(body: bytes) -> list[dict[str, Any]]:
     return parsed
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Token rotation
-
-MAX_TOKEN_CHARS = 128
-
-
 def rotate_token(config: AgentConfig, body: bytes) -> None:
     """Replace the bearer token, in the token file first so that a restarted agent never has the old one."""
     token = json_object(body).get("token")
@@ -325,28 +289,16 @@ def rotate_token(config: AgentConfig, body: bytes) -> None:
     config.token = token.encode("utf-8")
 
 
-# Terminal size
-
-
 def parse_tty_size(body: bytes) -> tuple[int, int]:
-    """Validate a /v1/tty-size body: {"rows": int, "cols": int} within TTY_ROWS_RANGE and TTY_COLS_RANGE."""
+    """Validate a /v1/tty-size body: {"rows": int, "cols": int}."""
     payload = json_object(body)
     size = []
-    for field, (low, high) in (("rows", TTY_ROWS_RANGE), ("cols", TTY_COLS_RANGE)):
+    for field, (low, high) in (("rows", (2, 500)), ("cols", (2, 1000))):
         value = payload.get(field)
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             raise RequestError(400, f"{field} must be an integer from {low} to {high}")
         size.append(value)
     return size[0], size[1]
-
-
-def set_tty_size(path: str, *, rows: int, cols: int) -> None:
-    """``stty -F path rows R cols C``: the kernel tells the terminal's foreground job (SIGWINCH)."""
-    fd = os.open(path, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
-    try:
-        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -363,7 +315,8 @@ class AgentConfig:
     setup_marker: str | None
     console_tty: str
     run_slots: threading.BoundedSemaphore
-    groups: ProcessGroups = dataclasses.field(default_factory=ProcessGroups)
+    # Process groups of the running checks, killed when the agent stops; set operations are atomic across threads.
+    groups: set[int] = dataclasses.field(default_factory=set)
 
 
 def resolve_default_home() -> str:
@@ -400,12 +353,8 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             if self.command != method:
                 raise RequestError(405, f"method {self.command} not allowed on {path}", headers={"Allow": method})
             if path == "/healthz":
-                marker = self.config.setup_marker
-                setup_finished = marker is None or os.path.exists(marker)
-                self._send_json(
-                    200,
-                    {"ready": True, "version": AGENT_VERSION, "setup_finished": setup_finished},
-                )
+                setup_finished = self.config.setup_marker is None or os.path.exists(self.config.setup_marker)
+                self._send_json(200, {"ready": True, "version": AGENT_VERSION, "setup_finished": setup_finished})
             elif path == "/v1/token":
                 rotate_token(self.config, self._read_body())
                 self._send_json(200, {"rotated": True})
@@ -485,7 +434,12 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
     def _set_tty_size(self) -> None:
         rows, cols = parse_tty_size(self._read_body())
         try:
-            set_tty_size(self.config.console_tty, rows=rows, cols=cols)
+            # ``stty -F tty rows R cols C``: the kernel tells the terminal's foreground job (SIGWINCH).
+            fd = os.open(self.config.console_tty, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+            try:
+                fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+            finally:
+                os.close(fd)
         except OSError as exc:
             raise RequestError(
                 503, f"cannot set the size of {self.config.console_tty}: {exc.strerror or exc}"
@@ -669,7 +623,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.serve_forever(poll_interval=0.5)
     finally:
-        config.groups.kill_all()
+        for pgid in config.groups.copy():
+            _signal_group(pgid, signal.SIGKILL)
         server.server_close()
     return 0
 
