@@ -4,6 +4,7 @@ an ``AgentError`` whose ``code`` names the cause."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import io
 import json
@@ -19,6 +20,7 @@ import websocket
 from django.conf import settings
 
 from labs.kubevirt.client import StreamTarget, stream_target, vmi_subresource_path
+from labs.models import Check
 
 # Per check, beyond its own timeout: the agent waits this long between SIGTERM and SIGKILL for a check that ran
 # out of time, and drains the pipes briefly after the shell exits.
@@ -92,13 +94,7 @@ class AgentTarget(Protocol):
     agent_token: str
 
 
-class CheckLike(Protocol):
-    pk: Any
-    command: str
-    timeout_s: int
-
-
-def deadline_for_checks(checks: Sequence[CheckLike]) -> float:
+def deadline_for_checks(checks: Sequence[Check]) -> float:
     """How long :func:`run_checks` waits for ``checks``: the agent runs them one after another, so the sum of their
     timeouts, a grace per check and a margin for the transport."""
     return float(sum(c.timeout_s for c in checks)) + PER_CHECK_GRACE_S * len(checks) + REQUEST_MARGIN_S
@@ -143,7 +139,7 @@ def set_tty_size(attempt: AgentTarget, *, rows: int, cols: int, timeout_s: float
     _ask(attempt, "/v1/tty-size", {"rows": rows, "cols": cols}, timeout_s=timeout_s)
 
 
-def run_checks(attempt: AgentTarget, checks: Sequence[CheckLike]) -> list[dict[str, Any]]:
+def run_checks(attempt: AgentTarget, checks: Sequence[Check]) -> list[dict[str, Any]]:
     """Run ``checks`` in the guest (sent with their primary keys as ids); the agent's result for each, in order."""
     if not checks:
         return []
@@ -208,10 +204,8 @@ def agent_request(
     except http.client.HTTPException as exc:
         raise AgentBadResponse(f"the agent's answer is not HTTP: {exc!r}"[:200]) from None
     finally:
-        try:
+        with contextlib.suppress(Exception):  # the answer is in hand: a failed close frame changes nothing
             ws.close(timeout=CLOSE_TIMEOUT_S)
-        except Exception:  # noqa: S110  the answer is already in hand; a failed close frame changes nothing
-            pass
     if len(answer) > MAX_RESPONSE_BYTES:
         raise too_big
     return AgentResponse(status=response.status, body=answer)
