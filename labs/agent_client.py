@@ -13,14 +13,14 @@ import ssl
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import websocket
 from django.conf import settings
 
 from labs.kubevirt.client import StreamTarget, stream_target, vmi_subresource_path
-from labs.models import Check
+from labs.models import Attempt, Check, PoolVm
 
 # Per check, beyond its own timeout: the agent waits this long between SIGTERM and SIGKILL for a check that ran
 # out of time, and drains the pipes briefly after the shell exits.
@@ -35,8 +35,7 @@ MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 
 
 class AgentError(Exception):
-    """The agent could not be asked or did not answer usefully. ``code`` is stable; the message is for logs and
-    for the run's error text shown to staff."""
+    """The agent could not be asked or did not answer usefully; ``code`` is stable, the message for logs and staff."""
 
     code = "agent_error"
 
@@ -86,12 +85,8 @@ class AgentResponse:
             raise AgentBadResponse(f"the agent's answer is not JSON: {exc}", status=self.status) from None
 
 
-class AgentTarget(Protocol):
-    """What the client needs to know about an attempt (``labs.models.Attempt`` fits)."""
-
-    namespace: str
-    vm_name: str
-    agent_token: str
+# What has an agent: an attempt's VM, or a warm pool's before an attempt claims it.
+AgentTarget = Attempt | PoolVm
 
 
 def deadline_for_checks(checks: Sequence[Check]) -> float:
@@ -128,8 +123,7 @@ def healthz(attempt: AgentTarget, *, timeout_s: float = HEALTHZ_TIMEOUT_S) -> di
 
 
 def rotate_token(target: AgentTarget, *, new_token: str, timeout_s: float = HEALTHZ_TIMEOUT_S) -> None:
-    """Make the agent, reached with ``target.agent_token``, take ``new_token`` instead (a warm pool's VM claimed by
-    an attempt): the old token is refused from then on."""
+    """Make the agent take ``new_token`` instead of ``target.agent_token``, which it refuses from then on."""
     payload = _ask(target, "/v1/token", {"token": new_token}, timeout_s=timeout_s)
     if not isinstance(payload, dict) or payload.get("rotated") is not True:
         raise AgentBadResponse(f"the agent did not take the new token: {payload!r}"[:500], status=200)
