@@ -469,19 +469,17 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
         self._send_json(code, {"error": message or http.HTTPStatus(code).phrase})
 
     def _log_request_line(self, status: int, size: int) -> None:
-        elapsed_ms = int((time.monotonic() - getattr(self, "_started", time.monotonic())) * 1000)
-        method = _printable(getattr(self, "command", "") or "-", limit=16)
-        path = _printable(getattr(self, "path", "") or "-", limit=200)
-        note = f" {self._note}" if getattr(self, "_note", "") else ""
+        elapsed_ms = int((time.monotonic() - self._started) * 1000)
+        method = _printable(self.command or "-", limit=16)
+        path = _printable(getattr(self, "path", "") or "-", limit=200)  # unset when the request line was refused
+        note = f" {self._note}" if self._note else ""
         client = self.client_address[0] if self.client_address else "-"
-        sys.stderr.write(f'{_utc_now()} {client} "{method} {path}" {status} {size}B {elapsed_ms}ms{note}\n')
-        sys.stderr.flush()
+        _log(f'{client} "{method} {path}" {status} {size}B {elapsed_ms}ms{note}')
 
     def log_message(self, fmt: str, *args: Any) -> None:
         # Requests are logged by _log_request_line; the base class's own messages may quote raw request bytes,
         # so they are reduced to printable text and never include headers.
-        sys.stderr.write(f"{_utc_now()} {_printable(fmt % args, limit=300)}\n")
-        sys.stderr.flush()
+        _log(_printable(fmt % args, limit=300))
 
 
 def _printable(text: str, *, limit: int) -> str:
@@ -489,9 +487,10 @@ def _printable(text: str, *, limit: int) -> str:
     return cleaned if len(cleaned) <= limit else cleaned[: limit - 3] + "..."
 
 
-def _utc_now() -> str:
+def _log(line: str) -> None:
     now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    print(f"{stamp} {line}", file=sys.stderr, flush=True)
 
 
 class AgentServer(http.server.ThreadingHTTPServer):  # daemon threads and address reuse are its defaults
@@ -602,11 +601,10 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{args.host}:{port}"
         if args.port_file:
             write_atomically(args.port_file, f"{port}\n")
-    sys.stderr.write(
-        f"{_utc_now()} lab-agent {AGENT_VERSION} listening on {where}, "
-        f"home {args.home or resolve_default_home()}, max concurrent runs {args.max_concurrent}\n"
+    _log(
+        f"lab-agent {AGENT_VERSION} listening on {where}, "
+        f"home {args.home or resolve_default_home()}, max concurrent runs {args.max_concurrent}"
     )
-    sys.stderr.flush()
     try:
         server.serve_forever(poll_interval=0.5)
     finally:
