@@ -70,7 +70,6 @@ class RequestError(Exception):
     def __init__(self, status: int, message: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
-        self.message = message
         self.headers = headers or {}
 
 
@@ -160,8 +159,7 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
 def _read_until_done(
     proc: subprocess.Popen[bytes], *, stdout: CappedOutput, stderr: CappedOutput, deadline: float
 ) -> bool:
-    """Read the check's output until its shell exits and its pipes close, killing its group at the deadline;
-    whether it timed out."""
+    """Read output until the shell exits and its pipes close, killing its group at the deadline; True on timeout."""
     pipes = {pipe.fileno(): (pipe, sink) for pipe, sink in ((proc.stdout, stdout), (proc.stderr, stderr)) if pipe}
     open_fds = set(pipes)
     selector = selectors.DefaultSelector()
@@ -362,7 +360,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             if ("Content-Length" in self.headers or "Transfer-Encoding" in self.headers) and not self._body_read:
                 # An unread body would be taken for the next request on this connection.
                 self.close_connection = True
-            self._send_json(exc.status, {"error": exc.message}, headers=exc.headers)
+            self._send_json(exc.status, {"error": str(exc)}, headers=exc.headers)
         except Exception as exc:
             # A bug must answer 500 JSON rather than drop the connection without a word.
             self._note = f"internal error: {type(exc).__name__}"
@@ -436,13 +434,10 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
 
     # -- responses and logging -----------------------------------------------------------------------------------
 
-    def version_string(self) -> str:
-        return self.server_version
-
     def _send_json(self, status: int, payload: dict[str, Any], *, headers: dict[str, str] | None = None) -> None:
         body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
         self.send_response_only(status)
-        self.send_header("Server", self.version_string())
+        self.send_header("Server", self.server_version)  # without the base class's Python version
         self.send_header("Date", self.date_time_string())
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
