@@ -371,8 +371,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _handle
 
     def _authenticate(self) -> None:
-        header = self.headers.get("Authorization", "")
-        scheme, _, presented = header.partition(" ")
+        scheme, _, presented = self.headers.get("Authorization", "").partition(" ")
         # Compare even when the scheme is wrong so that timing does not reveal which part was at fault.
         candidate = presented.strip().encode("latin-1", errors="replace")
         matches = hmac.compare_digest(candidate, self.config.token)
@@ -418,17 +417,16 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
 
     def _set_tty_size(self) -> None:
         rows, cols = parse_tty_size(self._read_body())
+        tty = self.config.console_tty
         try:
             # ``stty -F tty rows R cols C``: the kernel tells the terminal's foreground job (SIGWINCH).
-            fd = os.open(self.config.console_tty, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+            fd = os.open(tty, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
             try:
                 fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
             finally:
                 os.close(fd)
         except OSError as exc:
-            raise RequestError(
-                503, f"cannot set the size of {self.config.console_tty}: {exc.strerror or exc}"
-            ) from None
+            raise RequestError(503, f"cannot set the size of {tty}: {exc.strerror or exc}") from None
         self._note = f"tty={rows}x{cols}"
         self._send_json(200, {"rows": rows, "cols": cols})
 

@@ -40,10 +40,10 @@ def agent_wait_key(namespace: str) -> str:
     return f"labs:agent-wait:{namespace}"
 
 
-def agent_wait_start(*, namespace: str) -> bool:
+def agent_wait_start(*, namespace: str) -> None:
     """Start the namespace's chain of agent checks unless it runs already."""
     if not cache.add(agent_wait_key(namespace), "1", timeout=AGENT_WAIT_TTL_SECONDS):
-        return False
+        return
     from labs.tasks import await_agents
 
     try:
@@ -51,8 +51,6 @@ def agent_wait_start(*, namespace: str) -> bool:
     except Exception:
         cache.delete(agent_wait_key(namespace))
         logger.warning("could not queue the agent checks of %s; the next sync retries", namespace, exc_info=True)
-        return False
-    return True
 
 
 def agent_wait_delay(step: int) -> float:

@@ -40,7 +40,7 @@ class Broker:
 @pytest.fixture
 def broker(settings, monkeypatch):
     settings.ATTEMPT_FOLLOW_UP_SECONDS = DELAYS
-    monkeypatch.setattr(agents, "agent_wait_start", lambda namespace: True)  # the agent checks are not the subject
+    monkeypatch.setattr(agents, "agent_wait_start", lambda namespace: None)  # the agent checks are not the subject
     broker = Broker()
     broker.now = 1_000_000.0
     with mock.patch("labs.tasks.sync_namespace.apply_async", side_effect=broker.apply_async):
