@@ -36,6 +36,7 @@ DEFAULT_PORT = 8787
 DEFAULT_TOKEN_FILE = "/etc/lab-agent/token"
 DEFAULT_HOME = "/home/student"
 DEFAULT_MAX_CONCURRENT = 2
+DEFAULT_CONSOLE_TTY = "/dev/ttyS0"  # the serial console whose size /v1/tty-size sets
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Request limits. The body cap is checked against Content-Length before a byte of the body is read.
@@ -48,9 +49,6 @@ MAX_TIMEOUT_S = 600.0
 
 # Each output stream keeps this many bytes; the rest is read and dropped so that a chatty command never blocks.
 OUTPUT_CAP_BYTES = 64 * 1024
-READ_CHUNK_BYTES = 64 * 1024
-
-DEFAULT_CONSOLE_TTY = "/dev/ttyS0"  # the serial console whose size /v1/tty-size sets
 
 # Between SIGTERM and SIGKILL for a check that ran out of time.
 KILL_GRACE_S = 1.0
@@ -183,7 +181,7 @@ def _read_until_done(
             for key, _ in selector.select(min(until - now, longest_wait)):
                 if key.fd not in open_fds:
                     continue  # the pidfd: the exit is noticed at the top of the loop
-                data = os.read(key.fd, READ_CHUNK_BYTES)
+                data = os.read(key.fd, 64 * 1024)
                 if data:
                     pipes[key.fd][1].feed(data)
                 else:
@@ -581,12 +579,9 @@ def main(argv: list[str] | None = None) -> int:
         where = args.unix_socket or f"{args.host}:{args.port}"
         raise SystemExit(f"lab-agent: cannot listen on {where}: {exc.strerror or exc}") from None
 
-    def stop(_signum: int, _frame: Any) -> None:
-        # A requested stop is a clean exit (systemd counts a non-zero status as a failure).
-        raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    # A requested stop is a clean exit (systemd counts a non-zero status as a failure).
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda _signum, _frame: sys.exit(0))
 
     where = args.unix_socket
     if where is None:
