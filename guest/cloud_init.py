@@ -220,8 +220,7 @@ def _merge_users(*, base: list[Any], extra: list[Any]) -> list[Any]:
     extra_by_name = {name_of(entry): entry for entry in extra}
     # An extra entry with the same name (e.g. `student` with sudo or groups) takes our entry's place.
     merged = [extra_by_name.pop(name_of(entry), entry) for entry in base]
-    merged.extend(entry for entry in extra if name_of(entry) in extra_by_name)
-    return merged
+    return merged + [entry for entry in extra if name_of(entry) in extra_by_name]
 
 
 def _yaml_type_name(value: Any) -> str:
