@@ -499,18 +499,6 @@ class UnixAgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
     request_queue_size = 64
 
 
-def make_server(
-    *, host: str, port: int, config: AgentConfig, unix_socket: str | None = None
-) -> AgentServer | UnixAgentServer:
-    handler = type("ConfiguredAgentHandler", (AgentHandler,), {"config": config})
-    if unix_socket:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(unix_socket)
-        return UnixAgentServer(unix_socket, handler)
-    server_class = AgentServer6 if ":" in host else AgentServer
-    return server_class((host, port), handler)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Start-up
 
@@ -573,8 +561,15 @@ def main(argv: list[str] | None = None) -> int:
         console_tty=args.console_tty,
         run_slots=threading.BoundedSemaphore(args.max_concurrent),
     )
+    handler = type("ConfiguredAgentHandler", (AgentHandler,), {"config": config})
     try:
-        server = make_server(host=args.host, port=args.port, config=config, unix_socket=args.unix_socket)
+        if args.unix_socket:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(args.unix_socket)
+            server: AgentServer | UnixAgentServer = UnixAgentServer(args.unix_socket, handler)
+        else:
+            server_class = AgentServer6 if ":" in args.host else AgentServer
+            server = server_class((args.host, args.port), handler)
     except OSError as exc:
         where = args.unix_socket or f"{args.host}:{args.port}"
         raise SystemExit(f"lab-agent: cannot listen on {where}: {exc.strerror or exc}") from None

@@ -161,10 +161,9 @@ def agent_request(
     if not attempt.vm_name or not attempt.namespace:
         raise VMNotRunning("the attempt has no virtual machine")
     port = f"portforward/{settings.AGENT_PORT}/tcp"
+    portforward = vmi_subresource_path(namespace=attempt.namespace, name=attempt.vm_name, subresource=port)
     try:
-        target = stream_target(
-            vmi_subresource_path(namespace=attempt.namespace, name=attempt.vm_name, subresource=port)
-        )
+        target = stream_target(portforward)
     except Exception as exc:  # ClusterNotConfigured, a kubeconfig that cannot be read, a token refresh failing
         raise ClusterUnavailable(f"cannot configure the cluster client: {exc}") from exc
     deadline = time.monotonic() + timeout_s
