@@ -330,7 +330,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = f"lab-agent/{AGENT_VERSION}"
     timeout = SOCKET_TIMEOUT_S
-    config: AgentConfig  # set on the subclass built by make_server
+    config: AgentConfig  # set on the subclass built by main
 
     def _handle(self) -> None:
         self._started = time.monotonic()
