@@ -36,6 +36,7 @@ DEFAULT_PORT = 8787
 DEFAULT_TOKEN_FILE = "/etc/lab-agent/token"
 DEFAULT_HOME = "/home/student"
 DEFAULT_MAX_CONCURRENT = 2
+DEFAULT_CONSOLE_TTY = "/dev/ttyS0"  # the serial console whose size /v1/tty-size sets
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Request limits. The body cap is checked against Content-Length before a byte of the body is read.
@@ -43,17 +44,11 @@ MAX_BODY_BYTES = 256 * 1024
 MAX_CHECKS = 100
 MAX_ID_CHARS = 200
 MAX_COMMAND_CHARS = 16 * 1024
+MAX_TOKEN_CHARS = 128
 MAX_TIMEOUT_S = 600.0
 
-# Output limits: each stream keeps at most this many bytes; the rest is read and discarded so that a chatty
-# command never blocks on a full pipe.
+# Each output stream keeps this many bytes; the rest is read and dropped so that a chatty command never blocks.
 OUTPUT_CAP_BYTES = 64 * 1024
-READ_CHUNK_BYTES = 64 * 1024
-
-# The serial console whose size /v1/tty-size sets, and the sizes it accepts.
-DEFAULT_CONSOLE_TTY = "/dev/ttyS0"
-TTY_ROWS_RANGE = (2, 500)
-TTY_COLS_RANGE = (2, 1000)
 
 # Between SIGTERM and SIGKILL for a check that ran out of time.
 KILL_GRACE_S = 1.0
@@ -73,7 +68,6 @@ class RequestError(Exception):
     def __init__(self, status: int, message: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
-        self.message = message
         self.headers = headers or {}
 
 
@@ -100,28 +94,6 @@ class CappedOutput:
         return decoder.decode(bytes(self._kept), final=not self.truncated)
 
 
-class ProcessGroups:
-    """Process groups of the checks now running, so that the agent can kill them when it is stopped."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._pgids: set[int] = set()
-
-    def add(self, pgid: int) -> None:
-        with self._lock:
-            self._pgids.add(pgid)
-
-    def discard(self, pgid: int) -> None:
-        with self._lock:
-            self._pgids.discard(pgid)
-
-    def kill_all(self) -> None:
-        with self._lock:
-            pgids = list(self._pgids)
-        for pgid in pgids:
-            _signal_group(pgid, signal.SIGKILL)
-
-
 def _signal_group(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
@@ -136,12 +108,14 @@ def _has_exited(pid: int) -> bool:
     return info is not None
 
 
-def run_check(*, check_id: str, command: str, timeout_s: float, home: str, groups: ProcessGroups) -> dict[str, Any]:
+def run_check(*, check_id: str, command: str, timeout_s: float, home: str, groups: set[int]) -> dict[str, Any]:
     """Run one check in its own process group, killed whole on timeout and when the shell exits, so that no
     background child outlives it or keeps its pipes open."""
     started = time.monotonic()
     stdout = CappedOutput(cap=OUTPUT_CAP_BYTES)
     stderr = CappedOutput(cap=OUTPUT_CAP_BYTES)
+    exit_code = None
+    timed_out = False
     try:
         proc = subprocess.Popen(
             [shutil.which("bash") or "/bin/sh", "-c", command],
@@ -155,10 +129,35 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
         )
     except OSError as exc:
         stderr.feed(f"agent: cannot start the check: {exc}".encode())
-        return check_result(check_id=check_id, exit_code=None, stdout=stdout, stderr=stderr, started=started)
+    else:
+        pgid = proc.pid  # start_new_session makes the child the leader of a new session and process group
+        groups.add(pgid)
+        try:
+            timed_out = _read_until_done(proc, stdout=stdout, stderr=stderr, deadline=started + timeout_s)
+        finally:
+            # The leader is still unreaped here, so its pgid cannot have been reused.
+            _signal_group(pgid, signal.SIGKILL)
+            proc.wait()
+            groups.discard(pgid)
+        if not timed_out:
+            # Killed by a signal: reported the way a shell would.
+            exit_code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+    return {
+        "id": check_id,
+        "exit_code": exit_code,
+        "stdout": stdout.text(),
+        "stderr": stderr.text(),
+        "duration_ms": int((time.monotonic() - started) * 1000),
+        "timed_out": timed_out,
+        "stdout_truncated": stdout.truncated,
+        "stderr_truncated": stderr.truncated,
+    }
 
-    pgid = proc.pid  # start_new_session makes the child the leader of a new session and process group
-    groups.add(pgid)
+
+def _read_until_done(
+    proc: subprocess.Popen[bytes], *, stdout: CappedOutput, stderr: CappedOutput, deadline: float
+) -> bool:
+    """Read output until the shell exits and its pipes close, killing its group at the deadline; True on timeout."""
     pipes = {pipe.fileno(): (pipe, sink) for pipe, sink in ((proc.stdout, stdout), (proc.stderr, stderr)) if pipe}
     open_fds = set(pipes)
     selector = selectors.DefaultSelector()
@@ -178,14 +177,11 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
             now = time.monotonic()
             if now >= until or (exited if until_exit else not open_fds):
                 return exited
-            wait = min(until - now, longest_wait)
-            if not selector.get_map():
-                time.sleep(wait)
-                continue
-            for key, _ in selector.select(wait):
+            # An empty epoll selector still waits out the timeout.
+            for key, _ in selector.select(min(until - now, longest_wait)):
                 if key.fd not in open_fds:
                     continue  # the pidfd: the exit is noticed at the top of the loop
-                data = os.read(key.fd, READ_CHUNK_BYTES)
+                data = os.read(key.fd, 64 * 1024)
                 if data:
                     pipes[key.fd][1].feed(data)
                 else:
@@ -194,52 +190,22 @@ def run_check(*, check_id: str, command: str, timeout_s: float, home: str, group
 
     timed_out = False
     try:
-        if not pump(started + timeout_s, until_exit=True):
+        if not pump(deadline, until_exit=True):
             timed_out = True
-            _signal_group(pgid, signal.SIGTERM)
+            _signal_group(proc.pid, signal.SIGTERM)
             if not pump(time.monotonic() + KILL_GRACE_S, until_exit=True):
-                _signal_group(pgid, signal.SIGKILL)
+                _signal_group(proc.pid, signal.SIGKILL)
                 pump(math.inf, until_exit=True)
         if pidfd is not None:
             selector.unregister(pidfd)  # readable from now on: it would wake every wait
         pump(time.monotonic() + DRAIN_GRACE_S, until_exit=False)
     finally:
-        # The leader is still unreaped here, so its pgid cannot have been reused.
-        _signal_group(pgid, signal.SIGKILL)
-        proc.wait()
-        groups.discard(pgid)
         selector.close()
         if pidfd is not None:
             os.close(pidfd)
         for pipe, _sink in pipes.values():
             pipe.close()
-
-    # Killed by a signal: reported the way a shell would.
-    exit_code = None if timed_out else proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-    return check_result(
-        check_id=check_id, exit_code=exit_code, stdout=stdout, stderr=stderr, started=started, timed_out=timed_out
-    )
-
-
-def check_result(
-    *,
-    check_id: str,
-    exit_code: int | None,
-    stdout: CappedOutput,
-    stderr: CappedOutput,
-    started: float,
-    timed_out: bool = False,
-) -> dict[str, Any]:
-    return {
-        "id": check_id,
-        "exit_code": exit_code,
-        "stdout": stdout.text(),
-        "stderr": stderr.text(),
-        "duration_ms": int((time.monotonic() - started) * 1000),
-        "timed_out": timed_out,
-        "stdout_truncated": stdout.truncated,
-        "stderr_truncated": stderr.truncated,
-    }
+    return timed_out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -259,7 +225,7 @@ def json_object(body: bytes) -> dict[str, Any]:
 
 
 def parse_run_request(body: bytes) -> list[dict[str, Any]]:
-    """Validate a /v1/run body and return its checks as {id, command, timeout_s}; unknown fields are ignored."""
+    """Validate a /v1/run body and return its checks as run_check's arguments; unknown fields are ignored."""
     payload = json_object(body)
     if "checks" not in payload:
         raise RequestError(400, "missing field: checks")
@@ -294,21 +260,11 @@ def parse_run_request(body: bytes) -> list[dict[str, Any]]:
             )
         if "\x00" in command:
             raise RequestError(400, f"{where}.command must not contain NUL characters")
-        if (
-            isinstance(timeout_s, bool)
-            or not isinstance(timeout_s, (int, float))
-            or not math.isfinite(timeout_s)
-            or not 0 < timeout_s <= MAX_TIMEOUT_S
-        ):
+        # The range refuses NaN and infinities (which Python's JSON reads) too.
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= MAX_TIMEOUT_S:
             raise RequestError(400, f"{where}.timeout_s must be a number of seconds in (0, {MAX_TIMEOUT_S:g}]")
-        parsed.append({"id": check_id, "command": command, "timeout_s": float(timeout_s)})
+        parsed.append({"check_id": check_id, "command": command, "timeout_s": float(timeout_s)})
     return parsed
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Token rotation
-
-MAX_TOKEN_CHARS = 128
 
 
 def rotate_token(config: AgentConfig, body: bytes) -> None:
@@ -325,28 +281,16 @@ def rotate_token(config: AgentConfig, body: bytes) -> None:
     config.token = token.encode("utf-8")
 
 
-# Terminal size
-
-
 def parse_tty_size(body: bytes) -> tuple[int, int]:
-    """Validate a /v1/tty-size body: {"rows": int, "cols": int} within TTY_ROWS_RANGE and TTY_COLS_RANGE."""
+    """Validate a /v1/tty-size body: {"rows": int, "cols": int}."""
     payload = json_object(body)
     size = []
-    for field, (low, high) in (("rows", TTY_ROWS_RANGE), ("cols", TTY_COLS_RANGE)):
+    for field, (low, high) in (("rows", (2, 500)), ("cols", (2, 1000))):
         value = payload.get(field)
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             raise RequestError(400, f"{field} must be an integer from {low} to {high}")
         size.append(value)
     return size[0], size[1]
-
-
-def set_tty_size(path: str, *, rows: int, cols: int) -> None:
-    """``stty -F path rows R cols C``: the kernel tells the terminal's foreground job (SIGWINCH)."""
-    fd = os.open(path, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
-    try:
-        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -363,7 +307,8 @@ class AgentConfig:
     setup_marker: str | None
     console_tty: str
     run_slots: threading.BoundedSemaphore
-    groups: ProcessGroups = dataclasses.field(default_factory=ProcessGroups)
+    # Process groups of the running checks, killed when the agent stops; set operations are atomic across threads.
+    groups: set[int] = dataclasses.field(default_factory=set)
 
 
 def resolve_default_home() -> str:
@@ -385,7 +330,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = f"lab-agent/{AGENT_VERSION}"
     timeout = SOCKET_TIMEOUT_S
-    config: AgentConfig  # set on the subclass built by make_server
+    config: AgentConfig  # set on the subclass built by main
 
     def _handle(self) -> None:
         self._started = time.monotonic()
@@ -400,12 +345,8 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             if self.command != method:
                 raise RequestError(405, f"method {self.command} not allowed on {path}", headers={"Allow": method})
             if path == "/healthz":
-                marker = self.config.setup_marker
-                setup_finished = marker is None or os.path.exists(marker)
-                self._send_json(
-                    200,
-                    {"ready": True, "version": AGENT_VERSION, "setup_finished": setup_finished},
-                )
+                setup_finished = self.config.setup_marker is None or os.path.exists(self.config.setup_marker)
+                self._send_json(200, {"ready": True, "version": AGENT_VERSION, "setup_finished": setup_finished})
             elif path == "/v1/token":
                 rotate_token(self.config, self._read_body())
                 self._send_json(200, {"rotated": True})
@@ -417,7 +358,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             if ("Content-Length" in self.headers or "Transfer-Encoding" in self.headers) and not self._body_read:
                 # An unread body would be taken for the next request on this connection.
                 self.close_connection = True
-            self._send_json(exc.status, {"error": exc.message}, headers=exc.headers)
+            self._send_json(exc.status, {"error": str(exc)}, headers=exc.headers)
         except Exception as exc:
             # A bug must answer 500 JSON rather than drop the connection without a word.
             self._note = f"internal error: {type(exc).__name__}"
@@ -428,8 +369,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_OPTIONS = _handle
 
     def _authenticate(self) -> None:
-        header = self.headers.get("Authorization", "")
-        scheme, _, presented = header.partition(" ")
+        scheme, _, presented = self.headers.get("Authorization", "").partition(" ")
         # Compare even when the scheme is wrong so that timing does not reveal which part was at fault.
         candidate = presented.strip().encode("latin-1", errors="replace")
         matches = hmac.compare_digest(candidate, self.config.token)
@@ -467,16 +407,7 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             )
         try:
             home = self.config.home or resolve_default_home()
-            results = [
-                run_check(
-                    check_id=check["id"],
-                    command=check["command"],
-                    timeout_s=check["timeout_s"],
-                    home=home,
-                    groups=self.config.groups,
-                )
-                for check in checks
-            ]
+            results = [run_check(**check, home=home, groups=self.config.groups) for check in checks]
         finally:
             self.config.run_slots.release()
         self._note = f"checks={len(results)} timed_out={sum(r['timed_out'] for r in results)}"
@@ -484,24 +415,25 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
 
     def _set_tty_size(self) -> None:
         rows, cols = parse_tty_size(self._read_body())
+        tty = self.config.console_tty
         try:
-            set_tty_size(self.config.console_tty, rows=rows, cols=cols)
+            # ``stty -F tty rows R cols C``: the kernel tells the terminal's foreground job (SIGWINCH).
+            fd = os.open(tty, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
+            try:
+                fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+            finally:
+                os.close(fd)
         except OSError as exc:
-            raise RequestError(
-                503, f"cannot set the size of {self.config.console_tty}: {exc.strerror or exc}"
-            ) from None
+            raise RequestError(503, f"cannot set the size of {tty}: {exc.strerror or exc}") from None
         self._note = f"tty={rows}x{cols}"
         self._send_json(200, {"rows": rows, "cols": cols})
 
     # -- responses and logging -----------------------------------------------------------------------------------
 
-    def version_string(self) -> str:
-        return self.server_version
-
     def _send_json(self, status: int, payload: dict[str, Any], *, headers: dict[str, str] | None = None) -> None:
         body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
         self.send_response_only(status)
-        self.send_header("Server", self.version_string())
+        self.send_header("Server", self.server_version)  # without the base class's Python version
         self.send_header("Date", self.date_time_string())
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(body)))
@@ -528,19 +460,17 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
         self._send_json(code, {"error": message or http.HTTPStatus(code).phrase})
 
     def _log_request_line(self, status: int, size: int) -> None:
-        elapsed_ms = int((time.monotonic() - getattr(self, "_started", time.monotonic())) * 1000)
-        method = _printable(getattr(self, "command", "") or "-", limit=16)
-        path = _printable(getattr(self, "path", "") or "-", limit=200)
-        note = f" {self._note}" if getattr(self, "_note", "") else ""
+        elapsed_ms = int((time.monotonic() - self._started) * 1000)
+        method = _printable(self.command or "-", limit=16)
+        path = _printable(getattr(self, "path", "") or "-", limit=200)  # unset when the request line was refused
+        note = f" {self._note}" if self._note else ""
         client = self.client_address[0] if self.client_address else "-"
-        sys.stderr.write(f'{_utc_now()} {client} "{method} {path}" {status} {size}B {elapsed_ms}ms{note}\n')
-        sys.stderr.flush()
+        _log(f'{client} "{method} {path}" {status} {size}B {elapsed_ms}ms{note}')
 
     def log_message(self, fmt: str, *args: Any) -> None:
         # Requests are logged by _log_request_line; the base class's own messages may quote raw request bytes,
         # so they are reduced to printable text and never include headers.
-        sys.stderr.write(f"{_utc_now()} {_printable(fmt % args, limit=300)}\n")
-        sys.stderr.flush()
+        _log(_printable(fmt % args, limit=300))
 
 
 def _printable(text: str, *, limit: int) -> str:
@@ -548,9 +478,10 @@ def _printable(text: str, *, limit: int) -> str:
     return cleaned if len(cleaned) <= limit else cleaned[: limit - 3] + "..."
 
 
-def _utc_now() -> str:
+def _log(line: str) -> None:
     now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+    print(f"{stamp} {line}", file=sys.stderr, flush=True)
 
 
 class AgentServer(http.server.ThreadingHTTPServer):  # daemon threads and address reuse are its defaults
@@ -566,18 +497,6 @@ class UnixAgentServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer
 
     daemon_threads = True
     request_queue_size = 64
-
-
-def make_server(
-    *, host: str, port: int, config: AgentConfig, unix_socket: str | None = None
-) -> AgentServer | UnixAgentServer:
-    handler = type("ConfiguredAgentHandler", (AgentHandler,), {"config": config})
-    if unix_socket:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(unix_socket)
-        return UnixAgentServer(unix_socket, handler)
-    server_class = AgentServer6 if ":" in host else AgentServer
-    return server_class((host, port), handler)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -642,18 +561,22 @@ def main(argv: list[str] | None = None) -> int:
         console_tty=args.console_tty,
         run_slots=threading.BoundedSemaphore(args.max_concurrent),
     )
+    handler = type("ConfiguredAgentHandler", (AgentHandler,), {"config": config})
     try:
-        server = make_server(host=args.host, port=args.port, config=config, unix_socket=args.unix_socket)
+        if args.unix_socket:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(args.unix_socket)
+            server: AgentServer | UnixAgentServer = UnixAgentServer(args.unix_socket, handler)
+        else:
+            server_class = AgentServer6 if ":" in args.host else AgentServer
+            server = server_class((args.host, args.port), handler)
     except OSError as exc:
         where = args.unix_socket or f"{args.host}:{args.port}"
         raise SystemExit(f"lab-agent: cannot listen on {where}: {exc.strerror or exc}") from None
 
-    def stop(_signum: int, _frame: Any) -> None:
-        # A requested stop is a clean exit (systemd counts a non-zero status as a failure).
-        raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    # A requested stop is a clean exit (systemd counts a non-zero status as a failure).
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda _signum, _frame: sys.exit(0))
 
     where = args.unix_socket
     if where is None:
@@ -661,15 +584,15 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{args.host}:{port}"
         if args.port_file:
             write_atomically(args.port_file, f"{port}\n")
-    sys.stderr.write(
-        f"{_utc_now()} lab-agent {AGENT_VERSION} listening on {where}, "
-        f"home {args.home or resolve_default_home()}, max concurrent runs {args.max_concurrent}\n"
+    _log(
+        f"lab-agent {AGENT_VERSION} listening on {where}, "
+        f"home {args.home or resolve_default_home()}, max concurrent runs {args.max_concurrent}"
     )
-    sys.stderr.flush()
     try:
         server.serve_forever(poll_interval=0.5)
     finally:
-        config.groups.kill_all()
+        for pgid in config.groups.copy():
+            _signal_group(pgid, signal.SIGKILL)
         server.server_close()
     return 0
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-# libyaml's emitter where PyYAML was built with it (its wheels are): the same document as the pure-Python emitter,
-# which walks the agent's 13 KiB of base64 character by character in every VM's provisioning.
+# libyaml's emitter where PyYAML has it (its wheels do): the same document, without walking the agent's base64
+# character by character in Python for every VM.
 _SafeDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
@@ -37,10 +37,7 @@ _CloudConfigDumper.add_representer(str, _represent_text)
 
 def dump_cloud_config(config: dict[str, Any]) -> str:
     """The mapping as block-style YAML that cloud-init (PyYAML's safe loader) reads back unchanged."""
-    try:
-        return yaml.dump(config, Dumper=_CloudConfigDumper, sort_keys=False, allow_unicode=True, width=4096)
-    except yaml.representer.RepresenterError as exc:
-        raise ValueError(f"cloud-config cannot hold this value: {exc}") from None
+    return yaml.dump(config, Dumper=_CloudConfigDumper, sort_keys=False, allow_unicode=True, width=4096)
 
 
 AGENT_PORT = 8787
@@ -54,19 +51,12 @@ STUDENT_HOME = "/home/student"
 SERIAL_GETTY_UNIT = "serial-getty@ttyS0.service"
 SERIAL_AUTOLOGIN_PATH = f"/etc/systemd/system/{SERIAL_GETTY_UNIT}.d/lab-autologin.conf"
 
-# Secrets are capped at 1 MiB by the API server; the rendered agent is about 30 KiB, so this leaves a wide margin
-# while still refusing an extra config that would bloat every attempt's Secret.
+# Far below the API server's 1 MiB cap on a Secret, yet refusing an extra config that bloats every attempt's Secret.
 MAX_USER_DATA_BYTES = 256 * 1024
 MAX_EXTRA_CLOUD_CONFIG_BYTES = 64 * 1024
 
 # Paths the portal's own files live in; extra cloud-config may not write there.
-PROTECTED_PATHS = (
-    "/etc/lab-agent",
-    "/opt/lab-agent",
-    UNIT_PATH,
-    f"{UNIT_PATH}.d",
-    SERIAL_AUTOLOGIN_PATH,
-)
+PROTECTED_PATHS = ("/etc/lab-agent", "/opt/lab-agent", UNIT_PATH, f"{UNIT_PATH}.d", SERIAL_AUTOLOGIN_PATH)
 
 # Lists in an extra cloud-config that are appended to ours rather than replacing them.
 APPENDED_KEYS = ("write_files", "runcmd", "packages")
@@ -76,16 +66,16 @@ _OTHER_USER_DATA_HEADERS = ("#!", "#include", "#cloud-boothook", "#part-handler"
 
 _TOKEN_RE = re.compile(r"[\x21-\x7e]{16,512}")
 
-UNIT_TEMPLATE = """\
+UNIT_FILE = f"""\
 [Unit]
-Description=Lab grading agent (answers the portal's checks on TCP {port})
+Description=Lab grading agent (answers the portal's checks on TCP {AGENT_PORT})
 After=network.target
 # Never give up restarting: the portal cannot grade without the agent.
 StartLimitIntervalSec=0
 
 [Service]
 Type=simple
-ExecStart=/usr/bin/python3 {agent} --port {port} --token-file {token} --setup-marker {marker}
+ExecStart=/usr/bin/python3 {AGENT_PATH} --port {AGENT_PORT} --token-file {TOKEN_PATH} --setup-marker {SETUP_MARKER_PATH}
 Restart=always
 RestartSec=2
 Environment=PYTHONUNBUFFERED=1
@@ -96,11 +86,11 @@ OOMScoreAdjust=-500
 WantedBy=multi-user.target
 """
 
-SERIAL_AUTOLOGIN_TEMPLATE = """\
+SERIAL_AUTOLOGIN_DROP_IN = f"""\
 # The serial console is reached only through the portal's authenticated console bridge.
 [Service]
 ExecStart=
-ExecStart=-/sbin/agetty --autologin {user} --keep-baud 115200,57600,38400,9600 %I $TERM
+ExecStart=-/sbin/agetty --autologin {STUDENT_USER} --keep-baud 115200,57600,38400,9600 %I $TERM
 """
 
 
@@ -114,13 +104,10 @@ def render_user_data(
     """The `#cloud-config` document for one attempt's VM (see guest/README.md); ValueError when it cannot be."""
     if not _TOKEN_RE.fullmatch(token):
         raise ValueError("the agent token must be 16 to 512 printable ASCII characters without spaces")
-    source = agent_source if agent_source is not None else _local_agent_source()
-
-    config = base_cloud_config(token=token, agent_source=source, serial_autologin=serial_autologin)
-    extra = parse_extra_cloud_config(extra_cloud_config)
-    if extra:
-        config = merge_cloud_config(base=config, extra=extra)
-
+    config = merge_cloud_config(
+        base=base_cloud_config(token=token, agent_source=agent_source, serial_autologin=serial_autologin),
+        extra=parse_extra_cloud_config(extra_cloud_config),
+    )
     document = "#cloud-config\n" + dump_cloud_config(config)
     size = len(document.encode("utf-8"))
     if size > MAX_USER_DATA_BYTES:
@@ -128,51 +115,29 @@ def render_user_data(
     return document
 
 
-@functools.cache
-def _local_agent_source() -> str:
-    """The agent shipped with this code: read once per process (every VM gets the same one)."""
-    return Path(__file__).with_name("agent.py").read_text(encoding="utf-8")
-
-
 @functools.lru_cache(maxsize=4)
-def _encoded_agent(source: str) -> str:
-    """The agent gzipped and in base64 (``gz+b64``), without a timestamp so that it always encodes the same."""
+def _encoded_agent(source: str | None) -> str:
+    """The agent (None: the one shipped with this code) gzipped and in base64 (``gz+b64``), without a timestamp so
+    that it always encodes the same; once per process, since every VM gets the same one."""
+    if source is None:
+        source = Path(__file__).with_name("agent.py").read_text(encoding="utf-8")
     return base64.b64encode(gzip.compress(source.encode("utf-8"), mtime=0)).decode("ascii")
 
 
-def base_cloud_config(*, token: str, agent_source: str, serial_autologin: bool) -> dict[str, Any]:
+def _root_file(path: str, permissions: str, content: str, **encoding: str) -> dict[str, str]:
+    return {"path": path, "owner": "root:root", "permissions": permissions, **encoding, "content": content}
+
+
+def base_cloud_config(*, token: str, agent_source: str | None, serial_autologin: bool) -> dict[str, Any]:
     """The portal's part of the cloud-config, as a plain mapping."""
-    write_files: list[dict[str, Any]] = [
-        {"path": TOKEN_PATH, "owner": "root:root", "permissions": "0600", "content": token + "\n"},
-        {
-            "path": AGENT_PATH,
-            "owner": "root:root",
-            "permissions": "0755",
-            "encoding": "gz+b64",
-            "content": _encoded_agent(agent_source),
-        },
-        {
-            "path": UNIT_PATH,
-            "owner": "root:root",
-            "permissions": "0644",
-            "content": UNIT_TEMPLATE.format(
-                port=AGENT_PORT, agent=AGENT_PATH, token=TOKEN_PATH, marker=SETUP_MARKER_PATH
-            ),
-        },
+    write_files = [
+        _root_file(TOKEN_PATH, "0600", token + "\n"),
+        _root_file(AGENT_PATH, "0755", _encoded_agent(agent_source), encoding="gz+b64"),
+        _root_file(UNIT_PATH, "0644", UNIT_FILE),
     ]
-    runcmd: list[Any] = [
-        "systemctl daemon-reload",
-        f"systemctl enable --now {UNIT_NAME}",
-    ]
+    runcmd = ["systemctl daemon-reload", f"systemctl enable --now {UNIT_NAME}"]
     if serial_autologin:
-        write_files.append(
-            {
-                "path": SERIAL_AUTOLOGIN_PATH,
-                "owner": "root:root",
-                "permissions": "0644",
-                "content": SERIAL_AUTOLOGIN_TEMPLATE.format(user=STUDENT_USER),
-            }
-        )
+        write_files.append(_root_file(SERIAL_AUTOLOGIN_PATH, "0644", SERIAL_AUTOLOGIN_DROP_IN))
         # The getty may already show a login prompt by the time cloud-init runs; restart it to log in.
         runcmd.append(f"systemctl restart {SERIAL_GETTY_UNIT}")
     return {
@@ -219,23 +184,17 @@ def parse_extra_cloud_config(text: str) -> dict[str, Any]:
         if key in extra and not isinstance(extra[key], list):
             raise ValueError(f"{key} in the extra cloud-config must be a list, not {_yaml_type_name(extra[key])}")
     for index, entry in enumerate(extra.get("write_files", [])):
-        _check_extra_write_file(index=index, entry=entry)
-    return extra
-
-
-def _check_extra_write_file(*, index: int, entry: Any) -> None:
-    where = f"write_files[{index}] in the extra cloud-config"
-    if not isinstance(entry, dict):
-        raise ValueError(f"{where} must be a mapping")
-    path = entry.get("path")
-    if not isinstance(path, str) or not path.startswith("/"):
-        raise ValueError(f"{where} needs an absolute path")
-    normalised = posixpath.normpath(path)
-    if normalised.startswith("//"):
-        normalised = "/" + normalised.lstrip("/")
-    for protected in PROTECTED_PATHS:
-        if normalised == protected or normalised.startswith(protected + "/"):
+        where = f"write_files[{index}] in the extra cloud-config"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where} must be a mapping")
+        path = entry.get("path")
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise ValueError(f"{where} needs an absolute path")
+        # One leading slash: normpath keeps two, which POSIX leaves to the implementation.
+        normalised = posixpath.normpath("/" + path.lstrip("/"))
+        if any(normalised == protected or normalised.startswith(protected + "/") for protected in PROTECTED_PATHS):
             raise ValueError(f"{where} would overwrite the grading agent's file {path}")
+    return extra
 
 
 def merge_cloud_config(*, base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -261,8 +220,7 @@ def _merge_users(*, base: list[Any], extra: list[Any]) -> list[Any]:
     extra_by_name = {name_of(entry): entry for entry in extra}
     # An extra entry with the same name (e.g. `student` with sudo or groups) takes our entry's place.
     merged = [extra_by_name.pop(name_of(entry), entry) for entry in base]
-    merged.extend(entry for entry in extra if name_of(entry) in extra_by_name)
-    return merged
+    return merged + [entry for entry in extra if name_of(entry) in extra_by_name]
 
 
 def _yaml_type_name(value: Any) -> str:

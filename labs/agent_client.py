@@ -4,6 +4,7 @@ an ``AgentError`` whose ``code`` names the cause."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import io
 import json
@@ -12,13 +13,14 @@ import ssl
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import websocket
 from django.conf import settings
 
 from labs.kubevirt.client import StreamTarget, stream_target, vmi_subresource_path
+from labs.models import Attempt, Check, PoolVm
 
 # Per check, beyond its own timeout: the agent waits this long between SIGTERM and SIGKILL for a check that ran
 # out of time, and drains the pipes briefly after the shell exits.
@@ -33,8 +35,7 @@ MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 
 
 class AgentError(Exception):
-    """The agent could not be asked or did not answer usefully. ``code`` is stable; the message is for logs and
-    for the run's error text shown to staff."""
+    """The agent could not be asked or did not answer usefully; ``code`` is stable, the message for logs and staff."""
 
     code = "agent_error"
 
@@ -84,21 +85,11 @@ class AgentResponse:
             raise AgentBadResponse(f"the agent's answer is not JSON: {exc}", status=self.status) from None
 
 
-class AgentTarget(Protocol):
-    """What the client needs to know about an attempt (``labs.models.Attempt`` fits)."""
-
-    namespace: str
-    vm_name: str
-    agent_token: str
+# What has an agent: an attempt's VM, or a warm pool's before an attempt claims it.
+AgentTarget = Attempt | PoolVm
 
 
-class CheckLike(Protocol):
-    pk: Any
-    command: str
-    timeout_s: int
-
-
-def deadline_for_checks(checks: Sequence[CheckLike]) -> float:
+def deadline_for_checks(checks: Sequence[Check]) -> float:
     """How long :func:`run_checks` waits for ``checks``: the agent runs them one after another, so the sum of their
     timeouts, a grace per check and a margin for the transport."""
     return float(sum(c.timeout_s for c in checks)) + PER_CHECK_GRACE_S * len(checks) + REQUEST_MARGIN_S
@@ -132,8 +123,7 @@ def healthz(attempt: AgentTarget, *, timeout_s: float = HEALTHZ_TIMEOUT_S) -> di
 
 
 def rotate_token(target: AgentTarget, *, new_token: str, timeout_s: float = HEALTHZ_TIMEOUT_S) -> None:
-    """Make the agent, reached with ``target.agent_token``, take ``new_token`` instead (a warm pool's VM claimed by
-    an attempt): the old token is refused from then on."""
+    """Make the agent take ``new_token`` instead of ``target.agent_token``, which it refuses from then on."""
     payload = _ask(target, "/v1/token", {"token": new_token}, timeout_s=timeout_s)
     if not isinstance(payload, dict) or payload.get("rotated") is not True:
         raise AgentBadResponse(f"the agent did not take the new token: {payload!r}"[:500], status=200)
@@ -143,7 +133,7 @@ def set_tty_size(attempt: AgentTarget, *, rows: int, cols: int, timeout_s: float
     _ask(attempt, "/v1/tty-size", {"rows": rows, "cols": cols}, timeout_s=timeout_s)
 
 
-def run_checks(attempt: AgentTarget, checks: Sequence[CheckLike]) -> list[dict[str, Any]]:
+def run_checks(attempt: AgentTarget, checks: Sequence[Check]) -> list[dict[str, Any]]:
     """Run ``checks`` in the guest (sent with their primary keys as ids); the agent's result for each, in order."""
     if not checks:
         return []
@@ -171,10 +161,9 @@ def agent_request(
     if not attempt.vm_name or not attempt.namespace:
         raise VMNotRunning("the attempt has no virtual machine")
     port = f"portforward/{settings.AGENT_PORT}/tcp"
+    portforward = vmi_subresource_path(namespace=attempt.namespace, name=attempt.vm_name, subresource=port)
     try:
-        target = stream_target(
-            vmi_subresource_path(namespace=attempt.namespace, name=attempt.vm_name, subresource=port)
-        )
+        target = stream_target(portforward)
     except Exception as exc:  # ClusterNotConfigured, a kubeconfig that cannot be read, a token refresh failing
         raise ClusterUnavailable(f"cannot configure the cluster client: {exc}") from exc
     deadline = time.monotonic() + timeout_s
@@ -208,10 +197,8 @@ def agent_request(
     except http.client.HTTPException as exc:
         raise AgentBadResponse(f"the agent's answer is not HTTP: {exc!r}"[:200]) from None
     finally:
-        try:
+        with contextlib.suppress(Exception):  # the answer is in hand: a failed close frame changes nothing
             ws.close(timeout=CLOSE_TIMEOUT_S)
-        except Exception:  # noqa: S110  the answer is already in hand; a failed close frame changes nothing
-            pass
     if len(answer) > MAX_RESPONSE_BYTES:
         raise too_big
     return AgentResponse(status=response.status, body=answer)

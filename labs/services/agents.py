@@ -22,8 +22,8 @@ logger = logging.getLogger(__name__)
 
 AGENT_CHECK_TIMEOUT_SECONDS = 3.0
 AGENT_CHECK_CONCURRENCY = 8
-# Set while a namespace's chain runs (each step renews it): a chain lost with its worker restarts once it expires.
-AGENT_WAIT_KEY = "labs:agent-wait:{namespace}"
+# The agent-wait key is set while a namespace's chain runs (each step renews it): a chain lost with its worker
+# restarts once it expires.
 AGENT_WAIT_TTL_SECONDS = 15
 # How long after its VM is created an attempt's agent is asked without waiting for a list to show it Running.
 AGENT_FAST_PATH_SECONDS = 5
@@ -32,19 +32,18 @@ AGENT_ASK_MIN_SECONDS = 0.2
 AGENT_ASK_FRACTION = 0.25
 # At most about this many questions a second per namespace, so a class booting together costs few portforwards.
 AGENT_ASK_RATE_PER_SECOND = 40
-FOLLOW_UP_KEY = "labs:follow-up:{namespace}:{delay}"
 # A queued follow-up that has not begun this long after it was due (its worker lost) no longer holds back the next.
 FOLLOW_UP_PENDING_GRACE_SECONDS = 10
 
 
 def agent_wait_key(namespace: str) -> str:
-    return AGENT_WAIT_KEY.format(namespace=namespace)
+    return f"labs:agent-wait:{namespace}"
 
 
-def agent_wait_start(*, namespace: str) -> bool:
+def agent_wait_start(*, namespace: str) -> None:
     """Start the namespace's chain of agent checks unless it runs already."""
     if not cache.add(agent_wait_key(namespace), "1", timeout=AGENT_WAIT_TTL_SECONDS):
-        return False
+        return
     from labs.tasks import await_agents
 
     try:
@@ -52,8 +51,6 @@ def agent_wait_start(*, namespace: str) -> bool:
     except Exception:
         cache.delete(agent_wait_key(namespace))
         logger.warning("could not queue the agent checks of %s; the next sync retries", namespace, exc_info=True)
-        return False
-    return True
 
 
 def agent_wait_delay(step: int) -> float:
@@ -167,39 +164,24 @@ def _mark_running(*, attempt_id: int) -> bool:
 
 
 def watch_new_vm(namespace: str) -> None:
-    """A VM was just made: follow-up lists of its namespace and its agent checks, unless under way (one cache read)."""
+    """A VM was just made: a list of its namespace within each follow-up delay, shared by every VM made while one
+    waits to run, and its agent checks, unless under way; the markers of both in one cache read."""
     agent_key = agent_wait_key(namespace)
-    waiting = _waiting([*_follow_up_keys(namespace), agent_key])
-    _schedule_follow_ups(namespace, waiting=waiting)
+    follow_up_keys = {delay: _follow_up_key(namespace, delay) for delay in settings.ATTEMPT_FOLLOW_UP_SECONDS}
+    try:
+        waiting = cache.get_many([*follow_up_keys.values(), agent_key])
+    except Exception:
+        waiting = {}  # the cache does not answer: each add that follows tries again
+    for delay, key in follow_up_keys.items():
+        # A waiting follow-up lists after this VM was made, within its delay.
+        if key not in waiting and not _schedule_follow_up(namespace, delay):
+            break
     if agent_key not in waiting:
         agent_wait_start(namespace=namespace)
 
 
-def _waiting(keys: list[str]) -> dict:
-    """Which of these markers are set; none when the cache does not answer (each add that follows tries again)."""
-    try:
-        return cache.get_many(keys)
-    except Exception:
-        return {}
-
-
-def _follow_up_keys(namespace: str) -> list[str]:
-    return [_follow_up_key(namespace, delay) for delay in settings.ATTEMPT_FOLLOW_UP_SECONDS]
-
-
-def _schedule_follow_ups(namespace: str, *, waiting: dict | None = None) -> None:
-    """A list of the namespace within each follow-up delay, shared by every VM made while one waits to run."""
-    if waiting is None:
-        waiting = _waiting(_follow_up_keys(namespace))
-    for delay in settings.ATTEMPT_FOLLOW_UP_SECONDS:
-        if _follow_up_key(namespace, delay) in waiting:
-            continue  # it lists after this VM was made, within its delay
-        if not _schedule_follow_up(namespace, delay):
-            return
-
-
 def _follow_up_key(namespace: str, delay: float) -> str:
-    return FOLLOW_UP_KEY.format(namespace=namespace, delay=delay)
+    return f"labs:follow-up:{namespace}:{delay}"
 
 
 def _schedule_follow_up(namespace: str, delay: float) -> bool:

@@ -16,7 +16,7 @@ DELAYS = (0.05, 0.3, 1.0, 2.5)
 
 
 class Broker:
-    """Follow-ups queued by ``_schedule_follow_ups``, run (their ``follow_up_begins``) when the test's clock
+    """Follow-ups queued by ``watch_new_vm``, run (their ``follow_up_begins``) when the test's clock
     reaches them, ``lag`` seconds late (a busy worker)."""
 
     def __init__(self, lag: float = 0.0) -> None:
@@ -38,8 +38,9 @@ class Broker:
 
 
 @pytest.fixture
-def broker(settings):
+def broker(settings, monkeypatch):
     settings.ATTEMPT_FOLLOW_UP_SECONDS = DELAYS
+    monkeypatch.setattr(agents, "agent_wait_start", lambda namespace: None)  # the agent checks are not the subject
     broker = Broker()
     broker.now = 1_000_000.0
     with mock.patch("labs.tasks.sync_namespace.apply_async", side_effect=broker.apply_async):
@@ -49,14 +50,14 @@ def broker(settings):
 def test_vms_created_together_share_their_follow_ups(broker):
     namespace = f"lab-{secrets.token_hex(4)}"
     for _ in range(100):  # a hundred VMs created before any follow-up ran
-        agents._schedule_follow_ups(namespace)
+        agents.watch_new_vm(namespace)
     assert sorted(item["delay"] for item in broker.queued) == sorted(DELAYS)
     # Another namespace has follow-ups of its own.
-    agents._schedule_follow_ups(f"{namespace}-other")
+    agents.watch_new_vm(f"{namespace}-other")
     assert len(broker.queued) == 2 * len(DELAYS)
     # Once the shortest has begun, the next VM queues another of that delay only.
     broker.advance(broker.now + 0.06)
-    agents._schedule_follow_ups(namespace)
+    agents.watch_new_vm(namespace)
     assert sorted(item["delay"] for item in broker.queued if item["namespace"] == namespace) == sorted(DELAYS)
     assert len(broker.queued) == 2 * len(DELAYS) - 1  # the other namespace's shortest has run, and no VM came
 
@@ -71,7 +72,7 @@ def test_every_vm_is_listed_within_each_delay_of_its_creation(broker, lag):
     created = sorted(1_000_000 + rng.uniform(0, 5) for _ in range(300))  # a burst spread over five seconds
     for when in created:
         broker.advance(when)
-        agents._schedule_follow_ups(namespace)
+        agents.watch_new_vm(namespace)
     broker.advance(created[-1] + 10)
     for when in created:
         for delay in DELAYS:
@@ -86,7 +87,7 @@ def test_every_vm_is_listed_within_each_delay_of_its_creation(broker, lag):
 
 def test_a_follow_up_lets_the_next_one_be_queued_as_it_begins(broker, monkeypatch):
     namespace = f"lab-{secrets.token_hex(4)}"
-    agents._schedule_follow_ups(namespace)
+    agents.watch_new_vm(namespace)
     assert len(broker.queued) == len(DELAYS)
     monkeypatch.setattr(
         tasks.tracking,
@@ -94,10 +95,10 @@ def test_a_follow_up_lets_the_next_one_be_queued_as_it_begins(broker, monkeypatc
         lambda namespace: tasks.tracking.SyncReport(namespaces=[namespace]),
     )
     tasks.sync_namespace(namespace, follow_up=0.3)  # as the worker runs it
-    agents._schedule_follow_ups(namespace)
+    agents.watch_new_vm(namespace)
     assert sorted(item["delay"] for item in broker.queued) == sorted([*DELAYS, 0.3])
     tasks.sync_namespace(namespace)  # a list not queued as a follow-up frees none
-    agents._schedule_follow_ups(namespace)
+    agents.watch_new_vm(namespace)
     assert len(broker.queued) == len(DELAYS) + 1
 
 
@@ -105,15 +106,15 @@ def test_a_vm_made_while_every_follow_up_waits_asks_the_cache_once(broker):
     from django.core.cache import cache
 
     namespace = f"lab-{secrets.token_hex(4)}"
-    agents._schedule_follow_ups(namespace)
+    agents.watch_new_vm(namespace)
     with (
         mock.patch.object(cache, "add", wraps=cache.add) as add,
         mock.patch.object(cache, "get_many", wraps=cache.get_many) as get_many,
     ):
-        agents._schedule_follow_ups(namespace)
+        agents.watch_new_vm(namespace)
         assert (get_many.call_count, add.call_count) == (1, 0)
         broker.advance(broker.now + 0.06)  # the shortest began: only it is queued again
-        agents._schedule_follow_ups(namespace)
+        agents.watch_new_vm(namespace)
         assert (get_many.call_count, add.call_count) == (2, 1)
     assert sorted(item["delay"] for item in broker.queued) == sorted(DELAYS)
 
