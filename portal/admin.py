@@ -28,19 +28,10 @@ from portal.admin_scoping import (
 from portal.admin_users import password_links
 from portal.enrollment_import import enrollment_import
 from portal.errors import ApplicationError
-from portal.forms import (
-    CourseAdminForm,
-    EnrollmentImportForm,
-    MembershipAdminForm,
-    TenantAdminForm,
-)
+from portal.forms import CourseAdminForm, EnrollmentImportForm, MembershipAdminForm, TenantAdminForm
 from portal.http import request_user
 from portal.models import AuditEvent, Course, Membership, Tenant
-from portal.services import (
-    course_create,
-    membership_create,
-    membership_set_role,
-)
+from portal.services import course_create, membership_create, membership_set_role
 
 admin.site.site_header = _("Lab portal administration")
 admin.site.site_title = _("Lab portal")

@@ -16,16 +16,10 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from portal.admin_scoping import AuditedAdminMixin, ScopedFormFieldsMixin, admin_access
-from portal.forms import (
-    TenantUserChangeForm,
-    TenantUserCreationForm,
-)
+from portal.forms import TenantUserChangeForm, TenantUserCreationForm
 from portal.http import request_user
 from portal.models import Membership, User
-from portal.services import (
-    PasswordSetupToken,
-    user_password_setup_token,
-)
+from portal.services import PasswordSetupToken, user_password_setup_token
 
 
 def password_links(request: HttpRequest, people: list[tuple[User, PasswordSetupToken]]) -> dict[str, Any]:
