@@ -115,8 +115,7 @@ class TenantUserCreationForm(AdminUserCreationForm):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if "email" in self.fields:
-            self.fields["email"].required = True
+        self.fields["email"].required = True
 
 
 class TenantUserChangeForm(UserChangeForm):

@@ -13,8 +13,6 @@ from django.utils.translation import gettext_lazy as _
 
 from portal.timezones import validate_time_zone
 
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
 
 def generate_namespace_name(tenant_name: str) -> str:
     """A DNS-1123 label: an ASCII slug of the name (empty for Japanese ones) and a random suffix."""
