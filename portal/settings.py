@@ -226,18 +226,11 @@ if DATABASE_URL:
         # DB_PREPARE_THRESHOLD runs on a connection that lives (set it to 0 behind PgBouncer in transaction mode).
         prepare_threshold = env_int("DB_PREPARE_THRESHOLD", 5)
         options = DATABASES["default"].setdefault("OPTIONS", {})
-        options.update(
-            server_side_binding=True,
-            prepare_threshold=prepare_threshold if prepare_threshold > 0 else None,
-        )
+        options.update(server_side_binding=True, prepare_threshold=prepare_threshold if prepare_threshold > 0 else None)
         # daphne gives each request its own thread and connection: a pool per process makes a class's Starts wait
         # rather than exhaust PostgreSQL's max_connections (needs DB_CONN_MAX_AGE=0).
         if (pool_size := env_int("DB_POOL_MAX_SIZE", 0)) > 0:
-            options["pool"] = {
-                "min_size": 1,
-                "max_size": pool_size,
-                "timeout": env_int("DB_POOL_TIMEOUT", 30),
-            }
+            options["pool"] = {"min_size": 1, "max_size": pool_size, "timeout": env_int("DB_POOL_TIMEOUT", 30)}
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)  # a fresh clone has no var/ yet, and SQLite will not create it
     DATABASES = {
@@ -340,10 +333,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    "ENUM_NAME_OVERRIDES": {
-        "AttemptStateEnum": "labs.models.AttemptState",
-        "RunStateEnum": "grading.models.RunState",
-    },
+    "ENUM_NAME_OVERRIDES": {"AttemptStateEnum": "labs.models.AttemptState", "RunStateEnum": "grading.models.RunState"},
 }
 
 # Rate limits (portal.ratelimit): scope -> (requests, window in seconds). Refusals are 429 with Retry-After.
