@@ -57,8 +57,7 @@ def scope_language(scope: Mapping[str, Any]) -> str:
     headers = dict(scope.get("headers") or ())
     accept = headers.get(b"accept-language", b"").decode("latin-1")
     request = SimpleNamespace(COOKIES=scope.get("cookies") or {}, META={"HTTP_ACCEPT_LANGUAGE": accept})
-    # Malformed headers and unknown cookie values fall back to the default language there; nothing raises.
-    # It reads only COOKIES and META, which the namespace gives it.
+    # It reads only COOKIES and META, and falls back to the default language on anything malformed.
     return translation.get_language_from_request(request, check_path=False)  # type: ignore[arg-type]
 
 
@@ -180,7 +179,6 @@ class PageSocketConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):  # type: i
         return first
 
     async def refuse(self, exc: Exception) -> None:
-        """Close for no session (4401) or nothing this user may see (4404)."""
         await self.close(code=CLOSE_UNAUTHENTICATED if isinstance(exc, NotAuthenticated) else CLOSE_NOT_FOUND)
 
     async def disconnect(self, code: int) -> None:
