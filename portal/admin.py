@@ -36,8 +36,7 @@ from portal.services import course_create, membership_create, membership_set_rol
 admin.site.site_header = _("Lab portal administration")
 admin.site.site_title = _("Lab portal")
 admin.site.index_title = _("Courses, labs and people")
-# The admin DRF ships for API tokens lists every key in the clear. Tokens end with their owner's revocation, a
-# password change or reset, or deactivation (portal.services).
+# DRF's API-token admin lists every key in the clear; a token ends with revocation, a new password or deactivation.
 if admin.site.is_registered(TokenProxy):
     admin.site.unregister(TokenProxy)
 

@@ -123,8 +123,7 @@ class UserAdmin(ScopedFormFieldsMixin, AuditedAdminMixin, DjangoUserAdmin):
 
     def save_model(self, request: HttpRequest, obj: User, form, change: bool) -> None:
         if not change and not admin_access(request).is_superuser:
-            # Set here, not by a form field: an instructor's new account always joins their own tenant, with
-            # no rights beyond what memberships give.
+            # An instructor's new account always joins their own tenant, with no rights beyond what memberships give.
             obj.tenant = request_user(request).tenant
             obj.is_staff = False
             obj.is_superuser = False

@@ -130,7 +130,6 @@ class KubesimSupervisor:
         self._stopping.set()
 
     def stop(self, *, timeout: float = 5.0) -> None:
-        """Stop kubesim for good (the portal is shutting down)."""
         self._stopping.set()
         # A restart under way holds the lock while kubesim comes up; it stops what it started once it sees this.
         locked = self._lock.acquire(timeout=timeout)

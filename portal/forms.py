@@ -70,8 +70,7 @@ class CourseAdminForm(forms.ModelForm):
 
     def clean(self):
         cleaned = super().clean()
-        # Django skips the (tenant, code, term) constraint when tenant is not a form field, which would end in
-        # an IntegrityError; check it here with the tenant the admin supplies.
+        # Django skips the (tenant, code, term) constraint when tenant is not a form field (an IntegrityError later).
         if "tenant" not in self.fields:
             tenant = self.instance.tenant if self.instance.tenant_id else self.tenant
             duplicate = Course.objects.filter(

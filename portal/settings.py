@@ -278,8 +278,7 @@ if REDIS_URL:
             },
         }
     }
-    # Shared by web, worker and beat. django-redis keeps one connection pool per process; Django's own backend built
-    # one per request under ASGI.
+    # django-redis keeps one connection pool per process (Django's own backend built one per request under ASGI).
     CACHES = {
         "default": {
             # django-redis's, whose clear() removes only this cache's keys, not the whole database (portal.redis_cache).
@@ -296,8 +295,7 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = REDIS_KEY_PREFIX
 else:
-    # Channels' own, forgetting the channels of consumers that ended (portal.channel_layer), with room for
-    # as many messages per channel as above (a class's tabs overflowed the default of 100).
+    # Channels' own, forgetting ended consumers' channels (portal.channel_layer); a class overflowed 100 messages.
     CHANNEL_LAYERS = {"default": {"BACKEND": "portal.channel_layer.InMemoryChannelLayer", "CONFIG": {"capacity": 1500}}}
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "portal"}}
     CELERY_BROKER_URL = "memory://localhost/"  # with a host: kombu warns at start without one
