@@ -22,11 +22,7 @@ def zone_choice_field(form: forms.ModelForm, *, current: str, blank_label: str |
     if current and current not in dict(choices):
         choices.append((current, current))
     form.fields["time_zone"] = forms.ChoiceField(
-        choices=choices,
-        required=False,
-        label=field.label,
-        help_text=field.help_text,
-        validators=field.validators,
+        choices=choices, required=False, label=field.label, help_text=field.help_text, validators=field.validators
     )
 
 
@@ -132,8 +128,7 @@ class TenantUserChangeForm(UserChangeForm):
 
 class EnrollmentImportForm(forms.Form):
     csv_file = forms.FileField(
-        label=_("CSV file"),
-        help_text=_("UTF-8 (Excel: “CSV UTF-8”), first line username,email,name,role."),
+        label=_("CSV file"), help_text=_("UTF-8 (Excel: “CSV UTF-8”), first line username,email,name,role.")
     )
 
 

@@ -147,9 +147,7 @@ class Membership(models.Model):
         ordering = ["course", "role", "user__username"]
         verbose_name = _("membership")
         verbose_name_plural = _("memberships")
-        constraints = [
-            models.UniqueConstraint(fields=["user", "course"], name="membership_unique_user_course"),
-        ]
+        constraints = [models.UniqueConstraint(fields=["user", "course"], name="membership_unique_user_course")]
 
     def __str__(self) -> str:
         return f"{self.user} — {self.course} ({self.get_role_display()})"
