@@ -16,6 +16,7 @@ from channels.middleware import BaseMiddleware
 from channels.routing import URLRouter
 from channels.sessions import CookieMiddleware, SessionMiddleware
 from django.conf import settings
+from django.contrib.auth import get_user
 from django.http.request import split_domain_port, validate_host
 from django.urls import re_path
 from django.utils import translation
@@ -34,10 +35,7 @@ CLOSE_NOT_FOUND = 4404
 
 
 def session_user(scope: dict[str, Any]):
-    """The scope's user from its session, or ``AnonymousUser``. Sync code only: it reads the database."""
-    from django.contrib.auth import get_user
-
-    # get_user reads only the request's session.
+    """The scope's user from its session (all ``get_user`` reads), or ``AnonymousUser``. Sync code only."""
     return get_user(SimpleNamespace(session=scope["session"]))  # type: ignore[arg-type]
 
 
