@@ -28,25 +28,15 @@ from portal.admin_scoping import (
 from portal.admin_users import password_links
 from portal.enrollment_import import enrollment_import
 from portal.errors import ApplicationError
-from portal.forms import (
-    CourseAdminForm,
-    EnrollmentImportForm,
-    MembershipAdminForm,
-    TenantAdminForm,
-)
+from portal.forms import CourseAdminForm, EnrollmentImportForm, MembershipAdminForm, TenantAdminForm
 from portal.http import request_user
 from portal.models import AuditEvent, Course, Membership, Tenant
-from portal.services import (
-    course_create,
-    membership_create,
-    membership_set_role,
-)
+from portal.services import course_create, membership_create, membership_set_role
 
 admin.site.site_header = _("Lab portal administration")
 admin.site.site_title = _("Lab portal")
 admin.site.index_title = _("Courses, labs and people")
-# The admin DRF ships for API tokens lists every key in the clear. Tokens end with their owner's revocation, a
-# password change or reset, or deactivation (portal.services).
+# DRF's API-token admin lists every key in the clear; a token ends with revocation, a new password or deactivation.
 if admin.site.is_registered(TokenProxy):
     admin.site.unregister(TokenProxy)
 

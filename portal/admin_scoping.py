@@ -57,8 +57,7 @@ def admin_access(request: HttpRequest) -> AdminAccess:
 
 def forget_admin_access(request: HttpRequest) -> None:
     """Drop the cached access after a change to the person's own memberships (e.g. they created a course)."""
-    if hasattr(request, _ACCESS_ATTR):
-        delattr(request, _ACCESS_ATTR)
+    vars(request).pop(_ACCESS_ATTR, None)
 
 
 class ScopedFormFieldsMixin(_AdminBase):

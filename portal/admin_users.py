@@ -16,16 +16,10 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from portal.admin_scoping import AuditedAdminMixin, ScopedFormFieldsMixin, admin_access
-from portal.forms import (
-    TenantUserChangeForm,
-    TenantUserCreationForm,
-)
+from portal.forms import TenantUserChangeForm, TenantUserCreationForm
 from portal.http import request_user
 from portal.models import Membership, User
-from portal.services import (
-    PasswordSetupToken,
-    user_password_setup_token,
-)
+from portal.services import PasswordSetupToken, user_password_setup_token
 
 
 def password_links(request: HttpRequest, people: list[tuple[User, PasswordSetupToken]]) -> dict[str, Any]:
@@ -129,8 +123,7 @@ class UserAdmin(ScopedFormFieldsMixin, AuditedAdminMixin, DjangoUserAdmin):
 
     def save_model(self, request: HttpRequest, obj: User, form, change: bool) -> None:
         if not change and not admin_access(request).is_superuser:
-            # Set here, not by a form field: an instructor's new account always joins their own tenant, with
-            # no rights beyond what memberships give.
+            # An instructor's new account always joins their own tenant, with no rights beyond what memberships give.
             obj.tenant = request_user(request).tenant
             obj.is_staff = False
             obj.is_superuser = False

@@ -5,6 +5,7 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.db import NotSupportedError
+from django.urls.converters import IntConverter
 from django.utils.translation import gettext_lazy as _
 
 logger = logging.getLogger(__name__)
@@ -14,7 +15,7 @@ logger = logging.getLogger(__name__)
 MAX_ID = 2**63 - 1
 
 
-class IdConverter:
+class IdConverter(IntConverter):
     """Ids in URLs (``<id:attempt_id>``): digits that fit a database id, else no match (404)."""
 
     regex = "[0-9]{1,19}"
@@ -25,9 +26,6 @@ class IdConverter:
             raise ValueError(f"{value} is larger than any id")  # Django's resolver takes this as no match
         return number
 
-    def to_url(self, value: int) -> str:
-        return str(int(value))
-
 
 # Prepared statements a migration made stale are deallocated and run again outside a transaction, instead of
 # failing on that connection until the pool retires it.
@@ -35,7 +33,6 @@ STALE_PLAN = "cached plan must not change result type"
 
 
 def replan_stale_statements(execute, sql: str, params: Any, many: bool, context: dict[str, Any]):
-    """A Django execute wrapper (``connection.execute_wrappers``) for PostgreSQL connections."""
     try:
         return execute(sql, params, many, context)
     except NotSupportedError as error:
@@ -53,7 +50,6 @@ def replan_stale_statements(execute, sql: str, params: Any, many: bool, context:
 
 
 def replan_on_postgresql(sender: Any, connection: Any, **kwargs: Any) -> None:
-    """``connection_created`` receiver: wrap every statement of a PostgreSQL connection."""
     if connection.vendor == "postgresql" and replan_stale_statements not in connection.execute_wrappers:
         connection.execute_wrappers.append(replan_stale_statements)
 

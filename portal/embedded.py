@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -99,38 +99,29 @@ def stop_child(process: subprocess.Popen, *, timeout: float) -> None:
             process.wait()
 
 
+@dataclass(kw_only=True, eq=False)
 class KubesimSupervisor:
     """Watches one kubesim child in a thread of its own: ``start(extra_args)`` returns once it serves, ``restarted()``
     follows each restart (a new token; kubesim's objects were in memory, so its VMs are gone), ``give_up(message)``
     when it is not started again."""
 
-    def __init__(
-        self,
-        *,
-        start: Callable[[list[str]], subprocess.Popen],
-        restarted: Callable[[], None],
-        give_up: Callable[[str], None],
-        kubeconfigs: tuple[Path, ...],
-        log_path: Path,
-        max_restarts: int = MAX_RESTARTS,
-    ) -> None:
-        self._start = start
-        self._restarted = restarted
-        self._give_up = give_up
-        self._kubeconfigs = kubeconfigs
-        self._log_path = log_path
-        self._max_restarts = max_restarts
-        self._stopping = threading.Event()
-        self._lock = threading.Lock()
-        self._process: subprocess.Popen | None = None
-        self._restart_args: list[str] = []
-        self.gave_up: str | None = None
+    start: Callable[[list[str]], subprocess.Popen]
+    restarted: Callable[[], None]
+    give_up: Callable[[str], None]
+    kubeconfigs: tuple[Path, ...]
+    log_path: Path
+    max_restarts: int = MAX_RESTARTS
+    gave_up: str | None = field(default=None, init=False)
+    _stopping: threading.Event = field(default_factory=threading.Event, init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _process: subprocess.Popen | None = field(default=None, init=False)
+    _restart_args: list[str] = field(default_factory=list, init=False)
 
     def run(self) -> None:
         """Start kubesim now (errors reach the caller) and watch it from then on."""
-        self._process = self._start([])
+        self._process = self.start([])
         # A restart serves on the same ports: the kubeconfigs name the HTTP one, then the HTTPS one.
-        ports = zip(("--port", "--tls-port"), [served_port(path) for path in self._kubeconfigs], strict=False)
+        ports = zip(("--port", "--tls-port"), [served_port(path) for path in self.kubeconfigs], strict=False)
         self._restart_args = [arg for flag, port in ports if port for arg in (flag, str(port))]
         threading.Thread(target=self._watch, name="kubesim-supervisor", daemon=True).start()
 
@@ -139,7 +130,6 @@ class KubesimSupervisor:
         self._stopping.set()
 
     def stop(self, *, timeout: float = 5.0) -> None:
-        """Stop kubesim for good (the portal is shutting down)."""
         self._stopping.set()
         # A restart under way holds the lock while kubesim comes up; it stops what it started once it sees this.
         locked = self._lock.acquire(timeout=timeout)
@@ -165,27 +155,27 @@ class KubesimSupervisor:
                 how = "before it served"
             else:
                 how = f"with status {status}" if status >= 0 else f"on signal {-status}"
-            if len(exits) > self._max_restarts:
+            if len(exits) > self.max_restarts:
                 self.gave_up = (
                     f"kubesim, the portal's cluster, exited {how}, {len(exits)} times within "
                     f"{RESTART_WINDOW_SECONDS:g} s; stopping the portal rather than running without a "
-                    f"cluster. See {self._log_path}."
+                    f"cluster. See {self.log_path}."
                 )
                 logger.critical(self.gave_up)
-                self._give_up(self.gave_up)
+                self.give_up(self.gave_up)
                 return
             logger.error(
                 "kubesim, the portal's cluster, exited %s; starting it again on the same port. It keeps its "
                 "objects in memory: the VMs of running labs are gone, and their attempts will fail. "
                 "(kubesim's log: %s)",
                 how,
-                self._log_path,
+                self.log_path,
             )
             try:
                 with self._lock:
                     if self._stopping.is_set():
                         return
-                    self._process = self._start(self._restart_args)
+                    self._process = self.start(self._restart_args)
                     if self._stopping.is_set():
                         stop_child(self._process, timeout=3)
                         return
@@ -193,7 +183,7 @@ class KubesimSupervisor:
                 logger.error("kubesim could not be started again: %s", exc)
                 self._process = None
                 continue
-            self._restarted()
+            self.restarted()
             logger.warning("kubesim started again (pid %s)", self._process.pid)
 
 

@@ -63,7 +63,7 @@ class EnrollmentRow:
     username: str
     email: str
     full_name: str
-    role: str
+    role: Role
 
 
 class EnrollmentFileInvalid(Exception):

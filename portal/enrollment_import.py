@@ -20,15 +20,11 @@ from portal.services import PasswordSetupToken, audit_record, grant_admin_access
 class ImportedPerson:
     line: int
     user: User
-    role: str
+    role: Role
     account_created: bool
     membership_created: bool
     # Only for accounts created by this import: the way their owner sets a password and logs in.
     password_setup: PasswordSetupToken | None = None
-
-    @property
-    def role_label(self) -> str:
-        return str(Role(self.role).label)
 
 
 @dataclass

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from psycopg_pool import PoolTimeout
+
 
 class ApplicationError(Exception):
     """A refusal a person can understand: a message (translated), an HTTP status, and maybe a retry hint."""
@@ -71,10 +73,6 @@ def error_body(
 
 def database_busy(error: BaseException | None) -> bool:
     """Did ``error`` come from the connection pool timing out (``PoolTimeout``, wrapped by Django)?"""
-    try:
-        from psycopg_pool import PoolTimeout
-    except ImportError:  # no pool without psycopg_pool (the embedded default's SQLite)
-        return False
     seen: set[int] = set()
     while error is not None and id(error) not in seen:
         if isinstance(error, PoolTimeout):

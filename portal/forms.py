@@ -22,11 +22,7 @@ def zone_choice_field(form: forms.ModelForm, *, current: str, blank_label: str |
     if current and current not in dict(choices):
         choices.append((current, current))
     form.fields["time_zone"] = forms.ChoiceField(
-        choices=choices,
-        required=False,
-        label=field.label,
-        help_text=field.help_text,
-        validators=field.validators,
+        choices=choices, required=False, label=field.label, help_text=field.help_text, validators=field.validators
     )
 
 
@@ -70,8 +66,7 @@ class CourseAdminForm(forms.ModelForm):
 
     def clean(self):
         cleaned = super().clean()
-        # Django skips the (tenant, code, term) constraint when tenant is not a form field, which would end in
-        # an IntegrityError; check it here with the tenant the admin supplies.
+        # Django skips the (tenant, code, term) constraint when tenant is not a form field (an IntegrityError later).
         if "tenant" not in self.fields:
             tenant = self.instance.tenant if self.instance.tenant_id else self.tenant
             duplicate = Course.objects.filter(
@@ -115,8 +110,7 @@ class TenantUserCreationForm(AdminUserCreationForm):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if "email" in self.fields:
-            self.fields["email"].required = True
+        self.fields["email"].required = True
 
 
 class TenantUserChangeForm(UserChangeForm):
@@ -134,8 +128,7 @@ class TenantUserChangeForm(UserChangeForm):
 
 class EnrollmentImportForm(forms.Form):
     csv_file = forms.FileField(
-        label=_("CSV file"),
-        help_text=_("UTF-8 (Excel: “CSV UTF-8”), first line username,email,name,role."),
+        label=_("CSV file"), help_text=_("UTF-8 (Excel: “CSV UTF-8”), first line username,email,name,role.")
     )
 
 

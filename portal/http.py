@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from django.contrib.auth.backends import ModelBackend
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 
 from portal.models import User
@@ -31,8 +31,5 @@ class TenantModelBackend(ModelBackend):
     """Every page needs the person's tenant (its time zone): the session's user brings it in the same query."""
 
     def get_user(self, user_id):
-        try:
-            user = User._default_manager.select_related("tenant").filter(pk=user_id).first()
-        except (ValueError, TypeError, ValidationError):  # a session whose user id is not one (another user model)
-            return None
+        user = User._default_manager.select_related("tenant").filter(pk=user_id).first()
         return user if user is not None and self.user_can_authenticate(user) else None

@@ -28,8 +28,6 @@ def _redis_client(url: str) -> redis.Redis:
 
 
 class _CounterStore:
-    """Integer counters in Redis hashes (shared by all processes), or in process memory without Redis."""
-
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._local: defaultdict[str, Counter[str]] = defaultdict(Counter)
@@ -85,5 +83,4 @@ def console_session_closed() -> None:
     _count_safely(CONSOLE_SESSIONS_KEY, "closed")
 
 
-aconsole_session_opened = sync_to_async(console_session_opened, thread_sensitive=False)
 aconsole_session_closed = sync_to_async(console_session_closed, thread_sensitive=False)

@@ -13,8 +13,6 @@ from django.utils.translation import gettext_lazy as _
 
 from portal.timezones import validate_time_zone
 
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
 
 def generate_namespace_name(tenant_name: str) -> str:
     """A DNS-1123 label: an ASCII slug of the name (empty for Japanese ones) and a random suffix."""
@@ -149,9 +147,7 @@ class Membership(models.Model):
         ordering = ["course", "role", "user__username"]
         verbose_name = _("membership")
         verbose_name_plural = _("memberships")
-        constraints = [
-            models.UniqueConstraint(fields=["user", "course"], name="membership_unique_user_course"),
-        ]
+        constraints = [models.UniqueConstraint(fields=["user", "course"], name="membership_unique_user_course")]
 
     def __str__(self) -> str:
         return f"{self.user} — {self.course} ({self.get_role_display()})"

@@ -4,6 +4,7 @@ Retry-After; and the sign-in throttle: past a few failures per (account, address
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import time
@@ -60,16 +61,8 @@ def rate_limit_hit(*, scope: str, key: str, message: str | None = None) -> str:
 
 def rate_limit_refund(cache_key: str) -> None:
     """Take back a request that ``rate_limit_hit`` counted (it turned out to do nothing the limit is for)."""
-    try:
+    with contextlib.suppress(ValueError):  # the window ended and its counter expired: nothing to take back
         cache.decr(cache_key)
-    except ValueError:  # the window ended and its counter expired: nothing to take back
-        pass
-
-
-def rate_limit_count(*, scope: str, key: str) -> None:
-    """Count one event (a failed login) without refusing anything."""
-    _limit, seconds, cache_key, _retry_after = _window(scope, key)
-    cache_count(cache_key, timeout=seconds + 1)
 
 
 def rate_limit_exceeded(*, scope: str, key: str) -> int | None:
@@ -123,7 +116,8 @@ def _on_login_failed(
     """Count a failed sign-in against the (account, address) and against the address."""
     if request is None:
         return
-    rate_limit_count(scope=ADDRESS_SCOPE, key=client_address(request))
+    _limit, seconds, cache_key, _retry_after = _window(ADDRESS_SCOPE, client_address(request))
+    cache_count(cache_key, timeout=seconds + 1)
     if username := credentials.get("username"):
         count_key, last_key = _pair_keys(request=request, username=username)
         # Remembered after the last failure at least as long as the longest delay.

@@ -19,8 +19,7 @@ class BodyTooLarge(Exception):
     """The body read so far is past the bound (a body sent without ``Content-Length``)."""
 
 
-async def _refuse(scope, send, limit: int) -> None:
-    headers = dict(scope.get("headers", []))
+async def _refuse(scope, headers: dict[bytes, bytes], send, limit: int) -> None:
     # Refused before LocaleMiddleware runs: the language is chosen here by the same rules (cookie, Accept-Language).
     cookies = parse_cookie(headers.get(b"cookie", b"").decode("latin-1"))
     with translation.override(scope_language({**scope, "cookies": cookies})):
@@ -62,7 +61,7 @@ class RequestBodyLimit:
         limit = settings.REQUEST_UPLOAD_MAX_BYTES if upload else settings.REQUEST_BODY_MAX_BYTES
         declared = headers.get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
-            return await _refuse(scope, send, limit)
+            return await _refuse(scope, headers, send, limit)
         received = 0
 
         async def bounded_receive():
@@ -78,4 +77,4 @@ class RequestBodyLimit:
             return await self.app(scope, bounded_receive, send)
         except BodyTooLarge:
             # Django reads the whole body before it starts a response, so none has been sent yet.
-            return await _refuse(scope, send, limit)
+            return await _refuse(scope, headers, send, limit)

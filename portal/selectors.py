@@ -44,10 +44,8 @@ def course_role(*, user: User, course: Course) -> str | None:
         return Role.INSTRUCTOR
     if user.tenant_id != course.tenant_id:
         return None
-    return (
-        # One row at most (unique per user and course): no ORDER BY, whose default would join the users table.
-        Membership.objects.filter(user=user, course=course).order_by().values_list("role", flat=True).first()
-    )
+    # One row at most (unique per user and course): no ORDER BY, whose default would join the users table.
+    return Membership.objects.filter(user=user, course=course).order_by().values_list("role", flat=True).first()
 
 
 def course_get_for_user(*, user: User, course_id: int, roles: tuple[str, ...] | None = None) -> Course:

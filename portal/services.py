@@ -52,8 +52,7 @@ def course_create(*, actor: User, course: Course) -> Course:
 
 
 def grant_admin_access(user: User) -> None:
-    # Instructors run their courses in the admin; is_staff only opens its door, and what they see there is
-    # decided by their memberships (portal.admin_scoping), so granting it gives no other rights.
+    # is_staff only opens the admin's door: what instructors see there is decided by their memberships.
     if not user.is_staff:
         user.is_staff = True
         user.save(update_fields=["is_staff"])
@@ -61,7 +60,6 @@ def grant_admin_access(user: User) -> None:
 
 @transaction.atomic
 def membership_create(*, actor: User, membership: Membership) -> Membership:
-    """Save the new ``membership`` of a person in a course of their own institution."""
     user, course, role = membership.user, membership.course, membership.role
     if user.tenant_id != course.tenant_id:
         raise ApplicationError(_("%(user)s belongs to another institution than the course.") % {"user": user})

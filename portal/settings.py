@@ -226,18 +226,11 @@ if DATABASE_URL:
         # DB_PREPARE_THRESHOLD runs on a connection that lives (set it to 0 behind PgBouncer in transaction mode).
         prepare_threshold = env_int("DB_PREPARE_THRESHOLD", 5)
         options = DATABASES["default"].setdefault("OPTIONS", {})
-        options.update(
-            server_side_binding=True,
-            prepare_threshold=prepare_threshold if prepare_threshold > 0 else None,
-        )
+        options.update(server_side_binding=True, prepare_threshold=prepare_threshold if prepare_threshold > 0 else None)
         # daphne gives each request its own thread and connection: a pool per process makes a class's Starts wait
         # rather than exhaust PostgreSQL's max_connections (needs DB_CONN_MAX_AGE=0).
         if (pool_size := env_int("DB_POOL_MAX_SIZE", 0)) > 0:
-            options["pool"] = {
-                "min_size": 1,
-                "max_size": pool_size,
-                "timeout": env_int("DB_POOL_TIMEOUT", 30),
-            }
+            options["pool"] = {"min_size": 1, "max_size": pool_size, "timeout": env_int("DB_POOL_TIMEOUT", 30)}
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)  # a fresh clone has no var/ yet, and SQLite will not create it
     DATABASES = {
@@ -285,8 +278,7 @@ if REDIS_URL:
             },
         }
     }
-    # Shared by web, worker and beat. django-redis keeps one connection pool per process; Django's own backend built
-    # one per request under ASGI.
+    # django-redis keeps one connection pool per process (Django's own backend built one per request under ASGI).
     CACHES = {
         "default": {
             # django-redis's, whose clear() removes only this cache's keys, not the whole database (portal.redis_cache).
@@ -303,8 +295,7 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = REDIS_KEY_PREFIX
 else:
-    # Channels' own, forgetting the channels of consumers that ended (portal.channel_layer), with room for
-    # as many messages per channel as above (a class's tabs overflowed the default of 100).
+    # Channels' own, forgetting ended consumers' channels (portal.channel_layer); a class overflowed 100 messages.
     CHANNEL_LAYERS = {"default": {"BACKEND": "portal.channel_layer.InMemoryChannelLayer", "CONFIG": {"capacity": 1500}}}
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "portal"}}
     CELERY_BROKER_URL = "memory://localhost/"  # with a host: kombu warns at start without one
@@ -340,10 +331,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    "ENUM_NAME_OVERRIDES": {
-        "AttemptStateEnum": "labs.models.AttemptState",
-        "RunStateEnum": "grading.models.RunState",
-    },
+    "ENUM_NAME_OVERRIDES": {"AttemptStateEnum": "labs.models.AttemptState", "RunStateEnum": "grading.models.RunState"},
 }
 
 # Rate limits (portal.ratelimit): scope -> (requests, window in seconds). Refusals are 429 with Retry-After.

@@ -42,7 +42,6 @@ def validate_time_zone(value: str) -> None:
 
 
 def tenant_time_zone(tenant: Any) -> Any:
-    """The zone a tenant's times are written in (the deployment's default if it names none)."""
     return zone_named(getattr(tenant, "time_zone", "")) or timezone.get_default_timezone()
 
 

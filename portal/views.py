@@ -129,11 +129,10 @@ def favicon_view(request: HttpRequest) -> HttpResponseRedirect:
 
 # Seconds a client is asked to wait when the database is busy: short (the pool frees a connection as each request
 # ends), spread so that a refused class does not come back in the same second.
-BUSY_RETRY_AFTER_RANGE = (3, 10)
+BUSY_RETRY_AFTER_SECONDS = range(3, 11)
 
 
 def wants_json(request: HttpRequest) -> bool:
-    """Does the request come from a page's script that reads JSON (``Accept: application/json``)?"""
     return "application/json" in request.headers.get("Accept", "")
 
 
@@ -155,8 +154,7 @@ def server_error(request: HttpRequest) -> HttpResponse:
     if database_busy(sys.exc_info()[1]):
         status, code = 503, "portal_busy"
         message = _("The portal is very busy right now and could not answer. Try again in a few seconds.")
-        low, high = BUSY_RETRY_AFTER_RANGE
-        retry_after = low + secrets.randbelow(high - low + 1)
+        retry_after = secrets.choice(BUSY_RETRY_AFTER_SECONDS)
     else:
         status, code = 500, "server_error"
         message = _(

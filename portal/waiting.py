@@ -12,7 +12,6 @@ CANCEL_RETRY_SECONDS = 1.0
 
 
 async def wait_event(event: asyncio.Event, seconds: float) -> bool:
-    """Wait until ``event`` is set or ``seconds`` have passed; True when it was set."""
     try:
         async with asyncio.timeout(seconds):
             await event.wait()

@@ -16,6 +16,7 @@ from channels.middleware import BaseMiddleware
 from channels.routing import URLRouter
 from channels.sessions import CookieMiddleware, SessionMiddleware
 from django.conf import settings
+from django.contrib.auth import get_user
 from django.http.request import split_domain_port, validate_host
 from django.urls import re_path
 from django.utils import translation
@@ -34,10 +35,7 @@ CLOSE_NOT_FOUND = 4404
 
 
 def session_user(scope: dict[str, Any]):
-    """The scope's user from its session, or ``AnonymousUser``. Sync code only: it reads the database."""
-    from django.contrib.auth import get_user
-
-    # get_user reads only the request's session.
+    """The scope's user from its session (all ``get_user`` reads), or ``AnonymousUser``. Sync code only."""
     return get_user(SimpleNamespace(session=scope["session"]))  # type: ignore[arg-type]
 
 
@@ -57,8 +55,7 @@ def scope_language(scope: Mapping[str, Any]) -> str:
     headers = dict(scope.get("headers") or ())
     accept = headers.get(b"accept-language", b"").decode("latin-1")
     request = SimpleNamespace(COOKIES=scope.get("cookies") or {}, META={"HTTP_ACCEPT_LANGUAGE": accept})
-    # Malformed headers and unknown cookie values fall back to the default language there; nothing raises.
-    # It reads only COOKIES and META, which the namespace gives it.
+    # It reads only COOKIES and META, and falls back to the default language on anything malformed.
     return translation.get_language_from_request(request, check_path=False)  # type: ignore[arg-type]
 
 
@@ -180,7 +177,6 @@ class PageSocketConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):  # type: i
         return first
 
     async def refuse(self, exc: Exception) -> None:
-        """Close for no session (4401) or nothing this user may see (4404)."""
         await self.close(code=CLOSE_UNAUTHENTICATED if isinstance(exc, NotAuthenticated) else CLOSE_NOT_FOUND)
 
     async def disconnect(self, code: int) -> None:

@@ -6,6 +6,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -215,7 +216,7 @@ def test_shared_counters_for_cluster_errors_and_console_sessions(client):
 
 @pytest.mark.django_db
 async def test_async_console_counters_for_consumers(client):
-    await event_counters.aconsole_session_opened()
+    await sync_to_async(event_counters.console_session_opened)()
     await event_counters.aconsole_session_closed()
     assert metrics.counters.read(metrics.CONSOLE_SESSIONS_KEY) == {"opened": 1, "closed": 1}
 

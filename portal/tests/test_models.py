@@ -1,9 +1,13 @@
 """Core model rules: namespaces are server-generated DNS-1123 labels; memberships are unique."""
 
+import re
+
 import pytest
 from django.db import IntegrityError, transaction
 
-from portal.models import DNS1123_LABEL, Membership, Role, Tenant
+from portal.models import Membership, Role, Tenant
+
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 @pytest.mark.django_db
