@@ -120,18 +120,8 @@ def pool_vm_create(*, pool: LabPool) -> PoolVm | None:
         pool_vm.vm_name = names.pool_vm_name(pool_vm.id)
         PoolVm.objects.filter(id=pool_vm.id).update(vm_name=pool_vm.vm_name)
     try:
-        lab_vm_create(
-            tenant=tenant,
-            namespace=pool_vm.namespace,
-            name=pool_vm.vm_name,
-            labels=names.pool_vm_labels(
-                tenant_id=tenant.id, course_id=lab.course_id, lab_id=lab.id, pool_vm_id=pool_vm.id
-            ),
-            lab=lab,
-            vcpus=pool_vm.vcpus,
-            memory_mib=pool_vm.memory_mib,
-            user_data=render_user_data(token=pool_vm.agent_token, extra_cloud_config=lab.extra_cloud_init),
-        )
+        user_data = render_user_data(token=pool_vm.agent_token, extra_cloud_config=lab.extra_cloud_init)
+        lab_vm_create(owner=pool_vm, user_data=user_data)
     except (ClusterError, ValueError):
         pool_vm_end(pool_vm=pool_vm, reason=EndReason.CREATE_FAILED)
         raise
