@@ -52,8 +52,6 @@ def tenant_namespace_ensure(*, tenant: Tenant, force: bool = False) -> bool:
 
 # A namespace known to refuse the portal is asked about again by the first Start after this long.
 NOT_READY_RECHECK_SECONDS = 30
-
-
 # Tenants whose namespace this process found open to the portal by review, before any provisioning set it up.
 _reviewed_ready: set[int] = set()
 
