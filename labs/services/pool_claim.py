@@ -13,7 +13,7 @@ from labs.kubevirt import names, operations
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, AttemptState, Lab
 from labs.pool_models import POOL_HOLDING_STATES, PoolVm, PoolVmState, pool_vm_recipe
-from labs.services.pools import EndReason, pool_vm_delete_on_cluster
+from labs.services.pools import EndReason, pool_vm_delete_on_cluster, pool_vm_end
 from labs.services.quota import TenantTotals
 from labs.states import attempt_transition
 
@@ -116,11 +116,7 @@ def _start_cold(*, attempt: Attempt, pool_vm: PoolVm | None, why: str) -> str:
 
     logger.warning("attempt %s: claimed pool VM unusable (%s); starting it cold", attempt.id, why)
     if pool_vm is not None:
-        ended = PoolVm.objects.filter(id=pool_vm.id, state=PoolVmState.CLAIMED).update(
-            state=PoolVmState.DELETED, ended_at=timezone.now(), end_reason=EndReason.CLAIM_FAILED, attempt=None
-        )
-        if ended:
-            pool_vm_delete_on_cluster(pool_vm=pool_vm)
+        pool_vm_end(pool_vm=pool_vm, reason=EndReason.CLAIM_FAILED, from_states=(PoolVmState.CLAIMED,))
     own = names.vm_name(attempt.id)
     if not Attempt.objects.filter(id=attempt.id, state=AttemptState.REQUESTED).update(vm_name=own):
         return "skipped"

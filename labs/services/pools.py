@@ -135,9 +135,9 @@ def pool_vm_end(
     from_states: tuple[str, ...] = POOL_HOLDING_STATES,
     report: PoolReport | None = None,
 ) -> bool:
-    """Take an unclaimed VM out of the pool (freeing its quota at once) and delete it; False if claimed or ended."""
+    """Take a VM out of the pool (freeing its quota at once) and delete it; False if it left ``from_states``."""
     ended = PoolVm.objects.filter(id=pool_vm.id, state__in=from_states).update(
-        state=PoolVmState.DELETED, ended_at=timezone.now(), end_reason=reason
+        state=PoolVmState.DELETED, ended_at=timezone.now(), end_reason=reason, attempt=None
     )
     if not ended:
         return False
