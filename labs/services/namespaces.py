@@ -71,8 +71,7 @@ def tenant_namespace_refused(*, namespace: str, said: str) -> None:
     if tenant is not None:
         _reviewed_ready.discard(tenant.id)
         TenantNamespace.objects.update_or_create(
-            tenant=tenant,
-            defaults={"namespace": namespace, "last_error": said[:2000], "last_error_at": timezone.now()},
+            tenant=tenant, defaults={"namespace": namespace, "last_error": said[:2000], "last_error_at": timezone.now()}
         )
 
 

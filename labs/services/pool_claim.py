@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from functools import partial
 
 from django.db import transaction
 from django.utils import timezone
@@ -24,12 +25,7 @@ def pool_vm_claim(*, attempt: Attempt, lab: Lab, now: datetime) -> PoolVm | None
     """In the Start's transaction: take the tenant's longest-ready pool VM of the lab's current recipe, or None."""
     pool_vm = (
         PoolVm.objects.select_for_update(skip_locked=True)
-        .filter(
-            lab=lab,
-            tenant_id=attempt.tenant_id,
-            state=PoolVmState.READY,
-            recipe=pool_vm_recipe(lab),
-        )
+        .filter(lab=lab, tenant_id=attempt.tenant_id, state=PoolVmState.READY, recipe=pool_vm_recipe(lab))
         .order_by("ready_at", "id")
         .first()
     )
@@ -40,8 +36,8 @@ def pool_vm_claim(*, attempt: Attempt, lab: Lab, now: datetime) -> PoolVm | None
 
 
 def pool_give_way(*, tenant_id: int, totals: TenantTotals, fits) -> TenantTotals:
-    """Under the tenant's lock: end unclaimed pool VMs (booting first) until ``fits``; the totals without them."""
-    given: list[PoolVm] = []
+    """Under the tenant's lock: end unclaimed pool VMs (booting first) until ``fits``; the totals without them (their
+    VMs are deleted once the Start commits)."""
     candidates = (
         PoolVm.objects.select_for_update(skip_locked=True)
         .filter(tenant_id=tenant_id, state__in=POOL_HOLDING_STATES)
@@ -54,20 +50,15 @@ def pool_give_way(*, tenant_id: int, totals: TenantTotals, fits) -> TenantTotals
             state=PoolVmState.DELETED, ended_at=timezone.now(), end_reason=EndReason.GAVE_WAY
         )
         totals = totals._replace(
-            vms=totals.vms - 1,
-            vcpus=totals.vcpus - pool_vm.vcpus,
-            memory=totals.memory - pool_vm.launcher_memory_mib,
+            vms=totals.vms - 1, vcpus=totals.vcpus - pool_vm.vcpus, memory=totals.memory - pool_vm.launcher_memory_mib
         )
-        given.append(pool_vm)
-
-    def delete() -> None:
-        for pool_vm in given:
-            logger.info("pool VM %s gave way to a cold start", pool_vm.vm_name)
-            pool_vm_delete_on_cluster(pool_vm=pool_vm)
-
-    if given:
-        transaction.on_commit(delete)
+        transaction.on_commit(partial(_gave_way, pool_vm))
     return totals
+
+
+def _gave_way(pool_vm: PoolVm) -> None:
+    logger.info("pool VM %s gave way to a cold start", pool_vm.vm_name)
+    pool_vm_delete_on_cluster(pool_vm=pool_vm)
 
 
 def pool_claim_finish(*, attempt_id: int) -> str:
