@@ -153,10 +153,8 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
         constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
         if constraint not in (None, "attempt_one_active_per_student_lab"):
             raise
-        active = (
-            Attempt.objects.filter(student=actor, lab=lab, state__in=ACTIVE_STATES).values_list("id", flat=True).first()
-        )
-        raise _already_active(attempt_id=active) from None
+        active = Attempt.objects.filter(student=actor, lab=lab, state__in=ACTIVE_STATES).values_list("id", flat=True)
+        raise _already_active(attempt_id=active.first()) from None
     # No update is pushed: nobody listens to an attempt that did not exist, and the answer carries its status.
     if claimed is not None:
         from labs.tasks import finish_pool_claim
