@@ -56,9 +56,8 @@ class LabPool(models.Model):
         if self.mode != PoolMode.OFF and not self.size:
             raise ValidationError({"size": _("Give the number of VMs to keep ready, or switch the pool off.")})
 
-    def target(self, now: datetime | None = None) -> int:
+    def target(self, now: datetime) -> int:
         """How many unclaimed VMs the pool should hold now: none when off, outside its schedule or the lab closed."""
-        now = now or timezone.now()
         # A scheduled pool warms up before the lab opens (the class begins at the opening): that is not "closed".
         opens_later = bool(self.lab.opens_at and now < self.lab.opens_at)
         if self.mode == PoolMode.OFF or not self.lab.is_open(now) and not opens_later:
@@ -126,7 +125,7 @@ class PoolVm(models.Model):
     def __str__(self) -> str:
         return self.vm_name or f"pool VM {self.pk}"
 
-    def idle_seconds(self, now: datetime | None = None) -> float:
+    def idle_seconds(self, now: datetime) -> float:
         """How long it was up unclaimed: from creation to its claim or deletion (or now)."""
-        end = self.claimed_at or self.ended_at or now or timezone.now()
+        end = self.claimed_at or self.ended_at or now
         return max(0.0, (end - self.created_at).total_seconds())

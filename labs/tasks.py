@@ -118,11 +118,10 @@ def sync_namespace(namespace: str, follow_up: float | None = None) -> dict:
     if follow_up is not None:
         agents.follow_up_begins(namespace=namespace, delay=follow_up)
     try:
-        report = tracking.namespace_sync(namespace=namespace)
+        return asdict(tracking.namespace_sync(namespace=namespace))
     except ClusterError as error:
         logger.info("follow-up sync of %s failed (%s); the beat sync will retry", namespace, error.message)
         return {"error": error.message}
-    return asdict(report)
 
 
 @shared_task(bind=True, acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)
@@ -190,10 +189,4 @@ def tend_pools() -> dict:
             pools.pool_vms_prune()
     finally:
         cache.delete(TEND_LOCK_KEY)
-    return {
-        "ready": checked.ready,
-        "created": refilled.created,
-        "deleted": checked.deleted + refilled.deleted,
-        "errors": refilled.errors,
-        "held": refilled.held,
-    }
+    return {**asdict(refilled), "ready": checked.ready, "deleted": checked.deleted + refilled.deleted}

@@ -29,7 +29,16 @@ class _Sender:
         self._held: dict[tuple[str, str], asyncio.TimerHandle] = {}
 
     def submit(self, layer: Any, group: str, message: dict[str, Any], *, hold: float = 0.0) -> None:
-        loop, queue = self._running()
+        with self._lock:
+            # A forked worker child inherits the object but not the thread: start a fresh one there.
+            if self._started is None or self._started[0] != os.getpid():
+                loop = asyncio.new_event_loop()
+                queue: asyncio.Queue = asyncio.Queue()  # bound to the loop that first awaits it: the sender's
+                threading.Thread(
+                    target=loop.run_until_complete, args=(self._drain(queue),), name="channel-push", daemon=True
+                ).start()
+                self._started = (os.getpid(), loop, queue)
+            _pid, loop, queue = self._started
         loop.call_soon_threadsafe(self._accept, loop, queue, (layer, group, message), hold)
 
     def _accept(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, item: tuple, hold: float) -> None:
@@ -47,18 +56,6 @@ class _Sender:
     def _release(self, queue: asyncio.Queue, key: tuple[str, str], item: tuple) -> None:
         self._held.pop(key, None)
         queue.put_nowait(item)
-
-    def _running(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Queue]:
-        with self._lock:
-            # A forked worker child inherits the object but not the thread: start a fresh one there.
-            if self._started is None or self._started[0] != os.getpid():
-                loop = asyncio.new_event_loop()
-                queue: asyncio.Queue = asyncio.Queue()  # bound to the loop that first awaits it: the sender's
-                threading.Thread(
-                    target=loop.run_until_complete, args=(self._drain(queue),), name="channel-push", daemon=True
-                ).start()
-                self._started = (os.getpid(), loop, queue)
-            return self._started[1], self._started[2]
 
     @staticmethod
     async def _drain(queue: asyncio.Queue) -> None:
@@ -107,13 +104,9 @@ def attempt_push_on_commit(*, attempt: Attempt, hold: float = 0.0) -> None:
 
     message = {"type": "attempt.update", "attempt": attempt_status_payload(attempt)}
     # The payload's words are in the active language; the sockets of readers in other languages take theirs here.
-    wording = {
-        key: texts
-        for key, texts in (("failure_reason", attempt.failure_reason_texts), ("message", attempt.status_message_texts))
-        if texts
-    }
-    if wording:
-        message["wording"] = wording
+    wording = {"failure_reason": attempt.failure_reason_texts, "message": attempt.status_message_texts}
+    if any(wording.values()):
+        message["wording"] = {key: texts for key, texts in wording.items() if texts}
     transaction.on_commit(lambda: send_to_group(attempt_group(attempt.id), message, hold=hold))
     # The lab's class views render their table anew; reading a deferred lab_id would cost a query.
     if "lab_id" not in attempt.get_deferred_fields():

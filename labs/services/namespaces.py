@@ -52,8 +52,6 @@ def tenant_namespace_ensure(*, tenant: Tenant, force: bool = False) -> bool:
 
 # A namespace known to refuse the portal is asked about again by the first Start after this long.
 NOT_READY_RECHECK_SECONDS = 30
-
-
 # Tenants whose namespace this process found open to the portal by review, before any provisioning set it up.
 _reviewed_ready: set[int] = set()
 
@@ -73,8 +71,7 @@ def tenant_namespace_refused(*, namespace: str, said: str) -> None:
     if tenant is not None:
         _reviewed_ready.discard(tenant.id)
         TenantNamespace.objects.update_or_create(
-            tenant=tenant,
-            defaults={"namespace": namespace, "last_error": said[:2000], "last_error_at": timezone.now()},
+            tenant=tenant, defaults={"namespace": namespace, "last_error": said[:2000], "last_error_at": timezone.now()}
         )
 
 

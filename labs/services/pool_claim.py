@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from functools import partial
 
 from django.db import transaction
 from django.utils import timezone
@@ -13,7 +14,7 @@ from labs.kubevirt import names, operations
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, AttemptState, Lab
 from labs.pool_models import POOL_HOLDING_STATES, PoolVm, PoolVmState, pool_vm_recipe
-from labs.services.pools import EndReason, pool_vm_delete_on_cluster
+from labs.services.pools import EndReason, pool_vm_delete_on_cluster, pool_vm_end
 from labs.services.quota import TenantTotals
 from labs.states import attempt_transition
 
@@ -24,12 +25,7 @@ def pool_vm_claim(*, attempt: Attempt, lab: Lab, now: datetime) -> PoolVm | None
     """In the Start's transaction: take the tenant's longest-ready pool VM of the lab's current recipe, or None."""
     pool_vm = (
         PoolVm.objects.select_for_update(skip_locked=True)
-        .filter(
-            lab=lab,
-            tenant_id=attempt.tenant_id,
-            state=PoolVmState.READY,
-            recipe=pool_vm_recipe(lab),
-        )
+        .filter(lab=lab, tenant_id=attempt.tenant_id, state=PoolVmState.READY, recipe=pool_vm_recipe(lab))
         .order_by("ready_at", "id")
         .first()
     )
@@ -40,8 +36,8 @@ def pool_vm_claim(*, attempt: Attempt, lab: Lab, now: datetime) -> PoolVm | None
 
 
 def pool_give_way(*, tenant_id: int, totals: TenantTotals, fits) -> TenantTotals:
-    """Under the tenant's lock: end unclaimed pool VMs (booting first) until ``fits``; the totals without them."""
-    given: list[PoolVm] = []
+    """Under the tenant's lock: end unclaimed pool VMs (booting first) until ``fits``; the totals without them (their
+    VMs are deleted once the Start commits)."""
     candidates = (
         PoolVm.objects.select_for_update(skip_locked=True)
         .filter(tenant_id=tenant_id, state__in=POOL_HOLDING_STATES)
@@ -54,20 +50,15 @@ def pool_give_way(*, tenant_id: int, totals: TenantTotals, fits) -> TenantTotals
             state=PoolVmState.DELETED, ended_at=timezone.now(), end_reason=EndReason.GAVE_WAY
         )
         totals = totals._replace(
-            vms=totals.vms - 1,
-            vcpus=totals.vcpus - pool_vm.vcpus,
-            memory=totals.memory - pool_vm.launcher_memory_mib,
+            vms=totals.vms - 1, vcpus=totals.vcpus - pool_vm.vcpus, memory=totals.memory - pool_vm.launcher_memory_mib
         )
-        given.append(pool_vm)
-
-    def delete() -> None:
-        for pool_vm in given:
-            logger.info("pool VM %s gave way to a cold start", pool_vm.vm_name)
-            pool_vm_delete_on_cluster(pool_vm=pool_vm)
-
-    if given:
-        transaction.on_commit(delete)
+        transaction.on_commit(partial(_gave_way, pool_vm))
     return totals
+
+
+def _gave_way(pool_vm: PoolVm) -> None:
+    logger.info("pool VM %s gave way to a cold start", pool_vm.vm_name)
+    pool_vm_delete_on_cluster(pool_vm=pool_vm)
 
 
 def pool_claim_finish(*, attempt_id: int) -> str:
@@ -116,11 +107,7 @@ def _start_cold(*, attempt: Attempt, pool_vm: PoolVm | None, why: str) -> str:
 
     logger.warning("attempt %s: claimed pool VM unusable (%s); starting it cold", attempt.id, why)
     if pool_vm is not None:
-        ended = PoolVm.objects.filter(id=pool_vm.id, state=PoolVmState.CLAIMED).update(
-            state=PoolVmState.DELETED, ended_at=timezone.now(), end_reason=EndReason.CLAIM_FAILED, attempt=None
-        )
-        if ended:
-            pool_vm_delete_on_cluster(pool_vm=pool_vm)
+        pool_vm_end(pool_vm=pool_vm, reason=EndReason.CLAIM_FAILED, from_states=(PoolVmState.CLAIMED,))
     own = names.vm_name(attempt.id)
     if not Attempt.objects.filter(id=attempt.id, state=AttemptState.REQUESTED).update(vm_name=own):
         return "skipped"

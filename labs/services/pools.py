@@ -120,18 +120,8 @@ def pool_vm_create(*, pool: LabPool) -> PoolVm | None:
         pool_vm.vm_name = names.pool_vm_name(pool_vm.id)
         PoolVm.objects.filter(id=pool_vm.id).update(vm_name=pool_vm.vm_name)
     try:
-        lab_vm_create(
-            tenant=tenant,
-            namespace=pool_vm.namespace,
-            name=pool_vm.vm_name,
-            labels=names.pool_vm_labels(
-                tenant_id=tenant.id, course_id=lab.course_id, lab_id=lab.id, pool_vm_id=pool_vm.id
-            ),
-            lab=lab,
-            vcpus=pool_vm.vcpus,
-            memory_mib=pool_vm.memory_mib,
-            user_data=render_user_data(token=pool_vm.agent_token, extra_cloud_config=lab.extra_cloud_init),
-        )
+        user_data = render_user_data(token=pool_vm.agent_token, extra_cloud_config=lab.extra_cloud_init)
+        lab_vm_create(owner=pool_vm, user_data=user_data)
     except (ClusterError, ValueError):
         pool_vm_end(pool_vm=pool_vm, reason=EndReason.CREATE_FAILED)
         raise
@@ -145,12 +135,13 @@ def pool_vm_end(
     from_states: tuple[str, ...] = POOL_HOLDING_STATES,
     report: PoolReport | None = None,
 ) -> bool:
-    """Take an unclaimed VM out of the pool (freeing its quota at once) and delete it; False if claimed or ended."""
+    """Take a VM out of the pool (freeing its quota at once) and delete it; False if it left ``from_states``."""
     ended = PoolVm.objects.filter(id=pool_vm.id, state__in=from_states).update(
-        state=PoolVmState.DELETED, ended_at=timezone.now(), end_reason=reason
+        state=PoolVmState.DELETED, ended_at=timezone.now(), end_reason=reason, attempt=None
     )
     if not ended:
         return False
+    pool_vm.state = PoolVmState.DELETED
     logger.info("pool VM %s/%s ended: %s", pool_vm.namespace, pool_vm.vm_name, reason)
     if report is not None:
         report.deleted.append(pool_vm.vm_name)
@@ -176,7 +167,6 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
     if not vms:
         return report
     # One VMI list per namespace, a VM list only where a VMI is missing; no answer gives no verdict.
-    ended: set[int] = set()
     by_namespace: dict[str, list[PoolVm]] = {}
     for pool_vm in vms:
         by_namespace.setdefault(pool_vm.namespace, []).append(pool_vm)
@@ -198,13 +188,12 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
                 reason = EndReason.VMI_ENDED
             else:
                 continue
-            ended.add(pool_vm.id)
             pool_vm_end(pool_vm=pool_vm, reason=reason, report=report)
     due = now - timedelta(seconds=settings.POOL_READY_CHECK_SECONDS)
     asked = [
         pool_vm
         for pool_vm in vms
-        if pool_vm.id not in ended
+        if pool_vm.state in POOL_HOLDING_STATES
         and (pool_vm.state == PoolVmState.BOOTING or pool_vm.checked_at is None or pool_vm.checked_at <= due)
     ]
     if not asked:
@@ -217,12 +206,9 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
             ready = PoolVm.objects.filter(id=pool_vm.id, state=PoolVmState.BOOTING)
             if ready.update(state=PoolVmState.READY, ready_at=timezone.now()):
                 report.ready.append(pool_vm.vm_name)
-        elif pool_vm.state == PoolVmState.READY and not answers_now:
-            pool_vm_end(pool_vm=pool_vm, reason=EndReason.AGENT_LOST, from_states=(PoolVmState.READY,), report=report)
-        elif pool_vm.state == PoolVmState.BOOTING and pool_vm.created_at < boot_limit:
-            pool_vm_end(
-                pool_vm=pool_vm, reason=EndReason.BOOT_TIMEOUT, from_states=(PoolVmState.BOOTING,), report=report
-            )
+        elif not answers_now and (pool_vm.state == PoolVmState.READY or pool_vm.created_at < boot_limit):
+            reason = EndReason.AGENT_LOST if pool_vm.state == PoolVmState.READY else EndReason.BOOT_TIMEOUT
+            pool_vm_end(pool_vm=pool_vm, reason=reason, from_states=(pool_vm.state,), report=report)
     return report
 
 
@@ -234,9 +220,7 @@ def pool_vms_prune(*, now: datetime | None = None) -> int:
     now = now or timezone.now()
     cutoff = now - timedelta(days=settings.POOL_VM_RETENTION_DAYS)
     ended = Q(state=PoolVmState.DELETED, ended_at__lt=cutoff) | Q(
-        Q(attempt__isnull=True) | Q(attempt__state__in=FINAL_STATES),
-        state=PoolVmState.CLAIMED,
-        claimed_at__lt=cutoff,
+        Q(attempt__isnull=True) | Q(attempt__state__in=FINAL_STATES), state=PoolVmState.CLAIMED, claimed_at__lt=cutoff
     )
     with transaction.atomic():
         rows = list(

@@ -12,13 +12,13 @@ from django.utils.translation import gettext as _
 
 from labs.kubevirt import manifests, names, operations
 from labs.kubevirt.operations import ClusterError
-from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, Lab
+from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState
+from labs.pool_models import PoolVm
 from labs.services.agents import watch_new_vm
 from labs.services.namespaces import tenant_namespace_ensure
 from labs.services.stopping import enqueue_teardown
 from labs.states import attempt_transition
 from labs.wording import in_every_language
-from portal.models import Tenant
 
 logger = logging.getLogger(__name__)
 
@@ -87,20 +87,7 @@ def attempt_provision(*, attempt_id: int) -> str:
         )
         return "failed"
 
-    created_vm = lab_vm_create(
-        tenant=attempt.tenant,
-        namespace=attempt.namespace,
-        name=attempt.vm_name,
-        labels=names.attempt_labels(
-            tenant_id=attempt.tenant_id, course_id=lab.course_id, lab_id=lab.id, attempt_id=attempt.id
-        ),
-        lab=lab,
-        vcpus=attempt.vcpus,
-        memory_mib=attempt.memory_mib,
-        user_data=user_data,
-    )
-    vm_labels = (created_vm.get("metadata") or {}).get("labels") or {}
-    if names.attempt_id_from_labels(vm_labels) != attempt.id:
+    if not lab_vm_create(owner=attempt, user_data=user_data):
         attempt_fail(
             attempt_id=attempt_id,
             reason=lambda: (
@@ -121,42 +108,39 @@ def attempt_provision(*, attempt_id: int) -> str:
     return "created"
 
 
-def lab_vm_create(
-    *,
-    tenant: Tenant,
-    namespace: str,
-    name: str,
-    labels: dict[str, str],
-    lab: Lab,
-    vcpus: int,
-    memory_mib: int,
-    user_data: str,
-) -> dict:
-    """Create a lab VM and its cloud-init Secret (owned by the VM) in the tenant's namespace; returns the VM."""
-    tenant_namespace_ensure(tenant=tenant)
-    secret_name = names.cloud_init_secret_name(name)
+def lab_vm_create(*, owner: Attempt | PoolVm, user_data: str) -> bool:
+    """Create the VM of an attempt or a pool VM and its cloud-init Secret (owned by the VM) in the tenant's
+    namespace; False when a VM of that name with other labels is in the way."""
+    lab, namespace = owner.lab, owner.namespace
+    ids = {"tenant_id": owner.tenant_id, "course_id": lab.course_id, "lab_id": lab.id}
+    if isinstance(owner, Attempt):
+        labels = names.attempt_labels(**ids, attempt_id=owner.id)
+    else:
+        labels = names.pool_vm_labels(**ids, pool_vm_id=owner.id)
+    tenant_namespace_ensure(tenant=owner.tenant)
+    secret_name = names.cloud_init_secret_name(owner.vm_name)
     try:
         operations.secret_create(
             manifests.cloud_init_secret(name=secret_name, namespace=namespace, labels=labels, user_data=user_data)
         )
         created_vm, _created = operations.vm_create(
             manifests.virtual_machine(
-                name=name,
+                name=owner.vm_name,
                 namespace=namespace,
                 labels=labels,
                 image=lab.image,
-                vcpus=vcpus,
-                memory_mib=memory_mib,
+                vcpus=owner.vcpus,
+                memory_mib=owner.memory_mib,
                 host_passthrough=lab.nested_virtualization,
                 cloud_init_secret=secret_name,
             )
         )
     except ClusterError as error:
         if error.status == 404:
-            tenant_namespace_ensure(tenant=tenant, force=True)
+            tenant_namespace_ensure(tenant=owner.tenant, force=True)
             error.transient = True
         raise
-    if labels.items() <= ((created_vm.get("metadata") or {}).get("labels") or {}).items():
-        owner = manifests.owner_reference(created_vm)
-        operations.secret_set_owner(namespace=namespace, name=secret_name, owner=owner)
-    return created_vm
+    if not labels.items() <= ((created_vm.get("metadata") or {}).get("labels") or {}).items():
+        return False
+    operations.secret_set_owner(namespace=namespace, name=secret_name, owner=manifests.owner_reference(created_vm))
+    return True

@@ -153,10 +153,8 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
         constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
         if constraint not in (None, "attempt_one_active_per_student_lab"):
             raise
-        active = (
-            Attempt.objects.filter(student=actor, lab=lab, state__in=ACTIVE_STATES).values_list("id", flat=True).first()
-        )
-        raise _already_active(attempt_id=active) from None
+        active = Attempt.objects.filter(student=actor, lab=lab, state__in=ACTIVE_STATES).values_list("id", flat=True)
+        raise _already_active(attempt_id=active.first()) from None
     # No update is pushed: nobody listens to an attempt that did not exist, and the answer carries its status.
     if claimed is not None:
         from labs.tasks import finish_pool_claim
@@ -167,8 +165,9 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
     # A Start of a lab whose pool is meant to be warm found no ready VM: a miss.
     if pooled and lab.pool.target(now):  # the pool was read with the lab: no second query
         LabPool.objects.filter(id=lab.pool.id).update(misses=F("misses") + 1)
-    queued = _enqueue_provision(attempt.id)
-    if not transaction.get_connection().in_atomic_block and not queued.get("sent", True):
+    if transaction.get_connection().in_atomic_block:
+        transaction.on_commit(lambda: _provisioning_queued(attempt.id))
+    elif not _provisioning_queued(attempt.id):
         # The provisioning could not be handed to the broker: the attempt was failed in words.
         attempt.refresh_from_db(fields=["state", "failure_reason", "ended_at", "updated_at"])
         if attempt.state == AttemptState.FAILED:
@@ -196,29 +195,22 @@ def attempt_start_limited(*, actor: User, lab: Lab, role: str | None = None) -> 
         raise
 
 
-def _enqueue_provision(attempt_id: int) -> dict[str, bool]:
-    """Queue the provisioning on commit. The returned dict gets ``sent`` once that was tried (False: refused)."""
+def _provisioning_queued(attempt_id: int) -> bool:
+    """Queue the provisioning; a broker that refuses fails the attempt in words (False)."""
     from labs.tasks import provision_attempt
 
-    outcome: dict[str, bool] = {}
-
-    def send() -> None:
-        try:
-            provision_attempt.delay(attempt_id)
-        except Exception:
-            outcome["sent"] = False
-            logger.exception("could not queue the provisioning of attempt %s", attempt_id)
-            # It holds no VM yet; end it in words rather than leave it requested with nobody to serve it.
-            attempt_fail(
-                attempt_id=attempt_id,
-                from_states=(AttemptState.REQUESTED,),
-                reason=lambda: _(
-                    "Your lab could not be queued for starting: the portal's task queue is not answering. Try again in "
-                    "a minute; this attempt does not count against your limit."
-                ),
-            )
-        else:
-            outcome["sent"] = True
-
-    transaction.on_commit(send)
-    return outcome
+    try:
+        provision_attempt.delay(attempt_id)
+    except Exception:
+        logger.exception("could not queue the provisioning of attempt %s", attempt_id)
+        # It holds no VM yet; end it in words rather than leave it requested with nobody to serve it.
+        attempt_fail(
+            attempt_id=attempt_id,
+            from_states=(AttemptState.REQUESTED,),
+            reason=lambda: _(
+                "Your lab could not be queued for starting: the portal's task queue is not answering. Try again in "
+                "a minute; this attempt does not count against your limit."
+            ),
+        )
+        return False
+    return True

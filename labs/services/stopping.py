@@ -173,12 +173,10 @@ def attempt_end(*, attempt_id: int) -> bool:
     if attempt is None:
         return False
     final = AttemptState.EXPIRED if attempt.stop_reason == StopReason.EXPIRED else AttemptState.STOPPED
-    return (
-        attempt_transition(
-            attempt=attempt, to=final, from_states=(AttemptState.STOPPING,), status_message="", status_message_texts={}
-        )
-        is not None
+    ended = attempt_transition(
+        attempt=attempt, to=final, from_states=(AttemptState.STOPPING,), status_message="", status_message_texts={}
     )
+    return ended is not None
 
 
 def attempt_seen(*, attempt_id: int) -> bool:

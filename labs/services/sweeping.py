@@ -31,9 +31,8 @@ logger = logging.getLogger(__name__)
 # A tenant with nothing going on is swept this often only (an orphan there can only come from a lost database or a
 # hand-made VM); Secrets, which go with their VM but for one made just before a crash, are listed as often.
 IDLE_SWEEP_KEY = "labs:sweep-idle:{namespace}"
-IDLE_SWEEP_SECONDS = 600
 CLOUD_INIT_SWEEP_KEY = "labs:sweep-secrets:{namespace}"
-CLOUD_INIT_SWEEP_SECONDS = 600
+IDLE_SWEEP_SECONDS = 600
 # A tenant whose last attempt ended this recently is still swept every time.
 RECENT_ACTIVITY_SECONDS = 3600
 # A pool Secret younger than this is left alone: its VM may be being made right now.
@@ -110,7 +109,7 @@ def namespace_sweep(*, tenant: Tenant, report: SweepReport, now: datetime) -> No
     listed = operations.vms_list(namespace=namespace)
     owners = {vm["metadata"]["name"]: (vm, owner) for vm in listed if (owner := _owner_id(vm["metadata"]))}
     secrets = []
-    if cache.add(CLOUD_INIT_SWEEP_KEY.format(namespace=namespace), "1", timeout=CLOUD_INIT_SWEEP_SECONDS):
+    if cache.add(CLOUD_INIT_SWEEP_KEY.format(namespace=namespace), "1", timeout=IDLE_SWEEP_SECONDS):
         secrets = operations.secrets_list(namespace=namespace)
     pool_ids = [i for _vm, (kind, i) in owners.values() if kind == "pool"]
     pool_rows = PoolVm.objects.filter(tenant=tenant, namespace=namespace).in_bulk(pool_ids)

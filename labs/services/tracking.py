@@ -56,9 +56,8 @@ class SyncReport:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
-def namespaces_due(*, now: datetime | None = None) -> list[str]:
+def namespaces_due(*, now: datetime) -> list[str]:
     """Namespaces with tracked attempts that need listing now: any moving attempt, or a resync falling due."""
-    now = now or timezone.now()
     rows = (
         Attempt.objects.filter(state__in=TRACKED_STATES)
         .values("namespace")
@@ -188,8 +187,7 @@ def _fail(attempt: Attempt, reason: Callable[[], str]) -> str:
 
 
 def attempt_observe(*, attempt: Attempt, vmi: dict[str, Any] | None, now: datetime) -> str:
-    """Apply what the attempt's VMI (or its absence) says, in the attempt's language and in each; the outcome is one
-    of the ``SyncReport`` counts, or "unchanged"."""
+    """Apply what the attempt's VMI (or its absence) says; the outcome is a ``SyncReport`` count, or "unchanged"."""
     with translation.override(attempt.language or settings.LANGUAGE_CODE):
         if attempt.state == AttemptState.STOPPING:
             if vmi is None and attempt.vm_deleted_at is not None:

@@ -64,7 +64,7 @@ def test_a_start_pushes_nothing_since_nobody_can_follow_an_attempt_that_did_not_
 
     pushed, queued = [], []
     monkeypatch.setattr(events, "send_to_group", lambda group, message, **_how: pushed.append(group))
-    monkeypatch.setattr(start, "_enqueue_provision", lambda attempt_id: queued.append(attempt_id) or {})
+    monkeypatch.setattr(start, "_provisioning_queued", lambda attempt_id: queued.append(attempt_id) or True)
     monkeypatch.setattr(stopping, "enqueue_teardown", lambda attempt_id: None)
     with django_capture_on_commit_callbacks(execute=True):
         attempt = attempt_start(actor=student_a, lab=lab_a)
