@@ -19,7 +19,6 @@ from kubernetes.config.config_exception import ConfigException
 
 KUBEVIRT_GROUP = "kubevirt.io"
 KUBEVIRT_VERSION = "v1"
-SUBRESOURCES_PREFIX = "/apis/subresources.kubevirt.io/v1"
 
 # urllib3's default sleeps whatever Retry-After a 429 or 503 asks for, holding a task (and the sync's locks) for
 # minutes: only a connection that fails to open is retried here; the callers' own retries back off with a cap.
@@ -164,4 +163,4 @@ def stream_target(path: str) -> StreamTarget:
 
 
 def vmi_subresource_path(*, namespace: str, name: str, subresource: str) -> str:
-    return f"{SUBRESOURCES_PREFIX}/namespaces/{namespace}/virtualmachineinstances/{name}/{subresource}"
+    return f"/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachineinstances/{name}/{subresource}"

@@ -63,11 +63,7 @@ def runtime_mounts_image_volumes(runtime: str) -> bool | None:
 
 def _node_allocatable(node: Mapping[str, Any], resource: str) -> int:
     """A node's allocatable count, read as the quantity it is (the kubelet writes 1000 devices as ``1k``)."""
-    value = ((node.get("status") or {}).get("allocatable") or {}).get(resource, "0")
-    try:
-        return int(parse_quantity(value))
-    except ValueError:
-        return 0
+    return int(parse_quantity(((node.get("status") or {}).get("allocatable") or {}).get(resource, "0")))
 
 
 def assess(facts: ClusterFacts) -> list[Finding]:
