@@ -82,15 +82,9 @@ def api_client() -> client.ApiClient:
     return _once("api_client", lambda: client.ApiClient(configuration=configuration()))
 
 
-def _metadata_api_client() -> client.ApiClient:
-    """A client whose every request asks for metadata only (its default headers replace the methods' Accept)."""
-    api = client.ApiClient(configuration=configuration())
-    api.set_default_header("Accept", METADATA_LIST_ACCEPT)
-    return api
-
-
 def metadata_api_client() -> client.ApiClient:
-    return _once("metadata_api_client", _metadata_api_client)
+    """A client whose every request asks for metadata only (its default header replaces the methods' Accept)."""
+    return _once("metadata_api_client", lambda: client.ApiClient(configuration(), "Accept", METADATA_LIST_ACCEPT))
 
 
 def reset() -> None:
