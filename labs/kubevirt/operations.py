@@ -234,10 +234,9 @@ def events_said(*, namespace: str, name: str) -> str:
 
 def failed_vmi_words(vmi: Mapping[str, Any]) -> Callable[[], str]:
     """A function giving the Failed VMI's reason in the active language (pure: call it under each language)."""
-    if status.observe_vmi(vmi).explained:
-        return lambda: status.failed_problem(vmi)
     metadata = vmi.get("metadata") or {}
-    said = events_said(namespace=metadata.get("namespace", ""), name=metadata.get("name", ""))
+    explained = status.observe_vmi(vmi).explained
+    said = "" if explained else events_said(namespace=metadata.get("namespace", ""), name=metadata.get("name", ""))
     return lambda: status.failed_problem(vmi, said)
 
 
