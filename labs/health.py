@@ -95,8 +95,7 @@ def _probe_cluster(*, timeout: float) -> tuple[str, ComponentStatus]:
 
 
 def check_cluster() -> ComponentStatus:
-    """The cluster probe's result, at most HEALTH_CLUSTER_CACHE_SECONDS old, remembered per process and API server
-    address: load balancers probing every second cost a request every few."""
+    """The cluster probe, remembered per process and API server for HEALTH_CLUSTER_CACHE_SECONDS: probes come often."""
     global _cluster_cached
     cached = _cluster_cached
     if cached is not None and time.monotonic() - cached[0] < settings.HEALTH_CLUSTER_CACHE_SECONDS:

@@ -113,8 +113,7 @@ SYNC_DELAYED = "sync"
 
 
 def cluster_trouble() -> str | None:
-    """``CLUSTER_NOT_ANSWERING``, ``SYNC_DELAYED`` or None when all is well; cheap enough for every page render
-    (the remembered cluster probe and the heartbeat)."""
+    """``CLUSTER_NOT_ANSWERING``, ``SYNC_DELAYED`` or None when all is well; cheap enough for every page render."""
     if not check_cluster().ok:
         return CLUSTER_NOT_ANSWERING
     if not check_sync().ok:

@@ -149,8 +149,7 @@ def network_policies(
 
 
 def quota_hard(*, max_vms: int, max_vcpus: int, max_memory_mib: int) -> dict[str, str]:
-    """The namespace's hard limits: the same numbers the portal admits attempts against, as the virt-launcher pods
-    request them (``labs.sizes``)."""
+    """The namespace's hard limits: those the portal admits attempts against, as virt-launcher pods request them."""
     cpu_millicores = namespace_cpu_millicores(max_vcpus=max_vcpus, max_vms=max_vms)
     return {
         "requests.cpu": f"{cpu_millicores}m",
