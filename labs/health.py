@@ -4,7 +4,6 @@ process). Messages are translated when read (``say``). The sync loop's heartbeat
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
 
@@ -38,15 +37,13 @@ def elapsed_ms(started: float) -> float:
     return round((time.monotonic() - started) * 1000, 1)
 
 
-_cluster_lock = threading.Lock()
 _cluster_cached: tuple[float, str, ComponentStatus] | None = None
 
 
 def reset_cluster_probe() -> None:
     """Forget the remembered cluster probe (tests, or after the cluster configuration changed)."""
     global _cluster_cached
-    with _cluster_lock:
-        _cluster_cached = None
+    _cluster_cached = None
 
 
 def _probe_cluster(*, timeout: float) -> tuple[str, ComponentStatus]:
@@ -98,11 +95,9 @@ def _probe_cluster(*, timeout: float) -> tuple[str, ComponentStatus]:
 
 
 def check_cluster() -> ComponentStatus:
-    """The cluster probe's result, at most HEALTH_CLUSTER_CACHE_SECONDS old, remembered per process and API server
-    address: load balancers probing every second cost a request every few."""
+    """The cluster probe, remembered per process and API server for HEALTH_CLUSTER_CACHE_SECONDS: probes come often."""
     global _cluster_cached
-    with _cluster_lock:
-        cached = _cluster_cached
+    cached = _cluster_cached
     if cached is not None and time.monotonic() - cached[0] < settings.HEALTH_CLUSTER_CACHE_SECONDS:
         from labs.kubevirt import client as kube_client
 
@@ -113,6 +108,5 @@ def check_cluster() -> ComponentStatus:
         if current_host == cached[1]:
             return cached[2]
     host, status = _probe_cluster(timeout=float(settings.HEALTH_CLUSTER_TIMEOUT_SECONDS))
-    with _cluster_lock:
-        _cluster_cached = (time.monotonic(), host, status)
+    _cluster_cached = (time.monotonic(), host, status)
     return status

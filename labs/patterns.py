@@ -10,16 +10,12 @@ import regex
 from django.conf import settings
 from django.utils.translation import gettext as _
 
-FLAGS = regex.MULTILINE | regex.VERSION0  # VERSION0: the syntax and meaning of Python's ``re``
 # The guest agent caps each output stream at 64 KiB; an output past that did not come from an honest agent.
 MATCH_INPUT_MAX_CHARS = 64 * 1024
 # Vetting on save: probe inputs of this length, each given this long. Exponential backtracking shows well
 # before 64 characters, while a sound pattern answers in microseconds.
 PROBE_LENGTH = 64
 PROBE_TIMEOUT_SECONDS = 0.1
-PROBE_FILLERS = "a1 \tx.-_/:=\n"
-PROBE_ENDINGS = ("", "!", "\x00", "\n!")
-PROBE_MAX_PATTERN_CHARACTERS = 24
 
 
 class PatternTimeout(Exception):
@@ -28,7 +24,7 @@ class PatternTimeout(Exception):
 
 @functools.lru_cache(maxsize=256)
 def compile_pattern(pattern: str) -> regex.Pattern:
-    return regex.compile(pattern, FLAGS)
+    return regex.compile(pattern, regex.MULTILINE | regex.VERSION0)  # VERSION0: the syntax and meaning of ``re``
 
 
 def pattern_timeout_seconds() -> float:
@@ -44,22 +40,17 @@ def search(pattern: str, text: str, *, timeout: float | None = None) -> bool:
         raise PatternTimeout(pattern) from exc
 
 
-def _probe_inputs(pattern: str) -> list[str]:
-    """Short repetitive texts of the pattern's and common characters, ending in one that fails the match."""
-    own = dict.fromkeys(ch for ch in pattern if ch.isprintable() and ch not in "()[]{}|*+?^$\\")
-    characters = dict.fromkeys([*list(own)[:PROBE_MAX_PATTERN_CHARACTERS], *PROBE_FILLERS])
-    probes = [ch * PROBE_LENGTH + ending for ch in characters for ending in PROBE_ENDINGS]
-    probes.append(("ab" * PROBE_LENGTH) + "!")
-    return probes
-
-
 def pattern_problem(pattern: str) -> str | None:
     """Why ``pattern`` cannot be a check's output pattern, in words for the instructor; ``None`` when it can."""
     try:
         compile_pattern(pattern)
     except regex.error as exc:
         return _("Not a valid regular expression: %s") % exc
-    for probe in _probe_inputs(pattern):
+    # Repetitive texts of (up to 24 of) the pattern's own characters and common ones, each ending in one that fails.
+    own = dict.fromkeys(ch for ch in pattern if ch.isprintable() and ch not in "()[]{}|*+?^$\\")
+    characters = dict.fromkeys([*list(own)[:24], *"a1 \tx.-_/:=\n"])
+    probes = [ch * PROBE_LENGTH + ending for ch in characters for ending in ("", "!", "\x00", "\n!")]
+    for probe in [*probes, "ab" * PROBE_LENGTH + "!"]:
         try:
             search(pattern, probe, timeout=PROBE_TIMEOUT_SECONDS)
         except PatternTimeout:

@@ -34,8 +34,7 @@ class GuestResources:
 
 @dataclass(frozen=True)
 class LauncherRequests:
-    """What the virt-launcher pod requests from the scheduler and from a namespace ResourceQuota (all its
-    containers), and what its ``compute`` container asks alone."""
+    """The virt-launcher pod's requests (all containers, as a ResourceQuota counts them) and its ``compute``'s alone."""
 
     cpu_millicores: int
     memory_mib: int

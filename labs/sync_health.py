@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 from django.core.cache import cache
+from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
@@ -34,23 +35,14 @@ def _as_datetime(value: object) -> datetime | None:
     """Read a heartbeat timestamp written as epoch seconds or an ISO 8601 string."""
     if isinstance(value, int | float):
         return datetime.fromtimestamp(value, tz=UTC)
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromtimestamp(float(value), tz=UTC)
-    except ValueError:
-        pass
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
+    if not isinstance(value, str) or (parsed := parse_datetime(value)) is None:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def record_sync_success(*, at: datetime | None = None) -> None:
     """Called by the sync task after a pass that read the cluster and updated the attempts."""
-    moment = at or datetime.now(tz=UTC)
-    cache.set(SYNC_LAST_SUCCESS_KEY, moment.timestamp(), timeout=SYNC_HEARTBEAT_TTL_SECONDS)
+    cache.set(SYNC_LAST_SUCCESS_KEY, (at or datetime.now(tz=UTC)).timestamp(), timeout=SYNC_HEARTBEAT_TTL_SECONDS)
 
 
 def record_sync_error(*, message: str, at: datetime | None = None) -> None:
@@ -121,8 +113,7 @@ SYNC_DELAYED = "sync"
 
 
 def cluster_trouble() -> str | None:
-    """``CLUSTER_NOT_ANSWERING``, ``SYNC_DELAYED`` or None when all is well; cheap enough for every page render
-    (the remembered cluster probe and the heartbeat)."""
+    """``CLUSTER_NOT_ANSWERING``, ``SYNC_DELAYED`` or None when all is well; cheap enough for every page render."""
     if not check_cluster().ok:
         return CLUSTER_NOT_ANSWERING
     if not check_sync().ok:

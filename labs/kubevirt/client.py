@@ -19,7 +19,6 @@ from kubernetes.config.config_exception import ConfigException
 
 KUBEVIRT_GROUP = "kubevirt.io"
 KUBEVIRT_VERSION = "v1"
-SUBRESOURCES_PREFIX = "/apis/subresources.kubevirt.io/v1"
 
 # urllib3's default sleeps whatever Retry-After a 429 or 503 asks for, holding a task (and the sync's locks) for
 # minutes: only a connection that fails to open is retried here; the callers' own retries back off with a cap.
@@ -83,15 +82,9 @@ def api_client() -> client.ApiClient:
     return _once("api_client", lambda: client.ApiClient(configuration=configuration()))
 
 
-def _metadata_api_client() -> client.ApiClient:
-    """A client whose every request asks for metadata only (its default headers replace the methods' Accept)."""
-    api = client.ApiClient(configuration=configuration())
-    api.set_default_header("Accept", METADATA_LIST_ACCEPT)
-    return api
-
-
 def metadata_api_client() -> client.ApiClient:
-    return _once("metadata_api_client", _metadata_api_client)
+    """A client whose every request asks for metadata only (its default header replaces the methods' Accept)."""
+    return _once("metadata_api_client", lambda: client.ApiClient(configuration(), "Accept", METADATA_LIST_ACCEPT))
 
 
 def reset() -> None:
@@ -164,4 +157,4 @@ def stream_target(path: str) -> StreamTarget:
 
 
 def vmi_subresource_path(*, namespace: str, name: str, subresource: str) -> str:
-    return f"{SUBRESOURCES_PREFIX}/namespaces/{namespace}/virtualmachineinstances/{name}/{subresource}"
+    return f"/apis/subresources.kubevirt.io/v1/namespaces/{namespace}/virtualmachineinstances/{name}/{subresource}"

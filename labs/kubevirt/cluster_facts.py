@@ -50,12 +50,11 @@ def _read(doing: str, api: Any, method: str, *args: Any, **kwargs: Any) -> Any:
 
 
 def gather() -> ClusterFacts:
-    """Read the server version, the KubeVirt CR and the nodes. Never raises for cluster trouble: it is a finding."""
+    """Read the cluster; never raises for cluster trouble: it is a finding."""
     facts = ClusterFacts()
     try:
-        facts.server_version = _read("reading /version", VersionApi(client.api_client()), "get_code").get(
-            "gitVersion", ""
-        )
+        version = _read("reading /version", VersionApi(client.api_client()), "get_code")
+        facts.server_version = version.get("gitVersion", "")
     except ClusterError as error:
         facts.problems.append(
             Finding(
@@ -112,8 +111,7 @@ def _read_kubevirt() -> dict[str, Any] | None:
 
 
 def _read_tenant_namespaces(facts: ClusterFacts) -> None:
-    """Every tenant's namespace, set up or not: its Pod Security labels, and whether the tenant's Role lets the
-    portal manage its objects (``access_refusal``)."""
+    """Every tenant's namespace, set up or not: its Pod Security labels, and whether the portal may manage it."""
     from labs.models import TenantNamespace
     from portal.models import Tenant
 

@@ -125,42 +125,31 @@ def network_policies(
 ) -> list[dict[str, Any]]:
     """Default-deny ingress for the namespace, and one opening: the agent's port, from virt-api (which dials the VMI
     for the ``portforward`` subresource) and the portal's own pods. Egress stays open: guests install packages."""
-    labels = names.namespace_labels(tenant_id=tenant_id)
-    peers: list[dict[str, Any]] = [
-        {
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": kubevirt_namespace}},
-            "podSelector": {"matchLabels": {"kubevirt.io": "virt-api"}},
-        }
-    ]
+
+    def peer(pod_namespace: str, pod_labels: dict[str, str]) -> dict[str, Any]:
+        namespace_labels = {"kubernetes.io/metadata.name": pod_namespace}
+        return {"namespaceSelector": {"matchLabels": namespace_labels}, "podSelector": {"matchLabels": pod_labels}}
+
+    def policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        metadata = {"name": name, "namespace": namespace, "labels": names.namespace_labels(tenant_id=tenant_id)}
+        return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": metadata, "spec": spec}
+
+    peers = [peer(kubevirt_namespace, {"kubevirt.io": "virt-api"})]
     if portal_namespace:
-        peers.append(
-            {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": portal_namespace}},
-                "podSelector": {"matchLabels": {"app.kubernetes.io/name": names.MANAGED_BY}},
-            }
-        )
-    deny = {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": names.DEFAULT_DENY_POLICY, "namespace": namespace, "labels": dict(labels)},
-        "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
-    }
+        peers.append(peer(portal_namespace, {"app.kubernetes.io/name": names.MANAGED_BY}))
     agent = {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": names.AGENT_POLICY, "namespace": namespace, "labels": dict(labels)},
-        "spec": {
-            "podSelector": {"matchLabels": {names.MANAGED_BY_LABEL: names.MANAGED_BY}},
-            "policyTypes": ["Ingress"],
-            "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": agent_port}]}],
-        },
+        "podSelector": {"matchLabels": {names.MANAGED_BY_LABEL: names.MANAGED_BY}},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": peers, "ports": [{"protocol": "TCP", "port": agent_port}]}],
     }
-    return [deny, agent]
+    return [
+        policy(names.DEFAULT_DENY_POLICY, {"podSelector": {}, "policyTypes": ["Ingress"]}),
+        policy(names.AGENT_POLICY, agent),
+    ]
 
 
 def quota_hard(*, max_vms: int, max_vcpus: int, max_memory_mib: int) -> dict[str, str]:
-    """The namespace's hard limits: the same numbers the portal admits attempts against, as the virt-launcher pods
-    request them (``labs.sizes``)."""
+    """The namespace's hard limits: those the portal admits attempts against, as virt-launcher pods request them."""
     cpu_millicores = namespace_cpu_millicores(max_vcpus=max_vcpus, max_vms=max_vms)
     return {
         "requests.cpu": f"{cpu_millicores}m",

@@ -32,8 +32,6 @@ RBAC_HINT = (
 )
 # How a refusal found by review begins, in the namespace's recorded error (next to RBAC's own 403 text).
 REVIEW_REFUSAL = "SelfSubjectAccessReview: the cluster does not allow the portal to "
-# What every attempt creates in its tenant's namespace (secret_create, then vm_create).
-PROVISIONING_NEEDS = (("create", "kubevirt.io", "virtualmachines"), ("create", "", "secrets"))
 # Writes ask the API server to refuse unknown fields (400) rather than drop them: a misspelt field is a bug to see.
 STRICT = "Strict"
 VMS = "virtualmachines"
@@ -62,8 +60,6 @@ def _count_error(*, doing: str, reason: str) -> None:
 
 def cluster_error(exc: BaseException, *, doing: str) -> ClusterError:
     """The portal's view of a failed request: what was being done, what the cluster said, retry or not."""
-    if isinstance(exc, ClusterError):
-        return exc
     if isinstance(exc, ApiException):
         try:
             body = json.loads(exc.body) if exc.body else {}
@@ -92,8 +88,7 @@ def cluster_error(exc: BaseException, *, doing: str) -> ClusterError:
 
 
 def api_call(doing: str, api: Any, method: str, *args: Any, tolerate: int | None = None, **kwargs: Any) -> Any:
-    """``api.<method>(*args, **kwargs)``'s JSON answer; None when the cluster answers ``tolerate`` (409 on a
-    create, 404 on a read or delete: the success they mean for a call that is repeated)."""
+    """``api.<method>(...)``'s JSON answer; None when the cluster answers ``tolerate`` (409 or 404, when repeated)."""
     try:
         response = getattr(api, method)(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs)
     except Exception as exc:
@@ -151,8 +146,7 @@ def vm_and_secret_delete(*, namespace: str, name: str) -> bool:
 
 
 def vm_label(*, namespace: str, name: str, labels: Mapping[str, str]) -> bool:
-    """Add ``labels`` to a VM, its VMI template (so a restarted VMI carries them) and its running VMI, in two merge
-    patches (labels not named are kept). False when the VM is gone."""
+    """Merge ``labels`` into a VM, its VMI template (for a restarted VMI) and its VMI; False if the VM is gone."""
     vm_patch = {"metadata": {"labels": dict(labels)}, "spec": {"template": {"metadata": {"labels": dict(labels)}}}}
     vmi_patch = {"metadata": {"labels": dict(labels)}}
     for plural, patch in ((VMS, vm_patch), (VMIS, vmi_patch)):
@@ -164,21 +158,18 @@ def vm_label(*, namespace: str, name: str, labels: Mapping[str, str]) -> bool:
 
 def vmis_list(*, namespace: str) -> list[dict[str, Any]]:
     """The portal's VMIs in a namespace: one request, whatever the number of attempts."""
-    doing = f"listing {VMIS} in {namespace}"
-    payload = _kubevirt(doing, "list_namespaced_custom_object", namespace, VMIS, label_selector=names.MANAGED_SELECTOR)
-    return list(payload.get("items") or [])
+    return _kubevirt_list(namespace, VMIS)
 
 
 def vms_list(*, namespace: str) -> list[dict[str, Any]]:
     """The portal's VMs in a namespace, metadata only: the sweep reads names, labels and deletion marks."""
-    payload = _kubevirt(
-        f"listing {VMS} in {namespace}",
-        "list_namespaced_custom_object",
-        namespace,
-        VMS,
-        label_selector=names.MANAGED_SELECTOR,
-        metadata=True,
-    )
+    return _kubevirt_list(namespace, VMS, metadata=True)
+
+
+def _kubevirt_list(namespace: str, plural: str, *, metadata: bool = False) -> list[dict[str, Any]]:
+    doing = f"listing {plural} in {namespace}"
+    method = "list_namespaced_custom_object"
+    payload = _kubevirt(doing, method, namespace, plural, label_selector=names.MANAGED_SELECTOR, metadata=metadata)
     return list(payload.get("items") or [])
 
 
@@ -212,8 +203,8 @@ def secrets_list(*, namespace: str) -> list[dict[str, Any]]:
 def namespace_bootstrap(
     *, namespace: Mapping[str, Any], policies: Sequence[Mapping[str, Any]], quota: Mapping[str, Any]
 ) -> None:
-    """Create the tenant's namespace, its NetworkPolicies and its ResourceQuota; bring the quota's limits up to
-    date when it exists. Existing objects are left as they are otherwise (an operator may have added to them)."""
+    """Create the tenant's namespace, NetworkPolicies and ResourceQuota; an operator may have added to those already
+    there, so only the quota's limits are brought up to date."""
     name = namespace["metadata"]["name"]
     _core(f"creating namespace {name}", "create_namespace", dict(namespace), field_validation=STRICT, tolerate=409)
     networking = client.networking_v1()
@@ -230,9 +221,8 @@ def namespace_bootstrap(
 
 
 def events_said(*, namespace: str, name: str) -> str:
-    """The latest Warning events about the objects named ``name`` (the VM and the VMI share the attempt's name), for
-    when the VMI does not say why it failed (KubeVirt v1.9 writes no ``status.reason`` for a failed launcher or
-    guest); '' when the cluster cannot say."""
+    """The latest Warning events about the VM and VMI named ``name``, '' when the cluster cannot say: KubeVirt v1.9
+    writes no ``status.reason`` for a failed launcher or guest."""
     doing = f"listing events for {namespace}/{name}"
     try:
         payload = _core(doing, "list_namespaced_event", namespace, field_selector=f"involvedObject.name={name}")
@@ -244,10 +234,9 @@ def events_said(*, namespace: str, name: str) -> str:
 
 def failed_vmi_words(vmi: Mapping[str, Any]) -> Callable[[], str]:
     """A function giving the Failed VMI's reason in the active language (pure: call it under each language)."""
-    if status.observe_vmi(vmi).explained:
-        return lambda: status.failed_problem(vmi)
     metadata = vmi.get("metadata") or {}
-    said = events_said(namespace=metadata.get("namespace", ""), name=metadata.get("name", ""))
+    explained = status.observe_vmi(vmi).explained
+    said = "" if explained else events_said(namespace=metadata.get("namespace", ""), name=metadata.get("name", ""))
     return lambda: status.failed_problem(vmi, said)
 
 
@@ -258,25 +247,17 @@ def node_cordoned(name: str) -> bool:
 
 
 def access_refusal(namespace: str) -> str | None:
-    """None when the portal may create what provisioning needs in ``namespace``; otherwise what to record and show,
-    with what to apply. Raises ``ClusterError`` when the cluster cannot answer."""
+    """Why the portal may not create what provisioning needs in ``namespace``, with what to apply; None if it may."""
     try:
         api = kubernetes.client.AuthorizationV1Api(client.api_client())
     except client.ClusterNotConfigured as exc:
         raise cluster_error(exc, doing=f"reviewing access in {namespace}") from exc
-    for verb, group, resource in PROVISIONING_NEEDS:
-        attributes = {"namespace": namespace, "verb": verb, "group": group, "resource": resource}
-        answer = api_call(
-            f"reviewing access to {resource} in {namespace}",
-            api,
-            "create_self_subject_access_review",
-            {
-                "apiVersion": "authorization.k8s.io/v1",
-                "kind": "SelfSubjectAccessReview",
-                "spec": {"resourceAttributes": attributes},
-            },
-        )
-        review = answer.get("status") or {}
+    # What every attempt creates in its tenant's namespace (secret_create, then vm_create).
+    for verb, group, resource in (("create", "kubevirt.io", "virtualmachines"), ("create", "", "secrets")):
+        spec = {"resourceAttributes": {"namespace": namespace, "verb": verb, "group": group, "resource": resource}}
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview", "spec": spec}
+        doing = f"reviewing access to {resource} in {namespace}"
+        review = api_call(doing, api, "create_self_subject_access_review", body).get("status") or {}
         if not review.get("allowed"):
             qualified = f"{resource}.{group}" if group else resource
             reason = f" ({review['reason']})" if review.get("reason") else ""

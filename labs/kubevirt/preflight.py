@@ -1,4 +1,4 @@
-"""Preflight: can this cluster run the portal's VMs? ``assess`` turns what ``gather`` read (``cluster_facts``) into
+"""Preflight: can this cluster run the portal's VMs? ``assess`` turns what ``cluster_facts.gather`` read into
 findings in plain words, each with its fix (reference §6, §8). Used by ``manage.py cluster_check`` and the system
 check tagged ``cluster``."""
 
@@ -11,10 +11,7 @@ from typing import Any
 from django.utils.translation import gettext as _
 from kubernetes.utils import parse_quantity
 
-from labs.kubevirt.cluster_facts import ERROR, INFO, WARNING, ClusterFacts, Finding, gather
-
-__all__ = ["ERROR", "INFO", "WARNING", "ClusterFacts", "Finding", "assess", "blocking", "gather"]
-
+from labs.kubevirt.cluster_facts import ERROR, INFO, WARNING, ClusterFacts, Finding
 
 KVM_RESOURCE = "devices.kubevirt.io/kvm"
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
@@ -63,11 +60,7 @@ def runtime_mounts_image_volumes(runtime: str) -> bool | None:
 
 def _node_allocatable(node: Mapping[str, Any], resource: str) -> int:
     """A node's allocatable count, read as the quantity it is (the kubelet writes 1000 devices as ``1k``)."""
-    value = ((node.get("status") or {}).get("allocatable") or {}).get(resource, "0")
-    try:
-        return int(parse_quantity(value))
-    except ValueError:
-        return 0
+    return int(parse_quantity(((node.get("status") or {}).get("allocatable") or {}).get(resource, "0")))
 
 
 def assess(facts: ClusterFacts) -> list[Finding]:
@@ -77,17 +70,16 @@ def assess(facts: ClusterFacts) -> list[Finding]:
         return findings
     kubevirt = facts.kubevirt
     version_text = kubevirt_version(kubevirt)
-    if kubevirt is None:
-        if not any(f.code == "kubevirt_unreadable" for f in findings):
-            findings.append(
-                Finding(
-                    ERROR,
-                    "kubevirt_missing",
-                    _("KubeVirt is not installed: the cluster has no KubeVirt resource."),
-                    _("Install the KubeVirt operator and its KubeVirt CR (see kubevirt.io/user-guide)."),
-                )
+    if kubevirt is None and not any(f.code == "kubevirt_unreadable" for f in findings):
+        findings.append(
+            Finding(
+                ERROR,
+                "kubevirt_missing",
+                _("KubeVirt is not installed: the cluster has no KubeVirt resource."),
+                _("Install the KubeVirt operator and its KubeVirt CR (see kubevirt.io/user-guide)."),
             )
-    else:
+        )
+    elif kubevirt is not None:
         phase = ((kubevirt.get("status") or {}).get("phase")) or ""
         if phase != "Deployed":
             findings.append(

@@ -101,8 +101,7 @@ def image_volume_hint(message: str) -> str:
 
 
 def _failure_words(vmi: Mapping[str, Any]) -> str:
-    """What a Failed VMI says about why: ``status.reason`` (v1.9 sets it only for a lost node), else the
-    ``Synchronized=False`` condition's reason and message."""
+    """Why a Failed VMI failed: ``status.reason`` (v1.9 sets it only for a lost node), else Synchronized=False's."""
     reason = (vmi.get("status") or {}).get("reason") or ""
     synchronized = _conditions(vmi).get("Synchronized") or {}
     if synchronized.get("status") == "False":

@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 from django.core.management.base import BaseCommand, CommandError
 
-from labs.kubevirt import preflight
+from labs.kubevirt import cluster_facts, preflight
 
 
 class Command(BaseCommand):
@@ -19,7 +19,7 @@ class Command(BaseCommand):
         parser.add_argument("--strict", action="store_true", help="Exit non-zero on warnings too.")
 
     def handle(self, *args, **options) -> None:
-        facts = preflight.gather()
+        facts = cluster_facts.gather()
         findings = preflight.assess(facts)
         version = preflight.kubevirt_version(facts.kubevirt)
         if options["json"]:
