@@ -172,15 +172,9 @@ class AttemptState(models.TextChoices):
     EXPIRED = "expired", _("Expired")
 
 
-# States in which an attempt holds (or is about to hold) a VM: counted by the quotas and the one-active rule.
-ACTIVE_STATES = (
-    AttemptState.REQUESTED,
-    AttemptState.PROVISIONING,
-    AttemptState.STARTING,
-    AttemptState.RUNNING,
-    AttemptState.STOPPING,
-)
 FINAL_STATES = (AttemptState.STOPPED, AttemptState.FAILED, AttemptState.EXPIRED)
+# States in which an attempt holds (or is about to hold) a VM: counted by the quotas and the one-active rule.
+ACTIVE_STATES = tuple(state for state in AttemptState if state not in FINAL_STATES)
 
 
 class Attempt(models.Model):
