@@ -86,7 +86,7 @@ class ConsoleKeyboard(ConsolePart):
                 self.can_write = False
 
     async def _set_control(self, *, taken: bool) -> None:
-        if not self.access.is_staff or self.access.is_student:
+        if self.access.is_student:
             await self._notice("not_allowed")
             return
         if taken and not self.control_mine:
