@@ -111,11 +111,7 @@ class _ConsoleState:
     async def control_holder(self, *, attempt_id: int) -> dict | None:
         """``{"by": channel, "who": name}`` of the staff member holding the keyboard, or None."""
         raw = await self.get("control", attempt_id)
-        try:
-            holder = json.loads(raw) if raw else None
-        except ValueError:
-            return None
-        return holder if isinstance(holder, dict) else None
+        return json.loads(raw) if raw else None
 
     async def control_take(self, *, attempt_id: int, by: str, who: str, ttl: float) -> None:
         """Take (or renew) the keyboard; a colleague who held it loses it."""

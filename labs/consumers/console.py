@@ -291,9 +291,9 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
 
     async def attempt_update(self, event: dict) -> None:
         # While the console waits for its VMI, only an update that can end the wait is worth a database lookup.
-        attempt = event.get("attempt")
-        if isinstance(attempt, dict) and self.upstream is not None and self.upstream.state == UpstreamState.WAITING:
-            if console_stage(state=attempt.get("state", ""), phase=attempt.get("phase", "")) == "waiting":
+        attempt = event["attempt"]
+        if self.upstream is not None and self.upstream.state == UpstreamState.WAITING:
+            if console_stage(state=attempt["state"], phase=attempt["phase"]) == "waiting":
                 return
         self.attempt_changed.set()
 
