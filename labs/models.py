@@ -213,8 +213,7 @@ class Attempt(models.Model):
     scheduled_at = models.DateTimeField(_("VMI scheduled"), null=True, blank=True)
     vmi_running_at = models.DateTimeField(_("VMI running"), null=True, blank=True)
     agent_ready_at = models.DateTimeField(_("agent ready"), null=True, blank=True)
-    # When a page of the student last had it open (its events socket stamps it; null: never), for the lab's
-    # ``idle_stop_minutes``.
+    # When a page of the student last had it open (its events socket stamps it), for ``Lab.idle_stop_minutes``.
     last_seen_at = models.DateTimeField(_("last seen open"), null=True, blank=True)
     stopping_at = models.DateTimeField(_("stopping"), null=True, blank=True)
     ended_at = models.DateTimeField(_("ended"), null=True, blank=True)

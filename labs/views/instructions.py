@@ -9,8 +9,6 @@ import nh3
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-MARKDOWN_EXTENSIONS = ["fenced_code", "tables", "sane_lists", "def_list"]
-
 ALLOWED_TAGS = {
     *("h1", "h2", "h3", "h4", "h5", "h6", "p", "br", "hr", "blockquote", "details", "summary"),  # blocks
     *("a", "abbr", "b", "i", "em", "strong", "s", "del", "sub", "sup", "img"),  # inline
@@ -39,7 +37,7 @@ def render_instructions(text: str, *, title: str = "") -> SafeString:
 
 @lru_cache(maxsize=256)
 def _render(text: str) -> SafeString:
-    html = markdown.markdown(text, extensions=MARKDOWN_EXTENSIONS, output_format="html")
+    html = markdown.markdown(text, extensions=["fenced_code", "tables", "sane_lists", "def_list"], output_format="html")
     cleaned = nh3.clean(
         html,
         tags=ALLOWED_TAGS,
