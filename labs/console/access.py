@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ConsoleAccess:
-    is_student: bool  # who types; anybody else let in is course staff, who watch and may take over
+    is_student: bool  # who types; anybody else labs.access lets in teaches the course: they watch, may take over
     viewer_name: str
     # Where the console was as access was decided (read with it): the first dial needs no lookup of its own.
     location: ConsoleLocation
@@ -35,7 +35,6 @@ def console_access(*, user: User | None, attempt_id: int) -> ConsoleAccess | Non
         return None
     attempt = attempt_get_for_user(user=user, attempt_id=attempt_id, related=False)
     console_session_opened()  # counted in the handshake's thread call rather than in one more of its own
-    # labs.access shows anybody else only the attempts of courses they teach: not the student means course staff.
     return ConsoleAccess(is_student=attempt.student_id == user.id, viewer_name=str(user), location=_location(attempt))
 
 
