@@ -172,15 +172,9 @@ class AttemptState(models.TextChoices):
     EXPIRED = "expired", _("Expired")
 
 
-# States in which an attempt holds (or is about to hold) a VM: counted by the quotas and the one-active rule.
-ACTIVE_STATES = (
-    AttemptState.REQUESTED,
-    AttemptState.PROVISIONING,
-    AttemptState.STARTING,
-    AttemptState.RUNNING,
-    AttemptState.STOPPING,
-)
 FINAL_STATES = (AttemptState.STOPPED, AttemptState.FAILED, AttemptState.EXPIRED)
+# States in which an attempt holds (or is about to hold) a VM: counted by the quotas and the one-active rule.
+ACTIVE_STATES = tuple(state for state in AttemptState if state not in FINAL_STATES)
 
 
 class Attempt(models.Model):
@@ -219,8 +213,7 @@ class Attempt(models.Model):
     scheduled_at = models.DateTimeField(_("VMI scheduled"), null=True, blank=True)
     vmi_running_at = models.DateTimeField(_("VMI running"), null=True, blank=True)
     agent_ready_at = models.DateTimeField(_("agent ready"), null=True, blank=True)
-    # When a page of the student last had it open (its events socket stamps it; null: never), for the lab's
-    # ``idle_stop_minutes``.
+    # When a page of the student last had it open (its events socket stamps it), for ``Lab.idle_stop_minutes``.
     last_seen_at = models.DateTimeField(_("last seen open"), null=True, blank=True)
     stopping_at = models.DateTimeField(_("stopping"), null=True, blank=True)
     ended_at = models.DateTimeField(_("ended"), null=True, blank=True)

@@ -107,20 +107,13 @@ class TenantCapacity:
 
 def tenant_capacity(*, tenant: Tenant) -> TenantCapacity:
     totals = Attempt.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).aggregate(
-        active=Count("id"),
-        running=Count("id", filter=Q(state=AttemptState.RUNNING)),
-        vcpus=Sum("vcpus"),
-        cpu=Sum("launcher_cpu_millicores"),
-        memory=Sum("launcher_memory_mib"),
+        active_vms=Count("id"),
+        running_vms=Count("id", filter=Q(state=AttemptState.RUNNING)),
+        vcpus=Sum("vcpus", default=0),
+        cpu_millicores=Sum("launcher_cpu_millicores", default=0),
+        memory_mib=Sum("launcher_memory_mib", default=0),
     )
-    return TenantCapacity(
-        tenant=tenant,
-        running_vms=totals["running"] or 0,
-        active_vms=totals["active"] or 0,
-        vcpus=totals["vcpus"] or 0,
-        cpu_millicores=totals["cpu"] or 0,
-        memory_mib=totals["memory"] or 0,
-    )
+    return TenantCapacity(tenant=tenant, **totals)
 
 
 def tenants_for_capacity_view(*, user: User) -> QuerySet[Tenant]:

@@ -22,8 +22,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ConsoleAccess:
-    is_student: bool  # who types
-    is_staff: bool
+    is_student: bool  # who types; anybody else labs.access lets in teaches the course: they watch, may take over
     viewer_name: str
     # Where the console was as access was decided (read with it): the first dial needs no lookup of its own.
     location: ConsoleLocation
@@ -35,12 +34,8 @@ def console_access(*, user: User | None, attempt_id: int) -> ConsoleAccess | Non
     if user is None or not user.is_authenticated:
         return None
     attempt = attempt_get_for_user(user=user, attempt_id=attempt_id, related=False)
-    # labs.access shows anybody else only the attempts of courses they teach: not the student means course staff.
-    is_student = attempt.student_id == user.id
     console_session_opened()  # counted in the handshake's thread call rather than in one more of its own
-    return ConsoleAccess(
-        is_student=is_student, is_staff=not is_student, viewer_name=str(user), location=_location(attempt)
-    )
+    return ConsoleAccess(is_student=attempt.student_id == user.id, viewer_name=str(user), location=_location(attempt))
 
 
 def console_location(*, user: User, attempt_id: int) -> ConsoleLocation:

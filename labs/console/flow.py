@@ -33,21 +33,15 @@ class OutputWindow:
         self.sent = 0
         self.acked = 0
         self.lagging_since: float | None = None
-        self.skipped = 0
 
     @property
     def in_flight(self) -> int:
         return self.sent - self.acked
 
     def may_send(self, size: int) -> bool:
-        if self.lagging_since is not None:
-            self.skipped += size
-            return False
-        if self.in_flight + size > self.window:
+        if self.lagging_since is None and self.in_flight + size > self.window:
             self.lagging_since = time.monotonic()
-            self.skipped += size
-            return False
-        return True
+        return self.lagging_since is None
 
     def record_sent(self, size: int) -> None:
         self.sent += size
@@ -58,7 +52,6 @@ class OutputWindow:
         self.acked = max(self.acked, min(total, self.sent))
         if self.lagging_since is not None and self.in_flight <= self.window // 4:
             self.lagging_since = None
-            self.skipped = 0
             return True
         return False
 

@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 import weakref
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import redis.asyncio as redis_asyncio
@@ -96,26 +97,20 @@ def tail_for_replay(data: bytes, limit: int) -> bytes:
     return tail[newline + 1 :] if newline >= 0 else tail
 
 
-class _ConsoleState:
+class _ConsoleState(ABC):
     """What is written once over either store's plain values: the keyboard holder and the size."""
 
-    async def get(self, kind: str, attempt_id: int) -> str | None:
-        raise NotImplementedError
-
-    async def put(self, kind: str, attempt_id: int, value: str, *, ttl: float) -> None:
-        raise NotImplementedError
-
-    async def delete(self, kind: str, attempt_id: int) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    async def get(self, kind: str, attempt_id: int) -> str | None: ...
+    @abstractmethod
+    async def put(self, kind: str, attempt_id: int, value: str, *, ttl: float) -> None: ...
+    @abstractmethod
+    async def delete(self, kind: str, attempt_id: int) -> None: ...
 
     async def control_holder(self, *, attempt_id: int) -> dict | None:
         """``{"by": channel, "who": name}`` of the staff member holding the keyboard, or None."""
         raw = await self.get("control", attempt_id)
-        try:
-            holder = json.loads(raw) if raw else None
-        except ValueError:
-            return None
-        return holder if isinstance(holder, dict) else None
+        return json.loads(raw) if raw else None
 
     async def control_take(self, *, attempt_id: int, by: str, who: str, ttl: float) -> None:
         """Take (or renew) the keyboard; a colleague who held it loses it."""

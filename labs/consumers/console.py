@@ -52,11 +52,6 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
     ownership_task: asyncio.Task | None = None
     handshake_location: tuple[ConsoleLocation, float] | None = None
     leaving: asyncio.Future | None = None
-    # What this viewer may have taken as holder and must hand back: set before the step that takes it, since a
-    # cancellation can land after Redis did the work but before its answer arrived.
-    lease_claimed = False
-    in_input_group = False
-    status_seen = False
 
     # -- connection ---------------------------------------------------------------------------------------
 
@@ -85,10 +80,6 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
         self.ownership_changed = asyncio.Event()  # the upstream ended
         self.attempt_changed = asyncio.Event()
         self.notices_sent: dict[str, float] = {}
-        self.upstream = None
-        self.upstream_task = None
-        self.recorder = None
-        self.fanout = None
 
         self.output_group = console_group(self.attempt_id)
         self.input_group = console_input_group(self.attempt_id)
@@ -105,7 +96,7 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
         if others:
             # Alone there is nobody to ask; a holder that takes the lease later sees this viewer registered.
             await self._announce()
-        if access.is_staff and not access.is_student:
+        if not access.is_student:
             await self._broadcast_notice("staff_watching", who=access.viewer_name)
         self.ownership_task = asyncio.create_task(self._ownership_loop(), name=f"console-{self.attempt_id}-lease")
 
@@ -161,7 +152,7 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
             "type": "hello",
             "attempt": self.attempt_id,
             "mode": "rw" if self.can_write else "ro",
-            "can_take_control": self.access.is_staff and not self.access.is_student,
+            "can_take_control": not self.access.is_student,
             "keyboard": self.keyboard,
         }
         if size is not None:
@@ -237,8 +228,7 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
         of this viewer yet): the screen is redrawn from the scrollback, which holds everything published."""
         if end <= self.delivered_end:
             return
-        if self.window.lagging_since is not None:
-            self.window.may_send(len(data))  # counts what is skipped; the catch-up redraw replaces it
+        if self.window.lagging_since is not None:  # skipped: the catch-up redraw replaces it
             self.delivered_end = end
             return
         start = end - len(data)
@@ -301,9 +291,9 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
 
     async def attempt_update(self, event: dict) -> None:
         # While the console waits for its VMI, only an update that can end the wait is worth a database lookup.
-        attempt = event.get("attempt")
-        if isinstance(attempt, dict) and self.upstream is not None and self.upstream.state == UpstreamState.WAITING:
-            if console_stage(state=attempt.get("state", ""), phase=attempt.get("phase", "")) == "waiting":
+        attempt = event["attempt"]
+        if self.upstream is not None and self.upstream.state == UpstreamState.WAITING:
+            if console_stage(state=attempt["state"], phase=attempt["phase"]) == "waiting":
                 return
         self.attempt_changed.set()
 

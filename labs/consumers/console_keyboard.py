@@ -16,6 +16,7 @@ from portal.waiting import cancel_and_wait
 logger = logging.getLogger("labs.consumers.console")
 
 _console_resize = database_sync_to_async(console_resize, thread_sensitive=False)
+_console_control_record = database_sync_to_async(console_control_record)
 
 # A window being dragged sends a size every few milliseconds: only the last one, this long after, is set.
 RESIZE_DEBOUNCE_SECONDS = 0.2
@@ -85,41 +86,29 @@ class ConsoleKeyboard(ConsolePart):
             if self.access.is_student:
                 self.can_write = False
 
-    async def _set_control(self, *, taken: bool) -> None:
-        if not self.access.is_staff or self.access.is_student:
+    async def _set_control(self, *, taken: bool, leaving: bool = False) -> None:
+        """Take the keyboard from the student, or hand it back (on Release, or as this viewer leaves)."""
+        if self.access.is_student:
             await self._notice("not_allowed")
             return
-        if taken and not self.control_mine:
-            await self._take_control()
-        elif not taken and self.control_mine:
-            await self._release_control()
-
-    async def _take_control(self) -> None:
+        if taken == self.control_mine:
+            return
         who = self.access.viewer_name
-        await database_sync_to_async(console_control_record)(actor=self.user, attempt_id=self.attempt_id, taken=True)
-        await self.state.control_take(
-            attempt_id=self.attempt_id, by=self.channel_name, who=who, ttl=settings.CONSOLE_LEASE_TTL_SECONDS
-        )
-        self.control_mine, self.can_write, self.keyboard = True, True, who
-        await self._send_hello()
+        if taken:
+            await _console_control_record(actor=self.user, attempt_id=self.attempt_id, taken=True)
+            await self.state.control_take(
+                attempt_id=self.attempt_id, by=self.channel_name, who=who, ttl=settings.CONSOLE_LEASE_TTL_SECONDS
+            )
+        else:
+            await self.state.control_release(attempt_id=self.attempt_id, by=self.channel_name)
+            await _console_control_record(actor=self.user, attempt_id=self.attempt_id, taken=False)
+        self.control_mine, self.can_write, self.keyboard = taken, taken, who if taken else None
         await self.channel_layer.group_send(
-            self.output_group, {"type": "console.control", "who": who, "by": self.channel_name}
+            self.output_group, {"type": "console.control", "who": self.keyboard, "by": self.channel_name}
         )
-        await self._broadcast_notice("control_taken", who=who)
+        await self._broadcast_notice("control_taken" if taken else "control_released", who=who)
         if self.recorder is not None:
-            self.recorder.marker(f"control taken by {who}")
-
-    async def _release_control(self, *, leaving: bool = False) -> None:
-        """Hand the keyboard back to the student (on Release, or as this viewer leaves)."""
-        self.control_mine, self.can_write, self.keyboard = False, False, None
-        await self.state.control_release(attempt_id=self.attempt_id, by=self.channel_name)
-        await database_sync_to_async(console_control_record)(actor=self.user, attempt_id=self.attempt_id, taken=False)
-        await self.channel_layer.group_send(
-            self.output_group, {"type": "console.control", "who": None, "by": self.channel_name}
-        )
-        await self._broadcast_notice("control_released", who=self.access.viewer_name)
-        if self.recorder is not None:
-            self.recorder.marker(f"control released by {self.access.viewer_name}")
+            self.recorder.marker(f"control {'taken' if taken else 'released'} by {who}")
         if not leaving:
             await self._send_hello()
 
@@ -129,7 +118,7 @@ class ConsoleKeyboard(ConsolePart):
 
     async def _end_control(self) -> None:
         if self.control_mine:
-            await self._release_control(leaving=True)
+            await self._set_control(taken=False, leaving=True)
 
     async def console_control(self, event: dict) -> None:
         if event.get("by") == self.channel_name:

@@ -21,6 +21,17 @@ NOTICE_INTERVAL_SECONDS = 1.0
 
 
 class ConsolePart:
+    # The holder's (console_holder), while this viewer holds the upstream.
+    upstream: ConsoleUpstream | None = None
+    upstream_task: asyncio.Task | None = None
+    fanout: OutputFanout | None = None
+    recorder: AsciicastRecorder | None = None
+    # What this viewer may have taken as holder and must hand back: set before the step that takes it, since a
+    # cancellation can land after Redis did the work but before its answer arrived.
+    lease_claimed = False
+    in_input_group = False
+    status_seen = False
+
     if TYPE_CHECKING:
         channel_layer: Any
         channel_name: str
@@ -35,13 +46,6 @@ class ConsolePart:
         window: OutputWindow
         delivered_end: int
         deliver_lock: asyncio.Lock
-        upstream: ConsoleUpstream | None
-        upstream_task: asyncio.Task | None
-        fanout: OutputFanout | None
-        recorder: AsciicastRecorder | None
-        lease_claimed: bool
-        in_input_group: bool
-        status_seen: bool
         attempt_changed: asyncio.Event
         ownership_changed: asyncio.Event
         owner_gone: asyncio.Event

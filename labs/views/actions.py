@@ -57,7 +57,7 @@ class AttemptStartView(LoginRequiredMixin, View):
 class AttemptActionView(LoginRequiredMixin, View):
     """Look the attempt up for this user (same 404 for missing and forbidden), run the service, answer."""
 
-    success_message: str | Promise = ""
+    success_message: str | Promise  # after a plain form's press
 
     def act(self, request: AuthenticatedRequest, attempt: Attempt) -> object:
         raise NotImplementedError
@@ -75,8 +75,7 @@ class AttemptActionView(LoginRequiredMixin, View):
             return refusal(request, error, fallback_url=fallback)
         if wants_json(request):
             return self.json_answer(done)
-        if self.success_message:
-            messages.success(request, str(self.success_message))
+        messages.success(request, str(self.success_message))
         return redirect(fallback)
 
 

@@ -9,48 +9,12 @@ import nh3
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-MARKDOWN_EXTENSIONS = ["fenced_code", "tables", "sane_lists", "def_list"]
-
 ALLOWED_TAGS = {
-    "a",
-    "abbr",
-    "b",
-    "blockquote",
-    "br",
-    "code",
-    "dd",
-    "del",
-    "details",
-    "dl",
-    "dt",
-    "em",
-    "h1",
-    "h2",
-    "h3",
-    "h4",
-    "h5",
-    "h6",
-    "hr",
-    "i",
-    "img",
-    "kbd",
-    "li",
-    "ol",
-    "p",
-    "pre",
-    "s",
-    "samp",
-    "strong",
-    "sub",
-    "summary",
-    "sup",
-    "table",
-    "tbody",
-    "td",
-    "th",
-    "thead",
-    "tr",
-    "ul",
+    *("h1", "h2", "h3", "h4", "h5", "h6", "p", "br", "hr", "blockquote", "details", "summary"),  # blocks
+    *("a", "abbr", "b", "i", "em", "strong", "s", "del", "sub", "sup", "img"),  # inline
+    *("code", "kbd", "pre", "samp"),  # code
+    *("ul", "ol", "li", "dl", "dt", "dd"),  # lists
+    *("table", "thead", "tbody", "tr", "th", "td"),  # tables
 }
 ALLOWED_ATTRIBUTES = {
     "a": {"href", "title"},
@@ -73,7 +37,7 @@ def render_instructions(text: str, *, title: str = "") -> SafeString:
 
 @lru_cache(maxsize=256)
 def _render(text: str) -> SafeString:
-    html = markdown.markdown(text, extensions=MARKDOWN_EXTENSIONS, output_format="html")
+    html = markdown.markdown(text, extensions=["fenced_code", "tables", "sane_lists", "def_list"], output_format="html")
     cleaned = nh3.clean(
         html,
         tags=ALLOWED_TAGS,

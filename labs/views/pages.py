@@ -107,14 +107,14 @@ def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> StartRefusa
         return StartRefusal(_("You already have an attempt in progress."))
     now = timezone.now()
     if not lab.is_open(now):
+        recheck_in = None
         if lab.opens_at and now < lab.opens_at:  # opens by itself: look again then, or sooner
             until_open = math.ceil((lab.opens_at - now).total_seconds())
             if until_open > START_RECHECK_NEAR_SECONDS:
                 recheck_in = min(until_open - START_RECHECK_NEAR_SECONDS, START_RECHECK_LONGEST_SECONDS)
             else:
                 recheck_in = min(until_open, START_RECHECK_SECONDS)
-            return StartRefusal(_("This lab is not open."), recheck_in=recheck_in)
-        return StartRefusal(_("This lab is not open."))
+        return StartRefusal(_("This lab is not open."), recheck_in=recheck_in)
     if lab.attempt_limit and attempts_counted_against_limit(student=user, lab=lab) >= lab.attempt_limit:
         return StartRefusal(_("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit})
     message = per_student_cap_message(student=user, tenant=lab.course.tenant)
