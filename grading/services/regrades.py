@@ -230,15 +230,7 @@ def lab_regrade_execute(*, regrade_id: int) -> LabRegrade | None:
             regrade.runs_reevaluated = outcome.reevaluated
             regrade.runs_queued = outcome.queued
             regrade.finished_at = timezone.now()
-            regrade.save(
-                update_fields=[
-                    "state",
-                    "attempts_regraded",
-                    "runs_reevaluated",
-                    "runs_queued",
-                    "finished_at",
-                ]
-            )
+            regrade.save(update_fields=["state", "attempts_regraded", "runs_reevaluated", "runs_queued", "finished_at"])
             return regrade
     except ApplicationError as exc:  # e.g. the requester is no longer course staff
         return _fail(regrade_id=regrade_id, error=exc.message)
