@@ -87,11 +87,8 @@ def grade_override(*, actor: User, lab: Lab, student: User, score: Decimal | Non
                 _("The score cannot exceed the lab's %(max)s points.") % {"max": maximum}, code="invalid_score"
             )
         score = score.quantize(Decimal("0.01"))
-    grade, created = Grade.objects.select_for_update().get_or_create(
-        lab=lab, student=student, defaults={"max_score": maximum}
-    )
-    if created:
-        grade = grade_recompute(lab=lab, student_id=student.pk)
+    grade = Grade.objects.select_for_update().filter(lab=lab, student=student).first()
+    grade = grade or grade_recompute(lab=lab, student_id=student.pk)
     previous = grade.override_score
     if score is None and previous is None:
         raise ApplicationError(_("This grade has no override to remove."), code="no_override")
