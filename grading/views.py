@@ -64,17 +64,6 @@ def format_score(value: Decimal) -> str:
     return str(int(value)) if value == value.to_integral_value() else f"{value:.2f}"
 
 
-# Stands in for the student's id in a reversed URL, which is then cut around it (any id would do).
-_STUDENT_ID_SLOT = 987_654_321
-
-
-def student_lab_url_parts(*, lab_id: int) -> tuple[str, str]:
-    """The lab's ``student_lab`` URL, escaped, around the student's id (its last number): reversed once per lab."""
-    url = reverse("grading:student_lab", kwargs={"lab_id": lab_id, "student_id": _STUDENT_ID_SLOT})
-    head, _slot, tail = url.rpartition(str(_STUDENT_ID_SLOT))
-    return escape(head), escape(tail)
-
-
 def gradebook_cells_html(book: selectors.Gradebook) -> list[tuple[GradebookRow, SafeString, str]]:
     """Each row with its cells as HTML and its total, built here because a template loop over a large class is
     too slow. Each link's name says whose grade for which lab, for a screen reader's list of links."""
@@ -84,7 +73,12 @@ def gradebook_cells_html(book: selectors.Gradebook) -> list[tuple[GradebookRow, 
     missing = '<span class="muted">—</span>'
     not_graded = escape(_("Not graded"))
     link_name = escape(_("Grade of %(student)s for %(lab)s: %(grade)s"))
-    labs = [(*student_lab_url_parts(lab_id=lab.pk), escape(lab.title)) for lab in book.labs]
+    labs = []
+    for lab in book.labs:
+        # Each lab's student_lab URL is reversed once, around a stand-in id that each cell replaces.
+        url = reverse("grading:student_lab", kwargs={"lab_id": lab.pk, "student_id": 987_654_321})
+        head, _slot, tail = url.rpartition("987654321")
+        labs.append((escape(head), escape(tail), escape(lab.title)))
     rows = []
     for row in book.rows:
         student_id = row.student.pk
