@@ -189,7 +189,7 @@ class StudentLabGradeView(PageView):
         lab = access.lab_get_for_staff(user=request.user, lab_id=lab_id)
         student = selectors.course_student_get(course=lab.course, student_id=student_id)
         grade = selectors.grade_of_student(lab=lab, student=student)
-        return {"lab": lab, "student": student, "grade": grade, "max_score": services.lab_max_points(lab=lab)}
+        return {"lab": lab, "student": student, "grade": grade, "max_score": selectors.lab_max_points(lab=lab)}
 
     def _render(self, request: AuthenticatedRequest, context: dict[str, Any], *, status: int = 200) -> HttpResponse:
         # Read only when the page is shown: a saved override redirects without them.

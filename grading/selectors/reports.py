@@ -66,6 +66,10 @@ def labs_with_max_points(labs: QuerySet[Lab]) -> list[WithAnnotations[Lab, _MaxP
     return list(labs.annotate(max_points=Sum("checks__points")).order_by("due_at", "title", "id"))
 
 
+def lab_max_points(*, lab: Lab) -> Decimal:
+    return lab.checks.aggregate(total=Sum("points"))["total"] or Decimal(0)
+
+
 def grade_of_student(*, lab: Lab, student: User) -> Grade | None:
     """The student's grade row for the lab (callers have checked access to both)."""
     return Grade.objects.filter(lab=lab, student=student).select_related("overridden_by").first()
@@ -238,7 +242,7 @@ def score_distribution(*, percents: list[float], buckets: int = 10) -> list[Dist
 
 
 def lab_report(*, lab: Lab) -> LabReport:
-    max_points = lab.checks.aggregate(total=Sum("points"))["total"] or Decimal(0)
+    max_points = lab_max_points(lab=lab)
     attempts = list(
         attempts_with_run_counts(Attempt.objects.filter(lab=lab).select_related("student")).order_by(
             "student__full_name", "student__username", "number", "id"

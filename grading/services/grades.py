@@ -5,23 +5,19 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django.db import transaction
-from django.db.models import Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from grading.evaluation import ScoredRun, choose_run, earns_credit
 from grading.models import Grade, GradingRun, RunState
-from labs.models import Check, Lab
+from grading.selectors.reports import lab_max_points
+from labs.models import Lab
 from portal.errors import ApplicationError, NotFound
 from portal.models import STAFF_ROLES, Membership, Role, User
 from portal.selectors import course_role
 from portal.services import audit_record
 
 MAX_REASON_CHARS = 2000
-
-
-def lab_max_points(*, lab: Lab) -> Decimal:
-    return Check.objects.filter(lab=lab).aggregate(total=Sum("points"))["total"] or Decimal(0)
 
 
 def counted_runs(*, lab: Lab, student_id: int):
