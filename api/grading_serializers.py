@@ -7,14 +7,13 @@ from rest_framework import serializers
 
 from api.serializers import CourseSerializer, PersonSerializer, StaffViewSerializer
 from grading.models import CheckResult, Grade, GradingRun
-from grading.selectors import result_feedback, run_error_message
 
 
 class CheckResultSerializer(StaffViewSerializer):
     """A check's outcome. Students read the feedback; command output and exit codes are for staff only."""
 
     check = serializers.IntegerField(source="check_ref_id", read_only=True, allow_null=True)
-    feedback = serializers.SerializerMethodField()
+    feedback = serializers.CharField(source="feedback_text", read_only=True)
     exit_code = serializers.IntegerField(read_only=True, allow_null=True, help_text="Staff only.")
     stdout = serializers.CharField(read_only=True, allow_null=True, help_text="Staff only.")
     stderr = serializers.CharField(read_only=True, allow_null=True, help_text="Staff only.")
@@ -44,15 +43,14 @@ class CheckResultSerializer(StaffViewSerializer):
     def course_id_of(self, instance: CheckResult) -> int | None:
         return instance.run.attempt.lab.course_id
 
-    def get_feedback(self, result: CheckResult) -> str:
-        return result_feedback(result)
-
 
 class GradingRunSerializer(StaffViewSerializer):
     lab = serializers.IntegerField(source="attempt.lab_id", read_only=True)
     student = PersonSerializer(source="attempt.student", read_only=True)
     effective_score = serializers.DecimalField(max_digits=8, decimal_places=2, read_only=True, allow_null=True)
-    error = serializers.SerializerMethodField(help_text="Why the run failed, in plain words.")
+    error = serializers.CharField(
+        source="error_message", read_only=True, help_text="Why the run failed, in plain words."
+    )
     error_detail = serializers.CharField(
         source="error", read_only=True, allow_null=True, help_text="Technical detail of a failure. Staff only."
     )
@@ -83,9 +81,6 @@ class GradingRunSerializer(StaffViewSerializer):
 
     def course_id_of(self, instance: GradingRun) -> int | None:
         return instance.attempt.lab.course_id
-
-    def get_error(self, run: GradingRun) -> str:
-        return run_error_message(run)
 
 
 class GradingRunDetailSerializer(GradingRunSerializer):
