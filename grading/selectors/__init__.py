@@ -12,7 +12,7 @@ from grading.selectors.reports import (
     student_grades,
     student_lab_runs,
 )
-from grading.selectors.runs import grading_run_payload, result_feedback, run_error_message, run_get_for_user
+from grading.selectors.runs import grading_run_payload, run_get_for_user
 
 __all__ = [
     "Gradebook",
@@ -24,8 +24,6 @@ __all__ = [
     "grading_run_payload",
     "lab_max_points",
     "lab_report",
-    "result_feedback",
-    "run_error_message",
     "run_get_for_user",
     "student_grades",
     "student_lab_attempts",
