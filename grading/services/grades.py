@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -20,16 +21,16 @@ from portal.services import audit_record
 MAX_REASON_CHARS = 2000
 
 
-def counted_runs(*, lab: Lab, student_id: int):
-    """Finished runs of the student's attempts at the lab that a grade may count: ``done`` and not regraded."""
-    return GradingRun.objects.filter(attempt__lab=lab, attempt__student_id=student_id, state=RunState.DONE).exclude(
-        regrades__state=RunState.DONE
-    )
+def counted_runs(**filters: Any):
+    """The runs (among those ``filters`` select) that a grade may count: ``done`` and not regraded."""
+    return GradingRun.objects.filter(state=RunState.DONE, **filters).exclude(regrades__state=RunState.DONE)
 
 
 def grade_recompute(*, lab: Lab, student_id: int) -> Grade:
     """Derive the student's grade for the lab from their runs (the override, if any, is kept and still wins)."""
-    rows = counted_runs(lab=lab, student_id=student_id).filter(measured_at__isnull=False, score__isnull=False)
+    rows = counted_runs(
+        attempt__lab=lab, attempt__student_id=student_id, measured_at__isnull=False, score__isnull=False
+    )
     max_scores, runs = {}, []
     for row in rows.values("id", "score", "max_score", "late_penalty_percent", "measured_at"):
         if earns_credit(lab, measured_at=row["measured_at"]):
