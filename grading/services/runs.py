@@ -30,7 +30,7 @@ UNFINISHED_STATES = (RunState.QUEUED, RunState.RUNNING)
 # Beyond a running run's own deadline, before it is taken for a run whose worker died.
 RUNNING_STALE_SLACK_SECONDS = 60
 
-# Stable error codes stored on failed runs (``GradingRun.error_code``); selectors translate them.
+# Stable error codes stored on failed runs (``GradingRun.error_code``); ``GradingRun.error_message`` words them.
 ERROR_ATTEMPT_NOT_RUNNING = "attempt_not_running"
 ERROR_NO_CHECKS = "no_checks"
 ERROR_STALE = "interrupted"
