@@ -183,32 +183,30 @@ class AttemptRegradeView(PageView):
 class StudentLabGradeView(PageView):
     """One student's grade for one lab, their attempts at it and the override form."""
 
-    template_name = "grading/override.html"
-
     def _context(self, request: AuthenticatedRequest, lab_id: int, student_id: int) -> dict[str, Any]:
         lab = access.lab_get_for_staff(user=request.user, lab_id=lab_id)
         student = selectors.course_student_get(course=lab.course, student_id=student_id)
         grade = selectors.grade_of_student(lab=lab, student=student)
         return {"lab": lab, "student": student, "grade": grade, "max_score": selectors.lab_max_points(lab=lab)}
 
-    def _render(self, request: AuthenticatedRequest, context: dict[str, Any], *, status: int = 200) -> HttpResponse:
+    def _render(
+        self, request: AuthenticatedRequest, context: dict[str, Any], form: GradeOverrideForm, *, status: int = 200
+    ) -> HttpResponse:
         # Read only when the page is shown: a saved override redirects without them.
-        context["attempts"] = selectors.student_lab_attempts(lab=context["lab"], student=context["student"])
-        return render(request, self.template_name, context, status=status)
+        attempts = selectors.student_lab_attempts(lab=context["lab"], student=context["student"])
+        return render(request, "grading/override.html", {**context, "form": form, "attempts": attempts}, status=status)
 
     def get(self, request: AuthenticatedRequest, lab_id: int, student_id: int) -> HttpResponse:
         context = self._context(request, lab_id, student_id)
         grade = context["grade"]
         initial = {"score": grade.override_score} if grade is not None and grade.is_overridden else {}
-        context["form"] = GradeOverrideForm(initial=initial, max_score=context["max_score"])
-        return self._render(request, context)
+        return self._render(request, context, GradeOverrideForm(initial=initial, max_score=context["max_score"]))
 
     def post(self, request: AuthenticatedRequest, lab_id: int, student_id: int) -> HttpResponse:
         context = self._context(request, lab_id, student_id)
         form = GradeOverrideForm(request.POST, max_score=context["max_score"])
-        context["form"] = form
         if not form.is_valid():
-            return self._render(request, context, status=400)
+            return self._render(request, context, form, status=400)
         score = None if form.cleaned_data["remove"] else form.cleaned_data["score"]
         try:
             services.grade_override(
@@ -222,9 +220,9 @@ class StudentLabGradeView(PageView):
             if isinstance(exc, NotFound | PermissionDenied):
                 raise
             form.add_error(None, exc.message)
-            return self._render(request, context, status=exc.status_code)
+            return self._render(request, context, form, status=exc.status_code)
         messages.success(request, _("The grade of %(student)s was updated.") % {"student": context["student"]})
-        return redirect(reverse("grading:gradebook", args=[context["lab"].course_id]))
+        return redirect("grading:gradebook", course_id=context["lab"].course_id)
 
 
 class LabPageView(LabDetailView):
