@@ -59,19 +59,26 @@ def create_unfinished_run(*, attempt: Attempt, state: str, trigger: str, request
         raise Conflict(_("A check of this attempt is already in progress."), code="run_in_progress") from None
 
 
-def push_run_on_commit(*, run: GradingRun, results: Sequence[CheckResult]) -> None:
-    """After commit, send the run's payload with ``results`` in every language (``runs``, and ``run`` in the default
-    one) to ``attempt-<id>``, and tell the lab's class views."""
+def push_run_on_commit(*, run: GradingRun, results: Sequence[CheckResult] | None = None) -> None:
+    """After commit, send the run's payload in every language (``runs``, and ``run`` in the default one) to
+    ``attempt-<id>``; ``results`` saves reading them when the caller holds them."""
     run_id, attempt_id, lab_id = run.pk, run.attempt_id, run.attempt.lab_id
 
     def push() -> None:
         from grading.selectors import grading_run_payload
 
         try:
+            if results is None:
+                fresh = GradingRun.objects.filter(pk=run_id).prefetch_related("results").first()
+                if fresh is None:
+                    return
+                source, rows = fresh, None
+            else:
+                source, rows = run, results
             payloads = {}
             for language, _name in settings.LANGUAGES:
                 with translation.override(language):
-                    payloads[language] = grading_run_payload(run, results=results)
+                    payloads[language] = grading_run_payload(source, results=rows)
             update = {"type": "grading.update", "run": payloads[settings.LANGUAGE_CODE], "runs": payloads}
             send_to_group(attempt_group(attempt_id), update)
         except Exception:
