@@ -28,8 +28,6 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         status_code, code, message = exc.status_code, exc.code, exc.message
         retry_after = exc.retry_after
         fields = exc.extra.get("fields") if exc.extra else None
-    elif isinstance(exc, exceptions.NotFound):
-        status_code, code, message = status.HTTP_404_NOT_FOUND, "not_found", str(exc.detail)
     elif isinstance(exc, Http404 | ObjectDoesNotExist):
         # Django's messages may name a model or a query; the client learns only that nothing is there.
         status_code, code, message = status.HTTP_404_NOT_FOUND, "not_found", _("Not found.")

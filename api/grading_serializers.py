@@ -3,19 +3,17 @@ output and exit codes are filled in for course staff only (``StaffViewSerializer
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from api.serializers import CourseSerializer, PersonSerializer, StaffViewSerializer
 from grading.models import CheckResult, Grade, GradingRun
-from grading.selectors import result_feedback, run_error_message
 
 
 class CheckResultSerializer(StaffViewSerializer):
     """A check's outcome. Students read the feedback; command output and exit codes are for staff only."""
 
     check = serializers.IntegerField(source="check_ref_id", read_only=True, allow_null=True)
-    feedback = serializers.SerializerMethodField()
+    feedback = serializers.CharField(source="feedback_text", read_only=True)
     exit_code = serializers.IntegerField(read_only=True, allow_null=True, help_text="Staff only.")
     stdout = serializers.CharField(read_only=True, allow_null=True, help_text="Staff only.")
     stderr = serializers.CharField(read_only=True, allow_null=True, help_text="Staff only.")
@@ -43,17 +41,16 @@ class CheckResultSerializer(StaffViewSerializer):
     staff_only = ("exit_code", "stdout", "stderr")
 
     def course_id_of(self, instance: CheckResult) -> int | None:
-        return self.context.get("course_id")
-
-    def get_feedback(self, result: CheckResult) -> str:
-        return result_feedback(result)
+        return instance.run.attempt.lab.course_id
 
 
 class GradingRunSerializer(StaffViewSerializer):
     lab = serializers.IntegerField(source="attempt.lab_id", read_only=True)
     student = PersonSerializer(source="attempt.student", read_only=True)
     effective_score = serializers.DecimalField(max_digits=8, decimal_places=2, read_only=True, allow_null=True)
-    error = serializers.SerializerMethodField(help_text="Why the run failed, in plain words.")
+    error = serializers.CharField(
+        source="error_message", read_only=True, help_text="Why the run failed, in plain words."
+    )
     error_detail = serializers.CharField(
         source="error", read_only=True, allow_null=True, help_text="Technical detail of a failure. Staff only."
     )
@@ -85,23 +82,13 @@ class GradingRunSerializer(StaffViewSerializer):
     def course_id_of(self, instance: GradingRun) -> int | None:
         return instance.attempt.lab.course_id
 
-    def get_error(self, run: GradingRun) -> str:
-        return run_error_message(run)
-
 
 class GradingRunDetailSerializer(GradingRunSerializer):
-    results = serializers.SerializerMethodField()
+    results = CheckResultSerializer(many=True, read_only=True)
 
     class Meta(GradingRunSerializer.Meta):
         fields = [*GradingRunSerializer.Meta.fields, "results"]
         read_only_fields = fields
-
-    @extend_schema_field(CheckResultSerializer(many=True))
-    def get_results(self, run: GradingRun) -> list[dict]:
-        context = {**self.context, "course_id": run.attempt.lab.course_id}
-        results = sorted(run.results.all(), key=lambda r: (r.order, r.pk))
-        # many=True makes a list; the stubs type every serializer's data as one dict.
-        return CheckResultSerializer(results, many=True, context=context).data  # type: ignore[return-value]
 
 
 class GradeSerializer(serializers.ModelSerializer):

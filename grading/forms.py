@@ -27,10 +27,7 @@ class GradeOverrideForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3}),
         help_text=_("Required. Kept in the audit log with your name."),
     )
-    remove = forms.BooleanField(
-        label=_("Remove the override and use the computed grade again"),
-        required=False,
-    )
+    remove = forms.BooleanField(label=_("Remove the override and use the computed grade again"), required=False)
 
     def __init__(self, *args, max_score: Decimal | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -9,8 +9,28 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
-from grading.evaluation import apply_penalty
+from grading.evaluation import apply_penalty, pattern_timeout_feedback
 from labs.models import Attempt, Check, Lab
+
+# Messages for GradingRun.error_code, as students and staff read them; the technical detail stays in ``error``.
+RUN_ERROR_MESSAGES = {
+    "vm_not_running": _("The lab's virtual machine is not running."),
+    "attempt_not_running": _("The attempt was not running any more when its checks were due."),
+    "agent_not_answering": _(
+        "The grading agent in the virtual machine is not answering. Wait a moment and check again."
+    ),
+    "agent_timeout": _("The checks did not finish in time."),
+    "agent_token_rejected": _("The grading agent refused the portal's credentials. Ask your instructor for help."),
+    "agent_busy": _("The grading agent is busy. Check again in a few seconds."),
+    "agent_bad_response": _("The grading agent gave an answer the portal could not read."),
+    "cluster_unavailable": _("The cluster could not be reached. Try again later."),
+    "no_checks": _("This lab has no checks to run."),
+    "interrupted": _("The check was interrupted before it finished. Check again."),
+    "replaced_by_final_run": _("Replaced by the final check when the attempt ended."),
+    "time_limit": _("The checks did not finish in time."),
+    "internal_error": _("The portal failed while checking. Check again, or ask your instructor."),
+    "queue_unavailable": _("The check could not be queued. Try again in a minute."),
+}
 
 
 class RunState(models.TextChoices):
@@ -82,9 +102,9 @@ class GradingRun(models.Model):
     @property
     def error_message(self) -> str:
         """The failure in plain, translated words (the technical detail stays in ``error``)."""
-        from grading.selectors.runs import run_error_message
-
-        return run_error_message(self)
+        if not self.error_code and not self.error:
+            return ""
+        return str(RUN_ERROR_MESSAGES.get(self.error_code, _("The check could not be completed.")))
 
     @property
     def effective_score(self) -> Decimal | None:
@@ -111,7 +131,7 @@ class CheckResult(models.Model):
     output_truncated = models.BooleanField(_("output truncated"), default=False)
     duration_ms = models.PositiveIntegerField(_("duration (ms)"), default=0)
     feedback = models.TextField(_("feedback"), blank=True)
-    # The words for this case are put together when read, in the reader's language (result_feedback).
+    # The words for this case are put together when read, in the reader's language (feedback_text).
     pattern_timeout_seconds = models.FloatField(
         _("pattern time limit (s)"),
         null=True,
@@ -129,10 +149,13 @@ class CheckResult(models.Model):
 
     @property
     def feedback_text(self) -> str:
-        """What the student reads under the check, in the active language ('' on a pass)."""
-        from grading.selectors.runs import result_feedback
-
-        return result_feedback(self)
+        """What the student reads under the check, in the active language: nothing on a pass, else the hint, a
+        default, or why it was not judged."""
+        if self.passed:
+            return ""
+        if self.pattern_timeout_seconds is not None:
+            return pattern_timeout_feedback(self.pattern_timeout_seconds)
+        return self.feedback or str(_("This check did not pass."))
 
 
 class Grade(models.Model):

@@ -64,17 +64,6 @@ def format_score(value: Decimal) -> str:
     return str(int(value)) if value == value.to_integral_value() else f"{value:.2f}"
 
 
-# Stands in for the student's id in a reversed URL, which is then cut around it (any id would do).
-_STUDENT_ID_SLOT = 987_654_321
-
-
-def student_lab_url_parts(*, lab_id: int) -> tuple[str, str]:
-    """The lab's ``student_lab`` URL, escaped, around the student's id (its last number): reversed once per lab."""
-    url = reverse("grading:student_lab", kwargs={"lab_id": lab_id, "student_id": _STUDENT_ID_SLOT})
-    head, _slot, tail = url.rpartition(str(_STUDENT_ID_SLOT))
-    return escape(head), escape(tail)
-
-
 def gradebook_cells_html(book: selectors.Gradebook) -> list[tuple[GradebookRow, SafeString, str]]:
     """Each row with its cells as HTML and its total, built here because a template loop over a large class is
     too slow. Each link's name says whose grade for which lab, for a screen reader's list of links."""
@@ -84,7 +73,12 @@ def gradebook_cells_html(book: selectors.Gradebook) -> list[tuple[GradebookRow, 
     missing = '<span class="muted">—</span>'
     not_graded = escape(_("Not graded"))
     link_name = escape(_("Grade of %(student)s for %(lab)s: %(grade)s"))
-    labs = [(*student_lab_url_parts(lab_id=lab.pk), escape(lab.title)) for lab in book.labs]
+    labs = []
+    for lab in book.labs:
+        # Each lab's student_lab URL is reversed once, around a stand-in id that each cell replaces.
+        url = reverse("grading:student_lab", kwargs={"lab_id": lab.pk, "student_id": 987_654_321})
+        head, _slot, tail = url.rpartition("987654321")
+        labs.append((escape(head), escape(tail), escape(lab.title)))
     rows = []
     for row in book.rows:
         student_id = row.student.pk
@@ -189,32 +183,30 @@ class AttemptRegradeView(PageView):
 class StudentLabGradeView(PageView):
     """One student's grade for one lab, their attempts at it and the override form."""
 
-    template_name = "grading/override.html"
-
     def _context(self, request: AuthenticatedRequest, lab_id: int, student_id: int) -> dict[str, Any]:
         lab = access.lab_get_for_staff(user=request.user, lab_id=lab_id)
         student = selectors.course_student_get(course=lab.course, student_id=student_id)
         grade = selectors.grade_of_student(lab=lab, student=student)
-        return {"lab": lab, "student": student, "grade": grade, "max_score": services.lab_max_points(lab=lab)}
+        return {"lab": lab, "student": student, "grade": grade, "max_score": selectors.lab_max_points(lab=lab)}
 
-    def _render(self, request: AuthenticatedRequest, context: dict[str, Any], *, status: int = 200) -> HttpResponse:
+    def _render(
+        self, request: AuthenticatedRequest, context: dict[str, Any], form: GradeOverrideForm, *, status: int = 200
+    ) -> HttpResponse:
         # Read only when the page is shown: a saved override redirects without them.
-        context["attempts"] = selectors.student_lab_attempts(lab=context["lab"], student=context["student"])
-        return render(request, self.template_name, context, status=status)
+        attempts = selectors.student_lab_attempts(lab=context["lab"], student=context["student"])
+        return render(request, "grading/override.html", {**context, "form": form, "attempts": attempts}, status=status)
 
     def get(self, request: AuthenticatedRequest, lab_id: int, student_id: int) -> HttpResponse:
         context = self._context(request, lab_id, student_id)
         grade = context["grade"]
         initial = {"score": grade.override_score} if grade is not None and grade.is_overridden else {}
-        context["form"] = GradeOverrideForm(initial=initial, max_score=context["max_score"])
-        return self._render(request, context)
+        return self._render(request, context, GradeOverrideForm(initial=initial, max_score=context["max_score"]))
 
     def post(self, request: AuthenticatedRequest, lab_id: int, student_id: int) -> HttpResponse:
         context = self._context(request, lab_id, student_id)
         form = GradeOverrideForm(request.POST, max_score=context["max_score"])
-        context["form"] = form
         if not form.is_valid():
-            return self._render(request, context, status=400)
+            return self._render(request, context, form, status=400)
         score = None if form.cleaned_data["remove"] else form.cleaned_data["score"]
         try:
             services.grade_override(
@@ -228,9 +220,9 @@ class StudentLabGradeView(PageView):
             if isinstance(exc, NotFound | PermissionDenied):
                 raise
             form.add_error(None, exc.message)
-            return self._render(request, context, status=exc.status_code)
+            return self._render(request, context, form, status=exc.status_code)
         messages.success(request, _("The grade of %(student)s was updated.") % {"student": context["student"]})
-        return redirect(reverse("grading:gradebook", args=[context["lab"].course_id]))
+        return redirect("grading:gradebook", course_id=context["lab"].course_id)
 
 
 class LabPageView(LabDetailView):

@@ -7,11 +7,12 @@ from grading.selectors.reports import (
     course_gradebook,
     grade_of_student,
     gradebook_csv_rows,
+    lab_max_points,
     lab_report,
     student_grades,
     student_lab_runs,
 )
-from grading.selectors.runs import grading_run_payload, result_feedback, run_error_message, run_get_for_user
+from grading.selectors.runs import grading_run_payload, run_get_for_user
 
 __all__ = [
     "Gradebook",
@@ -21,9 +22,8 @@ __all__ = [
     "grade_of_student",
     "gradebook_csv_rows",
     "grading_run_payload",
+    "lab_max_points",
     "lab_report",
-    "result_feedback",
-    "run_error_message",
     "run_get_for_user",
     "student_grades",
     "student_lab_attempts",

@@ -3,6 +3,7 @@ attempts with their runs counted, an attempt's timeline, runs and grade. Callers
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -59,15 +60,14 @@ def _field_label(name: str) -> str:
 
 
 def attempt_timeline(attempt: Attempt) -> list[TimelineEntry]:
-    """The attempt's phases in time order; compared by the second (the cluster's times are whole seconds), phases
-    within one second keep their lifecycle order."""
+    """The attempt's phases in time order, compared by the second (the cluster's times are whole seconds); the sort
+    is stable, so phases within one second keep their lifecycle order."""
     entries = [
-        (position, TimelineEntry(label=_field_label(name), at=getattr(attempt, name)))
-        for position, name in enumerate(PHASE_FIELDS)
+        TimelineEntry(label=_field_label(name), at=getattr(attempt, name))
+        for name in PHASE_FIELDS
         if getattr(attempt, name) is not None
     ]
-    entries.sort(key=lambda item: (item[1].at.replace(microsecond=0), item[0]))
-    return [entry for _, entry in entries]
+    return sorted(entries, key=lambda entry: entry.at.replace(microsecond=0))
 
 
 @dataclass
@@ -85,13 +85,12 @@ def runs_with_results(queryset) -> list[GradingRun]:
         .prefetch_related(Prefetch("results", queryset=CheckResult.objects.order_by("order", "id")))
         .order_by("-created_at", "-id")
     )
-    numbers: dict[int, int] = {}
-    counts: dict[int, int] = {}
+    counts: Counter[int] = Counter()
     for run in reversed(runs):  # oldest first
-        counts[run.attempt_id] = counts.get(run.attempt_id, 0) + 1
-        numbers[run.pk] = counts[run.attempt_id]
+        counts[run.attempt_id] += 1
+        run.number = counts[run.attempt_id]
+    numbers = {run.pk: run.number for run in runs}
     for run in runs:
-        run.number = numbers[run.pk]
         run.regrade_of_number = numbers.get(run.regrade_of_id)
     return runs
 

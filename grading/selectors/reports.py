@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, TypedDict
 
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum
 from django.utils.translation import gettext as _
 
 from grading.models import CheckResult, Grade, GradingRun, LabRegrade, RunState
@@ -64,6 +64,10 @@ class Gradebook:
 
 def labs_with_max_points(labs: QuerySet[Lab]) -> list[WithAnnotations[Lab, _MaxPoints]]:
     return list(labs.annotate(max_points=Sum("checks__points")).order_by("due_at", "title", "id"))
+
+
+def lab_max_points(*, lab: Lab) -> Decimal:
+    return lab.checks.aggregate(total=Sum("points"))["total"] or Decimal(0)
 
 
 def grade_of_student(*, lab: Lab, student: User) -> Grade | None:
@@ -161,24 +165,19 @@ class CheckPassRate:
 
 def check_pass_rates(*, lab: Lab, student_ids: set[int]) -> list[CheckPassRate]:
     """Per check, how many of the students passed it in their latest scored run, of those whose run ran it."""
-    latest: dict[int, int] = {}
-    runs = (
+    # Oldest first, so that each student's later run replaces the earlier one in the dict.
+    latest = dict(
         GradingRun.objects.filter(attempt__lab=lab, state=RunState.DONE, attempt__student_id__in=student_ids)
         .order_by("created_at", "id")
         .values_list("attempt__student_id", "id")
     )
-    for student_id, run_id in runs:
-        latest[student_id] = run_id  # the later run wins
     rows = (
         CheckResult.objects.filter(run_id__in=latest.values())
-        .values("order", "check_title")
+        .values("order", title=F("check_title"))
         .annotate(passed=Count("id", filter=Q(passed=True)), total=Count("id"))
-        .order_by("order", "check_title")
+        .order_by("order", "title")
     )
-    return [
-        CheckPassRate(order=row["order"], title=row["check_title"], passed=row["passed"], total=row["total"])
-        for row in rows
-    ]
+    return [CheckPassRate(**row) for row in rows]
 
 
 @dataclass(frozen=True)
@@ -213,32 +212,23 @@ class LabReport:
     def distribution_bars(self) -> list[dict]:
         """Where the report's picture draws each band's bar: x, and top y and height on a 120-unit scale."""
         peak = self.distribution_peak or 1
-        return [
-            {
-                "bucket": b,
-                "x": 12 + i * 40,
-                "height": round(b.count * 120 / peak),
-                "y": 140 - round(b.count * 120 / peak),
-            }
-            for i, b in enumerate(self.distribution)
-        ]
+        bars = []
+        for i, bucket in enumerate(self.distribution):
+            height = round(bucket.count * 120 / peak)
+            bars.append({"bucket": bucket, "x": 12 + i * 40, "height": height, "y": 140 - height})
+        return bars
 
 
-def score_distribution(*, percents: list[float], buckets: int = 10) -> list[DistributionBucket]:
+def score_distribution(*, percents: list[float]) -> list[DistributionBucket]:
     """Counts per 10% band; 100% falls in the top band."""
-    width = 100 // buckets
-    counts = [0] * buckets
+    counts = [0] * 10
     for percent in percents:
-        index = min(int(max(percent, 0) // width), buckets - 1)
-        counts[index] += 1
-    return [
-        DistributionBucket(low_percent=i * width, high_percent=(i + 1) * width, count=count)
-        for i, count in enumerate(counts)
-    ]
+        counts[min(int(max(percent, 0) // 10), 9)] += 1
+    return [DistributionBucket(low_percent=i * 10, high_percent=i * 10 + 10, count=n) for i, n in enumerate(counts)]
 
 
 def lab_report(*, lab: Lab) -> LabReport:
-    max_points = lab.checks.aggregate(total=Sum("points"))["total"] or Decimal(0)
+    max_points = lab_max_points(lab=lab)
     attempts = list(
         attempts_with_run_counts(Attempt.objects.filter(lab=lab).select_related("student")).order_by(
             "student__full_name", "student__username", "number", "id"

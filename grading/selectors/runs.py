@@ -1,5 +1,4 @@
-"""Reads of grading runs: one run for a user who may see it, the JSON payload pushed to browsers, and plain-words
-messages for run errors."""
+"""Reads of grading runs: one run for a user who may see it, and the JSON payload pushed to browsers."""
 
 from __future__ import annotations
 
@@ -9,36 +8,11 @@ from decimal import Decimal
 from typing import Any
 
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
 
-from grading.evaluation import pattern_timeout_feedback
 from grading.models import CheckResult, GradingRun
 from labs.access import attempts_visible_to
 from portal.errors import NotFound
 from portal.models import User
-
-# Messages for GradingRun.error_code, as students and staff read them; the technical detail stays in ``error``.
-RUN_ERROR_MESSAGES = {
-    "vm_not_running": gettext_lazy("The lab's virtual machine is not running."),
-    "attempt_not_running": gettext_lazy("The attempt was not running any more when its checks were due."),
-    "agent_not_answering": gettext_lazy(
-        "The grading agent in the virtual machine is not answering. Wait a moment and check again."
-    ),
-    "agent_timeout": gettext_lazy("The checks did not finish in time."),
-    "agent_token_rejected": gettext_lazy(
-        "The grading agent refused the portal's credentials. Ask your instructor for help."
-    ),
-    "agent_busy": gettext_lazy("The grading agent is busy. Check again in a few seconds."),
-    "agent_bad_response": gettext_lazy("The grading agent gave an answer the portal could not read."),
-    "cluster_unavailable": gettext_lazy("The cluster could not be reached. Try again later."),
-    "no_checks": gettext_lazy("This lab has no checks to run."),
-    "interrupted": gettext_lazy("The check was interrupted before it finished. Check again."),
-    "replaced_by_final_run": gettext_lazy("Replaced by the final check when the attempt ended."),
-    "time_limit": gettext_lazy("The checks did not finish in time."),
-    "internal_error": gettext_lazy("The portal failed while checking. Check again, or ask your instructor."),
-    "queue_unavailable": gettext_lazy("The check could not be queued. Try again in a minute."),
-}
-DEFAULT_FAILURE_FEEDBACK = gettext_lazy("This check did not pass.")
 
 
 def run_get_for_user(*, user: User, run_id: int) -> GradingRun:
@@ -51,22 +25,6 @@ def run_get_for_user(*, user: User, run_id: int) -> GradingRun:
     if run is None:
         raise NotFound(_("Grading run not found."))
     return run
-
-
-def run_error_message(run: GradingRun) -> str:
-    if not run.error_code and not run.error:
-        return ""
-    message = RUN_ERROR_MESSAGES.get(run.error_code)
-    return str(message) if message is not None else _("The check could not be completed.")
-
-
-def result_feedback(result: CheckResult) -> str:
-    """What a student reads under a check: nothing on a pass, else the hint, a default, or why it was not judged."""
-    if result.passed:
-        return ""
-    if result.pattern_timeout_seconds is not None:
-        return pattern_timeout_feedback(result.pattern_timeout_seconds)
-    return result.feedback or str(DEFAULT_FAILURE_FEEDBACK)
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -95,7 +53,7 @@ def grading_run_payload(run: GradingRun, *, results: Sequence[CheckResult] | Non
         "late_penalty_percent": _number(run.late_penalty_percent),
         "effective_score": _number(run.effective_score),
         "error_code": run.error_code,
-        "error": run_error_message(run),
+        "error": run.error_message,
         "results": [
             {
                 "check_id": r.check_ref_id,
@@ -105,7 +63,7 @@ def grading_run_payload(run: GradingRun, *, results: Sequence[CheckResult] | Non
                 "points": _number(r.points),
                 "max_points": _number(r.max_points),
                 "timed_out": r.timed_out,
-                "feedback": result_feedback(r),
+                "feedback": r.feedback_text,
             }
             for r in results
         ],

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from django.db import transaction
-from django.db.models import Sum
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from grading.evaluation import ScoredRun, choose_run, earns_credit
 from grading.models import Grade, GradingRun, RunState
-from labs.models import Check, Lab
+from grading.selectors.reports import lab_max_points
+from labs.models import Lab
 from portal.errors import ApplicationError, NotFound
 from portal.models import STAFF_ROLES, Membership, Role, User
 from portal.selectors import course_role
@@ -20,20 +21,16 @@ from portal.services import audit_record
 MAX_REASON_CHARS = 2000
 
 
-def lab_max_points(*, lab: Lab) -> Decimal:
-    return Check.objects.filter(lab=lab).aggregate(total=Sum("points"))["total"] or Decimal(0)
-
-
-def counted_runs(*, lab: Lab, student_id: int):
-    """Finished runs of the student's attempts at the lab that a grade may count: ``done`` and not regraded."""
-    return GradingRun.objects.filter(attempt__lab=lab, attempt__student_id=student_id, state=RunState.DONE).exclude(
-        regrades__state=RunState.DONE
-    )
+def counted_runs(**filters: Any):
+    """The runs (among those ``filters`` select) that a grade may count: ``done`` and not regraded."""
+    return GradingRun.objects.filter(state=RunState.DONE, **filters).exclude(regrades__state=RunState.DONE)
 
 
 def grade_recompute(*, lab: Lab, student_id: int) -> Grade:
     """Derive the student's grade for the lab from their runs (the override, if any, is kept and still wins)."""
-    rows = counted_runs(lab=lab, student_id=student_id).filter(measured_at__isnull=False, score__isnull=False)
+    rows = counted_runs(
+        attempt__lab=lab, attempt__student_id=student_id, measured_at__isnull=False, score__isnull=False
+    )
     max_scores, runs = {}, []
     for row in rows.values("id", "score", "max_score", "late_penalty_percent", "measured_at"):
         if earns_credit(lab, measured_at=row["measured_at"]):
@@ -87,11 +84,8 @@ def grade_override(*, actor: User, lab: Lab, student: User, score: Decimal | Non
                 _("The score cannot exceed the lab's %(max)s points.") % {"max": maximum}, code="invalid_score"
             )
         score = score.quantize(Decimal("0.01"))
-    grade, created = Grade.objects.select_for_update().get_or_create(
-        lab=lab, student=student, defaults={"max_score": maximum}
-    )
-    if created:
-        grade = grade_recompute(lab=lab, student_id=student.pk)
+    grade = Grade.objects.select_for_update().filter(lab=lab, student=student).first()
+    grade = grade or grade_recompute(lab=lab, student_id=student.pk)
     previous = grade.override_score
     if score is None and previous is None:
         raise ApplicationError(_("This grade has no override to remove."), code="no_override")

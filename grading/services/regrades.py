@@ -17,7 +17,7 @@ from django.utils.translation import gettext as _
 
 from grading.evaluation import late_penalty_percent
 from grading.models import GradingRun, LabRegrade, RunState, RunTrigger
-from grading.services.grades import _require_course_staff, grade_recompute
+from grading.services.grades import _require_course_staff, counted_runs, grade_recompute
 from grading.services.runs import (
     UNFINISHED_STATES,
     check_results_create,
@@ -82,13 +82,7 @@ def _reevaluate_run(*, actor: User, original: GradingRun, checks: Sequence[Check
 
 def _regrade_attempt(*, actor: User, attempt: Attempt, checks: Sequence[Check]) -> RegradeOutcome:
     outcome = RegradeOutcome()
-    current = (
-        GradingRun.objects.filter(attempt=attempt, state=RunState.DONE)
-        .exclude(regrades__state=RunState.DONE)
-        .prefetch_related("results")
-        .order_by("created_at", "id")
-    )
-    for original in current:
+    for original in counted_runs(attempt=attempt).prefetch_related("results").order_by("created_at", "id"):
         outcome.reevaluated.append(_reevaluate_run(actor=actor, original=original, checks=checks, lab=attempt.lab))
     if attempt.state == AttemptState.RUNNING and checks:
         if GradingRun.objects.filter(attempt=attempt, state__in=UNFINISHED_STATES).exists():
@@ -230,15 +224,7 @@ def lab_regrade_execute(*, regrade_id: int) -> LabRegrade | None:
             regrade.runs_reevaluated = outcome.reevaluated
             regrade.runs_queued = outcome.queued
             regrade.finished_at = timezone.now()
-            regrade.save(
-                update_fields=[
-                    "state",
-                    "attempts_regraded",
-                    "runs_reevaluated",
-                    "runs_queued",
-                    "finished_at",
-                ]
-            )
+            regrade.save(update_fields=["state", "attempts_regraded", "runs_reevaluated", "runs_queued", "finished_at"])
             return regrade
     except ApplicationError as exc:  # e.g. the requester is no longer course staff
         return _fail(regrade_id=regrade_id, error=exc.message)

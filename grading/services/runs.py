@@ -30,7 +30,7 @@ UNFINISHED_STATES = (RunState.QUEUED, RunState.RUNNING)
 # Beyond a running run's own deadline, before it is taken for a run whose worker died.
 RUNNING_STALE_SLACK_SECONDS = 60
 
-# Stable error codes stored on failed runs (``GradingRun.error_code``); selectors translate them.
+# Stable error codes stored on failed runs (``GradingRun.error_code``); ``GradingRun.error_message`` words them.
 ERROR_ATTEMPT_NOT_RUNNING = "attempt_not_running"
 ERROR_NO_CHECKS = "no_checks"
 ERROR_STALE = "interrupted"
@@ -62,9 +62,7 @@ def create_unfinished_run(*, attempt: Attempt, state: str, trigger: str, request
 def push_run_on_commit(*, run: GradingRun, results: Sequence[CheckResult] | None = None) -> None:
     """After commit, send the run's payload in every language (``runs``, and ``run`` in the default one) to
     ``attempt-<id>``; ``results`` saves reading them when the caller holds them."""
-    run_id, attempt_id = run.pk, run.attempt_id
-    attempt = run.attempt if GradingRun._meta.get_field("attempt").is_cached(run) else None
-    lab_id = attempt.lab_id if attempt is not None and "lab_id" not in attempt.get_deferred_fields() else None
+    run_id, attempt_id, lab_id = run.pk, run.attempt_id, run.attempt.lab_id
 
     def push() -> None:
         from grading.selectors import grading_run_payload
@@ -81,16 +79,14 @@ def push_run_on_commit(*, run: GradingRun, results: Sequence[CheckResult] | None
             for language, _name in settings.LANGUAGES:
                 with translation.override(language):
                     payloads[language] = grading_run_payload(source, results=rows)
-            default = payloads.get(settings.LANGUAGE_CODE) or next(iter(payloads.values()))
-            send_to_group(attempt_group(attempt_id), {"type": "grading.update", "run": default, "runs": payloads})
+            update = {"type": "grading.update", "run": payloads[settings.LANGUAGE_CODE], "runs": payloads}
+            send_to_group(attempt_group(attempt_id), update)
         except Exception:
             # The run is stored whatever happens here; the page shows it on its next load.
             logger.warning("grading run %s: could not push the update to attempt-%s", run_id, attempt_id, exc_info=True)
         try:
             # The lab's class views show the last Check's score and what still fails.
-            lab = lab_id or Attempt.objects.filter(pk=attempt_id).values_list("lab_id", flat=True).first()
-            if lab is not None:
-                send_to_group(lab_class_group(lab), {"type": "class.changed"}, hold=CLASS_CHANGED_HOLD_SECONDS)
+            send_to_group(lab_class_group(lab_id), {"type": "class.changed"}, hold=CLASS_CHANGED_HOLD_SECONDS)
         except Exception:
             logger.warning("grading run %s: could not tell the class view", run_id, exc_info=True)
 
