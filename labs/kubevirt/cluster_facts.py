@@ -3,6 +3,7 @@ whether the portal may manage them), with trouble met while reading already turn
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,10 +40,11 @@ class ClusterFacts:
     problems: list[Finding] = field(default_factory=list)
 
 
-def _read(doing: str, api: Any, method: str, *args: Any, **kwargs: Any) -> Any:
-    """``api_call``, with anything else the client raised reported as a ``ClusterError`` too (a finding)."""
+def _read(doing: str, api: Callable[[], Any], method: str, *args: Any, **kwargs: Any) -> Any:
+    """``api_call`` on ``api()``, with anything else raised (a kubeconfig that cannot be loaded too) reported as a
+    ``ClusterError``: a finding."""
     try:
-        return api_call(doing, api, method, *args, **kwargs)
+        return api_call(doing, api(), method, *args, **kwargs)
     except ClusterError:
         raise
     except Exception as exc:
@@ -53,7 +55,7 @@ def gather() -> ClusterFacts:
     """Read the cluster; never raises for cluster trouble: it is a finding."""
     facts = ClusterFacts()
     try:
-        version = _read("reading /version", VersionApi(client.api_client()), "get_code")
+        version = _read("reading /version", lambda: VersionApi(client.api_client()), "get_code")
         facts.server_version = version.get("gitVersion", "")
     except ClusterError as error:
         facts.problems.append(
@@ -77,7 +79,7 @@ def gather() -> ClusterFacts:
             )
         )
     try:
-        facts.nodes = list(_read("listing nodes", client.core_v1(), "list_node").get("items") or [])
+        facts.nodes = list(_read("listing nodes", client.core_v1, "list_node").get("items") or [])
     except ClusterError as error:
         facts.problems.append(
             Finding(
@@ -97,7 +99,7 @@ def gather() -> ClusterFacts:
 
 def _read_kubevirt() -> dict[str, Any] | None:
     """The KubeVirt CR: listed cluster-wide, or in ``settings.KUBEVIRT_NAMESPACE`` when that is all RBAC allows."""
-    api = client.custom_objects()
+    api = client.custom_objects
     kubevirt = (client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION)
     doing = "listing KubeVirt resources"
     try:
@@ -132,7 +134,7 @@ def _read_tenant_namespaces(facts: ClusterFacts) -> None:
             )
         )
         return
-    core = client.core_v1()
+    core = client.core_v1
     for namespace, tenant in sorted(recorded.items()):
         try:
             said = access_refusal(namespace)

@@ -189,6 +189,25 @@ def test_an_unreachable_cluster_is_a_blocking_finding(settings, tmp_path):
     assert "Cannot talk to the cluster API" in output
 
 
+@pytest.mark.parametrize("content", [None, "clusters: [unclosed"])
+def test_a_kubeconfig_that_cannot_be_loaded_is_a_blocking_finding_not_a_traceback(settings, tmp_path, content):
+    from labs.kubevirt import client
+
+    kubeconfig = tmp_path / "kubeconfig"
+    if content is not None:
+        kubeconfig.write_text(content)
+    settings.KUBECONFIG = str(kubeconfig)
+    client.reset()
+    try:
+        code, output = run_cluster_check()
+    finally:
+        client.reset()
+    assert code == 1
+    assert "Cannot talk to the cluster API" in output
+    if content is None:
+        assert f"KUBECONFIG points at {kubeconfig}, which does not exist." in output
+
+
 # ---- KVM as the kubelet reports it, and Pod Security of tenant namespaces ---------------------------------------
 
 
