@@ -170,38 +170,36 @@ def test_system_check_runs_only_when_deploy_checks_are_asked_for(kubevirt_config
     assert cluster.admin.counters()["total"] > before
 
 
-def test_an_unreachable_cluster_is_a_blocking_finding(settings, tmp_path):
+def run_cluster_check_with_kubeconfig(settings, kubeconfig):
+    """``cluster_check`` against ``kubeconfig`` instead of the session's kubesim."""
     from labs.kubevirt import client
 
+    settings.KUBECONFIG = str(kubeconfig)
+    client.reset()
+    try:
+        return run_cluster_check()
+    finally:
+        client.reset()
+
+
+def test_an_unreachable_cluster_is_a_blocking_finding(settings, tmp_path):
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
         "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
         "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
     )
-    settings.KUBECONFIG = str(kubeconfig)
-    client.reset()
-    try:
-        code, output = run_cluster_check()
-    finally:
-        client.reset()
+    code, output = run_cluster_check_with_kubeconfig(settings, kubeconfig)
     assert code == 1
     assert "Cannot talk to the cluster API" in output
 
 
 @pytest.mark.parametrize("content", [None, "clusters: [unclosed"])
 def test_a_kubeconfig_that_cannot_be_loaded_is_a_blocking_finding_not_a_traceback(settings, tmp_path, content):
-    from labs.kubevirt import client
-
     kubeconfig = tmp_path / "kubeconfig"
     if content is not None:
         kubeconfig.write_text(content)
-    settings.KUBECONFIG = str(kubeconfig)
-    client.reset()
-    try:
-        code, output = run_cluster_check()
-    finally:
-        client.reset()
+    code, output = run_cluster_check_with_kubeconfig(settings, kubeconfig)
     assert code == 1
     assert "Cannot talk to the cluster API" in output
     if content is None:
