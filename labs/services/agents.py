@@ -88,9 +88,7 @@ def agent_ask_gap(waiting: int) -> float:
     return max(AGENT_ASK_MIN_SECONDS, waiting / AGENT_ASK_RATE_PER_SECOND)
 
 
-def agent_ask_due(
-    *, booting_for: float, since_last_round: float | None, min_gap: float = AGENT_ASK_MIN_SECONDS
-) -> bool:
+def agent_ask_due(*, booting_for: float, since_last_round: float | None, min_gap: float) -> bool:
     """Whether an agent booting for ``booting_for`` seconds is due a question, the namespace's previous round
     having been ``since_last_round`` seconds ago (None: none): it is asked at age 0, then every quarter of its age
     (``min_gap`` to the sync interval apart), and is due when such a moment fell since the previous round."""
