@@ -100,13 +100,11 @@ def pool_suggestion(*, lab: Lab) -> PoolSuggestion:
     """A scheduled pool of the class (within the VM quota) around the lab's opening, or a small always-warm one."""
     enrolled = Membership.objects.filter(course_id=lab.course_id, role=Role.STUDENT).count()
     quota = lab.course.tenant.max_concurrent_vms
-    starts_at = lab.opens_at - SCHEDULE_LEAD if lab.opens_at else None
-    ends_at = lab.opens_at + SCHEDULE_TAIL if lab.opens_at else None
     return PoolSuggestion(
         enrolled=enrolled,
         quota=quota,
         scheduled_size=min(enrolled, quota),
         always_size=min(quota, max(ALWAYS_WARM_MIN, math.ceil(enrolled * ALWAYS_WARM_SHARE))) if enrolled else 0,
-        starts_at=starts_at,
-        ends_at=ends_at,
+        starts_at=lab.opens_at - SCHEDULE_LEAD if lab.opens_at else None,
+        ends_at=lab.opens_at + SCHEDULE_TAIL if lab.opens_at else None,
     )
