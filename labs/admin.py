@@ -42,12 +42,9 @@ class CheckInline(CourseScopedInlineMixin, admin.StackedInline):
 
 @admin.register(Lab)
 class LabAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
-    course_lookup = "course"
     inlines = (CheckInline,)
     list_display = ("title", "course", "size", "time_limit_minutes", "opens_at", "due_at", "check_count")
-    formfield_overrides = {
-        models.DateTimeField: {"form_class": forms.SplitDateTimeField, "widget": LabelledSplitDateTime}
-    }
+    formfield_overrides = {models.DateTimeField: {"widget": LabelledSplitDateTime}}
     list_filter = (("course", admin.RelatedOnlyFieldListFilter), "size")
     list_select_related = ("course",)
     search_fields = ("title", "course__code", "course__title")

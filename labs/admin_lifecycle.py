@@ -3,7 +3,6 @@ and the warm pools with the size and window suggested from the course's enrolmen
 
 from __future__ import annotations
 
-from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import models
@@ -115,9 +114,7 @@ class LabPoolAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     list_select_related = ("lab__course",)
     fields = ("lab", "suggested", "mode", "size", ("starts_at", "ends_at"), "misses")
     readonly_fields = ("suggested", "misses")
-    formfield_overrides = {
-        models.DateTimeField: {"form_class": forms.SplitDateTimeField, "widget": LabelledSplitDateTime}
-    }
+    formfield_overrides = {models.DateTimeField: {"widget": LabelledSplitDateTime}}
 
     @admin.display(description=gettext_lazy("suggested"))
     def suggested(self, pool: LabPool | None) -> str:
