@@ -85,9 +85,6 @@ class LabAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     def check_count(self, lab: Lab) -> int:
         return lab.num_checks  # type: ignore[attr-defined]  # annotated by get_queryset
 
-    def audit_scope(self, obj: Lab) -> dict:
-        return {"tenant": obj.course.tenant, "course": obj.course}
-
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         # A lab saved before its settings were checked at save says what stops it from starting, where it is fixed.
         if obj is not None and request.method == "GET" and (problem := extra_cloud_init_problem(obj.extra_cloud_init)):

@@ -135,7 +135,3 @@ class LabPoolAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
                 "end": formats.date_format(timezone.localtime(suggestion.ends_at), "DATETIME_FORMAT"),
             }
         return text + "."
-
-    def audit_scope(self, obj: models.Model) -> dict:
-        assert isinstance(obj, LabPool)
-        return {"tenant": obj.lab.course.tenant, "course": obj.lab.course}

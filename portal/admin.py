@@ -136,9 +136,6 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
         course_create(actor=request_user(request), course=obj)
         forget_admin_access(request)
 
-    def audit_scope(self, obj: Course) -> dict:
-        return {"tenant": obj.tenant, "course": obj}
-
     def get_urls(self):
         return [
             path(
@@ -220,9 +217,6 @@ class MembershipAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmi
         membership_create(actor=request_user(request), membership=obj)
         if obj.user_id == request_user(request).pk:
             forget_admin_access(request)
-
-    def audit_scope(self, obj: Membership) -> dict:
-        return {"tenant": obj.course.tenant, "course": obj.course}
 
 
 @admin.register(AuditEvent)
