@@ -227,4 +227,3 @@ class AuditEventAdmin(CourseScopedAdminMixin, admin.ModelAdmin):
     list_select_related = ("actor", "course")
     search_fields = ("action", "target_repr", "actor__username")
     fields = ("created_at", "actor", "action", "tenant", "course", "target_type", "target_id", "target_repr", "data")
-    readonly_fields = fields
