@@ -69,12 +69,11 @@ class AttemptLifecycleAdminMixin(CourseScopedAdminMixin):
         self._apply(request, queryset, attempt_extend, _("Extended %(count)d attempt(s)."))
 
     def get_urls(self):
-        opts = self.model._meta
         return [
             path(
                 "capacity/",
                 self.admin_site.admin_view(self.capacity_view),
-                name=f"{opts.app_label}_{opts.model_name}_capacity",
+                name="labs_attempt_capacity",
             ),
             *super().get_urls(),
         ]
@@ -101,7 +100,7 @@ class AttemptLifecycleAdminMixin(CourseScopedAdminMixin):
         context = {
             **self.admin_site.each_context(request),
             "title": _("Lab capacity"),
-            "opts": self.model._meta,
+            "opts": self.opts,
             "rows": rows,
         }
         return TemplateResponse(request, "admin/labs/attempt/capacity.html", context)
