@@ -42,12 +42,9 @@ class CheckInline(CourseScopedInlineMixin, admin.StackedInline):
 
 @admin.register(Lab)
 class LabAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
-    course_lookup = "course"
     inlines = (CheckInline,)
     list_display = ("title", "course", "size", "time_limit_minutes", "opens_at", "due_at", "check_count")
-    formfield_overrides = {
-        models.DateTimeField: {"form_class": forms.SplitDateTimeField, "widget": LabelledSplitDateTime}
-    }
+    formfield_overrides = {models.DateTimeField: {"widget": LabelledSplitDateTime}}
     list_filter = (("course", admin.RelatedOnlyFieldListFilter), "size")
     list_select_related = ("course",)
     search_fields = ("title", "course__code", "course__title")
@@ -87,9 +84,6 @@ class LabAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     @admin.display(description=_("checks"), ordering="num_checks")
     def check_count(self, lab: Lab) -> int:
         return lab.num_checks  # type: ignore[attr-defined]  # annotated by get_queryset
-
-    def audit_scope(self, obj: Lab) -> dict:
-        return {"tenant": obj.course.tenant, "course": obj.course}
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         # A lab saved before its settings were checked at save says what stops it from starting, where it is fixed.

@@ -3,7 +3,6 @@ and the warm pools with the size and window suggested from the course's enrolmen
 
 from __future__ import annotations
 
-from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import models
@@ -70,12 +69,11 @@ class AttemptLifecycleAdminMixin(CourseScopedAdminMixin):
         self._apply(request, queryset, attempt_extend, _("Extended %(count)d attempt(s)."))
 
     def get_urls(self):
-        opts = self.model._meta
         return [
             path(
                 "capacity/",
                 self.admin_site.admin_view(self.capacity_view),
-                name=f"{opts.app_label}_{opts.model_name}_capacity",
+                name="labs_attempt_capacity",
             ),
             *super().get_urls(),
         ]
@@ -102,7 +100,7 @@ class AttemptLifecycleAdminMixin(CourseScopedAdminMixin):
         context = {
             **self.admin_site.each_context(request),
             "title": _("Lab capacity"),
-            "opts": self.model._meta,
+            "opts": self.opts,
             "rows": rows,
         }
         return TemplateResponse(request, "admin/labs/attempt/capacity.html", context)
@@ -115,9 +113,7 @@ class LabPoolAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     list_select_related = ("lab__course",)
     fields = ("lab", "suggested", "mode", "size", ("starts_at", "ends_at"), "misses")
     readonly_fields = ("suggested", "misses")
-    formfield_overrides = {
-        models.DateTimeField: {"form_class": forms.SplitDateTimeField, "widget": LabelledSplitDateTime}
-    }
+    formfield_overrides = {models.DateTimeField: {"widget": LabelledSplitDateTime}}
 
     @admin.display(description=gettext_lazy("suggested"))
     def suggested(self, pool: LabPool | None) -> str:
@@ -138,7 +134,3 @@ class LabPoolAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
                 "end": formats.date_format(timezone.localtime(suggestion.ends_at), "DATETIME_FORMAT"),
             }
         return text + "."
-
-    def audit_scope(self, obj: models.Model) -> dict:
-        assert isinstance(obj, LabPool)
-        return {"tenant": obj.lab.course.tenant, "course": obj.lab.course}

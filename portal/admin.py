@@ -136,9 +136,6 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
         course_create(actor=request_user(request), course=obj)
         forget_admin_access(request)
 
-    def audit_scope(self, obj: Course) -> dict:
-        return {"tenant": obj.tenant, "course": obj}
-
     def get_urls(self):
         return [
             path(
@@ -221,9 +218,6 @@ class MembershipAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmi
         if obj.user_id == request_user(request).pk:
             forget_admin_access(request)
 
-    def audit_scope(self, obj: Membership) -> dict:
-        return {"tenant": obj.course.tenant, "course": obj.course}
-
 
 @admin.register(AuditEvent)
 class AuditEventAdmin(CourseScopedAdminMixin, admin.ModelAdmin):
@@ -233,4 +227,3 @@ class AuditEventAdmin(CourseScopedAdminMixin, admin.ModelAdmin):
     list_select_related = ("actor", "course")
     search_fields = ("action", "target_repr", "actor__username")
     fields = ("created_at", "actor", "action", "tenant", "course", "target_type", "target_id", "target_repr", "data")
-    readonly_fields = fields

@@ -104,6 +104,14 @@ class CourseScopedAdminMixin(ScopedFormFieldsMixin):
                 return None
         return getattr(target, f"{last}_id", None)
 
+    def audit_scope(self, obj: Any) -> dict[str, Any]:
+        """For ``AuditedAdminMixin``: the course ``obj`` is reached through, and its tenant."""
+        course = obj
+        if self.course_lookup:
+            for part in self.course_lookup.split("__"):
+                course = getattr(course, part)
+        return {"tenant": course.tenant, "course": course}
+
     def instructs(self, request: HttpRequest, obj: models.Model | None = None) -> bool:
         """Superuser, or instructor of ``obj``'s course (of any course when ``obj`` is None)."""
         access = admin_access(request)

@@ -14,9 +14,10 @@ from portal.models import Course, Membership, Tenant, User
 from portal.timezones import tenant_time_zone, time_zone_names
 
 
-def zone_choice_field(form: forms.ModelForm, *, current: str, blank_label: str | Promise | None = None) -> None:
+def zone_choice_field(form: forms.ModelForm, *, blank_label: str | Promise | None = None) -> None:
     """Make ``form``'s ``time_zone`` a choice among the known zones (and the stored one, even if tzdata dropped it)."""
     field = form.fields["time_zone"]
+    current = form.instance.time_zone
     blank = blank_label or _("The portal's default (%(zone)s)") % {"zone": settings.TIME_ZONE}
     choices: list[tuple[str, str | Promise]] = [("", blank), *((name, name) for name in time_zone_names())]
     if current and current not in dict(choices):
@@ -35,7 +36,7 @@ class TenantAdminForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        zone_choice_field(self, current=self.instance.time_zone)
+        zone_choice_field(self)
 
 
 class PersonalTimeZoneForm(forms.ModelForm):
@@ -48,7 +49,7 @@ class PersonalTimeZoneForm(forms.ModelForm):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         institution_zone = _("My institution's (%(zone)s)") % {"zone": tenant_time_zone(self.instance.tenant)}
-        zone_choice_field(self, current=self.instance.time_zone, blank_label=institution_zone)
+        zone_choice_field(self, blank_label=institution_zone)
         # The page says what the choice does; the model's help text is written for admins.
         self.fields["time_zone"].label = _("Your time zone")
         self.fields["time_zone"].help_text = ""
@@ -121,9 +122,7 @@ class TenantUserChangeForm(UserChangeForm):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if "time_zone" in self.fields:
-            zone_choice_field(
-                self, current=self.instance.time_zone, blank_label=_("The institution's (the tenant's time zone)")
-            )
+            zone_choice_field(self, blank_label=_("The institution's (the tenant's time zone)"))
 
 
 class EnrollmentImportForm(forms.Form):
