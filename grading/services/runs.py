@@ -224,9 +224,9 @@ def grading_run_fail(*, run: GradingRun, error_code: str, error: str) -> Grading
     return run
 
 
-def grading_runs_fail_stale(*, attempt: Attempt | None = None, now=None) -> int:
+def grading_runs_fail_stale(*, attempt: Attempt | None = None) -> int:
     """Fail runs whose worker never came or died: queued too long, or running past their deadline."""
-    now = now or timezone.now()
+    now = timezone.now()
     runs = GradingRun.objects.filter(state__in=UNFINISHED_STATES).select_related("attempt")
     if attempt is not None:
         runs = runs.filter(attempt=attempt)
