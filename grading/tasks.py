@@ -6,7 +6,6 @@ from __future__ import annotations
 from celery import shared_task
 
 from grading import services
-from grading.services import regrades
 
 
 @shared_task(name="grading.tasks.grading_run_execute", acks_late=True)
@@ -19,11 +18,11 @@ def grading_run_execute(run_id: int) -> str:
 @shared_task(name="grading.tasks.lab_regrade_execute", acks_late=True)
 def lab_regrade_execute(regrade_id: int) -> str:
     """Carry out a queued lab regrade; a redelivered message finds it done and does nothing."""
-    regrade = regrades.lab_regrade_execute(regrade_id=regrade_id)
+    regrade = services.lab_regrade_execute(regrade_id=regrade_id)
     return "skipped" if regrade is None else regrade.state
 
 
 @shared_task(name="grading.tasks.grading_runs_sweep", acks_late=True)
 def grading_runs_sweep() -> int:
     """Periodic: fail runs and lab regrades whose worker never came or died, so new ones can be asked for."""
-    return services.grading_runs_fail_stale() + regrades.lab_regrades_fail_stale()
+    return services.grading_runs_fail_stale() + services.lab_regrades_fail_stale()

@@ -1,4 +1,4 @@
-"""The sync loop's heartbeat and readiness, and what a page says when the cluster or the sync is in trouble."""
+"""The sync loop's heartbeat and readiness (``check_sync``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ from datetime import UTC, datetime
 from django.conf import settings
 from django.core.cache import cache
 from django.utils.dateparse import parse_datetime
-from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
-from labs.health import ComponentStatus, check_cluster, say
+from labs.health import ComponentStatus, say
 
 logger = logging.getLogger(__name__)
 
@@ -106,20 +105,3 @@ def check_sync(*, now: datetime | None = None) -> ComponentStatus:
 
 def _seconds_ago(now: datetime, then: datetime) -> int:
     return max(0, int((now - then).total_seconds()))
-
-
-CLUSTER_NOT_ANSWERING = "cluster"
-SYNC_DELAYED = "sync"
-
-
-def cluster_trouble() -> str | None:
-    """``CLUSTER_NOT_ANSWERING``, ``SYNC_DELAYED`` or None when all is well; cheap enough for every page render."""
-    if not check_cluster().ok:
-        return CLUSTER_NOT_ANSWERING
-    if not check_sync().ok:
-        return SYNC_DELAYED
-    return None
-
-
-def sync_delayed_notice() -> str:
-    return _("Lab status updates are delayed; what you see here may be out of date for a while.")

@@ -10,7 +10,8 @@ from django.conf import settings
 from django.utils import translation
 from django.utils.translation import gettext as _
 
-from labs.sync_health import CLUSTER_NOT_ANSWERING, cluster_trouble, sync_delayed_notice
+from labs.health import check_cluster
+from labs.sync_health import check_sync
 
 
 def in_every_language(build: Callable[[], str]) -> dict[str, str]:
@@ -36,14 +37,14 @@ def with_cluster_words(words: str, said: str) -> str:
 
 
 def cluster_notice(*, state: str | None) -> str | None:
-    """What a student's page says while the cluster is in trouble, for the attempt's ``state``; None if all is well."""
+    """What a student's page says while the cluster or the sync loop is in trouble, for the attempt's ``state``; None
+    if all is well. Cheap enough for every page render (the cluster probe is remembered)."""
     from labs.models import AttemptState  # labs.models reads its texts through this module
 
-    trouble = cluster_trouble()
-    if trouble is None:
-        return None
-    if trouble != CLUSTER_NOT_ANSWERING:
-        return sync_delayed_notice()
+    if check_cluster().ok:
+        if check_sync().ok:
+            return None
+        return _("Lab status updates are delayed; what you see here may be out of date for a while.")
     if state == AttemptState.RUNNING:
         return _(
             "The cluster is not answering. Your VM may still be running; Check and Stop will work when it is back."

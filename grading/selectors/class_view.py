@@ -10,7 +10,7 @@ from django.db.models import Prefetch
 from django.utils import timezone
 
 from grading.models import CheckResult, GradingRun, RunState
-from labs.models import ACTIVE_STATES, Attempt, Lab
+from labs.models import ACTIVE_STATES, Attempt, AttemptState, Lab
 
 # No better score for this long (or no Check at all this long after the VM was ready) counts as stuck.
 STUCK_AFTER = timedelta(minutes=15)
@@ -48,9 +48,9 @@ def _idle_since(attempt: Attempt, runs: list[GradingRun]) -> datetime | None:
     return since
 
 
-def class_view(*, lab: Lab, now: datetime | None = None) -> list[ClassRow]:
+def class_view(*, lab: Lab) -> list[ClassRow]:
     """The lab's attempts in progress, by student name. Callers have checked the user is the lab's staff."""
-    now = now or timezone.now()
+    now = timezone.now()
     attempts = list(
         Attempt.objects.filter(lab=lab, tenant_id=lab.course.tenant_id, state__in=ACTIVE_STATES)
         .select_related("student")
@@ -75,8 +75,8 @@ def class_view(*, lab: Lab, now: datetime | None = None) -> list[ClassRow]:
             if len(recent) == SAME_FAILURE_RUNS:
                 failed_each = [{r.check_title for r in run.results.all() if not r.passed} for run in recent]
                 again = set.intersection(*failed_each)
-                row.stuck_on = min(again, key=row.failing.index) if again and set(row.failing) >= again else ""
-        since = _idle_since(attempt, runs) if attempt.state == "running" else None
+                row.stuck_on = min(again, key=row.failing.index) if again else ""
+        since = _idle_since(attempt, runs) if attempt.state == AttemptState.RUNNING else None
         if since is not None and now - since >= STUCK_AFTER:
             row.idle_minutes = int((now - since).total_seconds() // 60)
         rows.append(row)

@@ -237,11 +237,8 @@ def lab_report(*, lab: Lab) -> LabReport:
     enrolled_ids = set(
         Membership.objects.filter(course_id=lab.course_id, role=Role.STUDENT).values_list("user_id", flat=True)
     )
-    grades = [
-        g
-        for g in Grade.objects.filter(lab=lab).select_related("student").order_by("student__full_name")
-        if g.student_id in enrolled_ids
-    ]
+    enrolled_grades = Grade.objects.filter(lab=lab, student_id__in=enrolled_ids).select_related("student")
+    grades = list(enrolled_grades.order_by("student__full_name"))
     percents = [float(g.final_score / max_points * 100) for g in grades if g.final_score is not None and max_points > 0]
     return LabReport(
         lab=lab,

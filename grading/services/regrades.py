@@ -72,9 +72,7 @@ def _reevaluate_run(*, actor: User, original: GradingRun, checks: Sequence[Check
         else {"exit_code": None}
         for check in checks
     ]
-    rows, score, max_score = check_results_create(run=regrade, checks=checks, results=results)
-    regrade.score = score
-    regrade.max_score = max_score
+    rows = check_results_create(run=regrade, checks=checks, results=results)
     regrade.save(update_fields=["score", "max_score"])
     push_run_on_commit(run=regrade, results=rows)
     return regrade

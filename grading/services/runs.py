@@ -157,14 +157,14 @@ def measure_and_record(*, run: GradingRun, attempt: Attempt, checks: Sequence[Ch
 
 def check_results_create(
     *, run: GradingRun, checks: Sequence[Check], results: Sequence[dict[str, Any]]
-) -> tuple[list[CheckResult], Decimal, Decimal]:
-    """Evaluate each check's agent-shaped result and store it; returns the rows, the score and the maximum."""
+) -> list[CheckResult]:
+    """Evaluate each check's agent-shaped result and store it; the run's score and maximum are set, not saved."""
     rows: list[CheckResult] = []
-    score, max_score = Decimal(0), Decimal(0)
+    run.score, run.max_score = Decimal(0), Decimal(0)
     for check, result in zip(checks, results, strict=True):
         verdict = evaluate_check(check=check, result=result)
-        score += verdict.points
-        max_score += verdict.max_points
+        run.score += verdict.points
+        run.max_score += verdict.max_points
         rows.append(
             CheckResult(
                 run=run,
@@ -185,7 +185,7 @@ def check_results_create(
             )
         )
     CheckResult.objects.bulk_create(rows)
-    return rows, score, max_score
+    return rows
 
 
 @transaction.atomic
@@ -201,12 +201,10 @@ def grading_run_record(
         logger.warning("grading run %s is %s; late results discarded", run.pk, run.state)
         return run
     lab = run.attempt.lab
-    rows, score, max_score = check_results_create(run=run, checks=checks, results=results)
+    rows = check_results_create(run=run, checks=checks, results=results)
     run.state = RunState.DONE
     run.finished_at = timezone.now()
     run.measured_at = measured_at
-    run.score = score
-    run.max_score = max_score
     run.late_penalty_percent = late_penalty_percent(lab, measured_at=measured_at)
     run.save(update_fields=["state", "finished_at", "measured_at", "score", "max_score", "late_penalty_percent"])
     grade_recompute(lab=lab, student_id=run.attempt.student_id)
@@ -226,9 +224,9 @@ def grading_run_fail(*, run: GradingRun, error_code: str, error: str) -> Grading
     return run
 
 
-def grading_runs_fail_stale(*, attempt: Attempt | None = None, now=None) -> int:
+def grading_runs_fail_stale(*, attempt: Attempt | None = None) -> int:
     """Fail runs whose worker never came or died: queued too long, or running past their deadline."""
-    now = now or timezone.now()
+    now = timezone.now()
     runs = GradingRun.objects.filter(state__in=UNFINISHED_STATES).select_related("attempt")
     if attempt is not None:
         runs = runs.filter(attempt=attempt)

@@ -235,7 +235,7 @@ def events_said(*, namespace: str, name: str) -> str:
 def failed_vmi_words(vmi: Mapping[str, Any]) -> Callable[[], str]:
     """A function giving the Failed VMI's reason in the active language (pure: call it under each language)."""
     metadata = vmi.get("metadata") or {}
-    explained = status.observe_vmi(vmi).explained
+    explained = status.failure_words(vmi)
     said = "" if explained else events_said(namespace=metadata.get("namespace", ""), name=metadata.get("name", ""))
     return lambda: status.failed_problem(vmi, said)
 

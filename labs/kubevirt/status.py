@@ -62,8 +62,6 @@ class VmiObservation:
     problem_since: datetime | None = None
     # The problem cannot mend by itself: the attempt ends now rather than after the grace.
     problem_final: bool = False
-    # False when the VMI itself names no reason: the cluster's Events are to be read for one.
-    explained: bool = True
 
     @property
     def failed(self) -> bool:
@@ -100,7 +98,7 @@ def image_volume_hint(message: str) -> str:
     return ""
 
 
-def _failure_words(vmi: Mapping[str, Any]) -> str:
+def failure_words(vmi: Mapping[str, Any]) -> str:
     """Why a Failed VMI failed: ``status.reason`` (v1.9 sets it only for a lost node), else Synchronized=False's."""
     reason = (vmi.get("status") or {}).get("reason") or ""
     synchronized = _conditions(vmi).get("Synchronized") or {}
@@ -112,7 +110,7 @@ def _failure_words(vmi: Mapping[str, Any]) -> str:
 def failed_problem(vmi: Mapping[str, Any], events: str = "") -> str:
     """A Failed VMI's reason in plain words, from the VMI, else from the Events about it (``events_problem``)."""
     detail = ((_conditions(vmi).get("Synchronized") or {}).get("message")) or ""
-    words = _failure_words(vmi) or events or _("no reason given")
+    words = failure_words(vmi) or events or _("no reason given")
     return _("The VM failed (%(reason)s).") % {"reason": words} + image_volume_hint(detail)
 
 
@@ -142,7 +140,6 @@ def observe_vmi(vmi: Mapping[str, Any]) -> VmiObservation:
             else Problem.VMI_FAILED,
             problem=failed_problem(vmi),
             problem_since=times.get("Failed") or since,
-            explained=bool(_failure_words(vmi)),
         )
 
     scheduled = conditions.get("PodScheduled") or {}
