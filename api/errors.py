@@ -4,7 +4,6 @@ helps."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from django.core.exceptions import ObjectDoesNotExist
@@ -27,7 +26,6 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, ApplicationError):
         status_code, code, message = exc.status_code, exc.code, exc.message
         retry_after = exc.retry_after
-        fields = exc.extra.get("fields") if exc.extra else None
     elif isinstance(exc, Http404 | ObjectDoesNotExist):
         # Django's messages may name a model or a query; the client learns only that nothing is there.
         status_code, code, message = status.HTTP_404_NOT_FOUND, "not_found", _("Not found.")
@@ -41,14 +39,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             fields = dict(detail)
             non_field: Any = fields.pop("non_field_errors", None)
             message = str(non_field[0]) if non_field else _("Some fields are not valid.")
-            fields = fields or None
         else:
             message = str(detail[0] if isinstance(detail, list) and detail else detail)
-    elif isinstance(exc, exceptions.Throttled):
-        status_code, code = status.HTTP_429_TOO_MANY_REQUESTS, "throttled"
-        wait: float | None = exc.wait  # type: ignore[attr-defined]  # set by Throttled.__init__, absent from the stubs
-        retry_after = math.ceil(wait) if wait is not None else None
-        message = _("Too many requests. Try again in %(seconds)s seconds.") % {"seconds": retry_after or 1}
     elif isinstance(exc, exceptions.APIException):
         codes = exc.get_codes()
         status_code, message = exc.status_code, str(exc.detail)
@@ -59,9 +51,6 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     else:
         return None
 
-    if status_code == status.HTTP_401_UNAUTHORIZED and "WWW-Authenticate" not in headers:
-        # DRF answers 401 only when an authenticator can name a scheme; the token scheme is ours.
-        headers["WWW-Authenticate"] = 'Token realm="api"'
     if retry_after is not None:
         retry_after = max(1, int(retry_after))
         headers["Retry-After"] = str(retry_after)

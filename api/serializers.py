@@ -155,15 +155,12 @@ class StaffViewSerializer(serializers.ModelSerializer):
 
     staff_only: tuple[str, ...] = ()
 
-    def staff_view(self, course_id: int | None) -> bool:
-        return course_id in self.context.get("staff_course_ids", ())
-
     def course_id_of(self, instance: Any) -> int | None:
         return instance.lab.course_id
 
     def to_representation(self, instance: Any) -> Any:
         data = super().to_representation(instance)
-        if not self.staff_view(self.course_id_of(instance)):
+        if self.course_id_of(instance) not in self.context.get("staff_course_ids", ()):
             data.update(dict.fromkeys(self.staff_only))
         return data
 

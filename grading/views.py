@@ -29,11 +29,12 @@ from labs import access
 from labs.models import Attempt
 from labs.views.actions import AttemptActionView
 from labs.views.instructions import render_instructions
-from labs.views.pages import LabDetailView, PageView
+from labs.views.pages import LabDetailView
 from portal.errors import ApplicationError, NotFound, PermissionDenied
 from portal.http import AuthenticatedRequest
 from portal.models import STAFF_ROLES
 from portal.selectors import course_get_for_user, staff_courses_for_user
+from portal.views import PageView
 
 
 class MyGradesView(PageView):

@@ -1,15 +1,16 @@
-"""The core domain's pages: a person's time zone, a course's audit log, the favicon, and the 500 handler."""
+"""Every app's page base (PageView) and the core's pages: time zone, a course's audit log, favicon, 500 handler."""
 
 from __future__ import annotations
 
 import secrets
 import sys
+from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.mixins import LoginRequiredMixin
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase, HttpResponseRedirect, JsonResponse
 from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.templatetags.static import static
@@ -51,17 +52,24 @@ ACTION_LABELS = {
 }
 
 
-class CourseAuditPage(LoginRequiredMixin, View):
-    """Who started, stopped, extended, checked or overrode what in the course, and when; newest first."""
+class PageView(LoginRequiredMixin, View):
+    """Sign-in required; ``NotFound`` from a selector or service is the 404 page, ``PermissionDenied`` a 403."""
 
-    def get(self, request: AuthenticatedRequest, course_id: int) -> HttpResponse:
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         try:
-            events = audit_events_for_course(user=request.user, course_id=course_id)
-            course = course_get_for_user(user=request.user, course_id=course_id)
+            return super().dispatch(request, *args, **kwargs)
         except NotFound as exc:
             raise Http404(exc.message) from exc
         except PermissionDenied as exc:
             raise DjangoPermissionDenied(exc.message) from exc
+
+
+class CourseAuditPage(PageView):
+    """Who started, stopped, extended, checked or overrode what in the course, and when; newest first."""
+
+    def get(self, request: AuthenticatedRequest, course_id: int) -> HttpResponse:
+        events = audit_events_for_course(user=request.user, course_id=course_id)
+        course = course_get_for_user(user=request.user, course_id=course_id)
         action = request.GET.get("action", "")[:80]
         actions = sorted(set(events.values_list("action", flat=True).order_by()))
         if action:

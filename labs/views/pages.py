@@ -7,16 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.mixins import LoginRequiredMixin
-from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
+from django.http import Http404, HttpRequest, HttpResponse
 from django.middleware.csrf import get_token
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from django.views import View
 
 from labs.access import (
     attempt_get_for_user,
@@ -30,22 +27,11 @@ from labs.services.quota import per_student_cap_message
 from labs.views.instructions import render_instructions
 from labs.views.strings import PROGRESS_STEPS, attempt_page_strings
 from labs.wording import cluster_notice
-from portal.errors import NotFound, PermissionDenied
+from portal.errors import NotFound
 from portal.http import AuthenticatedRequest
 from portal.models import STAFF_ROLES
 from portal.selectors import course_role
-
-
-class PageView(LoginRequiredMixin, View):
-    """Sign-in required; ``NotFound`` from a selector or service is the 404 page, ``PermissionDenied`` a 403."""
-
-    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        try:
-            return super().dispatch(request, *args, **kwargs)
-        except NotFound as exc:
-            raise Http404(exc.message) from exc
-        except PermissionDenied as exc:
-            raise DjangoPermissionDenied(exc.message) from exc
+from portal.views import PageView
 
 
 def attempt_page_config(*, attempt: Attempt, is_student: bool, is_staff: bool) -> dict[str, Any]:

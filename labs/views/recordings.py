@@ -8,8 +8,8 @@ from django.urls import reverse
 
 from labs.access import attempt_get_for_staff
 from labs.console.recording import ASCIICAST_CONTENT_TYPE, recording_path
-from labs.views.pages import PageView
 from portal.http import AuthenticatedRequest
+from portal.views import PageView
 
 
 class RecordingReplayView(PageView):
