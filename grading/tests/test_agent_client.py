@@ -173,7 +173,7 @@ class TestAgainstKubesim:
                 json_body={"checks": [{"id": "slow", "command": "sleep 5", "timeout_s": 10}]},
                 timeout_s=1.0,
             )
-        assert time.monotonic() - started < 3
+        assert time.monotonic() - started < 4.5  # the check sleeps 5 s: only the deadline ends the request sooner
 
     def test_check_timeout_is_reported_by_the_agent(self, running_attempt):
         check = running_attempt.lab.checks.first()

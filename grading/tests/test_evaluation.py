@@ -103,9 +103,9 @@ class TestCheckVerdicts:
     def test_regex_that_runs_out_of_time_fails_with_feedback_saying_so(self, settings):
         settings.GRADING_PATTERN_TIMEOUT_MS = 100
         check = CheckSpec(stdout_match=StdoutMatch.REGEX, stdout_pattern=r"^(a|a)*$")
-        started = time.monotonic()
+        started = time.process_time()  # the engine's limit counts CPU time, which load does not stretch
         verdict = evaluate_check(check=check, result=result(stdout="a" * 40 + "!"))
-        assert time.monotonic() - started < 2
+        assert time.process_time() - started < 2
         assert (verdict.passed, verdict.points, verdict.max_points) == (False, Decimal(0), Decimal("2"))
         assert verdict.reason == "the output pattern took longer than 0.1 s to match"
         # Not the hint, which would blame the student's work: the time limit, put into words when read.

@@ -326,8 +326,8 @@ def test_background_children_do_not_outlive_a_finished_check(agent: RunningAgent
     assert result["exit_code"] == 0
     assert result["stdout"] == "done\n"
     assert result["timed_out"] is False
-    # The sleep holds the output pipe open; the agent must not wait for it.
-    assert time.monotonic() - started < 3
+    # The sleep holds the output pipe open; the agent must not wait for it (60 s), however loaded the machine.
+    assert time.monotonic() - started < 30
     assert _process_gone(int((agent.home / "leftover.pid").read_text()))
 
 

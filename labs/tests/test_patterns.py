@@ -22,10 +22,12 @@ class TestSearch:
 
     def test_catastrophic_pattern_raises_timeout_promptly(self, settings):
         settings.GRADING_PATTERN_TIMEOUT_MS = 200
-        started = time.monotonic()
+        # The engine's limit counts this process's CPU time (C ``clock()``), so the bound does too: on a loaded
+        # machine the wall clock stretches with the load. Uncut, this match would take hours.
+        started = time.process_time()
         with pytest.raises(patterns.PatternTimeout):
             patterns.search(CATASTROPHIC, "a" * 40 + "!")
-        assert time.monotonic() - started < 2
+        assert time.process_time() - started < 2
 
     def test_input_past_the_agents_cap_is_not_searched(self):
         text = "x" * patterns.MATCH_INPUT_MAX_CHARS + "needle"

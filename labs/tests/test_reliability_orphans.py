@@ -32,8 +32,12 @@ pytestmark = [pytest.mark.reliability, pytest.mark.django_db(transaction=True), 
 
 SYNC_SECONDS = 1
 SWEEP_SECONDS = 3
-# Beyond the periods: the pass itself, and the beat's own tick granularity.
-SLACK_SECONDS = 1.5
+# Beyond the periods: the pass itself, the beat's own tick granularity and this test's polling, each of them
+# several times slower on a loaded machine; still far below the default sweep period (60 s).
+SLACK_SECONDS = 4.0
+# Behind the backlog the teardown term is measured instead, and the slack stays narrow: a pass that waited for
+# the whole backlog (four teardowns per process) must not fit in it.
+BACKLOG_SLACK_SECONDS = 1.5
 
 
 kubesim = kubesim_fixture("orphans")
@@ -77,7 +81,7 @@ def halted_vm(namespace: str, name: str, labels: dict[str, str]) -> None:
 
 def seconds_until(predicate, *, limit: float, what: str, portal: PortalProcesses) -> float:
     started = time.monotonic()
-    wait_until(predicate, timeout=limit + 20, interval=0.05, what=what, describe=portal.log_tail)
+    wait_until(predicate, timeout=limit + 60, interval=0.05, what=what, describe=portal.log_tail)
     return time.monotonic() - started
 
 
@@ -137,13 +141,13 @@ def test_orphans_both_ways_are_swept_within_two_sweep_periods(portal):
     assert orphan <= sweep_limit, orphan
     assert orphan + leftover <= sweep_limit, (orphan, leftover)
     assert orphan + leftover + gone <= sweep_limit, (orphan, leftover, gone)
-    assert orphan + leftover + gone + expired <= 2 * SWEEP_SECONDS + 2 * SYNC_SECONDS + 5
+    assert orphan + leftover + gone + expired <= 2 * SWEEP_SECONDS + 2 * SYNC_SECONDS + SLACK_SECONDS + 5
 
     vanished.refresh_from_db()
     assert vanished.failure_reason == "The VM was deleted outside the portal."
     wait_until(
         lambda: Attempt.objects.get(pk=expiring.pk).state == AttemptState.EXPIRED,
-        timeout=10,
+        timeout=60,
         what="the expired attempt to end",
         describe=portal.log_tail,
     )
@@ -154,13 +158,13 @@ def test_orphans_both_ways_are_swept_within_two_sweep_periods(portal):
     operations.vm_delete(namespace=namespace, name="teacher-demo")
     wait_until(
         lambda: not agreement([tenant]).problems,
-        timeout=10,
+        timeout=60,
         what="database and cluster to agree",
         describe=lambda: str(agreement([tenant]).problems),
     )
     # Nothing stayed behind the sweep's back for longer than it should: the record says when it last ran.
     swept_at = tenant.cluster_namespace.swept_at
-    assert swept_at is not None and timezone.now() - swept_at < timedelta(seconds=2 * SWEEP_SECONDS + 2)
+    assert swept_at is not None and timezone.now() - swept_at < timedelta(seconds=2 * SWEEP_SECONDS + SLACK_SECONDS)
 
 
 def test_the_sync_and_the_sweep_keep_their_pace_behind_a_backlog_of_work(portal, kubesim):
@@ -189,13 +193,13 @@ def test_the_sync_and_the_sweep_keep_their_pace_behind_a_backlog_of_work(portal,
     # Each waits for a free worker process: at most one teardown's time, then its own period.
     seen_expired = seconds_until(
         lambda: Attempt.objects.get(pk=expiring.pk).state != AttemptState.RUNNING,
-        limit=teardown_seconds + 2 * SYNC_SECONDS + SLACK_SECONDS,
+        limit=teardown_seconds + 2 * SYNC_SECONDS + BACKLOG_SLACK_SECONDS,
         what="the expiry to be seen",
         portal=portal,
     )
     wait_until(
         lambda: Attempt.objects.get(pk=vanished.pk).state == AttemptState.FAILED,
-        timeout=teardown_seconds + 2 * SWEEP_SECONDS + 20,
+        timeout=teardown_seconds + 2 * SWEEP_SECONDS + 60,
         interval=0.05,
         what="the vanished VM to be seen",
         describe=portal.log_tail,
@@ -208,12 +212,16 @@ def test_the_sync_and_the_sweep_keep_their_pace_behind_a_backlog_of_work(portal,
         f"{seen_vanished:.1f} s, {backlog_left} teardowns still queued or running then"
     )
     assert backlog_left > 0, "the backlog was gone before the periodic passes were measured"
-    assert seen_expired <= teardown_seconds + 2 * SYNC_SECONDS + SLACK_SECONDS
-    assert seen_vanished <= teardown_seconds + 2 * SWEEP_SECONDS + SLACK_SECONDS
     kubesim.admin.clear_faults()
     wait_until(
         lambda: not Attempt.objects.filter(tenant=tenant, state=AttemptState.STOPPING).exists(),
-        timeout=60,
+        timeout=120,
         what="the backlog to drain",
         describe=portal.log_tail,
     )
+    # One teardown's time as this machine gave it (the first ones started at once): under load it outgrows the
+    # slowed deletes, and a pass that waited for the whole backlog would still take several of them.
+    ended = Attempt.objects.filter(pk__in=[a.pk for a in leaving])
+    one_teardown = max(teardown_seconds, min((a.ended_at - a.stopping_at).total_seconds() for a in ended))
+    assert seen_expired <= one_teardown + 2 * SYNC_SECONDS + BACKLOG_SLACK_SECONDS, (seen_expired, one_teardown)
+    assert seen_vanished <= one_teardown + 2 * SWEEP_SECONDS + BACKLOG_SLACK_SECONDS, (seen_vanished, one_teardown)

@@ -21,8 +21,8 @@ async def assert_refused(path: str, headers: list[tuple[bytes, bytes]]) -> None:
     assert not connected
     started = time.monotonic()
     await communicator.disconnect(timeout=10)  # raises what the application died of
-    # Ends at once; one waiting on the channel layer's pending read took 5-10 s.
-    assert time.monotonic() - started < 2, f"{path}: the refused connection's application outlived it"
+    # Ends at once; one waiting on the channel layer's pending read took 5-10 s, so 4 s leaves room for load.
+    assert time.monotonic() - started < 4, f"{path}: the refused connection's application outlived it"
 
 
 @pytest.mark.parametrize("path", ["/ws/nope/", "/ws/attempts/x/events/", "/ws/attempts/1/events/extra/", "/"])
