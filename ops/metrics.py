@@ -1,35 +1,5 @@
-"""Prometheus metrics at ``/metrics``, gathered at scrape time so that web, worker and beat are all counted.
-
-The portal runs as several processes, so per-process counters would each see only part of the work. What the
-database knows is read from it when Prometheus scrapes (a handful of aggregate queries):
-
-- ``portal_attempts{tenant,state}``: attempts by tenant namespace and state (gauge), and
-  ``portal_attempts_by_state{state}`` summed over tenants (every state present, zero included).
-- ``portal_attempt_phase_seconds{phase}``: start latency per phase, as a histogram of the attempts requested in
-  the last hour (``METRICS_WINDOW_SECONDS``). Being a window it can go down: read it with
-  ``histogram_quantile()`` directly, not through ``rate()``.
-- ``portal_grading_runs_total{outcome,trigger}``: finished grading runs (done or error);
-  ``portal_grading_runs_unfinished{state}``; ``portal_grading_run_seconds{outcome}`` and
-  ``portal_grading_queue_seconds``: durations of the runs that finished in the last hour.
-- ``portal_sync_last_success_timestamp_seconds`` / ``portal_sync_last_error_timestamp_seconds``: the sync
-  loop's heartbeat.
-
-Events that leave no row are counted in Redis (a hash per family, shared by every process; process memory in
-the embedded default, which is one process): ``portal_cluster_api_errors_total{operation,reason}`` through
-``record_cluster_api_error()``, and console sessions through ``console_session_opened()`` /
-``console_session_closed()`` (``portal_console_sessions_active`` and ``portal_console_sessions_opened_total``).
-A process that dies with sessions open leaves them counted as active; the opened counter stays exact.
-
-Warm pools (``ops.pool_metrics``): ``portal_pool_vms{tenant,lab,state}`` (ready, booting, claimed),
-``portal_pool_target``, ``portal_pool_hits_total``, ``portal_pool_misses_total``,
-``portal_pool_idle_vm_seconds_total`` and ``portal_pool_hit_ratio``.
-
-``portal_metrics_source_up{source}`` is 0 for a source (attempts, start_phases, grading, sync, counters, pools)
-that could not be read at this scrape; the others are still served.
-
-Access: ``Authorization: Bearer <METRICS_TOKEN>`` when that setting is set, or a superuser's session; the
-figures span every tenant, so an instructor's session is not enough.
-"""
+"""Prometheus metrics at ``/metrics``, gathered at scrape time from the database and Redis so that web, worker
+and beat are all counted. The families and their access are listed in ``deploy/README.md`` (Metrics)."""
 
 from __future__ import annotations
 

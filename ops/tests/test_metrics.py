@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import PASSWORD, make_person
 from grading.models import GradingRun, RunState, RunTrigger
 from labs.models import Attempt, AttemptState
+from labs.pool_models import LabPool, PoolMode
 from ops import metrics
 from portal import metrics as event_counters
 from portal.models import Role
@@ -266,3 +267,13 @@ def test_failed_cluster_calls_are_counted_by_operation_and_status(client, cluste
     samples = scrape(client)
     key = ("portal_cluster_api_errors_total", (("operation", "listing_virtualmachineinstances"), ("reason", "500")))
     assert samples[key] == 1
+
+
+def test_every_family_served_is_listed_for_operators(client, lab_a, course_a, settings):
+    """deploy/README.md (Metrics) is the operators' list: a family added to the scrape is added there too."""
+    LabPool.objects.create(lab=lab_a, mode=PoolMode.ALWAYS, size=1)
+    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    listed = (settings.BASE_DIR / "deploy" / "README.md").read_text()
+    families = {family.name for family in text_string_to_metric_families(response.content.decode())}
+    assert "portal_pool_hit_ratio" in families
+    assert {name for name in families if f"`{name}" not in listed} == set()
