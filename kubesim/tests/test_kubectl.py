@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
+import threading
 
 import pytest
 
@@ -85,27 +85,39 @@ def test_apply_get_watch_and_delete_the_seed_vm(kubectl, tmp_path):
 
 def test_get_watch_streams_changes(kubectl, sim, tmp_path):
     env = {**os.environ, "KUBECONFIG": str(sim.tls_kubeconfig)}
+    watches = sim.admin.counters()["open_watches"]
     watcher = subprocess.Popen(
-        [KUBECTL, "--cache-dir", str(tmp_path / "cache"), "get", "vm", "-w"],
+        [KUBECTL, "--cache-dir", str(tmp_path / "cache"), "get", "vm", "-w", "--output-watch-events"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    output: list[str] = []
+    reader = threading.Thread(target=lambda: output.extend(iter(watcher.stdout.readline, "")), daemon=True)
+    reader.start()
+
+    def rows() -> list[list[str]]:
+        """EVENT NAME AGE STATUS READY, for the watched VM."""
+        return [row for row in (line.split() for line in list(output)) if row[1:2] == ["watched"]]
+
     try:
-        time.sleep(1.0)
+        # The changes are made once kubectl watches, and waited for as it prints them, however slow the host.
+        wait_for(lambda: sim.admin.counters()["open_watches"] > watches, timeout=30, what="kubectl's watch")
         manifest = tmp_path / "watched.yaml"
         manifest.write_text(SEED_VM.replace("my-vm", "watched").replace("running: true", "runStrategy: Halted"))
         kubectl("apply", "-f", str(manifest))
-        time.sleep(1.0)
+        # Added with no status yet, then Stopped once the controller has seen it.
+        wait_for(lambda: ["Stopped"] in [row[3:4] for row in rows()], timeout=30, what="get -w to show it Stopped")
         kubectl("delete", "vm", "watched")
-        time.sleep(0.5)
+        wait_for(lambda: rows()[-1][0] == "DELETED", timeout=30, what="get -w to show the deletion")
     finally:
         watcher.terminate()
-        output, errors = watcher.communicate(timeout=10)
-    rows = [line.split() for line in output.splitlines() if line.startswith("watched")]
-    assert rows, f"kubectl get -w printed nothing for the VM: {output!r} {errors!r}"
-    assert rows[-1][2] in ("Stopped", "Terminating")
+        watcher.wait(timeout=10)
+        reader.join(timeout=10)
+        errors = watcher.stderr.read()
+    assert rows()[0][0] == "ADDED", f"{output!r} {errors!r}"
+    assert rows()[-1][3:4] in (["Stopped"], ["Terminating"])
 
 
 def test_get_namespaces_nodes_pods_events_and_kubevirt(kubectl):

@@ -1,5 +1,5 @@
 """The console under churn: rounds of sockets opening and closing at random moments, on both channel layers and
-across two daphne processes; after every round a new socket gets ``status`` within 2 s, its input reaches the
+across two daphne processes; after every round a new socket gets ``status`` within seconds, its input reaches the
 guest, nothing of the gone sockets is left and memory stays within 40 MB of the first round's."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from django.conf import settings
 from labs.console.state import LocalConsoleState, console_key, console_state
 from labs.consumers.console import console_group, console_input_group
 from labs.consumers.events import attempt_group
+from labs.tests import console_lease_settings
 from labs.tests.test_console_handover import console_tasks
 from labs.tests.test_consumers import (  # noqa: F401 - the autouse fixtures apply here too
     HOST,
@@ -40,10 +41,21 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
 ROUNDS = 3
 SOCKETS_PER_ROUND = 16
-STATUS_WITHIN_SECONDS = 2.0
+# The console lease lasts 24 s here: a lease a gone socket kept would hold a new socket's status back for most of
+# that, and a viewer waiting for the lease asks the holder again only every 8 s. A new socket that finds the lease
+# free has its status at once.
+LEASE_TTL_SECONDS = console_lease_settings.CONSOLE_LEASE_TTL_SECONDS
+STATUS_WITHIN_SECONDS = 6.0
+# Long enough for consumers still leaving when their sockets' close returned; short of the lease running out.
+LEFT_BEHIND_WITHIN_SECONDS = 12.0
 # What a daphne may keep after the first round (its caches, pools and arenas warm by then).
 RSS_BOUND_MB = 40
 MOMENTS = ("during_handshake", "at_hello", "before_status", "after_status", "after_typing")
+
+
+@pytest.fixture(autouse=True)
+def long_console_lease(settings):
+    settings.CONSOLE_LEASE_TTL_SECONDS = LEASE_TTL_SECONDS
 
 
 @pytest.fixture
@@ -77,7 +89,10 @@ async def churning_socket(path: str, cookie: bytes, moment: str, rng: random.Ran
 
         async def read_until(kind: str) -> None:
             while not any(m.get("type") == kind for m in seen):
-                frame = await asyncio.wait_for(communicator.output_queue.get(), 10)
+                try:
+                    frame = await asyncio.wait_for(communicator.output_queue.get(), 10)
+                except TimeoutError:
+                    raise AssertionError(f"a socket to close {moment} saw no {kind} within 10 s: {seen}") from None
                 if frame.get("text"):
                     seen.append(json.loads(frame["text"]))
 
@@ -91,46 +106,62 @@ async def churning_socket(path: str, cookie: bytes, moment: str, rng: random.Ran
             await asyncio.sleep(rng.uniform(0, 0.2))
     await communicator.send_input({"type": "websocket.disconnect", "code": 1001})
     try:
-        await asyncio.wait_for(asyncio.shield(communicator.future), 5)
+        # A consumer that loses its cancellation never ends; a loaded host ends one within seconds.
+        await asyncio.wait_for(asyncio.shield(communicator.future), 15)
     except TimeoutError:
         communicator.future.cancel()
         raise AssertionError(f"a socket closed {moment} did not end its consumer") from None
 
 
 async def check_a_new_socket(student, attempt_id: int, word: str) -> None:
-    """A new socket has a status within 2 s, its input reaches the guest, and the lease is its own."""
+    """A new socket has a status within seconds, its input reaches the guest, and the lease is its own."""
     started = time.monotonic()
     viewer = await open_console(student, attempt_id)
     await viewer.read_until(lambda v: v.statuses(), within=STATUS_WITHIN_SECONDS - (time.monotonic() - started))
     await viewer.read_until(lambda v: "connected" in v.statuses(), within=10)
     await viewer.type(f"echo {word}-$((7*6))\r".encode())
     await viewer.read_until(lambda v: v.has_output(f"{word}-42".encode()), within=10)
-    live = await watching(attempt_id)
+    live = await registered(attempt_id)
     assert len(live) == 1, "a gone socket is still registered as watching"
     assert await console_state().get("lease", attempt_id) in live
     await viewer.close()
 
 
-async def watching(attempt_id: int) -> set[str]:
-    """The viewers registered as watching the attempt's console now."""
+async def registered(attempt_id: int) -> set[str]:
+    """The viewers registered as watching the attempt's console and not removed since, lapsed or not: only a
+    viewer's leaving removes it, so a gone socket's registration stays here however long the test takes."""
     state = console_state()
     if isinstance(state, LocalConsoleState):
-        now = time.monotonic()
-        return {viewer for viewer, expiry in state.viewers.get(attempt_id, {}).items() if expiry > now}
-    members = await state.client.zrangebyscore(console_key("viewers", attempt_id), time.time(), "+inf")
-    return {member.decode() for member in members}
+        return set(state.viewers.get(attempt_id, {}))
+    return {member.decode() for member in await state.client.zrange(console_key("viewers", attempt_id), 0, -1)}
 
 
-async def assert_nothing_left(attempt_id: int, cluster) -> None:
-    await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to close")
-    assert await watching(attempt_id) == set()
-    assert await console_state().get("lease", attempt_id) is None
-    assert console_tasks(attempt_id) == []
+async def left_behind(attempt_id: int, cluster) -> list[str]:
+    """What the gone sockets still hold: nothing, once every consumer has finished leaving."""
+    left = []
+    if await sync_to_async(open_consoles)(cluster):
+        left.append("the upstream")
+    if viewers := await registered(attempt_id):
+        left.append(f"registrations {viewers}")
+    if await console_state().get("lease", attempt_id) is not None:
+        left.append("the lease")
+    if tasks := console_tasks(attempt_id):
+        left.append(f"tasks {tasks}")
     layer = get_channel_layer()
     if hasattr(layer, "groups"):  # the in-memory layer: nothing kept for the gone consumers
         for group in (console_group(attempt_id), console_input_group(attempt_id), attempt_group(attempt_id)):
-            assert not layer.groups.get(group), f"gone consumers still in {group}"
-        assert layer.channels == {}, f"{len(layer.channels)} channels of gone consumers kept"
+            if layer.groups.get(group):
+                left.append(f"members of {group}")
+        if layer.channels:
+            left.append(f"{len(layer.channels)} channels")
+    return left
+
+
+async def assert_nothing_left(attempt_id: int, cluster) -> None:
+    deadline = time.monotonic() + LEFT_BEHIND_WITHIN_SECONDS
+    while left := await left_behind(attempt_id, cluster):
+        assert time.monotonic() < deadline, f"gone consumers left behind: {', '.join(left)}"
+        await asyncio.sleep(0.1)
 
 
 async def test_console_survives_rounds_of_sockets_closing_at_random_moments(
@@ -157,15 +188,13 @@ def rss_mb(pid: int) -> float:
 
 
 def redis_console_state(attempt_id: int) -> tuple[str | None, set[str]]:
-    """The lease's holder and the registered viewers, as every process sees them."""
+    """The lease's holder and the registered viewers (lapsed or not, as ``registered``), as every process sees them."""
     import redis
 
     client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
     try:
         holder = client.get(f"{settings.REDIS_KEY_PREFIX}portal:console:lease:{attempt_id}")
-        viewers = set(
-            client.zrangebyscore(f"{settings.REDIS_KEY_PREFIX}portal:console:viewers:{attempt_id}", time.time(), "+inf")
-        )
+        viewers = set(client.zrange(f"{settings.REDIS_KEY_PREFIX}portal:console:viewers:{attempt_id}", 0, -1))
     finally:
         client.close()
     return holder, viewers
@@ -182,6 +211,7 @@ def two_daphnes(attempt, kubesim_server, tmp_path):
             kubeconfig=kubesim_server.kubeconfig,
             workdir=tmp_path / f"portal-{n}",
             worker=False,
+            extra_env={"DJANGO_SETTINGS_MODULE": console_lease_settings.__name__},
         )
         for n in (1, 2)
     ]
@@ -219,7 +249,7 @@ async def churning_client(session, url: str, headers: dict, moment: str, rng: ra
 
 
 async def check_through(session, url: str, headers: dict, word: str) -> str:
-    """A new socket's first status (within 2 s), then its echo; returns the holder it saw in Redis."""
+    """A new socket's first status (within seconds), then its echo; returns the holder it saw in Redis."""
     started = time.monotonic()
     socket = await session.ws_connect(url, headers=headers)
     statuses, output = [], bytearray()
@@ -264,10 +294,12 @@ async def test_console_survives_churn_across_two_daphne_processes(two_daphnes, a
             await asyncio.gather(*clients)
             side = number % 2
             await check_through(session, urls[side], headers[side], f"round{number}")
-            await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to close")
+            await wait_for(
+                lambda: open_consoles(cluster) == 0, within=LEFT_BEHIND_WITHIN_SECONDS, what="the upstream to close"
+            )
             await wait_for(
                 lambda: redis_console_state(attempt.id) == (None, set()),
-                within=3,
+                within=LEFT_BEHIND_WITHIN_SECONDS,
                 what="the lease and registrations handed back",
             )
             sizes = [rss_mb(pid) for pid in pids]

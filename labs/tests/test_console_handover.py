@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import pytest
 from asgiref.sync import sync_to_async
-from django.conf import settings
 
 from labs.console.state import LocalConsoleState, RedisConsoleState, console_state
 from labs.tests.test_consumers import (  # noqa: F401 - the autouse fixtures apply here too
@@ -31,6 +31,10 @@ from tests.browser.attempts import running_attempt
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
+# A lease a gone tab kept (or one a leftover task renews) would hold the next tab back for most of this; the next
+# tab's waits are a fraction of it, however loaded the host.
+LONG_LEASE_SECONDS = 24.0
+
 
 @pytest.fixture
 def attempt(cluster, student_a, lab_a):
@@ -42,6 +46,19 @@ def console_tasks(attempt_id: int) -> list[asyncio.Task]:
     return [
         task for task in asyncio.all_tasks() if task.get_name().startswith(f"console-{attempt_id}-") and not task.done()
     ]
+
+
+async def handed_back(attempt_id: int) -> None:
+    """Wait until no lease and no console task is left. A consumer may still be leaving when its socket's close
+    returns (the communicator waits 1 s for it, then cancels it); what it left behind would stay, the lease for the
+    long lease and a task renewing it for good."""
+    deadline = time.monotonic() + 10
+    while True:
+        lease, tasks = await console_state().get("lease", attempt_id), console_tasks(attempt_id)
+        if lease is None and not tasks:
+            return
+        assert time.monotonic() < deadline, f"left behind: the lease {lease!r}, tasks {tasks}"
+        await asyncio.sleep(0.05)
 
 
 def stalled_once(original, reached: asyncio.Event, *, when=lambda *args, **kwargs: True):
@@ -89,25 +106,23 @@ def stall_point(point: str, monkeypatch, reached: asyncio.Event) -> None:
 
 @pytest.mark.parametrize("point", ["lease_acquire", "viewers_look", "recording_open", "input_group_join"])
 async def test_a_tab_closed_while_taking_the_console_leaves_nothing_behind(
-    point, attempt, cluster, student_a, monkeypatch
+    point, attempt, cluster, student_a, monkeypatch, settings
 ):
+    settings.CONSOLE_LEASE_TTL_SECONDS = LONG_LEASE_SECONDS
     reached = asyncio.Event()
     stall_point(point, monkeypatch, reached)
     leaving = await open_console(student_a, attempt.id)
     await asyncio.wait_for(reached.wait(), 10)
     await leaving.close()
-
-    assert await console_state().get("lease", attempt.id) is None
-    assert console_tasks(attempt.id) == [], "a task renews a lease for a gone tab"
+    await handed_back(attempt.id)
 
     successor = await open_console(student_a, attempt.id)
-    await successor.read_until(lambda v: "connected" in v.statuses(), within=2)
+    await successor.read_until(lambda v: "connected" in v.statuses(), within=10)
     await successor.type(b"echo after-$((40+2))\r")
     await successor.read_until(lambda v: v.has_output(b"after-42"))
     await successor.close()
-    await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to close")
-    assert console_tasks(attempt.id) == []
-    assert await console_state().get("lease", attempt.id) is None
+    await wait_for(lambda: open_consoles(cluster) == 0, within=10, what="the upstream to close")
+    await handed_back(attempt.id)
 
 
 async def test_a_start_that_fails_half_way_hands_back_and_tries_again(attempt, cluster, student_a, monkeypatch):
@@ -126,7 +141,8 @@ async def test_a_start_that_fails_half_way_hands_back_and_tries_again(attempt, c
 
     monkeypatch.setattr(AsciicastRecorder, "open", fails_once)
     viewer = await open_console(student_a, attempt.id)
-    await viewer.read_until(lambda v: "connected" in v.statuses(), within=5)
+    # The next try comes a second after the failure; without one the viewer would never connect.
+    await viewer.read_until(lambda v: "connected" in v.statuses(), within=15)
     assert await console_state().get("lease", attempt.id) is not None
     assert len([task for task in console_tasks(attempt.id) if task.get_name().endswith("-fanout")]) == 1
     await viewer.type(b"echo retried-$((40+2))\r")
@@ -136,27 +152,27 @@ async def test_a_start_that_fails_half_way_hands_back_and_tries_again(attempt, c
 
 
 async def test_the_holder_renews_its_lease_and_hands_over_one_somebody_else_took(attempt, cluster, student_a, settings):
-    settings.CONSOLE_LEASE_TTL_SECONDS = 0.9
+    # Renewed every 0.8 s: a renewal may come 1.6 s late on a loaded host before the lease runs out.
+    settings.CONSOLE_LEASE_TTL_SECONDS = 2.4
     viewer = await connected_student(student_a, attempt.id)
     state = console_state()
     holder = await state.get("lease", attempt.id)
     assert holder is not None
-    await asyncio.sleep(2.0)  # two lease lifetimes: kept alive by its renewals alone
+    await asyncio.sleep(5.0)  # two lease lifetimes: kept alive by its renewals alone
     assert await state.get("lease", attempt.id) == holder
     await state.delete("lease", attempt.id)  # ran out unrenewed, and nobody took it: taken again
-    for _ in range(40):
-        if await state.get("lease", attempt.id) == holder:
-            break
+    deadline = time.monotonic() + 10
+    while await state.get("lease", attempt.id) != holder:
+        assert time.monotonic() < deadline, "the holder did not take its lease again"
         await asyncio.sleep(0.05)
-    assert await state.get("lease", attempt.id) == holder
 
     # Ran out again, and a viewer elsewhere took it: the holder hands the upstream over without releasing.
     await state.delete("lease", attempt.id)
     assert await state.lease_acquire(attempt_id=attempt.id, holder="elsewhere", ttl=30) == 2
-    await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to be handed over")
+    await wait_for(lambda: open_consoles(cluster) == 0, within=10, what="the upstream to be handed over")
     assert await state.get("lease", attempt.id) == "elsewhere"
     await state.lease_release(attempt_id=attempt.id, holder="elsewhere")
-    await viewer.read_until(lambda v: v.statuses().count("connected") == 2, within=5)  # and takes it once free
+    await viewer.read_until(lambda v: v.statuses().count("connected") == 2, within=10)  # and takes it once free
     await viewer.close()
 
 
@@ -178,24 +194,27 @@ async def test_a_tab_whose_announcement_was_lost_asks_again_and_gets_a_status(at
 
     monkeypatch.setattr(layer_class, "send", dropping_the_first_announcement)
     newcomer = await open_console(student_a, attempt.id)
-    await newcomer.read_until(lambda v: v.statuses(), within=settings.CONSOLE_LEASE_TTL_SECONDS)
+    # It asks again a third of a lease (2 s) after the first; had it not, no status would ever come.
+    await newcomer.read_until(lambda v: v.statuses(), within=15)
     assert dropped and newcomer.statuses() == ["connected"]
     await newcomer.close()
     await holder.close()
 
 
-async def test_a_consumer_that_ends_without_disconnect_still_hands_the_console_back(attempt, cluster, student_a):
+async def test_a_consumer_that_ends_without_disconnect_still_hands_the_console_back(
+    attempt, cluster, student_a, settings
+):
     """The server cancels a consumer outright (daphne gives up on one, a test communicator times out): the
     upstream, the lease and its tasks go with it."""
+    settings.CONSOLE_LEASE_TTL_SECONDS = LONG_LEASE_SECONDS
     holder = await connected_student(student_a, attempt.id)
     holder.communicator.future.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await holder.communicator.future  # its clean-up runs to the end, shielded from the cancellation
-    await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to close")
-    assert await console_state().get("lease", attempt.id) is None
-    assert console_tasks(attempt.id) == []
+    await wait_for(lambda: open_consoles(cluster) == 0, within=10, what="the upstream to close")
+    await handed_back(attempt.id)
     successor = await open_console(student_a, attempt.id)
-    await successor.read_until(lambda v: "connected" in v.statuses(), within=2)
+    await successor.read_until(lambda v: "connected" in v.statuses(), within=10)
     await successor.close()
 
 

@@ -336,18 +336,21 @@ async def test_upstream_closes_soon_after_the_last_viewer_leaves(attempt, cluste
     assert await sync_to_async(open_consoles)(cluster) == 1
     await first.close()
     await second.close()
-    started = time.monotonic()
-    await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to close")
-    assert time.monotonic() - started < 5
+    # Nothing but the leaving viewers closes the upstream: left open, it would stay open for good.
+    await wait_for(lambda: open_consoles(cluster) == 0, within=20, what="the upstream to close")
 
 
-async def test_a_tab_closing_as_its_lease_loop_wakes_still_cleans_up(attempt, cluster, student_a, monkeypatch):
+async def test_a_tab_closing_as_its_lease_loop_wakes_still_cleans_up(
+    attempt, cluster, student_a, monkeypatch, settings
+):
     """The holder's lease loop is woken (heartbeat, upstream ending) in the same turn as its tab's close cancels
     it. The consumer must still finish ``disconnect()``: release the upstream and the lease, so that the next tab
     holds the console at once. With asyncio.wait_for in the loop the cancellation was lost, ``disconnect()`` never
     returned, and daphne killed the consumer 10 s later with everything left behind."""
     from labs.consumers.console import AttemptConsoleConsumer
 
+    # A lease left behind would outlive every wait below: it lasts at least 20 s of this from its last renewal.
+    settings.CONSOLE_LEASE_TTL_SECONDS = 30.0
     closing = AttemptConsoleConsumer.disconnect
 
     async def disconnect_as_woken(self, code):
@@ -358,14 +361,14 @@ async def test_a_tab_closing_as_its_lease_loop_wakes_still_cleans_up(attempt, cl
     holder = await connected_student(student_a, attempt.id)
     await holder.communicator.send_input({"type": "websocket.disconnect", "code": 1001})
     try:
-        await asyncio.wait_for(asyncio.shield(holder.communicator.future), 5)
+        # A lost cancellation never returns; a loaded host takes a few seconds at most.
+        await asyncio.wait_for(asyncio.shield(holder.communicator.future), 15)
     except TimeoutError:
         holder.communicator.future.cancel()
         pytest.fail("the console consumer did not finish its disconnect()")
-    await wait_for(lambda: open_consoles(cluster) == 0, within=5, what="the upstream to close")
-    started = time.monotonic()
+    await wait_for(lambda: open_consoles(cluster) == 0, within=15, what="the upstream to close")
+    assert await console_state().get("lease", attempt.id) is None, "the lease was left to run out"
     successor = await connected_student(student_a, attempt.id)
-    assert time.monotonic() - started < 5  # the lease was released, not left to run out
     await successor.close()
 
 
@@ -394,7 +397,8 @@ async def test_a_new_tab_gets_the_scrollback_first(attempt, cluster, student_a):
     await first.type(b"echo remembered-$((20+1))\r")
     await first.read_until(lambda v: v.has_output(b"remembered-21"))
     late = await open_console(student_a, attempt.id)
-    await late.read_until(lambda v: v.has_output(b"remembered-21"), within=3)
+    # Only the scrollback has it: nothing echoes it again.
+    await late.read_until(lambda v: v.has_output(b"remembered-21"))
     await late.type(b"echo fresh-$((20+2))\r")
     await late.read_until(lambda v: v.has_output(b"fresh-22"))
     # Replayed output and live output meet without a doubled chunk.

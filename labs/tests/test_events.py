@@ -90,8 +90,15 @@ class RecordingLayer:
         self.event.set()
 
 
-def sent_after(layer: RecordingLayer, seconds: float) -> list[tuple[str, str]]:
-    time.sleep(seconds)
+def sent_until(layer: RecordingLayer, count: int) -> list[tuple[str, str]]:
+    """What was sent, as (group, state or type), once ``count`` messages were (however long a loaded host takes)
+    and half a second more passed. Held messages go in the order they were held: one its replacement failed to
+    cancel would be among the first ``count``."""
+    deadline = time.monotonic() + 10
+    while len(layer.sent) < count:
+        assert time.monotonic() < deadline, f"sent only {layer.sent}"
+        time.sleep(0.02)
+    time.sleep(0.5)
     return [(group, message.get("attempt", {}).get("state") or message["type"]) for _at, group, message in layer.sent]
 
 
@@ -107,7 +114,7 @@ def test_a_held_update_replaced_by_a_newer_one_of_its_attempt_is_never_sent():
     sender.submit(layer, "attempt-2", update("provisioning"), hold=0.3)  # another attempt's: its own
     sender.submit(layer, "attempt-1", {"type": "grading.update", "run": {}})  # another kind: replaces nothing
     sender.submit(layer, "attempt-1", update("starting"))
-    assert sent_after(layer, 0.6) == [
+    assert sent_until(layer, 3) == [
         ("attempt-1", "grading.update"),
         ("attempt-1", "starting"),
         ("attempt-2", "provisioning"),
@@ -125,4 +132,4 @@ def test_a_held_update_nothing_replaces_is_sent_once_its_hold_is_over():
     # Held again and replaced by a later held one: only the later goes, its own hold after it was submitted.
     sender.submit(layer, "attempt-1", update("starting"), hold=0.3)
     sender.submit(layer, "attempt-1", update("running"), hold=0.3)
-    assert sent_after(layer, 0.6) == [("attempt-1", "provisioning"), ("attempt-1", "running")]
+    assert sent_until(layer, 2) == [("attempt-1", "provisioning"), ("attempt-1", "running")]

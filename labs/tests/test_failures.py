@@ -172,25 +172,23 @@ def test_image_volume_without_runtime_support_explains_the_fix(
 
 
 def test_a_namespace_that_refuses_launcher_pods_ends_the_start_within_seconds_with_kubevirts_message(
-    tight_cluster, student_a, lab_a, tenant_a, django_capture_on_commit_callbacks
+    tight_cluster, settings, student_a, lab_a, tenant_a, django_capture_on_commit_callbacks
 ):
-    import time
-
     from kubernetes import client as k8s
 
     from labs.services import tenant_namespace_ensure
 
+    # A refusal treated as one that may mend would hold the start for this grace: the wait below is a fraction of it.
+    settings.ATTEMPT_FAILURE_GRACE_SECONDS = 300
     tenant_namespace_ensure(tenant=tenant_a)
     namespace = tenant_a.cluster_namespace.namespace
     core = k8s.CoreV1Api(tight_cluster.api_client())
     label = "pod-security.kubernetes.io/enforce"
     core.patch_namespace(namespace, {"metadata": {"labels": {label: "restricted"}}})
     try:
-        begun = time.monotonic()
         attempt = started(student_a, lab_a, django_capture_on_commit_callbacks)
         with django_capture_on_commit_callbacks(execute=True):
-            sync_until(attempt, AttemptState.FAILED, timeout=10)
-        assert time.monotonic() - begun < 10
+            sync_until(attempt, AttemptState.FAILED, timeout=60)
     finally:
         core.patch_namespace(namespace, {"metadata": {"labels": {label: "privileged"}}})
     assert "it needs a privileged namespace to run" in attempt.failure_reason
@@ -233,10 +231,11 @@ def test_image_pull_back_off_flips_do_not_restart_the_grace(
 
     from conftest import make_lab
 
-    # kubelet flips ErrImagePull ↔ ImagePullBackOff (back-off 1, 2, 4 s here), each flip a new lastTransitionTime:
-    # timed from the last flip, a 4 s grace would first run out about 10 s in.
+    # kubelet flips ErrImagePull ↔ ImagePullBackOff (back-off 1, 2, 4, 8 s here), each flip a new
+    # lastTransitionTime, 1, 1, 1, 2, 1, 4, 1, 8 s apart: timed from the last flip, a 6 s grace would first run out
+    # about 16 s in, against 6 s from the first failed pull. 11 s leaves each side 5 s for a slow start or sync.
     tight_cluster.admin.configure(image_pull_backoff=1.0)
-    settings.ATTEMPT_FAILURE_GRACE_SECONDS = 4
+    settings.ATTEMPT_FAILURE_GRACE_SECONDS = 6
     lab = make_lab(course_a, title="Typo again")
     lab.image = "quay.io/containerdisks/missing-debian:12"
     lab.save(update_fields=["image"])
@@ -244,8 +243,9 @@ def test_image_pull_back_off_flips_do_not_restart_the_grace(
         begun = time.monotonic()
         attempt = started(student_a, lab, django_capture_on_commit_callbacks)
         with django_capture_on_commit_callbacks(execute=True):
-            sync_until(attempt, AttemptState.FAILED, timeout=15)
-        assert time.monotonic() - begun < 8
+            sync_until(attempt, AttemptState.FAILED, timeout=30)
+        took = time.monotonic() - begun
+        assert took < 11, f"failed {took:.1f} s after the start: the grace was restarted by a flip"
     finally:
         tight_cluster.admin.configure(image_pull_backoff=10.0)
     assert "disk image could not be downloaded" in attempt.failure_reason

@@ -120,7 +120,9 @@ def test_start_with_the_broker_refusing_is_a_clear_error_and_a_later_start_succe
     body = response.json()
     assert "try again" in json.dumps(body).lower()
     assert int(response["Retry-After"]) > 0
-    assert took < 10
+    # The publishes give up after their few quick retries (a second or two); a publish retried without end never
+    # answers. 20 s leaves a loaded host room.
+    assert took < 20, took
     # The attempt the press made is over, with the reason in words; it does not count against the attempt limit.
     (attempt,) = Attempt.objects.filter(student=student)
     assert attempt.state == AttemptState.FAILED
@@ -143,7 +145,9 @@ def test_start_with_a_hung_broker_answers_within_seconds(lab):
         response = logged_in(student).post(START_URL, {"lab": lab.id}, content_type="application/json")
         took = time.monotonic() - started
     assert response.status_code == 503, response.content
-    assert took < 15, took
+    # Two publishes (the provisioning, then the failed attempt's teardown) each give up at the broker's 5 s socket
+    # timeout, 10 s in all; without that timeout the request would hang for good. 20 s leaves a loaded host room.
+    assert took < 20, took
     assert Attempt.objects.get(student=student).state == AttemptState.FAILED
 
 

@@ -148,12 +148,13 @@ async def test_an_upstream_cut_again_and_again_is_reported_and_recovers(cluster,
     await sync_to_async(cluster.admin.inject_fault)(console_drop_after=0.7)
     await sync_to_async(cluster.admin.disconnect_consoles)(namespace=attempt.namespace, name=attempt.vm_name)
     before = await console_requests(cluster)
-    window = 6.0
-    await viewer.drain(window)
+    started = time.monotonic()
+    # Every cut is told to the browser (a loaded host only spaces them out) ...
+    await viewer.read_until(lambda v: v.statuses().count("lost") >= 3, within=30, what="three cuts told")
+    window = time.monotonic() - started
     dialled = await console_requests(cluster) - before
-    # Every cut is told to the browser; each reconnect follows a working connection, never a tight loop.
-    assert viewer.statuses().count("lost") >= 3, viewer.statuses()
-    assert 2 <= dialled <= window / 0.7 + 2, dialled
+    # ... and each reconnect follows a working connection of 0.7 s, never a tight loop.
+    assert 2 <= dialled <= window / 0.7 + 2, (dialled, window)
 
     await sync_to_async(cluster.admin.clear_faults)()
     await viewer.read_until(lambda v: v.statuses()[-1] == "connected", within=10, what="to reconnect")

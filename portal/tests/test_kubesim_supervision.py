@@ -76,10 +76,12 @@ def test_a_restart_reuses_the_ports_and_tells_the_portal(tmp_path):
 
 def test_an_exit_while_the_portal_shuts_down_is_not_taken_for_a_crash(tmp_path):
     calls: list[list[str]] = []
+    started: list[subprocess.Popen] = []
 
     def start(extra_args: list[str]) -> subprocess.Popen:
         calls.append(extra_args)
-        return child("pass")  # a Ctrl-C in the terminal ends kubesim a moment before the portal hears of it
+        started.append(child("pass"))  # a Ctrl-C in the terminal ends kubesim a moment before the portal hears of it
+        return started[-1]
 
     supervisor = KubesimSupervisor(
         start=start,
@@ -89,7 +91,11 @@ def test_an_exit_while_the_portal_shuts_down_is_not_taken_for_a_crash(tmp_path):
         log_path=tmp_path / "kubesim.log",
     )
     supervisor.run()
-    time.sleep(0.3)
+    # The shutdown is heard just after the exit, however long the child took to start on a loaded host.
+    deadline = time.monotonic() + 20
+    while not started or started[0].poll() is None:
+        assert time.monotonic() < deadline, "the child never exited"
+        time.sleep(0.01)
     supervisor.shutting_down()
     time.sleep(2)
     assert len(calls) == 1 and supervisor.gave_up is None
