@@ -56,6 +56,8 @@ class ConsoleHolder(ConsolePart):
                     await self._beat_control()
                 until_beat = max(next_beat - time.monotonic(), 0.0)
                 if self.upstream_task is None:
+                    # Cleared before asking: a holder that leaves while the lease is being asked for is not missed.
+                    self.owner_gone.clear()
                     self.lease_claimed = True
                     if await self.state.lease_acquire(attempt_id=self.attempt_id, holder=self.channel_name, ttl=ttl):
                         try:
@@ -67,7 +69,6 @@ class ConsoleHolder(ConsolePart):
                         continue
                     self.lease_claimed = False
                     # A holder leaving says so (owner_gone); the timeout covers one that died silently.
-                    self.owner_gone.clear()
                     if not await wait_event(self.owner_gone, until_beat) and not self.status_seen:
                         # The holder lives on but never answered (a full channel, a handover): ask it again.
                         await self._announce()

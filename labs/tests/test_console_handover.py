@@ -176,6 +176,41 @@ async def test_the_holder_renews_its_lease_and_hands_over_one_somebody_else_took
     await viewer.close()
 
 
+async def test_a_holder_leaving_while_the_newcomer_asks_for_the_lease_hands_over_at_once(
+    attempt, cluster, student_a, monkeypatch, settings
+):
+    """The holder leaves and says so while the newcomer's ask for the lease is on its way back (refused): the
+    newcomer takes the console at once, not a third of a lease (8 s) later."""
+    settings.CONSOLE_LEASE_TTL_SECONDS = LONG_LEASE_SECONDS
+    holder = await connected_student(student_a, attempt.id)
+    refused, holder_gone = asyncio.Event(), asyncio.Event()
+
+    def wrap(original):
+        async def refused_late(self, **kwargs):
+            taken = await original(self, **kwargs)
+            if not taken and not refused.is_set():
+                refused.set()
+                await holder_gone.wait()
+            return taken
+
+        return refused_late
+
+    for cls in (RedisConsoleState, LocalConsoleState):
+        monkeypatch.setattr(cls, "lease_acquire", wrap(cls.lease_acquire))
+    newcomer = await open_console(student_a, attempt.id)
+    await asyncio.wait_for(refused.wait(), 10)
+    await holder.close()
+    state = console_state()
+    await wait_for(lambda: open_consoles(cluster) == 0, within=10, what="the holder's upstream to close")
+    await asyncio.sleep(0.5)  # the holder's owner_gone reaches the newcomer while its refusal is still on its way
+    holder_gone.set()
+    handed = time.monotonic()
+    while await state.get("lease", attempt.id) is None:
+        assert time.monotonic() - handed < 4.0, "the newcomer waited for its next beat"
+        await asyncio.sleep(0.05)
+    await newcomer.close()
+
+
 async def test_a_tab_whose_announcement_was_lost_asks_again_and_gets_a_status(attempt, cluster, student_a, monkeypatch):
     """The holder never hears a newcomer (its announcement fell off a full channel): the newcomer announces itself
     again, rather than showing the scrollback without a status for good."""
