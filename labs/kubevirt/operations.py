@@ -145,15 +145,18 @@ def vm_and_secret_delete(*, namespace: str, name: str) -> bool:
     return existed
 
 
-def vm_label(*, namespace: str, name: str, labels: Mapping[str, str]) -> bool:
-    """Merge ``labels`` into a VM, its VMI template (for a restarted VMI) and its VMI; False if the VM is gone."""
+def vm_label(*, namespace: str, name: str, labels: Mapping[str, str]) -> dict[str, Any] | None:
+    """Merge ``labels`` into a VM, its VMI template (for a restarted VMI) and its VMI; the VMI as patched, or None if
+    the VM or its VMI is gone."""
     vm_patch = {"metadata": {"labels": dict(labels)}, "spec": {"template": {"metadata": {"labels": dict(labels)}}}}
     vmi_patch = {"metadata": {"labels": dict(labels)}}
+    patched = None
     for plural, patch in ((VMS, vm_patch), (VMIS, vmi_patch)):
         doing = f"labelling {plural} {namespace}/{name}"
-        if _kubevirt(doing, "patch_namespaced_custom_object", namespace, plural, name, patch, tolerate=404) is None:
-            return False
-    return True
+        patched = _kubevirt(doing, "patch_namespaced_custom_object", namespace, plural, name, patch, tolerate=404)
+        if patched is None:
+            return None
+    return patched
 
 
 def vmis_list(*, namespace: str) -> list[dict[str, Any]]:

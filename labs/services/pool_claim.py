@@ -10,7 +10,7 @@ from functools import partial
 from django.db import transaction
 from django.utils import timezone
 
-from labs.kubevirt import names, operations
+from labs.kubevirt import names, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, AttemptState, Lab
 from labs.pool_models import POOL_HOLDING_STATES, PoolVm, PoolVmState, pool_vm_recipe
@@ -76,7 +76,7 @@ def pool_claim_finish(*, attempt_id: int) -> str:
             rotate_token(pool_vm, new_token=attempt.agent_token)
         except AgentTokenRejected:
             healthz(attempt)  # a delivery before this one rotated it already
-        labelled = operations.vm_label(
+        vmi = operations.vm_label(
             namespace=pool_vm.namespace, name=pool_vm.vm_name, labels={names.ATTEMPT_LABEL: str(attempt.id)}
         )
     except AgentError as error:
@@ -85,9 +85,11 @@ def pool_claim_finish(*, attempt_id: int) -> str:
         if error.transient:
             raise
         return _start_cold(attempt=attempt, pool_vm=pool_vm, why=error.message)
-    if not labelled:
+    if vmi is None:
         return _start_cold(attempt=attempt, pool_vm=pool_vm, why="the VM is gone")
     now = timezone.now()
+    # What the sync would fill in from the VMI, recorded now: otherwise it pushes every claimed attempt a second time.
+    seen = status.observe_vmi(vmi)
     running = attempt_transition(
         attempt=attempt,
         to=AttemptState.RUNNING,
@@ -95,6 +97,9 @@ def pool_claim_finish(*, attempt_id: int) -> str:
         now=now,
         provisioned_at=pool_vm.created_at,
         phase="Running",
+        node_name=seen.node_name,
+        vmi_uid=seen.uid,
+        **{field: seen.phase_times.get(phase) for phase, field in status.PHASE_FIELDS.items()},
         expires_at=now + timedelta(minutes=attempt.lab.time_limit_minutes),
     )
     # None: stopped meanwhile, and its teardown deletes the VM by its name.

@@ -10,10 +10,10 @@ from django.utils import timezone
 
 from conftest import make_lab, make_person
 from labs.agent_client import AgentTokenRejected, healthz
-from labs.kubevirt import client, names, operations
+from labs.kubevirt import client, names, operations, status
 from labs.models import Attempt, AttemptState, LabPool, PoolMode, PoolVm, PoolVmState
 from labs.pool_selectors import pool_stats
-from labs.services import agents, attempt_start, pools, sweeping
+from labs.services import agents, attempt_start, events, pools, sweeping, tracking
 from labs.services.quota import tenant_totals
 from labs.states import TRANSITIONS
 from labs.tests.conftest import start_together, sync_until, wait_until
@@ -72,7 +72,7 @@ def test_a_start_claims_a_ready_vm_rotates_its_token_and_relabels_it(
         client.KUBEVIRT_GROUP, client.KUBEVIRT_VERSION, attempt.namespace, "virtualmachineinstances", attempt.vm_name
     )
     assert names.attempt_id_from_labels(vmi["metadata"]["labels"]) == attempt.id
-    # The sync fills in what the VMI says; the sweep keeps the VM; the stats count a hit.
+    # The sync keeps it running; the sweep keeps the VM; the stats count a hit.
     sync_until(attempt, AttemptState.RUNNING)
     report = sweeping.namespace_sweep_now(namespace=attempt.namespace)
     assert report.orphan_vms_deleted == [] and report.vanished == []
@@ -80,6 +80,28 @@ def test_a_start_claims_a_ready_vm_rotates_its_token_and_relabels_it(
     assert attempt.state == AttemptState.RUNNING and attempt.node_name
     (stats,) = pool_stats(tenant_ids=[attempt.tenant_id])
     assert (stats.hits, stats.misses, stats.claimed, stats.hit_ratio) == (1, 0, 1, 1.0)
+
+
+def test_a_claimed_attempt_is_pushed_running_once_with_what_its_vmi_says(
+    lifecycle, student_a, lab_a, monkeypatch, django_capture_on_commit_callbacks
+):
+    # A second push per claimed attempt from the next sync would queue, for a whole class, ahead of the pushes the
+    # pages still waiting on their claim need (the web process receives its channel messages one at a time).
+    warm_pool(lab_a, 1)
+    pushed: list[dict] = []
+    monkeypatch.setattr(events, "send_to_group", lambda group, message, **_how: pushed.append(message))
+    attempt = start(student_a, lab_a, django_capture_on_commit_callbacks)
+    with django_capture_on_commit_callbacks(execute=True):
+        report = tracking.namespace_sync(namespace=attempt.namespace)
+    updates = [message["attempt"] for message in pushed if message["type"] == "attempt.update"]
+    assert [update["state"] for update in updates] == ["running"]
+    assert report.namespaces == [attempt.namespace] and report.changed == 0
+    # That one push carries what the sync would have added.
+    seen = status.observe_vmi(operations.vmis_list(namespace=attempt.namespace)[0])
+    attempt.refresh_from_db()
+    assert (attempt.node_name, attempt.vmi_uid) == (seen.node_name, seen.uid) and seen.node_name
+    assert attempt.vmi_running_at == seen.phase_times["Running"] and attempt.scheduled_at is not None
+    assert updates[0]["node_name"] == seen.node_name and updates[0]["timestamps"]["vmi_running"] is not None
 
 
 def test_the_transition_table_lets_a_claimed_attempt_run_from_requested():
