@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 from functools import partial
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -90,6 +91,7 @@ def pool_claim_finish(*, attempt_id: int) -> str:
     now = timezone.now()
     # What the sync would fill in from the VMI, recorded now: otherwise it pushes every claimed attempt a second time.
     seen = status.observe_vmi(vmi)
+    phase_times: dict[str, Any] = {field: seen.phase_times.get(phase) for phase, field in status.PHASE_FIELDS.items()}
     running = attempt_transition(
         attempt=attempt,
         to=AttemptState.RUNNING,
@@ -99,7 +101,7 @@ def pool_claim_finish(*, attempt_id: int) -> str:
         phase="Running",
         node_name=seen.node_name,
         vmi_uid=seen.uid,
-        **{field: seen.phase_times.get(phase) for phase, field in status.PHASE_FIELDS.items()},
+        **phase_times,
         expires_at=now + timedelta(minutes=attempt.lab.time_limit_minutes),
     )
     # None: stopped meanwhile, and its teardown deletes the VM by its name.
