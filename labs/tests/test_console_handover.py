@@ -15,6 +15,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from labs.console.state import LocalConsoleState, RedisConsoleState, console_state
+from labs.tests import console_lease_settings
 from labs.tests.test_consumers import (  # noqa: F401 - the autouse fixtures apply here too
     ORIGIN,
     Viewer,
@@ -33,7 +34,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
 # A lease a gone tab kept (or one a leftover task renews) would hold the next tab back for most of this; the next
 # tab's waits are a fraction of it, however loaded the host.
-LONG_LEASE_SECONDS = 24.0
+LONG_LEASE_SECONDS = console_lease_settings.CONSOLE_LEASE_TTL_SECONDS
 
 
 @pytest.fixture

@@ -1,11 +1,6 @@
-"""List faults against the real worker and beat: bursts of 500, 503 and 429 (with a long Retry-After), added
-latency. Meanwhile the cluster moves (a VMI fails, a student stops, another starts). The state converges once the
-fault clears, the requests made during the fault stay bounded (no busy loop, retries back off), and /readyz names
-the trouble while it lasts.
-
-The portal follows the cluster with one list per namespace per sync and opens no watch, so 410 Gone and dropped
-watch streams cannot leave it stale: the tests assert that no watch is ever opened.
-"""
+"""List faults (500, 503, 429 with a long Retry-After, latency) against the real worker and beat while the cluster
+moves: the state converges once they clear, retries back off, /readyz names the trouble, and no watch is opened (the
+portal lists each namespace per sync, so 410 Gone and dropped watch streams cannot leave it stale)."""
 
 from __future__ import annotations
 
