@@ -26,8 +26,11 @@ logger = logging.getLogger(__name__)
 PROVISIONING_PUSH_HOLD_SECONDS = 1.0
 
 
-def attempt_fail(*, attempt_id: int, reason: Callable[[], str], from_states: tuple[str, ...] = ACTIVE_STATES) -> bool:
-    """Fail the attempt and queue its clean-up (``reason`` is called per language); False if it left ``from_states``."""
+def attempt_fail(
+    *, attempt_id: int, reason: Callable[[], str], from_states: tuple[str, ...] = ACTIVE_STATES, teardown: bool = True
+) -> bool:
+    """Fail the attempt and queue its clean-up unless nothing was made for it (``reason`` is called per language);
+    False if it left ``from_states``."""
     texts = {code: text[:4000] for code, text in in_every_language(reason).items()}
     default = texts.get(settings.LANGUAGE_CODE) or next(iter(texts.values()))
     # The text field keeps the attempt's own language, picked in the update itself.
@@ -46,7 +49,8 @@ def attempt_fail(*, attempt_id: int, reason: Callable[[], str], from_states: tup
         )
         if failed is None:
             return False
-        enqueue_teardown(attempt_id)
+        if teardown:
+            enqueue_teardown(attempt_id)
     logger.info("attempt %s failed: %s", attempt_id, default)
     return True
 

@@ -203,10 +203,12 @@ def _provisioning_queued(attempt_id: int) -> bool:
         provision_attempt.delay(attempt_id)
     except Exception:
         logger.exception("could not queue the provisioning of attempt %s", attempt_id)
-        # It holds no VM yet; end it in words rather than leave it requested with nobody to serve it.
+        # It holds no VM yet; end it in words rather than leave it requested with nobody to serve it. No teardown:
+        # there is nothing to delete, and its publish would keep the student waiting on the same broker once more.
         attempt_fail(
             attempt_id=attempt_id,
             from_states=(AttemptState.REQUESTED,),
+            teardown=False,
             reason=lambda: _(
                 "Your lab could not be queued for starting: the portal's task queue is not answering. Try again in "
                 "a minute; this attempt does not count against your limit."
