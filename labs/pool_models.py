@@ -13,6 +13,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from labs.models import Attempt, Lab
+from labs.wording import in_language
 from portal.models import Tenant
 
 # Past this a pool is a fleet: the tenant's quota bounds it anyway.
@@ -115,6 +116,8 @@ class PoolVm(models.Model):
         Attempt, verbose_name=_("attempt"), null=True, blank=True, on_delete=models.SET_NULL, related_name="pool_vm"
     )
     end_reason = models.CharField(_("why it ended"), max_length=40, blank=True)
+    # What the cluster says keeps it from booting (or why its VMI failed), in each language; empty while all is well.
+    problem_texts = models.JSONField(_("cluster problem in each language"), default=dict, blank=True)
 
     class Meta:
         ordering = ["id"]
@@ -124,6 +127,10 @@ class PoolVm(models.Model):
 
     def __str__(self) -> str:
         return self.vm_name or f"pool VM {self.pk}"
+
+    @property
+    def problem(self) -> str:
+        return in_language(self.problem_texts, next(iter(self.problem_texts.values()), ""))
 
     def idle_seconds(self, now: datetime) -> float:
         """How long it was up unclaimed: from creation to its claim or deletion (or now)."""

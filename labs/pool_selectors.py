@@ -37,6 +37,7 @@ class PoolStats:
     hits: int
     misses: int
     idle_vm_seconds: float
+    problem: str = ""  # what the cluster says keeps one of its booting VMs from starting
 
     @property
     def hit_ratio(self) -> float | None:
@@ -64,9 +65,12 @@ def pool_stats(*, tenant_ids: Iterable[int] | None = None, now: datetime | None 
     pools = pools.order_by("lab__course__tenant__name", "lab__title")
     idle: dict[int, float] = {}
     # Python rather than SQL: duration sums differ between PostgreSQL and SQLite.
-    vms = PoolVm.objects.filter(pool__in=[p.id for p in pools]).only("pool_id", "created_at", "claimed_at", "ended_at")
+    pool_ids = [pool.id for pool in pools]
+    vms = PoolVm.objects.filter(pool__in=pool_ids).only("pool_id", "created_at", "claimed_at", "ended_at")
     for vm in vms:
         idle[vm.pool_id] = idle.get(vm.pool_id, 0.0) + vm.idle_seconds(now)
+    troubled = PoolVm.objects.filter(pool__in=pool_ids, state=PoolVmState.BOOTING).exclude(problem_texts={})
+    problems = {vm.pool_id: vm.problem for vm in troubled.only("pool_id", "problem_texts").order_by("id")}
     return [
         PoolStats(
             lab_id=pool.lab_id,
@@ -81,6 +85,7 @@ def pool_stats(*, tenant_ids: Iterable[int] | None = None, now: datetime | None 
             hits=pool.hits + pool.pruned_hits,
             misses=pool.misses,
             idle_vm_seconds=idle.get(pool.id, 0.0) + pool.pruned_idle_seconds,
+            problem=problems.get(pool.id, ""),
         )
         for pool in pools
     ]

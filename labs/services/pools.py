@@ -7,13 +7,14 @@ import logging
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, F, Max, Min, Q
 from django.utils import timezone
 
-from labs.kubevirt import names, operations
+from labs.kubevirt import names, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.kubevirt.status import FINAL_PHASES
 from labs.models import FINAL_STATES
@@ -22,6 +23,7 @@ from labs.services.agents import agents_answer
 from labs.services.provisioning import lab_vm_create
 from labs.services.quota import quota_refusal, tenant_totals
 from labs.sizes import guest_resources, launcher_requests
+from labs.wording import in_every_language, in_language
 from portal.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -134,15 +136,18 @@ def pool_vm_end(
     reason: str,
     from_states: tuple[str, ...] = POOL_HOLDING_STATES,
     report: PoolReport | None = None,
+    problem: dict[str, str] | None = None,
 ) -> bool:
     """Take a VM out of the pool (freeing its quota at once) and delete it; False if it left ``from_states``."""
+    problem = problem or pool_vm.problem_texts
     ended = PoolVm.objects.filter(id=pool_vm.id, state__in=from_states).update(
-        state=PoolVmState.DELETED, ended_at=timezone.now(), end_reason=reason, attempt=None
+        state=PoolVmState.DELETED, ended_at=timezone.now(), end_reason=reason, attempt=None, problem_texts=problem
     )
     if not ended:
         return False
     pool_vm.state = PoolVmState.DELETED
-    logger.info("pool VM %s/%s ended: %s", pool_vm.namespace, pool_vm.vm_name, reason)
+    said = in_language(problem, "", settings.LANGUAGE_CODE)
+    logger.info("pool VM %s/%s ended: %s%s", pool_vm.namespace, pool_vm.vm_name, reason, f" ({said})" if said else "")
     if report is not None:
         report.deleted.append(pool_vm.vm_name)
     pool_vm_delete_on_cluster(pool_vm=pool_vm)
@@ -180,6 +185,8 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
             continue
         for pool_vm in members:
             vmi = vmis.get(pool_vm.vm_name)
+            problem = in_every_language(partial(_problem_words, vmi)) if vmi is not None else {}
+            problem = problem if any(problem.values()) else {}
             if vmi is None and pool_vm.vm_name not in listed:
                 reason = EndReason.VM_GONE
             elif vmi is not None and (
@@ -187,8 +194,12 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
             ):
                 reason = EndReason.VMI_ENDED
             else:
+                # Kept for the operations page while it boots: the pool waits (kubelet retries a pull by itself).
+                if pool_vm.state == PoolVmState.BOOTING and problem != pool_vm.problem_texts:
+                    PoolVm.objects.filter(id=pool_vm.id).update(problem_texts=problem)
+                    pool_vm.problem_texts = problem
                 continue
-            pool_vm_end(pool_vm=pool_vm, reason=reason, report=report)
+            pool_vm_end(pool_vm=pool_vm, reason=reason, report=report, problem=problem)
     due = now - timedelta(seconds=settings.POOL_READY_CHECK_SECONDS)
     asked = [
         pool_vm
@@ -210,6 +221,10 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
             reason = EndReason.AGENT_LOST if pool_vm.state == PoolVmState.READY else EndReason.BOOT_TIMEOUT
             pool_vm_end(pool_vm=pool_vm, reason=reason, from_states=(pool_vm.state,), report=report)
     return report
+
+
+def _problem_words(vmi: dict) -> str:
+    return status.observe_vmi(vmi).problem
 
 
 PRUNE_BATCH = 1000

@@ -214,7 +214,44 @@ def test_a_booting_pool_vm_whose_vmi_fails_is_replaced_at_the_next_pass(lifecycl
     assert report.deleted == [pool_vm.vm_name] and report.ready == []
     pool_vm.refresh_from_db()
     assert (pool_vm.state, pool_vm.end_reason) == (PoolVmState.DELETED, pools.EndReason.VMI_ENDED)
+    assert "the pod failed" in pool_vm.problem
     assert len(pools.pools_refill().created) == 1
+
+
+def test_a_pool_vm_that_cannot_pull_its_image_says_why_and_keeps_it_when_replaced(lifecycle, admin_client, lab_a):
+    lab_a.image = "quay.io/containerdisks/missing-fedora:41"
+    lab_a.save(update_fields=["image"])
+    pool_vm = booting_pool_vm(lab_a)
+
+    def problem_seen() -> bool:
+        pools.pool_vms_check()
+        pool_vm.refresh_from_db()
+        return bool(pool_vm.problem_texts)
+
+    wait_until(problem_seen, timeout=30, interval=0.2, what="the pool VM's image-pull problem")
+    # It waits for the boot timeout (kubelet keeps retrying the pull), saying why in each language.
+    assert pool_vm.state == PoolVmState.BOOTING
+    assert "disk image could not be downloaded" in pool_vm.problem_texts["en"]
+    assert "missing-fedora" in pool_vm.problem_texts["ja"]
+    assert pool_vm.problem_texts["ja"] != pool_vm.problem_texts["en"]
+    (stats,) = pool_stats()
+    assert "missing-fedora" in stats.problem
+    page = admin_client.get("/admin/ops/").content.decode()
+    assert "Not booting:" in page and "missing-fedora" in page
+    # Ended (here: at the boot timeout), the row keeps why; the problem of a VM no longer booting is not shown.
+    PoolVm.objects.filter(id=pool_vm.id).update(created_at=timezone.now() - timedelta(hours=1))
+    assert pools.pool_vms_check().deleted == [pool_vm.vm_name]
+    pool_vm.refresh_from_db()
+    assert pool_vm.end_reason == pools.EndReason.BOOT_TIMEOUT and "missing-fedora" in pool_vm.problem
+    assert pool_stats()[0].problem == ""
+
+
+def test_a_booting_pool_vm_whose_problem_mended_shows_none(lifecycle, lab_a):
+    pool_vm = booting_pool_vm(lab_a)
+    PoolVm.objects.filter(id=pool_vm.id).update(problem_texts={"en": "No node has room.", "ja": "空きがありません。"})
+    pools.pool_vms_check()
+    pool_vm.refresh_from_db()
+    assert pool_vm.problem_texts == {}
 
 
 def test_a_booting_pool_vm_whose_vm_vanished_is_replaced_at_the_next_pass(lifecycle, lab_a):
