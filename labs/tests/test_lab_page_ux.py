@@ -69,6 +69,30 @@ def test_stopped_attempts_leave_start_offered(student_a, lab_a):
     assert 'id="start-button"' in lab_page(student_a, lab_a)
 
 
+def test_the_latest_attempt_failed_says_why_above_start_in_the_readers_language(student_a, lab_a):
+    reasons = {"en": "The lab's disk image could not be downloaded.", "ja": "ディスクイメージを取得できませんでした。"}
+    make_attempt(
+        lab=lab_a,
+        student=student_a,
+        state=AttemptState.FAILED,
+        failure_reason=reasons["en"],
+        failure_reason_texts=reasons,
+    )
+    html = lab_page(student_a, lab_a)
+    assert 'id="start-button"' in html
+    failure = re.search(r'<p class="error" id="last-failure">(.*?)</p>', html, re.S).group(1)
+    assert "Attempt 1 failed." in failure and "could not be downloaded" in failure
+    japanese = (
+        logged_in(student_a)
+        .get(reverse("labs:lab_detail", args=[lab_a.id]), HTTP_ACCEPT_LANGUAGE="ja")
+        .content.decode()
+    )
+    assert reasons["ja"] in japanese
+    # A later attempt that ended well: the old failure is history, not news.
+    make_attempt(lab=lab_a, student=student_a, state=AttemptState.STOPPED, number=2)
+    assert 'id="last-failure"' not in lab_page(student_a, lab_a)
+
+
 def test_take_control_words_agree_the_student_watches_while_staff_type(student_a, ta_a, lab_a):
     from labs.views.strings import attempt_page_strings
 
