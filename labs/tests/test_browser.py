@@ -362,8 +362,14 @@ def test_a_start_that_cannot_pull_its_image_says_it_is_slow_then_why_it_failed(
     expect(page.locator("#console-status")).to_have_attribute("data-state", "ended")
     assert any("/events/" in url for url in sockets) and not any("/console/" in url for url in sockets), sockets
     expect(page.locator("#fit-button")).to_be_hidden()
+    # The VM never ran: no empty terminal beside the reason.
+    expect(page.locator("#terminal-section")).to_be_hidden()
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "browser-failed-start.png"), full_page=True)
+    # Back later, the student still reads why, above Start.
+    page.reload()
+    expect(page.locator("#last-failure")).to_contain_text(re.compile(r"Attempt 1 failed\. .*could not be downloaded"))
+    expect(page.locator("#start-button")).to_be_visible()
     context.close()
 
 

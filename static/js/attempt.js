@@ -156,6 +156,8 @@
       const failure = byId("failure");
       setText(failure, format(S.failed, { reason: payload.failure_reason || payload.message || "" }));
       show(failure, payload.state === "failed");
+      // A VM that never ran has no output to read: the terminal gives way to the reason and Start again.
+      show(byId("terminal-section"), !(payload.state === "failed" && !(payload.timestamps || {}).vmi_running));
       const ended = FINAL_STATES.includes(payload.state);
       const endedElement = byId("ended");
       const startAgain = byId("start-again-form");
