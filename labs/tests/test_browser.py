@@ -364,6 +364,11 @@ def test_a_start_that_cannot_pull_its_image_says_it_is_slow_then_why_it_failed(
     expect(page.locator("#fit-button")).to_be_hidden()
     # The VM never ran: no empty terminal beside the reason.
     expect(page.locator("#terminal-section")).to_be_hidden()
+    # The row's end, drawn by the page, reads as its start, written by the server.
+    row = page.locator("[data-history-attempt] time")
+    expect(row).to_have_count(2)
+    written = re.compile(r"[A-Z][a-z]{2} \d{1,2}, \d{4}, \d{1,2}:\d{2} [AP]M UTC")
+    assert all(written.fullmatch(text) for text in row.all_inner_texts()), row.all_inner_texts()
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "browser-failed-start.png"), full_page=True)
     # Back later, the student still reads why, above Start.
@@ -616,7 +621,7 @@ def test_a_student_abroad_takes_the_browsers_time_zone_for_every_page(student_a,
     log_in_as_student_a(page)
     page.goto(f"/labs/{lab_a.id}/")
     expect(page.locator("html")).to_have_attribute("data-time-zone", "Asia/Tokyo")
-    expect(page.locator("body")).to_contain_text("Dec. 5, 2026, 11:59 PM JST")
+    expect(page.locator("body")).to_contain_text("Dec 5, 2026, 11:59 PM JST")
 
     # The header's zone leads to the page, which offers the browser's own zone.
     page.click("a.time-zone-link")
@@ -632,7 +637,7 @@ def test_a_student_abroad_takes_the_browsers_time_zone_for_every_page(student_a,
     page.wait_for_url(f"**/labs/{lab_a.id}/")
     expect(page.locator(".messages")).to_contain_text("Dates and times are now shown in America/New_York.")
     expect(page.locator("html")).to_have_attribute("data-time-zone", "America/New_York")
-    expect(page.locator("body")).to_contain_text("Dec. 5, 2026, 9:59 AM EST")
+    expect(page.locator("body")).to_contain_text("Dec 5, 2026, 9:59 AM EST")
     # Nothing left to offer: the chosen zone is the browser's.
     page.click("a.time-zone-link")
     expect(page.locator("#id_time_zone")).to_have_value("America/New_York")

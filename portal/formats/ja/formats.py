@@ -1,5 +1,5 @@
-"""Japanese: "2026年12月1日21:24 JST": Django's format, with the zone's abbreviation, since each tenant has its own
-clock."""
+"""Japanese: "2026年12月1日 21:24 JST", as the browser's Intl writes it (the live page draws some), with the zone's
+abbreviation, since each tenant has its own clock."""
 
-DATETIME_FORMAT = "Y年n月j日G:i T"
+DATETIME_FORMAT = "Y年n月j日 G:i T"
 SHORT_DATETIME_FORMAT = "Y/m/d G:i T"
