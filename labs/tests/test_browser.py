@@ -362,8 +362,9 @@ def test_a_start_that_cannot_pull_its_image_says_it_is_slow_then_why_it_failed(
     expect(page.locator("#console-status")).to_have_attribute("data-state", "ended")
     assert any("/events/" in url for url in sockets) and not any("/console/" in url for url in sockets), sockets
     expect(page.locator("#fit-button")).to_be_hidden()
-    # The VM never ran: no empty terminal beside the reason.
+    # The VM never ran: no empty terminal or check results beside the reason.
     expect(page.locator("#terminal-section")).to_be_hidden()
+    expect(page.locator("#results")).to_be_hidden()
     # The row's end, drawn by the page, reads as its start, written by the server.
     row = page.locator("[data-history-attempt] time")
     expect(row).to_have_count(2)

@@ -156,8 +156,10 @@
       const failure = byId("failure");
       setText(failure, format(S.failed, { reason: payload.failure_reason || payload.message || "" }));
       show(failure, payload.state === "failed");
-      // A VM that never ran has no output to read: the terminal gives way to the reason and Start again.
-      show(byId("terminal-section"), !(payload.state === "failed" && !(payload.timestamps || {}).vmi_running));
+      // A VM that never ran has no output to read nor work to check: the reason and Start again stand alone.
+      const neverRan = payload.state === "failed" && !(payload.timestamps || {}).vmi_running;
+      show(byId("terminal-section"), !neverRan);
+      show(byId("results"), !neverRan);
       const ended = FINAL_STATES.includes(payload.state);
       const endedElement = byId("ended");
       const startAgain = byId("start-again-form");
