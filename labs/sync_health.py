@@ -21,6 +21,8 @@ SYNC_LAST_SUCCESS_KEY = "labs:sync:last_success"
 SYNC_LAST_ERROR_KEY = "labs:sync:last_error"
 # Kept well past any sensible staleness limit, so that "stale" and "never ran" stay distinguishable.
 SYNC_HEARTBEAT_TTL_SECONDS = 7 * 24 * 3600
+# The trouble the sync task last told the students' pages of (``wording.cluster_trouble``).
+SYNC_NOTICE_KEY = "labs:sync:notice"
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,14 @@ def record_sync_error(*, message: str, at: datetime | None = None) -> None:
     """Called by the sync task when a pass failed; the message is for operators (dashboard, logs)."""
     error = {"at": (at or datetime.now(tz=UTC)).timestamp(), "message": message[:500]}
     cache.set(SYNC_LAST_ERROR_KEY, error, timeout=SYNC_HEARTBEAT_TTL_SECONDS)
+
+
+def notice_changed(*, trouble: str) -> bool:
+    """Remember ``trouble`` after a pass; whether the last pass told the pages otherwise. Forgotten after the
+    staleness limit, so the first pass after a stall tells them again."""
+    changed = cache.get(SYNC_NOTICE_KEY) != trouble
+    cache.set(SYNC_NOTICE_KEY, trouble, timeout=settings.HEALTH_SYNC_MAX_AGE_SECONDS)
+    return changed
 
 
 def sync_heartbeat() -> SyncHeartbeat:

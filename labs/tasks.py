@@ -18,7 +18,7 @@ from django.utils.translation import gettext as _
 from labs import sync_health, wording
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, TenantNamespace
-from labs.services import agents, pool_claim, pools, provisioning, stopping, sweeping, tracking
+from labs.services import agents, events, pool_claim, pools, provisioning, stopping, sweeping, tracking
 from labs.services.namespaces import is_rbac_refusal, tenant_namespace_refused
 
 logger = logging.getLogger(__name__)
@@ -102,6 +102,7 @@ def sync_attempts() -> dict:
         report = tracking.attempts_sync()
     except Exception as exc:
         sync_health.record_sync_error(message=f"{exc.__class__.__name__}: {exc}")
+        _tell_pages(failed=True)
         raise
     finally:
         cache.delete(SYNC_LOCK_KEY)
@@ -109,7 +110,15 @@ def sync_attempts() -> dict:
         sync_health.record_sync_error(message="; ".join(report.errors))
     else:
         sync_health.record_sync_success()
+    _tell_pages(failed=bool(report.errors))
     return {**asdict(report), "namespaces": len(report.namespaces)}
+
+
+def _tell_pages(*, failed: bool) -> None:
+    """Push the cluster notice to the open attempt pages when it changes; only a failed pass asks the cluster."""
+    trouble = wording.cluster_trouble() if failed else ""
+    if sync_health.notice_changed(trouble=trouble):
+        events.cluster_notice_push(trouble=trouble)
 
 
 @shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)

@@ -36,14 +36,23 @@ def with_cluster_words(words: str, said: str) -> str:
     return f"{words} " + _("The cluster says: %(detail)s") % {"detail": said} if said else words
 
 
-def cluster_notice(*, state: str | None) -> str | None:
-    """What a student's page says while the cluster or the sync loop is in trouble, for the attempt's ``state``; None
-    if all is well. Cheap enough for every page render (the cluster probe is remembered)."""
+def cluster_trouble() -> str:
+    """The trouble a student's page tells of: "cluster" while its API does not answer, else "sync" while the sync
+    loop is behind, else ""."""
+    if not check_cluster().ok:
+        return "cluster"
+    return "" if check_sync().ok else "sync"
+
+
+def cluster_notice(*, state: str | None, trouble: str | None = None) -> str | None:
+    """What a student's page says for the attempt's ``state`` during ``trouble`` (``cluster_trouble()`` unless
+    given); None if all is well. Cheap enough for every page render (the cluster probe is remembered)."""
     from labs.models import AttemptState  # labs.models reads its texts through this module
 
-    if check_cluster().ok:
-        if check_sync().ok:
-            return None
+    trouble = cluster_trouble() if trouble is None else trouble
+    if not trouble:
+        return None
+    if trouble == "sync":
         return _("Lab status updates are delayed; what you see here may be out of date for a while.")
     if state == AttemptState.RUNNING:
         return _(

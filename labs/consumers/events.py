@@ -1,6 +1,6 @@
-"""``/ws/attempts/<id>/events/``: the attempt's status and grading results (group ``attempt-<id>``), the present
-state first, in the page's language; the student's own page stamps the attempt as seen while open, where its lab
-stops attempts nobody has open (``Lab.idle_stop_minutes``)."""
+"""``/ws/attempts/<id>/events/``: the attempt's status, grading results and cluster notice (group ``attempt-<id>``),
+the present state first, in the page's language; the student's own page stamps the attempt as seen while open,
+where its lab stops attempts nobody has open (``Lab.idle_stop_minutes``)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from labs.selectors import attempt_status_payload
 from labs.services.events import attempt_group
 from labs.services.stopping import PRESENCE_STAMP_SECONDS, attempt_seen
 from labs.signals import attempt_socket_opened
+from labs.wording import in_language
 from portal.websockets import NotAuthenticated, PageSocketConsumer, scope_language
 
 logger = logging.getLogger(__name__)
@@ -99,3 +100,8 @@ class AttemptEventsConsumer(PageSocketConsumer):
             return
         run = (event.get("runs") or {}).get(self.language) or event["run"]
         await self.send_json({"type": "grading.update", "run": run})
+
+    async def cluster_notice(self, event: dict) -> None:
+        if self.group is None:
+            return
+        await self.send_json({"type": "cluster.notice", "notice": in_language(event["texts"], "", self.language)})

@@ -8,13 +8,15 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.db import transaction
 
-from labs.models import Attempt
+from labs.models import ACTIVE_STATES, Attempt
+from labs.wording import cluster_notice, in_every_language
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +115,18 @@ def attempt_push_on_commit(*, attempt: Attempt, hold: float = 0.0) -> None:
         changed = {"type": "class.changed"}
         group = lab_class_group(attempt.lab_id)
         transaction.on_commit(lambda: send_to_group(group, changed, hold=CLASS_CHANGED_HOLD_SECONDS))
+
+
+def cluster_notice_push(*, trouble: str) -> None:
+    """Tell the page of every active attempt what ``cluster_notice`` now says for it, in every language ("" when
+    all is well). The trouble is the whole cluster's (one API server, one sync heartbeat): every tenant hears it."""
+    texts = {str(state): in_every_language(partial(_notice, state, trouble)) for state in ACTIVE_STATES}
+    for attempt_id, state in Attempt.objects.filter(state__in=ACTIVE_STATES).values_list("id", "state"):
+        send_to_group(attempt_group(attempt_id), {"type": "cluster.notice", "texts": texts[state]})
+
+
+def _notice(state: str, trouble: str) -> str:
+    return cluster_notice(state=state, trouble=trouble) or ""
 
 
 def on_commit_logged(action: Callable[[], object], *, what: str) -> None:

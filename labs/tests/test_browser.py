@@ -431,7 +431,7 @@ def test_a_refused_start_says_why_on_the_page_and_can_be_tried_again(student_a, 
 
 
 def test_start_is_posted_over_http_and_the_panel_follows_the_attempt_on_its_own_socket(
-    student_a, lab_a, live_portal, browser
+    student_a, lab_a, live_portal, kubesim_server, browser
 ):
     from playwright.sync_api import expect
 
@@ -451,6 +451,17 @@ def test_start_is_posted_over_http_and_the_panel_follows_the_attempt_on_its_own_
     attempt_id = in_a_thread(lambda: Attempt.objects.get(lab=lab_a).id)
     assert any(url.endswith(f"/ws/attempts/{attempt_id}/events/") for url in sockets), sockets
     assert not any("/ws/labs/" in url for url in sockets), sockets
+
+    # The cluster stops answering while the page is open: the sync's next pass puts the notice up, and takes it down
+    # once the cluster answers again (a steady namespace is listed every ATTEMPT_RESYNC_SECONDS), without a reload.
+    notice = page.locator("#cluster-notice")
+    kubesim_server.admin.inject_fault(code=503)
+    try:
+        expect(notice).to_contain_text("The cluster is not answering", timeout=60_000)
+        expect(notice).to_be_visible()
+    finally:
+        kubesim_server.admin.clear_faults()
+    expect(notice).to_be_hidden(timeout=60_000)
     assert page.evaluate("window.sameDocument === true")
     context.close()
 

@@ -1,15 +1,21 @@
-"""The student's lab page says in plain words when the cluster is in trouble, and says nothing when it is not."""
+"""The student's lab page says in plain words when the cluster is in trouble, and says nothing when it is not; the
+sync task tells the open pages when that changes."""
 
 import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import channel_layers
 from django.core.cache import cache
 from django.urls import reverse
 from django.utils import translation
 from django.utils.translation import gettext
 
 from conftest import PASSWORD
+from labs import tasks
 from labs.kubevirt import client as kube_client
 from labs.models import Attempt, AttemptState
+from labs.services import tenant_namespace_ensure
 from labs.sync_health import record_sync_success
+from labs.tests.test_events import _receive_all
 
 NOTICE = "The cluster is not answering; your lab may be slow to start."
 
@@ -45,7 +51,8 @@ def test_healthy_cluster_shows_no_notice(client, cluster, lab_a, student_a):
     client.login(username=student_a.username, password=PASSWORD)
     page = client.get(reverse("labs:lab_detail", args=[lab_a.id]))
     assert page.status_code == 200
-    assert 'id="cluster-notice"' not in page.content.decode()
+    # The place the page script writes a notice into later, empty and hidden.
+    assert 'id="cluster-notice" hidden></p>' in page.content.decode()
 
 
 @pytest.fixture
@@ -100,3 +107,42 @@ def test_running_attempt_notice_is_in_japanese_too(client, unreachable_cluster, 
         japanese = gettext(english)
     assert japanese != english
     assert japanese in page.content.decode()
+
+
+@pytest.mark.django_db
+def test_the_sync_tells_open_pages_when_the_cluster_stops_answering_once_and_when_it_is_back(
+    cluster, settings, tenant_a, lab_a, student_a
+):
+    settings.HEALTH_CLUSTER_CACHE_SECONDS = 0  # each failed pass asks the cluster afresh
+    settings.ATTEMPT_RESYNC_SECONDS = 0  # a namespace where all runs is listed on every pass, not every 30 s
+    forget_cache()
+    tenant_namespace_ensure(tenant=tenant_a)
+    running = Attempt.objects.create(
+        lab=lab_a, student=student_a, tenant=tenant_a, state=AttemptState.RUNNING, namespace=tenant_a.namespace
+    )
+    channel = f"notice-test-{running.id}"
+    async_to_sync(channel_layers.make_backend("default").group_add)(f"attempt-{running.id}", channel)
+
+    def notices() -> list[dict]:
+        return [m["texts"] for m in async_to_sync(_receive_all)(channel, quiet=0.5) if m["type"] == "cluster.notice"]
+
+    tasks.sync_attempts()
+    notices()  # the first pass the task remembers tells the pages all is well
+    tasks.sync_attempts()
+    assert notices() == []
+
+    running_words = (
+        "The cluster is not answering. Your VM may still be running; Check and Stop will work when it is back."
+    )
+    with translation.override("ja"):
+        japanese = gettext(running_words)
+    cluster.admin.inject_fault(code=503)
+    try:
+        tasks.sync_attempts()
+        assert notices() == [{"en": running_words, "ja": japanese}]
+        tasks.sync_attempts()  # still failing: the pages were told already
+        assert notices() == []
+    finally:
+        cluster.admin.clear_faults()
+    tasks.sync_attempts()
+    assert notices() == [{"en": "", "ja": ""}]

@@ -861,6 +861,35 @@ async def test_why_an_attempt_failed_reaches_each_socket_in_its_own_language(
         await viewer.close()
 
 
+async def test_the_cluster_notice_reaches_each_socket_in_its_own_language(attempt, cluster, student_a, ta_a):
+    from labs.services.events import cluster_notice_push
+
+    path = f"/ws/attempts/{attempt.id}/events/"
+    student = Viewer(
+        path, [ORIGIN, HOST, (b"cookie", await sync_to_async(session_cookie)(student_a)), (b"accept-language", b"ja")]
+    )
+    ta = Viewer(path, [ORIGIN, HOST, (b"cookie", await sync_to_async(session_cookie)(ta_a))])
+    for viewer in (student, ta):
+        assert (await viewer.connect())[0]
+        await viewer.read_until(lambda v: len(v.messages) >= 1)
+
+    def notices(viewer) -> list[str]:
+        return [m["notice"] for m in viewer.messages if m["type"] == "cluster.notice"]
+
+    await sync_to_async(cluster_notice_push)(trouble="sync")  # as the sync task pushes when the loop falls behind
+    for viewer in (student, ta):
+        await viewer.read_until(lambda v: len(notices(v)) == 1)
+    delayed = "Lab status updates are delayed; what you see here may be out of date for a while."
+    with translation.override("ja"):
+        japanese = gettext(delayed)
+    assert japanese != delayed and notices(student) == [japanese]
+    assert notices(ta) == [delayed]  # the page's script shows it to the student only
+    await sync_to_async(cluster_notice_push)(trouble="")
+    for viewer in (student, ta):
+        await viewer.read_until(lambda v: notices(v)[1:] == [""])
+        await viewer.close()
+
+
 # -- embedded mode ----------------------------------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 /*
  * The attempt panel: live status over /ws/attempts/<id>/events/ (no polling), the start progress with times,
- * the countdown to expiry, and the Extend / Check / Stop buttons (fetch with the CSRF token).
+ * the countdown to expiry, the cluster notice, and the Extend / Check / Stop buttons (fetch with the CSRF token).
  * Reads its configuration from the JSON block #attempt-config; announces state changes to console.js with a
  * "portal:attempt" event on document.
  */
@@ -329,6 +329,11 @@
           renderAttempt(message.attempt);
         } else if (message.type === "grading.update") {
           renderRun(message.run);
+        } else if (message.type === "cluster.notice") {
+          // Said to the student only, as the server renders it: staff read the cluster's state on the ops pages.
+          const notice = byId("cluster-notice");
+          setText(notice, message.notice);
+          show(notice, config.is_student && Boolean(message.notice));
         }
       });
       socket.addEventListener("close", (event) => {
