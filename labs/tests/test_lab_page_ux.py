@@ -93,6 +93,15 @@ def test_the_latest_attempt_failed_says_why_above_start_in_the_readers_language(
     assert 'id="last-failure"' not in lab_page(student_a, lab_a)
 
 
+def test_check_is_offered_only_once_the_attempt_runs_even_before_the_page_script(student_a, lab_a):
+    attempt = make_attempt(lab=lab_a, student=student_a, state=AttemptState.STARTING)
+    button = re.compile(r'<button type="submit" id="check-button"[^>]*>')
+    assert "disabled" in button.search(lab_page(student_a, lab_a)).group(0)
+    attempt.state = AttemptState.RUNNING
+    attempt.save(update_fields=["state"])
+    assert "disabled" not in button.search(lab_page(student_a, lab_a)).group(0)
+
+
 def test_take_control_words_agree_the_student_watches_while_staff_type(student_a, ta_a, lab_a):
     from labs.views.strings import attempt_page_strings
 
