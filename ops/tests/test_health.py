@@ -282,3 +282,15 @@ def test_readyz_refuses_an_unknown_component_in_words(client):
     assert response.json()["error"] == (
         "exclude に不明なコンポーネントがあります: disk。指定できるもの: database, redis, cluster, sync。"
     )
+
+
+@pytest.mark.django_db
+def test_the_web_pods_probe_keeps_the_pages_up_through_a_cluster_outage_and_a_stalled_sync(client, broken_cluster):
+    from portal.tests.test_deploy_manifests import load_all, of_kind
+
+    (web,) = [d for d in of_kind(load_all(), "Deployment") if d["metadata"]["name"] == "lab-portal-web"]
+    (container,) = [c for c in web["spec"]["template"]["spec"]["containers"] if c["name"] == "web"]
+    probe = container["readinessProbe"]["httpGet"]["path"]
+    assert client.get("/readyz").json()["failing"] == ["cluster", "sync"]
+    assert client.get(probe).status_code == 200
+
