@@ -41,10 +41,13 @@ class ErrorRule:
     resources: frozenset[str] | None = None
     retry_after: int | None = None  # seconds; 429 always carries one (1 unless set), 503 only when set
     count: int | None = None
+    namespaces: frozenset[str] | None = None
 
-    def matches(self, verb: str, resource: str) -> bool:
-        return (self.verbs is None or verb in self.verbs) and (
-            self.resources is None or resource in self.resources or resource.split("/")[0] in self.resources
+    def matches(self, verb: str, resource: str, namespace: str = "") -> bool:
+        return (
+            (self.verbs is None or verb in self.verbs)
+            and (self.resources is None or resource in self.resources or resource.split("/")[0] in self.resources)
+            and (self.namespaces is None or namespace in self.namespaces)
         )
 
     def describe(self) -> dict[str, Any]:
@@ -55,6 +58,7 @@ class ErrorRule:
             "resources": sorted(self.resources) if self.resources else None,
             "retry_after": self.retry_after,
             "count": self.count,
+            "namespaces": sorted(self.namespaces) if self.namespaces else None,
         }
 
 
@@ -101,6 +105,7 @@ class Faults:
                         resources=_names(rule.get("resources")),
                         retry_after=int(rule["retry_after"]) if rule.get("retry_after") is not None else None,
                         count=int(rule["count"]) if rule.get("count") is not None else None,
+                        namespaces=_names(rule.get("namespaces")),
                     )
                 )
             except (KeyError, TypeError, ValueError) as exc:
@@ -131,7 +136,7 @@ class Faults:
         self, verb: str, resource: str, *, group: str = "", namespace: str = "", name: str = ""
     ) -> ApiError | None:
         for rule in self.errors:
-            if not rule.matches(verb, resource) or rule.count == 0:
+            if not rule.matches(verb, resource, namespace) or rule.count == 0:
                 continue
             if rule.rate < 1.0 and self.rng.random() >= rule.rate:
                 continue

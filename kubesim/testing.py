@@ -85,13 +85,14 @@ class AdminClient:
         resources: list[str] | None = None,
         retry_after: int | None = None,
         count: int | None = None,
+        namespaces: list[str] | None = None,
         watch_drop_after: float | None = None,
         console_drop_after: float | None = None,
     ) -> dict[str, Any]:
         """Add faults. ``latency`` maps ``verb``, ``verb:resource`` or ``*`` to seconds; ``code`` (403 worded as
         RBAC's refusal, 500, 503 or 429 with Retry-After, 1 s unless ``retry_after`` says otherwise; 503 carries
         Retry-After only when ``retry_after`` is given) answers ``rate`` of the matching requests, at most
-        ``count`` times.
+        ``count`` times, in ``namespaces`` only if given.
         Note that urllib3, under the kubernetes client, honours Retry-After on 429 and 503 by retrying."""
         spec: dict[str, Any] = {}
         if latency:
@@ -105,6 +106,7 @@ class AdminClient:
                     "resources": resources,
                     "retry_after": retry_after,
                     "count": count,
+                    "namespaces": namespaces,
                 }
             ]
         if watch_drop_after is not None:

@@ -1,5 +1,5 @@
 """Reads of attempts beyond who may see them (``labs.access``): the attempt's status payload (the shape pushed to
-the browser), the attempt limit's count, and a tenant's capacity in use."""
+the browser), the attempt limit's count, a tenant's capacity in use, and which namespaces fail to list."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
 from django.utils import timezone
 
-from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, Lab
+from labs.kubevirt.operations import RBAC_SIGNATURE, REVIEW_REFUSAL
+from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, Lab, TenantNamespace
 from labs.sizes import namespace_cpu_millicores
 from portal.models import Role, Tenant, User
 from portal.selectors import courses_for_user
@@ -34,6 +35,22 @@ STARTING_STATES = (AttemptState.REQUESTED, AttemptState.PROVISIONING, AttemptSta
 def attempts_counted_against_limit(*, student: User, lab: Lab) -> int:
     """Attempts that use up the lab's attempt limit: all but failed ones (a cluster failure is not the student's)."""
     return Attempt.objects.filter(student=student, lab=lab).exclude(state=AttemptState.FAILED).count()
+
+
+def namespace_failing(*, namespace: str, refusals: bool = True) -> bool:
+    """Whether the portal's last request in ``namespace`` failed (its error is kept until a list succeeds); with
+    ``refusals=False``, not counting a refusal for want of RBAC (a Start says that in words of its own)."""
+    rows = TenantNamespace.objects.filter(namespace=namespace).exclude(last_error="")
+    if not refusals:
+        rows = rows.exclude(last_error__contains=RBAC_SIGNATURE).exclude(last_error__contains=REVIEW_REFUSAL)
+    return rows.exists()
+
+
+def namespaces_failing() -> dict[str, bool]:
+    """Each namespace with an active attempt, and whether the last request there failed (one query)."""
+    failed = TenantNamespace.objects.filter(namespace=OuterRef("namespace")).exclude(last_error="")
+    rows = Attempt.objects.filter(state__in=ACTIVE_STATES).annotate(failing=Exists(failed))
+    return dict(rows.values_list("namespace", "failing").order_by().distinct())
 
 
 def attempt_can_extend(attempt: Attempt) -> bool:

@@ -21,8 +21,8 @@ SYNC_LAST_SUCCESS_KEY = "labs:sync:last_success"
 SYNC_LAST_ERROR_KEY = "labs:sync:last_error"
 # Kept well past any sensible staleness limit, so that "stale" and "never ran" stay distinguishable.
 SYNC_HEARTBEAT_TTL_SECONDS = 7 * 24 * 3600
-# The trouble the sync task last told the students' pages of (``wording.cluster_trouble``).
-SYNC_NOTICE_KEY = "labs:sync:notice"
+# The trouble the sync task last told the students' pages of, per namespace (``wording.cluster_trouble``).
+SYNC_NOTICE_KEY = "labs:sync:notices"
 
 
 @dataclass(frozen=True)
@@ -52,12 +52,12 @@ def record_sync_error(*, message: str, at: datetime | None = None) -> None:
     cache.set(SYNC_LAST_ERROR_KEY, error, timeout=SYNC_HEARTBEAT_TTL_SECONDS)
 
 
-def notice_changed(*, trouble: str) -> bool:
-    """Remember ``trouble`` after a pass; whether the last pass told the pages otherwise. Forgotten after the
-    staleness limit, so the first pass after a stall tells them again."""
-    changed = cache.get(SYNC_NOTICE_KEY) != trouble
-    cache.set(SYNC_NOTICE_KEY, trouble, timeout=settings.HEALTH_SYNC_MAX_AGE_SECONDS)
-    return changed
+def notices_changed(*, troubles: dict[str, str]) -> dict[str, str]:
+    """Remember each namespace's trouble after a pass; those the last pass told the pages otherwise, or not at all.
+    Forgotten after the staleness limit, so the first pass after a stall tells them again."""
+    told = cache.get(SYNC_NOTICE_KEY) or {}
+    cache.set(SYNC_NOTICE_KEY, troubles, timeout=settings.HEALTH_SYNC_MAX_AGE_SECONDS)
+    return {namespace: trouble for namespace, trouble in troubles.items() if told.get(namespace) != trouble}
 
 
 def sync_heartbeat() -> SyncHeartbeat:

@@ -18,6 +18,7 @@ from django.utils.translation import gettext as _
 from labs import sync_health, wording
 from labs.kubevirt.operations import ClusterError
 from labs.models import Attempt, TenantNamespace
+from labs.selectors import namespaces_failing
 from labs.services import agents, events, pool_claim, pools, provisioning, stopping, sweeping, tracking
 from labs.services.namespaces import is_rbac_refusal, tenant_namespace_refused
 
@@ -102,23 +103,28 @@ def sync_attempts() -> dict:
         report = tracking.attempts_sync()
     except Exception as exc:
         sync_health.record_sync_error(message=f"{exc.__class__.__name__}: {exc}")
-        _tell_pages(failed=True)
+        _tell_pages(failing=namespaces_failing(), failed=True)
         raise
     finally:
         cache.delete(SYNC_LOCK_KEY)
-    if report.errors:
+    failing = namespaces_failing()
+    # One tenant's failing namespace is its students' trouble, not the loop's (operators see it per namespace);
+    # a pass where no namespace with an attempt answers tells of the cluster.
+    if report.errors and all(failing.values()):
         sync_health.record_sync_error(message="; ".join(report.errors))
     else:
         sync_health.record_sync_success()
-    _tell_pages(failed=bool(report.errors))
+    _tell_pages(failing=failing, failed=bool(report.errors))
     return {**asdict(report), "namespaces": len(report.namespaces)}
 
 
-def _tell_pages(*, failed: bool) -> None:
-    """Push the cluster notice to the open attempt pages when it changes; only a failed pass asks the cluster."""
-    trouble = wording.cluster_trouble() if failed else ""
-    if sync_health.notice_changed(trouble=trouble):
-        events.cluster_notice_push(trouble=trouble)
+def _tell_pages(*, failing: dict[str, bool], failed: bool) -> None:
+    """Push the cluster notice to the open attempt pages of each namespace whose trouble changed since the last
+    pass; only a failed pass asks the cluster."""
+    shared = wording.cluster_trouble() if failed else ""
+    troubles = {namespace: "cluster" if fails else shared for namespace, fails in failing.items()}
+    if changed := sync_health.notices_changed(troubles=troubles):
+        events.cluster_notice_push(troubles=changed)
 
 
 @shared_task(acks_late=False, soft_time_limit=SOFT_LIMIT, time_limit=HARD_LIMIT)

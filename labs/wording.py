@@ -36,20 +36,22 @@ def with_cluster_words(words: str, said: str) -> str:
     return f"{words} " + _("The cluster says: %(detail)s") % {"detail": said} if said else words
 
 
-def cluster_trouble() -> str:
-    """The trouble a student's page tells of: "cluster" while its API does not answer, else "sync" while the sync
-    loop is behind, else ""."""
-    if not check_cluster().ok:
+def cluster_trouble(*, failing: bool = False) -> str:
+    """The trouble a student's page tells of: "cluster" while its API does not answer or ``failing`` (the last
+    request in the attempt's namespace failed), else "sync" while the sync loop is behind, else ""."""
+    if failing or not check_cluster().ok:
         return "cluster"
     return "" if check_sync().ok else "sync"
 
 
-def cluster_notice(*, state: str | None, trouble: str | None = None) -> str | None:
-    """What a student's page says for the attempt's ``state`` during ``trouble`` (``cluster_trouble()`` unless
-    given); None if all is well. Cheap enough for every page render (the cluster probe is remembered)."""
+def cluster_notice(*, state: str | None, namespace: str = "", trouble: str | None = None) -> str | None:
+    """What a student's page says for the attempt's ``state`` during ``trouble`` (unless given, the trouble of its
+    ``namespace``); None if all is well. Cheap enough for every page render (a remembered probe and one query)."""
     from labs.models import AttemptState  # labs.models reads its texts through this module
+    from labs.selectors import namespace_failing
 
-    trouble = cluster_trouble() if trouble is None else trouble
+    if trouble is None:
+        trouble = cluster_trouble(failing=namespace_failing(namespace=namespace, refusals=state is not None))
     if not trouble:
         return None
     if trouble == "sync":

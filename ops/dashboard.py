@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from labs import sync_health
-from labs.models import ACTIVE_STATES, Attempt, AttemptState
+from labs.models import ACTIVE_STATES, Attempt, AttemptState, TenantNamespace
 from labs.pool_models import POOL_HOLDING_STATES, PoolVm
 from labs.pool_selectors import pool_stats
 from labs.sizes import launcher_requests
@@ -60,6 +60,7 @@ class TenantCapacity:
     memory_mib: int = 0
     failed_last_hour: int = 0
     start: LatencySummary = field(default_factory=lambda: LatencySummary(0, None, None))
+    failing_namespace: TenantNamespace | None = None  # its namespace, while the last request there failed
 
     @property
     def vm_percent(self) -> int | None:
@@ -159,6 +160,9 @@ def ops_overview_for_user(*, user: User, now: datetime | None = None) -> OpsOver
         launcher = launcher_requests(vcpus=pool_row["vcpus"], memory_mib=pool_row["memory_mib"])
         capacity.cpu_millicores += launcher.cpu_millicores * pool_row["held"]
         capacity.memory_mib += pool_row["memory"] or 0
+
+    for namespace in TenantNamespace.objects.filter(tenant_id__in=tenant_ids).exclude(last_error=""):
+        tenants[namespace.tenant_id].failing_namespace = namespace
 
     since = now - LATENCY_WINDOW
     for failed in (

@@ -50,6 +50,15 @@ def test_error_rate_per_verb_and_resource(sim, custom, core, namespace, code):
     assert custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachineinstances")["items"] == []
 
 
+def test_an_error_rule_with_namespaces_answers_only_there(sim, custom, namespace):
+    sim.admin.inject_fault(code=500, verbs=["list"], namespaces=[namespace])
+    with pytest.raises(ApiException) as error:
+        custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "virtualmachineinstances")
+    assert error.value.status == 500
+    assert custom.list_namespaced_custom_object(GROUP, VERSION, "default", "virtualmachineinstances")["items"] == []
+    assert sim.admin.faults()["errors"][0]["namespaces"] == [namespace]
+
+
 def test_429_carries_retry_after(sim, namespace):
     sim.admin.inject_fault(code=429, verbs=["create"], resources=["virtualmachines"], retry_after=7)
     http = urllib3.PoolManager()

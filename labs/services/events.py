@@ -7,7 +7,7 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -117,12 +117,16 @@ def attempt_push_on_commit(*, attempt: Attempt, hold: float = 0.0) -> None:
         transaction.on_commit(lambda: send_to_group(group, changed, hold=CLASS_CHANGED_HOLD_SECONDS))
 
 
-def cluster_notice_push(*, trouble: str) -> None:
-    """Tell the page of every active attempt what ``cluster_notice`` now says for it, in every language ("" when
-    all is well). The trouble is the whole cluster's (one API server, one sync heartbeat): every tenant hears it."""
-    texts = {str(state): in_every_language(partial(_notice, state, trouble)) for state in ACTIVE_STATES}
-    for attempt_id, state in Attempt.objects.filter(state__in=ACTIVE_STATES).values_list("id", "state"):
-        send_to_group(attempt_group(attempt_id), {"type": "cluster.notice", "texts": texts[state]})
+def cluster_notice_push(*, troubles: Mapping[str, str]) -> None:
+    """Tell the page of every active attempt in the namespaces of ``troubles`` what ``cluster_notice`` now says for
+    it during its namespace's trouble, in every language ("" when all is well)."""
+    texts: dict[tuple[str, str], dict[str, str]] = {}
+    attempts = Attempt.objects.filter(state__in=ACTIVE_STATES, namespace__in=list(troubles))
+    for attempt_id, state, namespace in attempts.values_list("id", "state", "namespace"):
+        key = (state, troubles[namespace])
+        if key not in texts:
+            texts[key] = in_every_language(partial(_notice, *key))
+        send_to_group(attempt_group(attempt_id), {"type": "cluster.notice", "texts": texts[key]})
 
 
 def _notice(state: str, trouble: str) -> str:

@@ -151,9 +151,14 @@ def namespace_sweep(*, tenant: Tenant, report: SweepReport, now: datetime) -> No
                 report.orphan_secrets_deleted.append(f"{namespace}/{metadata['name']}")
                 logger.info("sweep: deleted Secret %s/%s, whose VM was never made", namespace, metadata["name"])
 
-    for attempt in Attempt.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).select_related("lab"):
+    active = list(Attempt.objects.filter(tenant=tenant, state__in=ACTIVE_STATES).select_related("lab"))
+    for attempt in active:
         attempt_sweep(attempt=attempt, vm=kept.get(attempt.vm_name), listed_at=listed_at, now=now, report=report)
-    TenantNamespace.objects.filter(namespace=namespace).update(swept_at=timezone.now())
+    rows = TenantNamespace.objects.filter(namespace=namespace)
+    rows.update(swept_at=timezone.now())
+    if not active:  # no sync lists it: a failure that passed must not tell its students of trouble for good
+        rows = rows.exclude(last_error__contains=operations.RBAC_SIGNATURE)
+        rows.exclude(last_error__contains=operations.REVIEW_REFUSAL).update(last_error="")
 
 
 def _secret_orphaned(

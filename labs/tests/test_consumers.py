@@ -876,7 +876,8 @@ async def test_the_cluster_notice_reaches_each_socket_in_its_own_language(attemp
     def notices(viewer) -> list[str]:
         return [m["notice"] for m in viewer.messages if m["type"] == "cluster.notice"]
 
-    await sync_to_async(cluster_notice_push)(trouble="sync")  # as the sync task pushes when the loop falls behind
+    # As the sync task pushes when the loop falls behind.
+    await sync_to_async(cluster_notice_push)(troubles={attempt.namespace: "sync"})
     for viewer in (student, ta):
         await viewer.read_until(lambda v: len(notices(v)) == 1)
     delayed = "Lab status updates are delayed; what you see here may be out of date for a while."
@@ -884,7 +885,7 @@ async def test_the_cluster_notice_reaches_each_socket_in_its_own_language(attemp
         japanese = gettext(delayed)
     assert japanese != delayed and notices(student) == [japanese]
     assert notices(ta) == [delayed]  # the page's script shows it to the student only
-    await sync_to_async(cluster_notice_push)(trouble="")
+    await sync_to_async(cluster_notice_push)(troubles={attempt.namespace: ""})
     for viewer in (student, ta):
         await viewer.read_until(lambda v: notices(v)[1:] == [""])
         await viewer.close()

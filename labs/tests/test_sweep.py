@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from labs import tasks
 from labs.kubevirt import client, manifests, names, operations
-from labs.models import Attempt, AttemptState
-from labs.services import attempt_start, sweeping
+from labs.models import Attempt, AttemptState, TenantNamespace
+from labs.services import attempt_start, sweeping, tenant_namespace_ensure
 from labs.tests.conftest import sync_until, vm_names, wait_until
 
 pytestmark = pytest.mark.django_db
@@ -209,3 +209,17 @@ def test_vms_and_secrets_are_listed_by_their_metadata_only(lifecycle, student_a,
     assert set(vm) == {"kind", "apiVersion", "metadata"} and vm["kind"] == "PartialObjectMetadata"
     assert vm["metadata"]["name"] == attempt.vm_name and vm["metadata"]["uid"]
     assert names.attempt_id_from_labels(vm["metadata"]["labels"]) == attempt.id
+
+
+def test_an_idle_namespace_swept_cleanly_forgets_a_failure_that_passed_but_not_a_refusal(cluster, tenant_a):
+    """The error is what tells the tenant's students the cluster is away, and no sync lists an idle namespace."""
+    tenant_namespace_ensure(tenant=tenant_a)
+    rows = TenantNamespace.objects.filter(tenant=tenant_a)
+    rows.update(last_error="listing virtualmachines: Internal error occurred", last_error_at=timezone.now())
+    sweeping.namespace_sweep_now(namespace=tenant_a.namespace)
+    assert rows.get().last_error == ""
+
+    refusal = f'virtualmachines.kubevirt.io is forbidden: User "portal" cannot list in "{tenant_a.namespace}"'
+    rows.update(last_error=refusal)  # the review in tenant_namespace_ready clears it
+    sweeping.namespace_sweep_now(namespace=tenant_a.namespace)
+    assert rows.get().last_error == refusal

@@ -131,7 +131,10 @@ class LabDetailView(PageView):
             if current is not None
             else None,
             # A degraded cluster is said in plain words, never left to look like a stuck progress bar.
-            "cluster_notice": cluster_notice(state=current.state if current is not None else None),
+            "cluster_notice": cluster_notice(
+                state=current.state if current is not None else None,
+                namespace=current.namespace if current is not None else lab.course.tenant.namespace,
+            ),
         }
         return render(request, "labs/lab_detail.html", context)
 
@@ -155,7 +158,7 @@ class AttemptDetailView(PageView):
             "is_staff": is_staff,
             "active": attempt.state in ACTIVE_STATES,
             # In the student's words ("your VM"): course staff read the cluster's state on the operations pages.
-            "cluster_notice": cluster_notice(state=attempt.state)
+            "cluster_notice": cluster_notice(state=attempt.state, namespace=attempt.namespace)
             if is_student and attempt.state in ACTIVE_STATES
             else None,
             "progress_steps": PROGRESS_STEPS,

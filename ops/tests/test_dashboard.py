@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from conftest import PASSWORD, make_person
-from labs.models import Attempt, AttemptState
+from labs.models import Attempt, AttemptState, TenantNamespace
 from labs.sizes import launcher_requests
 from ops.dashboard import ops_overview_for_user, percentile
 from portal.models import Role
@@ -151,6 +151,29 @@ def test_only_superusers_see_the_sync_error_text(client, instructor_a, superuser
         from django.core.cache import cache
 
         cache.delete(sync_health.SYNC_LAST_ERROR_KEY)
+
+
+@pytest.mark.django_db
+def test_a_failing_namespace_is_shown_in_words_with_how_long_to_its_tenants_operators(
+    client, tenant_a, instructor_a, instructor_b, superuser
+):
+    now = timezone.now()
+    TenantNamespace.objects.create(
+        tenant=tenant_a,
+        namespace=tenant_a.namespace,
+        listed_at=now - timedelta(minutes=12),
+        last_error="listing virtualmachineinstances: Internal error occurred",
+        last_error_at=now - timedelta(minutes=1),
+    )
+    for operator in (instructor_a, superuser):
+        client.login(username=operator.username, password=PASSWORD)
+        page = client.get(URL).content.decode()
+        assert "Namespace failing:" in page
+        assert "VMs last listed 12\xa0minutes ago; last error 1\xa0minute ago:" in page
+        assert "listing virtualmachineinstances: Internal error occurred" in page
+    client.login(username=instructor_b.username, password=PASSWORD)
+    page = client.get(URL).content.decode()
+    assert "Namespace failing:" not in page and "Internal error occurred" not in page
 
 
 @pytest.mark.django_db

@@ -293,4 +293,3 @@ def test_the_web_pods_probe_keeps_the_pages_up_through_a_cluster_outage_and_a_st
     probe = container["readinessProbe"]["httpGet"]["path"]
     assert client.get("/readyz").json()["failing"] == ["cluster", "sync"]
     assert client.get(probe).status_code == 200
-
