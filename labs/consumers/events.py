@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from django.utils import translation
@@ -16,15 +17,16 @@ from labs.selectors import attempt_status_payload
 from labs.services.events import attempt_group
 from labs.services.stopping import PRESENCE_STAMP_SECONDS, attempt_seen
 from labs.signals import attempt_socket_opened
-from labs.wording import in_language
+from labs.wording import cluster_notice, in_language
 from portal.websockets import NotAuthenticated, PageSocketConsumer, scope_language
 
 logger = logging.getLogger(__name__)
 
 
-def attempt_events_handshake(*, user, attempt_id: int, language: str) -> tuple[list[dict], bool]:
+def attempt_events_handshake(*, user, attempt_id: int, language: str, notice: bool = False) -> tuple[list[dict], bool]:
     """The handshake's one database call: the session's user (the lazy ``scope["user"]``), access, the first messages
-    in ``language`` and whether the socket stamps the attempt as seen. Raises ``NotAuthenticated`` or ``NotFound``."""
+    in ``language`` and whether the socket stamps the attempt as seen. Raises ``NotAuthenticated`` or ``NotFound``.
+    ``notice``: the page shows a cluster notice, which may have ended since it was drawn; the present one follows."""
     if user is None or not user.is_authenticated:
         raise NotAuthenticated
     with translation.override(language):
@@ -37,6 +39,9 @@ def attempt_events_handshake(*, user, attempt_id: int, language: str) -> tuple[l
         messages: list[dict] = [{"type": "attempt.update", "attempt": attempt_status_payload(attempt)}]
         for _receiver, part in attempt_socket_opened.send(sender=None, attempt=attempt):
             messages.extend(part)  # type: ignore[arg-type]  # the stubs type a response as str
+        if notice:
+            now = cluster_notice(state=attempt.state, namespace=attempt.namespace) or ""
+            messages.append({"type": "cluster.notice", "notice": now})
     return messages, stamps
 
 
@@ -54,9 +59,12 @@ class AttemptEventsConsumer(PageSocketConsumer):
     async def connect(self) -> None:
         self.attempt_id = int(self.scope["url_route"]["kwargs"]["attempt_id"])
         self.language = scope_language(self.scope)
+        notice = parse_qs(self.scope.get("query_string", b"").decode("latin-1")).get("notice") == ["1"]
         handshake = await self.join_and_accept(
             attempt_group(self.attempt_id),
-            lambda: _handshake(user=self.scope.get("user"), attempt_id=self.attempt_id, language=self.language),
+            lambda: _handshake(
+                user=self.scope.get("user"), attempt_id=self.attempt_id, language=self.language, notice=notice
+            ),
         )
         if handshake is None:
             return

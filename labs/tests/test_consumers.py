@@ -23,6 +23,7 @@ from labs.console.state import console_state
 from labs.consumers import console as console_consumer
 from labs.models import Attempt, AttemptState
 from labs.services import attempt_extend
+from labs.sync_health import record_sync_success
 from ops.asgi import application
 from portal.models import AuditEvent, Role
 from tests.browser.attempts import running_attempt
@@ -888,6 +889,23 @@ async def test_the_cluster_notice_reaches_each_socket_in_its_own_language(attemp
     await sync_to_async(cluster_notice_push)(troubles={attempt.namespace: ""})
     for viewer in (student, ta):
         await viewer.read_until(lambda v: notices(v)[1:] == [""])
+        await viewer.close()
+
+
+async def test_a_page_showing_a_notice_is_told_the_present_one_as_its_socket_opens(attempt, cluster, student_a):
+    path = f"/ws/attempts/{attempt.id}/events/"
+    headers = [ORIGIN, HOST, (b"cookie", await sync_to_async(session_cookie)(student_a))]
+    await sync_to_async(record_sync_success)()  # the cluster answers and the sync is fresh: no notice now
+    asking, quiet = Viewer(path + "?notice=1", headers), Viewer(path, headers)
+    for viewer in (asking, quiet):
+        assert (await viewer.connect())[0]
+        await viewer.read_until(lambda v: len(v.messages) >= 1)
+    await asking.read_until(lambda v: any(m["type"] == "cluster.notice" for m in v.messages))
+    assert [m["notice"] for m in asking.messages if m["type"] == "cluster.notice"] == [""]
+    # A page without a notice costs the handshake nothing more.
+    await quiet.drain(1.0)
+    assert [m["type"] for m in quiet.messages] == [m["type"] for m in asking.messages if m["type"] != "cluster.notice"]
+    for viewer in (asking, quiet):
         await viewer.close()
 
 

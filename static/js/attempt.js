@@ -311,7 +311,9 @@
 
     let failures = 0;
     function connectEvents() {
-      const socket = new WebSocket(socketUrl(config.urls.events));
+      // A notice on the page may have ended since it was drawn: the socket is then asked for the present one.
+      const notice = byId("cluster-notice");
+      const socket = new WebSocket(socketUrl(config.urls.events + (notice && !notice.hidden ? "?notice=1" : "")));
       const indicator = byId("live-indicator");
       socket.addEventListener("open", () => {
         failures = 0;
