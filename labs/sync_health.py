@@ -52,12 +52,12 @@ def record_sync_error(*, message: str, at: datetime | None = None) -> None:
     cache.set(SYNC_LAST_ERROR_KEY, error, timeout=SYNC_HEARTBEAT_TTL_SECONDS)
 
 
-def notices_changed(*, troubles: dict[str, str]) -> dict[str, str]:
-    """Remember each namespace's trouble after a pass; those the last pass told the pages otherwise, or not at all.
-    Forgotten after the staleness limit, so the first pass after a stall tells them again."""
+def notices_changed(*, troubles: dict[str, str], everyone: bool = False) -> dict[str, str]:
+    """Remember each namespace's trouble after a pass; those whose pages were told otherwise (never told: no notice),
+    or all when ``everyone`` (after a stall, whose notice pages drawn meanwhile show and no pass told)."""
     told = cache.get(SYNC_NOTICE_KEY) or {}
-    cache.set(SYNC_NOTICE_KEY, troubles, timeout=settings.HEALTH_SYNC_MAX_AGE_SECONDS)
-    return {namespace: trouble for namespace, trouble in troubles.items() if told.get(namespace) != trouble}
+    cache.set(SYNC_NOTICE_KEY, troubles, timeout=SYNC_HEARTBEAT_TTL_SECONDS)
+    return {space: trouble for space, trouble in troubles.items() if everyone or told.get(space, "") != trouble}
 
 
 def sync_heartbeat() -> SyncHeartbeat:

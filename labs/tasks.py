@@ -99,11 +99,12 @@ def sync_attempts() -> dict:
     if not cache.add(SYNC_LOCK_KEY, "1", timeout=HARD_LIMIT):
         return {"skipped": True}
     # The heartbeat tells the readiness probe (``ops.health``) whether the sync loop can see the cluster.
+    behind = not sync_health.check_sync().ok
     try:
         report = tracking.attempts_sync()
     except Exception as exc:
         sync_health.record_sync_error(message=f"{exc.__class__.__name__}: {exc}")
-        _tell_pages(failing=namespaces_failing(), failed=True)
+        _tell_pages(failing=namespaces_failing(), failed=True, everyone=behind)
         raise
     finally:
         cache.delete(SYNC_LOCK_KEY)
@@ -114,16 +115,16 @@ def sync_attempts() -> dict:
         sync_health.record_sync_error(message="; ".join(report.errors))
     else:
         sync_health.record_sync_success()
-    _tell_pages(failing=failing, failed=bool(report.errors))
+    _tell_pages(failing=failing, failed=bool(report.errors), everyone=behind)
     return {**asdict(report), "namespaces": len(report.namespaces)}
 
 
-def _tell_pages(*, failing: dict[str, bool], failed: bool) -> None:
+def _tell_pages(*, failing: dict[str, bool], failed: bool, everyone: bool) -> None:
     """Push the cluster notice to the open attempt pages of each namespace whose trouble changed since the last
-    pass; only a failed pass asks the cluster."""
+    pass (of every namespace after a stall); only a failed pass asks the cluster."""
     shared = wording.cluster_trouble() if failed else ""
     troubles = {namespace: "cluster" if fails else shared for namespace, fails in failing.items()}
-    if changed := sync_health.notices_changed(troubles=troubles):
+    if changed := sync_health.notices_changed(troubles=troubles, everyone=everyone):
         events.cluster_notice_push(troubles=changed)
 
 

@@ -256,3 +256,28 @@ def test_a_namespace_refused_for_want_of_rbac_is_left_to_the_start_before_one_an
     classmate = make_person(username="classmate_r", tenant=failing.tenant, course=lab_a.course, role=Role.STUDENT)
     client.login(username=classmate.username, password=PASSWORD)
     assert 'id="cluster-notice" hidden></p>' in client.get(reverse("labs:lab_detail", args=[lab_a.id])).content.decode()
+
+
+@pytest.mark.django_db
+def test_pages_are_told_nothing_they_do_not_show_but_all_are_told_after_a_stall(cluster, settings, two_tenants_running):
+    from labs.sync_health import SYNC_NOTICE_KEY
+
+    first, second = two_tenants_running
+    layer = channel_layers.make_backend("default")
+    for attempt in (first, second):
+        async_to_sync(layer.group_add)(f"attempt-{attempt.id}", f"stall-{attempt.id}")
+
+    def notices(attempt: Attempt) -> list[dict]:
+        messages = async_to_sync(_receive_all)(f"stall-{attempt.id}", quiet=0.5)
+        return [m["texts"] for m in messages if m["type"] == "cluster.notice"]
+
+    record_sync_success()
+    cache.set(SYNC_NOTICE_KEY, {first.namespace: ""})  # the second namespace's first attempt is new to the task
+    tasks.sync_attempts()
+    assert notices(first) == notices(second) == []  # a page drawn while all is well shows no notice to take down
+    # The loop stalled: pages drawn meanwhile say updates are delayed, and no pass told them. The next tells all.
+    record_sync_success(at=datetime.now(tz=UTC) - timedelta(seconds=2 * settings.HEALTH_SYNC_MAX_AGE_SECONDS))
+    tasks.sync_attempts()
+    assert notices(first) == notices(second) == [{"en": "", "ja": ""}]
+    tasks.sync_attempts()
+    assert notices(first) == notices(second) == []
