@@ -1,15 +1,6 @@
-"""``KubesimServer``: start kubesim as a subprocess for tests and benchmarks, and drive its admin API.
-
-    with KubesimServer(tmp_path, guest="none", nodes=2) as cluster:
-        api = cluster.api_client()                      # a kubernetes.client.ApiClient for the kubeconfig
-        cluster.admin.inject_fault(code=503, verbs=["list"], resources=["virtualmachineinstances"], count=1)
-        cluster.admin.fail_vmi("default", "my-vm", reason="Crashed")
-
-``kubeconfig`` (plain HTTP) is for the Python client; ``tls_kubeconfig`` (HTTPS, self-signed CA embedded; pass
-``tls=False`` to skip it) is for kubectl, which sends bearer tokens only over TLS.
-Keyword options become ``serve`` flags (``node_memory="8Gi"`` → ``--node-memory 8Gi``; ``True`` → a bare flag;
-lists → comma-separated). Unless a delay or a ``profile`` is given, the server runs with ``--zero-delays``.
-"""
+"""``KubesimServer``: start kubesim as a subprocess for tests and benchmarks (plain-HTTP kubeconfig for the Python
+client, a TLS one for kubectl), and ``AdminClient`` for its admin API; options and an example: kubesim/README.md,
+"From tests and benchmarks"."""
 
 from __future__ import annotations
 
