@@ -185,21 +185,18 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
             continue
         for pool_vm in members:
             vmi = vmis.get(pool_vm.vm_name)
-            problem = in_every_language(partial(_problem_words, vmi)) if vmi is not None else {}
-            problem = problem if any(problem.values()) else {}
             if vmi is None and pool_vm.vm_name not in listed:
-                reason = EndReason.VM_GONE
+                pool_vm_end(pool_vm=pool_vm, reason=EndReason.VM_GONE, report=report)
             elif vmi is not None and (
                 vmi["metadata"].get("deletionTimestamp") or (vmi.get("status") or {}).get("phase") in FINAL_PHASES
             ):
-                reason = EndReason.VMI_ENDED
-            else:
+                pool_vm_end(pool_vm=pool_vm, reason=EndReason.VMI_ENDED, report=report, problem=_problem_texts(vmi))
+            elif pool_vm.state == PoolVmState.BOOTING:
                 # Kept for the operations page while it boots: the pool waits (kubelet retries a pull by itself).
-                if pool_vm.state == PoolVmState.BOOTING and problem != pool_vm.problem_texts:
+                problem = _problem_texts(vmi) if vmi is not None else {}
+                if problem != pool_vm.problem_texts:
                     PoolVm.objects.filter(id=pool_vm.id).update(problem_texts=problem)
                     pool_vm.problem_texts = problem
-                continue
-            pool_vm_end(pool_vm=pool_vm, reason=reason, report=report, problem=problem)
     due = now - timedelta(seconds=settings.POOL_READY_CHECK_SECONDS)
     asked = [
         pool_vm
@@ -221,6 +218,12 @@ def pool_vms_check(*, now: datetime | None = None) -> PoolReport:
             reason = EndReason.AGENT_LOST if pool_vm.state == PoolVmState.READY else EndReason.BOOT_TIMEOUT
             pool_vm_end(pool_vm=pool_vm, reason=reason, from_states=(pool_vm.state,), report=report)
     return report
+
+
+def _problem_texts(vmi: dict) -> dict[str, str]:
+    """What the cluster says keeps the VMI from running, in each language; empty when it says nothing."""
+    texts = in_every_language(partial(_problem_words, vmi))
+    return texts if any(texts.values()) else {}
 
 
 def _problem_words(vmi: dict) -> str:
