@@ -37,13 +37,15 @@ def attempts_counted_against_limit(*, student: User, lab: Lab) -> int:
     return Attempt.objects.filter(student=student, lab=lab).exclude(state=AttemptState.FAILED).count()
 
 
+# A namespace's recorded error that says the cluster refuses the portal there (``namespaces.is_refusal_record``).
+REFUSAL_RECORD = Q(last_error__contains=RBAC_SIGNATURE) | Q(last_error__contains=REVIEW_REFUSAL)
+
+
 def namespace_failing(*, namespace: str, refusals: bool = True) -> bool:
     """Whether the portal's last request in ``namespace`` failed (its error is kept until a list succeeds); with
     ``refusals=False``, not counting a refusal for want of RBAC (a Start says that in words of its own)."""
     rows = TenantNamespace.objects.filter(namespace=namespace).exclude(last_error="")
-    if not refusals:
-        rows = rows.exclude(last_error__contains=RBAC_SIGNATURE).exclude(last_error__contains=REVIEW_REFUSAL)
-    return rows.exists()
+    return (rows if refusals else rows.exclude(REFUSAL_RECORD)).exists()
 
 
 def namespaces_failing() -> dict[str, bool]:

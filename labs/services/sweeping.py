@@ -20,6 +20,7 @@ from labs.kubevirt import names, operations, status
 from labs.kubevirt.operations import ClusterError
 from labs.models import ACTIVE_STATES, FINAL_STATES, Attempt, AttemptState, TenantNamespace
 from labs.pool_models import POOL_HOLDING_STATES, PoolVm, PoolVmState
+from labs.selectors import REFUSAL_RECORD
 from labs.services.namespaces import is_rbac_refusal, tenant_namespace_refused
 from labs.services.provisioning import attempt_fail
 from labs.services.stopping import attempt_end
@@ -157,8 +158,7 @@ def namespace_sweep(*, tenant: Tenant, report: SweepReport, now: datetime) -> No
     rows = TenantNamespace.objects.filter(namespace=namespace)
     rows.update(swept_at=timezone.now())
     if not active:  # no sync lists it: a failure that passed must not tell its students of trouble for good
-        rows = rows.exclude(last_error__contains=operations.RBAC_SIGNATURE)
-        rows.exclude(last_error__contains=operations.REVIEW_REFUSAL).update(last_error="")
+        rows.exclude(REFUSAL_RECORD).update(last_error="")
 
 
 def _secret_orphaned(
