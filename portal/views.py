@@ -56,6 +56,10 @@ class PageView(LoginRequiredMixin, View):
     """Sign-in required; ``NotFound`` from a selector or service is the 404 page, ``PermissionDenied`` a 403."""
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        # A page's script (Start, Check, Stop) would follow the redirect to the sign-in page and take it for success.
+        if not request.user.is_authenticated and wants_json(request):
+            message = _("You are signed out. Reload the page to sign in again.")
+            return JsonResponse({"error": message, "code": "signed_out"}, status=401)
         try:
             return super().dispatch(request, *args, **kwargs)
         except NotFound as exc:

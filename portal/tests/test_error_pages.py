@@ -1,0 +1,32 @@
+"""A page someone may not open says why and what to do, in the portal's own page (not a bare 403); a page's script
+that is signed out is told so in JSON."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+pytestmark = pytest.mark.django_db
+
+
+def test_an_instructor_refused_the_tenants_is_told_who_sets_quotas(client, instructor_a):
+    client.force_login(instructor_a)
+    response = client.get("/admin/portal/tenant/")
+    assert response.status_code == 403
+    html = response.content.decode()
+    assert "You may not open this page" in html
+    assert "are set by the portal" in html and 'href="/admin/"' in html
+
+
+def test_a_signed_out_scripts_press_is_told_to_sign_in_again(lab_a):
+    """Start, Check, Stop and Extend are posted by the page's script, which would follow a redirect to the sign-in
+    page and see a 200; a plain form's press is still sent there."""
+    urls = [reverse("labs:attempt_start", args=[lab_a.id])]
+    urls += [reverse(f"labs:attempt_{action}", args=[1]) for action in ("check", "stop", "extend")]
+    for url in urls:
+        response = Client().post(url, HTTP_ACCEPT="application/json")
+        assert response.status_code == 401, url
+        assert response.json()["code"] == "signed_out" and "sign in again" in response.json()["error"], url
+        plain = Client().post(url)
+        assert plain.status_code == 302 and plain["Location"].startswith(reverse("login")), url
