@@ -149,14 +149,25 @@ def wants_json(request: HttpRequest) -> bool:
 
 
 def _is_api(request: HttpRequest) -> bool:
-    """A request for the API, whether or not its URL was resolved before it failed (middleware runs first)."""
+    """A request for the API, whether or not its URL was resolved before it failed (middleware runs first), or one
+    under the API's prefix that matches none of its routes."""
     match = request.resolver_match
     if match is None:
         try:
             match = resolve(request.path_info)
         except Resolver404:
-            return False
+            return request.path_info.startswith(f"/{API_NAMESPACE}/")
     return API_NAMESPACE in match.namespaces
+
+
+def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """``handler404``: the API's error format for the API, JSON for the pages' scripts, else the portal's own page."""
+    if _is_api(request):
+        return JsonResponse(error_body(code="not_found", message=_("Not found.")), status=404)
+    message = _("There is nothing here. The link may be mistyped, or lead to something your account may not see.")
+    if wants_json(request):
+        return JsonResponse({"error": message, "code": "not_found"}, status=404)
+    return render(request, "error_page.html", {"heading": _("Page not found"), "message": message}, status=404)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:

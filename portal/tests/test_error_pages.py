@@ -1,5 +1,5 @@
-"""A page someone may not open says why and what to do, in the portal's own page (not a bare 403); a page's script
-that is signed out is told so in JSON."""
+"""A page someone may not open, or one that is not there, says why and what to do in the portal's own page (not a
+bare 403 or 404); the API and the pages' scripts get the same in JSON."""
 
 from __future__ import annotations
 
@@ -17,6 +17,24 @@ def test_an_instructor_refused_the_tenants_is_told_who_sets_quotas(client, instr
     html = response.content.decode()
     assert "You may not open this page" in html
     assert "are set by the portal" in html and 'href="/admin/"' in html
+
+
+def test_a_missing_page_is_the_portals_own_page_in_the_readers_language(client, student_a):
+    client.force_login(student_a)
+    for path in ("/labs/999999/", "/no-such-page/"):
+        response = client.get(path, HTTP_ACCEPT_LANGUAGE="ja")
+        assert response.status_code == 404, path
+        html = response.content.decode()
+        assert "ページが見つかりません" in html and 'href="/"' in html, path
+        assert "ログアウト" in html  # the header, as the signed-in student sees it
+
+
+def test_a_missing_api_path_answers_in_the_apis_error_format(client, student_a):
+    client.force_login(student_a)
+    for path in ("/api/v1/labs/abc/", "/api/v1/no-such-thing/"):
+        response = client.get(path)
+        assert response.status_code == 404, path
+        assert response.json() == {"error": {"code": "not_found", "message": "Not found."}}, path
 
 
 def test_a_signed_out_scripts_press_is_told_to_sign_in_again(lab_a):
