@@ -170,6 +170,17 @@ def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     return render(request, "error_page.html", {"heading": _("Page not found"), "message": message}, status=404)
 
 
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """``CSRF_FAILURE_VIEW``: most often a form from a page older than a sign-in or sign-out in another tab."""
+    message = _(
+        "This page is out of date (you may have signed in or out in another tab), so nothing was done. Reload the "
+        "page and try again; if this keeps happening, allow cookies for this site."
+    )
+    if wants_json(request):
+        return JsonResponse({"error": message, "code": "csrf_failed"}, status=403)
+    return render(request, "error_page.html", {"heading": _("Page out of date"), "message": message}, status=403)
+
+
 def server_error(request: HttpRequest) -> HttpResponse:
     """``handler500``: 503 with Retry-After when the database pool stayed exhausted, else 500; in the API's format, as
     JSON or as a page. It touches neither the database nor the session, and shows nothing of the error's text."""
