@@ -28,6 +28,7 @@ urlpatterns = [
     path("grades/", include("grading.urls")),
 ]
 
-# Failures inside the portal: 503 with Retry-After when the database was busy, else 500; JSON for the API and the
-# pages' scripts (portal/views.py).
+# Failures inside the portal (503 with Retry-After when the database was busy, else 500) and pages not found: JSON
+# for the API and the pages' scripts (portal/views.py).
 handler500 = "portal.views.server_error"
+handler404 = "portal.views.page_not_found"

@@ -56,6 +56,10 @@ class PageView(LoginRequiredMixin, View):
     """Sign-in required; ``NotFound`` from a selector or service is the 404 page, ``PermissionDenied`` a 403."""
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        # A page's script (Start, Check, Stop) would follow the redirect to the sign-in page and take it for success.
+        if not request.user.is_authenticated and wants_json(request):
+            message = _("You are signed out. Reload the page to sign in again.")
+            return JsonResponse({"error": message, "code": "signed_out"}, status=401)
         try:
             return super().dispatch(request, *args, **kwargs)
         except NotFound as exc:
@@ -145,14 +149,36 @@ def wants_json(request: HttpRequest) -> bool:
 
 
 def _is_api(request: HttpRequest) -> bool:
-    """A request for the API, whether or not its URL was resolved before it failed (middleware runs first)."""
+    """A request for the API, whether or not its URL was resolved before it failed (middleware runs first), or one
+    under the API's prefix that matches none of its routes."""
     match = request.resolver_match
     if match is None:
         try:
             match = resolve(request.path_info)
         except Resolver404:
-            return False
+            return request.path_info.startswith(f"/{API_NAMESPACE}/")
     return API_NAMESPACE in match.namespaces
+
+
+def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """``handler404``: the API's error format for the API, JSON for the pages' scripts, else the portal's own page."""
+    if _is_api(request):
+        return JsonResponse(error_body(code="not_found", message=_("Not found.")), status=404)
+    message = _("There is nothing here. The link may be mistyped, or lead to something your account may not see.")
+    if wants_json(request):
+        return JsonResponse({"error": message, "code": "not_found"}, status=404)
+    return render(request, "error_page.html", {"heading": _("Page not found"), "message": message}, status=404)
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """``CSRF_FAILURE_VIEW``: most often a form from a page older than a sign-in or sign-out in another tab."""
+    message = _(
+        "This page is out of date (you may have signed in or out in another tab), so nothing was done. Reload the "
+        "page and try again; if this keeps happening, allow cookies for this site."
+    )
+    if wants_json(request):
+        return JsonResponse({"error": message, "code": "csrf_failed"}, status=403)
+    return render(request, "error_page.html", {"heading": _("Page out of date"), "message": message}, status=403)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from datetime import datetime
 
 from django.conf import settings
 from django.db import IntegrityError, OperationalError, transaction
@@ -40,6 +41,17 @@ def _already_active(*, attempt_id: int | None) -> Conflict:
     )
 
 
+def lab_closed_message(*, lab: Lab, actor: User, now: datetime) -> str:
+    """Why ``lab`` takes no Start at ``now`` ('' when it does): the date it opens, else that it has closed."""
+    if lab.is_open(now):
+        return ""
+    if lab.opens_at and now < lab.opens_at:
+        # In the student's clock (their own, else the tenant's), even for an API client, whose requests are in UTC.
+        opens_at = timezone.localtime(lab.opens_at, person_time_zone(actor, lab.course.tenant))
+        return _("This lab opens on %(when)s.") % {"when": formats.date_format(opens_at, "DATETIME_FORMAT")}
+    return _("This lab is closed.")
+
+
 def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
     """Start an attempt of ``lab`` for the student ``actor`` (``role``: theirs in its course, if the caller read it).
     The tenant's row lock is held for two round trips only: the rows are written first, then the lock is taken and
@@ -52,12 +64,7 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
     if role != Role.STUDENT:
         raise PermissionDenied(_("Only students of the course can start this lab."))
     now = timezone.now()
-    if not lab.is_open(now):
-        message = _("This lab is closed.")
-        if lab.opens_at and now < lab.opens_at:
-            # In the student's clock (their own, else the tenant's), even for an API client, whose requests are in UTC.
-            opens_at = timezone.localtime(lab.opens_at, person_time_zone(actor, course.tenant))
-            message = _("This lab opens on %(when)s.") % {"when": formats.date_format(opens_at, "DATETIME_FORMAT")}
+    if message := lab_closed_message(lab=lab, actor=actor, now=now):
         raise Conflict(message, code="lab_closed")
     guest = guest_resources(lab.size)
     launcher = launcher_requests(vcpus=guest.vcpus, memory_mib=guest.memory_mib)

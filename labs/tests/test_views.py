@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -264,7 +264,7 @@ def test_a_lab_that_opens_soon_looks_again_when_it_opens(student_a, lab_a):
     lab_a.opens_at = timezone.now() + timedelta(seconds=20)
     lab_a.save()
     html = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.id])).content.decode()
-    assert 'id="start-button"' not in html and "This lab is not open." in html
+    assert 'id="start-button"' not in html and "This lab opens on" in html
     recheck_in = int(re.search(r'data-recheck-in="(\d+)"', html).group(1))
     assert 15 <= recheck_in <= 20 and "js/start_recheck.js" in html
     lab_a.opens_at = timezone.now() + timedelta(minutes=30)
@@ -284,7 +284,16 @@ def test_a_lab_that_opens_soon_looks_again_when_it_opens(student_a, lab_a):
     lab_a.opens_at, lab_a.due_at = None, timezone.now() - timedelta(days=1)
     lab_a.save()
     html = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.id])).content.decode()
-    assert "This lab is not open." in html and "data-recheck-in" not in html  # closed: it stays closed
+    assert "This lab is closed." in html and "data-recheck-in" not in html  # closed: it stays closed
+
+
+def test_a_lab_not_yet_open_says_when_it_opens_in_the_students_clock(student_a, lab_a):
+    lab_a.opens_at = datetime(2099, 1, 2, 3, 4, tzinfo=UTC)
+    lab_a.save()
+    student_a.time_zone = "Asia/Tokyo"
+    student_a.save()
+    html = logged_in(student_a).get(reverse("labs:lab_detail", args=[lab_a.id])).content.decode()
+    assert "This lab opens on Jan 2, 2099, 12:04 PM" in html
 
 
 def test_lab_page_with_a_running_attempt_has_the_panel_and_terminal(student_a, lab_a):

@@ -6,13 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.mixins import LoginRequiredMixin
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy
-from django.views import View
 
 from labs.access import attempt_get_for_user, lab_get_for_student, student_role_shown
 from labs.models import Attempt
@@ -21,7 +19,7 @@ from labs.services import attempt_extend, attempt_start_limited, attempt_stop
 from labs.views.pages import lab_start_fragments
 from portal.errors import ApplicationError
 from portal.http import AuthenticatedRequest
-from portal.views import wants_json
+from portal.views import PageView, wants_json
 
 
 def refusal(request: HttpRequest, error: ApplicationError, *, fallback_url: str) -> HttpResponse:
@@ -34,7 +32,7 @@ def refusal(request: HttpRequest, error: ApplicationError, *, fallback_url: str)
     return redirect(fallback_url)
 
 
-class AttemptStartView(LoginRequiredMixin, View):
+class AttemptStartView(PageView):
     def post(self, request: AuthenticatedRequest, lab_id: int) -> HttpResponse:
         fallback = reverse("labs:lab_detail", args=[lab_id])
         try:
@@ -54,7 +52,7 @@ class AttemptStartView(LoginRequiredMixin, View):
         return redirect(fallback)
 
 
-class AttemptActionView(LoginRequiredMixin, View):
+class AttemptActionView(PageView):
     """Look the attempt up for this user (same 404 for missing and forbidden), run the service, answer."""
 
     success_message: str | Promise  # after a plain form's press

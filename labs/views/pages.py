@@ -24,6 +24,7 @@ from labs.access import (
 from labs.models import ACTIVE_STATES, Attempt, Lab
 from labs.selectors import attempt_status_payload, attempts_counted_against_limit
 from labs.services.quota import per_student_cap_message
+from labs.services.start import lab_closed_message
 from labs.views.instructions import render_instructions
 from labs.views.strings import PROGRESS_STEPS, attempt_page_strings
 from labs.wording import cluster_notice
@@ -92,7 +93,7 @@ def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> StartRefusa
     if any(a.state in ACTIVE_STATES for a in attempts):
         return StartRefusal(_("You already have an attempt in progress."))
     now = timezone.now()
-    if not lab.is_open(now):
+    if closed := lab_closed_message(lab=lab, actor=user, now=now):
         recheck_in = None
         if lab.opens_at and now < lab.opens_at:  # opens by itself: look again then, or sooner
             until_open = math.ceil((lab.opens_at - now).total_seconds())
@@ -100,7 +101,7 @@ def lab_start_refusal(*, user, lab: Lab, attempts: list[Attempt]) -> StartRefusa
                 recheck_in = min(until_open - START_RECHECK_NEAR_SECONDS, START_RECHECK_LONGEST_SECONDS)
             else:
                 recheck_in = min(until_open, START_RECHECK_SECONDS)
-        return StartRefusal(_("This lab is not open."), recheck_in=recheck_in)
+        return StartRefusal(closed, recheck_in=recheck_in)
     if lab.attempt_limit and attempts_counted_against_limit(student=user, lab=lab) >= lab.attempt_limit:
         return StartRefusal(_("You have used all %(limit)d attempts for this lab.") % {"limit": lab.attempt_limit})
     message = per_student_cap_message(student=user, tenant=lab.course.tenant)
