@@ -63,7 +63,7 @@ class PortalConfig(AppConfig):
         from django.db.models.signals import pre_save
         from django.urls import register_converter
 
-        from portal import ratelimit  # noqa: F401 (its receivers count failed sign-ins)
+        from portal import ratelimit, websockets  # noqa: F401 (their receivers: failed sign-ins, signing out)
         from portal.models import User
         from portal.services import revoke_on_credentials_change
 

@@ -1,22 +1,29 @@
-"""What every WebSocket passes: the Origin check, lazy session authentication and the page's language; and
-the base of the portal's consumers (a send to a closed socket is dropped, groups joined before the first message)."""
+"""What every WebSocket passes: the Origin check, lazy session authentication and the page's language; and the base
+of the portal's consumers (a send to a closed socket is dropped, groups joined before the first message, signing
+out closes the session's sockets)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
+from asgiref.sync import async_to_sync
 from autobahn.exception import Disconnected
 from channels.consumer import AsyncConsumer, get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
 from channels.middleware import BaseMiddleware
 from channels.routing import URLRouter
 from channels.sessions import CookieMiddleware, SessionMiddleware
 from django.conf import settings
 from django.contrib.auth import get_user
+from django.contrib.auth.signals import user_logged_out
+from django.dispatch import receiver
+from django.http import HttpRequest
 from django.http.request import split_domain_port, validate_host
 from django.urls import re_path
 from django.utils import translation
@@ -122,6 +129,23 @@ def websocket_gate(routes: list):
     return gate
 
 
+def session_group(session_key: str) -> str:
+    """The group of the sockets a session opened (hashed: a session key is a credential)."""
+    return "session-" + hashlib.sha256(session_key.encode()).hexdigest()[:32]
+
+
+@receiver(user_logged_out, dispatch_uid="portal.websockets.signed_out")
+def _close_sockets_of_session(sender: Any, request: HttpRequest | None = None, **kwargs: Any) -> None:
+    """Signing out closes the session's sockets: a console left open on a shared computer takes no more input."""
+    key = request.session.session_key if request is not None else None
+    layer = get_channel_layer()
+    if key and layer is not None:
+        try:
+            async_to_sync(layer.group_send)(session_group(key), {"type": "session.ended"})
+        except Exception:
+            logger.warning("could not close the sockets of a session that signed out", exc_info=True)
+
+
 class NotAuthenticated(Exception):
     """The handshake carries no logged-in session."""
 
@@ -130,14 +154,34 @@ class PortalConsumer(AsyncConsumer):
     """Put last among a WebSocket consumer's bases (``class C(AsyncWebsocketConsumer, PortalConsumer)``), so that
     it comes right before ``AsyncConsumer``: every message the consumer sends and is given passes through it."""
 
+    session_group: str | None = None
+    signed_out = False
+
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            # The embedded default's in-memory layer would otherwise keep what is sent to the gone consumer.
             layer = getattr(self, "channel_layer", None)
+            if layer is not None and self.session_group is not None:
+                try:
+                    await layer.group_discard(self.session_group, self.channel_name)
+                except Exception:  # the group expires by itself
+                    logger.warning("could not leave %s", self.session_group, exc_info=True)
+            # The embedded default's in-memory layer would otherwise keep what is sent to the gone consumer.
             if layer is not None and "discard_channel" in layer.extensions and hasattr(self, "channel_name"):
                 await layer.discard_channel(self.channel_name)
+
+    async def join_session(self) -> None:
+        """Join the handshake's session's group, before access is decided: signing out closes this socket."""
+        session = self.scope.get("session")
+        if session is not None and session.session_key:
+            self.session_group = session_group(session.session_key)
+            await self.channel_layer.group_add(self.session_group, self.channel_name)
+
+    async def session_ended(self, message: dict) -> None:
+        self.signed_out = True
+        # This class's send (one ASGI message): the WebSocket consumers' own send takes a frame's text.
+        await PortalConsumer.send(self, {"type": "websocket.close", "code": CLOSE_UNAUTHENTICATED})
 
     async def send(self, message: dict) -> None:
         try:
@@ -148,6 +192,8 @@ class PortalConsumer(AsyncConsumer):
             )
 
     async def dispatch(self, message: dict) -> None:
+        if self.signed_out and message["type"] == "websocket.receive":
+            return  # sent before the browser had the close its session's sign-out sent
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             if message["type"].startswith("websocket."):
@@ -165,6 +211,7 @@ class PageSocketConsumer(AsyncJsonWebsocketConsumer, PortalConsumer):  # type: i
     async def join_and_accept(self, group: str, read: Callable[[], Awaitable[Any]]) -> Any:
         """Join ``group``, then ``read`` what the page is first sent, deciding access: a change committed in between
         is delivered after it, never lost. Refused (``NotAuthenticated``, ``ApplicationError``): closed, None."""
+        await self.join_session()
         await self.channel_layer.group_add(group, self.channel_name)
         try:
             first = await read()

@@ -58,6 +58,7 @@ class AttemptConsoleConsumer(  # type: ignore[misc]
     async def connect(self) -> None:
         self.attempt_id = int(self.scope["url_route"]["kwargs"]["attempt_id"])
         self.user = self.scope.get("user")
+        await self.join_session()
         try:
             # Not thread-sensitive, so handshakes do not queue on the process's one thread for such code.
             access = await _console_access(user=self.user, attempt_id=self.attempt_id)

@@ -14,6 +14,7 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.test import Client
+from django.urls import reverse
 from django.utils import translation
 from django.utils.translation import gettext
 
@@ -267,6 +268,30 @@ async def test_student_types_and_sees_the_echo_and_a_ta_watches_read_only(attemp
     assert "staff_watching" not in ta.notices(), "the watcher is not told of itself"
     await ta.close()
     await student.close()
+
+
+async def test_signing_out_closes_that_sessions_sockets_and_no_others(attempt, cluster, student_a):
+    browser = Client()  # a shared computer's browser; the same student is signed in elsewhere too
+    await sync_to_async(browser.force_login)(student_a)
+    cookie = (
+        b"cookie",
+        f"{settings.SESSION_COOKIE_NAME}={browser.cookies[settings.SESSION_COOKIE_NAME].value}".encode(),
+    )
+    console = Viewer(f"/ws/attempts/{attempt.id}/console/", [HOST, ORIGIN, cookie])
+    events = Viewer(f"/ws/attempts/{attempt.id}/events/", [HOST, ORIGIN, cookie])
+    assert (await console.connect())[0] and (await events.connect())[0]
+    await console.read_until(lambda v: "connected" in v.statuses())
+    elsewhere = await connected_student(student_a, attempt.id)
+
+    await sync_to_async(browser.post)(reverse("logout"))
+    for viewer in (console, events):
+        await viewer.drain(3)
+        assert viewer.closed_with == 4401
+    await console.communicator.send_to(bytes_data=b"echo after-sign-out-$((3*3))\r")
+    await elsewhere.type(b"echo still-signed-in-$((4*4))\r")
+    await elsewhere.read_until(lambda v: v.has_output(b"still-signed-in-16"))
+    assert not elsewhere.has_output(b"after-sign-out-9")
+    await elsewhere.close()
 
 
 async def test_a_viewer_announces_itself_only_when_somebody_else_watches(attempt, cluster, student_a, monkeypatch):

@@ -72,6 +72,7 @@ def _strings_in(language: str | None) -> dict[str, object]:
             "ended": _("The VM is gone; this attempt has ended."),
             "disconnected": _("Disconnected from the portal. Reconnecting…"),
             "refused": _("You may not use this console."),
+            "signed_out": _("You are signed out. Reload the page to sign in again."),
             "read_only": _("Read-only: you are watching this console."),
             "read_write": _("You can type in this console."),
             "keyboard_held": _("Read-only: %(who)s (course staff) has the keyboard."),

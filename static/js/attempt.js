@@ -341,7 +341,7 @@
       socket.addEventListener("close", (event) => {
         indicator.className = "live off";
         if (event.code === 4401 || event.code === 4404) {
-          indicator.textContent = S.console.refused;
+          indicator.textContent = event.code === 4401 ? S.console.signed_out : S.console.refused;
           return;
         }
         indicator.textContent = S.live_reconnecting;

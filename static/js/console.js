@@ -238,7 +238,7 @@
       socket.addEventListener("close", (event) => {
         socket = null;
         if (event.code === 4401 || event.code === 4404) {
-          setStatus(S.console.refused, "refused");
+          setStatus(event.code === 4401 ? S.console.signed_out : S.console.refused, "refused");
           return;
         }
         if (event.code === 4008) {
