@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from asgiref.sync import async_to_sync
 from autobahn.exception import Disconnected
 from channels.consumer import AsyncConsumer, get_handler_name
-from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import get_channel_layer
 from channels.middleware import BaseMiddleware
 from channels.routing import URLRouter
@@ -66,13 +66,10 @@ def scope_language(scope: Mapping[str, Any]) -> str:
     return translation.get_language_from_request(request, check_path=False)  # type: ignore[arg-type]
 
 
-class RefusedWebSocket(AsyncWebsocketConsumer):
-    """Closes the handshake; nothing is ever sent to it, so it has no channel to wait on."""
-
-    channel_layer_alias = None  # type: ignore[assignment]  # Channels reads None as "no channel layer"
-
-    async def connect(self) -> None:
-        await self.close()
+async def refuse_websocket(scope, receive, send) -> None:
+    """Closes the handshake: an ASGI application with no channel, thread or database connection to set up."""
+    if (await receive())["type"] == "websocket.connect":
+        await send({"type": "websocket.close"})
 
 
 def _last_header(scope, name: bytes) -> str | None:
@@ -118,13 +115,13 @@ def origin_allowed(scope) -> bool:
 def websocket_gate(routes: list):
     """``routes`` behind session authentication and the Origin check; any other path or Origin is refused."""
     # Channels routes Django's path()/re_path() to ASGI applications; the stubs type their target as a view.
-    router = URLRouter([*routes, re_path(r"", RefusedWebSocket.as_asgi())])  # type: ignore[arg-type,list-item]
+    router = URLRouter([*routes, re_path(r"", refuse_websocket)])  # type: ignore[arg-type,list-item]
     application = CookieMiddleware(SessionMiddleware(LazySessionAuthMiddleware(router)))
 
     async def gate(scope, receive, send):
         if origin_allowed(scope):
             return await application(scope, receive, send)
-        return await RefusedWebSocket()(scope, receive, send)
+        return await refuse_websocket(scope, receive, send)
 
     return gate
 

@@ -30,6 +30,7 @@ async def test_a_path_the_portal_does_not_serve_is_refused(path):
     await assert_refused(path, [ORIGIN, HOST])
 
 
+@pytest.mark.django_db(transaction=True)  # the first socket reaches its consumer
 async def test_sockets_from_another_origin_are_refused_and_end_with_their_connection():
     # First a socket that reaches its consumer, which joins its group on the channel layer before the session
     # decides (none here: refused); the refusals after it must not wait on the layer either.
