@@ -3,6 +3,7 @@ and the warm pools with the size and window suggested from the course's enrolmen
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import models
@@ -53,7 +54,9 @@ class AttemptLifecycleAdminMixin(CourseScopedAdminMixin):
             except ApplicationError as error:
                 refusals.append(f"{attempt}: {error.message}")
         if done:
-            self.message_user(request, done_message % {"count": done}, messages.SUCCESS)
+            self.message_user(
+                request, done_message % {"count": done, "minutes": settings.ATTEMPT_EXTEND_MINUTES}, messages.SUCCESS
+            )
         for refusal in refusals:
             self.message_user(request, refusal, messages.WARNING)
 
@@ -62,11 +65,11 @@ class AttemptLifecycleAdminMixin(CourseScopedAdminMixin):
         permissions=["lifecycle"],
     )
     def stop_attempts(self, request: HttpRequest, queryset: QuerySet[Attempt]) -> None:
-        self._apply(request, queryset, attempt_stop, _("Stopping %(count)d attempt(s)."))
+        self._apply(request, queryset, attempt_stop, _("Attempts being stopped: %(count)d."))
 
     @admin.action(description=gettext_lazy("Extend the time limit of the selected attempts"), permissions=["lifecycle"])
     def extend_attempts(self, request: HttpRequest, queryset: QuerySet[Attempt]) -> None:
-        self._apply(request, queryset, attempt_extend, _("Extended %(count)d attempt(s)."))
+        self._apply(request, queryset, attempt_extend, _("Attempts given %(minutes)d more minutes: %(count)d."))
 
     def get_urls(self):
         return [

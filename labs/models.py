@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -27,6 +27,12 @@ class GradePolicy(models.TextChoices):
 # A lab that stops attempts nobody has open waits at least this long: a page reloading, a laptop waking or a
 # train going through a tunnel must not cost a student their VM.
 IDLE_STOP_MIN_MINUTES = 5
+# [registry[:port]/]path[:tag][@digest], as container runtimes parse an image; anything else never pulls.
+IMAGE_REFERENCE = RegexValidator(
+    r"\A(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@[a-z0-9]+(?:[+._-][a-z0-9]+)*:[0-9a-fA-F]{32,})?\Z",
+    _("Give an image such as quay.io/containerdisks/fedora:41: lower-case letters, digits and . _ - / : @, no spaces."),
+)
 
 
 class Lab(models.Model):
@@ -34,7 +40,10 @@ class Lab(models.Model):
     title = models.CharField(_("title"), max_length=200)
     instructions = models.TextField(_("instructions (Markdown)"), blank=True)
     image = models.CharField(
-        _("VM image"), max_length=300, help_text=_("containerDisk image, e.g. quay.io/containerdisks/fedora:41")
+        _("VM image"),
+        max_length=300,
+        validators=[IMAGE_REFERENCE],
+        help_text=_("containerDisk image, e.g. quay.io/containerdisks/fedora:41"),
     )
     size = models.CharField(_("size"), max_length=20, choices=LabSize.choices, default=LabSize.SMALL)
     nested_virtualization = models.BooleanField(

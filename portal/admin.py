@@ -171,8 +171,8 @@ class CourseAdmin(CourseScopedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
                 self.message_user(
                     request,
                     gettext(
-                        "Imported: %(accounts)d new accounts, %(memberships)d new memberships, %(unchanged)d "
-                        "already enrolled."
+                        "Imported. New accounts: %(accounts)d; new memberships: %(memberships)d; already "
+                        "enrolled: %(unchanged)d."
                     )
                     % {
                         "accounts": result.accounts_created,

@@ -15,6 +15,8 @@ from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.templatetags.static import static
 from django.urls import Resolver404, resolve, reverse
+from django.utils import formats, timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
@@ -47,9 +49,29 @@ ACTION_LABELS = {
     "membership.create": gettext_lazy("added a member"),
     "membership.role": gettext_lazy("changed a member's role"),
     "admin.lab.add": gettext_lazy("added a lab"),
+    "admin.lab.change": gettext_lazy("changed a lab"),
+    "admin.lab.delete": gettext_lazy("deleted a lab"),
+    "admin.labpool.add": gettext_lazy("added a warm pool"),
+    "admin.labpool.change": gettext_lazy("changed a warm pool"),
+    "admin.labpool.delete": gettext_lazy("deleted a warm pool"),
+    "admin.course.change": gettext_lazy("changed the course"),
+    "admin.membership.delete": gettext_lazy("removed a member"),
     "admin.lab.checks": gettext_lazy("changed a lab's checks"),
     "course.create": gettext_lazy("created the course"),
 }
+
+
+def audit_detail_text(value: object, separator: str = ", ") -> str:
+    """A detail as a person reads it: a time in the reader's zone, a list as its items, nothing as a dash."""
+    if isinstance(value, list):
+        return separator.join(audit_detail_text(item, " ") for item in value) or "—"
+    try:
+        moment = parse_datetime(value) if isinstance(value, str) else None
+    except ValueError:  # shaped like a time but not one, such as a reason typed by a person
+        moment = None
+    if moment is not None and timezone.is_aware(moment):
+        return formats.date_format(timezone.localtime(moment), "DATETIME_FORMAT")
+    return "—" if value is None else str(value)
 
 
 class PageView(LoginRequiredMixin, View):
@@ -83,7 +105,7 @@ class CourseAuditPage(PageView):
             {
                 "event": event,
                 "label": ACTION_LABELS.get(event.action, event.action),
-                "details": sorted((event.data or {}).items()),
+                "details": [(key, audit_detail_text(value)) for key, value in sorted((event.data or {}).items())],
             }
             for event in page.object_list
         ]

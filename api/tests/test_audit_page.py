@@ -49,3 +49,28 @@ def test_others_are_refused(world, ta_a, student_a, instructor_b):
     assert page(instructor_b, world.course_a.id).status_code == 404
     anonymous = page(None, world.course_a.id)
     assert anonymous.status_code == 302 and anonymous["Location"].startswith("/accounts/login/")
+
+
+def test_details_read_as_words_and_times_in_the_readers_zone(world, instructor_a):
+    instructor_a.time_zone = "Asia/Tokyo"
+    instructor_a.save(update_fields=["time_zone"])
+    audit_record(
+        actor=instructor_a,
+        action="attempt.extend",
+        target=world.attempt_a,
+        tenant=world.course_a.tenant,
+        course=world.course_a,
+        data={"to": "2026-12-05T11:32:49.241194+00:00", "created": [["ann", "student"], ["bo", "ta"]], "was": None},
+    )
+    audit_record(
+        actor=instructor_a,
+        action="admin.lab.change",
+        target=world.lab_a,
+        tenant=world.course_a.tenant,
+        course=world.course_a,
+        data={"reason": "2026-02-30T10:00:00+00:00"},  # shaped like a time, but none
+    )
+    text = page(instructor_a, world.course_a.id).content.decode()
+    assert "to: Dec 5, 2026, 8:32 PM JST" in text and "2026-12-05T11:32" not in text
+    assert "created: ann student, bo ta" in text and "was: —" in text and "[" not in text.split("audit-log")[1]
+    assert "changed a lab" in text and "reason: 2026-02-30T10:00:00+00:00" in text

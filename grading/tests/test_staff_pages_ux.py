@@ -40,6 +40,16 @@ def test_timeline_puts_whole_second_cluster_times_after_the_request_of_the_same_
     assert "05:11:28" in timeline and "05:11:29" in timeline
 
 
+def test_timeline_times_name_the_readers_zone(client, ta_a, student_a, lab_a):
+    ta_a.time_zone = "Asia/Tokyo"
+    ta_a.save(update_fields=["time_zone"])
+    attempt = make_attempt(lab=lab_a, student=student_a)
+    Attempt.objects.filter(pk=attempt.pk).update(requested_at=datetime(2026, 12, 4, 5, 11, 28, tzinfo=UTC))
+    client.force_login(ta_a)
+    html = client.get(reverse("grading:attempt_detail", args=[attempt.pk])).content.decode()
+    assert "14:11:28 JST" in re.search(r'<ol class="timeline">(.*?)</ol>', html, re.S).group(1)
+
+
 def test_runs_are_numbered_within_their_attempt(client, ta_a, student_a, lab_a):
     first = make_attempt(lab=lab_a, student=student_a)
     for _ in range(2):

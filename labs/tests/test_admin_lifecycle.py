@@ -40,14 +40,15 @@ def test_instructor_stops_an_attempt_from_the_admin(client, instructor_a, studen
     attempt.refresh_from_db()
     assert attempt.state == AttemptState.STOPPING and attempt.stop_reason == "staff"
     assert AuditEvent.objects.filter(action="attempt.stop", actor=instructor_a, target_id=str(attempt.id)).exists()
-    assert "Stopping 1 attempt(s)." in response.content.decode()
+    assert "Attempts being stopped: 1." in response.content.decode()
 
 
 def test_instructor_extends_and_sees_the_refusal_past_the_limit(client, settings, instructor_a, student_a, lab_a):
     settings.ATTEMPT_MAX_EXTENSIONS = 1
     attempt = running_attempt(student_a, lab_a)
     expires = attempt.expires_at
-    act(client, instructor_a, "extend_attempts", attempt)
+    extended = act(client, instructor_a, "extend_attempts", attempt)
+    assert f"Attempts given {settings.ATTEMPT_EXTEND_MINUTES} more minutes: 1." in extended.content.decode()
     attempt.refresh_from_db()
     assert attempt.extensions == 1
     assert attempt.expires_at == expires + timedelta(minutes=settings.ATTEMPT_EXTEND_MINUTES)

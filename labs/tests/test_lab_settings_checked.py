@@ -1,5 +1,5 @@
-"""An instructor's mistake in a lab's extra cloud-init is caught when the lab is saved, shown to the instructor in
-admin, and never reaches a student as a parser's message."""
+"""An instructor's mistake in a lab's image or extra cloud-init is caught when the lab is saved, shown to the
+instructor in admin, and never reaches a student as a parser's message."""
 
 from __future__ import annotations
 
@@ -28,6 +28,28 @@ def test_the_lab_refuses_to_be_saved_with_an_extra_cloud_init_that_cannot_be_mer
     with pytest.raises(ValidationError) as refusal:
         lab_a.full_clean()
     assert "extra_cloud_init" in refusal.value.message_dict
+
+
+@pytest.mark.parametrize("image", ["not a valid image!!", "Quay.io/Fedora:41", "quay.io/fedora:4 1", "fedora:"])
+def test_the_lab_refuses_an_image_no_cluster_can_pull(lab_a, image):
+    lab_a.image = image
+    with pytest.raises(ValidationError) as refusal:
+        lab_a.full_clean()
+    assert "quay.io/containerdisks/fedora:41" in refusal.value.message_dict["image"][0]
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "quay.io/containerdisks/debian:12",
+        "fedora",
+        "localhost:5000/labs/net_tools-v2:2026.1",
+        "registry.example.ac.jp/lab@sha256:" + "a" * 64,
+    ],
+)
+def test_image_references_save(lab_a, image):
+    lab_a.image = image
+    lab_a.full_clean()
 
 
 def test_a_valid_extra_cloud_init_saves(lab_a):

@@ -197,6 +197,13 @@ def test_admin_page_is_reachable_from_the_course_and_imports(client, instructor_
     assert client.get(path, follow=True).context["validlink"] is False
 
 
+def test_admin_page_counts_one_person_in_words_that_fit_one(client, instructor_a, course_a):
+    client.force_login(instructor_a)
+    one = "username,email,name,role\nalice,alice@example.test,Alice Liddell,student\n"
+    body = client.post(import_url(course_a), {"csv_file": upload(one.encode())}).content.decode()
+    assert "New accounts: 1; new memberships: 1; already enrolled: 0." in body
+
+
 def test_admin_page_reports_every_bad_line_and_imports_nothing(client, instructor_a, course_a):
     client.force_login(instructor_a)
     bad = GOOD.replace("Bob Builder,ta", "Bob Builder,wizard").replace("carol@example.test", "carol@")
