@@ -1,5 +1,6 @@
 """The lab page's own conveniences in a real browser: code blocks run in the terminal, the terminal fitted to its
-window, Check counting down its cooldown, and Start again in place once the attempt has ended."""
+window, Check counting down its cooldown, Start again in place once the attempt has ended, and the console closed
+by signing out in another tab."""
 
 from __future__ import annotations
 
@@ -70,5 +71,14 @@ def test_run_in_terminal_fit_check_cooldown_and_start_again(student_a, lab_a, li
     page.click("#start-again-button")
     expect(page.locator("#attempt-heading")).to_have_text("Attempt 2", timeout=60_000)
     expect(page.locator("#attempt-state")).to_have_class(re.compile(r"\bstate-running\b"), timeout=90_000)
+    expect(page.locator("#console-status")).to_have_attribute("data-state", "connected", timeout=90_000)
+
+    # Signing out in another tab closes this one's console: it says so, and offers no typing any more.
+    other = context.new_page()
+    other.goto("/")
+    other.click("form.inline-form [type=submit]")
+    expect(page.locator("#console-status")).to_have_text("You are signed out. Reload the page to sign in again.")
+    expect(page.locator("#console-mode")).to_have_text("")
+    expect(page.locator("#paste-button")).to_be_hidden()
     assert not [e for e in errors if "Content Security Policy" not in e], errors
     context.close()

@@ -238,6 +238,8 @@
       socket.addEventListener("close", (event) => {
         socket = null;
         if (event.code === 4401 || event.code === 4404) {
+          mode = null; // nothing may be typed here any more: no mode, Paste or Run in terminal
+          renderMode();
           setStatus(event.code === 4401 ? S.console.signed_out : S.console.refused, "refused");
           return;
         }
