@@ -137,15 +137,16 @@ MATRIX: dict[str, list[Probe]] = {
     "i18n/setlang/": [form_post(answers(302, 302, 302, 302, 302), data={"language": "ja"}, tenant_a_object=False)],
     # ---- labs: student pages and buttons --------------------------------------------------------------------
     "labs/<id:lab_id>/": [page(answers(LOGIN, 200, 404, 200, 404))],
-    # student_a has a running attempt already (409); the page's start is for the course's students only.
-    "labs/<id:lab_id>/start/": [button(answers(LOGIN, 409, 404, 404, 404))],
+    # Signed out, a script is told so (401). student_a has a running attempt already (409); the page's start is for
+    # the course's students only.
+    "labs/<id:lab_id>/start/": [button(answers(401, 409, 404, 404, 404))],
     "attempts/<id:attempt_id>/": [page(STUDENT_A_OWN)],
     # Stopping is for the student and the course's instructors, not TAs.
-    "attempts/<id:attempt_id>/stop/": [button(answers(LOGIN, 200, 404, 403, 404))],
+    "attempts/<id:attempt_id>/stop/": [button(answers(401, 200, 404, 403, 404))],
     # The running attempt has no time limit set, so there is nothing to extend.
-    "attempts/<id:attempt_id>/extend/": [button(answers(LOGIN, 409, 404, 403, 404))],
+    "attempts/<id:attempt_id>/extend/": [button(answers(401, 409, 404, 403, 404))],
     # The world's attempt was checked a moment ago and GRADING_MIN_INTERVAL_SECONDS is an hour.
-    "attempts/<id:attempt_id>/check/": [button(answers(LOGIN, 429, 404, 429, 404))],
+    "attempts/<id:attempt_id>/check/": [button(answers(401, 429, 404, 429, 404))],
     "attempts/<id:attempt_id>/recording/": [page(STAFF_ONLY_PAGE)],
     "attempts/<id:attempt_id>/recording.cast": [page(STAFF_ONLY_PAGE)],
     # ---- grading pages ----------------------------------------------------------------------------------------
