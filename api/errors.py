@@ -1,6 +1,6 @@
-"""The API's one error format, ``{"error": {"code", "message", "retry_after"?, "fields"?}}``, and the DRF exception
-handler that gives it to every refusal (services, DRF, Django's ``Http404``), with ``Retry-After`` when waiting
-helps."""
+"""The API's one error format, ``{"error": {"code", "message", "retry_after"?, "fields"?, "details"?}}``, and the DRF
+exception handler that gives it to every refusal (services, DRF, Django's ``Http404``), with ``Retry-After`` when
+waiting helps."""
 
 from __future__ import annotations
 
@@ -56,8 +56,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         headers["Retry-After"] = str(retry_after)
     # A refused request changes nothing, even under ATOMIC_REQUESTS.
     set_rollback()
-    return Response(
-        error_body(code=code, message=message, retry_after=retry_after, fields=fields),
-        status=status_code,
-        headers=headers,
-    )
+    body = error_body(code=code, message=message, retry_after=retry_after, fields=fields)
+    if isinstance(exc, ApplicationError) and exc.extra:
+        body["error"]["details"] = exc.extra  # what a conflict is with, e.g. the attempt in progress
+    return Response(body, status=status_code, headers=headers)

@@ -258,6 +258,13 @@ class TokenSerializer(serializers.Serializer):
     token = serializers.CharField(read_only=True)
 
 
+class ConflictDetailsSerializer(serializers.Serializer):
+    """What a conflict is with, so that a client need not list to find it."""
+
+    attempt_id = serializers.IntegerField(required=False, help_text="attempt_active: the attempt in progress.")
+    run_id = serializers.IntegerField(required=False, help_text="run_in_progress: the check in progress.")
+
+
 class ErrorDetailSerializer(serializers.Serializer):
     code = serializers.CharField()
     message = serializers.CharField()
@@ -266,6 +273,7 @@ class ErrorDetailSerializer(serializers.Serializer):
     fields = serializers.DictField(  # type: ignore[assignment]
         child=serializers.ListField(child=serializers.CharField()), required=False
     )
+    details = ConflictDetailsSerializer(required=False)
 
 
 class ErrorSerializer(serializers.Serializer):

@@ -333,6 +333,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {"AttemptStateEnum": "labs.models.AttemptState", "RunStateEnum": "grading.models.RunState"},
+    "PATH_CONVERTER_OVERRIDES": {"id": {"type": "integer", "format": "int64", "minimum": 1, "maximum": 2**63 - 1}},
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "api.schema.document_shared_refusals"],
+    # Request bodies are documented as JSON, where null and nesting are what they are; forms are still parsed.
+    "PARSER_WHITELIST": ["api.parsers.JSONParserBoundedDepth"],
 }
 
 # Rate limits (portal.ratelimit): scope -> (requests, window in seconds). Refusals are 429 with Retry-After.

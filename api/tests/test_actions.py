@@ -79,6 +79,7 @@ def test_service_refusals_come_through_in_the_error_format(world, client_for, st
     response = client_for(student_a).post("/api/v1/attempts/", {"lab": world.lab_a.id}, format="json")
     assert response.status_code == 409
     assert response.json()["error"]["code"] == "attempt_active"
+    assert response.json()["error"]["details"] == {"attempt_id": world.attempt_a.id}
     response = client_for(ta_a).post("/api/v1/attempts/", {"lab": world.lab_a.id}, format="json")
     assert response.status_code == 403
     assert response.json()["error"]["code"] == "permission_denied"
@@ -155,6 +156,7 @@ def test_check_queues_a_run_then_refuses_with_the_reason(world, client_for, stud
     assert run["state"] == "queued" and run["attempt"] == world.attempt_a.id
     again = client.post(f"/api/v1/attempts/{world.attempt_a.id}/check/", format="json")
     assert again.status_code == 409 and again.json()["error"]["code"] == "run_in_progress"
+    assert again.json()["error"]["details"] == {"run_id": run["id"]}
 
 
 def test_checks_are_rate_limited_per_attempt(world, client_for, student_a, ta_a, settings):

@@ -1,6 +1,7 @@
-"""The OpenAPI schema and its docs page, and schemathesis against the schema: no request that the schema allows,
-nor any it forbids, nor ids too large for the database, JSON nested too deep or bodies past the bound, makes the
-API fail with a server error or answer outside the error format."""
+"""The OpenAPI schema and its docs page; the schema documents what the API answers (refusals in the error format,
+bounds it keeps); and schemathesis against the schema: no request that the schema allows, nor any it forbids, nor
+ids too large for the database, JSON nested too deep or bodies past the bound, makes the API fail with a server
+error or answer outside the error format."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
-from schemathesis import GenerationMode
+from schemathesis import GenerationMode, checks
 
+from portal.apps import MAX_ID
 from portal.tests.test_request_bounds import call as asgi_post
 
 pytestmark = pytest.mark.django_db
@@ -31,6 +33,13 @@ NOT_FUZZED = {("DELETE", "/api/v1/me/token/")}
 # Numbers no database id can hold (SQLite raised OverflowError on them).
 OVERSIZED_IDS = (2**63, 10**20)
 DEEP_JSON = "[" * 100_000 + "]" * 100_000
+# What a client generated from the schema relies on: the status, media type, headers and body are documented.
+DOCUMENTED = [
+    checks.status_code_conformance,
+    checks.content_type_conformance,
+    checks.response_headers_conformance,
+    checks.response_schema_conformance,
+]
 
 
 def test_schema_is_served_and_lists_every_endpoint():
@@ -191,3 +200,95 @@ def test_every_operation_answers_deep_json_and_oversized_bodies_with_a_clear_ref
                 problems.append(f"oversized body: {method} {url} -> {status} {body[:200]}")
     assert len(operations) >= 20
     assert problems == [], "\n".join(problems)
+
+
+@pytest.fixture
+def api_schema(wsgi_app):
+    return schemathesis.openapi.from_wsgi("/api/schema/", wsgi_app)
+
+
+@pytest.fixture
+def answer(api_schema):
+    """``answer(method, path, user=None, **case)``: the API's answer, after checking that the schema documents it."""
+
+    def call(method: str, path: str, user=None, **case):
+        headers = {"Authorization": f"Token {Token.objects.get_or_create(user=user)[0].key}"} if user else {}
+        case.setdefault("path_parameters", dict.fromkeys(re.findall(r"{(\w+)}", path), 1))
+        operation_case = api_schema[path][method].Case(headers=headers, **case)
+        response = operation_case.call()
+        operation_case.validate_response(response, checks=DOCUMENTED)
+        return response
+
+    return call
+
+
+def test_a_request_without_sign_in_is_a_documented_401_with_the_token_challenge(api_schema, answer):
+    operations = [
+        (method.upper(), path)
+        for path, item in api_schema.raw_schema["paths"].items()
+        for method, operation in item.items()
+        if operation.get("security")
+    ]
+    assert ("GET", "/api/v1/me/") in operations and ("POST", "/api/v1/auth/token/") not in operations
+    for method, path in operations:
+        response = answer(method, path)
+        assert response.status_code == 401, (method, path)
+        assert response.headers["www-authenticate"] == ["Token"]
+
+
+def test_lists_take_every_value_their_schema_allows_and_document_what_they_refuse(
+    world, instructor_a, api_schema, answer
+):
+    lists = {}
+    for path, item in api_schema.raw_schema["paths"].items():
+        query = {p["name"]: p["schema"] for p in item.get("get", {}).get("parameters", []) if p["in"] == "query"}
+        if "page" in query:
+            lists[path] = query
+    assert len(lists) == 6
+
+    def status(path: str, **params) -> int:
+        ids = {"course_id": world.course_a.id} if "{course_id}" in path else {}
+        return answer("GET", path, instructor_a, path_parameters=ids, query=params).status_code
+
+    for path, query in lists.items():
+        assert query["page_size"]["maximum"] == 200
+        for name, bounds in query.items():
+            if bounds["type"] == "integer":
+                assert bounds["minimum"] == 1, (path, name)
+                for value in {bounds["minimum"], bounds.get("maximum", 1)}:
+                    assert status(path, **{name: value}) == 200, (path, name, value)
+            if bounds["type"] == "integer" and name not in ("page", "page_size"):
+                assert bounds["maximum"] == MAX_ID and status(path, **{name: 0}) == 400, (path, name)
+        if "ordering" in query:
+            assert status(path, ordering=",".join(query["ordering"]["items"]["enum"])) == 200, path
+            assert status(path, ordering="tenant") == 400, path
+        assert status(path, page=10**6) == 404, path
+
+
+def test_a_second_start_names_the_attempt_in_progress(world, student_a, answer):
+    response = answer("POST", "/api/v1/attempts/", student_a, body={"lab": world.lab_a.id})
+    assert response.status_code == 409
+    assert response.json()["error"]["details"] == {"attempt_id": world.attempt_a.id}
+
+
+def test_a_lab_reads_as_exactly_one_of_the_student_and_staff_shapes(world, student_a, ta_a, answer):
+    for user in (student_a, ta_a):
+        response = answer("GET", "/api/v1/labs/{lab_id}/", user, path_parameters={"lab_id": world.lab_a.id})
+        assert response.status_code == 200 and ("image" in response.json()) == (user == ta_a)
+
+
+def test_request_bodies_are_json_and_take_no_key_they_do_not_name(student_a, api_schema, answer):
+    schema = api_schema.raw_schema
+    bodies = [
+        (method.upper(), path, operation["requestBody"]["content"])
+        for path, item in schema["paths"].items()
+        for method, operation in item.items()
+        if "requestBody" in operation
+    ]
+    assert len(bodies) == 4
+    for method, path, content in bodies:
+        assert list(content) == ["application/json"]
+        component = content["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+        assert schema["components"]["schemas"][component]["additionalProperties"] is False
+        response = answer(method, path, student_a, body={"unknown": 1})
+        assert response.status_code == 400 and "unknown" in response.json()["error"]["fields"], (method, path)

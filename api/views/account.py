@@ -30,11 +30,12 @@ class MeView(APIView):
         summary="Choose your own time zone",
     )
     def patch(self, request: Request) -> Response:
-        serializer = MeUpdateSerializer(data=request.data)
+        serializer = MeUpdateSerializer(data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
         user = request_user(request)
-        person = user_time_zone_set(actor=user, user=user, time_zone=serializer.validated_data["time_zone"])
-        return Response(MeSerializer(person).data)
+        if "time_zone" in serializer.validated_data:
+            user = user_time_zone_set(actor=user, user=user, time_zone=serializer.validated_data["time_zone"])
+        return Response(MeSerializer(user).data)
 
 
 class TokenObtainView(APIView):

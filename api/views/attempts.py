@@ -13,7 +13,7 @@ from rest_framework.views import APIView
 
 from api.grading_serializers import GradingRunDetailSerializer
 from api.serializers import AttemptSerializer, AttemptStartSerializer, EmptyInputSerializer, ErrorSerializer
-from api.views.common import choice_param, filter_by_ids, ordered
+from api.views.common import ID, choice_param, filter_by_ids, ordered, ordering_param
 from grading import services as grading_services
 from labs import services as lab_services
 from labs.access import attempt_get_for_user, attempts_visible_to, lab_get_for_user
@@ -49,11 +49,11 @@ def refuse_body(request: Request) -> None:
 @extend_schema_view(
     get=extend_schema(
         parameters=[
-            OpenApiParameter("lab", int, description="Only attempts of this lab"),
-            OpenApiParameter("course", int, description="Only attempts in this course"),
-            OpenApiParameter("student", int, description="Only attempts of this student (staff)"),
+            OpenApiParameter("lab", ID, description="Only attempts of this lab"),
+            OpenApiParameter("course", ID, description="Only attempts in this course"),
+            OpenApiParameter("student", ID, description="Only attempts of this student (staff)"),
             OpenApiParameter("state", str, enum=AttemptState.values),
-            OpenApiParameter("ordering", str, description="requested_at, state, lab, expires_at or id; - reverses"),
+            ordering_param(ATTEMPT_ORDERING),
         ],
         summary="Attempts you may see",
     )

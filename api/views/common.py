@@ -4,14 +4,27 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 from django.utils.translation import gettext as _
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
+
+from portal.apps import MAX_ID
+
+# An id query parameter, as filter_by_ids takes it.
+ID = {"type": "integer", "format": "int64", "minimum": 1, "maximum": MAX_ID}
 
 
 class PortalPagination(PageNumberPagination):
     page_size_query_param = "page_size"
     max_page_size = 200
+
+    def get_schema_operation_parameters(self, view):
+        """DRF's page parameters with their bounds (a larger page_size is served max_page_size rows)."""
+        page, page_size = super().get_schema_operation_parameters(view)
+        page["schema"]["minimum"] = page_size["schema"]["minimum"] = 1
+        page_size["schema"]["maximum"] = self.max_page_size
+        return [page, page_size]
 
 
 def filter_by_ids(queryset: QuerySet, request: Request, params: dict[str, str]) -> QuerySet:
@@ -24,7 +37,7 @@ def filter_by_ids(queryset: QuerySet, request: Request, params: dict[str, str]) 
             value = int(raw)
         except ValueError:
             value = 0
-        if not 1 <= value <= 2**63 - 1:
+        if not 1 <= value <= MAX_ID:
             raise ValidationError({name: [_("Give a whole number.")]})
         queryset = queryset.filter(**{path: value})
     return queryset
@@ -37,6 +50,13 @@ def choice_param(request: Request, name: str, choices: list[str] | tuple[str, ..
     if raw not in choices:
         raise ValidationError({name: [_("Choose one of: %(choices)s.") % {"choices": ", ".join(choices)}]})
     return raw
+
+
+def ordering_param(allowed: dict[str, str]) -> OpenApiParameter:
+    """``?ordering=`` for the schema: a comma-separated list of the allowed names, each reversed by a leading -."""
+    names = sorted(allowed)
+    schema = {"type": "array", "items": {"type": "string", "enum": [*names, *(f"-{name}" for name in names)]}}
+    return OpenApiParameter("ordering", schema, explode=False, description="A leading - reverses.")
 
 
 def ordered(queryset: QuerySet, request: Request, *, allowed: dict[str, str], default: list[str]) -> QuerySet:

@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 from api.grading_serializers import CourseReportSerializer
 from api.selectors import staff_course_get_for_user
 from api.serializers import AuditEventSerializer, CourseSerializer, ErrorSerializer
-from api.views.common import filter_by_ids, ordered
+from api.views.common import ID, filter_by_ids, ordered, ordering_param
 from grading.selectors import course_gradebook, gradebook_csv_rows
 from portal.http import request_user
 from portal.models import Membership, Role, User
@@ -39,7 +39,7 @@ def roles_by_course(*, user: User) -> dict[int, str]:
 
 @extend_schema_view(
     get=extend_schema(
-        parameters=[OpenApiParameter("ordering", str, description="code, title, term or id; prefix - to reverse")],
+        parameters=[ordering_param(COURSE_ORDERING)],
         summary="Courses you belong to",
     )
 )
@@ -111,7 +111,7 @@ class CourseReportCsvView(APIView):
     get=extend_schema(
         parameters=[
             OpenApiParameter("action", str, description="Only events with this action, e.g. attempt.started"),
-            OpenApiParameter("actor", int, description="Only events by this user id"),
+            OpenApiParameter("actor", ID, description="Only events by this user id"),
         ],
         responses={200: AuditEventSerializer(many=True), 403: ErrorSerializer, 404: ErrorSerializer},
         summary="Audit log of a course (instructors)",

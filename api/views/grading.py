@@ -16,7 +16,7 @@ from api.grading_serializers import GradeSerializer, GradingRunDetailSerializer,
 from api.selectors import grade_get_for_user, grades_for_user, grading_runs_for_user
 from api.serializers import ErrorSerializer, StrictInputSerializer
 from api.views.attempts import staff_course_ids
-from api.views.common import choice_param, filter_by_ids, ordered
+from api.views.common import ID, choice_param, filter_by_ids, ordered, ordering_param
 from grading.models import RunState
 from grading.selectors import run_get_for_user
 from grading.services import grade_override
@@ -36,10 +36,10 @@ GRADE_ORDERING = {
 @extend_schema_view(
     get=extend_schema(
         parameters=[
-            OpenApiParameter("attempt", int, description="Only runs of this attempt"),
-            OpenApiParameter("lab", int, description="Only runs of attempts of this lab"),
+            OpenApiParameter("attempt", ID, description="Only runs of this attempt"),
+            OpenApiParameter("lab", ID, description="Only runs of attempts of this lab"),
             OpenApiParameter("state", str, enum=RunState.values),
-            OpenApiParameter("ordering", str, description="created_at, finished_at, score or id; - reverses"),
+            ordering_param(RUN_ORDERING),
         ],
         summary="Grading runs you may see",
     )
@@ -74,10 +74,10 @@ class GradingRunDetailView(APIView):
 @extend_schema_view(
     get=extend_schema(
         parameters=[
-            OpenApiParameter("lab", int, description="Only grades of this lab"),
-            OpenApiParameter("course", int, description="Only grades in this course"),
-            OpenApiParameter("student", int, description="Only grades of this student (staff)"),
-            OpenApiParameter("ordering", str, description="lab, student, score, updated_at or id; - reverses"),
+            OpenApiParameter("lab", ID, description="Only grades of this lab"),
+            OpenApiParameter("course", ID, description="Only grades in this course"),
+            OpenApiParameter("student", ID, description="Only grades of this student (staff)"),
+            ordering_param(GRADE_ORDERING),
         ],
         summary="Grades you may see",
     )

@@ -11,7 +11,7 @@ from rest_framework.views import APIView
 
 from api.grading_serializers import LabReportSerializer
 from api.serializers import ErrorSerializer, LabSerializer, StaffLabDetailSerializer, StudentLabDetailSerializer
-from api.views.common import filter_by_ids, ordered
+from api.views.common import ID, filter_by_ids, ordered, ordering_param
 from grading.selectors import lab_report
 from labs.access import lab_get_for_user, labs_visible_to
 from portal.errors import PermissionDenied
@@ -25,8 +25,8 @@ LAB_ORDERING = {"id": "id", "title": "title", "due_at": "due_at", "opens_at": "o
 @extend_schema_view(
     get=extend_schema(
         parameters=[
-            OpenApiParameter("course", int, description="Only labs of this course"),
-            OpenApiParameter("ordering", str, description="title, due_at, opens_at, course or id; - reverses"),
+            OpenApiParameter("course", ID, description="Only labs of this course"),
+            ordering_param(LAB_ORDERING),
         ],
         summary="Labs of your courses",
     )
