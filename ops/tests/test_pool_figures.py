@@ -126,6 +126,16 @@ def test_an_instructor_sets_a_pool_for_their_lab_but_not_another_tenants(client,
     assert "students enrolled" in change.content.decode()
 
 
+def test_a_scheduled_pool_that_has_already_ended_is_refused_at_save(admin_client, lab_a):
+    add = reverse("admin:labs_labpool_add")
+    data = {"lab": lab_a.pk, "mode": "scheduled", "size": 2, "starts_at_0": "2020-01-06", "starts_at_1": "09:00"}
+    response = admin_client.post(add, {**data, "ends_at_0": "2020-01-06", "ends_at_1": "11:00"})
+    assert response.status_code == 200 and not LabPool.objects.exists()
+    assert "This time has passed" in str(response.context["adminform"].form.errors["ends_at"])
+    later = (timezone.localtime() + timedelta(days=1)).strftime("%Y-%m-%d")
+    assert admin_client.post(add, {**data, "ends_at_0": later, "ends_at_1": "11:00"}).status_code == 302
+
+
 def test_long_ended_pool_vm_rows_are_pruned_and_their_figures_kept(settings, busy_pool, lab_a, student_a):
     from labs.services.pools import pool_vms_prune
 
