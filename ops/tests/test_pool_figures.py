@@ -57,6 +57,14 @@ def test_pool_stats_count_states_hits_misses_and_idle_time(busy_pool):
     assert 16 <= stats.idle_vm_minutes < 18
 
 
+def test_a_pool_short_of_its_target_for_want_of_quota_says_so_on_the_dashboard(admin_client, busy_pool, tenant_a):
+    assert pool_stats()[0].problem == ""  # one VM short, with room in the quota: the next refill makes it
+    tenant_a.max_concurrent_vms = 3  # held by the running attempt and the two unclaimed pool VMs
+    tenant_a.save(update_fields=["max_concurrent_vms"])
+    page = admin_client.get("/admin/ops/").content.decode()
+    assert "Not booting:" in page and "quota has no room for another VM of this lab" in page
+
+
 def test_metrics_show_each_pool(client, settings, busy_pool):
     settings.METRICS_TOKEN = TOKEN
     samples = scrape(client)
