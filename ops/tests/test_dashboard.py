@@ -87,6 +87,20 @@ def test_capacity_counts_held_vms_and_launcher_requests_against_quota(instructor
 
 
 @pytest.mark.django_db
+def test_a_quota_lowered_below_what_runs_reads_as_over_quota_with_a_full_bar(client, instructor_a, both_tenants_busy):
+    tenant = instructor_a.tenant
+    tenant.max_concurrent_vms, tenant.max_vcpus = 2, 0  # 3 VMs and 5 vCPUs held
+    tenant.save(update_fields=["max_concurrent_vms", "max_vcpus"])
+    client.login(username=instructor_a.username, password=PASSWORD)
+    response = client.get(URL)
+    (row,) = response.context["overview"].tenants
+    assert (row.vm_percent, row.vcpu_percent) == (150, 100)
+    body = response.content.decode()
+    assert body.count("over quota") == 2  # VMs and vCPUs; memory is within its quota
+    assert 'style="width: 150%" class="ops-high"' in body and 'style="width: 100%" class="ops-high"' in body
+
+
+@pytest.mark.django_db
 def test_instructor_of_tenant_b_never_sees_tenant_a(client, instructor_b, tenant_a, both_tenants_busy):
     client.login(username=instructor_b.username, password=PASSWORD)
     response = client.get(URL)
