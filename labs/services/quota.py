@@ -127,3 +127,9 @@ def tenant_totals(*, tenant_id: int, student: User | None) -> TenantTotals:
         students=totals["students"],
         stopping=totals["stopping"],
     )
+
+
+def tenant_over_quota(tenant: Tenant) -> bool:
+    """Whether the tenant holds more than its quota allows, as it does once the quota is lowered below what runs."""
+    used = tenant_totals(tenant_id=tenant.id, student=None)
+    return used.vms > tenant.max_concurrent_vms or used.vcpus > tenant.max_vcpus or used.memory > tenant.max_memory_mib
