@@ -54,6 +54,10 @@ class LabPool(models.Model):
                 raise ValidationError(_("A scheduled pool needs a start and an end."))
             if self.ends_at <= self.starts_at:
                 raise ValidationError({"ends_at": _("The end must come after the start.")})
+            if self.ends_at <= timezone.now():
+                raise ValidationError(
+                    {"ends_at": _("This time has passed, so the pool would keep no VM ready: give a later end.")}
+                )
         if self.mode != PoolMode.OFF and not self.size:
             raise ValidationError({"size": _("Give the number of VMs to keep ready, or switch the pool off.")})
 

@@ -9,9 +9,12 @@ from datetime import datetime, timedelta
 
 from django.db.models import Count, Q
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from labs.models import ACTIVE_STATES, Lab
 from labs.pool_models import LabPool, PoolMode, PoolVm, PoolVmState
+from labs.services.quota import TenantTotals, quota_refusal, tenant_totals
+from labs.sizes import guest_resources, launcher_requests
 from portal.models import Membership, Role
 
 # A scheduled pool is ready this long before the lab opens (a guest boots in minutes at worst) and gives its
@@ -37,7 +40,7 @@ class PoolStats:
     hits: int
     misses: int
     idle_vm_seconds: float
-    problem: str = ""  # what the cluster says keeps one of its booting VMs from starting
+    problem: str = ""  # what keeps its VMs from booting: the cluster's word on one, or the tenant's quota
 
     @property
     def hit_ratio(self) -> float | None:
@@ -71,6 +74,20 @@ def pool_stats(*, tenant_ids: Iterable[int] | None = None, now: datetime | None 
         idle[vm.pool_id] = idle.get(vm.pool_id, 0.0) + vm.idle_seconds(now)
     troubled = PoolVm.objects.filter(pool__in=pool_ids, state=PoolVmState.BOOTING).exclude(problem_texts={})
     problems = {vm.pool_id: vm.problem for vm in troubled.only("pool_id", "problem_texts").order_by("id")}
+    totals: dict[int, TenantTotals] = {}
+    for pool in pools:
+        if pool.id in problems or pool.ready + pool.booting >= pool.target(now):
+            continue
+        tenant = pool.lab.course.tenant
+        if tenant.id not in totals:
+            totals[tenant.id] = tenant_totals(tenant_id=tenant.id, student=None)
+        guest = guest_resources(pool.lab.size)
+        launcher = launcher_requests(vcpus=guest.vcpus, memory_mib=guest.memory_mib)
+        if quota_refusal(tenant=tenant, used=totals[tenant.id], vcpus=guest.vcpus, memory_mib=launcher.memory_mib):
+            problems[pool.id] = _(
+                "The tenant's quota has no room for another VM of this lab: the pool boots none until students' "
+                "labs end or the quota is raised."
+            )
     return [
         PoolStats(
             lab_id=pool.lab_id,

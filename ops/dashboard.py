@@ -63,20 +63,21 @@ class TenantCapacity:
     failing_namespace: TenantNamespace | None = None  # its namespace, while the last request there failed
 
     @property
-    def vm_percent(self) -> int | None:
+    def vm_percent(self) -> int:
         return _percent(self.active, self.tenant.max_concurrent_vms)
 
     @property
-    def vcpu_percent(self) -> int | None:
+    def vcpu_percent(self) -> int:
         return _percent(self.vcpus, self.tenant.max_vcpus)
 
     @property
-    def memory_percent(self) -> int | None:
+    def memory_percent(self) -> int:
         return _percent(self.memory_mib, self.tenant.max_memory_mib)
 
 
-def _percent(used: int, limit: int) -> int | None:
-    return round(100 * used / limit) if limit else None
+def _percent(used: int, limit: int) -> int:
+    # A quota of 0 has no room at all: a full bar, not an empty one.
+    return round(100 * used / limit) if limit else 100
 
 
 @dataclass(frozen=True)

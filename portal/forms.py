@@ -33,6 +33,8 @@ class TenantAdminForm(forms.ModelForm):
     class Meta:
         model = Tenant
         fields = ["name", "max_concurrent_vms", "max_vms_per_student", "max_vcpus", "max_memory_mib", "time_zone"]
+        # Beside the per-student limit, where 0 means none, this 0 means the opposite.
+        help_texts = {"max_concurrent_vms": _("Lab VMs held at once, warm-pool VMs included. 0: no lab can start.")}
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -8,9 +8,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from conftest import make_person
 from grading.models import Grade, GradingRun
 from labs.models import Attempt, AttemptState
-from portal.models import AuditEvent
+from portal.models import AuditEvent, Role
 
 pytestmark = pytest.mark.django_db
 
@@ -227,8 +228,10 @@ def test_grade_override_refusals(world, client_for, student_a, instructor_b, ta_
 def test_a_full_capacity_refusal_is_not_counted_against_the_start_limit(lab_a, client_for, student_a, settings):
     settings.RATE_LIMITS = {**settings.RATE_LIMITS, "attempt_start": (1, 600)}
     tenant = lab_a.course.tenant
-    tenant.max_concurrent_vms = 0
+    tenant.max_concurrent_vms = 1  # held by a classmate's lab
     tenant.save(update_fields=["max_concurrent_vms"])
+    holder = make_person(username="holder", tenant=tenant, course=lab_a.course, role=Role.STUDENT)
+    Attempt.objects.create(lab=lab_a, student=holder, tenant=tenant, state=AttemptState.RUNNING)
     client = client_for(student_a)
     for _try in range(3):
         refused = client.post("/api/v1/attempts/", {"lab": lab_a.id}, format="json")

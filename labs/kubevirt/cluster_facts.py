@@ -3,6 +3,7 @@ whether the portal may manage them), with trouble met while reading already turn
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,7 +64,12 @@ def gather() -> ClusterFacts:
                 ERROR,
                 "unreachable",
                 _("Cannot talk to the cluster API: %(error)s") % {"error": error.message},
-                _("Check KUBECONFIG (or the in-cluster service account) and that the API server is reachable."),
+                _("Check KUBECONFIG (or the in-cluster service account) and that the API server is reachable.")
+                if settings.KUBECONFIG or os.environ.get("KUBERNETES_SERVICE_HOST")
+                else _(
+                    "No KUBECONFIG is set, so this is the embedded kubesim, which runs only while the portal does: "
+                    "start bin/run (with the same PORTAL_VAR_DIR), or set KUBECONFIG for another cluster."
+                ),
             )
         )
         return facts

@@ -21,7 +21,7 @@ from labs.models import FINAL_STATES
 from labs.pool_models import POOL_HOLDING_STATES, LabPool, PoolMode, PoolVm, PoolVmState, pool_vm_recipe
 from labs.services.agents import agents_answer
 from labs.services.provisioning import lab_vm_create
-from labs.services.quota import quota_refusal, tenant_totals
+from labs.services.quota import quota_refusal, tenant_over_quota, tenant_totals
 from labs.sizes import guest_resources, launcher_requests
 from labs.wording import in_every_language, in_language
 from portal.models import Tenant
@@ -61,10 +61,17 @@ def pools_refill(*, now: datetime | None = None) -> PoolReport:
         stale = PoolVm.objects.filter(pool=pool, state__in=POOL_HOLDING_STATES).exclude(recipe=pool_vm_recipe(pool.lab))
         pool.holding -= sum(pool_vm_end(pool_vm=pool_vm, reason=EndReason.STALE, report=report) for pool_vm in stale)
         target = pool.target(now)
+        # Booting ones first (they cost the least to give up), then the most recently ready.
+        holding = PoolVm.objects.filter(pool=pool, state__in=POOL_HOLDING_STATES).order_by("state", "-id")
+        if pool.holding and tenant_over_quota(pool.lab.course.tenant):
+            # The quota was lowered below what the tenant holds: idle VMs give way, as they do to a Start.
+            for pool_vm in holding:
+                pool_vm_end(pool_vm=pool_vm, reason=EndReason.GAVE_WAY, report=report)
+                if not tenant_over_quota(pool.lab.course.tenant):
+                    break
+            continue
         if pool.holding > target:
-            # Booting ones first (they cost the least to give up), then the most recently ready.
-            extra = PoolVm.objects.filter(pool=pool, state__in=POOL_HOLDING_STATES).order_by("-state", "-id")
-            for pool_vm in extra[: pool.holding - target]:
+            for pool_vm in holding[: pool.holding - target]:
                 pool_vm_end(pool_vm=pool_vm, reason=EndReason.DRAINED, report=report)
             continue
         if target > pool.holding and refill_held(pool=pool, now=now):

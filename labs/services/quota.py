@@ -65,11 +65,33 @@ class TenantTotals(NamedTuple):
     stopping: int  # of which stopping
 
 
-def quota_refusal(*, tenant: Tenant, used: TenantTotals, vcpus: int, memory_mib: int) -> Unavailable | None:
+def quota_refusal(*, tenant: Tenant, used: TenantTotals, vcpus: int, memory_mib: int) -> Conflict | Unavailable | None:
     """The refusal when one more VM of this shape would pass any of the tenant's limits, else None."""
+    # A VM that passes a limit on its own never fits, however long the student waits: no Retry-After then.
+    too_small = []
+    if not tenant.max_concurrent_vms:
+        too_small.append(_("it allows no lab VMs"))
+    if vcpus > tenant.max_vcpus:
+        too_small.append(
+            _("it allows %(limit)d vCPUs, this lab needs %(need)d") % {"limit": tenant.max_vcpus, "need": vcpus}
+        )
+    if memory_mib > tenant.max_memory_mib:
+        too_small.append(
+            _("it allows %(limit)d MiB of memory, this lab needs %(need)d MiB")
+            % {"limit": tenant.max_memory_mib, "need": memory_mib}
+        )
+    if too_small:
+        return Conflict(
+            _("This lab does not fit in your institution's lab quota (%(reasons)s). Ask your instructor.")
+            % {"reasons": "; ".join(too_small)},
+            code="quota_too_small",
+        )
     reasons = []
     if used.vms + 1 > tenant.max_concurrent_vms:
-        reasons.append(_("all %(limit)d lab VMs are in use") % {"limit": tenant.max_concurrent_vms})
+        limit = tenant.max_concurrent_vms
+        reasons.append(
+            ngettext("the %(limit)d lab VM is in use", "all %(limit)d lab VMs are in use", limit) % {"limit": limit}
+        )
     if used.vcpus + vcpus > tenant.max_vcpus:
         reasons.append(_("%(used)d of %(limit)d vCPUs are in use") % {"used": used.vcpus, "limit": tenant.max_vcpus})
     if used.memory + memory_mib > tenant.max_memory_mib:
@@ -105,3 +127,9 @@ def tenant_totals(*, tenant_id: int, student: User | None) -> TenantTotals:
         students=totals["students"],
         stopping=totals["stopping"],
     )
+
+
+def tenant_over_quota(tenant: Tenant) -> bool:
+    """Whether the tenant holds more than its quota allows, as it does once the quota is lowered below what runs."""
+    used = tenant_totals(tenant_id=tenant.id, student=None)
+    return used.vms > tenant.max_concurrent_vms or used.vcpus > tenant.max_vcpus or used.memory > tenant.max_memory_mib

@@ -141,7 +141,7 @@ def attempt_start(*, actor: User, lab: Lab, role: str | None = None) -> Attempt:
             if tenant.max_vms_per_student and totals.students > tenant.max_vms_per_student:
                 raise per_student_refusal(running=totals.students - 1, stopping=totals.stopping)
 
-            def refusal_at(totals: TenantTotals) -> Unavailable | None:
+            def refusal_at(totals: TenantTotals) -> ApplicationError | None:
                 # The totals count this attempt already: the rest is what it would be added to.
                 others = totals._replace(
                     vms=totals.vms - 1, vcpus=totals.vcpus - guest.vcpus, memory=totals.memory - launcher.memory_mib

@@ -125,3 +125,11 @@ def test_the_lab_page_says_why_and_superusers_set_the_cap(student_a, lab_a, cour
     }
     assert admin.post(url, data).status_code == 302
     assert Tenant.objects.get(pk=course_a.tenant_id).max_vms_per_student == 3
+
+
+def test_the_tenant_form_says_what_a_zero_means_for_each_limit(superuser, tenant_a):
+    admin = Client()
+    admin.force_login(superuser)
+    page = admin.get(reverse("admin:portal_tenant_change", args=[tenant_a.pk])).content.decode()
+    assert "0: no lab can start." in page  # the tenant's VMs
+    assert "0: no limit of its own." in page  # one student's

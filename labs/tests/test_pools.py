@@ -160,6 +160,28 @@ def test_a_scheduled_pool_drains_at_the_end_of_its_window(lifecycle, lab_a):
     wait_until(lambda: not [vm for vm in operations.vms_list(namespace=namespace)], what="the pool's VMs deleted")
 
 
+def test_a_quota_lowered_below_what_the_tenant_holds_drains_idle_pool_vms(lifecycle, lab_a):
+    pool = warm_pool(lab_a, 2)
+    tenant = lab_a.course.tenant
+    tenant.max_concurrent_vms = 1
+    tenant.save(update_fields=["max_concurrent_vms"])
+    report = pools.pools_refill()
+    assert len(report.deleted) == 1 and report.created == []  # one left: within the quota again
+    assert tenant_totals(tenant_id=tenant.id, student=None).vms == 1
+    tenant.max_vcpus = 0
+    tenant.save(update_fields=["max_vcpus"])
+    assert len(pools.pools_refill().deleted) == 1
+    assert not PoolVm.objects.filter(pool=pool, state__in=[PoolVmState.BOOTING, PoolVmState.READY]).exists()
+
+
+def test_a_shrunk_pool_gives_up_a_booting_vm_before_a_ready_one(lifecycle, lab_a):
+    pool = warm_pool(lab_a, 2)
+    first, second = PoolVm.objects.filter(pool=pool).order_by("id")
+    PoolVm.objects.filter(id=first.id).update(state=PoolVmState.BOOTING)  # as if it were still coming up
+    LabPool.objects.filter(id=pool.id).update(size=1)
+    assert pools.pools_refill().deleted == [first.vm_name]
+
+
 def test_a_pool_drains_when_its_lab_closes(lifecycle, lab_a):
     warm_pool(lab_a, 1)
     lab_a.due_at = timezone.now() - timedelta(minutes=1)

@@ -194,6 +194,26 @@ def test_an_unreachable_cluster_is_a_blocking_finding(settings, tmp_path):
     assert "Cannot talk to the cluster API" in output
 
 
+def test_an_embedded_kubesim_that_is_not_running_says_to_start_the_portal(settings, tmp_path, monkeypatch):
+    from labs.kubevirt import client
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    settings.KUBECONFIG, settings.EMBEDDED_KUBECONFIG = None, tmp_path / "kubeconfig"
+    settings.EMBEDDED_KUBECONFIG.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {token: t}}]\n"
+    )
+    client.reset()
+    try:
+        code, output = run_cluster_check()
+    finally:
+        client.reset()
+    assert code == 1
+    assert "this is the embedded kubesim" in output and "start bin/run" in output
+    assert "Check KUBECONFIG" not in output
+
+
 @pytest.mark.parametrize("content", [None, "clusters: [unclosed"])
 def test_a_kubeconfig_that_cannot_be_loaded_is_a_blocking_finding_not_a_traceback(settings, tmp_path, content):
     kubeconfig = tmp_path / "kubeconfig"

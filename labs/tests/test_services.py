@@ -112,17 +112,35 @@ def test_attempt_limit_counts_everything_but_failures(student_a, lab_a):
 
 
 def test_quota_refusal_names_what_is_full_and_suggests_a_wait(tenant_a, course_a, student_a, lab_a):
+    tenant_a.max_concurrent_vms, tenant_a.max_vcpus, tenant_a.max_memory_mib = 5, 2, 6000
+    tenant_a.save()
+    other = make_person(username="other", tenant=tenant_a, course=course_a, role=Role.STUDENT)
+    attempt_start(actor=other, lab=make_lab(course_a, title="Medium", size="medium"))  # 2 vCPUs, 4414 MiB held
+    with pytest.raises(Unavailable) as refusal:
+        attempt_start(actor=student_a, lab=lab_a)
+    error = refusal.value
+    assert error.status_code == 503 and error.code == "quota_full" and 30 <= error.retry_after <= 60
+    assert "2 of 2 vCPUs are in use" in error.message and "4414 of 6000 MiB of memory are in use" in error.message
+    assert "lab VMs" not in error.message  # 1 of 5 VMs: only vCPUs and memory are short
+
+
+def test_a_lab_larger_than_the_whole_quota_is_refused_without_a_wait(tenant_a, course_a, student_a, lab_a):
     tenant_a.max_concurrent_vms, tenant_a.max_vcpus, tenant_a.max_memory_mib = 5, 4, 6000
     tenant_a.save()
     large = make_lab(course_a, title="Large", size="large")  # 4 vCPUs, 8192 MiB guest
-    with pytest.raises(Unavailable) as refusal:
+    with pytest.raises(Conflict) as refusal:
         attempt_start(actor=student_a, lab=large)
     error = refusal.value
-    assert error.status_code == 503 and error.code == "quota_full" and 30 <= error.retry_after <= 60
-    assert "0 of 6000 MiB of memory are in use" in error.message
+    assert error.code == "quota_too_small" and error.retry_after is None
+    assert "6000 MiB of memory, this lab needs 8" in error.message and "Ask your instructor" in error.message
     assert "vCPUs" not in error.message  # 4 of 4 fits; only memory is short
-    # A small lab fits.
+    # A small lab fits; a quota of no VMs at all fits nothing, and says so rather than that it is full.
     assert attempt_start(actor=student_a, lab=lab_a).state == AttemptState.REQUESTED
+    tenant_a.max_concurrent_vms = 0
+    tenant_a.save()
+    other = make_person(username="other", tenant=tenant_a, course=course_a, role=Role.STUDENT)
+    with pytest.raises(Conflict, match="it allows no lab VMs"):
+        attempt_start(actor=other, lab=lab_a)
 
 
 def test_stopping_and_failed_attempts_do_and_do_not_hold_quota(tenant_a, course_a, lab_a, student_a):

@@ -7,7 +7,7 @@ from django.urls import reverse
 
 from api.tests.world import fresh_cache_settings
 from conftest import PASSWORD, make_person
-from labs.models import Attempt
+from labs.models import Attempt, AttemptState
 from labs.services import attempt_start
 from portal.models import Role
 from portal.ratelimit import rate_limit_exceeded, rate_limit_hit, rate_limit_refund
@@ -42,8 +42,10 @@ def test_refusals_that_ask_to_come_back_do_not_use_up_the_limit(client, settings
     they must not leave the student locked out once capacity frees up."""
     settings.RATE_LIMITS = {**settings.RATE_LIMITS, "attempt_start": (2, 600)}
     tenant = lab_a.course.tenant
-    tenant.max_concurrent_vms = 0
+    tenant.max_concurrent_vms = 1  # held by a classmate's lab
     tenant.save(update_fields=["max_concurrent_vms"])
+    holder = make_person(username="holder", tenant=tenant, course=lab_a.course, role=Role.STUDENT)
+    Attempt.objects.create(lab=lab_a, student=holder, tenant=tenant, state=AttemptState.RUNNING)
     client.login(username=student_a.username, password=PASSWORD)
     url = reverse("labs:attempt_start", args=[lab_a.id])
     headers = {"HTTP_ACCEPT": "application/json"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -84,6 +85,29 @@ def test_capacity_counts_held_vms_and_launcher_requests_against_quota(instructor
     assert row.start.count == 2
     assert row.start.p50 == pytest.approx(2.0)
     assert row.start.p95 == pytest.approx(2.9)
+
+
+@pytest.mark.django_db
+def test_a_quota_lowered_below_what_runs_reads_as_over_quota_with_a_full_bar(client, instructor_a, both_tenants_busy):
+    tenant = instructor_a.tenant
+    tenant.max_concurrent_vms, tenant.max_vcpus = 2, 0  # 3 VMs and 5 vCPUs held
+    tenant.save(update_fields=["max_concurrent_vms", "max_vcpus"])
+    client.login(username=instructor_a.username, password=PASSWORD)
+    response = client.get(URL)
+    (row,) = response.context["overview"].tenants
+    assert (row.vm_percent, row.vcpu_percent) == (150, 100)
+    body = response.content.decode()
+    assert body.count("over quota") == 2  # VMs and vCPUs; memory is within its quota
+    assert 'style="width: 150%" class="ops-high"' in body and 'style="width: 100%" class="ops-high"' in body
+
+
+@pytest.mark.django_db
+def test_the_time_the_figures_were_taken_names_its_zone(client, instructor_a):
+    instructor_a.tenant.time_zone = "Asia/Tokyo"
+    instructor_a.tenant.save(update_fields=["time_zone"])
+    client.login(username=instructor_a.username, password=PASSWORD)
+    body = client.get(URL).content.decode()
+    assert re.search(r"Generated at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d JST\.", body)
 
 
 @pytest.mark.django_db

@@ -57,6 +57,14 @@ def test_pool_stats_count_states_hits_misses_and_idle_time(busy_pool):
     assert 16 <= stats.idle_vm_minutes < 18
 
 
+def test_a_pool_short_of_its_target_for_want_of_quota_says_so_on_the_dashboard(admin_client, busy_pool, tenant_a):
+    assert pool_stats()[0].problem == ""  # one VM short, with room in the quota: the next refill makes it
+    tenant_a.max_concurrent_vms = 3  # held by the running attempt and the two unclaimed pool VMs
+    tenant_a.save(update_fields=["max_concurrent_vms"])
+    page = admin_client.get("/admin/ops/").content.decode()
+    assert "Not booting:" in page and "quota has no room for another VM of this lab" in page
+
+
 def test_metrics_show_each_pool(client, settings, busy_pool):
     settings.METRICS_TOKEN = TOKEN
     samples = scrape(client)
@@ -124,6 +132,16 @@ def test_an_instructor_sets_a_pool_for_their_lab_but_not_another_tenants(client,
     assert LabPool.objects.get().lab == lab_a
     change = client.get(reverse("admin:labs_labpool_change", args=[LabPool.objects.get().pk]))
     assert "students enrolled" in change.content.decode()
+
+
+def test_a_scheduled_pool_that_has_already_ended_is_refused_at_save(admin_client, lab_a):
+    add = reverse("admin:labs_labpool_add")
+    data = {"lab": lab_a.pk, "mode": "scheduled", "size": 2, "starts_at_0": "2020-01-06", "starts_at_1": "09:00"}
+    response = admin_client.post(add, {**data, "ends_at_0": "2020-01-06", "ends_at_1": "11:00"})
+    assert response.status_code == 200 and not LabPool.objects.exists()
+    assert "This time has passed" in str(response.context["adminform"].form.errors["ends_at"])
+    later = (timezone.localtime() + timedelta(days=1)).strftime("%Y-%m-%d")
+    assert admin_client.post(add, {**data, "ends_at_0": later, "ends_at_1": "11:00"}).status_code == 302
 
 
 def test_long_ended_pool_vm_rows_are_pruned_and_their_figures_kept(settings, busy_pool, lab_a, student_a):

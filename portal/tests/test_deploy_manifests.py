@@ -321,8 +321,21 @@ def test_tenant_manifests_command_refuses_an_unknown_tenant(tenant_a):
     from django.core.management import call_command
     from django.core.management.base import CommandError
 
-    with pytest.raises(CommandError, match="No tenant"):
+    with pytest.raises(CommandError, match="No tenant") as refusal:
         call_command("tenant_manifests", "No Such University")
+    assert f'Tenants: {tenant_a.pk} "{tenant_a.name}".' in str(refusal.value)  # what to type instead
+
+
+@pytest.mark.django_db
+def test_tenant_manifests_command_finds_a_tenant_by_name_in_any_case_or_by_namespace(tenant_a):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    for given in (tenant_a.name.upper(), tenant_a.namespace):
+        output = StringIO()
+        call_command("tenant_manifests", given, stdout=output)
+        assert f"name: {tenant_a.namespace}\n" in output.getvalue()
 
 
 @pytest.mark.django_db

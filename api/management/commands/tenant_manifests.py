@@ -9,6 +9,7 @@ from string import Template
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db.models import Q
 
 from labs.kubevirt.manifests import quota_hard
 from portal.models import Tenant
@@ -20,13 +21,14 @@ class Command(BaseCommand):
     help = "Print a tenant's namespace manifests (Namespace, Role, RoleBinding, policies, quota) as YAML."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("tenant", help="The tenant's name or numeric id.")
+        parser.add_argument("tenant", help="The tenant's name (any case), namespace or numeric id.")
 
     def handle(self, *args, tenant: str, **options) -> None:
         found = Tenant.objects.filter(pk=int(tenant)).first() if tenant.isdigit() else None
-        found = found or Tenant.objects.filter(name=tenant).first()
+        found = found or Tenant.objects.filter(Q(name__iexact=tenant) | Q(namespace=tenant)).first()
         if found is None:
-            raise CommandError(f"No tenant named or numbered {tenant!r}.")
+            known = ", ".join(f'{pk} "{name}"' for pk, name in Tenant.objects.order_by("pk").values_list("pk", "name"))
+            raise CommandError(f"No tenant named or numbered {tenant!r}. Tenants: {known or 'none yet'}.")
         hard = quota_hard(
             max_vms=found.max_concurrent_vms, max_vcpus=found.max_vcpus, max_memory_mib=found.max_memory_mib
         )
