@@ -188,6 +188,10 @@ class Check(models.Model):
     def clean(self) -> None:
         if self.stdout_match != StdoutMatch.NONE and not self.stdout_pattern:
             raise ValidationError({"stdout_pattern": _("Give the pattern the output is compared with.")})
+        if self.stdout_match == StdoutMatch.NONE and self.stdout_pattern:
+            raise ValidationError(
+                {"stdout_match": _("Choose how the output is compared with the pattern, or clear it.")}
+            )
         if self.stdout_match == StdoutMatch.REGEX and (problem := pattern_problem(self.stdout_pattern)):
             raise ValidationError({"stdout_pattern": problem})
         if self.stdout_match == StdoutMatch.NONE and self.expected_exit_code is None:
