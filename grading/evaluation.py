@@ -74,11 +74,12 @@ def _failure_reason(*, check: Check, result: Mapping[str, Any]) -> str:
     if check.expected_exit_code is not None and exit_code != check.expected_exit_code:
         return f"exit code {exit_code}, expected {check.expected_exit_code}"
     stdout = result.get("stdout") or ""
-    if check.stdout_match == StdoutMatch.CONTAINS and check.stdout_pattern not in stdout:
+    pattern = check.stdout_pattern.replace("\r\n", "\n")  # typed in a textarea, whose line breaks are CRLF
+    if check.stdout_match == StdoutMatch.CONTAINS and pattern not in stdout:
         return "output does not contain the expected text"
     if check.stdout_match == StdoutMatch.REGEX:
         try:
-            matched = search(check.stdout_pattern, stdout)  # raises PatternTimeout when it runs out of time
+            matched = search(pattern, stdout)  # raises PatternTimeout when it runs out of time
         except regex.error:
             matched = False  # Check.clean refuses such patterns; one saved around it fails the check, not the run
         if not matched:

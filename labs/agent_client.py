@@ -137,7 +137,11 @@ def run_checks(attempt: AgentTarget, checks: Sequence[Check]) -> list[dict[str, 
     """Run ``checks`` in the guest (sent with their primary keys as ids); the agent's result for each, in order."""
     if not checks:
         return []
-    body = {"checks": [{"id": str(c.pk), "command": c.command, "timeout_s": c.timeout_s} for c in checks]}
+    # Admin's textarea saves line breaks as CRLF, and bash would take each CR as part of a command.
+    checks_sent = [
+        {"id": str(c.pk), "command": c.command.replace("\r\n", "\n"), "timeout_s": c.timeout_s} for c in checks
+    ]
+    body = {"checks": checks_sent}
     payload = _ask(attempt, "/v1/run", body, timeout_s=deadline_for_checks(checks))
     results = payload.get("results") if isinstance(payload, dict) else None
     if not isinstance(results, list):

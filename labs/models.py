@@ -38,7 +38,14 @@ IMAGE_REFERENCE = RegexValidator(
 class Lab(models.Model):
     course = models.ForeignKey(Course, verbose_name=_("course"), on_delete=models.CASCADE, related_name="labs")
     title = models.CharField(_("title"), max_length=200)
-    instructions = models.TextField(_("instructions (Markdown)"), blank=True)
+    instructions = models.TextField(
+        _("instructions (Markdown)"),
+        blank=True,
+        help_text=_(
+            "Headings, lists, tables, code blocks (students get Copy and Run in terminal on each), links and "
+            "images. Other HTML (scripts, styles, forms, frames) and javascript: links are removed."
+        ),
+    )
     image = models.CharField(
         _("VM image"),
         max_length=300,
@@ -137,21 +144,38 @@ class Check(models.Model):
     lab = models.ForeignKey(Lab, verbose_name=_("lab"), on_delete=models.CASCADE, related_name="checks")
     order = models.PositiveIntegerField(_("order"), default=0)
     title = models.CharField(_("title"), max_length=200)
-    command = models.TextField(_("command run in the guest"))
+    command = models.TextField(
+        _("command run in the guest"),
+        help_text=_(
+            "Run by bash as root in /home/student (also $HOME), with no input, and stopped at the timeout, which "
+            "fails the check. To run a command as the student: runuser -u student -- COMMAND"
+        ),
+    )
     expected_exit_code = models.IntegerField(
         _("expected exit code"), null=True, blank=True, default=0, help_text=_("Leave empty to ignore the exit code.")
     )
     stdout_match = models.CharField(
         _("output expectation"), max_length=10, choices=StdoutMatch.choices, default=StdoutMatch.NONE
     )
-    stdout_pattern = models.TextField(_("output pattern"), blank=True)
+    stdout_pattern = models.TextField(
+        _("output pattern"),
+        blank=True,
+        help_text=_(
+            "Compared with standard output only (never standard error). Contains: this exact text, case included. "
+            "Regular expression: Python's syntax, found anywhere in the output; ^ and $ match at each line."
+        ),
+    )
     points = models.DecimalField(
         _("points"), max_digits=6, decimal_places=2, default=1, validators=[MinValueValidator(0)]
     )
     timeout_s = models.PositiveIntegerField(
         _("timeout (seconds)"), default=30, validators=[MinValueValidator(1), MaxValueValidator(600)]
     )
-    hint = models.TextField(_("hint shown on failure"), blank=True)
+    hint = models.TextField(
+        _("hint shown on failure"),
+        blank=True,
+        help_text=_("What the student reads when the check fails; without a hint: “This check did not pass.”"),
+    )
 
     class Meta:
         ordering = ["lab", "order", "id"]
@@ -164,6 +188,10 @@ class Check(models.Model):
     def clean(self) -> None:
         if self.stdout_match != StdoutMatch.NONE and not self.stdout_pattern:
             raise ValidationError({"stdout_pattern": _("Give the pattern the output is compared with.")})
+        if self.stdout_match == StdoutMatch.NONE and self.stdout_pattern:
+            raise ValidationError(
+                {"stdout_match": _("Choose how the output is compared with the pattern, or clear it.")}
+            )
         if self.stdout_match == StdoutMatch.REGEX and (problem := pattern_problem(self.stdout_pattern)):
             raise ValidationError({"stdout_pattern": problem})
         if self.stdout_match == StdoutMatch.NONE and self.expected_exit_code is None:

@@ -122,6 +122,12 @@ class TestAgainstKubesim:
         assert [r["id"] for r in results] == [str(c.pk) for c in checks]
         assert all(r["exit_code"] == 1 for r in results)  # no hello.txt yet: test -f and cat both fail
 
+    def test_a_command_saved_with_a_textareas_crlf_line_breaks_runs_line_by_line(self, running_attempt):
+        check = running_attempt.lab.checks.first()
+        check.command = "cd /tmp\r\npwd"  # as admin's textarea posts a command of two lines
+        [result] = agent_client.run_checks(running_attempt, [check])
+        assert (result["exit_code"], result["stdout"], result["stderr"]) == (0, "/tmp\n", "")
+
     def test_bad_token(self, running_attempt):
         running_attempt.agent_token = "not-the-token-in-the-secret"
         with pytest.raises(agent_client.AgentTokenRejected) as caught:

@@ -91,6 +91,11 @@ class TestCheckVerdicts:
         assert evaluate_check(check=check, result=result(stdout="host a\nport 8080\nend\n")).passed
         assert not evaluate_check(check=check, result=result(stdout="port 80801\n")).passed
 
+    def test_patterns_of_several_lines_match_whatever_line_breaks_the_admin_form_saved(self):
+        for match, pattern in ((StdoutMatch.CONTAINS, "one\r\ntwo"), (StdoutMatch.REGEX, "^one$\r\n^two$")):
+            check = CheckSpec(stdout_match=match, stdout_pattern=pattern)
+            assert evaluate_check(check=check, result=result(stdout="one\ntwo\n")).passed, match
+
     def test_regex_handles_japanese_output(self):
         check = CheckSpec(stdout_match=StdoutMatch.REGEX, stdout_pattern=r"こんにちは\s*世界")
         assert evaluate_check(check=check, result=result(stdout="こんにちは 世界\n")).passed

@@ -1,6 +1,6 @@
 """The lab page's own conveniences in a real browser: code blocks run in the terminal, the terminal fitted to its
-window, Check counting down its cooldown, Start again in place once the attempt has ended, and the console closed
-by signing out in another tab."""
+window, Check counting down its cooldown, Start again in place once the attempt has ended, the console closed
+by signing out in another tab, and an author's table laid out as a table."""
 
 from __future__ import annotations
 
@@ -81,4 +81,20 @@ def test_run_in_terminal_fit_check_cooldown_and_start_again(student_a, lab_a, li
     expect(page.locator("#console-mode")).to_have_text("")
     expect(page.locator("#paste-button")).to_be_hidden()
     assert not [e for e in errors if "Content Security Policy" not in e], errors
+    context.close()
+
+
+def test_an_instructions_table_is_ruled_and_keeps_its_words_whole(student_a, lab_a, live_portal, browser):  # noqa: F811
+    from labs.models import Lab
+
+    table = "| mode | meaning |\n|---|---|\n| `600` | " + "only the owner reads and writes it, " * 6 + "|\n"
+    in_a_thread(lambda: Lab.objects.filter(id=lab_a.id).update(instructions=table))
+    context, page = student_page(browser, live_portal.url)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"/labs/{lab_a.id}/")
+    heading = page.locator(".instructions th").first
+    lines = "th => { const r = document.createRange(); r.selectNodeContents(th); return r.getClientRects().length; }"
+    assert heading.evaluate(lines) == 1  # "mode", not "mod" over "e"
+    assert heading.evaluate("th => getComputedStyle(th).borderBottomStyle") == "solid"
+    assert page.locator(".instructions table").get_attribute("tabindex") == "0"
     context.close()

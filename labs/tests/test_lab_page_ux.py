@@ -4,6 +4,8 @@ per-student cap, instructions that do not repeat the title, and words that are t
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
+from decimal import Decimal
 
 import pytest
 from django.urls import reverse
@@ -56,6 +58,25 @@ def test_the_instructions_do_not_repeat_the_title_as_a_second_heading(student_a,
     html = lab_page(student_a, lab_a)
     assert len(re.findall(r"<h[12][^>]*>\s*Linux basics\s*</h[12]>", html)) == 1
     assert "Create <code>~/hello.txt</code>" in html  # the rest of the instructions stays
+
+
+def test_before_start_the_page_states_the_late_policy_and_attempt_limit_the_author_set(student_a, course_a):
+    lab = make_lab(
+        course_a,
+        title="Users and permissions",
+        due_at=datetime(2026, 12, 4, 17, 0, tzinfo=UTC),
+        late_penalty_percent_per_day=Decimal("12.5"),
+        late_cutoff_at=datetime(2026, 12, 20, 23, 59, tzinfo=UTC),
+        attempt_limit=3,
+    )
+
+    def facts(lab) -> str:
+        return re.search(r'<dl class="facts">(.*?)</dl>', lab_page(student_a, lab), re.S).group(1)
+
+    assert "12.50% per started day" in facts(lab)
+    assert 'datetime="2026-12-20T23:59:00+00:00"' in facts(lab)
+    assert "At most 3" in facts(lab)
+    assert "Late" not in facts(make_lab(course_a)) and "At most" not in facts(make_lab(course_a))
 
 
 def test_before_start_the_page_promises_nothing_it_cannot_keep(student_a, lab_a):

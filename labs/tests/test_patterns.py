@@ -61,6 +61,13 @@ class TestCheckClean:
     def test_sound_pattern_is_accepted(self, lab_a):
         self.check(lab_a, r"^ok$").full_clean()
 
+    def test_a_pattern_left_with_ignore_output_is_refused_rather_than_never_compared(self, lab_a):
+        check = self.check(lab_a, "600")
+        check.stdout_match = StdoutMatch.NONE  # the form's default, left as it was
+        with pytest.raises(ValidationError) as info:
+            check.full_clean()
+        assert "compared with the pattern" in info.value.message_dict["stdout_match"][0]
+
 
 def test_admin_refuses_a_catastrophic_pattern_and_keeps_what_was_typed(client, instructor_a, lab_a):
     client.force_login(instructor_a)

@@ -45,6 +45,8 @@
     pre.before(bar);
   });
 
+  article.querySelectorAll("table").forEach((table) => { table.tabIndex = 0; }); // a wide one scrolls, by keyboard too
+
   // console.js toggles the class as the console's mode changes; the Run buttons follow.
   new MutationObserver(() => {
     const writable = document.body.classList.contains("terminal-writable");
