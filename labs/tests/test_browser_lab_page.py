@@ -1,6 +1,6 @@
 """The lab page's own conveniences in a real browser: code blocks run in the terminal, the terminal fitted to its
-window, Check counting down its cooldown, Start again in place once the attempt has ended, and the console closed
-by signing out in another tab."""
+window (again once a VM that booted with the console open runs), Check counting down its cooldown, Start again in
+place once the attempt has ended, and the console closed by signing out in another tab."""
 
 from __future__ import annotations
 
@@ -81,4 +81,41 @@ def test_run_in_terminal_fit_check_cooldown_and_start_again(student_a, lab_a, li
     expect(page.locator("#console-mode")).to_have_text("")
     expect(page.locator("#paste-button")).to_be_hidden()
     assert not [e for e in errors if "Content Security Policy" not in e], errors
+    context.close()
+
+
+def test_a_console_opened_while_the_vm_boots_takes_the_windows_size_once_the_lab_runs(
+    student_a,
+    lab_a,
+    live_portal,  # noqa: F811
+    kubesim_server,
+    browser,  # noqa: F811
+):
+    from playwright.sync_api import expect
+
+    context, page = student_page(browser, live_portal.url)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"/labs/{lab_a.id}/")
+    frames: list[str] = []
+    page.on("websocket", lambda socket: socket.on("framereceived", lambda frame: frames.append(str(frame))))
+    # The guest's agent answers nothing yet (a booting VM): the size told on connect cannot be set.
+    kubesim_server.admin.inject_fault(code=503, verbs=["get"], resources=["virtualmachineinstances/portforward"])
+    try:
+        page.click("#start-button")
+        expect(page.locator("#console-status")).to_have_attribute("data-state", "connected", timeout=90_000)
+        for _ in range(100):  # the bridge answers the size told on connect within a few tenths of a second
+            if any('"resized"' in frame for frame in frames):
+                break
+            page.wait_for_timeout(100)
+        assert any('"via": "none"' in frame for frame in frames), frames
+        expect(page.locator("#attempt-state")).not_to_have_class(re.compile(r"\bstate-running\b"))
+    finally:
+        kubesim_server.admin.clear_faults()
+    expect(page.locator("#attempt-state")).to_have_class(re.compile(r"\bstate-running\b"), timeout=60_000)
+    rows, cols = page.evaluate("[window.portalTerminal.rows, window.portalTerminal.cols]")
+    page.click("#terminal")
+    page.keyboard.type("stty size; echo sized-$((1+1))")
+    page.keyboard.press("Enter")
+    expect(page.locator("#terminal .xterm-rows")).to_contain_text("sized-2")
+    expect(page.locator("#terminal .xterm-rows")).to_contain_text(f"{rows} {cols}")
     context.close()
