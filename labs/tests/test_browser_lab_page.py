@@ -1,6 +1,6 @@
 """The lab page's own conveniences in a real browser: code blocks run in the terminal, the terminal fitted to its
-window (again once a VM that booted with the console open runs), Check counting down its cooldown, Start again in
-place once the attempt has ended, and the console closed by signing out in another tab."""
+window (again once a VM that booted with the console open runs), a slow boot called one, Check counting down its
+cooldown, Start again in place once the attempt has ended, and the console closed by signing out in another tab."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ import re
 
 import pytest
 
-from labs.tests.test_browser import browser, in_a_thread, live_portal, student_page  # noqa: F401 (fixtures)
+from labs.tests.test_browser import (  # noqa: F401 (fixtures)
+    browser,
+    impatient_portal,
+    in_a_thread,
+    live_portal,
+    student_page,
+)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -84,34 +90,43 @@ def test_run_in_terminal_fit_check_cooldown_and_start_again(student_a, lab_a, li
     context.close()
 
 
-def test_a_console_opened_while_the_vm_boots_takes_the_windows_size_once_the_lab_runs(
+def test_a_vm_slow_to_boot_is_said_to_boot_and_its_console_takes_the_windows_size_once_it_runs(
     student_a,
     lab_a,
-    live_portal,  # noqa: F811
+    impatient_portal,  # noqa: F811
     kubesim_server,
     browser,  # noqa: F811
 ):
     from playwright.sync_api import expect
 
-    context, page = student_page(browser, live_portal.url)
+    context, page = student_page(browser, impatient_portal.url)
     page.set_viewport_size({"width": 1280, "height": 900})
     page.goto(f"/labs/{lab_a.id}/")
     frames: list[str] = []
     page.on("websocket", lambda socket: socket.on("framereceived", lambda frame: frames.append(str(frame))))
+
+    def wait_for_frame(text: str) -> None:
+        for _ in range(100):  # the bridge answers a size within a few tenths of a second
+            if any(text in frame for frame in frames):
+                return
+            page.wait_for_timeout(100)
+        raise AssertionError(f"no {text} among {frames[-5:]}")
+
     # The guest's agent answers nothing yet (a booting VM): the size told on connect cannot be set.
     kubesim_server.admin.inject_fault(code=503, verbs=["get"], resources=["virtualmachineinstances/portforward"])
     try:
         page.click("#start-button")
         expect(page.locator("#console-status")).to_have_attribute("data-state", "connected", timeout=90_000)
-        for _ in range(100):  # the bridge answers the size told on connect within a few tenths of a second
-            if any('"resized"' in frame for frame in frames):
-                break
-            page.wait_for_timeout(100)
-        assert any('"via": "none"' in frame for frame in frames), frames
+        wait_for_frame('"resized", "via": "none"')
+        # Slow, but not waiting for room in the cluster: the VM runs, and boots in the console.
+        expect(page.locator("#slow-start")).to_have_text(
+            "Your VM is taking longer than usual to boot; the terminal shows how far it has got."
+        )
         expect(page.locator("#attempt-state")).not_to_have_class(re.compile(r"\bstate-running\b"))
     finally:
         kubesim_server.admin.clear_faults()
     expect(page.locator("#attempt-state")).to_have_class(re.compile(r"\bstate-running\b"), timeout=60_000)
+    wait_for_frame('"resized", "via": "agent"')
     rows, cols = page.evaluate("[window.portalTerminal.rows, window.portalTerminal.cols]")
     page.click("#terminal")
     page.keyboard.type("stty size; echo sized-$((1+1))")
