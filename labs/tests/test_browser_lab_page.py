@@ -4,6 +4,7 @@ cooldown, Start again in place once the attempt has ended, and the console close
 
 from __future__ import annotations
 
+import base64
 import re
 
 import pytest
@@ -15,6 +16,24 @@ from labs.tests.test_browser import (  # noqa: F401 (fixtures)
     live_portal,
     student_page,
 )
+
+# How many pixels of a PNG (base64) are light: text drawn on the terminal's black.
+LIT_PIXELS = """async (png) => {
+  const image = new Image();
+  image.src = "data:image/png;base64," + png;
+  await image.decode();
+  const canvas = document.createElement("canvas");
+  canvas.width = image.width;
+  canvas.height = image.height;
+  const context = canvas.getContext("2d");
+  context.drawImage(image, 0, 0);
+  const data = context.getImageData(0, 0, image.width, image.height).data;
+  let lit = 0;
+  for (let i = 0; i < data.length; i += 4) {
+    lit += data[i] + data[i + 1] + data[i + 2] > 300 ? 1 : 0;
+  }
+  return lit;
+}"""
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -40,6 +59,11 @@ def test_run_in_terminal_fit_check_cooldown_and_start_again(student_a, lab_a, li
     # Fitted to its box when it connects, not left at 80×24.
     cols = page.evaluate("window.portalTerminal.cols")
     assert cols > 80, cols
+    # A row is tall enough for what hangs lowest in the font: a line of underscores (drawn here only) shows.
+    page.evaluate("window.portalTerminal.write('\\x1b[2J\\x1b[H' + '_'.repeat(40) + '\\r\\n')")
+    first_row = page.locator("#terminal .xterm-rows > div").first
+    expect(first_row).to_have_text("_" * 40)
+    assert page.evaluate(LIT_PIXELS, base64.b64encode(first_row.screenshot()).decode()) > 100
 
     # "Run in terminal" types the code block into the console.
     page.click(".instructions .code-run")

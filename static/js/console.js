@@ -37,6 +37,7 @@
       scrollback: 5000,
       fontSize: 14,
       fontFamily: "ui-monospace, 'DejaVu Sans Mono', Menlo, Consolas, monospace",
+      lineHeight: 1.1, // at 1, DejaVu Sans Mono's rows at 14 px cut its underscores off
       rightClickSelectsWord: true,
     });
     const fit = new FitAddon.FitAddon();
