@@ -309,6 +309,10 @@ class AgentConfig:
     run_slots: threading.BoundedSemaphore
     # Process groups of the running checks, killed when the agent stops; set operations are atomic across threads.
     groups: set[int] = dataclasses.field(default_factory=set)
+    # The console as last sized, held open: a serial line's size lasts only while something has it open, and a
+    # logout closes everything else (the next login would start at 80x24).
+    console_fd: int | None = None
+    console_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
 def resolve_default_home() -> str:
@@ -421,10 +425,15 @@ class AgentHandler(http.server.BaseHTTPRequestHandler):
             fd = os.open(tty, os.O_RDWR | os.O_NOCTTY | os.O_NONBLOCK)
             try:
                 fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-            finally:
+            except OSError:
                 os.close(fd)
+                raise
         except OSError as exc:
             raise RequestError(503, f"cannot set the size of {tty}: {exc.strerror or exc}") from None
+        with self.config.console_lock:
+            held, self.config.console_fd = self.config.console_fd, fd
+        if held is not None:
+            os.close(held)
         self._note = f"tty={rows}x{cols}"
         self._send_json(200, {"rows": rows, "cols": cols})
 

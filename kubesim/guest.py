@@ -285,7 +285,7 @@ class Guest:
         self._open_console_pty()
         if self._slave_path is None:
             return
-        # Reopened for each shell: with the last shell gone the master reads EIO, which is how its exit is seen.
+        # Reopened for each shell; the master reads EIO once nothing has it open.
         slave = os.open(self._slave_path, os.O_RDWR | os.O_NOCTTY)
         env = {
             "HOME": "/home/student",
@@ -324,8 +324,24 @@ class Guest:
             notice = self._boot_notice()
             if notice:
                 self.serial.output(notice)
-        asyncio.get_running_loop().add_reader(self._master, self._read_master)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._master, self._read_master)
+        # Its exit is seen by its pid, not by the pty going quiet: the lab agent holds the console open once it has
+        # sized it (as on a VM, where a serial line's size lasts only while something has it open).
+        pidfd = os.pidfd_open(self.shell.pid)
+        loop.add_reader(pidfd, self._shell_exited, pidfd)
         log.info("guest %s/%s: shell started (pid %s)", self.namespace, self.name, self.shell.pid)
+
+    def _shell_exited(self, pidfd: int) -> None:
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+        # The shell exited (the student typed exit): a getty would respawn, so does kubesim, on the same pty.
+        if self.shell is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                log.info("guest %s/%s: shell exited with %s", self.namespace, self.name, self.shell.wait(1))
+        if self.serial.client is not None and not self._stopped:
+            loop.call_later(0.1, self.ensure_shell)
 
     def _open_console_pty(self) -> None:
         if self._master is not None:
@@ -363,13 +379,8 @@ class Guest:
                 log.warning("guest %s/%s: console read failed: %s", self.namespace, self.name, exc)
             data = b""
         if not data:
-            # The shell exited (the student typed exit): a getty would respawn, so does kubesim, on the same pty.
-            if self.shell is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    log.info("guest %s/%s: shell exited with %s", self.namespace, self.name, self.shell.wait(1))
+            # Nothing has the pty open any more (the shell's exit itself is seen by its pid); the next shell reads on.
             asyncio.get_running_loop().remove_reader(self._master)
-            if self.serial.client is not None and not self._stopped:
-                asyncio.get_running_loop().call_later(0.1, self.ensure_shell)
             return
         self.serial.output(data)
 

@@ -1,4 +1,4 @@
-"""The agent's /v1/tty-size: the serial console's size set without typing into it."""
+"""The agent's /v1/tty-size: the serial console's size set without typing into it, and kept over a logout."""
 
 from __future__ import annotations
 
@@ -48,6 +48,22 @@ def test_the_console_takes_the_size_asked_for(start_agent: Callable[..., Running
     agent = start_agent("--console-tty", path)
     assert _resize(agent, {"rows": 41, "cols": 157}) == (200, {"rows": 41, "cols": 157})
     assert _size(master) == (41, 157)
+
+
+def test_the_console_stays_open_once_sized_so_that_a_logout_does_not_lose_the_size(start_agent, console) -> None:
+    # A serial line forgets its size when its last opener closes it, as a logout does: the agent stays one.
+    _, path = console
+    agent = start_agent("--console-tty", path)
+
+    def opened() -> int:
+        fds = Path(f"/proc/{agent.proc.pid}/fd")
+        return sum(1 for fd in fds.iterdir() if os.path.realpath(fd) == os.path.realpath(path))
+
+    assert opened() == 0
+    assert _resize(agent, {"rows": 41, "cols": 157})[0] == 200
+    assert opened() == 1
+    assert _resize(agent, {"rows": 30, "cols": 100})[0] == 200
+    assert opened() == 1  # the one held, not one more per resize
 
 
 @pytest.mark.parametrize(

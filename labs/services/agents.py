@@ -68,15 +68,16 @@ def agent_wait_max_steps() -> int:
 
 def _agent_answers(target: AgentTarget) -> bool:
     try:
-        healthz(target, timeout_s=AGENT_CHECK_TIMEOUT_SECONDS)
+        health = healthz(target, timeout_s=AGENT_CHECK_TIMEOUT_SECONDS)
     except AgentError as error:
         logger.debug("VM %s/%s: agent not ready yet (%s)", target.namespace, target.vm_name, error.code)
         return False
-    return True
+    # The agent starts before cloud-init has run the lab's own commands: the lab is ready once they have run.
+    return health.get("setup_finished") is not False
 
 
 def agents_answer(targets: Sequence[AgentTarget]) -> list[bool]:
-    """Whether each agent answers ``/healthz``, asked in parallel."""
+    """Whether each agent answers ``/healthz`` with its guest's setup finished, asked in parallel."""
     if len(targets) == 1:
         return [_agent_answers(targets[0])]
     with ThreadPoolExecutor(max_workers=min(AGENT_CHECK_CONCURRENCY, len(targets))) as pool:

@@ -1,5 +1,6 @@
 """Transient cluster errors: provisioning retries through 503s and gives up with the cluster's words; a failing
-list in one namespace does not stop the sync of the others; the agent-check pacing."""
+list in one namespace does not stop the sync of the others; the agent-check pacing, and an agent ready only once its
+guest has set the lab up."""
 
 from __future__ import annotations
 
@@ -135,6 +136,26 @@ def test_a_chain_asks_only_the_agents_due_and_counts_the_rest_as_waiting(student
     # A chain's first round asks every booting agent.
     assert agents.agents_check(namespace=attempt.namespace) == (0, 1)
     assert asked == [attempt.id]
+
+
+def test_an_agent_answering_before_its_guest_has_set_up_the_lab_is_not_ready_yet(student_a, lab_a, monkeypatch):
+    from django.utils import timezone
+
+    attempt = attempt_start(actor=student_a, lab=lab_a)
+    booted = timezone.now() - timedelta(seconds=30)
+    Attempt.objects.filter(id=attempt.id).update(
+        state=AttemptState.STARTING, phase="Running", provisioned_at=booted, vmi_running_at=booted
+    )
+    # cloud-init starts the agent, then runs the lab's own commands: the agent says when they are done.
+    health = {"ready": True, "version": "1.0.0", "setup_finished": False}
+    monkeypatch.setattr(agents, "healthz", lambda target, timeout_s: health)
+    assert agents.agents_check(namespace=attempt.namespace) == (0, 1)
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.STARTING and attempt.agent_ready_at is None
+    health["setup_finished"] = True
+    assert agents.agents_check(namespace=attempt.namespace) == (1, 0)
+    attempt.refresh_from_db()
+    assert attempt.state == AttemptState.RUNNING
 
 
 def test_the_more_agents_boot_together_the_further_apart_each_is_asked(settings):

@@ -35,6 +35,7 @@ def _strings_in(language: str | None) -> dict[str, object]:
             "Starting is taking longer than usual. The cluster may be busy; your VM will start as soon as "
             "there is room."
         ),
+        "slow_boot": _("Your VM is taking longer than usual to boot; the terminal shows how far it has got."),
         "failed": _("The lab could not start: %(reason)s"),
         "time_left": _("Time left: %(time)s"),
         "expired": _("Time is up."),

@@ -270,7 +270,8 @@
       const requested = attempt.timestamps && attempt.timestamps.requested;
       const late = starting && requested && (Date.now() - Date.parse(requested)) / 1000 > config.slow_start_seconds;
       const slow = byId("slow-start");
-      setText(slow, S.slow_start);
+      // A VM that runs is not waiting for room: it boots, and its console shows that.
+      setText(slow, attempt.timestamps && attempt.timestamps.vmi_running ? S.slow_boot : S.slow_start);
       show(slow, starting && Boolean(attempt.slow_start || late));
     }
 

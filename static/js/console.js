@@ -2,8 +2,8 @@
  * The browser terminal: xterm.js wired to the console bridge at /ws/attempts/<id>/console/.
  * Output arrives as binary frames and is acknowledged once drawn (the bridge's flow control); keystrokes go
  * out as binary frames (KubeVirt drops text frames). JSON text frames carry control messages.
- * A serial line cannot learn the window's size: the page tells the bridge its fitted size (on connect, on window
- * resize, on "Fit terminal"), which sets it on the guest through the lab agent; only when the agent cannot and
+ * A serial line cannot learn the window's size: the page tells the bridge its fitted size (on connect, once the
+ * attempt runs, on window resize, on "Fit terminal"), which sets it on the guest through the lab agent; only when the agent cannot and
  * the student clicked Fit does the bridge type ` stty rows R cols C` instead. Scrollback is replayed at the size
  * it was written at, then refitted (xterm.js reflows it). Reads #attempt-config; listens for "portal:attempt" from attempt.js, and
  * opens the console socket only once the attempt says its console is ready (its VMI runs): a class pressing
@@ -37,6 +37,7 @@
       scrollback: 5000,
       fontSize: 14,
       fontFamily: "ui-monospace, 'DejaVu Sans Mono', Menlo, Consolas, monospace",
+      lineHeight: 1.1, // at 1, DejaVu Sans Mono's rows at 14 px cut its underscores off
       rightClickSelectsWord: true,
     });
     const fit = new FitAddon.FitAddon();
@@ -63,6 +64,7 @@
     let noticeTimer = null;
     let replayLeft = 0; // scrollback bytes still to draw at the size they were written at
     let fitAsked = false;
+    let sizedWhenRunning = false;
     let resizeTimer = null;
 
     function setStatus(text, state) {
@@ -355,6 +357,11 @@
       if (!started && event.detail.console === "ready") {
         started = true;
         connect();
+      } else if (state === "running" && !sizedWhenRunning) {
+        // The size is set through the lab agent, which answers only once the attempt runs: a console opened
+        // while the VM booted is sized again now.
+        sizedWhenRunning = true;
+        fitAndTell(false);
       } else if (!started && event.detail.console === "ended") {
         setStatus(S.console.ended, "ended"); // a page opened on a stopping attempt: nothing to wait for
       }
