@@ -1,7 +1,6 @@
-"""The OpenAPI schema and its docs page; the schema documents what the API answers (refusals in the error format,
-bounds it keeps); and schemathesis against the schema: no request that the schema allows, nor any it forbids, nor
-ids too large for the database, JSON nested too deep or bodies past the bound, makes the API fail with a server
-error or answer outside the error format."""
+"""The OpenAPI schema and its docs page; that it documents what the API answers (refusals, bounds); and schemathesis:
+no request the schema allows or forbids, no id too large, JSON too deep or body too long makes the API fail with a
+server error or answer outside the error format."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The lab page's own conveniences in a real browser: code blocks run in the terminal, the terminal fitted to its
-window (again once a VM that booted with the console open runs), a slow boot called one, Check counting down its
-cooldown, Start again in place once the attempt has ended, the console closed by signing out in another tab, and an
-author's table laid out as a table."""
+"""The lab page in a real browser: code blocks run in the terminal, the terminal fitted (again once a VM that booted
+with the console open runs), a slow boot called one, Check's cooldown, Start again, the console closed by signing
+out in another tab, and an author's table laid out as a table."""
 
 from __future__ import annotations
 
