@@ -1,16 +1,15 @@
 """The isolation matrix: every URL pattern of the site and the API, and every WebSocket route, asked by every
-persona, with the answer each must get.
+persona, with the answer each must get; refusals change nothing and no page leaks the other tenant's rows."""
 
-The patterns are enumerated from the URLconf (``get_resolver().url_patterns``, walked recursively) and from
-``labs.routing`` and ``grading.routing``; a pattern without an entry in ``MATRIX`` or ``WS_MATRIX`` fails
-``test_every_route_has_an_entry``, so no endpoint can be added without saying who may use it. Admin URLs are
-covered as a group by a representative set.
-
-Every object asked for belongs to tenant A. Tenant B's personas must get 404 (never 403: no existence oracle).
-A refusal must leave the database (row counts and tenant A's objects) and the cluster (kubesim's request
-counters) as they were. Every page a persona can read is searched for the other tenant's names, so no list,
-filter, export or error page leaks a row across tenants.
-"""
+# The patterns are enumerated from the URLconf (``get_resolver().url_patterns``, walked recursively) and from
+# ``labs.routing`` and ``grading.routing``; a pattern without an entry in ``MATRIX`` or ``WS_MATRIX`` fails
+# ``test_every_route_has_an_entry``, so no endpoint can be added without saying who may use it. Admin URLs are
+# covered as a group by a representative set.
+#
+# Every object asked for belongs to tenant A. Tenant B's personas must get 404 (never 403: no existence oracle).
+# A refusal must leave the database (row counts and tenant A's objects) and the cluster (kubesim's request
+# counters) as they were. Every page a persona can read is searched for the other tenant's names, so no list,
+# filter, export or error page leaks a row across tenants.
 
 from __future__ import annotations
 
